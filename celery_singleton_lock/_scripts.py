@@ -11,19 +11,22 @@ safely with effects replication, the default since Redis 5.
 
 from __future__ import annotations
 
-# Wake one waiter: a one-element list that a blocked BLPOP pops, FIFO among waiters.
-# The list expires so a wake-up nobody consumed does not linger. Shared by the
-# release script below; it is not a script by itself.
-_SIGNAL = """
-local function wake(signal_key, signal_ttl)
+# Wake one waiter, only if a blocking waiter announced itself: the common path (nobody
+# blocks) then writes no signal keys at all. The signal is a one-element list that a
+# blocked BLPOP pops, FIFO among waiters; it expires so a wake-up nobody consumed does
+# not linger. Shared by the release script below; it is not a script by itself.
+_WAKE = """
+local function wake(signal_key, waiters_key, signal_ttl)
+  if redis.call('EXISTS', waiters_key) == 0 then return end
   redis.call('DEL', signal_key)
   redis.call('RPUSH', signal_key, '1')
   redis.call('PEXPIRE', signal_key, signal_ttl)
 end
 """
 
-# KEYS[1] lock key     KEYS[2] fence key     KEYS[3] signal key
+# KEYS[1] lock key     KEYS[2] fence key     KEYS[3] signal key    KEYS[4] waiters key
 # ARGV[1] owner token  ARGV[2] ttl in milliseconds (positive integer)
+# ARGV[3] '1' if the caller will block on the signal when this fails, else '0'
 # returns {1, fence}            acquired; fence strictly greater than any earlier fence
 #                               of this lock (see lock.RedisLock for the bound)
 #         {0, holder, pttl}     held by `holder` ('' when the value is foreign or not a
@@ -32,7 +35,17 @@ ACQUIRE = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local holder = redis.pcall('GET', KEYS[1])
   if type(holder) ~= 'string' then holder = '' end
-  return {0, holder, redis.call('PTTL', KEYS[1])}
+  local pttl = redis.call('PTTL', KEYS[1])
+  if ARGV[3] == '1' then
+    -- Announce a waiter for at least as long as its BLPOP can last (the holder's TTL),
+    -- so every release until then pushes a wake-up. Only ever lengthened here: other
+    -- waiters may be relying on the current expiry.
+    local keep = (pttl > 0 and pttl or 1000) + 1000
+    if redis.call('PTTL', KEYS[4]) < keep then
+      redis.call('SET', KEYS[4], '1', 'PX', keep)
+    end
+  end
+  return {0, holder, pttl}
 end
 local now = redis.call('TIME')
 local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
@@ -45,20 +58,20 @@ redis.call('DEL', KEYS[3])
 return {1, fence}
 """
 
-# KEYS[1] lock key     KEYS[2] signal key
+# KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
 # ARGV[1] owner token  ARGV[2] signal ttl in milliseconds
 # returns 1 released   0 already expired (nobody holds it)   -1 not owner (someone else does)
 RELEASE = (
-    _SIGNAL
+    _WAKE
     + """
 local current = redis.pcall('GET', KEYS[1])
 if current == false then
-  wake(KEYS[2], ARGV[2])
+  wake(KEYS[2], KEYS[3], ARGV[2])
   return 0
 end
 if current ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[1])
-wake(KEYS[2], ARGV[2])
+wake(KEYS[2], KEYS[3], ARGV[2])
 return 1
 """
 )

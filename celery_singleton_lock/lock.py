@@ -68,6 +68,14 @@ def _decode(code: object, result: type[ReleaseResult] | type[ExtendResult]) -> A
         raise RuntimeError(f"{result.__name__}: unexpected script reply {code!r}") from None
 
 
+_LOSS = {
+    ReleaseResult.EXPIRED: "it expired",
+    ReleaseResult.NOT_OWNER: "another owner holds it",
+    ExtendResult.EXPIRED: "it expired",
+    ExtendResult.NOT_OWNER: "another owner holds it",
+}
+
+
 def _text(value: object) -> str:
     """Script replies are bytes or str depending on the client's decode_responses."""
     if isinstance(value, bytes):
@@ -90,11 +98,12 @@ class LockKeys:
     lock: str
     fence: str
     signal: str
+    waiters: str
 
     @classmethod
     def build(cls, prefix: str, name: str) -> LockKeys:
         tag = f"{prefix}:{{{quote(name, safe=_NAME_SAFE)}}}"
-        return cls(lock=tag, fence=f"{tag}:fence", signal=f"{tag}:signal")
+        return cls(lock=tag, fence=f"{tag}:fence", signal=f"{tag}:signal", waiters=f"{tag}:waiters")
 
 
 def _check_prefix(prefix: object) -> str:
@@ -280,7 +289,7 @@ def _releasing(lease: Lease) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class _Try:
-    pass
+    announce: bool  # register as a waiter if this try fails (push waits only)
 
 
 @dataclass(frozen=True)
@@ -306,8 +315,9 @@ def _acquire_steps(
 ) -> Generator[_Step, Lease | Contended | None, Lease | Contended]:
     deadline = None if timeout is None else time.monotonic() + timeout
     attempt = 0
+    announce = blocking and wait == "push"
     while True:
-        outcome = yield _Try()
+        outcome = yield _Try(announce)
         if outcome is None:
             raise RuntimeError("acquire plan resumed without the outcome of its try")
         if isinstance(outcome, Lease) or not blocking:
@@ -382,6 +392,13 @@ class _LockBase:
         # Validate everything before the first byte goes to Redis.
         return self.keys(name), _new_token(token), self._ttl_ms(ttl)
 
+    @staticmethod
+    def _acquire_argv(keys: LockKeys, token: str, ttl_ms: int, step: _Try) -> dict[str, list[Any]]:
+        return {
+            "keys": [keys.lock, keys.fence, keys.signal, keys.waiters],
+            "args": [token, ttl_ms, "1" if step.announce else "0"],
+        }
+
     def _acquired(
         self, name: str, keys: LockKeys, token: str, ttl_ms: int, *, sent_at: float, reply: Any
     ) -> Lease | Contended:
@@ -413,9 +430,7 @@ class _LockBase:
         if result is ExtendResult.EXTENDED:
             lease._renewed(sent_at + ttl_ms / 1000)
         else:
-            lease._mark_lost(
-                "it expired" if result is ExtendResult.EXPIRED else "another owner holds it"
-            )
+            lease._mark_lost(_LOSS[result])
         return result
 
     @staticmethod
@@ -425,6 +440,8 @@ class _LockBase:
             logger.debug("released %s (fence %d)", lease.key, lease.fence)
         else:
             logger.info("release of %s (fence %d): %s", lease.key, lease.fence, result.name)
+            # Recorded, not reported: the holder is letting go and learns it from the result.
+            lease._state.lost_reason = lease._state.lost_reason or _LOSS[result]
         return result
 
     def _acquire_plan(
@@ -513,13 +530,13 @@ class RedisLock(_LockBase):
     def try_acquire(self, name: str, ttl: object, *, token: str | None = None) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder."""
         keys, token, ttl_ms = self._acquire_call(name, ttl, token)
-        return self._try(name, keys, token, ttl_ms)
+        return self._try(name, keys, token, ttl_ms, _Try(announce=False))
 
-    def _try(self, name: str, keys: LockKeys, token: str, ttl_ms: int) -> Lease | Contended:
+    def _try(
+        self, name: str, keys: LockKeys, token: str, ttl_ms: int, step: _Try
+    ) -> Lease | Contended:
         sent_at = time.monotonic()
-        reply = self._acquire_script(
-            keys=[keys.lock, keys.fence, keys.signal], args=[token, ttl_ms]
-        )
+        reply = self._acquire_script(**self._acquire_argv(keys, token, ttl_ms, step))
         return self._acquired(name, keys, token, ttl_ms, sent_at=sent_at, reply=reply)
 
     def acquire(
@@ -548,7 +565,7 @@ class RedisLock(_LockBase):
         try:
             while True:
                 if isinstance(step, _Try):
-                    step = plan.send(self._try(name, keys, token, ttl_ms))
+                    step = plan.send(self._try(name, keys, token, ttl_ms, step))
                 elif isinstance(step, _Block):
                     self.client.blpop([keys.signal], timeout=step.seconds)
                     step = next(plan)
@@ -576,7 +593,7 @@ class RedisLock(_LockBase):
         self.renewer.discard(lease)
         with _releasing(lease):
             reply = self._release_script(
-                keys=[keys.lock, keys.signal], args=[lease.token, SIGNAL_TTL_MS]
+                keys=[keys.lock, keys.signal, keys.waiters], args=[lease.token, SIGNAL_TTL_MS]
             )
         return self._released(lease, reply)
 
@@ -642,13 +659,13 @@ class AsyncRedisLock(_LockBase):
     ) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder."""
         keys, token, ttl_ms = self._acquire_call(name, ttl, token)
-        return await self._try(name, keys, token, ttl_ms)
+        return await self._try(name, keys, token, ttl_ms, _Try(announce=False))
 
-    async def _try(self, name: str, keys: LockKeys, token: str, ttl_ms: int) -> Lease | Contended:
+    async def _try(
+        self, name: str, keys: LockKeys, token: str, ttl_ms: int, step: _Try
+    ) -> Lease | Contended:
         sent_at = time.monotonic()
-        reply = await self._acquire_script(
-            keys=[keys.lock, keys.fence, keys.signal], args=[token, ttl_ms]
-        )
+        reply = await self._acquire_script(**self._acquire_argv(keys, token, ttl_ms, step))
         return self._acquired(name, keys, token, ttl_ms, sent_at=sent_at, reply=reply)
 
     async def acquire(
@@ -670,7 +687,7 @@ class AsyncRedisLock(_LockBase):
         try:
             while True:
                 if isinstance(step, _Try):
-                    step = plan.send(await self._try(name, keys, token, ttl_ms))
+                    step = plan.send(await self._try(name, keys, token, ttl_ms, step))
                 elif isinstance(step, _Block):
                     await self.client.blpop([keys.signal], timeout=step.seconds)
                     step = next(plan)
@@ -705,7 +722,7 @@ class AsyncRedisLock(_LockBase):
             renewal.cancel()
         with _releasing(lease):
             reply = await self._release_script(
-                keys=[keys.lock, keys.signal], args=[lease.token, SIGNAL_TTL_MS]
+                keys=[keys.lock, keys.signal, keys.waiters], args=[lease.token, SIGNAL_TTL_MS]
             )
         return self._released(lease, reply)
 

@@ -87,8 +87,8 @@ class RedisServer:
         ]
         if self.password:
             args += ["--requirepass", self.password]
-        log = (self.dir / "redis.log").open("ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with (self.dir / "redis.log").open("ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
