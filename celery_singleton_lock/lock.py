@@ -525,7 +525,7 @@ class RedisLock(_LockBase):
 
     @property
     def renewer(self) -> Renewer:
-        return self._renewer or get_renewer()
+        return self._renewer if self._renewer is not None else get_renewer()
 
     def try_acquire(self, name: str, ttl: object, *, token: str | None = None) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder."""
