@@ -14,8 +14,8 @@ shapes JSON carries (a tuple is a list, a dict key is a string), then hashed.
 - a format string such as ``"request:{request_idx}"``: the formatted text *is* the lock
   name, not prefixed with the task name, so different tasks naming the same request
   share one lock;
-- a callable: receives the call's arguments (defaults applied) and returns the lock
-  name as a string, shared across tasks like a format string.
+- a callable: receives the call's arguments by name (defaults applied) and returns
+  the lock name as a string, shared across tasks like a format string.
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ class KeySpec:
             p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         }
         self._var_keyword = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
+        self._var_positional = any(p.kind is p.VAR_POSITIONAL for p in params)
         self._fields: tuple[str, ...] = ()
         if key is None or callable(key):
             return
@@ -213,7 +214,7 @@ class KeySpec:
         bound = self._bind(args, kwargs or {})
         key = self.key
         if callable(key):
-            return self._named(key(*bound.args, **bound.kwargs), f"key callable {key!r}")
+            return self._named(self._call(key, bound), f"key callable {key!r}")
         if isinstance(key, str):
             return self._formatted(key, bound)
         if key is None:
@@ -229,6 +230,14 @@ class KeySpec:
             ) from None
         document = [self.name, encoded]
         return f"{self.name[:MAX_READABLE]}:{_digest(document)}"
+
+    def _call(self, key: Callable[..., object], bound: inspect.BoundArguments) -> object:
+        # By name, so `lambda order_id, **_: ...` works whatever the call's positions were;
+        # a task taking *args cannot name them, so it gets the call as bound.
+        if self._var_positional:
+            return key(*bound.args, **bound.kwargs)
+        named = {n: v for n, v in bound.arguments.items() if n != self._var_keyword}
+        return key(**named, **bound.arguments.get(self._var_keyword or "", {}))
 
     def _formatted(self, template: str, bound: inspect.BoundArguments) -> str:
         values: dict[str, Any] = {}

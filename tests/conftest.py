@@ -41,7 +41,9 @@ def fixture_raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture(name="client", params=[False, True], ids=["bytes", "decoded"])
-def fixture_client(request: pytest.FixtureRequest, raw: redis.Redis, redis_server: RedisServer) -> Iterator[redis.Redis]:
+def fixture_client(
+    request: pytest.FixtureRequest, raw: redis.Redis, redis_server: RedisServer
+) -> Iterator[redis.Redis]:
     client = redis_server.client(decode_responses=request.param)
     yield client
     client.close()

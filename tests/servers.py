@@ -63,10 +63,14 @@ class RedisServer:
         return self.process.pid
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        port_args = ["--port", "0", "--tls-port", str(self.port)] if self.tls else [
-            "--port",
-            str(self.port),
-        ]
+        port_args = (
+            ["--port", "0", "--tls-port", str(self.port)]
+            if self.tls
+            else [
+                "--port",
+                str(self.port),
+            ]
+        )
         extra = [a for a in self.extra_args if a != "--tls-port"]
         args = [
             redis_server_binary(),

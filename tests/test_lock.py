@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 import time
@@ -147,9 +148,7 @@ class TestOwnership:
         assert lease.lost
         assert lock.release(lease) is ReleaseResult.EXPIRED
 
-    def test_extend_resets_ttl_and_expiry_estimate(
-        self, lock: RedisLock, raw: redis.Redis
-    ) -> None:
+    def test_extend_resets_ttl_and_expiry_estimate(self, lock: RedisLock, raw: redis.Redis) -> None:
         lease = held(lock.try_acquire("job", ttl=1))
         old_estimate = lease.expires_at
         assert lock.extend(lease, ttl=30) is ExtendResult.EXTENDED
@@ -195,7 +194,8 @@ class TestTransportFailure:
                     lock.release(lease)
             finally:
                 server.resume()
-            assert lease.token and not lease.lost
+            assert lease.token
+            assert not lease.lost
             assert lock.release(lease) is ReleaseResult.RELEASED
             assert server.client().dbsize() <= 1  # only the fence key is left
         finally:
@@ -209,7 +209,7 @@ class TestFencing:
             lease = held(lock.try_acquire("job", ttl=10))
             fences.append(lease.fence)
             lock.release(lease)
-        assert all(a < b for a, b in zip(fences, fences[1:], strict=False))
+        assert all(a < b for a, b in itertools.pairwise(fences))
 
     def test_fence_survives_its_state_expiring(self, lock: RedisLock, raw: redis.Redis) -> None:
         first = held(lock.try_acquire("job", ttl=0.05))
@@ -251,7 +251,9 @@ class TestKeyLayout:
     def test_all_keys_of_a_lock_share_one_cluster_slot(self, lock: RedisLock) -> None:
         for name in ["job", "a}b", "}", "{x}", "tenant:7:{order}", "ключ", "*?[x]\\"]:
             keys = lock.keys(name)
-            slots = {key_slot(k.encode()) for k in (keys.lock, keys.fence, keys.signal, keys.waiters)}
+            slots = {
+                key_slot(k.encode()) for k in (keys.lock, keys.fence, keys.signal, keys.waiters)
+            }
             assert len(slots) == 1, (name, keys)
 
     def test_user_data_cannot_escape_the_prefix_or_glob(self, lock: RedisLock) -> None:
@@ -302,8 +304,13 @@ class TestBadInput:
 
     @pytest.mark.parametrize(
         ("name", "message"),
-        [("", "must not be empty"), (None, "must be a str"), (7, "must be a str"),
-         (b"job", "must be a str"), ("x" * 2000, "hash long names")],
+        [
+            ("", "must not be empty"),
+            (None, "must be a str"),
+            (7, "must be a str"),
+            (b"job", "must be a str"),
+            ("x" * 2000, "hash long names"),
+        ],
     )
     def test_bad_name_is_refused_before_anything_is_written(
         self, lock: RedisLock, raw: redis.Redis, name: object, message: str
@@ -352,7 +359,14 @@ class TestBadInput:
 
 class TestHold:
     def test_hold_releases_on_exception(self, lock: RedisLock, raw: redis.Redis) -> None:
-        with pytest.raises(RuntimeError), lock.hold("job", ttl=5) as lease:
-            assert raw.exists(lease.key)
-            raise RuntimeError("boom")
-        assert not raw.exists(lease.key)
+        seen: list[Lease] = []
+
+        def body() -> None:
+            with lock.hold("job", ttl=5) as lease:
+                seen.append(lease)
+                assert raw.exists(lease.key)
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError):
+            body()
+        assert not raw.exists(seen[0].key)

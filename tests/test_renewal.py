@@ -126,7 +126,8 @@ class TestRenewal:
         lock = RedisLock(client, prefix="test", renewer=renewer)
         lock.acquire("job", ttl=1, renew=True)
         thread = renewer._thread
-        assert thread is not None and thread.is_alive()
+        assert thread is not None
+        assert thread.is_alive()
         renewer.stop()
         assert not thread.is_alive()
         assert len(renewer) == 0

@@ -33,7 +33,7 @@ class TestPushWakeUp:
             holder = lock.acquire("job", ttl=30, blocking=False)
             acquired_at: list[float] = []
 
-            def waiter() -> None:
+            def waiter(acquired_at: list[float] = acquired_at) -> None:
                 lease = lock.acquire("job", ttl=30, timeout=10)
                 acquired_at.append(time.perf_counter())
                 lock.release(lease)

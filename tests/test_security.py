@@ -1,0 +1,121 @@
+"""Passwords, ACL users and TLS work, and no password reaches a log line, repr or error."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import trustme
+
+from celery_singleton_lock import LockNotAcquiredError, RedisLock, ReleaseResult
+from celery_singleton_lock.lock import redacted_url
+
+from .servers import RedisServer
+
+SECRET = "s3cr3t-Pa55word"
+
+
+def exercise(lock: RedisLock) -> None:
+    """Every code path that logs: acquire, contend, extend, lose, release twice."""
+    lost = threading.Event()
+    lease = lock.acquire("job", ttl=0.3, blocking=False, renew=True, on_lost=lambda _: lost.set())
+    with pytest.raises(LockNotAcquiredError) as caught:
+        lock.acquire("job", ttl=1, blocking=False)
+    assert SECRET not in str(caught.value)
+    lock.extend(lease)
+    lock.client.set(lease.key, "thief", px=5000)
+    assert lost.wait(2)
+    assert lock.release(lease) is ReleaseResult.NOT_OWNER
+
+
+@pytest.fixture(name="password_server", scope="module")
+def fixture_password_server() -> Iterator[RedisServer]:
+    server = RedisServer(password=SECRET).start()
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", "locker", "on", f">{SECRET}", "~*", "+@all")
+    admin.close()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+class TestAuth:
+    def test_password_url_works_and_is_never_shown(
+        self, password_server: RedisServer, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.DEBUG, logger="celery_singleton_lock")
+        lock = RedisLock.from_url(password_server.url, prefix="auth")
+        exercise(lock)
+        assert SECRET not in repr(lock)
+        assert "***@" in repr(lock)
+        assert caplog.records, "expected log lines to inspect"
+        assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+    def test_acl_user_url_works_and_is_never_shown(
+        self, password_server: RedisServer, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.DEBUG, logger="celery_singleton_lock")
+        url = f"redis://locker:{SECRET}@127.0.0.1:{password_server.port}/0"
+        lock = RedisLock.from_url(url, prefix="acl")
+        assert lock.client.acl_whoami() in (b"locker", "locker")
+        exercise(lock)
+        assert (
+            repr(lock)
+            == f"RedisLock(redis://locker:***@127.0.0.1:{password_server.port}/0, prefix='acl')"
+        )
+        assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+    def test_wrong_password_fails_with_redis_auth_error(self, password_server: RedisServer) -> None:
+        lock = RedisLock.from_url(f"redis://:wrong@127.0.0.1:{password_server.port}/0")
+        with pytest.raises(redis.AuthenticationError):
+            lock.try_acquire("job", ttl=1)
+
+
+class TestTLS:
+    def test_rediss_url_with_a_private_ca(self, tmp_path: Path) -> None:
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1")
+        cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+        cert.cert_chain_pems[0].write_to_path(str(cert_file))
+        cert.private_key_pem.write_to_path(str(key_file))
+        ca.cert_pem.write_to_path(str(ca_file))
+        server = RedisServer(
+            "--tls-port",
+            "--tls-cert-file",
+            str(cert_file),
+            "--tls-key-file",
+            str(key_file),
+            "--tls-ca-cert-file",
+            str(ca_file),
+            "--tls-auth-clients",
+            "no",
+            password=SECRET,
+        )
+        try:
+            server.start()
+        except RuntimeError as error:
+            server.cleanup()
+            if "tls" in str(error).lower() and "directive" in str(error).lower():
+                pytest.skip("this redis-server was built without TLS support")
+            raise
+        try:
+            assert server.url.startswith("rediss://")
+            lock = RedisLock.from_url(server.url, prefix="tls", ssl_ca_certs=str(ca_file))
+            lease = lock.acquire("job", ttl=5, blocking=False)
+            assert lock.release(lease) is ReleaseResult.RELEASED
+            assert redacted_url(lock.client).startswith("rediss://***@127.0.0.1")
+            plain = RedisLock.from_url(f"redis://:{SECRET}@127.0.0.1:{server.port}/0")
+            with pytest.raises(redis.ConnectionError):
+                plain.try_acquire("job", ttl=1)
+        finally:
+            server.cleanup()
+
+
+def test_redacted_url_for_unix_sockets() -> None:
+    client = redis.Redis(unix_socket_path="/tmp/x.sock", password=SECRET)
+    assert redacted_url(client) == "unix://***@/tmp/x.sock?db=0"
