@@ -425,6 +425,22 @@ class _LockBase:
         return self.keys(lease.name), self._ttl_ms(lease.ttl if ttl is None else ttl)
 
     @staticmethod
+    def _granted(outcome: Lease | Contended, on_lost: LostCallback | None) -> Lease:
+        """The end of a blocking acquire: the lease, or the error naming the holder."""
+        if isinstance(outcome, Contended):
+            raise outcome.error()
+        if on_lost is not None:
+            outcome.on_lost(on_lost)
+        return outcome
+
+    def _release_argv(self, lease: Lease) -> dict[str, list[Any]]:
+        keys = self.keys(lease.name)
+        return {
+            "keys": [keys.lock, keys.signal, keys.waiters],
+            "args": [lease.token, SIGNAL_TTL_MS],
+        }
+
+    @staticmethod
     def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
         result: ExtendResult = _decode(reply, ExtendResult)
         if result is ExtendResult.EXTENDED:
@@ -487,7 +503,9 @@ class RedisLock(_LockBase):
     state is bounded by the number of locks held within the last ``ttl``, never one
     key per name forever. Assumptions: the Redis server's clock does not step back
     by more than the time between two acquisitions of one name, and at most one
-    acquisition of a name per microsecond (a lock round trip takes far longer). A
+    acquisition of a name per microsecond (a lock round trip takes far longer), and
+    fences below 2**53 (Lua numbers are doubles; TIME in microseconds gets there in the
+    year 2255). A
     server restart with persistence off loses the state but not monotonicity, as the
     fence restarts from the clock.
 
@@ -573,14 +591,10 @@ class RedisLock(_LockBase):
                     time.sleep(step.seconds)
                     step = next(plan)
         except StopIteration as done:
-            outcome: Lease | Contended = done.value
-        if isinstance(outcome, Contended):
-            raise outcome.error()
-        if on_lost is not None:
-            outcome.on_lost(on_lost)
+            lease = self._granted(done.value, on_lost)
         if renew:
-            self.renewer.add(self, outcome)
-        return outcome
+            self.renewer.add(self, lease)
+        return lease
 
     def release(self, lease: Lease) -> ReleaseResult:
         """Delete the lock if ``lease`` still owns it, and wake one waiter.
@@ -588,13 +602,11 @@ class RedisLock(_LockBase):
         A transport error propagates and leaves the lease as it was, so the caller can
         retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
         """
-        keys = self.keys(lease.name)
+        argv = self._release_argv(lease)
         # Stop renewing first: a renewal racing the release must not report a loss.
         self.renewer.discard(lease)
         with _releasing(lease):
-            reply = self._release_script(
-                keys=[keys.lock, keys.signal, keys.waiters], args=[lease.token, SIGNAL_TTL_MS]
-            )
+            reply = self._release_script(**argv)
         return self._released(lease, reply)
 
     def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
@@ -695,14 +707,10 @@ class AsyncRedisLock(_LockBase):
                     await asyncio.sleep(step.seconds)
                     step = next(plan)
         except StopIteration as done:
-            outcome: Lease | Contended = done.value
-        if isinstance(outcome, Contended):
-            raise outcome.error()
-        if on_lost is not None:
-            outcome.on_lost(on_lost)
+            lease = self._granted(done.value, on_lost)
         if renew:
-            self._renewals[outcome.token] = asyncio.create_task(self._renew(outcome))
-        return outcome
+            self._renewals[lease.token] = asyncio.create_task(self._renew(lease))
+        return lease
 
     async def _renew(self, lease: Lease) -> None:
         delay: float | None = lease.ttl / 3
@@ -716,14 +724,12 @@ class AsyncRedisLock(_LockBase):
 
     async def release(self, lease: Lease) -> ReleaseResult:
         """See ``RedisLock.release``."""
-        keys = self.keys(lease.name)
+        argv = self._release_argv(lease)
         renewal = self._renewals.pop(lease.token, None)
         if renewal is not None:
             renewal.cancel()
         with _releasing(lease):
-            reply = await self._release_script(
-                keys=[keys.lock, keys.signal, keys.waiters], args=[lease.token, SIGNAL_TTL_MS]
-            )
+            reply = await self._release_script(**argv)
         return self._released(lease, reply)
 
     async def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
