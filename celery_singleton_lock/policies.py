@@ -1,0 +1,162 @@
+"""What to do when a key is taken: small policy objects that read as configuration.
+
+On a duplicate at dispatch (``on_duplicate``): ``"return"`` the holder's AsyncResult,
+or ``"raise"`` ``DuplicateTaskError``. On contention at execution (``on_contention``):
+``fail``, ``requeue(max_tries=..., base=..., cap=...)`` or ``wait(timeout=..., then=...)``;
+the strings ``"fail"``, ``"requeue"`` and ``"wait"`` mean those with their defaults.
+
+A contention policy is a callable from a ``ContentionState`` to a decision (``Fail``,
+``Requeue`` or ``Wait``). It does no I/O, so it is tested with a state built by hand,
+the way tenacity tests its ``stop``/``wait`` policies.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeAlias
+
+from ._time import full_jitter, to_seconds
+from .exceptions import ConfigurationError
+
+OnDuplicate: TypeAlias = Literal["return", "raise"]
+ON_DUPLICATE: tuple[OnDuplicate, ...] = ("return", "raise")
+
+
+@dataclass(frozen=True)
+class ContentionState:
+    """What a policy knows when an execution finds its key held by someone else."""
+
+    task_name: str
+    key: str
+    attempt: int  # how many times this execution was already requeued for this key (0 first)
+    holder: str | None = None  # the holder's token, when known
+    retry_after: float | None = None  # seconds the holder's lease has left, when known
+    waited: bool = False  # True once a wait for this attempt has timed out
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Do not run; end the task in a clear failed state naming the holder."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Send the task again after ``countdown`` seconds (the slot is freed meanwhile)."""
+
+    countdown: float
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Block this worker slot up to ``timeout`` seconds for the holder's release."""
+
+    timeout: float
+
+
+Decision: TypeAlias = Fail | Requeue | Wait
+
+
+class ContentionPolicy(Protocol):
+    def __call__(self, state: ContentionState) -> Decision: ...
+
+
+def _held_by(state: ContentionState) -> str:
+    return f"{state.key!r} is held by {state.holder or 'another execution'}"
+
+
+@dataclass(frozen=True)
+class fail:  # lower-case on purpose: reads as configuration, on_contention=fail()
+    """Give up at once."""
+
+    def __call__(self, state: ContentionState) -> Decision:
+        return Fail(f"{_held_by(state)}; on_contention is fail")
+
+
+@dataclass(frozen=True)
+class requeue:
+    """Re-send with exponential backoff and full jitter, at most ``max_tries`` times, then fail.
+
+    The delay before try ``n`` is uniform in ``[0, min(cap, base * 2**n)]``, never shorter
+    than ``floor`` so a requeue loop cannot spin the broker.
+    """
+
+    max_tries: int = 10
+    base: float = 1.0
+    cap: float = 60.0
+    floor: float = 0.05
+    rng: Callable[[], float] = field(default=random.random, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tries, bool) or not isinstance(self.max_tries, int):
+            raise ConfigurationError(f"requeue(max_tries=) must be an int, got {self.max_tries!r}")
+        if self.max_tries < 0:
+            raise ConfigurationError(f"requeue(max_tries=) must be >= 0, got {self.max_tries}")
+        for name in ("base", "cap", "floor"):
+            seconds = to_seconds(getattr(self, name), what=f"requeue({name}=)")
+            if seconds < 0:
+                raise ConfigurationError(f"requeue({name}=) must be >= 0, got {seconds}")
+            object.__setattr__(self, name, seconds)
+
+    def __call__(self, state: ContentionState) -> Decision:
+        if state.attempt >= self.max_tries:
+            return Fail(f"{_held_by(state)}; gave up after {state.attempt} requeues")
+        delay = full_jitter(state.attempt, base=self.base, cap=self.cap, rng=self.rng)
+        return Requeue(countdown=max(self.floor, delay))
+
+
+@dataclass(frozen=True)
+class wait:
+    """Block up to ``timeout`` seconds for the push wake-up, then hand over to ``then``.
+
+    Never the default: a waiting task occupies a worker slot for the whole wait.
+    """
+
+    timeout: float = 10.0
+    then: ContentionPolicy = field(default_factory=requeue)
+
+    def __post_init__(self) -> None:
+        seconds = to_seconds(self.timeout, what="wait(timeout=)")
+        if seconds <= 0:
+            raise ConfigurationError(f"wait(timeout=) must be positive, got {self.timeout!r}")
+        object.__setattr__(self, "timeout", seconds)
+        object.__setattr__(self, "then", contention_policy(self.then))
+
+    def __call__(self, state: ContentionState) -> Decision:
+        if state.waited:
+            return self.then(state)
+        return Wait(timeout=self.timeout)
+
+
+_SHORTCUTS: dict[str, Callable[[], ContentionPolicy]] = {
+    "fail": fail,
+    "requeue": requeue,
+    "wait": wait,
+}
+
+
+def contention_policy(value: object) -> ContentionPolicy:
+    """Turn an ``on_contention`` option into a policy; refuse anything else clearly."""
+    if isinstance(value, str):
+        if value in _SHORTCUTS:
+            return _SHORTCUTS[value]()
+    elif isinstance(value, fail | requeue | wait) or (
+        callable(value) and not isinstance(value, type)
+    ):
+        return value
+    raise ConfigurationError(
+        f"on_contention={value!r} is not a policy; use one of {sorted(_SHORTCUTS)} or "
+        "a policy object: fail(), requeue(max_tries=5, base=1, cap=60), wait(timeout=10)"
+    )
+
+
+def on_duplicate_option(value: object) -> OnDuplicate:
+    """Validate an ``on_duplicate`` option."""
+    if value not in ON_DUPLICATE:
+        raise ConfigurationError(
+            f"on_duplicate={value!r} is not supported; use one of {list(ON_DUPLICATE)}"
+        )
+    return value
