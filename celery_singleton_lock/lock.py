@@ -106,7 +106,7 @@ class LockKeys:
         return cls(lock=tag, fence=f"{tag}:fence", signal=f"{tag}:signal", waiters=f"{tag}:waiters")
 
 
-def _check_prefix(prefix: object) -> str:
+def validate_prefix(prefix: object) -> str:
     if not isinstance(prefix, str) or not prefix:
         raise ConfigurationError(f"prefix must be a non-empty string, got {prefix!r}")
     bad = set(prefix) & set("{}*?[]\\ \t\r\n")
@@ -369,7 +369,7 @@ class _LockBase:
         backoff_cap: float = 0.5,
     ) -> None:
         self.client = client
-        self.prefix = _check_prefix(prefix)
+        self.prefix = validate_prefix(prefix)
         self.allow_long_ttl = allow_long_ttl
         self.backoff_base = to_seconds(backoff_base, what="backoff_base")
         self.backoff_cap = to_seconds(backoff_cap, what="backoff_cap")

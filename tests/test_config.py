@@ -1,0 +1,114 @@
+"""App settings: read from app.conf (plain and Django-namespaced), validated, cached."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import ConfigurationError
+from celery_singleton_lock.config import SingletonConfig
+
+
+def app_with(**settings: Any) -> Celery:
+    app = Celery("cfg", set_as_current=False)
+    app.conf.update(settings)
+    return app
+
+
+class TestDefaults:
+    def test_defaults_and_url_from_the_redis_result_backend(self) -> None:
+        config = SingletonConfig.from_app(
+            app_with(result_backend="redis://r:6379/1", broker_url="redis://b:6379/0")
+        )
+        assert config.url == "redis://r:6379/1"
+        assert config.url_source == "result_backend"
+        assert config.ttl == 30
+        assert config.queue_ttl == 3600
+        assert config.prefix == "singleton_lock"
+        assert config.on_redis_error == "fail_closed"
+
+    def test_url_falls_back_to_a_redis_broker(self) -> None:
+        config = SingletonConfig.from_app(
+            app_with(result_backend="db+sqlite:///x.db", broker_url="rediss://b:6380/0;redis://c")
+        )
+        assert config.url == "rediss://b:6380/0"
+        assert config.url_source == "broker_url"
+
+    def test_no_redis_anywhere_is_an_error_at_first_use_that_says_what_to_set(self) -> None:
+        config = SingletonConfig.from_app(app_with(broker_url="amqp://guest@localhost//"))
+        with pytest.raises(ConfigurationError, match="set singleton_lock_url"):
+            config.require_url()
+
+    def test_explicit_values_win(self) -> None:
+        config = SingletonConfig.from_app(
+            app_with(
+                result_backend="redis://r/1",
+                singleton_lock_url="redis://locks:6379/3",
+                singleton_lock_prefix="myapp",
+                singleton_lock_ttl=60,
+                singleton_lock_queue_ttl=120,
+                singleton_lock_on_redis_error="fail_open",
+            )
+        )
+        assert (config.url, config.prefix, config.ttl, config.queue_ttl) == (
+            "redis://locks:6379/3",
+            "myapp",
+            60,
+            120,
+        )
+        assert config.on_redis_error == "fail_open"
+
+    def test_memory_backend_for_eager_tests(self) -> None:
+        assert SingletonConfig.from_app(app_with(singleton_lock_url="memory://")).url == "memory://"
+
+    def test_read_once_and_cached_on_the_app(self) -> None:
+        app = app_with(singleton_lock_ttl=5)
+        first = SingletonConfig.from_app(app)
+        app.conf.singleton_lock_ttl = 9
+        assert SingletonConfig.from_app(app) is first
+
+
+class TestDjango:
+    def test_celery_namespace_settings_are_read(self) -> None:
+        settings = types.SimpleNamespace(
+            CELERY_BROKER_URL="redis://b:6379/0",
+            CELERY_SINGLETON_LOCK_TTL=45,
+            CELERY_SINGLETON_LOCK_PREFIX="django",
+        )
+        app = Celery("dj", set_as_current=False)
+        app.config_from_object(settings, namespace="CELERY")
+        config = SingletonConfig.from_app(app)
+        assert (config.ttl, config.prefix, config.url) == (45, "django", "redis://b:6379/0")
+
+    def test_misspelt_namespaced_setting_is_refused(self) -> None:
+        settings = types.SimpleNamespace(CELERY_SINGLETON_LOCK_TLL=45)
+        app = Celery("dj", set_as_current=False)
+        app.config_from_object(settings, namespace="CELERY")
+        with pytest.raises(ConfigurationError, match="did you mean singleton_lock_ttl"):
+            SingletonConfig.from_app(app)
+
+
+class TestBadValues:
+    @pytest.mark.parametrize(
+        ("settings", "message"),
+        [
+            ({"singleton_lock_ttl": 0}, "singleton_lock_ttl must be positive"),
+            ({"singleton_lock_ttl": "30"}, "singleton_lock_ttl must be a number"),
+            ({"singleton_lock_queue_ttl": -1}, "singleton_lock_queue_ttl must be positive"),
+            ({"singleton_lock_on_redis_error": "ignore"}, "fail_closed"),
+            ({"singleton_lock_prefix": "a{b"}, "singleton_lock_prefix"),
+            ({"singleton_lock_url": "amqp://x"}, "singleton_lock_url must be a redis://"),
+            ({"singleton_lock_tll": 5}, "did you mean singleton_lock_ttl"),
+        ],
+    )
+    def test_bad_setting_is_refused_naming_it(self, settings: dict[str, Any], message: str) -> None:
+        with pytest.raises(ConfigurationError, match=message):
+            SingletonConfig.from_app(app_with(**settings))
+
+    def test_password_in_url_never_reaches_the_error(self) -> None:
+        with pytest.raises(ConfigurationError) as caught:
+            SingletonConfig.from_app(app_with(singleton_lock_url="amqp://user:hunter2@x//"))
+        assert "hunter2" not in str(caught.value)
