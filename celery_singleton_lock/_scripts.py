@@ -27,12 +27,18 @@ end
 # KEYS[1] lock key     KEYS[2] fence key     KEYS[3] signal key    KEYS[4] waiters key
 # ARGV[1] owner token  ARGV[2] ttl in milliseconds (positive integer)
 # ARGV[3] '1' if the caller will block on the signal when this fails, else '0'
+# ARGV[4] a token this caller may take over ('' for none): a queued task's hold
+#         becomes its running lease in the same step, with no window in between
 # returns {1, fence}            acquired; fence strictly greater than any earlier fence
 #                               of this lock (see lock.RedisLock for the bound)
 #         {0, holder, pttl}     held by `holder` ('' when the value is foreign or not a
 #                               string) for `pttl` more ms (-1: the key has no TTL)
 ACQUIRE = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if not taken and ARGV[4] ~= '' and redis.pcall('GET', KEYS[1]) == ARGV[4] then
+  taken = redis.call('SET', KEYS[1], ARGV[1], 'XX', 'PX', ARGV[2])
+end
+if not taken then
   local holder = redis.pcall('GET', KEYS[1])
   if type(holder) ~= 'string' then holder = '' end
   local pttl = redis.call('PTTL', KEYS[1])
@@ -72,6 +78,30 @@ end
 if current ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[1])
 wake(KEYS[2], KEYS[3], ARGV[2])
+return 1
+"""
+)
+
+# KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
+# ARGV[1] token prefix ARGV[2] token suffix  ARGV[3] signal ttl in milliseconds
+# returns 1 released   0 already expired   -1 held by a token not matching prefix...suffix
+# For a process releasing on behalf of a dead one that knows the token's shape but not
+# its random part (Celery's main process after a pool child was killed).
+RELEASE_MATCHING = (
+    _WAKE
+    + """
+local current = redis.pcall('GET', KEYS[1])
+if current == false then
+  wake(KEYS[2], KEYS[3], ARGV[3])
+  return 0
+end
+if type(current) ~= 'string' or #current < #ARGV[1] + #ARGV[2]
+   or string.sub(current, 1, #ARGV[1]) ~= ARGV[1]
+   or string.sub(current, #current - #ARGV[2] + 1) ~= ARGV[2] then
+  return -1
+end
+redis.call('DEL', KEYS[1])
+wake(KEYS[2], KEYS[3], ARGV[3])
 return 1
 """
 )

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 from urllib.parse import quote
 
 import redis
@@ -60,7 +60,10 @@ class ExtendResult(enum.IntEnum):
     NOT_OWNER = -1
 
 
-def _decode(code: object, result: type[ReleaseResult] | type[ExtendResult]) -> Any:
+_Result = TypeVar("_Result", ReleaseResult, ExtendResult)
+
+
+def _decode(code: object, result: type[_Result]) -> _Result:
     """The one place script codes become results; an unknown code is a bug, not a result."""
     try:
         return result(int(code))  # type: ignore[call-overload]
@@ -288,6 +291,17 @@ def _releasing(lease: Lease) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
+class _Call:
+    """One validated acquire request."""
+
+    name: str
+    keys: LockKeys
+    token: str
+    ttl_ms: int
+    replace: str  # '' for none
+
+
+@dataclass(frozen=True)
 class _Try:
     announce: bool  # register as a waiter if this try fails (push waits only)
 
@@ -377,6 +391,7 @@ class _LockBase:
         self._acquire_script = client.register_script(_scripts.ACQUIRE)
         self._release_script = client.register_script(_scripts.RELEASE)
         self._extend_script = client.register_script(_scripts.EXTEND)
+        self._release_matching_script = client.register_script(_scripts.RELEASE_MATCHING)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({redacted_url(self.client)}, prefix={self.prefix!r})"
@@ -388,35 +403,42 @@ class _LockBase:
     def _ttl_ms(self, ttl: object) -> int:
         return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
 
-    def _acquire_call(self, name: str, ttl: object, token: object) -> tuple[LockKeys, str, int]:
+    def _acquire_call(self, name: str, ttl: object, token: object, replace: object) -> _Call:
         # Validate everything before the first byte goes to Redis.
-        return self.keys(name), _new_token(token), self._ttl_ms(ttl)
+        if replace is not None and (not isinstance(replace, str) or not replace):
+            raise ConfigurationError(f"replace must be a non-empty token or None, got {replace!r}")
+        return _Call(
+            name=name,
+            keys=self.keys(name),
+            token=_new_token(token),
+            ttl_ms=self._ttl_ms(ttl),
+            replace=replace or "",
+        )
 
     @staticmethod
-    def _acquire_argv(keys: LockKeys, token: str, ttl_ms: int, step: _Try) -> dict[str, list[Any]]:
+    def _acquire_argv(call: _Call, step: _Try) -> dict[str, list[Any]]:
+        keys = call.keys
         return {
             "keys": [keys.lock, keys.fence, keys.signal, keys.waiters],
-            "args": [token, ttl_ms, "1" if step.announce else "0"],
+            "args": [call.token, call.ttl_ms, "1" if step.announce else "0", call.replace],
         }
 
-    def _acquired(
-        self, name: str, keys: LockKeys, token: str, ttl_ms: int, *, sent_at: float, reply: Any
-    ) -> Lease | Contended:
+    def _acquired(self, call: _Call, *, sent_at: float, reply: Any) -> Lease | Contended:
         if int(reply[0]) == 1:
             lease = Lease(
-                name=name,
-                key=keys.lock,
-                token=token,
+                name=call.name,
+                key=call.keys.lock,
+                token=call.token,
                 fence=int(reply[1]),
-                ttl=ttl_ms / 1000,
-                _state=_LeaseState(expires_at=sent_at + ttl_ms / 1000),
+                ttl=call.ttl_ms / 1000,
+                _state=_LeaseState(expires_at=sent_at + call.ttl_ms / 1000),
             )
-            logger.debug("acquired %s (fence %d)", keys.lock, lease.fence)
+            logger.debug("acquired %s (fence %d)", lease.key, lease.fence)
             return lease
         pttl = int(reply[2])
         return Contended(
-            name=name,
-            key=keys.lock,
+            name=call.name,
+            key=call.keys.lock,
             holder=_text(reply[1]),
             retry_after=None if pttl < 0 else pttl / 1000,
         )
@@ -442,7 +464,7 @@ class _LockBase:
 
     @staticmethod
     def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
-        result: ExtendResult = _decode(reply, ExtendResult)
+        result = _decode(reply, ExtendResult)
         if result is ExtendResult.EXTENDED:
             lease._renewed(sent_at + ttl_ms / 1000)
         else:
@@ -451,7 +473,7 @@ class _LockBase:
 
     @staticmethod
     def _released(lease: Lease, reply: Any) -> ReleaseResult:
-        result: ReleaseResult = _decode(reply, ReleaseResult)
+        result = _decode(reply, ReleaseResult)
         if result is ReleaseResult.RELEASED:
             logger.debug("released %s (fence %d)", lease.key, lease.fence)
         else:
@@ -545,17 +567,21 @@ class RedisLock(_LockBase):
     def renewer(self) -> Renewer:
         return self._renewer if self._renewer is not None else get_renewer()
 
-    def try_acquire(self, name: str, ttl: object, *, token: str | None = None) -> Lease | Contended:
-        """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder."""
-        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
-        return self._try(name, keys, token, ttl_ms, _Try(announce=False))
-
-    def _try(
-        self, name: str, keys: LockKeys, token: str, ttl_ms: int, step: _Try
+    def try_acquire(
+        self, name: str, ttl: object, *, token: str | None = None, replace: str | None = None
     ) -> Lease | Contended:
+        """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder.
+
+        ``replace``: a token the caller may take over, e.g. the hold its own queued
+        message took at dispatch; the lock passes from that token to the new lease in
+        one step, with a new fence.
+        """
+        return self._try(self._acquire_call(name, ttl, token, replace), _Try(announce=False))
+
+    def _try(self, call: _Call, step: _Try) -> Lease | Contended:
         sent_at = time.monotonic()
-        reply = self._acquire_script(**self._acquire_argv(keys, token, ttl_ms, step))
-        return self._acquired(name, keys, token, ttl_ms, sent_at=sent_at, reply=reply)
+        reply = self._acquire_script(**self._acquire_argv(call, step))
+        return self._acquired(call, sent_at=sent_at, reply=reply)
 
     def acquire(
         self,
@@ -566,6 +592,7 @@ class RedisLock(_LockBase):
         timeout: object | None = None,
         wait: WaitMode = "push",
         token: str | None = None,
+        replace: str | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
     ) -> Lease:
@@ -577,15 +604,15 @@ class RedisLock(_LockBase):
         ``renew=True`` the process's renewal thread keeps the lease alive until
         ``release``. Raises ``LockNotAcquiredError`` naming the holder on failure.
         """
-        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
+        call = self._acquire_call(name, ttl, token, replace)
         plan = self._acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:
             while True:
                 if isinstance(step, _Try):
-                    step = plan.send(self._try(name, keys, token, ttl_ms, step))
+                    step = plan.send(self._try(call, step))
                 elif isinstance(step, _Block):
-                    self.client.blpop([keys.signal], timeout=step.seconds)
+                    self.client.blpop([call.keys.signal], timeout=step.seconds)
                     step = next(plan)
                 else:
                     time.sleep(step.seconds)
@@ -608,6 +635,30 @@ class RedisLock(_LockBase):
         with _releasing(lease):
             reply = self._release_script(**argv)
         return self._released(lease, reply)
+
+    def release_token(self, name: str, token: str) -> ReleaseResult:
+        """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
+        keys = self.keys(name)
+        return _decode(
+            self._release_script(
+                keys=[keys.lock, keys.signal, keys.waiters], args=[token, SIGNAL_TTL_MS]
+            ),
+            ReleaseResult,
+        )
+
+    def release_matching(self, name: str, prefix: str, suffix: str = "") -> ReleaseResult:
+        """Release ``name`` if its token starts with ``prefix`` and ends with ``suffix``.
+
+        For releasing on behalf of a dead holder whose token shape is known but not its
+        random part; the prefix must be specific enough to name that holder alone.
+        """
+        if not prefix:
+            raise ConfigurationError("release_matching needs a non-empty prefix")
+        keys = self.keys(name)
+        reply = self._release_matching_script(
+            keys=[keys.lock, keys.signal, keys.waiters], args=[prefix, suffix, SIGNAL_TTL_MS]
+        )
+        return _decode(reply, ReleaseResult)
 
     def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
         """Reset the lease's TTL to ``ttl`` (default: its own) if it still owns the lock."""
@@ -667,18 +718,15 @@ class AsyncRedisLock(_LockBase):
         return cls(redis.asyncio.Redis.from_url(url, **client_options), prefix=prefix)
 
     async def try_acquire(
-        self, name: str, ttl: object, *, token: str | None = None
+        self, name: str, ttl: object, *, token: str | None = None, replace: str | None = None
     ) -> Lease | Contended:
-        """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder."""
-        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
-        return await self._try(name, keys, token, ttl_ms, _Try(announce=False))
+        """See ``RedisLock.try_acquire``."""
+        return await self._try(self._acquire_call(name, ttl, token, replace), _Try(announce=False))
 
-    async def _try(
-        self, name: str, keys: LockKeys, token: str, ttl_ms: int, step: _Try
-    ) -> Lease | Contended:
+    async def _try(self, call: _Call, step: _Try) -> Lease | Contended:
         sent_at = time.monotonic()
-        reply = await self._acquire_script(**self._acquire_argv(keys, token, ttl_ms, step))
-        return self._acquired(name, keys, token, ttl_ms, sent_at=sent_at, reply=reply)
+        reply = await self._acquire_script(**self._acquire_argv(call, step))
+        return self._acquired(call, sent_at=sent_at, reply=reply)
 
     async def acquire(
         self,
@@ -689,19 +737,20 @@ class AsyncRedisLock(_LockBase):
         timeout: object | None = None,
         wait: WaitMode = "push",
         token: str | None = None,
+        replace: str | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
     ) -> Lease:
         """See ``RedisLock.acquire``."""
-        keys, token, ttl_ms = self._acquire_call(name, ttl, token)
+        call = self._acquire_call(name, ttl, token, replace)
         plan = self._acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:
             while True:
                 if isinstance(step, _Try):
-                    step = plan.send(await self._try(name, keys, token, ttl_ms, step))
+                    step = plan.send(await self._try(call, step))
                 elif isinstance(step, _Block):
-                    await self.client.blpop([keys.signal], timeout=step.seconds)
+                    await self.client.blpop([call.keys.signal], timeout=step.seconds)
                     step = next(plan)
                 else:
                     await asyncio.sleep(step.seconds)

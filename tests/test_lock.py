@@ -370,3 +370,42 @@ class TestHold:
         with pytest.raises(RuntimeError):
             body()
         assert not raw.exists(seen[0].key)
+
+
+class TestTakeOverAndRelease:
+    def test_holder_of_replace_token_hands_the_lock_over_with_a_new_fence(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        queued = held(lock.try_acquire("job", ttl=60, token="queued"))
+        running = held(lock.try_acquire("job", ttl=5, token="running", replace="queued"))
+        assert running.fence > queued.fence
+        assert raw.get(running.key) == b"running"
+        assert 4000 < raw.pttl(running.key) <= 5000
+        assert lock.release(queued) is ReleaseResult.NOT_OWNER
+
+    def test_replace_does_not_take_over_someone_elses_lock(self, lock: RedisLock) -> None:
+        held(lock.try_acquire("job", ttl=60, token="first-execution"))
+        second = lock.try_acquire("job", ttl=5, token="redelivered", replace="queued")
+        assert isinstance(second, Contended)
+        assert second.holder == "first-execution"
+
+    def test_replace_acquires_a_free_lock(self, lock: RedisLock) -> None:
+        assert held(lock.try_acquire("job", ttl=5, token="t", replace="gone")).token == "t"
+
+    def test_release_token(self, lock: RedisLock, raw: redis.Redis) -> None:
+        held(lock.try_acquire("job", ttl=60, token="known"))
+        assert lock.release_token("job", "other") is ReleaseResult.NOT_OWNER
+        assert lock.release_token("job", "known") is ReleaseResult.RELEASED
+        assert lock.release_token("job", "known") is ReleaseResult.EXPIRED
+        assert not raw.exists("test:{job}")
+
+    def test_release_matching_needs_prefix_and_suffix(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        held(lock.try_acquire("job", ttl=60, token="x|host|42|abcdef|task-1"))
+        assert lock.release_matching("job", "x|host|4|", "|task-1") is ReleaseResult.NOT_OWNER
+        assert lock.release_matching("job", "x|host|42|", "|task-2") is ReleaseResult.NOT_OWNER
+        assert lock.release_matching("job", "x|host|42|", "|task-1") is ReleaseResult.RELEASED
+        assert not raw.exists("test:{job}")
+        with pytest.raises(ConfigurationError):
+            lock.release_matching("job", "")
