@@ -1,5 +1,6 @@
 """celery-singleton-lock: stop Celery from doing the same work twice."""
 
+from .decorator import singleton_task
 from .exceptions import (
     ConfigurationError,
     DuplicateTaskError,
@@ -18,7 +19,10 @@ from .lock import (
     RedisLock,
     ReleaseResult,
 )
+from .memory import MemoryLock
+from .policies import fail, requeue, wait
 from .renewal import Renewer, get_renewer
+from .task import SingletonTask
 
 __all__ = [
     "AsyncRedisLock",
@@ -32,10 +36,16 @@ __all__ = [
     "LockKeys",
     "LockLostError",
     "LockNotAcquiredError",
+    "MemoryLock",
     "RedisLock",
     "ReleaseResult",
     "Renewer",
     "SingletonLockError",
+    "SingletonTask",
     "derive_key",
+    "fail",
     "get_renewer",
+    "requeue",
+    "singleton_task",
+    "wait",
 ]

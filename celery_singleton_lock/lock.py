@@ -122,7 +122,7 @@ def validate_prefix(prefix: object) -> str:
     return prefix
 
 
-def _check_name(name: object) -> str:
+def validate_name(name: object) -> str:
     if not isinstance(name, str):
         raise ConfigurationError(
             f"lock name must be a str, got {type(name).__name__} {name!r}; derive one with "
@@ -398,7 +398,7 @@ class _LockBase:
 
     def keys(self, name: str) -> LockKeys:
         """The Redis keys lock ``name`` uses under this prefix."""
-        return LockKeys.build(self.prefix, _check_name(name))
+        return LockKeys.build(self.prefix, validate_name(name))
 
     def _ttl_ms(self, ttl: object) -> int:
         return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
@@ -622,6 +622,23 @@ class RedisLock(_LockBase):
         if renew:
             self.renewer.add(self, lease)
         return lease
+
+    def renew(self, lease: Lease) -> None:
+        """Keep ``lease`` alive from the process's renewal thread until it is released."""
+        self.renewer.add(self, lease)
+
+    def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
+        """Pass the lock from ``lease`` to ``token`` in one step (e.g. to a retry's message).
+
+        Stops renewing ``lease``; on success it counts as released. ``Contended`` means
+        ``lease`` had already lost the lock to someone else.
+        """
+        self.renewer.discard(lease)
+        with _releasing(lease):
+            outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
+        if isinstance(outcome, Contended):
+            lease._state.lost_reason = lease._state.lost_reason or _LOSS[ReleaseResult.NOT_OWNER]
+        return outcome
 
     def release(self, lease: Lease) -> ReleaseResult:
         """Delete the lock if ``lease`` still owns it, and wake one waiter.

@@ -1,0 +1,63 @@
+"""``@singleton_task``: a Celery task with a singleton lock, bare or with options."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, overload
+
+from celery import shared_task
+
+from .exceptions import ConfigurationError
+from .task import OPTION_NAMES, SingletonOptions, SingletonTask
+
+
+@overload
+def singleton_task(func: Callable[..., Any], /) -> Any: ...
+
+
+@overload
+def singleton_task(
+    func: None = None, /, *, app: Any = None, **options: Any
+) -> Callable[[Callable[..., Any]], Any]: ...
+
+
+def singleton_task(
+    func: Callable[..., Any] | None = None, /, *, app: Any = None, **options: Any
+) -> Any:
+    """Declare a singleton task: ``@singleton_task`` or ``@singleton_task(key=[...], ...)``.
+
+    Singleton options: ``key``, ``on_duplicate``, ``on_contention``, ``ttl``,
+    ``queue_ttl``, ``dedupe``. Every other keyword is an ordinary Celery task option
+    (``bind``, ``acks_late``, ``max_retries``, ...). Binds to ``app`` when given, else
+    to every app like ``shared_task``. Options are validated here, at decoration.
+    """
+    if func is not None and not callable(func):
+        raise ConfigurationError(
+            f"singleton_task got {func!r} as its first argument; write @singleton_task or "
+            "@singleton_task(key=[...]) with keyword options"
+        )
+    if "singleton" in options:
+        raise ConfigurationError(
+            "pass singleton options as keywords of @singleton_task (key=..., ttl=...), "
+            "not as singleton={...}; that dict is for @app.task(base=SingletonTask, ...)"
+        )
+    base = options.pop("base", SingletonTask)
+    if not (inspect.isclass(base) and issubclass(base, SingletonTask)):
+        raise ConfigurationError(f"base={base!r} must be SingletonTask or a subclass of it")
+    singleton = {name: options.pop(name) for name in OPTION_NAMES if name in options}
+
+    def decorate(fun: Callable[..., Any]) -> Any:
+        if inspect.iscoroutinefunction(fun):
+            raise ConfigurationError(f"{fun.__qualname__}: Celery tasks cannot be async def")
+        task_options = {"base": base, "singleton": singleton, **options}
+        if app is not None:
+            # lazy=False: create the task class now, so bad options fail at decoration.
+            return app.task(lazy=False, **task_options)(fun)
+        # shared_task creates the class when an app is finalized; validate now anyway.
+        name = options.get("name") or f"{fun.__module__}.{fun.__name__}"
+        run = fun if options.get("bind") else staticmethod(fun)
+        SingletonOptions.build(name, run, singleton)
+        return shared_task(**task_options)(fun)
+
+    return decorate(func) if func is not None else decorate

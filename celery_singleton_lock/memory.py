@@ -1,0 +1,184 @@
+"""An in-process lock store (``singleton_lock_url = "memory://"``) for ``task_always_eager`` tests.
+
+Same leases, tokens, fences and outcomes as ``RedisLock``, kept in a dict behind a
+condition variable. It only excludes within one process: use it to unit-test your own
+tasks eagerly, never in production.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ._time import ttl_to_ms
+from .exceptions import ConfigurationError
+from .lock import (
+    DEFAULT_PREFIX,
+    Contended,
+    ExtendResult,
+    Lease,
+    LockKeys,
+    LostCallback,
+    ReleaseResult,
+    _LeaseState,
+    _new_token,
+    validate_name,
+    validate_prefix,
+)
+
+
+@dataclass
+class _Entry:
+    token: str
+    expires_at: float  # monotonic; inf while renewed
+
+
+class MemoryLock:
+    """``RedisLock``'s interface over a dict; renewal keeps a lease until it is released."""
+
+    def __init__(self, *, prefix: str = DEFAULT_PREFIX, allow_long_ttl: bool = False) -> None:
+        self.prefix = validate_prefix(prefix)
+        self.allow_long_ttl = allow_long_ttl
+        self._cond = threading.Condition()
+        self._entries: dict[str, _Entry] = {}
+        self._last_fence: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"MemoryLock(prefix={self.prefix!r})"
+
+    def keys(self, name: str) -> LockKeys:
+        return LockKeys.build(self.prefix, validate_name(name))
+
+    def _live(self, key: str) -> _Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None and entry.expires_at <= time.monotonic():
+            del self._entries[key]
+            return None
+        return entry
+
+    def try_acquire(
+        self, name: str, ttl: object, *, token: str | None = None, replace: str | None = None
+    ) -> Lease | Contended:
+        key = self.keys(name).lock
+        new_token = _new_token(token)
+        ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
+        with self._cond:
+            entry = self._live(key)
+            if entry is not None and (replace is None or entry.token != replace):
+                left = entry.expires_at - time.monotonic()
+                return Contended(
+                    name=name,
+                    key=key,
+                    holder=entry.token,
+                    retry_after=None if left == float("inf") else left,
+                )
+            now = time.monotonic()
+            fence = max(time.time_ns() // 1000, self._last_fence.get(key, 0) + 1)
+            self._last_fence[key] = fence
+            self._entries[key] = _Entry(new_token, now + ttl_ms / 1000)
+            return Lease(
+                name=name,
+                key=key,
+                token=new_token,
+                fence=fence,
+                ttl=ttl_ms / 1000,
+                _state=_LeaseState(expires_at=now + ttl_ms / 1000),
+            )
+
+    def acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        blocking: bool = True,
+        timeout: object | None = None,
+        wait: str = "push",
+        token: str | None = None,
+        replace: str | None = None,
+        renew: bool = False,
+        on_lost: LostCallback | None = None,
+    ) -> Lease:
+        if wait not in ("push", "spin"):
+            raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
+        deadline = None if timeout is None else time.monotonic() + float(timeout)  # type: ignore[arg-type]
+        with self._cond:
+            while True:
+                outcome = self.try_acquire(name, ttl, token=token, replace=replace)
+                if isinstance(outcome, Lease):
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if not blocking or (left is not None and left <= 0):
+                    raise outcome.error()
+                bound = [b for b in (left, outcome.retry_after) if b is not None]
+                self._cond.wait(min(bound) if bound else None)
+        if on_lost is not None:
+            outcome.on_lost(on_lost)
+        if renew:
+            self.renew(outcome)
+        return outcome
+
+    def renew(self, lease: Lease) -> None:
+        with self._cond:
+            entry = self._live(lease.key)
+            if entry is not None and entry.token == lease.token:
+                entry.expires_at = float("inf")
+                lease._renewed(float("inf"))
+
+    def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
+        lease._state.released = True
+        outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
+        if isinstance(outcome, Contended):
+            lease._state.lost_reason = lease._state.lost_reason or "another owner holds it"
+        return outcome
+
+    def _drop(self, key: str, matches: Any) -> ReleaseResult:
+        with self._cond:
+            entry = self._live(key)
+            if entry is None:
+                result = ReleaseResult.EXPIRED
+            elif not matches(entry.token):
+                return ReleaseResult.NOT_OWNER
+            else:
+                del self._entries[key]
+                result = ReleaseResult.RELEASED
+            self._cond.notify_all()
+            return result
+
+    def release(self, lease: Lease) -> ReleaseResult:
+        lease._state.released = True
+        return self._drop(lease.key, lambda token: token == lease.token)
+
+    def release_token(self, name: str, token: str) -> ReleaseResult:
+        return self._drop(self.keys(name).lock, lambda current: current == token)
+
+    def release_matching(self, name: str, prefix: str, suffix: str = "") -> ReleaseResult:
+        if not prefix:
+            raise ConfigurationError("release_matching needs a non-empty prefix")
+        return self._drop(
+            self.keys(name).lock,
+            lambda token: token.startswith(prefix) and token.endswith(suffix),
+        )
+
+    def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
+        ttl_ms = ttl_to_ms(lease.ttl if ttl is None else ttl, allow_long=self.allow_long_ttl)
+        with self._cond:
+            entry = self._live(lease.key)
+            if entry is None:
+                result = ExtendResult.EXPIRED
+            elif entry.token != lease.token:
+                result = ExtendResult.NOT_OWNER
+            else:
+                entry.expires_at = time.monotonic() + ttl_ms / 1000
+                lease._renewed(entry.expires_at)
+                return ExtendResult.EXTENDED
+        lease._mark_lost(
+            "it expired" if result is ExtendResult.EXPIRED else "another owner holds it"
+        )
+        return result
+
+    def holder(self, name: str) -> str | None:
+        with self._cond:
+            entry = self._live(self.keys(name).lock)
+            return None if entry is None else entry.token
