@@ -208,14 +208,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         return lease
 
     @property
-    def _backend(self) -> Backend:
+    def _singleton_store(self) -> Backend:
         return Backend.for_app(self.app)
 
     def _ttl(self) -> float:
-        return self.singleton_options().ttl or self._backend.config.ttl
+        return self.singleton_options().ttl or self._singleton_store.config.ttl
 
     def _queue_ttl(self) -> float:
-        return self.singleton_options().queue_ttl or self._backend.config.queue_ttl
+        return self.singleton_options().queue_ttl or self._singleton_store.config.queue_ttl
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -246,7 +246,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return publish(task_id, options, {KEY_HEADER: key})
         task_id = task_id or uuid()
         token = queued_token(task_id)
-        store = self._backend.lock
+        store = self._singleton_store.lock
         try:
             outcome = store.try_acquire(key, self._queue_ttl() + _delay_of(options), token=token)
         except redis.RedisError as error:
@@ -295,8 +295,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
 
     def _redis_error_at_dispatch(self, key: str, error: Exception) -> None:
-        where = self._backend.describe()
-        if self._backend.config.on_redis_error == "fail_closed":
+        where = self._singleton_store.describe()
+        if self._singleton_store.config.on_redis_error == "fail_closed":
             raise LockNotAcquiredError(
                 f"{self.name}: the lock store at {where} is unreachable ({type(error).__name__}); "
                 "nothing was published. Set singleton_lock_on_redis_error='fail_open' to "
@@ -322,7 +322,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         *,
         publish: Callable[[str | None, dict[str, Any], dict[str, Any]], Any],
     ) -> Any:
-        store = self._backend.lock
+        store = self._singleton_store.lock
         token = queued_token(task_id)
         headers: dict[str, Any] = {KEY_HEADER: running.name}
         try:
@@ -360,7 +360,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         finally:
             request.singleton_lease = None
             if lease.token and not getattr(request, "singleton_handed_over", False):
-                _quietly(self._backend.lock.release, lease)
+                _quietly(self._singleton_store.lock.release, lease)
 
     def _take_lease(self, request: Any, args: Any, kwargs: Any) -> Lease:
         key = header(request, KEY_HEADER) or self.singleton_options().key.derive(args, kwargs)
@@ -368,7 +368,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         attempt = int(header(request, ATTEMPT_HEADER) or 0)
         hostname = request.hostname or "eager"
         token = running_token(request.id, hostname, os.getpid())
-        store = self._backend.lock
+        store = self._singleton_store.lock
         ttl = self._ttl()
         try:
             outcome = store.try_acquire(key, ttl, token=token, replace=queued)
@@ -393,7 +393,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         decision = policy(state)
         if isinstance(decision, Wait):
             try:
-                return self._backend.waiting.acquire(
+                return self._singleton_store.waiting.acquire(
                     key, self._ttl(), timeout=decision.timeout, token=token, replace=replace
                 )
             except LockNotAcquiredError as error:
@@ -436,8 +436,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         raise Ignore(f"requeued: {key!r} is held by another execution")
 
     def _redis_error_at_execution(self, key: str, attempt: int, error: Exception) -> Lease:
-        where = self._backend.describe()
-        if self._backend.config.on_redis_error == "fail_open":
+        where = self._singleton_store.describe()
+        if self._singleton_store.config.on_redis_error == "fail_open":
             logger.warning(
                 "lock store at %s unreachable (%s): running %s[%s] for %s UNLOCKED (fail_open)",
                 where,
@@ -486,7 +486,7 @@ def _release_revoked(
     key, token = header(request, KEY_HEADER), header(request, TOKEN_HEADER)
     if key and token:
         try:
-            sender._backend.lock.release_token(key, token)
+            sender._singleton_store.lock.release_token(key, token)
         except redis.RedisError as error:
             logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
 

@@ -79,7 +79,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 key = task.singleton_options().key.derive(self.args, self.kwargs)
             except KeyDerivationError:
                 return
-        store = task._backend.lock
+        store = task._singleton_store.lock
         pid = self.worker_pid
         try:
             if pid:
