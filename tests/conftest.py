@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import redis
@@ -8,6 +12,7 @@ import redis
 from celery_singleton_lock import RedisLock
 
 from .servers import RedisServer
+from .workers import Worker
 
 
 @pytest.fixture(name="redis_server", scope="session")
@@ -52,3 +57,60 @@ def fixture_client(
 @pytest.fixture(name="lock")
 def fixture_lock(client: redis.Redis) -> RedisLock:
     return RedisLock(client, prefix="test")
+
+
+@dataclass
+class CeleryEnv:
+    """Servers for the Celery tests: broker/backend, lock store, checker, and the app."""
+
+    broker: RedisServer
+    lock: RedisServer
+    checker: RedisServer
+    env: dict[str, str]
+    app_module: Any
+
+    def lock_client(self) -> redis.Redis:
+        return self.lock.client()
+
+    def checker_client(self) -> redis.Redis:
+        return self.checker.client()
+
+
+@pytest.fixture(name="celery_env", scope="session")
+def fixture_celery_env(checker_server: RedisServer) -> Iterator[CeleryEnv]:
+    broker, lock = RedisServer().start(), RedisServer().start()
+    env = {
+        "CSL_BROKER_URL": broker.url,
+        "CSL_LOCK_URL": lock.url,
+        "CSL_CHECK_URL": checker_server.url,
+    }
+    # The app module reads its configuration from the environment at import.
+    os.environ.update(env)
+    module = importlib.import_module("tests.celery_app")
+    try:
+        yield CeleryEnv(broker, lock, checker_server, env, module)
+    finally:
+        broker.cleanup()
+        lock.cleanup()
+
+
+@pytest.fixture(name="worker", scope="session")
+def fixture_worker(celery_env: CeleryEnv) -> Iterator[Worker]:
+    """The shared worker (prefork, concurrency 2) for tests that do not kill it."""
+    worker = Worker(celery_env.env).start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(name="cenv")
+def fixture_cenv(celery_env: CeleryEnv) -> CeleryEnv:
+    """The Celery environment with an empty lock store and checker."""
+    for server in (celery_env.lock, celery_env.checker):
+        if server.process is None:
+            server.start()
+        client = server.client()
+        client.flushall()
+        client.close()
+    return celery_env

@@ -1,0 +1,177 @@
+"""The Celery app the lifecycle tests run in real worker processes.
+
+Configured from the environment so one module serves every worker the tests start:
+``CSL_BROKER_URL`` (broker and result backend), ``CSL_LOCK_URL`` (the lock store, a
+separate server so tests can take it down alone), ``CSL_CHECK_URL`` (where executions
+are recorded, outside the lock store), ``CSL_VISIBILITY_TIMEOUT``.
+
+Each execution appends ``{"task", "id", "item", "fence", "pid", "start", "end", ...}``
+to the list ``runs`` on the checker, so tests can assert who ran, when, and whether two
+executions of one key ever overlapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+from celery_singleton_lock import SingletonTask, singleton_task, wait
+
+app = Celery("tests.celery_app")
+app.conf.update(
+    task_default_queue=os.environ.get("CSL_QUEUE", "celery"),
+    broker_url=os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
+    result_backend=os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
+    singleton_lock_url=os.environ.get("CSL_LOCK_URL", "redis://127.0.0.1:6379/0"),
+    singleton_lock_prefix="t",
+    singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
+    singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("CSL_VISIBILITY_TIMEOUT", "3600"))
+    },
+    worker_prefetch_multiplier=1,
+    task_track_started=True,
+    broker_connection_retry_on_startup=True,
+)
+
+_checker: redis.Redis | None = None
+
+
+def checker() -> redis.Redis:
+    global _checker  # noqa: PLW0603  (one client per process, created after fork)
+    if _checker is None:
+        _checker = redis.Redis.from_url(os.environ.get("CSL_CHECK_URL", "redis://127.0.0.1:6379/1"))
+    return _checker
+
+
+def _record(task: Any, item: object, started: float, **extra: Any) -> None:
+    lease = task.lease
+    checker().rpush(
+        "runs",
+        json.dumps(
+            {
+                "task": task.name,
+                "id": task.request.id,
+                "item": item,
+                "fence": lease.fence,
+                "pid": os.getpid(),
+                "retries": task.request.retries,
+                "start": started,
+                "end": time.time(),
+                **extra,
+            }
+        ),
+    )
+
+
+def _begin(task: Any, item: object) -> float:
+    started = time.time()
+    checker().rpush(
+        "started", json.dumps({"id": task.request.id, "item": item, "pid": os.getpid()})
+    )
+    return started
+
+
+def _work(task: Any, item: object, seconds: float, mode: str) -> object:
+    started = _begin(task, item)
+    if mode == "soft":
+        try:
+            time.sleep(seconds)
+        except SoftTimeLimitExceeded:
+            _record(task, item, started, soft_handled=True)
+            return "soft-handled"
+    time.sleep(seconds)
+    if mode == "retry" and task.request.retries == 0:
+        _record(task, item, started, retrying=True)
+        raise task.retry(countdown=1.0, max_retries=1)
+    if mode == "fail":
+        _record(task, item, started, failed=True)
+        raise ValueError(f"failing on purpose for {item}")
+    if mode == "ignore":
+        _record(task, item, started)
+        raise Ignore()
+    if mode == "reject":
+        _record(task, item, started)
+        raise Reject("rejecting on purpose", requeue=False)
+    _record(task, item, started)
+    return item
+
+
+@singleton_task(app=app, bind=True, key=["item"])
+def work(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """Record an execution of ``item``; ``mode`` picks how the execution ends."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(app=app, bind=True, key=["item"], soft_time_limit=0.5, time_limit=1.0)
+def limited(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """Time limits are task options: the soft one raises in the body, the hard one kills."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(app=app, bind=True, key=["item"], acks_late=True, reject_on_worker_lost=True)
+def durable(self: Any, item: object, seconds: float = 0.0) -> object:
+    """acks_late + reject_on_worker_lost: a killed child's message is redelivered."""
+    started = _begin(self, item)
+    time.sleep(seconds)
+    _record(self, item, started)
+    return item
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    autoretry_for=(KeyError,),
+    retry_backoff=False,
+    default_retry_delay=1,
+    max_retries=1,
+)
+def flaky(self: Any, item: object) -> object:
+    """Raises KeyError on its first attempt; autoretry_for re-sends it."""
+    started = _begin(self, item)
+    _record(self, item, started)
+    if self.request.retries == 0:
+        raise KeyError(item)
+    return item
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention="fail", dedupe=False)
+def strict(self: Any, item: object, seconds: float = 0.0) -> object:
+    """Never queued twice is off (dedupe=False); a contended execution fails at once."""
+    started = _begin(self, item)
+    time.sleep(seconds)
+    _record(self, item, started)
+    return item
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention=wait(timeout=20), dedupe=False)
+def patient(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution waits for the push wake-up."""
+    started = _begin(self, item)
+    time.sleep(seconds)
+    _record(self, item, started)
+    return item
+
+
+@app.task(bind=True, base=SingletonTask, singleton={"key": "request:{request_idx}"})
+def process_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
+    """The base-class form, sharing one lock per request with ``callback_request``."""
+    started = _begin(self, request_idx)
+    time.sleep(seconds)
+    _record(self, request_idx, started)
+    return request_idx
+
+
+@singleton_task(app=app, bind=True, key="request:{request_idx}")
+def callback_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
+    started = _begin(self, request_idx)
+    time.sleep(seconds)
+    _record(self, request_idx, started)
+    return request_idx
