@@ -33,7 +33,11 @@ app.conf.update(
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
     broker_transport_options={
-        "visibility_timeout": float(os.environ.get("CSL_VISIBILITY_TIMEOUT", "3600"))
+        "visibility_timeout": float(os.environ.get("CSL_VISIBILITY_TIMEOUT", "3600")),
+        # Sweep for unacked messages every second, so a short visibility timeout really
+        # redelivers during a test (kombu's default sweep is every ~100 s).
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
     },
     worker_prefetch_multiplier=1,
     task_track_started=True,

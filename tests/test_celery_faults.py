@@ -1,0 +1,206 @@
+"""Faults around singleton tasks: dead workers, redelivery, an unreachable lock store, bad input."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_singleton_lock import (
+    ConfigurationError,
+    DuplicateTaskError,
+    KeyDerivationError,
+    LockNotAcquiredError,
+    singleton_task,
+)
+
+from .conftest import CeleryEnv
+from .servers import RedisServer, free_port
+from .test_celery_lifecycle import assert_no_overlap, lock_keys, runs, started, wait_for
+from .workers import Worker
+
+pytestmark = pytest.mark.slow
+
+
+def queue_length(cenv: CeleryEnv, queue: str) -> int:
+    return int(cenv.broker.client().llen(queue))
+
+
+class TestWorkerDeath:
+    def test_whole_worker_killed_frees_the_key_within_ttl(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        ttl = 2.0
+        doomed = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl)}).start()
+        try:
+            work = cenv.app_module.work
+            result = work.apply_async(("whole", 60), queue=doomed.queue)
+            wait_for(lambda: started(cenv), what="start")
+            time.sleep(ttl * 1.5)  # renewed past its ttl while the worker lives
+            assert lock_keys(cenv)
+            doomed.kill()
+            killed_at = time.monotonic()
+            wait_for(lambda: not lock_keys(cenv), ttl + 1.0, "expiry within ttl")
+            print(f"\nwhole worker SIGKILL: key free {time.monotonic() - killed_at:.2f}s later")
+        finally:
+            doomed.stop()
+        again = work.apply_async(("whole",), queue=worker.queue)
+        assert again.id != result.id
+        assert again.get(timeout=20) == "whole"
+
+
+class TestRedelivery:
+    def test_redelivery_while_the_first_execution_runs_does_not_overlap(
+        self, cenv: CeleryEnv
+    ) -> None:
+        # The Redis transport hands an unacked message out again once the visibility
+        # timeout passes, with the same task id, while the first execution still runs.
+        hasty = Worker(cenv.env, extra_env={"CSL_VISIBILITY_TIMEOUT": "1"}).start()
+        try:
+            durable = cenv.app_module.durable
+            result = durable.apply_async(("redelivered", 4), queue=hasty.queue)
+            assert result.get(timeout=60) == "redelivered"
+            # The copy was requeued while the first ran, and runs once the key is free:
+            # Celery's delivery is at-least-once, the lock makes it one at a time.
+            records = wait_for(lambda: len(runs(cenv)) >= 2 and runs(cenv), 40, "the copy")
+            print(f"\nredelivery: {len(records)} executions of one task id, none overlapping")
+            assert {r["id"] for r in records} == {result.id}
+            assert_no_overlap(records)
+            assert "requeued" in hasty.output()
+        finally:
+            hasty.stop()
+
+
+class TestBadInput:
+    def test_unencodable_argument_fails_at_dispatch_and_nothing_is_sent(
+        self, cenv: CeleryEnv
+    ) -> None:
+        work = cenv.app_module.work
+        with pytest.raises(KeyDerivationError) as caught:
+            work.apply_async(({1, 2},), queue="nobody-listens")
+        assert caught.value.param == "item"
+        assert queue_length(cenv, "nobody-listens") == 0
+        assert lock_keys(cenv) == []
+
+    def test_bad_options_fail_when_the_decorator_is_applied(self, cenv: CeleryEnv) -> None:
+        app = cenv.app_module.app
+
+        def job(order_id: int) -> None: ...
+
+        cases = [
+            ({"key": ["no_such_param"]}, "not parameters"),
+            ({"on_contention": "retry"}, "['fail', 'requeue', 'wait']"),
+            ({"on_duplicate": "ignore"}, "['return', 'raise']"),
+            ({"ttl": 0}, "ttl must be positive"),
+            ({"queue_ttl": "1h"}, "queue_ttl must be a number"),
+            ({"dedupe": "yes"}, "dedupe must be True or False"),
+        ]
+        for options, message in cases:
+            with pytest.raises(ConfigurationError) as caught:
+                singleton_task(app=app, name=f"bad.{len(message)}", **options)(job)
+            assert message in str(caught.value), options
+
+    def test_foreign_value_is_an_unknown_holder_until_its_ttl(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work = cenv.app_module.work
+        key = "t:{" + work.singleton_options().key.derive(("foreign",), {}) + "}"
+        cenv.lock_client().set(key, "not-one-of-ours", px=1500)
+        with pytest.raises(DuplicateTaskError, match="holder unknown"):
+            work.apply_async(("foreign",), queue=worker.queue)
+        bypass = cenv.app_module.app.send_task(
+            "tests.celery_app.work", ("foreign",), queue=worker.queue
+        )
+        assert bypass.get(timeout=30) == "foreign"
+        assert runs(cenv)[0]["start"] > 0
+
+
+@pytest.fixture(name="dead_lock_app")
+def fixture_dead_lock_app(cenv: CeleryEnv) -> Iterator[Celery]:
+    """An app whose lock store URL (with a password) points at a port nobody listens on."""
+    app = Celery("dead", set_as_current=False)
+    app.conf.update(
+        broker_url=cenv.broker.url,
+        result_backend=cenv.broker.url,
+        singleton_lock_url=f"redis://:hunter2@127.0.0.1:{free_port()}/0",
+    )
+    yield app
+
+
+class TestLockStoreDown:
+    def test_fail_closed_dispatch_raises_without_the_password_and_sends_nothing(
+        self, cenv: CeleryEnv, dead_lock_app: Celery
+    ) -> None:
+        @singleton_task(app=dead_lock_app, name="dead.closed")
+        def job(x: int) -> int:
+            return x
+
+        with pytest.raises(LockNotAcquiredError) as caught:
+            job.apply_async((1,), queue="dead-closed")
+        message = str(caught.value)
+        assert "unreachable" in message
+        assert "hunter2" not in message
+        assert "***@127.0.0.1" in message
+        assert queue_length(cenv, "dead-closed") == 0
+
+    def test_fail_open_dispatch_publishes_and_warns(
+        self, cenv: CeleryEnv, dead_lock_app: Celery, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        dead_lock_app.conf.singleton_lock_on_redis_error = "fail_open"
+
+        @singleton_task(app=dead_lock_app, name="dead.open")
+        def job(x: int) -> int:
+            return x
+
+        with caplog.at_level(logging.WARNING, logger="celery_singleton_lock"):
+            job.apply_async((1,), queue="dead-open")
+        assert queue_length(cenv, "dead-open") == 1
+        assert "without the duplicate check (fail_open)" in caplog.text
+        assert "hunter2" not in caplog.text
+        cenv.broker.client().delete("dead-open")
+
+    def test_fail_closed_execution_requeues_until_the_store_returns(self, cenv: CeleryEnv) -> None:
+        store = RedisServer().start()
+        env = {**cenv.env, "CSL_LOCK_URL": store.url}
+        outage = Worker(env).start()
+        try:
+            store.kill()
+            result = cenv.app_module.app.send_task(
+                "tests.celery_app.work", ("outage",), queue=outage.queue
+            )
+            time.sleep(3)
+            assert runs(cenv) == []  # not run unlocked, not lost
+            store.start()
+            assert result.get(timeout=30) == "outage"
+            assert len(runs(cenv)) == 1
+            assert "requeueing" in outage.output()
+        finally:
+            outage.stop()
+            store.cleanup()
+
+    def test_fail_open_execution_runs_unlocked_and_says_so(self, cenv: CeleryEnv) -> None:
+        store = RedisServer().start()
+        env = {**cenv.env, "CSL_LOCK_URL": store.url, "CSL_ON_REDIS_ERROR": "fail_open"}
+        reckless = Worker(env).start()
+        try:
+            store.kill()
+            result = cenv.app_module.app.send_task(
+                "tests.celery_app.work", ("open",), queue=reckless.queue
+            )
+            assert result.get(timeout=30) == "open"
+            [run] = runs(cenv)
+            assert run["fence"] == 0
+            assert "UNLOCKED (fail_open)" in reckless.output()
+        finally:
+            reckless.stop()
+            store.cleanup()
+
+
+def test_redis_errors_are_redis_errors() -> None:
+    # The fault paths above catch redis.RedisError; keep that the base of what redis-py raises.
+    assert issubclass(redis.ConnectionError, redis.RedisError)
+    assert issubclass(redis.TimeoutError, redis.RedisError)
