@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -120,7 +119,7 @@ class TestBadInput:
 
 
 @pytest.fixture(name="dead_lock_app")
-def fixture_dead_lock_app(cenv: CeleryEnv) -> Iterator[Celery]:
+def fixture_dead_lock_app(cenv: CeleryEnv) -> Celery:
     """An app whose lock store URL (with a password) points at a port nobody listens on."""
     app = Celery("dead", set_as_current=False)
     app.conf.update(
@@ -128,7 +127,7 @@ def fixture_dead_lock_app(cenv: CeleryEnv) -> Iterator[Celery]:
         result_backend=cenv.broker.url,
         singleton_lock_url=f"redis://:hunter2@127.0.0.1:{free_port()}/0",
     )
-    yield app
+    return app
 
 
 class TestLockStoreDown:
