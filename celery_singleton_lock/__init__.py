@@ -23,6 +23,7 @@ from .memory import MemoryLock
 from .policies import fail, requeue, wait
 from .renewal import Renewer, get_renewer
 from .task import SingletonTask
+from .worker import SingletonRequest, check_worker_setup
 
 __all__ = [
     "AsyncRedisLock",
@@ -41,7 +42,9 @@ __all__ = [
     "ReleaseResult",
     "Renewer",
     "SingletonLockError",
+    "SingletonRequest",
     "SingletonTask",
+    "check_worker_setup",
     "derive_key",
     "fail",
     "get_renewer",

@@ -21,10 +21,11 @@ from typing import Any
 
 import redis
 from billiard.einfo import ExceptionWithTraceback
+from celery import signals
 from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
-from .exceptions import KeyDerivationError
+from .exceptions import ConfigurationError, KeyDerivationError
 from .task import KEY_HEADER, TOKEN_HEADER, SingletonTask, header, running_prefix
 
 logger = logging.getLogger(__name__)
@@ -102,3 +103,51 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 store.release_token(key, queued)
         except redis.RedisError as error:
             logger.warning("release of %s after its child died failed (%s)", key, error)
+
+
+def check_worker_setup(app: Any) -> list[str]:
+    """Settings that can defeat the lock, as warnings (logged once at worker start)."""
+    tasks = [t for t in app.tasks.values() if isinstance(t, SingletonTask)]
+    if not tasks:
+        return []
+    warnings: list[str] = []
+    store = tasks[0]._singleton_store
+    try:
+        lock = store.lock
+        client = getattr(lock, "client", None)
+        policy = client.config_get("maxmemory-policy") if client is not None else {}
+    except (redis.RedisError, ConfigurationError) as error:
+        warnings.append(f"could not check the lock store at start ({error})")
+        policy = {}
+    value = policy.get("maxmemory-policy") or policy.get(b"maxmemory-policy")
+    if isinstance(value, bytes):
+        value = value.decode()
+    if value and value != "noeviction":
+        warnings.append(
+            f"the lock store at {store.describe()} has maxmemory-policy={value}: under memory "
+            "pressure Redis may evict lock keys and let a duplicate run. Set maxmemory-policy "
+            "noeviction there, or give the locks a Redis of their own (singleton_lock_url)"
+        )
+    transport = app.conf.broker_transport_options or {}
+    visibility = transport.get("visibility_timeout")
+    for task in tasks:
+        limit = task.time_limit or app.conf.task_time_limit
+        if visibility and limit and limit >= visibility:
+            warnings.append(
+                f"{task.name}: time_limit={limit}s is not below the broker's "
+                f"visibility_timeout={visibility}s, so a running task can be redelivered; the "
+                "lock keeps the copy from running alongside (it is requeued) but it runs again "
+                "afterwards. Raise visibility_timeout above the time limit"
+            )
+    return warnings
+
+
+def _warn_at_worker_start(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    for message in check_worker_setup(app):
+        logger.warning("celery-singleton-lock: %s", message)
+
+
+signals.worker_ready.connect(_warn_at_worker_start, weak=False)

@@ -203,3 +203,58 @@ def test_redis_errors_are_redis_errors() -> None:
     # The fault paths above catch redis.RedisError; keep that the base of what redis-py raises.
     assert issubclass(redis.ConnectionError, redis.RedisError)
     assert issubclass(redis.TimeoutError, redis.RedisError)
+
+
+class TestStartupWarnings:
+    def test_evicting_lock_store_and_short_visibility_timeout_are_warned_at_start(
+        self, cenv: CeleryEnv
+    ) -> None:
+        store = RedisServer("--maxmemory-policy", "allkeys-lru").start()
+        env = {**cenv.env, "CSL_LOCK_URL": store.url, "CSL_VISIBILITY_TIMEOUT": "1"}
+        worker = Worker(env).start()
+        try:
+            log = wait_for(
+                lambda: "maxmemory-policy=allkeys-lru" in worker.output() and worker.output(),
+                10,
+                "the warning",
+            )
+            assert "maxmemory-policy noeviction" in log
+            assert "tests.celery_app.limited: time_limit=1.0s is not below" in log
+        finally:
+            worker.stop()
+            store.cleanup()
+
+    def test_healthy_setup_gives_no_warning(self, cenv: CeleryEnv, worker: Worker) -> None:
+        assert "celery-singleton-lock:" not in worker.output()
+
+
+class TestDispatchHolds:
+    def test_countdown_task_holds_its_key_past_its_eta(self, cenv: CeleryEnv) -> None:
+        work = cenv.app_module.work
+        result = work.apply_async(("eta",), countdown=120, queue="nobody-eta")
+        key = "t:{" + work.singleton_options().key.derive(("eta",), {}) + "}"
+        queue_ttl_ms = 3600 * 1000
+        assert cenv.lock_client().pttl(key) > queue_ttl_ms + 110 * 1000
+        assert work.apply_async(("eta",), queue="nobody-eta").id == result.id
+        cenv.broker.client().delete("nobody-eta")
+
+    def test_failed_publish_gives_the_key_back(self, cenv: CeleryEnv) -> None:
+        app = Celery("nobroker", set_as_current=False)
+        app.conf.update(
+            broker_url=f"redis://127.0.0.1:{free_port()}/0",
+            broker_connection_timeout=1,
+            broker_connection_retry=False,
+            broker_connection_max_retries=0,
+            task_publish_retry=False,
+            singleton_lock_url=cenv.lock.url,
+            singleton_lock_prefix="t",
+        )
+
+        @singleton_task(app=app, name="nobroker.job")
+        def job(x: int) -> int:
+            return x
+
+        with pytest.raises(Exception) as caught:  # noqa: PT011  (kombu's error type varies)
+            job.apply_async((1,))
+        assert "Connection refused" in str(caught.value) or "Error" in type(caught.value).__name__
+        assert lock_keys(cenv) == []
