@@ -7,6 +7,7 @@ from .exceptions import (
     KeyDerivationError,
     LockLostError,
     LockNotAcquiredError,
+    LockStoreUnavailableError,
     SingletonLockError,
 )
 from .keys import KeySpec, derive_key
@@ -37,6 +38,7 @@ __all__ = [
     "LockKeys",
     "LockLostError",
     "LockNotAcquiredError",
+    "LockStoreUnavailableError",
     "MemoryLock",
     "RedisLock",
     "ReleaseResult",

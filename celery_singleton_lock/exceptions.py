@@ -60,6 +60,12 @@ class LockNotAcquiredError(SingletonLockError):
     retry_after: float | None
 
 
+class LockStoreUnavailableError(SingletonLockError):
+    """The lock store could not be reached; ``url`` says where, without the password."""
+
+    url: str
+
+
 class LockLostError(SingletonLockError):
     """A lease this process held has expired or been taken; ``reason`` says which."""
 

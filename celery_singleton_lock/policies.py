@@ -2,7 +2,7 @@
 
 On a duplicate at dispatch (``on_duplicate``): ``"return"`` the holder's AsyncResult,
 or ``"raise"`` ``DuplicateTaskError``. On contention at execution (``on_contention``):
-``fail``, ``requeue(max_tries=..., base=..., cap=...)`` or ``wait(timeout=..., then=...)``;
+``fail``, ``requeue(max_tries=..., backoff=..., cap=...)`` or ``wait(timeout=..., then=...)``;
 the strings ``"fail"``, ``"requeue"`` and ``"wait"`` mean those with their defaults.
 
 A contention policy is a callable from a ``ContentionState`` to a decision (``Fail``,
@@ -80,12 +80,12 @@ class fail:  # lower-case on purpose: reads as configuration, on_contention=fail
 class requeue:
     """Re-send with exponential backoff and full jitter, at most ``max_tries`` times, then fail.
 
-    The delay before try ``n`` is uniform in ``[0, min(cap, base * 2**n)]``, never shorter
-    than ``floor`` so a requeue loop cannot spin the broker.
+    The delay before try ``n`` is uniform in ``[0, min(cap, backoff * 2**n)]``, never
+    shorter than ``floor`` so a requeue loop cannot spin the broker.
     """
 
     max_tries: int = 10
-    base: float = 1.0
+    backoff: float = 1.0
     cap: float = 60.0
     floor: float = 0.05
     rng: Callable[[], float] = field(default=random.random, compare=False, repr=False)
@@ -95,7 +95,7 @@ class requeue:
             raise ConfigurationError(f"requeue(max_tries=) must be an int, got {self.max_tries!r}")
         if self.max_tries < 0:
             raise ConfigurationError(f"requeue(max_tries=) must be >= 0, got {self.max_tries}")
-        for name in ("base", "cap", "floor"):
+        for name in ("backoff", "cap", "floor"):
             seconds = to_seconds(getattr(self, name), what=f"requeue({name}=)")
             if seconds < 0:
                 raise ConfigurationError(f"requeue({name}=) must be >= 0, got {seconds}")
@@ -104,7 +104,7 @@ class requeue:
     def __call__(self, state: ContentionState) -> Decision:
         if state.attempt >= self.max_tries:
             return Fail(f"{_held_by(state)}; gave up after {state.attempt} requeues")
-        delay = full_jitter(state.attempt, base=self.base, cap=self.cap, rng=self.rng)
+        delay = full_jitter(state.attempt, base=self.backoff, cap=self.cap, rng=self.rng)
         return Requeue(countdown=max(self.floor, delay))
 
 
@@ -149,7 +149,7 @@ def contention_policy(value: object) -> ContentionPolicy:
         return value
     raise ConfigurationError(
         f"on_contention={value!r} is not a policy; use one of {sorted(_SHORTCUTS)} or "
-        "a policy object: fail(), requeue(max_tries=5, base=1, cap=60), wait(timeout=10)"
+        "a policy object: fail(), requeue(max_tries=5, backoff=1, cap=60), wait(timeout=10)"
     )
 
 

@@ -32,7 +32,12 @@ from celery.utils import uuid
 
 from ._time import ttl_to_ms
 from .backend import Backend
-from .exceptions import ConfigurationError, DuplicateTaskError, LockNotAcquiredError
+from .exceptions import (
+    ConfigurationError,
+    DuplicateTaskError,
+    LockNotAcquiredError,
+    LockStoreUnavailableError,
+)
 from .keys import KeySpec
 from .lock import Contended, Lease, _LeaseState
 from .policies import (
@@ -297,13 +302,12 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _redis_error_at_dispatch(self, key: str, error: Exception) -> None:
         where = self._singleton_store.describe()
         if self._singleton_store.config.on_redis_error == "fail_closed":
-            raise LockNotAcquiredError(
+            raise LockStoreUnavailableError(
                 f"{self.name}: the lock store at {where} is unreachable ({type(error).__name__}); "
                 "nothing was published. Set singleton_lock_on_redis_error='fail_open' to "
                 "publish without the duplicate check when Redis is down",
                 key=key,
-                holder=None,
-                retry_after=None,
+                url=where,
             ) from error
         logger.warning(
             "lock store at %s unreachable (%s): publishing %s for %s without the duplicate "

@@ -13,7 +13,7 @@ from celery_singleton_lock import (
     ConfigurationError,
     DuplicateTaskError,
     KeyDerivationError,
-    LockNotAcquiredError,
+    LockStoreUnavailableError,
     singleton_task,
 )
 
@@ -138,8 +138,9 @@ class TestLockStoreDown:
         def job(x: int) -> int:
             return x
 
-        with pytest.raises(LockNotAcquiredError) as caught:
+        with pytest.raises(LockStoreUnavailableError) as caught:
             job.apply_async((1,), queue="dead-closed")
+        assert caught.value.url.startswith("redis://***@127.0.0.1")
         message = str(caught.value)
         assert "unreachable" in message
         assert "hunter2" not in message

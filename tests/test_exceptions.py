@@ -12,6 +12,7 @@ from celery_singleton_lock import (
     KeyDerivationError,
     LockLostError,
     LockNotAcquiredError,
+    LockStoreUnavailableError,
     SingletonLockError,
 )
 
@@ -22,6 +23,7 @@ ERRORS = [
     LockNotAcquiredError("held", key="p:{k}", holder="tok", retry_after=1.5),
     LockLostError("lost", key="p:{k}", reason="it expired"),
     DuplicateTaskError("dup", key="p:{k}", task_id="abc-123"),
+    LockStoreUnavailableError("down", key="p:{k}", url="redis://***@h:6379/0"),
 ]
 
 

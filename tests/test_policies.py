@@ -35,7 +35,7 @@ class TestFail:
 
 class TestRequeue:
     def test_backs_off_exponentially_up_to_the_cap(self) -> None:
-        policy = requeue(max_tries=10, base=1, cap=8, rng=lambda: 1.0)
+        policy = requeue(max_tries=10, backoff=1, cap=8, rng=lambda: 1.0)
         countdowns = [policy(state(n)) for n in range(6)]
         assert countdowns == [
             Requeue(1),
@@ -56,7 +56,7 @@ class TestRequeue:
 
     @pytest.mark.parametrize(
         "options",
-        [{"max_tries": -1}, {"max_tries": 1.5}, {"max_tries": True}, {"base": -1}, {"cap": "x"}],
+        [{"max_tries": -1}, {"max_tries": 1.5}, {"max_tries": True}, {"backoff": -1}, {"cap": "x"}],
     )
     def test_bad_options_are_refused(self, options: dict[str, object]) -> None:
         with pytest.raises(ConfigurationError, match="requeue"):
