@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,84 @@ def _kill_and_wait(pid: int, timeout: float = 1.0) -> None:
         time.sleep(0.002)
 
 
+def _is_dead(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):  # no /proc (not Linux): ask the kernel instead
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    return state in ("Z", "X")
+
+
+class _ChildWatch:
+    """Notices a pool child's death within ~50 ms and releases its lease.
+
+    billiard reports a SIGKILLed child to Celery only when it next maintains the pool,
+    which was seen to take several seconds; a lease must not wait that long. One daemon
+    thread in the main process, running only while singleton tasks are executing.
+    """
+
+    INTERVAL = 0.05
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running: dict[str, SingletonRequest] = {}
+        self._thread: threading.Thread | None = None
+
+    def watch(self, request: SingletonRequest) -> None:
+        with self._cond:
+            self._running[request.id] = request
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="celery-singleton-lock-child-watch", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def forget(self, request: SingletonRequest) -> None:
+        with self._cond:
+            if self._running.get(request.id) is request:
+                del self._running[request.id]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._running:
+                    self._cond.wait()
+                watched = list(self._running.values())
+            for request in watched:
+                pid = request.worker_pid
+                if pid and _is_dead(pid):
+                    self.forget(request)
+                    request._release_for_dead_child(kill=False)
+            time.sleep(self.INTERVAL)
+
+
+_child_watch = _ChildWatch()
+
+
 class SingletonRequest(Request):  # type: ignore[misc]
     """Celery's Request, plus the release of a dead child's lease."""
+
+    def on_accepted(self, pid: int, time_accepted: float) -> Any:
+        result = super().on_accepted(pid, time_accepted)
+        if isinstance(self.task, SingletonTask):
+            _child_watch.watch(self)
+        return result
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        _child_watch.forget(self)
+        return super().on_success(failed__retval__runtime, **kwargs)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
+        _child_watch.forget(self)
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc

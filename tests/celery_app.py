@@ -21,7 +21,7 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from celery_singleton_lock import SingletonTask, singleton_task, wait
+from celery_singleton_lock import SingletonTask, requeue, singleton_task, wait
 
 app = Celery("tests.celery_app")
 app.conf.update(
@@ -179,3 +179,18 @@ def callback_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
     time.sleep(seconds)
     _record(self, request_idx, started)
     return request_idx
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    on_contention=requeue(max_tries=2, backoff=0.1, cap=0.2),
+    dedupe=False,
+)
+def impatient(self: Any, item: object, seconds: float = 0.0) -> object:
+    """Requeued at most twice while contended, then fails."""
+    started = _begin(self, item)
+    time.sleep(seconds)
+    _record(self, item, started)
+    return item

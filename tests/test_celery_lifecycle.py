@@ -202,6 +202,18 @@ class TestChildDeath:
         )
         wait_for(lambda: not lock_keys(cenv), 2, "release")
 
+    def test_killed_child_lease_is_freed_within_a_second(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work = cenv.app_module.work
+        work.apply_async(("k2", 30), queue=worker.queue)
+        [first] = wait_for(lambda: started(cenv), what="start")
+        os.kill(first["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: not lock_keys(cenv), 1.0, "release within 1 s")
+        print(f"\nchild SIGKILL: released {time.monotonic() - killed_at:.3f}s later")
+        assert work.apply_async(("k2",), queue=worker.queue).get(timeout=20) == "k2"
+
 
 class TestCanvas:
     def test_duplicates_inside_a_chain_all_run_one_at_a_time(
@@ -252,6 +264,16 @@ class TestBypass:
             second.get(timeout=20)
         assert first.id in str(caught.value)
         assert first.get(timeout=20) == "p"
+
+    def test_requeue_is_bounded_then_fails(self, cenv: CeleryEnv, worker: Worker) -> None:
+        impatient = cenv.app_module.impatient
+        holder = impatient.apply_async(("r", 3.0), queue=worker.queue)
+        wait_for(lambda: started(cenv), what="holder start")
+        contender = impatient.apply_async(("r",), queue=worker.queue)
+        with pytest.raises(DuplicateTaskError, match="gave up after 2 requeues"):
+            contender.get(timeout=20)
+        assert holder.get(timeout=20) == "r"
+        assert len(runs(cenv)) == 1
 
     def test_on_contention_wait_runs_right_after_the_holder(
         self, cenv: CeleryEnv, worker: Worker
