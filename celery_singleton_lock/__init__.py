@@ -1,5 +1,6 @@
 """celery-singleton-lock: stop Celery from doing the same work twice."""
 
+from . import signals
 from .decorator import singleton_task
 from .exceptions import (
     ConfigurationError,
@@ -51,6 +52,7 @@ __all__ = [
     "fail",
     "get_renewer",
     "requeue",
+    "signals",
     "singleton_task",
     "wait",
 ]

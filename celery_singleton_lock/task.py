@@ -30,6 +30,7 @@ from celery import Task, signals
 from celery.exceptions import Ignore
 from celery.utils import uuid
 
+from . import signals as singleton_signals
 from ._time import ttl_to_ms
 from .backend import Backend
 from .exceptions import (
@@ -289,6 +290,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _duplicate(self, key: str, held: Contended) -> Any:
         holder = holder_task_id(held.holder)
+        singleton_signals.duplicate_refused.send(sender=self, key=key, holder_id=holder)
         if self.singleton_options().on_duplicate == "return" and holder is not None:
             logger.info("duplicate of %s refused for %s: returning %s", self.name, key, holder)
             return self.AsyncResult(holder)
@@ -395,6 +397,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             retry_after=held.retry_after,
         )
         decision = policy(state)
+        singleton_signals.execution_contended.send(
+            sender=self, key=key, holder_id=state.holder, decision=decision
+        )
         if isinstance(decision, Wait):
             try:
                 return self._singleton_store.waiting.acquire(

@@ -27,6 +27,8 @@ from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
 from .exceptions import ConfigurationError, KeyDerivationError
+from .lock import ReleaseResult
+from .signals import dead_child_released
 from .task import KEY_HEADER, TOKEN_HEADER, SingletonTask, header, running_prefix
 
 logger = logging.getLogger(__name__)
@@ -162,6 +164,8 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 result = store.release_matching(
                     key, running_prefix(self.hostname, pid), f"|{self.id}"
                 )
+                if result is ReleaseResult.RELEASED:
+                    dead_child_released.send(sender=task, key=key, task_id=self.id, pid=pid)
                 logger.info(
                     "released %s for %s[%s] after its pool child %d died: %s",
                     key,

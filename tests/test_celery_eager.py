@@ -13,6 +13,7 @@ from celery_singleton_lock import (
     DuplicateTaskError,
     LockLostError,
     SingletonTask,
+    signals,
     singleton_task,
 )
 from celery_singleton_lock.task import holder_task_id, queued_token, running_token
@@ -182,3 +183,37 @@ class TestLostLease:
 
         assert job.delay(1).get() == "checked"
         assert raw.get("eager:{" + job.singleton_options().key.derive((1,)) + "}") == b"thief"
+
+
+class TestSignals:
+    def test_refusals_and_contention_are_signalled(self, app: Celery) -> None:
+        seen: list[tuple[str, Any]] = []
+
+        def on_refused(sender: Any, key: str, holder_id: str | None, **_: Any) -> None:
+            seen.append(("refused", holder_id))
+
+        def on_contended(sender: Any, key: str, decision: Any, **_: Any) -> None:
+            seen.append(("contended", type(decision).__name__))
+
+        signals.duplicate_refused.connect(on_refused, weak=False)
+        signals.execution_contended.connect(on_contended, weak=False)
+        try:
+
+            @singleton_task(
+                app=app, bind=True, name=f"{app.main}.sig", key=["n"], on_contention="fail"
+            )
+            def job(self: Any, n: int, nested: bool = True) -> str | None:
+                if nested:
+                    return str(job.delay(n, nested=False).id)
+                return None
+
+            outer = job.delay(1)
+            assert outer.get() == outer.id  # the nested duplicate got the holder's result
+            store = job._singleton_store.lock
+            store.try_acquire(job.singleton_options().key.derive((2,)), 5, token="someone")
+            with pytest.raises(DuplicateTaskError):
+                job.apply((2,), throw=True)
+        finally:
+            signals.duplicate_refused.disconnect(on_refused)
+            signals.execution_contended.disconnect(on_contended)
+        assert seen == [("refused", outer.id), ("contended", "Fail")]
