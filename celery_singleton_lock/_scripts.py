@@ -29,14 +29,22 @@ end
 # ARGV[3] '1' if the caller will block on the signal when this fails, else '0'
 # ARGV[4] a token this caller may take over ('' for none): a queued task's hold
 #         becomes its running lease in the same step, with no window in between
+# ARGV[5] ARGV[6] or: a token shape (prefix, suffix) it may take over ('' prefix for
+#         none), for a hold whose random part the caller cannot know
 # returns {1, fence}            acquired; fence strictly greater than any earlier fence
 #                               of this lock (see lock.RedisLock for the bound)
 #         {0, holder, pttl}     held by `holder` ('' when the value is foreign or not a
 #                               string) for `pttl` more ms (-1: the key has no TTL)
 ACQUIRE = """
 local taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-if not taken and ARGV[4] ~= '' and redis.pcall('GET', KEYS[1]) == ARGV[4] then
-  taken = redis.call('SET', KEYS[1], ARGV[1], 'XX', 'PX', ARGV[2])
+if not taken and (ARGV[4] ~= '' or ARGV[5] ~= '') then
+  local current = redis.pcall('GET', KEYS[1])
+  if type(current) == 'string' and (current == ARGV[4] or (ARGV[5] ~= ''
+      and #current >= #ARGV[5] + #ARGV[6]
+      and string.sub(current, 1, #ARGV[5]) == ARGV[5]
+      and string.sub(current, #current - #ARGV[6] + 1) == ARGV[6])) then
+    taken = redis.call('SET', KEYS[1], ARGV[1], 'XX', 'PX', ARGV[2])
+  end
 end
 if not taken then
   local holder = redis.pcall('GET', KEYS[1])

@@ -50,14 +50,14 @@ def singleton_task(
     def decorate(fun: Callable[..., Any]) -> Any:
         if inspect.iscoroutinefunction(fun):
             raise ConfigurationError(f"{fun.__qualname__}: Celery tasks cannot be async def")
-        task_options = {"base": base, "singleton": singleton, **options}
-        if app is not None:
-            # lazy=False: create the task class now, so bad options fail at decoration.
-            return app.task(lazy=False, **task_options)(fun)
-        # shared_task creates the class when an app is finalized; validate now anyway.
+        # Validate before Celery sees the task: Celery registers shared tasks for every
+        # app finalized later, and a task that failed here must not fail there again.
         name = options.get("name") or f"{fun.__module__}.{fun.__name__}"
         run = fun if options.get("bind") else staticmethod(fun)
         SingletonOptions.build(name, run, singleton)
+        task_options = {"base": base, "singleton": singleton, **options}
+        if app is not None:
+            return app.task(lazy=False, **task_options)(fun)
         return shared_task(**task_options)(fun)
 
     return decorate(func) if func is not None else decorate

@@ -299,6 +299,7 @@ class _Call:
     token: str
     ttl_ms: int
     replace: str  # '' for none
+    shape: tuple[str, str]  # ('', '') for none
 
 
 @dataclass(frozen=True)
@@ -403,16 +404,28 @@ class _LockBase:
     def _ttl_ms(self, ttl: object) -> int:
         return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
 
-    def _acquire_call(self, name: str, ttl: object, token: object, replace: object) -> _Call:
+    def _acquire_call(
+        self, name: str, ttl: object, token: object, replace: object, shape: object = None
+    ) -> _Call:
         # Validate everything before the first byte goes to Redis.
         if replace is not None and (not isinstance(replace, str) or not replace):
             raise ConfigurationError(f"replace must be a non-empty token or None, got {replace!r}")
+        if shape is not None and not (
+            isinstance(shape, tuple)
+            and len(shape) == 2
+            and all(isinstance(part, str) for part in shape)
+            and shape[0]
+        ):
+            raise ConfigurationError(
+                f"replace_shape must be (prefix, suffix) with a non-empty prefix, got {shape!r}"
+            )
         return _Call(
             name=name,
             keys=self.keys(name),
             token=_new_token(token),
             ttl_ms=self._ttl_ms(ttl),
             replace=replace or "",
+            shape=shape or ("", ""),
         )
 
     @staticmethod
@@ -420,7 +433,13 @@ class _LockBase:
         keys = call.keys
         return {
             "keys": [keys.lock, keys.fence, keys.signal, keys.waiters],
-            "args": [call.token, call.ttl_ms, "1" if step.announce else "0", call.replace],
+            "args": [
+                call.token,
+                call.ttl_ms,
+                "1" if step.announce else "0",
+                call.replace,
+                *call.shape,
+            ],
         }
 
     def _acquired(self, call: _Call, *, sent_at: float, reply: Any) -> Lease | Contended:
@@ -568,15 +587,23 @@ class RedisLock(_LockBase):
         return self._renewer if self._renewer is not None else get_renewer()
 
     def try_acquire(
-        self, name: str, ttl: object, *, token: str | None = None, replace: str | None = None
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
     ) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder.
 
         ``replace``: a token the caller may take over, e.g. the hold its own queued
         message took at dispatch; the lock passes from that token to the new lease in
-        one step, with a new fence.
+        one step, with a new fence. ``replace_shape``: or any token starting with
+        ``prefix`` and ending with ``suffix`` (a hold whose random part is unknown here).
         """
-        return self._try(self._acquire_call(name, ttl, token, replace), _Try(announce=False))
+        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        return self._try(call, _Try(announce=False))
 
     def _try(self, call: _Call, step: _Try) -> Lease | Contended:
         sent_at = time.monotonic()
@@ -593,6 +620,7 @@ class RedisLock(_LockBase):
         wait: WaitMode = "push",
         token: str | None = None,
         replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
     ) -> Lease:
@@ -604,7 +632,7 @@ class RedisLock(_LockBase):
         ``renew=True`` the process's renewal thread keeps the lease alive until
         ``release``. Raises ``LockNotAcquiredError`` naming the holder on failure.
         """
-        call = self._acquire_call(name, ttl, token, replace)
+        call = self._acquire_call(name, ttl, token, replace, replace_shape)
         plan = self._acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:
@@ -735,10 +763,17 @@ class AsyncRedisLock(_LockBase):
         return cls(redis.asyncio.Redis.from_url(url, **client_options), prefix=prefix)
 
     async def try_acquire(
-        self, name: str, ttl: object, *, token: str | None = None, replace: str | None = None
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
     ) -> Lease | Contended:
         """See ``RedisLock.try_acquire``."""
-        return await self._try(self._acquire_call(name, ttl, token, replace), _Try(announce=False))
+        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        return await self._try(call, _Try(announce=False))
 
     async def _try(self, call: _Call, step: _Try) -> Lease | Contended:
         sent_at = time.monotonic()
@@ -755,11 +790,12 @@ class AsyncRedisLock(_LockBase):
         wait: WaitMode = "push",
         token: str | None = None,
         replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
     ) -> Lease:
         """See ``RedisLock.acquire``."""
-        call = self._acquire_call(name, ttl, token, replace)
+        call = self._acquire_call(name, ttl, token, replace, replace_shape)
         plan = self._acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:

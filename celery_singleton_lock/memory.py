@@ -29,6 +29,12 @@ from .lock import (
 )
 
 
+def _replaceable(current: str, replace: str | None, shape: tuple[str, str] | None) -> bool:
+    if replace is not None and current == replace:
+        return True
+    return shape is not None and current.startswith(shape[0]) and current.endswith(shape[1])
+
+
 @dataclass
 class _Entry:
     token: str
@@ -59,14 +65,20 @@ class MemoryLock:
         return entry
 
     def try_acquire(
-        self, name: str, ttl: object, *, token: str | None = None, replace: str | None = None
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
     ) -> Lease | Contended:
         key = self.keys(name).lock
         new_token = _new_token(token)
         ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self._cond:
             entry = self._live(key)
-            if entry is not None and (replace is None or entry.token != replace):
+            if entry is not None and not _replaceable(entry.token, replace, replace_shape):
                 left = entry.expires_at - time.monotonic()
                 return Contended(
                     name=name,
@@ -97,6 +109,7 @@ class MemoryLock:
         wait: str = "push",
         token: str | None = None,
         replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
     ) -> Lease:
@@ -105,7 +118,9 @@ class MemoryLock:
         deadline = None if timeout is None else time.monotonic() + float(timeout)  # type: ignore[arg-type]
         with self._cond:
             while True:
-                outcome = self.try_acquire(name, ttl, token=token, replace=replace)
+                outcome = self.try_acquire(
+                    name, ttl, token=token, replace=replace, replace_shape=replace_shape
+                )
                 if isinstance(outcome, Lease):
                     break
                 left = None if deadline is None else deadline - time.monotonic()

@@ -9,10 +9,13 @@ message's own hold in the same step, renew it while the body runs, expose it as
 hold of its own (``send_task``, beat, a redelivery) meets ``on_contention``.
 
 Tokens say who holds a key, so that another process can act for the holder:
-``q|<nonce>|<task id>`` for a queued hold, ``x|<hostname>|<pid>|<nonce>|<task id>`` for a
-running lease. The worker's main process releases a dead child's lease by that shape
-(see ``worker.SingletonRequest``); a redelivered copy of the same task id is a
-different execution with a different token, so it can never pass for the owner.
+``q|<nonce>|<task id>`` for a queued hold, ``r|<host>|<nonce>|<task id>`` once a
+worker has received the message (its main process renews that reservation, so a
+worker that dies with prefetched messages frees their keys within ``ttl``, see
+``worker.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. The worker's
+main process releases a dead child's lease by that shape (see
+``worker.SingletonRequest``); a redelivered copy of the same task id is a different
+execution with a different token, so it can never pass for the owner.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 import redis
-from celery import Task, signals
+from celery import Task
 from celery.exceptions import Ignore
 from celery.utils import uuid
 
@@ -72,6 +75,16 @@ def queued_token(task_id: str) -> str:
     return f"q|{secrets.token_hex(6)}|{task_id}"
 
 
+def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:
+    """(prefix, suffix) of a worker's reservation of a message it received."""
+    return f"r|{hostname}|", f"|{task_id}"
+
+
+def reserved_token(task_id: str, hostname: str) -> str:
+    prefix, suffix = reserved_shape(hostname, task_id)
+    return f"{prefix}{secrets.token_hex(6)}{suffix}"
+
+
 def running_prefix(hostname: str, pid: int) -> str:
     return f"x|{hostname}|{pid}|"
 
@@ -87,6 +100,9 @@ def holder_task_id(token: str | None) -> str | None:
     if token.startswith("q|"):
         parts = token.split("|", 2)
         return parts[2] if len(parts) == 3 else None
+    if token.startswith("r|"):
+        parts = token.split("|", 3)
+        return parts[3] if len(parts) == 4 else None
     if token.startswith("x|"):
         parts = token.split("|", 4)
         return parts[4] if len(parts) == 5 else None
@@ -372,21 +388,27 @@ class SingletonTask(Task):  # type: ignore[misc]
         key = header(request, KEY_HEADER) or self.singleton_options().key.derive(args, kwargs)
         queued = header(request, TOKEN_HEADER)
         attempt = int(header(request, ATTEMPT_HEADER) or 0)
-        hostname = request.hostname or "eager"
-        token = running_token(request.id, hostname, os.getpid())
+        hostname = request.hostname
+        token = running_token(request.id, hostname or "eager", os.getpid())
+        # The message's own hold: as queued at dispatch, or as reserved by the worker's
+        # main process when it received the message.
+        own = {
+            "replace": queued,
+            "replace_shape": reserved_shape(hostname, request.id) if hostname else None,
+        }
         store = self._singleton_store.lock
         ttl = self._ttl()
         try:
-            outcome = store.try_acquire(key, ttl, token=token, replace=queued)
+            outcome = store.try_acquire(key, ttl, token=token, **own)
         except redis.RedisError as error:
             return self._redis_error_at_execution(key, attempt, error)
         if isinstance(outcome, Contended):
-            outcome = self._contend(key, outcome, attempt, token=token, replace=queued)
+            outcome = self._contend(key, outcome, attempt, token=token, own=own)
         store.renew(outcome)
         return outcome
 
     def _contend(
-        self, key: str, held: Contended, attempt: int, *, token: str, replace: str | None
+        self, key: str, held: Contended, attempt: int, *, token: str, own: dict[str, Any]
     ) -> Lease:
         policy = self.singleton_options().on_contention
         state = ContentionState(
@@ -403,7 +425,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if isinstance(decision, Wait):
             try:
                 return self._singleton_store.waiting.acquire(
-                    key, self._ttl(), timeout=decision.timeout, token=token, replace=replace
+                    key, self._ttl(), timeout=decision.timeout, token=token, **own
                 )
             except LockNotAcquiredError as error:
                 state = ContentionState(
@@ -481,25 +503,5 @@ def _quietly(release: Callable[[Lease], object], lease: Lease) -> None:
     except redis.RedisError as error:
         logger.warning("release of %s failed (%s); it frees itself by its ttl", lease.key, error)
 
-
-def _release_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
-) -> None:
-    """A revoked (or expired) message gives its queued hold back when a worker drops it.
-
-    Runs in the worker's main process. A terminated running task is handled by
-    ``worker.SingletonRequest`` once its child is gone.
-    """
-    if not isinstance(sender, SingletonTask) or request is None or terminated:
-        return
-    key, token = header(request, KEY_HEADER), header(request, TOKEN_HEADER)
-    if key and token:
-        try:
-            sender._singleton_store.lock.release_token(key, token)
-        except redis.RedisError as error:
-            logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
-
-
-signals.task_revoked.connect(_release_revoked, weak=False)
 
 __all__ = ["SingletonOptions", "SingletonTask"]

@@ -1,4 +1,10 @@
-"""The worker's main process: release the lease of a pool child that died holding it.
+"""The worker's main process: reserve received messages' keys, free what dead children held.
+
+Reservation: a received message's queued hold (``queue_ttl`` long, taken at dispatch)
+becomes a *reservation* of this worker (``ttl`` long, renewed by this process) in one
+step. A worker killed with prefetched or ETA messages then frees their keys within
+``ttl`` instead of ``queue_ttl``; the messages come back from the broker in time and
+run. The pool child takes the reservation over when it starts the task.
 
 A child killed by SIGKILL, by the hard time limit or by ``revoke(terminate=True)`` runs
 no ``finally``; without help its lease would block the key until its TTL. Celery
@@ -27,9 +33,17 @@ from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
 from .exceptions import ConfigurationError, KeyDerivationError
-from .lock import ReleaseResult
+from .lock import Contended, Lease, RedisLock, ReleaseResult
 from .signals import dead_child_released
-from .task import KEY_HEADER, TOKEN_HEADER, SingletonTask, header, running_prefix
+from .task import (
+    KEY_HEADER,
+    TOKEN_HEADER,
+    SingletonTask,
+    header,
+    reserved_shape,
+    reserved_token,
+    running_prefix,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +133,77 @@ class _ChildWatch:
 _child_watch = _ChildWatch()
 
 
+class _Reservations:
+    """This worker's reservations: task id -> (reserved lease, the message's queued token)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held: dict[str, tuple[SingletonTask, Lease, str]] = {}
+
+    def take(self, request: Request) -> None:
+        task: SingletonTask = request.task
+        context = request._context
+        key, queued = header(context, KEY_HEADER), header(context, TOKEN_HEADER)
+        if not key or not queued:
+            return  # sent without a hold (send_task, canvas): nothing to reserve
+        store = task._singleton_store.lock
+        try:
+            outcome = store.try_acquire(
+                key, task._ttl(), token=reserved_token(request.id, request.hostname), replace=queued
+            )
+        except redis.RedisError as error:
+            logger.warning("could not reserve %s for %s: %s", key, request.id, error)
+            return
+        if isinstance(outcome, Contended):
+            return  # the hold is gone or taken (a redelivery): the child will contend
+        store.renew(outcome)
+        with self._guard:
+            self._held[request.id] = (task, outcome, queued)
+
+    def drop(self, task_id: str, *, release: bool) -> None:
+        """Stop renewing (the child took over), and with ``release`` give the key up."""
+        with self._guard:
+            entry = self._held.pop(task_id, None)
+        if entry is None:
+            return
+        task, lease, _ = entry
+        store = task._singleton_store.lock
+        if isinstance(store, RedisLock):
+            store.renewer.discard(lease)
+        if release:
+            try:
+                store.release(lease)
+            except redis.RedisError as error:
+                logger.warning("release of reservation %s failed: %s", lease.key, error)
+
+    def hand_back(self) -> None:
+        """At shutdown: unacked messages go back to the broker, so their holds do too."""
+        with self._guard:
+            held, self._held = self._held, {}
+        for task, lease, queued in held.values():
+            try:
+                task._singleton_store.lock.hand_over(lease, task._queue_ttl(), token=queued)
+            except redis.RedisError as error:
+                logger.warning("could not hand %s back at shutdown: %s", lease.key, error)
+
+
+_reservations = _Reservations()
+
+
 class SingletonRequest(Request):  # type: ignore[misc]
-    """Celery's Request, plus the release of a dead child's lease."""
+    """Celery's Request, plus reservations and the release of a dead child's lease."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(self.task, SingletonTask):
+            _reservations.take(self)
 
     def on_accepted(self, pid: int, time_accepted: float) -> Any:
         result = super().on_accepted(pid, time_accepted)
         if isinstance(self.task, SingletonTask):
+            # The child takes the reservation over as it starts; renewing it from here
+            # would only find it gone.
+            _reservations.drop(self.id, release=False)
             _child_watch.watch(self)
         return result
 
@@ -174,7 +253,9 @@ class SingletonRequest(Request):  # type: ignore[misc]
                     pid,
                     result.name,
                 )
-            # A child that died before taking over leaves the message's queued hold.
+            # A child that died before taking over leaves the reservation or the hold.
+            _reservations.drop(self.id, release=False)
+            store.release_matching(key, *reserved_shape(self.hostname, self.id))
             queued = header(self._context, TOKEN_HEADER)
             if queued:
                 store.release_token(key, queued)
@@ -219,6 +300,29 @@ def check_worker_setup(app: Any) -> list[str]:
     return warnings
 
 
+def _release_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
+    """A revoked (or expired) message gives its hold back when the worker drops it.
+
+    A terminated running task is handled by ``SingletonRequest.on_failure`` once its
+    child is gone.
+    """
+    if not isinstance(sender, SingletonTask) or request is None or terminated:
+        return
+    _reservations.drop(request.id, release=True)
+    key, token = header(request, KEY_HEADER), header(request, TOKEN_HEADER)
+    if key and token:
+        try:
+            sender._singleton_store.lock.release_token(key, token)
+        except redis.RedisError as error:
+            logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
+
+
+def _hand_back_at_shutdown(**_: Any) -> None:
+    _reservations.hand_back()
+
+
 def _warn_at_worker_start(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None:
@@ -228,3 +332,5 @@ def _warn_at_worker_start(sender: Any = None, **_: Any) -> None:
 
 
 signals.worker_ready.connect(_warn_at_worker_start, weak=False)
+signals.task_revoked.connect(_release_revoked, weak=False)
+signals.worker_shutdown.connect(_hand_back_at_shutdown, weak=False)

@@ -132,7 +132,7 @@ class TestDecorator:
         assert process_request.singleton_options().key.derive((3,)) == "request:3"
         with pytest.raises(ConfigurationError, match="unknown singleton option"):
 
-            @app.task(base=SingletonTask, singleton={"keys": ["x"]}, name="base.bad")
+            @app.task(base=SingletonTask, singleton={"keys": ["x"]}, name="base.bad", shared=False)
             def bad(x: int) -> None: ...
 
     def test_misuse_says_what_to_write(self) -> None:

@@ -51,6 +51,29 @@ class TestWorkerDeath:
         assert again.id != result.id
         assert again.get(timeout=20) == "whole"
 
+    def test_killed_worker_frees_the_keys_of_messages_it_had_prefetched(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        ttl = 2.0
+        doomed = Worker(cenv.env, concurrency=1, extra_env={"CSL_TTL": str(ttl)}).start()
+        try:
+            work = cenv.app_module.work
+            work.apply_async(("busy", 60), queue=doomed.queue)
+            wait_for(lambda: started(cenv), what="start")
+            waiting = work.apply_async(("prefetched",), queue=doomed.queue)
+            key = "t:{" + work.singleton_options().key.derive(("prefetched",), {}) + "}"
+            # Received by the worker: its main process now holds (and renews) the key.
+            wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), 10, "reserve")
+            doomed.kill()
+            killed_at = time.monotonic()
+            wait_for(lambda: not cenv.lock_client().exists(key), ttl + 1.0, "free within ttl")
+            print(f"\nprefetched message: key free {time.monotonic() - killed_at:.2f}s after kill")
+        finally:
+            doomed.stop()
+        again = work.apply_async(("prefetched",), queue=worker.queue)
+        assert again.id != waiting.id
+        assert again.get(timeout=20) == "prefetched"
+
 
 class TestRedelivery:
     def test_redelivery_while_the_first_execution_runs_does_not_overlap(

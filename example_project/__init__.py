@@ -1,0 +1,1 @@
+"""A runnable Celery project: pending / process / callback managers that never process a request twice."""
