@@ -1,1 +1,1 @@
-"""A runnable Celery project: pending / process / callback managers that never process a request twice."""
+"""A runnable Celery project: three managers that never process a request twice."""

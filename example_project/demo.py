@@ -101,6 +101,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--bypass", type=float, default=0.1, help="share sent with send_task")
     parser.add_argument("--coupons", type=int, default=20, help="coupon stock")
     parser.add_argument("--claimers", type=int, default=40)
+    parser.add_argument(
+        "--pause", type=float, default=6.0, help="how long the stalled claimer stalls (> ttl)"
+    )
     parser.add_argument("--no-kill", action="store_true", help="do not kill a worker mid-run")
     parser.add_argument("--without-lock", action="store_true", help="plain tasks, no locks")
     parser.add_argument("--timeout", type=float, default=300)
@@ -111,78 +114,105 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, workdir: Path, procs: Processes) -> dict[str, Any]:
+def start_redis(workdir: Path, procs: Processes, env: dict[str, str]) -> str:
+    port = free_port()
+    server = procs.start(
+        [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        workdir / "redis.log", env,
+    )  # fmt: skip
+    wait_for_log(workdir / "redis.log", "Ready to accept connections", 20, server)
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def start_worker(
+    number: int, args: argparse.Namespace, workdir: Path, procs: Processes, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    log = workdir / f"worker{number}.log"
+    process = procs.start(
+        [sys.executable, "-m", "celery", "-A", "example_project.celeryapp", "worker",
+         "-P", "prefork", "-c", str(args.concurrency), "-n", f"demo{number}@%h",
+         "-l", "info", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+        log, env,
+    )  # fmt: skip
+    wait_for_log(log, " ready.", 60, process)
+    return process
+
+
+def drive(
+    args: argparse.Namespace, victim: subprocess.Popen[bytes], restart: Any
+) -> tuple[float, str | None]:
+    """Submit every request, sweep like beat, kill a worker mid-run; wait for the end."""
+    from . import store, tasks
+    from .celeryapp import app
+
     rng = random.Random(args.seed)
-    env = dict(os.environ)
-    if not env.get("REDIS_URL"):
-        port = free_port()
-        server = procs.start(
-            [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir)],
-            workdir / "redis.log", env,
-        )  # fmt: skip
-        wait_for_log(workdir / "redis.log", "Ready to accept connections", 20, server)
-        env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-    env.update(
-        DEMO_DB=str(workdir / "effects.sqlite3"),
-        DEMO_LOCKS="0" if args.without_lock else "1",
-    )
-    os.environ.update(env)  # this process dispatches too: configure it the same way
-
-    from . import store, tasks  # noqa: PLC0415  (after the environment is set)
-    from .celeryapp import app  # noqa: PLC0415
-
-    store.create(args.requests, args.coupons)
-    workers = []
-    for number in range(args.workers):
-        log = workdir / f"worker{number}.log"
-        process = procs.start(
-            [sys.executable, "-m", "celery", "-A", "example_project.celeryapp", "worker",
-             "-P", "prefork", "-c", str(args.concurrency), "-n", f"demo{number}@%h",
-             "-l", "info", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            log, env,
-        )  # fmt: skip
-        workers.append((process, log))
-    for process, log in workers:
-        wait_for_log(log, " ready.", 60, process)
-
-    # Producers: every request once, some twice, some through send_task (no dispatch check).
     started_at = time.monotonic()
+    # Producers: every request once, some twice, some through send_task (no dispatch check).
     for request_idx in range(args.requests):
         tasks.process_request.delay(request_idx)
         if rng.random() < args.duplicates:
             tasks.process_request.delay(request_idx)
         if rng.random() < args.bypass:
             app.send_task("example.process_request", (request_idx,))
-
+    victim_id = f"{socket.gethostname()}:{victim.pid}"
     killed = None
-    next_sweep = 0.0
+    next_sweep, shown = 0.0, -1
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         done = len(store.in_state("called_back"))
-        progress(done, args.requests)
+        if done != shown:
+            progress(done, args.requests)
+            shown = done
         if done == args.requests:
             break
-        if killed is None and not args.no_kill and done >= args.requests * 0.3:
-            # A worker dies mid-run, with requests in flight: SIGKILL, no cleanup at all.
-            victim, _ = workers[0]
+        if (
+            killed is None
+            and not args.no_kill
+            and store.processed_count() >= args.requests * 0.3
+            and store.in_flight(victim_id)
+        ):
+            # A worker dies with a request in its hands: SIGKILL, no cleanup at all.
             os.killpg(victim.pid, signal.SIGKILL)
-            killed = f"{socket.gethostname()}:{victim.pid}"
+            killed = victim_id
+            restart()  # as systemd or Kubernetes would: a fresh worker takes its place
         if time.monotonic() >= next_sweep:  # what beat would schedule every half second
             tasks.pending_sweep.delay()
             tasks.callback_sweep.delay(stuck_after=1.0)
             next_sweep = time.monotonic() + 0.5
-        time.sleep(0.1)
+        time.sleep(0.05)
     print()
-    elapsed = time.monotonic() - started_at
+    return time.monotonic() - started_at, killed
 
-    # Coupons: the first claimer stalls past its lease; the store refuses its late write.
-    claims = [tasks.claim_coupon.apply_async((0,), {"pause": 6.0})]
+
+def coupons(args: argparse.Namespace) -> None:
+    """The first claimer stalls past its lease; the store refuses its late write."""
+    from . import tasks
+
+    claims = [tasks.claim_coupon.apply_async((0,), {"pause": args.pause})]
     time.sleep(0.3)
     claims += [tasks.claim_coupon.delay(user) for user in range(1, args.claimers)]
     for claim in claims:
         claim.get(timeout=args.timeout, propagate=False)
 
+
+def run(args: argparse.Namespace, workdir: Path, procs: Processes) -> dict[str, Any]:
+    env = dict(os.environ)
+    if not env.get("REDIS_URL"):
+        env["REDIS_URL"] = start_redis(workdir, procs, env)
+    env.update(
+        DEMO_DB=str(workdir / "effects.sqlite3"),
+        DEMO_LOCKS="0" if args.without_lock else "1",
+    )
+    os.environ.update(env)  # this process dispatches too: configure it the same way
+    from . import store  # after the environment is set: settings read it at import
+
+    store.create(args.requests, args.coupons)
+    workers = [start_worker(n, args, workdir, procs, env) for n in range(args.workers)]
+    elapsed, killed = drive(
+        args, workers[0], lambda: start_worker(args.workers, args, workdir, procs, env)
+    )
+    coupons(args)
     report: dict[str, Any] = store.report()
     report.update(
         refused_at_dispatch=store.counter("refused_at_dispatch"),
@@ -207,7 +237,8 @@ def render(report: dict[str, Any]) -> str:
             f"processed twice: {r['processed_twice']}   callbacks twice: {r['callbacks_twice']}",
             f"duplicates refused at dispatch: {r['refused_at_dispatch']}   "
             f"contended at execution: {r['contended_at_execution']}   "
-            f"recovered after worker kill: {r['recovered_after_kill']}",
+            f"recovered after worker kill: {r['recovered_after_kill']}"
+            + ("" if r["worker_killed"] else " (no worker killed)"),
             f"coupons: stock {r['coupons']}   claimed {r['coupons_claimed']}   "
             f"oversold {oversold}   stale writes rejected by fence: {r['stale_writes_rejected']}",
         ]
@@ -228,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     if report["locks"] and (doubled or oversold or report["called_back"] < report["requests"]):
         print(f"FAILED: see the logs in {workdir}")
         return 1
-    shutil.rmtree(workdir, ignore_errors=True)
+    if os.environ.get("DEMO_KEEP"):
+        print(f"kept {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -115,6 +115,23 @@ def record_callback(request_idx: int, task_id: str) -> None:
     connect().execute("INSERT INTO callbacks VALUES (?, ?, ?)", (request_idx, task_id, time.time()))
 
 
+def processed_count() -> int:
+    return int(connect().execute("SELECT COUNT(DISTINCT request_idx) FROM processed").fetchone()[0])
+
+
+def in_flight(worker: str) -> int:
+    """Requests a worker has started and not finished yet."""
+    return int(
+        connect()
+        .execute(
+            "SELECT COUNT(*) FROM starts s WHERE s.worker = ? AND NOT EXISTS "
+            "(SELECT 1 FROM processed p WHERE p.request_idx = s.request_idx AND p.worker = ?)",
+            (worker, worker),
+        )
+        .fetchone()[0]
+    )
+
+
 def recovered_after(worker: str) -> int:
     """Requests a worker had started but not finished, that another worker then completed."""
     return int(
@@ -138,9 +155,13 @@ def claim_coupon(user_id: int, fence: int | None) -> bool:
     holder that lost its lease (paused past its TTL) carries an older fence than the
     one who took over, and is refused however its own check() went.
     """
+    if fence is None:
+        # The --without-lock comparison: check, work, then write, as code that trusts a
+        # lock it does not have would. Two claimers can both see the last coupon.
+        (stock,) = connect().execute("SELECT stock FROM coupon WHERE id = 1").fetchone()
+        time.sleep(settings.WORK_SECONDS)
     with transaction() as tx:
-        if fence is None:  # the unlocked comparison run: read, then write
-            (stock,) = tx.execute("SELECT stock FROM coupon WHERE id = 1").fetchone()
+        if fence is None:
             accepted = stock > 0
             if accepted:
                 tx.execute("UPDATE coupon SET stock = ? WHERE id = 1", (stock - 1,))

@@ -103,8 +103,6 @@ def claim_coupon(self: Any, user_id: int, pause: float = 0.0) -> bool:
         if settings.LOCKS_ENABLED:
             get_renewer().discard(self.lease)
         time.sleep(pause)
-    else:
-        time.sleep(settings.WORK_SECONDS / 5)
     return store.claim_coupon(user_id, fence)
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The project's one entry point for contributors and CI; needs nothing but python3.
 
+    python3 scripts/dev.py demo [demo args...]     run the example project's demo
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
@@ -109,12 +110,24 @@ def test(pytest_args: list[str]) -> int:
     return tests.returncode
 
 
+def demo(demo_args: list[str]) -> int:
+    ensure_venv()
+    env = dict(os.environ)
+    if not env.get("REDIS_URL"):
+        env["REDIS_SERVER_BIN"] = ensure_redis_server()
+    command = [str(PYTHON), "-m", "example_project.demo", *demo_args]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
+COMMANDS = {"demo": demo, "test": test}
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"test"}:
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__)
         return 2
     try:
-        return test(argv[1:])
+        return COMMANDS[argv[0]](argv[1:])
     except subprocess.CalledProcessError as error:
         say(f"failed: {' '.join(map(str, error.cmd))} (exit {error.returncode})")
         return error.returncode or 1

@@ -1,0 +1,52 @@
+"""The README's demo, run in a reduced size: real workers, a killed worker, the report."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from .workers import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_demo(*args: str) -> tuple[int, str]:
+    env = {**os.environ, "DEMO_LOCK_TTL": "1"}
+    env.pop("REDIS_URL", None)  # the demo starts its own private Redis
+    done = subprocess.run(
+        [sys.executable, "-m", "example_project.demo", "--requests", "60", "--coupons", "5",
+         "--claimers", "12", "--pause", "2.5", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+def figure(report: str, label: str) -> int:
+    match = re.search(rf"{label}:? (\d+)", report)
+    assert match, f"{label!r} missing from the report:\n{report}"
+    return int(match.group(1))
+
+
+class TestDemo:
+    def test_with_locks_every_request_is_processed_and_called_back_once(self) -> None:
+        code, report = run_demo()
+        print(report[-700:])
+        assert code == 0, report
+        assert figure(report, "requests") == 60
+        assert figure(report, "processed once") == 60
+        assert figure(report, "processed twice") == 0
+        assert figure(report, "callbacks twice") == 0
+        assert figure(report, "duplicates refused at dispatch") > 0
+        assert "(no worker killed)" not in report
+        assert figure(report, "oversold") == 0
+        assert figure(report, "stale writes rejected by fence") == 1
+        assert "[##############################] 60/60" in report
+
+    def test_bad_arguments_are_refused(self) -> None:
+        code, report = run_demo("--workers", "1")
+        assert code == 2
+        assert "--workers must be at least 2" in report
