@@ -245,8 +245,15 @@ def render(report: dict[str, Any]) -> str:
     )
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Python's default SIGTERM ends the process without running `finally`: the workers
+    # and the Redis this demo started would outlive it.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     workdir = Path(tempfile.mkdtemp(prefix="csl-demo-"))
     procs = Processes()
     try:

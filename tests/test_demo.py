@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -50,3 +51,39 @@ class TestDemo:
         code, report = run_demo("--workers", "1")
         assert code == 2
         assert "--workers must be at least 2" in report
+
+    def test_sigterm_stops_everything_the_demo_started(self) -> None:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "example_project.demo", "--requests", "400"],
+            cwd=ROOT, env={**os.environ, "DEMO_LOCK_TTL": "1"}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            assert demo.stdout is not None
+            assert "requests called back" in demo.stdout.read(200)  # workers are up
+            started = workers_running()
+            assert started
+            demo.send_signal(signal.SIGTERM)
+            demo.wait(60)
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait(10)
+            if demo.stdout:
+                demo.stdout.close()
+        assert not set(started) & set(workers_running())
+
+
+def workers_running() -> list[int]:
+    """PIDs of processes running the demo's Celery app."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if b"example_project.celeryapp" in cmdline or b"--dir\x00/tmp/csl-demo-" in cmdline:
+                found.append(int(entry))
+    return found
