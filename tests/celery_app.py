@@ -21,7 +21,7 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from celery_singleton_lock import SingletonTask, requeue, singleton_task, wait
+from celery_singleton_lock import LockLostError, SingletonTask, requeue, singleton_task, wait
 
 app = Celery("tests.celery_app")
 app.conf.update(
@@ -63,6 +63,7 @@ def _record(task: Any, item: object, started: float, **extra: Any) -> None:
                 "task": task.name,
                 "id": task.request.id,
                 "item": item,
+                "key": lease.name,
                 "fence": lease.fence,
                 "pid": os.getpid(),
                 "retries": task.request.retries,
@@ -194,3 +195,58 @@ def impatient(self: Any, item: object, seconds: float = 0.0) -> object:
     time.sleep(seconds)
     _record(self, item, started)
     return item
+
+
+# -- chaos suite ------------------------------------------------------------------------
+
+# A store that refuses a write carrying a fence older than the last it accepted: the
+# "fenced store" of Kleppmann's argument, as one Lua script on the checker's Redis.
+FENCED_WRITE = """
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+def fenced_write(item: object, fence: int) -> bool:
+    return bool(checker().eval(FENCED_WRITE, 1, f"fenced:{item}", fence))
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    dedupe=False,
+    on_contention=requeue(max_tries=1000, backoff=0.02, cap=0.3),
+)
+def swarm(self: Any, item: object, seconds: float = 0.01) -> object:
+    """Many copies of few keys, all through the execution level: they take turns."""
+    started = _begin(self, item)
+    time.sleep(seconds)
+    _record(self, item, started)
+    return item
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    dedupe=False,
+    on_contention=requeue(max_tries=1000, backoff=0.05, cap=0.5),
+)
+def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bool]:
+    """Hold the key for ``seconds`` (in small steps, so a pause lands mid-way), then write
+    through the fenced store and check the lease, recording both outcomes."""
+    started = _begin(self, item)
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        time.sleep(0.02)
+    accepted = fenced_write(item, self.lease.fence)
+    try:
+        self.lease.check()
+        lost = False
+    except LockLostError:
+        lost = True
+    _record(self, item, started, accepted=accepted, lost=lost)
+    return {"accepted": accepted, "lost": lost}

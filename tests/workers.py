@@ -34,10 +34,11 @@ class Worker:
         *,
         concurrency: int = 2,
         extra_env: Mapping[str, str] | None = None,
+        queue: str | None = None,
     ) -> None:
         number = next(_names)
         self.name = f"w{number}-{os.getpid()}"
-        self.queue = f"q-{self.name}"
+        self.queue = queue or f"q-{self.name}"
         self.env = {**os.environ, **env, **(extra_env or {}), "CSL_QUEUE": self.queue}
         self.concurrency = concurrency
         self.log = Path(tempfile.mkdtemp(prefix="csl-worker-")) / "worker.log"
@@ -75,6 +76,13 @@ class Worker:
 
     def children(self) -> list[int]:
         return children_of(self.pid)
+
+    def rss_kib(self) -> int:
+        """Resident memory of the main process."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
 
     def kill(self) -> None:
         """SIGKILL the whole worker: main process and pool children at once."""
