@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The project's one entry point for contributors and CI; needs nothing but python3.
 
+    python3 scripts/dev.py chaos [--full]          run the chaos suite, write docs/reliability.md
     python3 scripts/dev.py demo [demo args...]     run the example project's demo
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
 
@@ -119,7 +120,31 @@ def demo(demo_args: list[str]) -> int:
     return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
 
 
-COMMANDS = {"demo": demo, "test": test}
+def chaos(args: list[str]) -> int:
+    """The chaos suite alone, at CI size or --full, and the reliability page from its run."""
+    ensure_venv()
+    full = "--full" in args
+    results = ROOT / ".venv" / "chaos-results.json"
+    results.unlink(missing_ok=True)
+    env = dict(
+        os.environ,
+        REDIS_SERVER_BIN=ensure_redis_server(),
+        CHAOS_SCALE="full" if full else "ci",
+        CHAOS_RESULTS=str(results),
+    )
+    timeout = "1800" if full else "300"
+    code = subprocess.run(
+        [str(PYTHON), "-m", "pytest", "tests/chaos", "-s", "-o", f"timeout={timeout}"],
+        cwd=ROOT, env=env, check=False,
+    ).returncode  # fmt: skip
+    if results.exists():
+        command = "python3 scripts/dev.py chaos" + (" --full" if full else "")
+        run(PYTHON, "-m", "tests.chaos.report", results, ROOT / "docs" / "reliability.md",
+            "--command", command, env=env)  # fmt: skip
+    return code
+
+
+COMMANDS = {"chaos": chaos, "demo": demo, "test": test}
 
 
 def main(argv: list[str]) -> int:
