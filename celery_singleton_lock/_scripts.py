@@ -24,6 +24,16 @@ local function wake(signal_key, waiters_key, signal_ttl)
 end
 """
 
+# Whether a token has a given shape: starts with `prefix` and ends with `suffix`.
+# Shared by the scripts below; not a script by itself.
+_MATCHES = """
+local function matches(value, prefix, suffix)
+  return type(value) == 'string' and #value >= #prefix + #suffix
+    and string.sub(value, 1, #prefix) == prefix
+    and string.sub(value, #value - #suffix + 1) == suffix
+end
+"""
+
 # KEYS[1] lock key     KEYS[2] fence key     KEYS[3] signal key    KEYS[4] waiters key
 # ARGV[1] owner token  ARGV[2] ttl in milliseconds (positive integer)
 # ARGV[3] '1' if the caller will block on the signal when this fails, else '0'
@@ -35,14 +45,14 @@ end
 #                               of this lock (see lock.RedisLock for the bound)
 #         {0, holder, pttl}     held by `holder` ('' when the value is foreign or not a
 #                               string) for `pttl` more ms (-1: the key has no TTL)
-ACQUIRE = """
+ACQUIRE = (
+    _MATCHES
+    + """
 local taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 if not taken and (ARGV[4] ~= '' or ARGV[5] ~= '') then
   local current = redis.pcall('GET', KEYS[1])
-  if type(current) == 'string' and (current == ARGV[4] or (ARGV[5] ~= ''
-      and #current >= #ARGV[5] + #ARGV[6]
-      and string.sub(current, 1, #ARGV[5]) == ARGV[5]
-      and string.sub(current, #current - #ARGV[6] + 1) == ARGV[6])) then
+  if (ARGV[4] ~= '' and current == ARGV[4])
+      or (ARGV[5] ~= '' and matches(current, ARGV[5], ARGV[6])) then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'XX', 'PX', ARGV[2])
   end
 end
@@ -71,6 +81,7 @@ redis.call('SET', KEYS[2], string.format('%.0f', fence), 'PX', ARGV[2])
 redis.call('DEL', KEYS[3])
 return {1, fence}
 """
+)
 
 # KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
 # ARGV[1] owner token  ARGV[2] signal ttl in milliseconds
@@ -97,17 +108,14 @@ return 1
 # its random part (Celery's main process after a pool child was killed).
 RELEASE_MATCHING = (
     _WAKE
+    + _MATCHES
     + """
 local current = redis.pcall('GET', KEYS[1])
 if current == false then
   wake(KEYS[2], KEYS[3], ARGV[3])
   return 0
 end
-if type(current) ~= 'string' or #current < #ARGV[1] + #ARGV[2]
-   or string.sub(current, 1, #ARGV[1]) ~= ARGV[1]
-   or string.sub(current, #current - #ARGV[2] + 1) ~= ARGV[2] then
-  return -1
-end
+if not matches(current, ARGV[1], ARGV[2]) then return -1 end
 redis.call('DEL', KEYS[1])
 wake(KEYS[2], KEYS[3], ARGV[3])
 return 1

@@ -83,6 +83,14 @@ def _begin(task: Any, item: object) -> float:
     return started
 
 
+def _hold(task: Any, item: Any, seconds: float) -> Any:
+    """The plain execution: hold the key for ``seconds``, record it, return the item."""
+    started = _begin(task, item)
+    time.sleep(seconds)
+    _record(task, item, started)
+    return item
+
+
 def _work(task: Any, item: object, seconds: float, mode: str) -> object:
     started = _begin(task, item)
     if mode == "soft":
@@ -123,10 +131,7 @@ def limited(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> 
 @singleton_task(app=app, bind=True, key=["item"], acks_late=True, reject_on_worker_lost=True)
 def durable(self: Any, item: object, seconds: float = 0.0) -> object:
     """acks_late + reject_on_worker_lost: a killed child's message is redelivered."""
-    started = _begin(self, item)
-    time.sleep(seconds)
-    _record(self, item, started)
-    return item
+    return _hold(self, item, seconds)
 
 
 @singleton_task(
@@ -150,36 +155,24 @@ def flaky(self: Any, item: object) -> object:
 @singleton_task(app=app, bind=True, key=["item"], on_contention="fail", dedupe=False)
 def strict(self: Any, item: object, seconds: float = 0.0) -> object:
     """Never queued twice is off (dedupe=False); a contended execution fails at once."""
-    started = _begin(self, item)
-    time.sleep(seconds)
-    _record(self, item, started)
-    return item
+    return _hold(self, item, seconds)
 
 
 @singleton_task(app=app, bind=True, key=["item"], on_contention=wait(timeout=20), dedupe=False)
 def patient(self: Any, item: object, seconds: float = 0.0) -> object:
     """A contended execution waits for the push wake-up."""
-    started = _begin(self, item)
-    time.sleep(seconds)
-    _record(self, item, started)
-    return item
+    return _hold(self, item, seconds)
 
 
 @app.task(bind=True, base=SingletonTask, singleton={"key": "request:{request_idx}"})
 def process_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
     """The base-class form, sharing one lock per request with ``callback_request``."""
-    started = _begin(self, request_idx)
-    time.sleep(seconds)
-    _record(self, request_idx, started)
-    return request_idx
+    return _hold(self, request_idx, seconds)
 
 
 @singleton_task(app=app, bind=True, key="request:{request_idx}")
 def callback_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
-    started = _begin(self, request_idx)
-    time.sleep(seconds)
-    _record(self, request_idx, started)
-    return request_idx
+    return _hold(self, request_idx, seconds)
 
 
 @singleton_task(
@@ -191,10 +184,7 @@ def callback_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
 )
 def impatient(self: Any, item: object, seconds: float = 0.0) -> object:
     """Requeued at most twice while contended, then fails."""
-    started = _begin(self, item)
-    time.sleep(seconds)
-    _record(self, item, started)
-    return item
+    return _hold(self, item, seconds)
 
 
 # -- chaos suite ------------------------------------------------------------------------
@@ -222,10 +212,7 @@ def fenced_write(item: object, fence: int) -> bool:
 )
 def swarm(self: Any, item: object, seconds: float = 0.01) -> object:
     """Many copies of few keys, all through the execution level: they take turns."""
-    started = _begin(self, item)
-    time.sleep(seconds)
-    _record(self, item, started)
-    return item
+    return _hold(self, item, seconds)
 
 
 @singleton_task(
