@@ -27,6 +27,9 @@ DEFAULTS: dict[str, Any] = {
     "singleton_lock_queue_ttl": 3600.0,
     "singleton_lock_on_redis_error": "fail_closed",
 }
+# Settings of celery-singleton that happen to share our prefix: an app migrating from it
+# (or running both) must not be refused for them.
+FOREIGN_KEYS = frozenset({"singleton_lock_expiry"})
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 MEMORY_URL = "memory://"
 _CACHE_ATTRIBUTE = "_singleton_lock_config"
@@ -128,7 +131,7 @@ def _refuse_unknown_keys(conf: Any) -> None:
             if lowered.startswith(prefix):
                 names.add("singleton_lock_" + lowered[len(prefix) :])
                 break
-    unknown = sorted(names - DEFAULTS.keys())
+    unknown = sorted(names - DEFAULTS.keys() - FOREIGN_KEYS)
     if unknown:
         hints = {n: difflib.get_close_matches(n, list(DEFAULTS), n=1) for n in unknown}
         described = ", ".join(f"{n} (did you mean {h[0]}?)" if h else n for n, h in hints.items())

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The project's one entry point for contributors and CI; needs nothing but python3.
 
+    python3 scripts/dev.py bench [bench args...]   benchmarks vs plain Celery and the incumbents
     python3 scripts/dev.py chaos [--full]          run the chaos suite, write docs/reliability.md
     python3 scripts/dev.py demo [demo args...]     run the example project's demo
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
@@ -144,7 +145,25 @@ def chaos(args: list[str]) -> int:
     return code
 
 
-COMMANDS = {"chaos": chaos, "demo": demo, "test": test}
+# Benchmark-only dependencies: the incumbents, installed from PyPI into their own
+# environment so the project's own never depends on them.
+BENCH_VENV = ROOT / ".venv-bench"
+BENCH_REQUIREMENTS = ["celery-singleton==0.3.1", "celery-once==3.0.1", "packaging"]
+
+
+def bench(args: list[str]) -> int:
+    python = BENCH_VENV / "bin" / "python"
+    if not python.exists():
+        say(f"creating {BENCH_VENV}")
+        run(sys.executable, "-m", "venv", BENCH_VENV)
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+        run(python, "-m", "pip", "install", "--quiet", "-e", ".", *BENCH_REQUIREMENTS)
+    env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
+    command = [str(python), "-m", "benchmarks.run", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
+COMMANDS = {"bench": bench, "chaos": chaos, "demo": demo, "test": test}
 
 
 def main(argv: list[str]) -> int:

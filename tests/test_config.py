@@ -108,6 +108,12 @@ class TestBadValues:
         with pytest.raises(ConfigurationError, match=message):
             SingletonConfig.from_app(app_with(**settings))
 
+    def test_celery_singletons_own_setting_is_not_mistaken_for_a_typo(self) -> None:
+        config = SingletonConfig.from_app(
+            app_with(broker_url="redis://b/0", singleton_lock_expiry=60)
+        )
+        assert config.ttl == 30
+
     def test_password_in_url_never_reaches_the_error(self) -> None:
         with pytest.raises(ConfigurationError) as caught:
             SingletonConfig.from_app(app_with(singleton_lock_url="amqp://user:hunter2@x//"))

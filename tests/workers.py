@@ -26,7 +26,7 @@ def children_of(pid: int) -> list[int]:
 
 
 class Worker:
-    """One ``celery -A tests.celery_app worker`` on its own queue."""
+    """One ``celery -A <app> worker`` (prefork) on its own queue."""
 
     def __init__(
         self,
@@ -35,7 +35,11 @@ class Worker:
         concurrency: int = 2,
         extra_env: Mapping[str, str] | None = None,
         queue: str | None = None,
+        app: str = "tests.celery_app",
+        loglevel: str = "info",
     ) -> None:
+        self.app = app
+        self.loglevel = loglevel
         number = next(_names)
         self.name = f"w{number}-{os.getpid()}"
         self.queue = queue or f"q-{self.name}"
@@ -46,9 +50,9 @@ class Worker:
 
     def start(self, timeout: float = 30.0) -> Worker:
         args = [
-            sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", "prefork", "-c", str(self.concurrency), "-n", f"{self.name}@%h",
-            "-Q", self.queue, "-l", "info",
+            "-Q", self.queue, "-l", self.loglevel,
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
         with self.log.open("ab") as log:

@@ -1,0 +1,105 @@
+"""One Celery app with the same no-op task four ways: plain Celery, celery-singleton,
+celery-once and celery-singleton-lock. Configured from the environment by run.py.
+
+Every system keeps its locks in the same dedicated Redis (``BENCH_LOCK_URL``), apart
+from the broker, so round trips to the lock store can be counted per system.
+Executions mark themselves in the broker's Redis (``started:<system>`` and
+``marks:<system>``) so the harness can time starts and ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery_once import QueueOnce
+from celery_singleton import Singleton
+
+from celery_singleton_lock import requeue, singleton_task, wait
+
+BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
+LOCKS = os.environ.get("BENCH_LOCK_URL", "redis://127.0.0.1:6379/1")
+
+app = Celery("bench", broker=BROKER, backend=BROKER)
+app.conf.update(
+    task_ignore_result=True,
+    worker_prefetch_multiplier=4,
+    broker_connection_retry_on_startup=True,
+    # celery-singleton-lock
+    singleton_lock_url=LOCKS,
+    singleton_lock_prefix="csl",
+    singleton_lock_ttl=float(os.environ.get("BENCH_TTL", "30")),
+    # celery-singleton 0.3.1: keys never expire by default; 60 s as the issue measured
+    singleton_backend_url=LOCKS,
+    singleton_key_prefix="cs:",
+    singleton_lock_expiry=60,
+    # celery-once 3.0.1
+    ONCE={
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": LOCKS, "default_timeout": 60},
+    },
+)
+
+_marks: redis.Redis | None = None
+
+
+def marks() -> redis.Redis:
+    global _marks  # noqa: PLW0603  (one client per process, after fork)
+    if _marks is None:
+        _marks = redis.Redis.from_url(BROKER)
+    return _marks
+
+
+def _run(system: str, item: str, seconds: float) -> str:
+    started = time.time()
+    marks().rpush(f"started:{system}", f"{item}|{started}")
+    if seconds:
+        time.sleep(seconds)
+    marks().rpush(f"marks:{system}", f"{item}|{started}|{time.time()}")
+    return item
+
+
+@app.task(name="bench.plain")
+def plain(item: str, seconds: float = 0.0) -> str:
+    return _run("plain", item, seconds)
+
+
+@app.task(name="bench.celery_singleton", base=Singleton)
+def celery_singleton(item: str, seconds: float = 0.0) -> str:
+    return _run("celery_singleton", item, seconds)
+
+
+@app.task(name="bench.celery_once", base=QueueOnce, once={"graceful": True})
+def celery_once(item: str, seconds: float = 0.0) -> str:
+    return _run("celery_once", item, seconds)
+
+
+@singleton_task(app=app, name="bench.this")
+def this(item: str, seconds: float = 0.0) -> str:
+    return _run("this", item, seconds)
+
+
+@singleton_task(app=app, name="bench.this_wait", dedupe=False, on_contention=wait(timeout=60))
+def this_wait(item: str, seconds: float = 0.0) -> str:
+    return _run("this_wait", item, seconds)
+
+
+@singleton_task(
+    app=app,
+    name="bench.this_requeue",
+    dedupe=False,
+    on_contention=requeue(max_tries=10_000, backoff=0.01, cap=0.1),
+)
+def this_requeue(item: str, seconds: float = 0.0) -> str:
+    return _run("this_requeue", item, seconds)
+
+
+SYSTEMS: dict[str, Any] = {
+    "plain": plain,
+    "celery_singleton": celery_singleton,
+    "celery_once": celery_once,
+    "this": this,
+}

@@ -1,0 +1,444 @@
+"""Plain Celery, celery-singleton 0.3.1, celery-once 3.0.1 and this project, side by side.
+
+    python3 scripts/dev.py bench [--rounds 3] [--dispatches 2000] [--tasks 1000]
+
+Starts two private redis-servers (broker; lock store), interleaves the systems in every
+round, repeats, and reports medians and ratios against plain Celery measured in the same
+run. Writes benchmarks/results.json and docs/benchmarks.md. Numbers are only what the
+run measured; machines are noisy, so read ratios, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.servers import RedisServer  # noqa: E402  (after the path is set)
+from tests.workers import Worker  # noqa: E402
+
+INCUMBENTS = ("celery_singleton", "celery_once")
+ALL = ("plain", *INCUMBENTS, "this")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.broker = RedisServer().start()
+        self.locks = RedisServer().start()
+        self.env = {
+            "BENCH_BROKER_URL": self.broker.url,
+            "BENCH_LOCK_URL": self.locks.url,
+            "BENCH_TTL": "30",
+        }
+        os.environ.update(self.env)
+        import benchmarks.bench_app as bench  # noqa: PLC0415  (after the environment)
+
+        self.bench = bench
+        self.r = self.broker.client()
+        self.lr = self.locks.client()
+        self.results: dict[str, Any] = {}
+        self.rng = random.Random(1)
+
+    def close(self) -> None:
+        self.broker.cleanup()
+        self.locks.cleanup()
+
+    def order(self, systems: tuple[str, ...] = ALL) -> list[str]:
+        shuffled = list(systems)
+        self.rng.shuffle(shuffled)
+        return shuffled
+
+    def reset(self, *queues: str) -> None:
+        self.lr.flushall()
+        for key in self.r.scan_iter("marks:*"):
+            self.r.delete(key)
+        for key in self.r.scan_iter("started:*"):
+            self.r.delete(key)
+        for queue in queues:
+            self.r.delete(queue)
+
+    # -- 1 and 2: dispatch ---------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        n, queue = self.args.dispatches, "bench-dispatch"
+        unique: dict[str, list[float]] = {s: [] for s in ALL}
+        duplicate: dict[str, list[float]] = {s: [] for s in ALL}
+        published: dict[str, int] = {}
+        for round_no in range(self.args.rounds):
+            for system in self.order():
+                task = self.bench.SYSTEMS[system]
+                self.reset(queue)
+                task.apply_async((f"warm-{round_no}",), queue=queue)
+                began = time.perf_counter()
+                for i in range(n):
+                    task.apply_async((f"u-{round_no}-{i}",), queue=queue)
+                unique[system].append((time.perf_counter() - began) / n * 1e6)
+                self.reset(queue)
+                task.apply_async(("dup",), queue=queue)
+                began = time.perf_counter()
+                for _ in range(n):
+                    task.apply_async(("dup",), queue=queue)
+                duplicate[system].append((time.perf_counter() - began) / n * 1e6)
+                published[system] = int(self.r.llen(queue))
+        self.reset(queue)
+        plain_us = median(unique["plain"])
+        self.results["dispatch_unique"] = {
+            s: {
+                "us_per_call": round(median(unique[s]), 1),
+                "ratio": round(median(unique[s]) / plain_us, 2),
+            }
+            for s in ALL
+        }
+        self.results["dispatch_duplicate"] = {
+            s: {
+                "us_per_call": round(median(duplicate[s]), 1),
+                "ratio_to_plain_delay": round(median(duplicate[s]) / plain_us, 2),
+                "messages_published": published[s],
+            }
+            for s in ALL
+        }
+
+    # -- 3: end to end ---------------------------------------------------------------------
+
+    def wait_marks(self, system: str, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while int(self.r.llen(f"marks:{system}")) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{system}: {self.r.llen(f'marks:{system}')}/{count} ran")
+            time.sleep(0.005)
+
+    def end_to_end(self) -> None:
+        n, queue = self.args.tasks, "bench-e2e"
+        worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=queue).start()
+        rates: dict[str, list[float]] = {s: [] for s in ALL}
+        leftover: dict[str, int] = {}
+        try:
+            for round_no in range(self.args.rounds):
+                for system in self.order():
+                    task = self.bench.SYSTEMS[system]
+                    self.reset()
+                    began = time.perf_counter()
+                    for i in range(n):
+                        task.apply_async((f"e-{round_no}-{i}",), queue=queue)
+                    self.wait_marks(system, n, 300)
+                    rates[system].append(n / (time.perf_counter() - began))
+                    time.sleep(0.2)  # releases land after the body's last mark
+                    keys = [k for k in self.lr.scan_iter("*") if not k.endswith(b":fence")]
+                    leftover[system] = len(keys)
+        finally:
+            worker.stop()
+        plain_rate = median(rates["plain"])
+        self.results["end_to_end"] = {
+            s: {
+                "tasks_per_s": round(median(rates[s]), 1),
+                "ratio": round(median(rates[s]) / plain_rate, 2),
+                "lock_keys_left": leftover[s],
+            }
+            for s in ALL
+        }
+
+    # -- 4: contended hand-off -------------------------------------------------------------
+
+    def gaps(self, system: str) -> list[float]:
+        spans = sorted(
+            (float(s), float(e))
+            for _, s, e in (m.decode().split("|") for m in self.r.lrange(f"marks:{system}", 0, -1))
+        )
+        return [b[0] - a[1] for a, b in itertools.pairwise(spans)]
+
+    def hand_off(self) -> None:
+        n, queue, hold = self.args.handoffs, "bench-handoff", 0.01
+        workers = [
+            Worker(self.env, concurrency=1, app="benchmarks.bench_app", queue=queue).start()
+            for _ in range(2)
+        ]
+        gaps: dict[str, list[float]] = {}
+        try:
+            for system in ("this_wait", "this_requeue"):
+                self.reset()
+                task = getattr(self.bench, system)
+                for _ in range(n):
+                    task.apply_async(("one-key", hold), queue=queue)
+                self.wait_marks(system, n, 300)
+                gaps[system] = self.gaps(system)
+            for system in INCUMBENTS:
+                # No execution-level exclusion: a producer re-submits until accepted.
+                self.reset()
+                task = self.bench.SYSTEMS[system]
+                deadline = time.monotonic() + 300
+                while int(self.r.llen(f"started:{system}")) < n and time.monotonic() < deadline:
+                    task.apply_async(("one-key", hold), queue=queue)  # refused while held
+                    time.sleep(0.001)
+                self.wait_marks(system, n, 60)
+                gaps[system] = self.gaps(system)
+        finally:
+            for worker in workers:
+                worker.stop()
+        self.results["hand_off"] = {
+            s: {
+                "handoffs": len(g),
+                "median_ms": round(median(g) * 1000, 2),
+                "p99_ms": round(percentile(g, 0.99) * 1000, 2),
+            }
+            for s, g in gaps.items()
+        }
+
+    # -- 5: crash recovery -----------------------------------------------------------------
+
+    def crash(self) -> None:
+        cap = self.args.crash_cap
+        out: dict[str, dict[str, Any]] = {}
+        for kind in ("child", "worker"):
+            for system in ALL[1:]:
+                self.reset()
+                queue = f"bench-crash-{kind}-{system}"
+                doomed = Worker(self.env, concurrency=1, app="benchmarks.bench_app", queue=queue)
+                doomed.start()
+                spare = Worker(self.env, concurrency=1, app="benchmarks.bench_app", queue=queue)
+                task = self.bench.SYSTEMS[system]
+                try:
+                    task.apply_async(("crash", 60), queue=queue)
+                    self._wait_started(system, 1, 20)
+                    if kind == "child":
+                        for child in doomed.children():
+                            os.kill(child, 9)
+                    else:
+                        doomed.kill()
+                    spare.start()
+                    killed = time.monotonic()
+                    ran = False
+                    while time.monotonic() - killed < cap:
+                        task.apply_async(("crash", 0), queue=queue)
+                        if int(self.r.llen(f"started:{system}")) >= 2:
+                            ran = True
+                            break
+                        time.sleep(0.05)
+                    out.setdefault(system, {})[f"{kind}_kill_s"] = (
+                        round(time.monotonic() - killed, 2) if ran else f"> {cap:g}"
+                    )
+                finally:
+                    doomed.stop()
+                    spare.stop()
+        self.results["crash_recovery"] = out
+
+    def _wait_started(self, system: str, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while int(self.r.llen(f"started:{system}")) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{system} did not start")
+            time.sleep(0.005)
+
+    # -- 6: round trips ------------------------------------------------------------------
+
+    def round_trips(self) -> None:
+        n, idle = 100, "bench-rtt-idle"
+        out: dict[str, dict[str, float]] = {}
+        worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=idle).start()
+        try:
+            for system in ALL[1:]:
+                task = self.bench.SYSTEMS[system]
+                queue = f"bench-rtt-{system}"
+                self.reset()
+                task.apply_async(("rtt-warm",), queue=idle)  # loads scripts, opens pools
+                self.wait_marks(system, 1, 30)
+                time.sleep(0.3)
+                self.reset()
+                # Dispatch with nobody consuming, then let the worker consume: the two
+                # sides' commands are counted apart.
+                with Monitor(self.locks) as monitor:
+                    for i in range(n):
+                        task.apply_async((f"rtt-{i}",), queue=queue)
+                    time.sleep(0.2)
+                dispatched = monitor.count
+                with Monitor(self.locks) as monitor:
+                    self.bench.app.control.add_consumer(
+                        queue, destination=[f"{worker.name}@{platform.node()}"], reply=True
+                    )
+                    self.wait_marks(system, n, 120)
+                    time.sleep(0.5)
+                executed = monitor.count
+                out[system] = {
+                    "per_dispatch": round(dispatched / n, 2),
+                    "per_execution": round(executed / n, 2),
+                }
+        finally:
+            worker.stop()
+        self.results["round_trips"] = out
+
+
+class Monitor:
+    """Counts the commands clients send to a Redis (MONITOR), leaving out those a Lua
+    script runs inside the server: a script is one round trip however much it does."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.client = server.client()
+        self.count = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ready = threading.Event()
+
+    def _run(self) -> None:
+        with self.client.monitor() as monitor:
+            self._ready.set()
+            for command in monitor.listen():
+                if self._stop.is_set():
+                    return
+                if command.get("client_type") != "lua" and command.get("command", "") != "PING":
+                    self.count += 1
+
+    def __enter__(self) -> Monitor:
+        self._thread.start()
+        self._ready.wait(5)
+        time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.client.ping()  # wake the listener so it sees the stop flag
+        self._thread.join(5)
+        self.client.close()
+
+
+def machine() -> str:
+    cores = os.cpu_count()
+    version = subprocess.run(
+        [os.environ.get("REDIS_SERVER_BIN", "redis-server"), "--version"],
+        capture_output=True, text=True, check=False,
+    ).stdout.split(" ")[2:3]  # fmt: skip
+    import celery  # noqa: PLC0415
+
+    return (
+        f"{platform.system()} {platform.machine()}, {cores} cores, Python "
+        f"{platform.python_version()}, Celery {celery.__version__}, redis-server "
+        f"{''.join(version)}"
+    )
+
+
+def render(results: dict[str, Any], command: str) -> str:
+    def table(title: str, rows: dict[str, dict[str, Any]], note: str) -> list[str]:
+        columns = list(next(iter(rows.values())).keys())
+        lines = [f"## {title}", "", note, "", "| system | " + " | ".join(columns) + " |"]
+        lines.append("|---|" + "---|" * len(columns))
+        for system, row in rows.items():
+            lines.append(f"| {system} | " + " | ".join(str(row[c]) for c in columns) + " |")
+        return [*lines, ""]
+
+    r = results["results"]
+    out = [
+        "# Benchmarks",
+        "",
+        "Plain Celery, celery-singleton 0.3.1, celery-once 3.0.1 and this project in one run on "
+        "one machine, systems interleaved in every round; medians; ratios against plain Celery "
+        "measured in the same run. Regenerate with the command below; every number is one "
+        "the run printed.",
+        "",
+        f"- command: `{command}`",
+        f"- date: {results['date']}",
+        f"- machine: {results['machine']}",
+        f"- rounds: {results['rounds']}",
+        "",
+    ]
+    notes = {
+        "dispatch_unique": ("1. Dispatch, unique arguments", "Microseconds per `apply_async()`."),
+        "dispatch_duplicate": (
+            "2. Dispatch, duplicate",
+            "Microseconds per refused duplicate, as a ratio of a plain `delay()`, and how "
+            "many messages reached the broker (correct: 1; plain Celery has no check).",
+        ),
+        "end_to_end": (
+            "3. End-to-end throughput",
+            "Distinct tasks through one prefork worker (concurrency 2), dispatch included; "
+            "lock keys left afterwards (fence bookkeeping, which expires with the lease, "
+            "not counted).",
+        ),
+        "hand_off": (
+            "4. Contended hand-off",
+            "Two workers, one key, back-to-back executions: time from one execution's end "
+            "to the next one's start. This project's `wait` (push wake-up) and `requeue` "
+            "(backoff 10-100 ms); the incumbents have no execution-level lock, so a producer "
+            "re-submits every millisecond until accepted.",
+        ),
+        "crash_recovery": (
+            "5. Crash recovery",
+            "Time until a task with the same arguments runs again after SIGKILL of the pool "
+            "child or of the whole worker (this project's lease ttl: 30 s; the incumbents' "
+            "lock TTL: 60 s), re-submitting every 50 ms to a spare worker.",
+        ),
+        "round_trips": (
+            "6. Redis round trips",
+            "Commands the lock store received per dispatch and per execution "
+            "(`INFO commandstats`), 100 tasks each.",
+        ),
+    }
+    for key, (title, note) in notes.items():
+        if key in r:
+            out += table(title, r[key], note)
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dispatches", type=int, default=2000)
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--handoffs", type=int, default=50)
+    parser.add_argument("--crash-cap", type=float, default=35.0)
+    parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    args = parser.parse_args()
+    bench = Bench(args)
+    scenarios: dict[str, Callable[[], None]] = {
+        "dispatch": bench.dispatch,
+        "end_to_end": bench.end_to_end,
+        "hand_off": bench.hand_off,
+        "crash": bench.crash,
+        "round_trips": bench.round_trips,
+    }
+    try:
+        for name, scenario in scenarios.items():
+            if not args.only or name in args.only:
+                print(f"[bench] {name} ...", flush=True)
+                scenario()
+                print(json.dumps({k: bench.results[k] for k in bench.results}, indent=1)[-1500:])
+    finally:
+        bench.close()
+    results = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "rounds": args.rounds,
+        "results": bench.results,
+    }
+    (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2))
+    command = "python3 scripts/dev.py bench " + " ".join(sys.argv[1:])
+    Path(args.output).write_text(render(results, command.strip()))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
