@@ -219,7 +219,11 @@ class Bench:
                 queue = f"bench-crash-{kind}-{system}"
                 doomed = Worker(self.env, concurrency=1, app="benchmarks.bench_app", queue=queue)
                 doomed.start()
-                spare = Worker(self.env, concurrency=1, app="benchmarks.bench_app", queue=queue)
+                # The spare consumes its own queue: a pool that lost its child takes
+                # seconds to replace it, which is Celery's delay, not the lock's.
+                spare = Worker(
+                    self.env, concurrency=1, app="benchmarks.bench_app", queue=f"{queue}-spare"
+                )
                 task = self.bench.SYSTEMS[system]
                 try:
                     task.apply_async(("crash", 60), queue=queue)
@@ -233,7 +237,7 @@ class Bench:
                     killed = time.monotonic()
                     ran = False
                     while time.monotonic() - killed < cap:
-                        task.apply_async(("crash", 0), queue=queue)
+                        task.apply_async(("crash", 60), queue=spare.queue)  # same arguments
                         if int(self.r.llen(f"started:{system}")) >= 2:
                             ran = True
                             break
