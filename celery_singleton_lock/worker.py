@@ -1,9 +1,8 @@
 """The worker's main process: reserve received messages' keys, free what dead children held.
 
-Reservation: a received message that has not started within a second (prefetched
-behind busy slots, or an ETA) has its queued hold (``queue_ttl`` long, taken at
-dispatch) turned into a *reservation* of this worker (``ttl`` long, renewed by this
-process) in one step. A worker killed with such messages then frees their keys within
+Reservation: a received message's queued hold (``queue_ttl`` long, taken at dispatch)
+becomes a *reservation* of this worker (``ttl`` long, renewed by this process) in one
+step. A worker killed with prefetched or ETA messages then frees their keys within
 ``ttl`` instead of ``queue_ttl``; the messages come back from the broker in time and
 run. The pool child takes the reservation over when it starts the task.
 
@@ -34,7 +33,7 @@ from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
 from .exceptions import ConfigurationError, KeyDerivationError
-from .lock import Lease, RedisLock, ReleaseResult
+from .lock import Contended, Lease, RedisLock, ReleaseResult
 from .signals import dead_child_released
 from .task import (
     KEY_HEADER,
@@ -135,54 +134,18 @@ _child_watch = _ChildWatch()
 
 
 class _Reservations:
-    """This worker's reservations: task id -> (reserved lease, the message's queued token).
-
-    Deferred by ``GRACE``: a message that starts at once (the common case) is taken over
-    by its child straight from the queued hold and costs no extra round trip; only a
-    message that waits (prefetched behind busy slots, or an ETA) gets reserved.
-    """
-
-    GRACE = 1.0
+    """This worker's reservations: task id -> (reserved lease, the message's queued token)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: dict[str, tuple[Request, float]] = {}
-        self._reserving: set[str] = set()
+        self._guard = threading.Lock()
         self._held: dict[str, tuple[SingletonTask, Lease, str]] = {}
-        self._thread: threading.Thread | None = None
 
     def take(self, request: Request) -> None:
-        context = request._context
-        if not header(context, KEY_HEADER) or not header(context, TOKEN_HEADER):
-            return  # sent without a hold (send_task, canvas): nothing to reserve
-        with self._cond:
-            self._pending[request.id] = (request, time.monotonic() + self.GRACE)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="celery-singleton-lock-reservations", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending:
-                    self._cond.wait()
-                now = time.monotonic()
-                due = [r for r, at in self._pending.values() if at <= now]
-                if not due:
-                    self._cond.wait(min(at for _, at in self._pending.values()) - now)
-                    continue
-                for request in due:
-                    del self._pending[request.id]
-                    self._reserving.add(request.id)
-            for request in due:
-                self._reserve(request)
-
-    def _reserve(self, request: Request) -> None:
         task: SingletonTask = request.task
-        key, queued = header(request._context, KEY_HEADER), header(request._context, TOKEN_HEADER)
+        context = request._context
+        key, queued = header(context, KEY_HEADER), header(context, TOKEN_HEADER)
+        if not key or not queued:
+            return  # sent without a hold (send_task, canvas): nothing to reserve
         store = task._singleton_store.lock
         try:
             outcome = store.try_acquire(
@@ -190,22 +153,16 @@ class _Reservations:
             )
         except redis.RedisError as error:
             logger.warning("could not reserve %s for %s: %s", key, request.id, error)
-            outcome = None
-        with self._cond:
-            still_waiting = request.id in self._reserving
-            self._reserving.discard(request.id)
-            if isinstance(outcome, Lease) and still_waiting:
-                store.renew(outcome)
-                self._held[request.id] = (task, outcome, queued)
-                return
-        # Contended: the hold is gone or taken (a redelivery: the child will contend). Or
-        # the task started meanwhile, and its child takes the reservation over.
+            return
+        if isinstance(outcome, Contended):
+            return  # the hold is gone or taken (a redelivery): the child will contend
+        store.renew(outcome)
+        with self._guard:
+            self._held[request.id] = (task, outcome, queued)
 
     def drop(self, task_id: str, *, release: bool) -> None:
         """Stop renewing (the child took over), and with ``release`` give the key up."""
-        with self._cond:
-            self._pending.pop(task_id, None)
-            self._reserving.discard(task_id)
+        with self._guard:
             entry = self._held.pop(task_id, None)
         if entry is None:
             return
@@ -221,9 +178,8 @@ class _Reservations:
 
     def hand_back(self) -> None:
         """At shutdown: unacked messages go back to the broker, so their holds do too."""
-        with self._cond:
+        with self._guard:
             held, self._held = self._held, {}
-            self._pending.clear()
         for task, lease, queued in held.values():
             try:
                 task._singleton_store.lock.hand_over(lease, task._queue_ttl(), token=queued)
