@@ -252,7 +252,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         shadow: Any = None,
         **options: Any,
     ) -> Any:
-        bypass = options.pop(BYPASS_OPTION, False)
+        # dedupe=False per call: publish without the queue-level check (the execution
+        # level still excludes duplicates). For sweeps that re-drive work they believe
+        # lost: the hold may belong to a message stuck in a dead worker's prefetch.
+        bypass = options.pop(BYPASS_OPTION, False) or options.pop("dedupe", True) is False
         publish = self._publisher(
             args, kwargs, producer=producer, link=link, link_error=link_error, shadow=shadow
         )

@@ -182,7 +182,23 @@ def drive(
             next_sweep = time.monotonic() + 0.5
         time.sleep(0.05)
     print()
+    if shown < args.requests:
+        diagnose(args)
     return time.monotonic() - started_at, killed
+
+
+def diagnose(args: argparse.Namespace) -> None:
+    """Timed out: say which requests are stuck, in which state, and who holds their key."""
+    import redis
+
+    from . import store
+
+    lock_store = redis.Redis.from_url(os.environ["REDIS_URL"])
+    for state in ("pending", "processing", "processed"):
+        for request_idx in store.in_state(state)[:10]:
+            holder = lock_store.get(f"example:{{request:{request_idx}}}")
+            ttl = lock_store.pttl(f"example:{{request:{request_idx}}}")
+            print(f"stuck: request {request_idx} is {state}; its key: {holder!r} ({ttl} ms)")
 
 
 def coupons(args: argparse.Namespace) -> None:

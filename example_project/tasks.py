@@ -76,7 +76,7 @@ def pending_sweep(self: Any) -> int:
 
 
 @manager_task(name="example.callback_sweep", key="sweep:callback")
-def callback_sweep(self: Any, stuck_after: float = 1.0) -> int:
+def callback_sweep(self: Any, stuck_after: float = 1.0, lost_after: float = 5.0) -> int:
     """CallbackManager's sweep: call back finished requests, re-drive stuck ones."""
     for request_idx in store.in_state("processed"):
         callback_request.delay(request_idx)
@@ -85,7 +85,16 @@ def callback_sweep(self: Any, stuck_after: float = 1.0) -> int:
     stuck = store.in_state("processing", older_than=stuck_after)
     for request_idx in stuck:
         process_request.delay(request_idx)
-    return len(stuck)
+    # Still pending long after submission: its message may sit in the prefetch of a
+    # worker that died, keeping its queued hold until the broker gives it back. Re-drive
+    # past the hold (dedupe=False); the lock per request still keeps the copies apart.
+    lost = store.in_state("pending", older_than=lost_after)
+    for request_idx in lost:
+        if settings.LOCKS_ENABLED:
+            process_request.apply_async((request_idx,), dedupe=False)
+        else:
+            process_request.delay(request_idx)
+    return len(stuck) + len(lost)
 
 
 @manager_task(

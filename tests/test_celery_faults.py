@@ -282,3 +282,11 @@ class TestDispatchHolds:
             job.apply_async((1,))
         assert "Connection refused" in str(caught.value) or "Error" in type(caught.value).__name__
         assert lock_keys(cenv) == []
+
+    def test_dedupe_false_per_call_publishes_past_a_hold(self, cenv: CeleryEnv) -> None:
+        work = cenv.app_module.work
+        first = work.apply_async(("redrive",), queue="nobody-redrive")
+        again = work.apply_async(("redrive",), queue="nobody-redrive", dedupe=False)
+        assert again.id != first.id
+        assert queue_length(cenv, "nobody-redrive") == 2
+        cenv.broker.client().delete("nobody-redrive")

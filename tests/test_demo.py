@@ -18,12 +18,18 @@ pytestmark = pytest.mark.slow
 def run_demo(*args: str) -> tuple[int, str]:
     env = {**os.environ, "DEMO_LOCK_TTL": "1"}
     env.pop("REDIS_URL", None)  # the demo starts its own private Redis
-    done = subprocess.run(
+    demo = subprocess.Popen(
         [sys.executable, "-m", "example_project.demo", "--requests", "60", "--coupons", "5",
-         "--claimers", "12", "--pause", "2.5", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+         "--claimers", "12", "--pause", "2.5", "--timeout", "150", *args],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    return done.returncode, done.stdout + done.stderr
+    try:
+        output, _ = demo.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        demo.send_signal(signal.SIGTERM)  # the demo stops the workers and Redis it started
+        output, _ = demo.communicate(timeout=60)
+        raise AssertionError(f"the demo did not finish:\n{output[-3000:]}") from None
+    return demo.returncode, output
 
 
 def figure(report: str, label: str) -> int:
@@ -32,6 +38,7 @@ def figure(report: str, label: str) -> int:
     return int(match.group(1))
 
 
+@pytest.mark.timeout(280)
 class TestDemo:
     def test_with_locks_every_request_is_processed_and_called_back_once(self) -> None:
         code, report = run_demo()
