@@ -474,11 +474,11 @@ class _LockBase:
             outcome.on_lost(on_lost)
         return outcome
 
-    def _release_argv(self, lease: Lease) -> dict[str, list[Any]]:
-        keys = self.keys(lease.name)
+    def _release_argv(self, name: str, token: str) -> dict[str, list[Any]]:
+        keys = self.keys(name)
         return {
             "keys": [keys.lock, keys.signal, keys.waiters],
-            "args": [lease.token, SIGNAL_TTL_MS],
+            "args": [token, SIGNAL_TTL_MS],
         }
 
     @staticmethod
@@ -674,7 +674,7 @@ class RedisLock(_LockBase):
         A transport error propagates and leaves the lease as it was, so the caller can
         retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
         """
-        argv = self._release_argv(lease)
+        argv = self._release_argv(lease.name, lease.token)
         # Stop renewing first: a renewal racing the release must not report a loss.
         self.renewer.discard(lease)
         with _releasing(lease):
@@ -683,13 +683,7 @@ class RedisLock(_LockBase):
 
     def release_token(self, name: str, token: str) -> ReleaseResult:
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
-        keys = self.keys(name)
-        return _decode(
-            self._release_script(
-                keys=[keys.lock, keys.signal, keys.waiters], args=[token, SIGNAL_TTL_MS]
-            ),
-            ReleaseResult,
-        )
+        return _decode(self._release_script(**self._release_argv(name, token)), ReleaseResult)
 
     def release_matching(self, name: str, prefix: str, suffix: str = "") -> ReleaseResult:
         """Release ``name`` if its token starts with ``prefix`` and ends with ``suffix``.
@@ -826,7 +820,7 @@ class AsyncRedisLock(_LockBase):
 
     async def release(self, lease: Lease) -> ReleaseResult:
         """See ``RedisLock.release``."""
-        argv = self._release_argv(lease)
+        argv = self._release_argv(lease.name, lease.token)
         renewal = self._renewals.pop(lease.token, None)
         if renewal is not None:
             renewal.cancel()

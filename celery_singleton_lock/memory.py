@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._time import ttl_to_ms
+from ._time import to_seconds, ttl_to_ms
 from .exceptions import ConfigurationError
 from .lock import (
     DEFAULT_PREFIX,
@@ -115,7 +115,8 @@ class MemoryLock:
     ) -> Lease:
         if wait not in ("push", "spin"):
             raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
-        deadline = None if timeout is None else time.monotonic() + float(timeout)  # type: ignore[arg-type]
+        seconds = None if timeout is None else to_seconds(timeout, what="timeout")
+        deadline = None if seconds is None else time.monotonic() + seconds
         with self._cond:
             while True:
                 outcome = self.try_acquire(

@@ -51,28 +51,8 @@ logger = logging.getLogger(__name__)
 CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
 
 
-def _kill_and_wait(pid: int, timeout: float = 1.0) -> None:
-    """Make sure the child cannot run another instruction before its lease is released.
-
-    On a hard time limit billiard reports the timeout first and kills the child after;
-    releasing in between would let a duplicate start while the child still runs.
-    """
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-    stat = Path(f"/proc/{pid}/stat")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            # Field 3 is the state; "Z" (zombie) means dead but not yet reaped by billiard.
-            state = stat.read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if state in ("Z", "X"):
-            return
-        time.sleep(0.002)
-
-
 def _is_dead(pid: int) -> bool:
+    """Gone, or a zombie ("Z": dead but not yet reaped by billiard)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
@@ -84,6 +64,19 @@ def _is_dead(pid: int) -> bool:
             return True
         return False
     return state in ("Z", "X")
+
+
+def _kill_and_wait(pid: int, timeout: float = 1.0) -> None:
+    """Make sure the child cannot run another instruction before its lease is released.
+
+    On a hard time limit billiard reports the timeout first and kills the child after;
+    releasing in between would let a duplicate start while the child still runs.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while not _is_dead(pid) and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 class _ChildWatch:
