@@ -18,6 +18,7 @@ from .lock import (
     ExtendResult,
     Lease,
     LockKeys,
+    PendingAcquire,
     RedisLock,
     ReleaseResult,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "LockNotAcquiredError",
     "LockStoreUnavailableError",
     "MemoryLock",
+    "PendingAcquire",
     "RedisLock",
     "ReleaseResult",
     "Renewer",

@@ -41,36 +41,41 @@ end
 #         becomes its running lease in the same step, with no window in between
 # ARGV[5] ARGV[6] or: a token shape (prefix, suffix) it may take over ('' prefix for
 #         none), for a hold whose random part the caller cannot know
+# ARGV[7] '1' for a hold that needs no fence (a queued message's: it only keeps
+#         duplicates out; the execution that takes it over is fenced), else '0'
 # returns {1, fence}            acquired; fence strictly greater than any earlier fence
-#                               of this lock (see lock.RedisLock for the bound)
+#                               of this lock (see lock.RedisLock for the bound); 0 when
+#                               no fence was asked for
 #         {0, holder, pttl}     held by `holder` ('' when the value is foreign or not a
 #                               string) for `pttl` more ms (-1: the key has no TTL)
+# The caller's own token counts as free: a retry of a call whose reply was lost in
+# transit gets the same answer as the call itself.
 ACQUIRE = (
     _MATCHES
     + """
 local taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-if not taken and (ARGV[4] ~= '' or ARGV[5] ~= '') then
+if not taken then
   local current = redis.pcall('GET', KEYS[1])
-  if (ARGV[4] ~= '' and current == ARGV[4])
+  if current == ARGV[1] or (ARGV[4] ~= '' and current == ARGV[4])
       or (ARGV[5] ~= '' and matches(current, ARGV[5], ARGV[6])) then
     taken = redis.call('SET', KEYS[1], ARGV[1], 'XX', 'PX', ARGV[2])
   end
-end
-if not taken then
-  local holder = redis.pcall('GET', KEYS[1])
-  if type(holder) ~= 'string' then holder = '' end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if ARGV[3] == '1' then
-    -- Announce a waiter for at least as long as its BLPOP can last (the holder's TTL),
-    -- so every release until then pushes a wake-up. Only ever lengthened here: other
-    -- waiters may be relying on the current expiry.
-    local keep = (pttl > 0 and pttl or 1000) + 1000
-    if redis.call('PTTL', KEYS[4]) < keep then
-      redis.call('SET', KEYS[4], '1', 'PX', keep)
+  if not taken then
+    if type(current) ~= 'string' then current = '' end
+    local pttl = redis.call('PTTL', KEYS[1])
+    if ARGV[3] == '1' then
+      -- Announce a waiter for at least as long as its BLPOP can last (the holder's
+      -- TTL), so every release until then pushes a wake-up. Only ever lengthened here:
+      -- other waiters may be relying on the current expiry.
+      local keep = (pttl > 0 and pttl or 1000) + 1000
+      if redis.call('PTTL', KEYS[4]) < keep then
+        redis.call('SET', KEYS[4], '1', 'PX', keep)
+      end
     end
+    return {0, current, pttl}
   end
-  return {0, holder, pttl}
 end
+if ARGV[7] == '1' then return {1, 0} end
 local now = redis.call('TIME')
 local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local last = tonumber(redis.pcall('GET', KEYS[2]))

@@ -110,6 +110,15 @@ def encode(value: object, path: str = "argument") -> object:
     )
 
 
+class _Bound:
+    """What ``derive`` reads of a binding, for the plain-parameter fast path."""
+
+    __slots__ = ("arguments",)
+
+    def __init__(self, arguments: dict[str, Any]) -> None:
+        self.arguments = arguments
+
+
 def _root_field(field: str) -> str:
     for separator in (".", "["):
         field = field.split(separator, 1)[0]
@@ -147,6 +156,11 @@ class KeySpec:
         }
         self._var_keyword = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
         self._var_positional = any(p.kind is p.VAR_POSITIONAL for p in params)
+        # Plain parameters only (no *args, **kwargs, keyword-only or positional-only):
+        # calls bind without inspect, which costs more than the rest of a derivation.
+        self._plain: tuple[tuple[str, Any], ...] | None = None
+        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
+            self._plain = tuple((p.name, p.default) for p in params)
         self._fields: tuple[str, ...] = ()
         if key is None or callable(key):
             return
@@ -186,7 +200,22 @@ class KeySpec:
         self._check_known(fields, f"key {template!r}")
         return tuple(dict.fromkeys(fields))
 
-    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> inspect.BoundArguments:
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        plain = self._plain
+        if plain is not None and len(args) <= len(plain):
+            arguments = {name: value for (name, _), value in zip(plain, args, strict=False)}
+            complete = True
+            for name, value in kwargs.items():
+                if name in arguments:
+                    complete = False  # given twice: let inspect word the error
+                arguments[name] = value
+            for name, default in plain[len(args) :]:
+                if name not in arguments:
+                    if default is inspect.Parameter.empty:
+                        complete = False
+                    arguments[name] = default
+            if complete and len(arguments) == len(plain):
+                return _Bound(arguments)
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as error:
@@ -198,7 +227,7 @@ class KeySpec:
         bound.apply_defaults()
         return bound
 
-    def _lookup(self, bound: inspect.BoundArguments, field: str) -> Any:
+    def _lookup(self, bound: Any, field: str) -> Any:
         if field in bound.arguments:
             return bound.arguments[field]
         extra = bound.arguments.get(self._var_keyword or "", {})
@@ -231,7 +260,7 @@ class KeySpec:
         document = [self.name, encoded]
         return f"{self.name[:MAX_READABLE]}:{_digest(document)}"
 
-    def _call(self, key: Callable[..., object], bound: inspect.BoundArguments) -> object:
+    def _call(self, key: Callable[..., object], bound: Any) -> object:
         # By name, so `lambda order_id, **_: ...` works whatever the call's positions were;
         # a task taking *args cannot name them, so it gets the call as bound.
         if self._var_positional:
@@ -239,7 +268,7 @@ class KeySpec:
         named = {n: v for n, v in bound.arguments.items() if n != self._var_keyword}
         return key(**named, **bound.arguments.get(self._var_keyword or "", {}))
 
-    def _formatted(self, template: str, bound: inspect.BoundArguments) -> str:
+    def _formatted(self, template: str, bound: Any) -> str:
         values: dict[str, Any] = {}
         for field in self._fields:
             value = self._lookup(bound, field)

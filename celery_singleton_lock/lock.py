@@ -25,6 +25,7 @@ import redis
 import redis.asyncio
 
 from . import _scripts
+from ._wire import Reply, Wire
 from ._time import full_jitter, to_seconds, ttl_to_ms
 from .exceptions import ConfigurationError, LockLostError, LockNotAcquiredError
 from .renewal import Renewer, get_renewer
@@ -300,6 +301,7 @@ class _Call:
     ttl_ms: int
     replace: str  # '' for none
     shape: tuple[str, str]  # ('', '') for none
+    fenced: bool
 
 
 @dataclass(frozen=True)
@@ -405,7 +407,14 @@ class _LockBase:
         return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
 
     def _acquire_call(
-        self, name: str, ttl: object, token: object, replace: object, shape: object = None
+        self,
+        name: str,
+        ttl: object,
+        token: object,
+        replace: object,
+        shape: object = None,
+        *,
+        fenced: bool = True,
     ) -> _Call:
         # Validate everything before the first byte goes to Redis.
         if replace is not None and (not isinstance(replace, str) or not replace):
@@ -426,6 +435,7 @@ class _LockBase:
             ttl_ms=self._ttl_ms(ttl),
             replace=replace or "",
             shape=shape or ("", ""),
+            fenced=fenced,
         )
 
     @staticmethod
@@ -439,6 +449,7 @@ class _LockBase:
                 "1" if step.announce else "0",
                 call.replace,
                 *call.shape,
+                "0" if call.fenced else "1",
             ],
         }
 
@@ -574,6 +585,7 @@ class RedisLock(_LockBase):
             backoff_cap=backoff_cap,
         )
         self._renewer = renewer
+        self._wire = Wire(client)
 
     @classmethod
     def from_url(
@@ -594,6 +606,7 @@ class RedisLock(_LockBase):
         token: str | None = None,
         replace: str | None = None,
         replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
     ) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder.
 
@@ -601,14 +614,39 @@ class RedisLock(_LockBase):
         message took at dispatch; the lock passes from that token to the new lease in
         one step, with a new fence. ``replace_shape``: or any token starting with
         ``prefix`` and ending with ``suffix`` (a hold whose random part is unknown here).
+        ``fenced=False``: a hold that only keeps others out and never guards a write
+        skips the fencing work (its ``fence`` is 0).
         """
-        call = self._acquire_call(name, ttl, token, replace, replace_shape)
-        return self._try(call, _Try(announce=False))
+        return self.begin_try_acquire(
+            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced
+        ).outcome()
+
+    def begin_try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+    ) -> PendingAcquire:
+        """``try_acquire`` in two halves: send now, ``.outcome()`` reads the answer.
+
+        The round trip overlaps whatever the caller does in between (Celery's dispatch
+        builds its message meanwhile). Validation errors raise here, before anything is
+        sent; transport errors may raise from either half.
+        """
+        call = self._acquire_call(name, ttl, token, replace, replace_shape, fenced=fenced)
+        return self._send_try(call, _Try(announce=False))
+
+    def _send_try(self, call: _Call, step: _Try) -> PendingAcquire:
+        sent_at = time.monotonic()
+        argv = self._acquire_argv(call, step)
+        return PendingAcquire(self, call, sent_at, self._wire.send(self._acquire_script, **argv))
 
     def _try(self, call: _Call, step: _Try) -> Lease | Contended:
-        sent_at = time.monotonic()
-        reply = self._acquire_script(**self._acquire_argv(call, step))
-        return self._acquired(call, sent_at=sent_at, reply=reply)
+        return self._send_try(call, step).outcome()
 
     def acquire(
         self,
@@ -678,12 +716,13 @@ class RedisLock(_LockBase):
         # Stop renewing first: a renewal racing the release must not report a loss.
         self.renewer.discard(lease)
         with _releasing(lease):
-            reply = self._release_script(**argv)
+            reply = self._wire.call(self._release_script, **argv)
         return self._released(lease, reply)
 
     def release_token(self, name: str, token: str) -> ReleaseResult:
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
-        return _decode(self._release_script(**self._release_argv(name, token)), ReleaseResult)
+        argv = self._release_argv(name, token)
+        return _decode(self._wire.call(self._release_script, **argv), ReleaseResult)
 
     def release_matching(self, name: str, prefix: str, suffix: str = "") -> ReleaseResult:
         """Release ``name`` if its token starts with ``prefix`` and ends with ``suffix``.
@@ -694,8 +733,10 @@ class RedisLock(_LockBase):
         if not prefix:
             raise ConfigurationError("release_matching needs a non-empty prefix")
         keys = self.keys(name)
-        reply = self._release_matching_script(
-            keys=[keys.lock, keys.signal, keys.waiters], args=[prefix, suffix, SIGNAL_TTL_MS]
+        reply = self._wire.call(
+            self._release_matching_script,
+            keys=[keys.lock, keys.signal, keys.waiters],
+            args=[prefix, suffix, SIGNAL_TTL_MS],
         )
         return _decode(reply, ReleaseResult)
 
@@ -703,7 +744,9 @@ class RedisLock(_LockBase):
         """Reset the lease's TTL to ``ttl`` (default: its own) if it still owns the lock."""
         keys, ttl_ms = self._extend_call(lease, ttl)
         sent_at = time.monotonic()
-        reply = self._extend_script(keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms])
+        reply = self._wire.call(
+            self._extend_script, keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms]
+        )
         return self._extended(lease, ttl_ms, sent_at, reply)
 
     def holder(self, name: str) -> str | None:
@@ -721,6 +764,39 @@ class RedisLock(_LockBase):
             yield lease
         finally:
             self.release(lease)
+
+
+class PendingAcquire:
+    """An acquire that was sent and whose answer has not been read (``begin_try_acquire``).
+
+    ``outcome()`` reads it once and returns the same ``Lease`` or ``Contended`` after.
+    Read it even when no longer interested: it returns the pooled connection, and a
+    ``Lease`` it grants holds the lock until released or expired.
+    """
+
+    __slots__ = ("_call", "_lock", "_outcome", "_reply", "_sent_at")
+
+    def __init__(self, lock: _LockBase, call: _Call, sent_at: float, reply: Reply) -> None:
+        self._lock = lock
+        self._call = call
+        self._sent_at = sent_at
+        self._reply: Reply | None = reply
+        self._outcome: Lease | Contended | None = None
+
+    @classmethod
+    def settled(cls, outcome: Lease | Contended) -> PendingAcquire:
+        """One whose answer is already known (stores without a wire, e.g. memory)."""
+        pending = cls.__new__(cls)
+        pending._reply = None
+        pending._outcome = outcome
+        return pending
+
+    def outcome(self) -> Lease | Contended:
+        if self._outcome is None:
+            assert self._reply is not None  # noqa: S101  (set for every unsettled one)
+            reply = self._reply.get()
+            self._outcome = self._lock._acquired(self._call, sent_at=self._sent_at, reply=reply)
+        return self._outcome
 
 
 class AsyncRedisLock(_LockBase):

@@ -21,6 +21,7 @@ from .lock import (
     Lease,
     LockKeys,
     LostCallback,
+    PendingAcquire,
     ReleaseResult,
     _LeaseState,
     _new_token,
@@ -72,13 +73,18 @@ class MemoryLock:
         token: str | None = None,
         replace: str | None = None,
         replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
     ) -> Lease | Contended:
         key = self.keys(name).lock
         new_token = _new_token(token)
         ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self._cond:
             entry = self._live(key)
-            if entry is not None and not _replaceable(entry.token, replace, replace_shape):
+            if (
+                entry is not None
+                and entry.token != new_token
+                and not _replaceable(entry.token, replace, replace_shape)
+            ):
                 left = entry.expires_at - time.monotonic()
                 return Contended(
                     name=name,
@@ -87,8 +93,10 @@ class MemoryLock:
                     retry_after=None if left == float("inf") else left,
                 )
             now = time.monotonic()
-            fence = max(time.time_ns() // 1000, self._last_fence.get(key, 0) + 1)
-            self._last_fence[key] = fence
+            fence = 0
+            if fenced:
+                fence = max(time.time_ns() // 1000, self._last_fence.get(key, 0) + 1)
+                self._last_fence[key] = fence
             self._entries[key] = _Entry(new_token, now + ttl_ms / 1000)
             return Lease(
                 name=name,
@@ -98,6 +106,21 @@ class MemoryLock:
                 ttl=ttl_ms / 1000,
                 _state=_LeaseState(expires_at=now + ttl_ms / 1000),
             )
+
+    def begin_try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+    ) -> PendingAcquire:
+        outcome = self.try_acquire(
+            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced
+        )
+        return PendingAcquire.settled(outcome)
 
     def acquire(
         self,

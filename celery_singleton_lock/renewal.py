@@ -60,13 +60,19 @@ class Renewer:
             if self._stopping:
                 raise RuntimeError("the renewer was stopped; leases can no longer be renewed")
             self._leases[lease.token] = (lock, lease)
-            self._schedule(lease.token, time.monotonic() + lease.ttl / 3)
+            due = time.monotonic() + lease.ttl / 3
+            # The thread sleeps until the earliest due lease; wake it only if this one is
+            # earlier still. Most leases (one ttl for a task) are not, and a wake-up per
+            # task would cost the process a thread switch per task.
+            wake = not self._heap or due < self._heap[0][0]
+            self._schedule(lease.token, due)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="celery-singleton-lock-renewer", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if wake:
+                self._cond.notify()
 
     def discard(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (no-op if it was not registered)."""

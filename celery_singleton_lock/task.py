@@ -23,13 +23,15 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import redis
 from celery import Task
+from celery.signals import before_task_publish
 from celery.exceptions import Ignore
 from celery.utils import uuid
 
@@ -43,7 +45,7 @@ from .exceptions import (
     LockStoreUnavailableError,
 )
 from .keys import KeySpec
-from .lock import Contended, Lease, _LeaseState
+from .lock import Contended, Lease, PendingAcquire, _LeaseState
 from .policies import (
     ContentionPolicy,
     ContentionState,
@@ -64,6 +66,8 @@ ATTEMPT_HEADER = "singleton_lock_attempt"
 # An apply_async option (popped before publishing) that skips the queue-level hold:
 # used to requeue a contended execution, which must not meet its own duplicate check.
 BYPASS_OPTION = "singleton_lock_bypass"
+
+_Publish: TypeAlias = Callable[..., Any]
 
 OPTION_NAMES = ("key", "on_duplicate", "on_contention", "ttl", "queue_ttl", "dedupe")
 
@@ -256,40 +260,72 @@ class SingletonTask(Task):  # type: ignore[misc]
         # level still excludes duplicates). For sweeps that re-drive work they believe
         # lost: the hold may belong to a message stuck in a dead worker's prefetch.
         bypass = options.pop(BYPASS_OPTION, False) or options.pop("dedupe", True) is False
+        producer = producer or options.pop("publisher", None)  # Celery's old alias
         publish = self._publisher(
             args, kwargs, producer=producer, link=link, link_error=link_error, shadow=shadow
         )
-        request = self.request
-        running: Lease | None = getattr(request, "singleton_lease", None)
-        if running is not None and task_id is not None and task_id == request.id:
-            # Celery's retry re-sends the running task under the same id: the key passes
-            # from this execution to the retry's message, so nothing slips in between.
-            return self._send_retry(running, task_id, options, publish=publish)
+        if task_id is not None:
+            request = self.request
+            running: Lease | None = getattr(request, "singleton_lease", None)
+            if running is not None and task_id == request.id:
+                # Celery's retry re-sends the running task under the same id: the key
+                # passes from this execution to the retry's message, with no gap.
+                return self._send_retry(running, task_id, options, publish=publish)
         opts = self.singleton_options()
         key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
         if bypass or not opts.dedupe or _in_canvas(link, link_error, options):
             return publish(task_id, options, {KEY_HEADER: key})
         task_id = task_id or uuid()
         token = queued_token(task_id)
-        store = self._singleton_store.lock
+        ttl = self._queue_ttl() + _delay_of(options)
         try:
-            outcome = store.try_acquire(key, self._queue_ttl() + _delay_of(options), token=token)
+            pending = self._singleton_store.lock.begin_try_acquire(
+                key, ttl, token=token, fenced=False
+            )
         except redis.RedisError as error:
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
-        if isinstance(outcome, Contended):
-            return self._duplicate(key, outcome)
+        gate = _Gate(self, key, pending)
+        ours = {KEY_HEADER: key, TOKEN_HEADER: token}
         try:
-            return publish(task_id, options, {KEY_HEADER: key, TOKEN_HEADER: token})
+            if self._can_overlap(options) and not _refusals.expects(key):
+                # The acquire is on its way; Celery builds the message meanwhile and the
+                # gated producer waits for the answer just before anything is published.
+                with self.app.producer_or_acquire(producer) as real:
+                    result = publish(task_id, options, ours, via=_GatedProducer(real, gate))
+            else:
+                gate.check()
+                result = publish(task_id, options, ours)
+        except _Refused as refused:
+            _refusals.note(key, refused.held.retry_after)
+            return self._duplicate(key, refused.held)
         except BaseException:
-            # Nothing was queued: give the key back so the caller can try again.
-            _quietly(store.release, outcome)
+            # Whatever stopped the message (Celery's own validation, the broker), the
+            # caller may try again: a hold granted to a message never sent is given back.
+            gate.give_back()
             raise
+        if not gate.checked:  # Celery returned without publishing through the gate
+            gate.give_back()
+        _refusals.forget(key)
+        return result
+
+    def _can_overlap(self, options: Mapping[str, Any]) -> bool:
+        # Only while nothing can observe the message before our gate: an eager call
+        # runs the task instead of publishing, connection= makes Celery use its own
+        # producer, and a before_task_publish receiver (tracing, audit) would be told of
+        # a duplicate that is then never published.
+        return not (
+            self.app.conf.task_always_eager
+            or options.get("connection") is not None
+            or before_task_publish.receivers
+        )
 
     def _publisher(
         self, args: Any, kwargs: Any, *, producer: Any, link: Any, link_error: Any, shadow: Any
-    ) -> Callable[[str | None, dict[str, Any], dict[str, Any]], Any]:
-        def publish(task_id: str | None, options: dict[str, Any], ours: dict[str, Any]) -> Any:
+    ) -> _Publish:
+        def publish(
+            task_id: str | None, options: dict[str, Any], ours: dict[str, Any], via: Any = None
+        ) -> Any:
             headers = {**(options.pop("headers", None) or {}), **ours}
             if TOKEN_HEADER not in ours:
                 headers.pop(TOKEN_HEADER, None)  # a copied request must not claim a stale hold
@@ -297,7 +333,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 args,
                 kwargs,
                 task_id=task_id,
-                producer=producer,
+                producer=via or producer,
                 link=link,
                 link_error=link_error,
                 shadow=shadow,
@@ -345,7 +381,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         task_id: str,
         options: dict[str, Any],
         *,
-        publish: Callable[[str | None, dict[str, Any], dict[str, Any]], Any],
+        publish: _Publish,
     ) -> Any:
         store = self._singleton_store.lock
         token = queued_token(task_id)
@@ -497,6 +533,99 @@ class SingletonTask(Task):  # type: ignore[misc]
         countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
         self._requeue(key, attempt, countdown)
         raise AssertionError("unreachable")  # pragma: no cover - _requeue raises
+
+
+class _RecentRefusals:
+    """Keys this process was refused recently, until their holder's lease runs out.
+
+    Only picks the order of a dispatch, never its outcome (Redis decides every time):
+    a key just refused is likely refused again (a storm of duplicates), and then asking
+    first is cheaper than building a message that will not be sent.
+    """
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def expects(self, key: str) -> bool:
+        until = self._until.get(key)
+        return until is not None and until > time.monotonic()
+
+    def note(self, key: str, retry_after: float | None) -> None:
+        if len(self._until) >= self.LIMIT:
+            self._until.clear()  # cheaper than an LRU; a forgotten key costs one overlap
+        self._until[key] = time.monotonic() + (1.0 if retry_after is None else retry_after)
+
+    def forget(self, key: str) -> None:
+        self._until.pop(key, None)
+
+
+_refusals = _RecentRefusals()
+
+
+class _Refused(BaseException):  # noqa: N818  (a signal between two frames, not an error)
+    """Raised by the gated producer for a duplicate, caught by ``apply_async``.
+
+    A BaseException so that nothing between the two (Celery wraps publishing in
+    retry-and-log handlers for Exception) takes it for a failed publish.
+    """
+
+    def __init__(self, held: Contended) -> None:
+        super().__init__(held.key)
+        self.held = held
+
+
+class _Gate:
+    """The answer to a dispatch's acquire, checked once before its message leaves."""
+
+    __slots__ = ("_key", "_pending", "_task", "checked")
+
+    def __init__(self, task: SingletonTask, key: str, pending: PendingAcquire) -> None:
+        self._task = task
+        self._key = key
+        self._pending = pending
+        self.checked = False
+
+    def check(self) -> None:
+        """Return to publish; raise ``_Refused`` for a duplicate, or the store error."""
+        self.checked = True
+        try:
+            outcome = self._pending.outcome()
+        except redis.RedisError as error:
+            # fail_closed raises; fail_open publishes. The message's token then claims a
+            # hold that may not exist, which only means it meets on_contention if taken.
+            self._task._redis_error_at_dispatch(self._key, error)
+            return
+        if isinstance(outcome, Contended):
+            raise _Refused(outcome)
+
+    def give_back(self) -> None:
+        """The message was not published: release the hold if one was granted."""
+        try:
+            outcome = self._pending.outcome()
+        except redis.RedisError:
+            return  # nothing known to give back; a hold would expire by its queue_ttl
+        if isinstance(outcome, Lease):
+            _quietly(self._task._singleton_store.lock.release, outcome)
+
+
+class _GatedProducer:
+    """Celery's producer, made to wait for the gate before a message leaves."""
+
+    __slots__ = ("_gate", "_producer")
+
+    def __init__(self, producer: Any, gate: _Gate) -> None:
+        self._producer = producer
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._gate.checked:  # Celery may call again to retry a failed publish
+            self._gate.check()
+        return self._producer.publish(*args, **kwargs)
 
 
 def _quietly(release: Callable[[Lease], object], lease: Lease) -> None:
