@@ -41,10 +41,12 @@ def pack(encoding: str, args: Sequence[Any]) -> bytes:
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
         if isinstance(arg, str):
-            arg = arg.encode(encoding)
-        elif not isinstance(arg, bytes):
-            arg = b"%d" % arg
-        parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+            data = arg.encode(encoding)
+        elif isinstance(arg, bytes):
+            data = arg
+        else:
+            data = b"%d" % arg
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
 
@@ -66,7 +68,7 @@ class Wire:
             and pool is not None
             and getattr(pool, "cache", None) is None
         )
-        self._pool = pool
+        self._pool: Any = pool
         self._named = self.direct and _takes_command_name(pool)
         kwargs = getattr(pool, "connection_kwargs", {})
         self._encoding = kwargs.get("encoding", "utf-8")
@@ -138,7 +140,7 @@ class Reply:
         if self._pending is not None:
             pending, self._pending = self._pending, None
             try:
-                self._value = self._read(*pending)
+                self._value = self._read(pending)
             except BaseException as error:
                 self._error = error
                 raise
@@ -147,10 +149,9 @@ class Reply:
         return self._value
 
     @staticmethod
-    def _read(
-        wire: Wire, conn: Any, own: bool, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> Any:
+    def _read(pending: tuple[Wire, Any, bool, Script, Sequence[Any], Sequence[Any]]) -> Any:
         # Every way out checks the connection back in exactly once.
+        wire, conn, own, script, keys, args = pending
         try:
             value = conn.read_response()
         except NoScriptError:

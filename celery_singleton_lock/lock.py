@@ -25,8 +25,8 @@ import redis
 import redis.asyncio
 
 from . import _scripts
-from ._wire import Reply, Wire
 from ._time import full_jitter, to_seconds, ttl_to_ms
+from ._wire import Reply, Wire
 from .exceptions import ConfigurationError, LockLostError, LockNotAcquiredError
 from .renewal import Renewer, get_renewer
 
@@ -790,6 +790,31 @@ class PendingAcquire:
         pending._reply = None
         pending._outcome = outcome
         return pending
+
+    @property
+    def name(self) -> str:
+        return self._call.name if self._outcome is None else self._outcome.name
+
+    def presumed(self) -> Lease | None:
+        """The lease this grants if the answer is yes, before it is read: to renew at once.
+
+        None when the answer is known to be no. Unfenced acquires only (a fence comes
+        from the answer). Renewing a presumed lease that was refused is harmless: its
+        extend is owner-checked.
+        """
+        if self._outcome is not None:
+            return self._outcome if isinstance(self._outcome, Lease) else None
+        call = self._call
+        if call.fenced:
+            raise RuntimeError("presumed() needs an unfenced acquire whose answer is unread")
+        return Lease(
+            name=call.name,
+            key=call.keys.lock,
+            token=call.token,
+            fence=0,
+            ttl=call.ttl_ms / 1000,
+            _state=_LeaseState(expires_at=self._sent_at + call.ttl_ms / 1000),
+        )
 
     def outcome(self) -> Lease | Contended:
         if self._outcome is None:

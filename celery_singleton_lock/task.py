@@ -31,8 +31,8 @@ from typing import Any, ClassVar, TypeAlias
 
 import redis
 from celery import Task
-from celery.signals import before_task_publish
 from celery.exceptions import Ignore
+from celery.signals import before_task_publish
 from celery.utils import uuid
 
 from . import signals as singleton_signals
@@ -564,7 +564,7 @@ class _RecentRefusals:
 _refusals = _RecentRefusals()
 
 
-class _Refused(BaseException):  # noqa: N818  (a signal between two frames, not an error)
+class _Refused(BaseException):
     """Raised by the gated producer for a duplicate, caught by ``apply_async``.
 
     A BaseException so that nothing between the two (Celery wraps publishing in
