@@ -304,6 +304,19 @@ class _Call:
     fenced: bool
 
 
+def _granted_lease(call: _Call, *, fence: int, sent_at: float) -> Lease:
+    """The lease ``call`` holds once granted; its TTL counts from when it was sent."""
+    ttl = call.ttl_ms / 1000
+    return Lease(
+        name=call.name,
+        key=call.keys.lock,
+        token=call.token,
+        fence=fence,
+        ttl=ttl,
+        _state=_LeaseState(expires_at=sent_at + ttl),
+    )
+
+
 @dataclass(frozen=True)
 class _Try:
     announce: bool  # register as a waiter if this try fails (push waits only)
@@ -455,14 +468,7 @@ class _LockBase:
 
     def _acquired(self, call: _Call, *, sent_at: float, reply: Any) -> Lease | Contended:
         if int(reply[0]) == 1:
-            lease = Lease(
-                name=call.name,
-                key=call.keys.lock,
-                token=call.token,
-                fence=int(reply[1]),
-                ttl=call.ttl_ms / 1000,
-                _state=_LeaseState(expires_at=sent_at + call.ttl_ms / 1000),
-            )
+            lease = _granted_lease(call, fence=int(reply[1]), sent_at=sent_at)
             logger.debug("acquired %s (fence %d)", lease.key, lease.fence)
             return lease
         pttl = int(reply[2])
@@ -807,14 +813,7 @@ class PendingAcquire:
         call = self._call
         if call.fenced:
             raise RuntimeError("presumed() needs an unfenced acquire whose answer is unread")
-        return Lease(
-            name=call.name,
-            key=call.keys.lock,
-            token=call.token,
-            fence=0,
-            ttl=call.ttl_ms / 1000,
-            _state=_LeaseState(expires_at=self._sent_at + call.ttl_ms / 1000),
-        )
+        return _granted_lease(call, fence=0, sent_at=self._sent_at)
 
     def outcome(self) -> Lease | Contended:
         if self._outcome is None:
