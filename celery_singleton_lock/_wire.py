@@ -18,16 +18,21 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
+from redis._parsers.base import BaseParser
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 # The transport failures after which the command may or may not have run: the
 # connection is dropped and the call retried through redis-py.
 _TRANSPORT = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+# SET's options for a hold: only if the key is free, and say who holds it if not.
+HOLD_OPTIONS = ("NX", "GET")
 
 
 def _takes_command_name(pool: Any) -> bool:
@@ -58,7 +63,7 @@ class Wire:
     borrows another from the pool for the nested call.
     """
 
-    __slots__ = ("_encoding", "_local", "_named", "_pool", "direct")
+    __slots__ = ("_encoding", "_local", "_named", "_pool", "direct", "holds")
 
     def __init__(self, client: Any) -> None:
         pool = getattr(client, "connection_pool", None)
@@ -70,6 +75,9 @@ class Wire:
         )
         self._pool: Any = pool
         self._named = self.direct and _takes_command_name(pool)
+        # Whether the server takes SET with both NX and GET (Redis >= 7.0); learnt from
+        # the first refusal, so older servers cost one extra round trip, once.
+        self.holds = True
         kwargs = getattr(pool, "connection_kwargs", {})
         self._encoding = kwargs.get("encoding", "utf-8")
         self._local = threading.local()
@@ -104,25 +112,90 @@ class Wire:
 
     def send(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Reply:
         """Write the call and return at once; ``Reply.get()`` reads the answer."""
+
+        def fallback() -> Any:
+            return script(keys=keys, args=args)
+
         if not self.direct:
-            return Reply(script(keys=keys, args=args))
+            return Reply(fallback())
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
+        return self._send((command,), _Exchange(fallback, rescue=NoScriptError))
+
+    def send_hold(self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Any]) -> Reply:
+        """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.
+
+        Answers like the acquire script (``{1, 0}`` or ``{0, holder, pttl}``) at a tenth
+        of its server time. ``fallback`` runs that script instead where the server is
+        older than Redis 7.0 (NX with GET is a syntax error there; remembered) or the
+        SET is refused for any other reason (a non-string value at the key).
+        """
+        if not (self.direct and self.holds):
+            return Reply(fallback())
+        held = token.encode(self._encoding)
+
+        def answer(replies: list[Any]) -> list[Any]:
+            current, pttl = replies
+            if current is None or current in (held, token):  # own: a retried call's answer
+                return [1, 0]
+            return [0, current, 0 if pttl == -2 else pttl]  # -2: gone since the SET
+
+        def unsupported(error: redis.ResponseError) -> bool:
+            if "syntax" in str(error).lower():
+                self.holds = False
+            return True
+
+        commands = (("SET", key, token, "PX", ttl_ms, *HOLD_OPTIONS), ("PTTL", key))
+        return self._send(commands, _Exchange(fallback, rescue=unsupported, convert=answer))
+
+    def _send(self, commands: Sequence[Sequence[Any]], exchange: _Exchange) -> Reply:
         conn, own = self._checkout()
         try:
-            command = pack(self._encoding, ("EVALSHA", script.sha, len(keys), *keys, *args))
-            conn.send_packed_command([command], check_health=False)
+            if conn._sock is None:
+                conn.connect()  # redis-py's handshake (AUTH, HELLO, SELECT) on its parser
+            sock = conn._sock
+            sock.sendall(b"".join(pack(self._encoding, command) for command in commands))
         except _TRANSPORT:
             self._checkin(conn, own, broken=True)
-            return Reply(script(keys=keys, args=args))
+            return Reply(exchange.fallback())
         except BaseException:
             self._checkin(conn, own, broken=True)
             raise
         reply = Reply()
-        reply._pending = (self, conn, own, script, keys, args)
+        reply._pending = (self, conn, own, sock, len(commands), exchange)
         return reply
 
     def call(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """One script call, one round trip."""
         return self.send(script, keys, args).get()
+
+
+class _Exchange:
+    """How to finish a sent call: read its replies, or go back to redis-py's path.
+
+    ``fallback`` gives the same answer through redis-py; it runs after a transport error
+    and after an error reply ``rescue`` accepts (an exception class or a predicate).
+    ``convert`` turns the replies (a list when there are several) into the answer.
+    """
+
+    __slots__ = ("convert", "fallback", "rescue")
+
+    def __init__(
+        self,
+        fallback: Callable[[], Any],
+        *,
+        rescue: type[redis.ResponseError] | Callable[[redis.ResponseError], bool],
+        convert: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
+        self.fallback = fallback
+        self.rescue = rescue
+        self.convert = convert
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        rescue = self.rescue
+        if isinstance(rescue, type):
+            return isinstance(error, rescue)
+        return rescue(error)
 
 
 class Reply:
@@ -133,7 +206,7 @@ class Reply:
     def __init__(self, value: Any = None) -> None:
         self._value = value
         self._error: BaseException | None = None
-        self._pending: tuple[Wire, Any, bool, Script, Sequence[Any], Sequence[Any]] | None = None
+        self._pending: _Pending | None = None
 
     def get(self) -> Any:
         """The script's reply, or what the call raised (every time it is asked)."""
@@ -149,24 +222,101 @@ class Reply:
         return self._value
 
     @staticmethod
-    def _read(pending: tuple[Wire, Any, bool, Script, Sequence[Any], Sequence[Any]]) -> Any:
-        # Every way out checks the connection back in exactly once.
-        wire, conn, own, script, keys, args = pending
+    def _read(pending: _Pending) -> Any:
+        # Every way out checks the connection back in exactly once. The replies are read
+        # straight off the socket: redis-py's parser never holds unread bytes between
+        # replies, and anything unexpected (a push message, bytes beyond the replies)
+        # drops the connection and asks again through redis-py.
+        wire, conn, own, sock, count, exchange = pending
         try:
-            value = conn.read_response()
-        except NoScriptError:
-            # A restarted or flushed server: redis-py loads the script and runs it.
-            wire._checkin(conn, own)
-            return script(keys=keys, args=args)
-        except _TRANSPORT:
+            replies = _receive(sock, count)
+        except (*_TRANSPORT, _OutOfStep):
             wire._checkin(conn, own, broken=True)
-            return script(keys=keys, args=args)
-        except redis.ResponseError:
-            wire._checkin(conn, own)  # the server answered; the connection is in step
-            raise
+            return exchange.fallback()
         except BaseException:
             # Interrupted mid-read: the connection's state is unknown, never reuse it.
             wire._checkin(conn, own, broken=True)
             raise
         wire._checkin(conn, own)
-        return value
+        for value in replies:
+            if isinstance(value, _ErrorReply):
+                error = BaseParser.parse_error(value.message)  # type: ignore[no-untyped-call]
+                if exchange.rescues(error):
+                    return exchange.fallback()
+                raise error
+        if exchange.convert is not None:
+            return exchange.convert(replies)
+        return replies[0]
+
+
+_Pending = tuple[Wire, Any, bool, Any, int, "_Exchange"]
+
+
+class _OutOfStep(Exception):
+    """The bytes on the connection are not the replies asked for."""
+
+
+class _Incomplete(Exception):
+    """More bytes are needed to finish a reply."""
+
+
+class _ErrorReply:
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def _receive(sock: Any, count: int) -> list[Any]:
+    """Read exactly ``count`` replies from ``sock``."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise redis.ConnectionError("the server closed the connection")
+        data += chunk
+        try:
+            replies, end = [], 0
+            for _ in range(count):
+                value, end = _parse(data, end)
+                replies.append(value)
+        except _Incomplete:
+            continue
+        if end != len(data):
+            raise _OutOfStep
+        return replies
+
+
+def _parse(data: bytes, start: int) -> tuple[Any, int]:
+    """One RESP2/RESP3 reply of the kinds scripts and SET/PTTL give, from ``start``."""
+    end = data.find(b"\r\n", start)
+    if end < 0:
+        raise _Incomplete
+    kind, line, after = data[start], data[start + 1 : end], end + 2
+    if kind == 36:  # '$' bulk string
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(data) < after + size + 2:
+            raise _Incomplete
+        return data[after : after + size], after + size + 2
+    if kind == 42:  # '*' array
+        items = []
+        for _ in range(int(line)):
+            item, after = _parse(data, after)
+            items.append(item)
+        return items, after
+    simple = _ONE_LINE.get(kind)
+    if simple is None:
+        raise _OutOfStep  # a push message or a type no call here asks for
+    return simple(line), after
+
+
+# The replies that fit on their first line: ':' integer, '+' simple string, '-' error,
+# '_' RESP3 null.
+_ONE_LINE: dict[int, Callable[[bytes], Any]] = {
+    58: int,
+    43: bytes,
+    45: lambda line: _ErrorReply(line.decode("utf-8", "replace")),
+    95: lambda _: None,
+}

@@ -43,9 +43,12 @@ MAX_FORMATTED = 200
 _FORMAT_SCALARS = (str, int, float, Decimal, uuid.UUID, datetime, date, time, bytes, type(None))
 
 
+# One encoder for every call: json.dumps builds a new one whenever options are given.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
+
+
 def _digest(document: object) -> str:
-    text = json.dumps(document, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    return hashlib.sha256(_JSON.encode(document).encode("ascii")).hexdigest()
 
 
 def _json_key(key: object, path: str) -> str:

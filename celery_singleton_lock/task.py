@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
+import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -75,8 +75,15 @@ OPTION_NAMES = ("key", "on_duplicate", "on_contention", "ttl", "queue_ttl", "ded
 # -- tokens ---------------------------------------------------------------------------
 
 
+def _nonce() -> str:
+    # Tells apart two holds of one task id (a task_id= reused by the caller); it needs
+    # to be unique, not secret. random reseeds in a forked child, and unlike secrets
+    # it costs no system call on the dispatch path.
+    return f"{random.getrandbits(48):012x}"
+
+
 def queued_token(task_id: str) -> str:
-    return f"q|{secrets.token_hex(6)}|{task_id}"
+    return f"q|{_nonce()}|{task_id}"
 
 
 def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:
@@ -86,7 +93,7 @@ def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:
 
 def reserved_token(task_id: str, hostname: str) -> str:
     prefix, suffix = reserved_shape(hostname, task_id)
-    return f"{prefix}{secrets.token_hex(6)}{suffix}"
+    return f"{prefix}{_nonce()}{suffix}"
 
 
 def running_prefix(hostname: str, pid: int) -> str:
@@ -94,7 +101,7 @@ def running_prefix(hostname: str, pid: int) -> str:
 
 
 def running_token(task_id: str, hostname: str, pid: int) -> str:
-    return f"{running_prefix(hostname, pid)}{secrets.token_hex(6)}|{task_id}"
+    return f"{running_prefix(hostname, pid)}{_nonce()}|{task_id}"
 
 
 def holder_task_id(token: str | None) -> str | None:

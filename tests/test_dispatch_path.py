@@ -14,7 +14,7 @@ import pytest
 import redis
 from celery.signals import before_task_publish
 
-from celery_singleton_lock import Contended, Lease, RedisLock
+from celery_singleton_lock import Contended, Lease, RedisLock, _wire
 from celery_singleton_lock.task import KEY_HEADER, TOKEN_HEADER
 
 from .conftest import CeleryEnv
@@ -174,3 +174,100 @@ class TestLeanCalls:
         with pytest.raises(RuntimeError):
             pending.presumed()
         pending.outcome()
+
+
+def calls(raw: redis.Redis, command: str) -> int:
+    return int(raw.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+class TestScriptlessHolds:
+    """Unfenced holds use SET NX GET and PTTL, pipelined, where the server has them."""
+
+    def test_a_hold_is_taken_without_a_script(self, lock: RedisLock, raw: redis.Redis) -> None:
+        raw.config_resetstat()
+        hold = lock.try_acquire("plain", 10, token="tok-a", fenced=False)
+        assert isinstance(hold, Lease)
+        assert raw.get(hold.key) == b"tok-a"
+        assert 9000 < raw.pttl(hold.key) <= 10000
+        assert calls(raw, "evalsha") == 0
+        assert calls(raw, "set") == 1
+
+    def test_a_refused_hold_names_the_holder_and_its_time_left(self, lock: RedisLock) -> None:
+        lock.try_acquire("taken", 10, token="tok-a", fenced=False)
+        refused = lock.try_acquire("taken", 5, token="tok-b", fenced=False)
+        assert isinstance(refused, Contended)
+        assert refused.holder == "tok-a"
+        assert refused.retry_after is not None
+        assert 9 < refused.retry_after <= 10
+
+    def test_the_holders_own_token_is_granted_again(self, lock: RedisLock) -> None:
+        # Both client flavours (bytes and decode_responses) through the lock fixture.
+        assert isinstance(lock.try_acquire("own", 10, token="tok-1", fenced=False), Lease)
+        assert isinstance(lock.try_acquire("own", 10, token="tok-1", fenced=False), Lease)
+        assert isinstance(lock.try_acquire("own", 10, token="tok-2", fenced=False), Contended)
+
+    def test_a_foreign_value_at_the_key_is_answered_by_the_script(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        raw.rpush(lock.keys("list").lock, "not a lock")  # SET ... GET: WRONGTYPE
+        refused = lock.try_acquire("list", 10, fenced=False)
+        assert isinstance(refused, Contended)
+        assert refused.holder == ""
+        assert lock._wire.holds  # a one-off refusal, not an old server
+
+    def test_a_server_without_set_nx_get_is_remembered_and_answered_by_the_script(
+        self, lock: RedisLock, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # NX with XX is a syntax error on every server: the answer Redis < 7.0 gives to
+        # NX with GET.
+        monkeypatch.setattr(_wire, "HOLD_OPTIONS", ("NX", "XX", "GET"))
+        raw.config_resetstat()
+        first = lock.try_acquire("old-1", 10, token="tok-a", fenced=False)
+        assert isinstance(first, Lease)
+        assert not lock._wire.holds
+        assert isinstance(lock.try_acquire("old-1", 10, token="tok-b", fenced=False), Contended)
+        assert isinstance(lock.try_acquire("old-2", 10, fenced=False), Lease)
+        assert calls(raw, "evalsha") == 3  # every hold, the first one after its refusal
+        assert raw.get(lock.keys("old-1").lock) == b"tok-a"
+
+    def test_the_connection_stays_in_step_for_later_calls(self, lock: RedisLock) -> None:
+        for n in range(50):
+            pending = lock.begin_try_acquire(f"step-{n % 5}", 10, token=f"t{n}", fenced=False)
+            lease = lock.try_acquire(f"other-{n}", 10)  # borrows a second connection
+            assert isinstance(lease, Lease)
+            outcome = pending.outcome()
+            assert isinstance(outcome, Lease) == (n < 5)
+            assert lock.release(lease).name == "RELEASED"
+
+
+class _Chunks:
+    """A socket that hands out prepared chunks, for the reply reader alone."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+
+    def recv(self, _size: int) -> bytes:
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+class TestReplyReader:
+    def test_replies_split_anywhere_are_reassembled(self) -> None:
+        data = b"*3\r\n:0\r\n$5\r\nab\r\nc\r\n:-1\r\n$-1\r\n_\r\n+OK\r\n"
+        expected = [[0, b"ab\r\nc", -1], None, None, b"OK"]
+        for cut in range(1, len(data)):
+            assert _wire._receive(_Chunks(data[:cut], data[cut:]), 4) == expected
+
+    def test_an_error_reply_becomes_the_redis_exception(self) -> None:
+        (error,) = _wire._receive(_Chunks(b"-NOSCRIPT No matching script\r\n"), 1)
+        assert isinstance(error, _wire._ErrorReply)
+        assert error.message.startswith("NOSCRIPT")
+
+    def test_anything_but_the_replies_asked_for_is_out_of_step(self) -> None:
+        with pytest.raises(_wire._OutOfStep):
+            _wire._receive(_Chunks(b":1\r\n:2\r\n"), 1)  # a reply nobody asked for
+        with pytest.raises(_wire._OutOfStep):
+            _wire._receive(_Chunks(b">2\r\n$10\r\ninvalidate\r\n*0\r\n"), 1)  # a push
+
+    def test_a_closed_connection_is_a_connection_error(self) -> None:
+        with pytest.raises(redis.ConnectionError):
+            _wire._receive(_Chunks(b"*2\r\n:1\r\n"), 1)
