@@ -16,6 +16,7 @@ caching) always take redis-py's path.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ from redis.exceptions import NoScriptError
 # connection is dropped and the call retried through redis-py.
 _TRANSPORT = (redis.ConnectionError, redis.TimeoutError, OSError)
 
+
+logger = logging.getLogger(__name__)
 
 # SET's options for a hold: only if the key is free, and say who holds it if not.
 HOLD_OPTIONS = ("NX", "GET")
@@ -87,17 +90,46 @@ class Wire:
         local = self._local
         own = getattr(local, "conn", None)
         if own is not None and local.pid == os.getpid():
+            if local.busy and local.deferred:
+                self._read_deferred()
             if not local.busy:
                 local.busy = True
                 return own, True
         elif own is not None:
-            local.conn = own = None  # inherited over fork: the parent's socket, never ours
+            # Inherited over fork: the parent's socket and its unread answers, never ours.
+            local.conn = own = None
+            local.deferred = []
         pool = self._pool
         conn = pool.get_connection("EVALSHA") if self._named else pool.get_connection()
         if own is None:
             local.conn, local.pid, local.busy = conn, os.getpid(), True
+            local.deferred = getattr(local, "deferred", [])
             return conn, True
         return conn, False
+
+    def defer(self, reply: Reply, then: Callable[[Any], object]) -> None:
+        """Read ``reply`` later, before this thread's next call, and hand it to ``then``.
+
+        For answers nobody waits for (a release at the end of a task): the command
+        is on its way already; reading its answer with the next call on the connection
+        saves the caller a round trip. Errors are logged, never raised into that call.
+        """
+        if reply._pending is None:  # answered already (redis-py's path)
+            self._answer(reply, then)
+        else:
+            self._local.deferred.append((reply, then))
+
+    def _read_deferred(self) -> None:
+        deferred, self._local.deferred = self._local.deferred, []
+        for reply, then in deferred:
+            self._answer(reply, then)
+
+    @staticmethod
+    def _answer(reply: Reply, then: Callable[[Any], object]) -> None:
+        try:
+            then(reply.get())
+        except Exception as error:  # the caller is long gone: say so, raise nothing
+            logger.warning("a call whose answer was read later failed: %s", error)
 
     def _checkin(self, conn: Any, own: bool, *, broken: bool = False) -> None:
         if broken:

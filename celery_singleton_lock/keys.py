@@ -94,6 +94,11 @@ def encode(value: object, path: str = "argument") -> object:
     Tags keep ``7`` and ``"7"``, ``1`` and ``1.0`` and ``True`` apart; strings are JSON
     strings, so no separator inside one can collide with the structure around it.
     """
+    kind = type(value)
+    if kind is str:  # the common cases first, exactly as the table below encodes them
+        return ["s", value]
+    if kind is int:
+        return ["i", str(value)]
     if value is None:
         return ["n"]
     if isinstance(value, list | tuple):

@@ -189,6 +189,9 @@ class MemoryLock:
         lease._state.released = True
         return self._drop(lease.key, lambda token: token == lease.token)
 
+    def release_nowait(self, lease: Lease) -> None:
+        self.release(lease)
+
     def release_token(self, name: str, token: str) -> ReleaseResult:
         return self._drop(self.keys(name).lock, lambda current: current == token)
 

@@ -428,7 +428,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         finally:
             request.singleton_lease = None
             if lease.token and not getattr(request, "singleton_handed_over", False):
-                _quietly(self._singleton_store.lock.release, lease)
+                # In a worker the release is sent now and its answer read at the child's
+                # next lock call: nothing here acts on it, and the child is free for its
+                # next task a round trip sooner. An eager caller may look at the key next.
+                store = self._singleton_store.lock
+                _quietly(store.release if request.is_eager else store.release_nowait, lease)
 
     def _take_lease(self, request: Any, args: Any, kwargs: Any) -> Lease:
         key = header(request, KEY_HEADER) or self.singleton_options().key.derive(args, kwargs)

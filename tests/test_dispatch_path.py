@@ -271,3 +271,36 @@ class TestReplyReader:
     def test_a_closed_connection_is_a_connection_error(self) -> None:
         with pytest.raises(redis.ConnectionError):
             _wire._receive(_Chunks(b"*2\r\n:1\r\n"), 1)
+
+
+class TestAnswersReadLater:
+    def test_a_release_sent_without_waiting_frees_the_key_at_once(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("later", 10)
+        lock.release_nowait(lease)
+        assert raw.exists(lease.key) == 0  # Redis ran it; only its answer waits
+        assert lease._state.released
+
+    def test_its_answer_is_read_before_the_threads_next_call(
+        self, lock: RedisLock, raw: redis.Redis, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        lease = lock.acquire("later-lost", 10)
+        raw.set(lease.key, "someone else")
+        lock.release_nowait(lease)
+        assert lease._state.lost_reason is None  # not read yet
+        with caplog.at_level("INFO", logger="celery_singleton_lock.lock"):
+            assert isinstance(lock.try_acquire("later-next", 10), Lease)
+        assert lease._state.lost_reason is not None
+        assert "NOT_OWNER" in caplog.text
+        assert raw.get(lease.key) == b"someone else"
+
+    def test_a_broken_connection_retries_the_release(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        assert isinstance(lock.try_acquire("warm", 10), Lease)
+        raw.client_kill_filter(_type="normal", skipme=True)
+        lease = lock.acquire("later-broken", 10)  # on a fresh connection
+        lock.release_nowait(lease)
+        lock.try_acquire("later-after", 10)
+        assert raw.exists(lease.key) == 0
