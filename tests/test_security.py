@@ -11,12 +11,18 @@ import pytest
 import redis
 import trustme
 
-from celery_singleton_lock import LockNotAcquiredError, RedisLock, ReleaseResult
+from celery_singleton_lock import Contended, Lease, LockNotAcquiredError, RedisLock, ReleaseResult
 from celery_singleton_lock.lock import redacted_url
 
 from .servers import RedisServer
 
 SECRET = "s3cr3t-Pa55word"
+# What README.md tells an ACL user to allow: the calls the lock makes and the commands
+# its scripts run.
+NARROW_COMMANDS = (
+    "+evalsha", "+script|load", "+set", "+get", "+pttl", "+blpop",
+    "+del", "+exists", "+pexpire", "+rpush", "+time",
+)  # fmt: skip
 
 
 def exercise(lock: RedisLock) -> None:
@@ -69,6 +75,30 @@ class TestAuth:
             == f"RedisLock(redis://locker:***@127.0.0.1:{password_server.port}/0, prefix='acl')"
         )
         assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+    def test_an_acl_user_with_only_the_documented_commands_and_keys(
+        self, password_server: RedisServer
+    ) -> None:
+        admin = password_server.client()
+        admin.execute_command(
+            "ACL", "SETUSER", "narrow", "on", f">{SECRET}", "~narrow:*", *NARROW_COMMANDS
+        )
+        admin.close()
+        url = f"redis://narrow:{SECRET}@127.0.0.1:{password_server.port}/0"
+        lock = RedisLock.from_url(url, prefix="narrow")
+        exercise(lock)
+        hold = lock.try_acquire("queued", 10, fenced=False)  # SET NX GET, not a script
+        assert isinstance(hold, Lease)
+        assert isinstance(lock.try_acquire("queued", 10, fenced=False), Contended)
+        lock.release_nowait(hold)
+        with lock.hold("held", ttl=5) as lease:
+            assert lock.holder("held") == lease.token
+            waiter = threading.Thread(target=lambda: lock.acquire("held", 5, timeout=5))
+            waiter.start()
+        waiter.join(5)
+        assert not waiter.is_alive()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            lock.client.set("elsewhere", 1)  # the user is confined to the prefix
 
     def test_wrong_password_fails_with_redis_auth_error(self, password_server: RedisServer) -> None:
         lock = RedisLock.from_url(f"redis://:wrong@127.0.0.1:{password_server.port}/0")
