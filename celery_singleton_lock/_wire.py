@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -144,15 +145,10 @@ class Wire:
 
     def send(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Reply:
         """Write the call and return at once; ``Reply.get()`` reads the answer."""
-
-        def fallback() -> Any:
-            return script(keys=keys, args=args)
-
+        exchange = _ScriptCall(script, keys, args)
         if not self.direct:
-            return Reply(fallback())
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
-        return self._send((command,), _Exchange(fallback, rescue=NoScriptError))
+            return Reply(exchange.fallback())
+        return self._send((("EVALSHA", script.sha, len(keys), *keys, *args),), exchange)
 
     def send_hold(self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Any]) -> Reply:
         """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.
@@ -164,21 +160,8 @@ class Wire:
         """
         if not (self.direct and self.holds):
             return Reply(fallback())
-        held = token.encode(self._encoding)
-
-        def answer(replies: list[Any]) -> list[Any]:
-            current, pttl = replies
-            if current is None or current in (held, token):  # own: a retried call's answer
-                return [1, 0]
-            return [0, current, 0 if pttl == -2 else pttl]  # -2: gone since the SET
-
-        def unsupported(error: redis.ResponseError) -> bool:
-            if "syntax" in str(error).lower():
-                self.holds = False
-            return True
-
         commands = (("SET", key, token, "PX", ttl_ms, *HOLD_OPTIONS), ("PTTL", key))
-        return self._send(commands, _Exchange(fallback, rescue=unsupported, convert=answer))
+        return self._send(commands, _Hold(self, token, fallback))
 
     def _send(self, commands: Sequence[Sequence[Any]], exchange: _Exchange) -> Reply:
         conn, own = self._checkout()
@@ -186,7 +169,7 @@ class Wire:
             if conn._sock is None:
                 conn.connect()  # redis-py's handshake (AUTH, HELLO, SELECT) on its parser
             sock = conn._sock
-            sock.sendall(b"".join(pack(self._encoding, command) for command in commands))
+            _write(sock, b"".join(pack(self._encoding, command) for command in commands))
         except _TRANSPORT:
             self._checkin(conn, own, broken=True)
             return Reply(exchange.fallback())
@@ -203,31 +186,59 @@ class Wire:
 
 
 class _Exchange:
-    """How to finish a sent call: read its replies, or go back to redis-py's path.
+    """How to finish a sent call: turn its replies into the answer, or go back to
+    redis-py's path (``fallback``, the same answer) after a transport error or an error
+    reply it ``rescues``."""
 
-    ``fallback`` gives the same answer through redis-py; it runs after a transport error
-    and after an error reply ``rescue`` accepts (an exception class or a predicate).
-    ``convert`` turns the replies (a list when there are several) into the answer.
-    """
+    __slots__ = ()
 
-    __slots__ = ("convert", "fallback", "rescue")
-
-    def __init__(
-        self,
-        fallback: Callable[[], Any],
-        *,
-        rescue: type[redis.ResponseError] | Callable[[redis.ResponseError], bool],
-        convert: Callable[[list[Any]], Any] | None = None,
-    ) -> None:
-        self.fallback = fallback
-        self.rescue = rescue
-        self.convert = convert
+    def fallback(self) -> Any:
+        raise NotImplementedError
 
     def rescues(self, error: redis.ResponseError) -> bool:
-        rescue = self.rescue
-        if isinstance(rescue, type):
-            return isinstance(error, rescue)
-        return rescue(error)
+        raise NotImplementedError
+
+    def convert(self, replies: list[Any]) -> Any:
+        raise NotImplementedError
+
+
+class _ScriptCall(_Exchange):
+    __slots__ = ("args", "keys", "script")
+
+    def __init__(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> None:
+        self.script, self.keys, self.args = script, keys, args
+
+    def fallback(self) -> Any:
+        return self.script(keys=self.keys, args=self.args)
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
+        return isinstance(error, NoScriptError)
+
+    def convert(self, replies: list[Any]) -> Any:
+        return replies[0]
+
+
+class _Hold(_Exchange):
+    __slots__ = ("_fallback", "held", "token", "wire")
+
+    def __init__(self, wire: Wire, token: str, fallback: Callable[[], Any]) -> None:
+        self.wire, self.token, self._fallback = wire, token, fallback
+        self.held = token.encode(wire._encoding)
+
+    def fallback(self) -> Any:
+        return self._fallback()
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        if "syntax" in str(error).lower():
+            self.wire.holds = False
+        return True
+
+    def convert(self, replies: list[Any]) -> list[Any]:
+        current, pttl = replies
+        if current is None or current in (self.held, self.token):  # own: a retried call
+            return [1, 0]
+        return [0, current, 0 if pttl == -2 else pttl]  # -2: gone since the SET
 
 
 class Reply:
@@ -276,9 +287,7 @@ class Reply:
                 if exchange.rescues(error):
                     return exchange.fallback()
                 raise error
-        if exchange.convert is not None:
-            return exchange.convert(replies)
-        return replies[0]
+        return exchange.convert(replies)
 
 
 _Pending = tuple[Wire, Any, bool, Any, int, "_Exchange"]
@@ -299,11 +308,36 @@ class _ErrorReply:
         self.message = message
 
 
+def _write(sock: Any, data: bytes) -> None:
+    # A socket with a timeout (ours have one) makes Python poll() before every send and
+    # recv: a system call more each way, per round trip. Its descriptor is non-blocking,
+    # so try the call itself first and wait, within the timeout, only if it would block.
+    # TLS sockets keep their own path (their bytes are not the descriptor's).
+    if not isinstance(sock, ssl.SSLSocket):
+        try:
+            sent = os.write(sock.fileno(), data)
+        except BlockingIOError:
+            sent = 0
+        if sent == len(data):
+            return
+        data = data[sent:]
+    sock.sendall(data)
+
+
+def _read_some(sock: Any) -> bytes:
+    if not isinstance(sock, ssl.SSLSocket):
+        try:
+            return os.read(sock.fileno(), 65536)
+        except BlockingIOError:
+            pass  # not here yet: wait for it within the socket's timeout
+    return bytes(sock.recv(65536))
+
+
 def _receive(sock: Any, count: int) -> list[Any]:
     """Read exactly ``count`` replies from ``sock``."""
     data = b""
     while True:
-        chunk = sock.recv(65536)
+        chunk = _read_some(sock)
         if not chunk:
             raise redis.ConnectionError("the server closed the connection")
         data += chunk

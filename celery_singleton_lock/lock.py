@@ -654,13 +654,15 @@ class RedisLock(_LockBase):
 
     def _send_try(self, call: _Call, step: _Try) -> PendingAcquire:
         sent_at = time.monotonic()
-        argv = self._acquire_argv(call, step)
         if call.fenced or call.replace or call.shape[0] or step.announce:
-            reply = self._wire.send(self._acquire_script, **argv)
+            reply = self._wire.send(self._acquire_script, **self._acquire_argv(call, step))
         else:
             # A plain hold (a queued message's) needs none of the script's extra steps.
             reply = self._wire.send_hold(
-                call.keys.lock, call.token, call.ttl_ms, lambda: self._acquire_script(**argv)
+                call.keys.lock,
+                call.token,
+                call.ttl_ms,
+                lambda: self._acquire_script(**self._acquire_argv(call, step)),
             )
         return PendingAcquire(self, call, sent_at, reply)
 

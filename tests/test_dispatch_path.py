@@ -6,7 +6,9 @@ Against real Redis servers; no worker is needed, the broker's queue is read dire
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -241,66 +243,51 @@ class TestScriptlessHolds:
 
 
 class _Chunks:
-    """A socket that hands out prepared chunks, for the reply reader alone."""
+    """A real socket pair whose far end writes ``chunks`` one by one, a little apart, then
+    closes: for the reply reader alone."""
 
     def __init__(self, *chunks: bytes) -> None:
-        self.chunks = list(chunks)
+        self.sock, far = socket.socketpair()
+        self.sock.settimeout(5)  # like the lock's client: non-blocking descriptor
 
-    def recv(self, _size: int) -> bytes:
-        return self.chunks.pop(0) if self.chunks else b""
+        def write() -> None:
+            with far:
+                for chunk in chunks:
+                    far.sendall(chunk)
+                    time.sleep(0.005)
+
+        self.writer = threading.Thread(target=write, daemon=True)
+        self.writer.start()
+
+    def __enter__(self) -> socket.socket:
+        return self.sock
+
+    def __exit__(self, *exc: object) -> None:
+        self.writer.join(5)
+        self.sock.close()
 
 
 class TestReplyReader:
     def test_replies_split_anywhere_are_reassembled(self) -> None:
         data = b"*3\r\n:0\r\n$5\r\nab\r\nc\r\n:-1\r\n$-1\r\n_\r\n+OK\r\n"
         expected = [[0, b"ab\r\nc", -1], None, None, b"OK"]
-        for cut in range(1, len(data)):
-            assert _wire._receive(_Chunks(data[:cut], data[cut:]), 4) == expected
+        for cut in range(1, len(data), 3):
+            with _Chunks(data[:cut], data[cut:]) as sock:
+                assert _wire._receive(sock, 4) == expected
 
     def test_an_error_reply_becomes_the_redis_exception(self) -> None:
-        (error,) = _wire._receive(_Chunks(b"-NOSCRIPT No matching script\r\n"), 1)
+        with _Chunks(b"-NOSCRIPT No matching script\r\n") as sock:
+            (error,) = _wire._receive(sock, 1)
         assert isinstance(error, _wire._ErrorReply)
         assert error.message.startswith("NOSCRIPT")
 
     def test_anything_but_the_replies_asked_for_is_out_of_step(self) -> None:
-        with pytest.raises(_wire._OutOfStep):
-            _wire._receive(_Chunks(b":1\r\n:2\r\n"), 1)  # a reply nobody asked for
-        with pytest.raises(_wire._OutOfStep):
-            _wire._receive(_Chunks(b">2\r\n$10\r\ninvalidate\r\n*0\r\n"), 1)  # a push
+        with _Chunks(b":1\r\n:2\r\n") as sock, pytest.raises(_wire._OutOfStep):
+            _wire._receive(sock, 1)  # a reply nobody asked for
+        push = b">2\r\n$10\r\ninvalidate\r\n*0\r\n"
+        with _Chunks(push) as sock, pytest.raises(_wire._OutOfStep):
+            _wire._receive(sock, 1)
 
     def test_a_closed_connection_is_a_connection_error(self) -> None:
-        with pytest.raises(redis.ConnectionError):
-            _wire._receive(_Chunks(b"*2\r\n:1\r\n"), 1)
-
-
-class TestAnswersReadLater:
-    def test_a_release_sent_without_waiting_frees_the_key_at_once(
-        self, lock: RedisLock, raw: redis.Redis
-    ) -> None:
-        lease = lock.acquire("later", 10)
-        lock.release_nowait(lease)
-        assert raw.exists(lease.key) == 0  # Redis ran it; only its answer waits
-        assert lease._state.released
-
-    def test_its_answer_is_read_before_the_threads_next_call(
-        self, lock: RedisLock, raw: redis.Redis, caplog: pytest.LogCaptureFixture
-    ) -> None:
-        lease = lock.acquire("later-lost", 10)
-        raw.set(lease.key, "someone else")
-        lock.release_nowait(lease)
-        assert lease._state.lost_reason is None  # not read yet
-        with caplog.at_level("INFO", logger="celery_singleton_lock.lock"):
-            assert isinstance(lock.try_acquire("later-next", 10), Lease)
-        assert lease._state.lost_reason is not None
-        assert "NOT_OWNER" in caplog.text
-        assert raw.get(lease.key) == b"someone else"
-
-    def test_a_broken_connection_retries_the_release(
-        self, lock: RedisLock, raw: redis.Redis
-    ) -> None:
-        assert isinstance(lock.try_acquire("warm", 10), Lease)
-        raw.client_kill_filter(_type="normal", skipme=True)
-        lease = lock.acquire("later-broken", 10)  # on a fresh connection
-        lock.release_nowait(lease)
-        lock.try_acquire("later-after", 10)
-        assert raw.exists(lease.key) == 0
+        with _Chunks(b"*2\r\n:1\r\n") as sock, pytest.raises(redis.ConnectionError):
+            _wire._receive(sock, 1)
