@@ -1,14 +1,19 @@
 """Script calls on a sync redis-py client, split in two: send now, read the reply later.
 
 redis-py's command path (retry wrapper, observability hooks, reply callbacks) costs
-about as much CPU as a loopback round trip itself. The lease's hot path (one script per
-dispatch, per start, per release) writes EVALSHA straight to a pooled connection and
-reads the reply off it. Splitting the call also lets a caller overlap the round trip
-with its own work: Celery builds the message while Redis runs the script.
+about as much CPU as a loopback round trip itself. The lease's hot path (one call per
+dispatch, per start, per release) writes its commands straight to a pooled connection
+and reads the replies off the socket with a small RESP reader. Splitting the call also
+lets a caller overlap the round trip with its own work (Celery builds the message while
+Redis runs the script), or not wait at all (``defer``: a release at the end of a task,
+whose answer is read with the thread's next call).
+
+A queued message's hold needs no script: ``SET NX PX GET`` with ``PTTL`` answers the
+same question at a tenth of the server time, on Redis 7.0 and later.
 
 Anything unusual goes back through redis-py's own path, which retries connection
 errors by the client's policy and reloads a script the server forgot (NOSCRIPT). That
-is safe because every script gives the same answer when run twice for one token.
+is safe because every call gives the same answer when run twice for one token.
 Clients this module cannot drive directly (cluster, single-connection, client-side
 caching) always take redis-py's path.
 """
@@ -91,7 +96,7 @@ class Wire:
         local = self._local
         own = getattr(local, "conn", None)
         if own is not None and local.pid == os.getpid():
-            if local.busy and local.deferred:
+            if local.deferred:  # answers owed on this or borrowed connections: free them
                 self._read_deferred()
             if not local.busy:
                 local.busy = True

@@ -242,6 +242,51 @@ class TestScriptlessHolds:
             assert lock.release(lease).name == "RELEASED"
 
 
+class TestAnswersReadLater:
+    def test_a_release_sent_without_waiting_frees_the_key_at_once(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("later", 10)
+        lock.release_nowait(lease)
+        assert raw.exists(lease.key) == 0  # Redis ran it; only its answer waits
+        assert lease._state.released
+
+    def test_its_answer_is_read_before_the_threads_next_call(
+        self, lock: RedisLock, raw: redis.Redis, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        lease = lock.acquire("later-lost", 10)
+        raw.set(lease.key, "someone else")
+        lock.release_nowait(lease)
+        assert lease._state.lost_reason is None  # not read yet
+        with caplog.at_level("INFO", logger="celery_singleton_lock.lock"):
+            assert isinstance(lock.try_acquire("later-next", 10), Lease)
+        assert lease._state.lost_reason is not None
+        assert "NOT_OWNER" in caplog.text
+        assert raw.get(lease.key) == b"someone else"
+
+    def test_an_answer_owed_on_a_borrowed_connection_is_read_with_the_next_call(
+        self, lock: RedisLock
+    ) -> None:
+        lease = lock.acquire("borrowed", 10)
+        pending = lock.begin_try_acquire("other", 10)  # the thread's own connection waits
+        lock.release_nowait(lease)  # so this borrows a second one from the pool
+        assert isinstance(pending.outcome(), Lease)
+        assert isinstance(lock.try_acquire("third", 10), Lease)
+        assert not lock._wire._local.deferred
+        in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
+        assert len(in_use) == 1  # the thread's own; the borrowed one went back
+
+    def test_a_broken_connection_retries_the_release(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        assert isinstance(lock.try_acquire("warm", 10), Lease)
+        raw.client_kill_filter(_type="normal", skipme=True)
+        lease = lock.acquire("later-broken", 10)  # on a fresh connection
+        lock.release_nowait(lease)
+        lock.try_acquire("later-after", 10)
+        assert raw.exists(lease.key) == 0
+
+
 class _Chunks:
     """A real socket pair whose far end writes ``chunks`` one by one, a little apart, then
     closes: for the reply reader alone."""
