@@ -87,10 +87,7 @@ def state(request_idx: int) -> str:
 
 
 def set_state(request_idx: int, new_state: str) -> None:
-    connect().execute(
-        "UPDATE requests SET state = ?, updated_at = ? WHERE request_idx = ?",
-        (new_state, time.time(), request_idx),
-    )
+    _move(connect(), request_idx, new_state, time.time())
 
 
 def in_state(wanted: str, older_than: float = 0.0) -> list[int]:
@@ -105,14 +102,31 @@ def record_start(request_idx: int, worker: str) -> None:
     connect().execute("INSERT INTO starts VALUES (?, ?, ?)", (request_idx, worker, time.time()))
 
 
+# The effect and the request's new state commit together. Written apart, a worker
+# killed between the two would leave the effect done and the request still in its old
+# state, and the sweep's re-drive would do the work again: no lock closes that window
+# (the lease is gone with the worker), a transaction does.
+
+
 def record_processed(request_idx: int, task_id: str, worker: str) -> None:
-    connect().execute(
-        "INSERT INTO processed VALUES (?, ?, ?, ?)", (request_idx, task_id, worker, time.time())
-    )
+    with transaction() as tx:
+        now = time.time()
+        tx.execute("INSERT INTO processed VALUES (?, ?, ?, ?)", (request_idx, task_id, worker, now))
+        _move(tx, request_idx, "processed", now)
 
 
 def record_callback(request_idx: int, task_id: str) -> None:
-    connect().execute("INSERT INTO callbacks VALUES (?, ?, ?)", (request_idx, task_id, time.time()))
+    with transaction() as tx:
+        now = time.time()
+        tx.execute("INSERT INTO callbacks VALUES (?, ?, ?)", (request_idx, task_id, now))
+        _move(tx, request_idx, "called_back", now)
+
+
+def _move(tx: sqlite3.Connection, request_idx: int, new_state: str, now: float) -> None:
+    tx.execute(
+        "UPDATE requests SET state = ?, updated_at = ? WHERE request_idx = ?",
+        (new_state, now, request_idx),
+    )
 
 
 def processed_count() -> int:

@@ -50,8 +50,7 @@ def process_request(self: Any, request_idx: int) -> str:
     store.set_state(request_idx, "processing")
     store.record_start(request_idx, worker_id())
     time.sleep(settings.WORK_SECONDS)  # the side effect: charge a card, call a partner...
-    store.record_processed(request_idx, self.request.id, worker_id())
-    store.set_state(request_idx, "processed")
+    store.record_processed(request_idx, self.request.id, worker_id())  # and "processed"
     return "processed"
 
 
@@ -61,8 +60,7 @@ def callback_request(self: Any, request_idx: int) -> str:
     if store.state(request_idx) != "processed":
         return "not ready" if store.state(request_idx) != "called_back" else "already called back"
     time.sleep(settings.WORK_SECONDS / 5)  # the HTTP call to the requester
-    store.record_callback(request_idx, self.request.id)
-    store.set_state(request_idx, "called_back")
+    store.record_callback(request_idx, self.request.id)  # and "called_back"
     return "called back"
 
 
