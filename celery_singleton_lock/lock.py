@@ -733,11 +733,8 @@ class RedisLock(_LockBase):
         A transport error propagates and leaves the lease as it was, so the caller can
         retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
         """
-        argv = self._release_argv(lease.name, lease.token)
-        # Stop renewing first: a renewal racing the release must not report a loss.
-        self.renewer.discard(lease)
         with _releasing(lease):
-            reply = self._wire.call(self._release_script, **argv)
+            reply = self._send_release(lease).get()
         return self._released(lease, reply)
 
     def release_nowait(self, lease: Lease) -> None:
@@ -747,11 +744,15 @@ class RedisLock(_LockBase):
         For the end of a task, where nobody acts on the result: the pool child is free
         for its next task a round trip sooner.
         """
-        argv = self._release_argv(lease.name, lease.token)
-        self.renewer.discard(lease)
         with _releasing(lease):
-            reply = self._wire.send(self._release_script, **argv)
+            reply = self._send_release(lease)
         self._wire.defer(reply, lambda answer: self._released(lease, answer))
+
+    def _send_release(self, lease: Lease) -> Reply:
+        argv = self._release_argv(lease.name, lease.token)
+        # Stop renewing first: a renewal racing the release must not report a loss.
+        self.renewer.discard(lease)
+        return self._wire.send(self._release_script, **argv)
 
     def release_token(self, name: str, token: str) -> ReleaseResult:
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
