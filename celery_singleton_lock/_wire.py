@@ -148,12 +148,20 @@ class Wire:
         else:
             self._pool.release(conn)
 
-    def send(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Reply:
-        """Write the call and return at once; ``Reply.get()`` reads the answer."""
+    def send(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, whole: bool = False
+    ) -> Reply:
+        """Write the call and return at once; ``Reply.get()`` reads the answer.
+
+        ``whole`` sends the script's body (EVAL) instead of its digest: for a call whose
+        answer is read later, since a server that does not know the script (restarted,
+        flushed) would otherwise run nothing until that later read re-sends it.
+        """
         exchange = _ScriptCall(script, keys, args)
         if not self.direct:
             return Reply(exchange.fallback())
-        return self._send((("EVALSHA", script.sha, len(keys), *keys, *args),), exchange)
+        head = ("EVAL", script.script) if whole else ("EVALSHA", script.sha)
+        return self._send(((*head, len(keys), *keys, *args),), exchange)
 
     def send_hold(self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Any]) -> Reply:
         """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.

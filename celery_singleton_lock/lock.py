@@ -745,14 +745,14 @@ class RedisLock(_LockBase):
         for its next task a round trip sooner.
         """
         with _releasing(lease):
-            reply = self._send_release(lease)
+            reply = self._send_release(lease, whole=True)
         self._wire.defer(reply, lambda answer: self._released(lease, answer))
 
-    def _send_release(self, lease: Lease) -> Reply:
+    def _send_release(self, lease: Lease, *, whole: bool = False) -> Reply:
         argv = self._release_argv(lease.name, lease.token)
         # Stop renewing first: a renewal racing the release must not report a loss.
         self.renewer.discard(lease)
-        return self._wire.send(self._release_script, **argv)
+        return self._wire.send(self._release_script, **argv, whole=whole)
 
     def release_token(self, name: str, token: str) -> ReleaseResult:
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""

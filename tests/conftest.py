@@ -104,6 +104,15 @@ def fixture_worker(celery_env: CeleryEnv) -> Iterator[Worker]:
         worker.stop()
 
 
+@pytest.fixture(autouse=True)
+def _settled_pool(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test on the shared worker, wait for its pool to replace any child the
+    test killed (or a time limit or revoke ended), so the next test has both."""
+    yield
+    if "worker" in request.fixturenames:
+        request.getfixturevalue("worker").settle()
+
+
 @pytest.fixture(name="cenv")
 def fixture_cenv(celery_env: CeleryEnv) -> CeleryEnv:
     """The Celery environment with an empty lock store and checker."""

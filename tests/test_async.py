@@ -94,8 +94,8 @@ class TestAsyncLease:
         self, redis_server: RedisServer, decode: bool, raw: redis.Redis
     ) -> None:
         async def body(lock: AsyncRedisLock) -> None:
-            lease = await lock.acquire("job", ttl=0.3, renew=True)
-            await asyncio.sleep(1.2)
+            lease = await lock.acquire("job", ttl=1.0, renew=True)
+            await asyncio.sleep(2.0)
             lease.check()
             lost = asyncio.Event()
             loop = asyncio.get_running_loop()

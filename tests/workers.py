@@ -81,6 +81,33 @@ class Worker:
     def children(self) -> list[int]:
         return children_of(self.pid)
 
+    def live_children(self) -> list[int]:
+        """Pool children that are running (not zombies awaiting the pool's reaping)."""
+        live = []
+        for pid in self.children():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            if stat.rpartition(")")[2].split()[0] != "Z":
+                live.append(pid)
+        return live
+
+    def settle(self, timeout: float = 15.0) -> None:
+        """Wait until the pool is back to full size after a child died.
+
+        Celery's pool notices a dead child in its maintenance pass (every 5 s) and
+        counts it busy until then, so a test right after a kill would otherwise run on
+        one child where it means two.
+        """
+        deadline = time.monotonic() + timeout
+        while len(self.live_children()) < self.concurrency or len(self.children()) != len(
+            self.live_children()
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pool not back to {self.concurrency} in {timeout}s")
+            time.sleep(0.05)
+
     def rss_kib(self) -> int:
         """Resident memory of the main process."""
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
