@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, TypeAlias, TypedDict, TypeVar
 from urllib.parse import quote
 
 import redis
@@ -63,6 +63,11 @@ class ExtendResult(enum.IntEnum):
 
 
 _Result = TypeVar("_Result", ReleaseResult, ExtendResult)
+
+
+class _ScriptArgs(TypedDict):
+    keys: list[Any]
+    args: list[Any]
 
 
 def _decode(code: object, result: type[_Result]) -> _Result:
@@ -458,7 +463,7 @@ class _LockBase:
         )
 
     @staticmethod
-    def _acquire_argv(call: _Call, step: _Try) -> dict[str, list[Any]]:
+    def _acquire_argv(call: _Call, step: _Try) -> _ScriptArgs:
         keys = call.keys
         return {
             "keys": [keys.lock, keys.fence, keys.signal, keys.waiters],
@@ -497,7 +502,7 @@ class _LockBase:
             outcome.on_lost(on_lost)
         return outcome
 
-    def _release_argv(self, name: str, token: str) -> dict[str, list[Any]]:
+    def _release_argv(self, name: str, token: str) -> _ScriptArgs:
         keys = self.keys(name)
         return {
             "keys": [keys.lock, keys.signal, keys.waiters],
