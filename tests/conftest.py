@@ -115,11 +115,17 @@ def _settled_pool(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(name="cenv")
 def fixture_cenv(celery_env: CeleryEnv) -> CeleryEnv:
-    """The Celery environment with an empty lock store and checker."""
+    """The Celery environment with an empty lock store and checker.
+
+    The lock store also forgets its scripts, as after a restart: every test then runs
+    the first call of each script on a server that answers NOSCRIPT.
+    """
     for server in (celery_env.lock, celery_env.checker):
         if server.process is None:
             server.start()
         client = server.client()
         client.flushall()
+        if server is celery_env.lock:
+            client.script_flush()
         client.close()
     return celery_env
