@@ -25,6 +25,14 @@ def children_of(pid: int) -> list[int]:
     return [int(p) for p in text.split()]
 
 
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # reaped already
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
 class Worker:
     """One ``celery -A <app> worker`` (prefork) on its own queue."""
 
@@ -81,29 +89,18 @@ class Worker:
     def children(self) -> list[int]:
         return children_of(self.pid)
 
-    def live_children(self) -> list[int]:
-        """Pool children that are running (not zombies awaiting the pool's reaping)."""
-        live = []
-        for pid in self.children():
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
-            if stat.rpartition(")")[2].split()[0] != "Z":
-                live.append(pid)
-        return live
-
     def settle(self, timeout: float = 15.0) -> None:
         """Wait until the pool is back to full size after a child died.
 
         Celery's pool notices a dead child in its maintenance pass (every 5 s) and
         counts it busy until then, so a test right after a kill would otherwise run on
-        one child where it means two.
+        one child where it means two. A dead child stays a zombie until that pass.
         """
         deadline = time.monotonic() + timeout
-        while len(self.live_children()) < self.concurrency or len(self.children()) != len(
-            self.live_children()
-        ):
+        while True:
+            children = self.children()
+            if len(children) == self.concurrency and not any(map(_is_zombie, children)):
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pool not back to {self.concurrency} in {timeout}s")
             time.sleep(0.05)
