@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from celery_singleton_lock.worker import _is_dead
+
 ROOT = Path(__file__).resolve().parent.parent
 _names = itertools.count(1)
 
@@ -23,14 +25,6 @@ def children_of(pid: int) -> list[int]:
     except OSError:
         return []
     return [int(p) for p in text.split()]
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False  # reaped already
-    return stat.rpartition(")")[2].split()[0] == "Z"
 
 
 class Worker:
@@ -99,7 +93,7 @@ class Worker:
         deadline = time.monotonic() + timeout
         while True:
             children = self.children()
-            if len(children) == self.concurrency and not any(map(_is_zombie, children)):
+            if len(children) == self.concurrency and not any(map(_is_dead, children)):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pool not back to {self.concurrency} in {timeout}s")
