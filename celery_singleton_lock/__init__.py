@@ -8,23 +8,25 @@ from .exceptions import (
     KeyDerivationError,
     LockLostError,
     LockNotAcquiredError,
+    LockStoreConfigurationError,
     LockStoreUnavailableError,
     SingletonLockError,
 )
 from .keys import KeySpec, derive_key
-from .lock import (
+from .lease import (
     AsyncRedisLock,
     Contended,
     ExtendResult,
     Lease,
     LockKeys,
+    MemoryLock,
     PendingAcquire,
     RedisLock,
     ReleaseResult,
+    Renewer,
+    get_renewer,
 )
-from .memory import MemoryLock
 from .policies import fail, requeue, wait
-from .renewal import Renewer, get_renewer
 from .task import SingletonTask
 from .worker import SingletonRequest, check_worker_setup
 
@@ -40,6 +42,7 @@ __all__ = [
     "LockKeys",
     "LockLostError",
     "LockNotAcquiredError",
+    "LockStoreConfigurationError",
     "LockStoreUnavailableError",
     "MemoryLock",
     "PendingAcquire",

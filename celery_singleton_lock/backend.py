@@ -11,11 +11,10 @@ from __future__ import annotations
 import threading
 from typing import Any, TypeAlias
 
-import redis
-
 from .config import MEMORY_URL, SingletonConfig
-from .lock import RedisLock, redacted_url
-from .memory import MemoryLock
+from .exceptions import ConfigurationError
+from .lease import MemoryLock, RedisLock, client_from_url, describe
+from .lease.clients import STANDALONE_SCHEMES, redact, scheme_of
 
 Store: TypeAlias = RedisLock | MemoryLock
 
@@ -24,6 +23,11 @@ _guard = threading.Lock()
 
 # One round trip should never take this long; past it the store counts as unreachable.
 SOCKET_TIMEOUT = 5.0
+# Connections a process opens to a standalone lock store at most. An exchange holds one
+# only while its answer is read, so a few serve any number of threads or greenlets; a
+# caller finding all in use waits (up to SOCKET_TIMEOUT) rather than opening more. Set
+# max_connections in singleton_lock_transport_options to change it.
+MAX_CONNECTIONS = 20
 
 
 class Backend:
@@ -45,38 +49,59 @@ class Backend:
                     setattr(app, _CACHE_ATTRIBUTE, backend)
         return backend
 
-    def _build(self, socket_timeout: float | None) -> Store:
-        url = self.config.require_url()
-        if url == MEMORY_URL:
+    def _client(self, *, waiting: bool) -> Any:
+        config = self.config
+        if config.client_factory is not None:
+            client = config.client_factory()
+            if client is None or not hasattr(client, "register_script"):
+                raise ConfigurationError(
+                    f"singleton_lock_client returned {client!r}, not a redis-py client"
+                )
+            return client
+        options = {
+            "socket_timeout": SOCKET_TIMEOUT,
+            "socket_connect_timeout": SOCKET_TIMEOUT,
+            "health_check_interval": 30,
+            **config.transport_options,
+        }
+        url = config.require_url()
+        if waiting:
+            options["socket_timeout"] = None  # a BLPOP waits as long as it was asked to
+            return client_from_url(url, options)
+        if scheme_of(url) in STANDALONE_SCHEMES:
+            options.setdefault("max_connections", MAX_CONNECTIONS)
+            options.setdefault("timeout", SOCKET_TIMEOUT)  # the wait for a free connection
+        return client_from_url(url, options, bounded=True)
+
+    def _build(self, *, waiting: bool) -> Store:
+        if self.config.require_url() == MEMORY_URL:
             if self._lock is not None:
                 return self._lock  # one in-process store, or waits would never be woken
             return MemoryLock(prefix=self.config.prefix, allow_long_ttl=True)
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=SOCKET_TIMEOUT,
-            health_check_interval=30,
-        )
         # Long holds are allowed here because queue holds stretch to cover an ETA; the
         # user-facing ttl and queue_ttl were already validated against the one-day cap.
+        client = self._client(waiting=waiting)
         return RedisLock(client, prefix=self.config.prefix, allow_long_ttl=True)
 
     @property
     def lock(self) -> Store:
         if self._lock is None:
-            self._lock = self._build(SOCKET_TIMEOUT)
+            self._lock = self._build(waiting=False)
         return self._lock
 
     @property
     def waiting(self) -> Store:
         if self._waiting is None:
-            self._waiting = self._build(None)
+            if self.config.client_factory is not None:
+                self._waiting = self.lock  # the user's client: its timeouts are theirs
+            else:
+                self._waiting = self._build(waiting=True)
         return self._waiting
 
     def describe(self) -> str:
         """Where the locks live, for messages: never shows a password."""
         if self.config.url == MEMORY_URL:
             return MEMORY_URL
-        if self._lock is not None and isinstance(self._lock, RedisLock):
-            return redacted_url(self._lock.client)
-        return redacted_url(redis.Redis.from_url(self.config.require_url()))
+        if isinstance(self._lock, RedisLock):
+            return describe(self._lock.client)
+        return redact(self.config.require_url())

@@ -10,13 +10,16 @@ message naming the setting (as celery-redbeat's ``RedBeatConfig`` does).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 from ._time import ttl_to_ms
 from .exceptions import ConfigurationError
-from .lock import DEFAULT_PREFIX, validate_prefix
+from .lease import DEFAULT_PREFIX, validate_prefix
+from .lease.clients import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
 
 OnRedisError: TypeAlias = Literal["fail_closed", "fail_open"]
 
@@ -26,23 +29,101 @@ DEFAULTS: dict[str, Any] = {
     "singleton_lock_ttl": 30.0,
     "singleton_lock_queue_ttl": 3600.0,
     "singleton_lock_on_redis_error": "fail_closed",
+    "singleton_lock_transport_options": None,
+    "singleton_lock_client": None,
 }
 # Settings of celery-singleton that happen to share our prefix: an app migrating from it
 # (or running both) must not be refused for them.
 FOREIGN_KEYS = frozenset({"singleton_lock_expiry"})
-REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 MEMORY_URL = "memory://"
 _CACHE_ATTRIBUTE = "_singleton_lock_config"
+# Where Celery keeps each URL setting's connection options: (transport options, TLS).
+_SOURCE_OPTIONS = {
+    "broker_url": ("broker_transport_options", "broker_use_ssl"),
+    "result_backend": ("result_backend_transport_options", "redis_backend_use_ssl"),
+}
+# The transport options of a broker or backend that mean the same to a redis-py client
+# (kombu's others, like visibility_timeout, are about queues, not connections).
+_SHARED_OPTIONS = (
+    "master_name",
+    "sentinel_kwargs",
+    "min_other_sentinels",
+    "socket_connect_timeout",
+    "socket_keepalive",
+    "socket_keepalive_options",
+    "health_check_interval",
+    "retry_on_timeout",
+    "username",
+    "password",
+)
 
 
 def _redis_url(value: object) -> str | None:
-    """The first URL of a setting if it points at Redis (brokers may list failovers)."""
+    """The lock store URL a setting gives, if it points at Redis.
+
+    Brokers may list failover URLs (``redis://a;redis://b``): the first one is used. A
+    Sentinel URL lists every sentinel that way, so it is kept whole.
+    """
     if isinstance(value, list | tuple):
-        value = value[0] if value else None
+        value = ";".join(str(v) for v in value)
     if not isinstance(value, str) or not value:
         return None
     first = value.split(";", 1)[0].strip()
-    return first if urlsplit(first).scheme in REDIS_SCHEMES else None
+    scheme = scheme_of(first)
+    if scheme in SENTINEL_SCHEMES:
+        return value.strip()
+    return first if scheme in SCHEMES else None
+
+
+def _same_server(a: str, b: str) -> bool:
+    try:
+        one, two = urlsplit(a.split(";", 1)[0]), urlsplit(b.split(";", 1)[0])
+        same = (one.hostname, one.port) == (two.hostname, two.port)
+    except ValueError:
+        return False
+    return same
+
+
+def _options(conf: Any, url: str | None, source: str, explicit: object) -> dict[str, Any]:
+    """Client options for ``url``: those of the broker/backend it shares, then the user's."""
+    if explicit is not None and not isinstance(explicit, dict):
+        raise ConfigurationError(
+            f"singleton_lock_transport_options must be a dict of redis-py client options, "
+            f"got {type(explicit).__name__}"
+        )
+    options: dict[str, Any] = {}
+    for setting, (transport, tls) in _SOURCE_OPTIONS.items():
+        other = _redis_url(conf.get(setting))
+        if url is None or other is None or not (setting == source or _same_server(url, other)):
+            continue
+        shared = conf.get(transport) or {}
+        options.update({k: v for k, v in shared.items() if k in _SHARED_OPTIONS})
+        ssl = conf.get(tls)
+        if isinstance(ssl, dict):
+            options.update(ssl)
+        break
+    options.update(explicit or {})
+    return options
+
+
+def _client_factory(value: object) -> Callable[[], Any] | None:
+    """``singleton_lock_client``: a callable, or the dotted path of one."""
+    if value is None or callable(value):
+        return value
+    if isinstance(value, str) and "." in value:
+        module, _, attribute = value.replace(":", ".").rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ConfigurationError(
+                f"singleton_lock_client={value!r} cannot be imported ({error})"
+            ) from None
+        if callable(found):
+            return found  # type: ignore[no-any-return]
+    raise ConfigurationError(
+        f"singleton_lock_client must be a callable returning a redis-py client (or its dotted "
+        f"path), got {value!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -55,6 +136,11 @@ class SingletonConfig:
     queue_ttl: float
     on_redis_error: OnRedisError
     url_source: str  # which setting the url came from, for error messages
+    # redis-py client options (plus Sentinel's master_name/sentinel_kwargs): the
+    # broker's or backend's when the store is the same server, then the user's own.
+    transport_options: dict[str, Any] = field(default_factory=dict)
+    # Builds the client itself (any redis-py client); wins over the URL.
+    client_factory: Callable[[], Any] | None = None
 
     @classmethod
     def from_app(cls, app: Any) -> SingletonConfig:
@@ -73,7 +159,10 @@ class SingletonConfig:
             value = conf.get(name)
             return DEFAULTS[name] if value is None else value
 
+        factory = _client_factory(conf.get("singleton_lock_client"))
         url, source = cls._find_url(conf, get("singleton_lock_url"))
+        if factory is not None and url is None:
+            url, source = "client://", "singleton_lock_client"
         policy = get("singleton_lock_on_redis_error")
         if policy not in ("fail_closed", "fail_open"):
             raise ConfigurationError(
@@ -92,6 +181,10 @@ class SingletonConfig:
             / 1000,
             on_redis_error=policy,
             url_source=source,
+            transport_options=_options(
+                conf, url, source, conf.get("singleton_lock_transport_options")
+            ),
+            client_factory=factory,
         )
 
     @staticmethod
@@ -102,8 +195,8 @@ class SingletonConfig:
             url = _redis_url(explicit)
             if url is None:
                 raise ConfigurationError(
-                    f"singleton_lock_url must be a redis://, rediss:// or unix:// URL, or "
-                    f"{MEMORY_URL!r} for eager tests; got a {urlsplit(str(explicit)).scheme!r} URL"
+                    f"singleton_lock_url must be a {', '.join(s + '://' for s in SCHEMES)} "
+                    f"URL, or {MEMORY_URL!r} for eager tests; got {redact(str(explicit))!r}"
                 )
             return url, "singleton_lock_url"
         for setting in ("result_backend", "broker_url"):

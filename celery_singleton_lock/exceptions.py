@@ -1,4 +1,4 @@
-"""Every error this library raises, under one base that carries the lock key.
+"""Every error this library raises, under one base that carries the lock's name and Redis key.
 
 Celery ships exceptions between processes (worker child -> main process -> result
 backend -> caller), so each class here must survive a pickle round trip with its
@@ -11,40 +11,52 @@ from typing import Any
 
 
 class SingletonLockError(Exception):
-    """Base class: something about a singleton lock; ``key`` names the lock when known."""
+    """Base class: ``name`` is the lock's name and ``key`` its Redis key, when known."""
 
-    def __init__(self, message: str, key: str | None = None, **context: Any) -> None:
+    def __init__(
+        self, message: str, *, name: str | None = None, key: str | None = None, **context: Any
+    ) -> None:
         super().__init__(message)
         self.message = message
+        self.name = name
         self.key = key
-        for name, value in context.items():
-            setattr(self, name, value)
+        for attribute, value in context.items():
+            setattr(self, attribute, value)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Exception's default reduce replays ``args`` only and would drop ``key`` and
         # the context attributes; celery-singleton's errors crashed workers this way.
         state = dict(self.__dict__)
         message = state.pop("message")
-        key = state.pop("key")
-        return (_rebuild, (type(self), message, key, state))
+        return (_rebuild, (type(self), message, state))
 
     def __str__(self) -> str:
         return self.message
 
 
 def _rebuild(
-    cls: type[SingletonLockError], message: str, key: str | None, state: dict[str, Any]
+    cls: type[SingletonLockError], message: str, state: dict[str, Any]
 ) -> SingletonLockError:
     error = cls.__new__(cls)
     Exception.__init__(error, message)
     error.message = message
-    error.key = key
+    error.name = error.key = None
     error.__dict__.update(state)
     return error
 
 
 class ConfigurationError(SingletonLockError, ValueError):
     """An option, argument or client setting is invalid; the message says what to change."""
+
+
+class LockStoreConfigurationError(ConfigurationError):
+    """The lock store refused us for how it is set up (topology, replica, auth, pool size).
+
+    Not an outage: retrying cannot help, so it is never subject to
+    ``singleton_lock_on_redis_error``; ``url`` says where, without the password.
+    """
+
+    url: str
 
 
 class KeyDerivationError(SingletonLockError, ValueError):

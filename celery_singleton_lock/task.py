@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ClassVar, TypeAlias
 
-import redis
 from celery import Task
 from celery.exceptions import Ignore
 from celery.signals import before_task_publish
@@ -45,7 +44,7 @@ from .exceptions import (
     LockStoreUnavailableError,
 )
 from .keys import KeySpec
-from .lock import Contended, Lease, PendingAcquire, _LeaseState
+from .lease import Contended, Lease, PendingAcquire
 from .policies import (
     ContentionPolicy,
     ContentionState,
@@ -63,6 +62,10 @@ logger = logging.getLogger(__name__)
 KEY_HEADER = "singleton_lock_key"
 TOKEN_HEADER = "singleton_lock_token"  # noqa: S105  (a header name, not a secret)
 ATTEMPT_HEADER = "singleton_lock_attempt"
+OUTAGE_HEADER = "singleton_lock_outages"  # requeues so far because the store was unreachable
+# An execution requeued this many times for an unreachable store (about an hour with the
+# backoff below) fails with LockStoreUnavailableError instead of waiting for ever.
+OUTAGE_MAX_REQUEUES = 120
 # An apply_async option (popped before publishing) that skips the queue-level hold:
 # used to requeue a contended execution, which must not meet its own duplicate check.
 BYPASS_OPTION = "singleton_lock_bypass"
@@ -289,7 +292,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             pending = self._singleton_store.lock.begin_try_acquire(
                 key, ttl, token=token, fenced=False
             )
-        except redis.RedisError as error:
+        except LockStoreUnavailableError as error:
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
         gate = _Gate(self, key, pending)
@@ -359,18 +362,20 @@ class SingletonTask(Task):  # type: ignore[misc]
         raise DuplicateTaskError(
             f"{self.name} is already queued or running for {key!r}"
             + (f" as task {holder}" if holder else " (holder unknown)"),
-            key=key,
+            name=key,
+            key=held.key,
             task_id=holder,
         )
 
-    def _redis_error_at_dispatch(self, key: str, error: Exception) -> None:
+    def _redis_error_at_dispatch(self, key: str, error: LockStoreUnavailableError) -> None:
         where = self._singleton_store.describe()
         if self._singleton_store.config.on_redis_error == "fail_closed":
             raise LockStoreUnavailableError(
-                f"{self.name}: the lock store at {where} is unreachable ({type(error).__name__}); "
-                "nothing was published. Set singleton_lock_on_redis_error='fail_open' to "
-                "publish without the duplicate check when Redis is down",
-                key=key,
+                f"{self.name}: {error}; nothing was published. Set "
+                "singleton_lock_on_redis_error='fail_open' to publish without the duplicate "
+                "check when Redis is down",
+                name=key,
+                key=error.key,
                 url=where,
             ) from error
         logger.warning(
@@ -395,7 +400,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         headers: dict[str, Any] = {KEY_HEADER: running.name}
         try:
             outcome = store.hand_over(running, self._queue_ttl() + _delay_of(options), token=token)
-        except redis.RedisError as error:
+        except LockStoreUnavailableError as error:
             # The retry is sent anyway: losing it would be worse. It meets on_contention
             # at execution if this execution's lease is still there.
             logger.warning("retry of %s could not keep %s: %s", self.name, running.name, error)
@@ -450,7 +455,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         ttl = self._ttl()
         try:
             outcome = store.try_acquire(key, ttl, token=token, **own)
-        except redis.RedisError as error:
+        except LockStoreUnavailableError as error:
             return self._redis_error_at_execution(key, attempt, error)
         if isinstance(outcome, Contended):
             outcome = self._contend(key, outcome, attempt, token=token, own=own)
@@ -492,12 +497,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         if isinstance(decision, Fail):
             raise DuplicateTaskError(
                 f"{self.name}[{self.request.id}] did not run: {decision.reason}",
-                key=key,
+                name=key,
+                key=held.key,
                 task_id=state.holder,
             )
         raise ConfigurationError(f"{self.name}: contention policy returned {decision!r}")
 
-    def _requeue(self, key: str, attempt: int, countdown: float) -> None:
+    def _requeue(
+        self, key: str, attempt: int, countdown: float, *, outages: int | None = None
+    ) -> None:
         request = self.request
         logger.info(
             "%s[%s] requeued in %.2fs for %s (attempt %d)",
@@ -509,6 +517,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
         headers = {**(request.headers or {}), KEY_HEADER: key, ATTEMPT_HEADER: attempt}
         headers.pop(TOKEN_HEADER, None)
+        if outages is not None:
+            headers[OUTAGE_HEADER] = outages
         # Same id, links, chain and options as this message (what Celery's retry re-sends),
         # without counting as a retry of the task's own max_retries.
         self.signature_from_request(request, countdown=countdown, headers=headers).apply_async(
@@ -516,7 +526,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
         raise Ignore(f"requeued: {key!r} is held by another execution")
 
-    def _redis_error_at_execution(self, key: str, attempt: int, error: Exception) -> Lease:
+    def _redis_error_at_execution(
+        self, key: str, attempt: int, error: LockStoreUnavailableError
+    ) -> Lease:
         where = self._singleton_store.describe()
         if self._singleton_store.config.on_redis_error == "fail_open":
             logger.warning(
@@ -527,22 +539,33 @@ class SingletonTask(Task):  # type: ignore[misc]
                 self.request.id,
                 key,
             )
-            state = _LeaseState(expires_at=float("inf"))
-            state.lost_reason = "running unlocked: the lock store was unreachable (fail_open)"
-            return Lease(name=key, key="", token="", fence=0, ttl=self._ttl(), _state=state)
+            return Lease.unlocked(
+                key, self._ttl(), "running unlocked: the lock store was unreachable (fail_open)"
+            )
+        outages = int(header(self.request, OUTAGE_HEADER) or 0)
+        if outages >= OUTAGE_MAX_REQUEUES:
+            raise LockStoreUnavailableError(
+                f"{self.name}[{self.request.id}] did not run: {error}, through "
+                f"{outages} requeues; it is not requeued again (fail_closed)",
+                name=key,
+                key=error.key,
+                url=where,
+            ) from error
         logger.warning(
-            "lock store at %s unreachable (%s): requeueing %s[%s] (fail_closed)",
+            "lock store at %s unreachable (%s): requeueing %s[%s] (fail_closed, %d of %d)",
             where,
             type(error).__name__,
             self.name,
             self.request.id,
+            outages + 1,
+            OUTAGE_MAX_REQUEUES,
         )
         # Redis being down is not contention: backoff grows with the outage, but the
         # contention attempts (which end in fail) are not spent.
-        backoff = requeue(max_tries=1_000_000)
-        decision = backoff(ContentionState(task_name=self.name, key=key, attempt=attempt))
+        backoff = requeue(max_tries=OUTAGE_MAX_REQUEUES)
+        decision = backoff(ContentionState(task_name=self.name, key=key, attempt=outages))
         countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
-        self._requeue(key, attempt, countdown)
+        self._requeue(key, attempt, countdown, outages=outages + 1)
         raise AssertionError("unreachable")  # pragma: no cover - _requeue raises
 
 
@@ -603,7 +626,7 @@ class _Gate:
         self.checked = True
         try:
             outcome = self._pending.outcome()
-        except redis.RedisError as error:
+        except LockStoreUnavailableError as error:
             # fail_closed raises; fail_open publishes. The message's token then claims a
             # hold that may not exist, which only means it meets on_contention if taken.
             self._task._redis_error_at_dispatch(self._key, error)
@@ -615,7 +638,7 @@ class _Gate:
         """The message was not published: release the hold if one was granted."""
         try:
             outcome = self._pending.outcome()
-        except redis.RedisError:
+        except LockStoreUnavailableError:
             return  # nothing known to give back; a hold would expire by its queue_ttl
         if isinstance(outcome, Lease):
             _quietly(self._task._singleton_store.lock.release, outcome)
@@ -643,7 +666,7 @@ def _quietly(release: Callable[[Lease], object], lease: Lease) -> None:
     """Release without masking the task's own outcome; a failed release expires by TTL."""
     try:
         release(lease)
-    except redis.RedisError as error:
+    except LockStoreUnavailableError as error:
         logger.warning("release of %s failed (%s); it frees itself by its ttl", lease.key, error)
 
 

@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
 from billiard.einfo import ExceptionWithTraceback
 from celery import signals
 from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
-from .exceptions import ConfigurationError, KeyDerivationError
-from .lock import Lease, PendingAcquire, RedisLock, ReleaseResult
+from .exceptions import KeyDerivationError, SingletonLockError
+from .lease import Lease, PendingAcquire, RedisLock, ReleaseResult
 from .signals import dead_child_released
 from .task import (
     KEY_HEADER,
@@ -209,7 +208,7 @@ class _Reservations:
             pending = store.begin_try_acquire(
                 key, task._ttl(), token=token, replace=queued, fenced=False
             )
-        except redis.RedisError as error:
+        except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", key, request.id, error)
             return
         lease = pending.presumed()
@@ -231,7 +230,7 @@ class _Reservations:
         for reserved_id, pending in mine:
             try:
                 outcome = pending.outcome()
-            except redis.RedisError as error:
+            except SingletonLockError as error:
                 logger.warning("could not reserve %s for %s: %s", pending.name, reserved_id, error)
                 outcome = None
             if not isinstance(outcome, Lease):
@@ -258,7 +257,7 @@ class _Reservations:
         if release:
             try:
                 store.release(lease)
-            except redis.RedisError as error:
+            except SingletonLockError as error:
                 logger.warning("release of reservation %s failed: %s", lease.key, error)
 
     def hand_back(self) -> None:
@@ -269,7 +268,7 @@ class _Reservations:
         for task, lease, queued in held.values():
             try:
                 task._singleton_store.lock.hand_over(lease, task._queue_ttl(), token=queued)
-            except redis.RedisError as error:
+            except SingletonLockError as error:
                 logger.warning("could not hand %s back at shutdown: %s", lease.key, error)
 
 
@@ -345,7 +344,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
             queued = header(self._context, TOKEN_HEADER)
             if queued:
                 store.release_token(key, queued)
-        except redis.RedisError as error:
+        except SingletonLockError as error:
             logger.warning("release of %s after its child died failed (%s)", key, error)
 
 
@@ -358,14 +357,10 @@ def check_worker_setup(app: Any) -> list[str]:
     store = tasks[0]._singleton_store
     try:
         lock = store.lock
-        client = getattr(lock, "client", None)
-        policy = client.config_get("maxmemory-policy") if client is not None else {}
-    except (redis.RedisError, ConfigurationError) as error:
+        value = lock.eviction_policy() if isinstance(lock, RedisLock) else None
+    except SingletonLockError as error:
         warnings.append(f"could not check the lock store at start ({error})")
-        policy = {}
-    value = policy.get("maxmemory-policy") or policy.get(b"maxmemory-policy")
-    if isinstance(value, bytes):
-        value = value.decode()
+        value = None
     if value and value != "noeviction":
         warnings.append(
             f"the lock store at {store.describe()} has maxmemory-policy={value}: under memory "
@@ -401,7 +396,7 @@ def _release_revoked(
     if key and token:
         try:
             sender._singleton_store.lock.release_token(key, token)
-        except redis.RedisError as error:
+        except SingletonLockError as error:
             logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
 
 

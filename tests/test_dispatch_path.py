@@ -6,7 +6,6 @@ Against real Redis servers; no worker is needed, the broker's queue is read dire
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,8 @@ import pytest
 import redis
 from celery.signals import before_task_publish
 
-from celery_singleton_lock import Contended, Lease, RedisLock, _wire
+from celery_singleton_lock import Contended, Lease, RedisLock
+from celery_singleton_lock.lease import transport
 from celery_singleton_lock.task import KEY_HEADER, TOKEN_HEADER
 
 from .conftest import CeleryEnv
@@ -226,18 +226,18 @@ class TestScriptlessHolds:
         refused = lock.try_acquire("list", 10, fenced=False)
         assert isinstance(refused, Contended)
         assert refused.holder == ""
-        assert lock._wire.holds  # a one-off refusal, not an old server
+        assert lock.transport.holds  # a one-off refusal, not an old server
 
     def test_a_server_without_set_nx_get_is_remembered_and_answered_by_the_script(
         self, lock: RedisLock, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         # NX with XX is a syntax error on every server: the answer Redis < 7.0 gives to
         # NX with GET.
-        monkeypatch.setattr(_wire, "HOLD_OPTIONS", ("NX", "XX", "GET"))
+        monkeypatch.setattr(transport, "HOLD_OPTIONS", ("NX", "XX", "GET"))
         raw.config_resetstat()
         first = lock.try_acquire("old-1", 10, token="tok-a", fenced=False)
         assert isinstance(first, Lease)
-        assert not lock._wire.holds
+        assert not lock.transport.holds
         assert isinstance(lock.try_acquire("old-1", 10, token="tok-b", fenced=False), Contended)
         assert isinstance(lock.try_acquire("old-2", 10, fenced=False), Lease)
         assert calls(raw, "evalsha") == 3  # every hold, the first one after its refusal
@@ -261,7 +261,7 @@ class TestAnswersReadLater:
         lock.release_nowait(lease)
         # Redis runs it with no further call from this lock; only its answer waits.
         assert gone_soon(raw, lease.key)
-        assert lease._state.released
+        assert lease.released
 
     def test_it_frees_the_key_on_a_server_that_forgot_the_script(
         self, lock: RedisLock, raw: redis.Redis
@@ -273,7 +273,7 @@ class TestAnswersReadLater:
         lock.release_nowait(lease)
         assert gone_soon(raw, lease.key)
         assert isinstance(lock.try_acquire("forgot", 10), Lease)
-        assert not lock._wire._local.deferred
+        assert not lock.transport._owed
 
     def test_its_answer_is_read_before_the_threads_next_call(
         self, lock: RedisLock, raw: redis.Redis, caplog: pytest.LogCaptureFixture
@@ -281,24 +281,36 @@ class TestAnswersReadLater:
         lease = lock.acquire("later-lost", 10)
         raw.set(lease.key, "someone else")
         lock.release_nowait(lease)
-        assert lease._state.lost_reason is None  # not read yet
-        with caplog.at_level("INFO", logger="celery_singleton_lock.lock"):
+        assert not lease.lost  # not read yet
+        with caplog.at_level("INFO", logger="celery_singleton_lock.lease.base"):
             assert isinstance(lock.try_acquire("later-next", 10), Lease)
-        assert lease._state.lost_reason is not None
+        assert lease.lost
         assert "NOT_OWNER" in caplog.text
         assert raw.get(lease.key) == b"someone else"
 
-    def test_an_answer_owed_on_a_borrowed_connection_is_read_with_the_next_call(
-        self, lock: RedisLock
-    ) -> None:
+    def test_every_connection_goes_back_once_its_answers_are_read(self, lock: RedisLock) -> None:
         lease = lock.acquire("borrowed", 10)
-        pending = lock.begin_try_acquire("other", 10)  # the thread's own connection waits
-        lock.release_nowait(lease)  # so this borrows a second one from the pool
+        pending = lock.begin_try_acquire("other", 10)  # one connection waits on this answer
+        lock.release_nowait(lease)  # so this takes a second one from the pool
         assert isinstance(pending.outcome(), Lease)
         assert isinstance(lock.try_acquire("third", 10), Lease)
-        assert not lock._wire._local.deferred
+        assert not lock.transport._owed
         in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
-        assert len(in_use) == 1  # the thread's own; the borrowed one went back
+        assert len(in_use) == 0  # none is kept by a thread
+
+    def test_an_answer_owed_by_a_thread_that_ended_is_read_by_another(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("ended", 10)
+        worker = threading.Thread(target=lock.release_nowait, args=(lease,))
+        worker.start()
+        worker.join(5)
+        assert gone_soon(raw, lease.key)
+        assert lock.transport._owed  # its answer waits, with its connection
+        assert isinstance(lock.try_acquire("next", 10), Lease)  # from this thread
+        assert not lock.transport._owed
+        in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
+        assert len(in_use) == 0
 
     def test_a_broken_connection_retries_the_release(
         self, lock: RedisLock, raw: redis.Redis
@@ -309,54 +321,3 @@ class TestAnswersReadLater:
         lock.release_nowait(lease)
         lock.try_acquire("later-after", 10)
         assert raw.exists(lease.key) == 0
-
-
-class _Chunks:
-    """A real socket pair whose far end writes ``chunks`` one by one, a little apart, then
-    closes: for the reply reader alone."""
-
-    def __init__(self, *chunks: bytes) -> None:
-        self.sock, far = socket.socketpair()
-        self.sock.settimeout(5)  # like the lock's client: non-blocking descriptor
-
-        def write() -> None:
-            with far:
-                for chunk in chunks:
-                    far.sendall(chunk)
-                    time.sleep(0.005)
-
-        self.writer = threading.Thread(target=write, daemon=True)
-        self.writer.start()
-
-    def __enter__(self) -> socket.socket:
-        return self.sock
-
-    def __exit__(self, *exc: object) -> None:
-        self.writer.join(5)
-        self.sock.close()
-
-
-class TestReplyReader:
-    def test_replies_split_anywhere_are_reassembled(self) -> None:
-        data = b"*3\r\n:0\r\n$5\r\nab\r\nc\r\n:-1\r\n$-1\r\n_\r\n+OK\r\n"
-        expected = [[0, b"ab\r\nc", -1], None, None, b"OK"]
-        for cut in range(1, len(data), 3):
-            with _Chunks(data[:cut], data[cut:]) as sock:
-                assert _wire._receive(sock, 4) == expected
-
-    def test_an_error_reply_becomes_the_redis_exception(self) -> None:
-        with _Chunks(b"-NOSCRIPT No matching script\r\n") as sock:
-            (error,) = _wire._receive(sock, 1)
-        assert isinstance(error, _wire._ErrorReply)
-        assert error.message.startswith("NOSCRIPT")
-
-    def test_anything_but_the_replies_asked_for_is_out_of_step(self) -> None:
-        with _Chunks(b":1\r\n:2\r\n") as sock, pytest.raises(_wire._OutOfStep):
-            _wire._receive(sock, 1)  # a reply nobody asked for
-        push = b">2\r\n$10\r\ninvalidate\r\n*0\r\n"
-        with _Chunks(push) as sock, pytest.raises(_wire._OutOfStep):
-            _wire._receive(sock, 1)
-
-    def test_a_closed_connection_is_a_connection_error(self) -> None:
-        with _Chunks(b"*2\r\n:1\r\n") as sock, pytest.raises(redis.ConnectionError):
-            _wire._receive(sock, 1)

@@ -19,6 +19,7 @@ from celery_singleton_lock import (
     Lease,
     LockLostError,
     LockNotAcquiredError,
+    LockStoreUnavailableError,
     RedisLock,
     ReleaseResult,
 )
@@ -111,13 +112,8 @@ class TestOwnership:
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:
         owner = held(lock.try_acquire("job", ttl=10, token="owner"))
-        impostor = Lease(
-            name=owner.name,
-            key=owner.key,
-            token="impostor",
-            fence=owner.fence,
-            ttl=100,
-            _state=owner._state.__class__(expires_at=0),
+        impostor = Lease.granted(
+            owner.name, owner.key, "impostor", fence=owner.fence, ttl=100, sent_at=0
         )
         pttl_before = raw.pttl(owner.key)
         assert lock.release(impostor) is ReleaseResult.NOT_OWNER
@@ -190,7 +186,7 @@ class TestTransportFailure:
             lease = held(lock.try_acquire("job", ttl=30))
             server.pause()  # the release times out in transport, the server keeps the key
             try:
-                with pytest.raises(redis.TimeoutError):
+                with pytest.raises(LockStoreUnavailableError, match="TimeoutError"):
                     lock.release(lease)
             finally:
                 server.resume()

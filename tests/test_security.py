@@ -11,8 +11,16 @@ import pytest
 import redis
 import trustme
 
-from celery_singleton_lock import Contended, Lease, LockNotAcquiredError, RedisLock, ReleaseResult
-from celery_singleton_lock.lock import redacted_url
+from celery_singleton_lock import (
+    Contended,
+    Lease,
+    LockNotAcquiredError,
+    LockStoreConfigurationError,
+    LockStoreUnavailableError,
+    RedisLock,
+    ReleaseResult,
+)
+from celery_singleton_lock.lease.clients import describe as redacted_url
 
 from .servers import RedisServer
 
@@ -20,7 +28,7 @@ SECRET = "s3cr3t-Pa55word"
 # What README.md tells an ACL user to allow: the calls the lock makes and the commands
 # its scripts run.
 NARROW_COMMANDS = (
-    "+evalsha", "+script|load", "+set", "+get", "+pttl", "+blpop",
+    "+eval", "+evalsha", "+script|load", "+set", "+get", "+pttl", "+blpop",
     "+del", "+exists", "+pexpire", "+rpush", "+time",
 )  # fmt: skip
 
@@ -100,10 +108,15 @@ class TestAuth:
         with pytest.raises(redis.exceptions.NoPermissionError):
             lock.client.set("elsewhere", 1)  # the user is confined to the prefix
 
-    def test_wrong_password_fails_with_redis_auth_error(self, password_server: RedisServer) -> None:
+    def test_wrong_password_is_a_configuration_error_that_says_so(
+        self, password_server: RedisServer
+    ) -> None:
         lock = RedisLock.from_url(f"redis://:wrong@127.0.0.1:{password_server.port}/0")
-        with pytest.raises(redis.AuthenticationError):
+        with pytest.raises(LockStoreConfigurationError, match="credentials") as caught:
             lock.try_acquire("job", ttl=1)
+        assert "wrong" not in str(caught.value)
+        assert caught.value.name == "job"
+        assert caught.value.key == lock.keys("job").lock
 
 
 class TestTLS:
@@ -140,7 +153,7 @@ class TestTLS:
             assert lock.release(lease) is ReleaseResult.RELEASED
             assert redacted_url(lock.client).startswith("rediss://***@127.0.0.1")
             plain = RedisLock.from_url(f"redis://:{SECRET}@127.0.0.1:{server.port}/0")
-            with pytest.raises(redis.ConnectionError):
+            with pytest.raises(LockStoreUnavailableError):
                 plain.try_acquire("job", ttl=1)
         finally:
             server.cleanup()

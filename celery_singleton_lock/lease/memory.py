@@ -12,22 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._time import to_seconds, ttl_to_ms
-from .exceptions import ConfigurationError
-from .lock import (
-    DEFAULT_PREFIX,
-    Contended,
-    ExtendResult,
-    Lease,
-    LockKeys,
-    LostCallback,
-    PendingAcquire,
-    ReleaseResult,
-    _LeaseState,
-    _new_token,
-    validate_name,
-    validate_prefix,
-)
+from .._time import to_seconds, ttl_to_ms
+from ..exceptions import ConfigurationError
+from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
+from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
+from .store import PendingAcquire
 
 
 def _replaceable(current: str, replace: str | None, shape: tuple[str, str] | None) -> bool:
@@ -76,13 +65,13 @@ class MemoryLock:
         fenced: bool = True,
     ) -> Lease | Contended:
         key = self.keys(name).lock
-        new_token = _new_token(token)
+        wanted = new_token(token)
         ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self._cond:
             entry = self._live(key)
             if (
                 entry is not None
-                and entry.token != new_token
+                and entry.token != wanted
                 and not _replaceable(entry.token, replace, replace_shape)
             ):
                 left = entry.expires_at - time.monotonic()
@@ -97,15 +86,8 @@ class MemoryLock:
             if fenced:
                 fence = max(time.time_ns() // 1000, self._last_fence.get(key, 0) + 1)
                 self._last_fence[key] = fence
-            self._entries[key] = _Entry(new_token, now + ttl_ms / 1000)
-            return Lease(
-                name=name,
-                key=key,
-                token=new_token,
-                fence=fence,
-                ttl=ttl_ms / 1000,
-                _state=_LeaseState(expires_at=now + ttl_ms / 1000),
-            )
+            self._entries[key] = _Entry(wanted, now + ttl_ms / 1000)
+            return Lease.granted(name, key, wanted, fence=fence, ttl=ttl_ms / 1000, sent_at=now)
 
     def begin_try_acquire(
         self,
@@ -166,10 +148,10 @@ class MemoryLock:
                 lease._renewed(float("inf"))
 
     def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
-        lease._state.released = True
+        lease._let_go()
         outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
         if isinstance(outcome, Contended):
-            lease._state.lost_reason = lease._state.lost_reason or "another owner holds it"
+            lease._note_loss("another owner holds it")
         return outcome
 
     def _drop(self, key: str, matches: Any) -> ReleaseResult:
@@ -186,7 +168,7 @@ class MemoryLock:
             return result
 
     def release(self, lease: Lease) -> ReleaseResult:
-        lease._state.released = True
+        lease._let_go()
         return self._drop(lease.key, lambda token: token == lease.token)
 
     def release_nowait(self, lease: Lease) -> None:

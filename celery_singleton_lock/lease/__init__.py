@@ -1,0 +1,28 @@
+"""The Redis lease: owner-checked, fenced, renewed locks on any redis-py client; no Celery."""
+
+from .aio import AsyncRedisLock
+from .clients import build as client_from_url
+from .clients import describe
+from .lease import Contended, ExtendResult, Lease, ReleaseResult
+from .memory import MemoryLock
+from .names import DEFAULT_PREFIX, LockKeys, validate_prefix
+from .renewal import Renewer, get_renewer
+from .store import PendingAcquire, RedisLock
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "AsyncRedisLock",
+    "Contended",
+    "ExtendResult",
+    "Lease",
+    "LockKeys",
+    "MemoryLock",
+    "PendingAcquire",
+    "RedisLock",
+    "ReleaseResult",
+    "Renewer",
+    "client_from_url",
+    "describe",
+    "get_renewer",
+    "validate_prefix",
+]

@@ -1,0 +1,158 @@
+"""``AsyncRedisLock``: the asyncio twin of ``RedisLock``, on any asyncio redis-py client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from ..exceptions import ConfigurationError
+from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
+from .clients import build, is_async
+from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, text
+from .names import DEFAULT_PREFIX
+from .renewal import next_delay
+
+
+class AsyncRedisLock(LockBase):
+    """Same scripts, same semantics as ``RedisLock``, ``await`` each call.
+
+    Takes ``redis.asyncio.Redis`` (standalone or from ``Sentinel.master_for``) and
+    ``redis.asyncio.cluster.RedisCluster``. Renewal runs as one asyncio task per renewed
+    lease on the caller's event loop.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        allow_long_ttl: bool = False,
+        backoff_base: float = 0.005,
+        backoff_cap: float = 0.5,
+    ) -> None:
+        if not is_async(client):
+            raise ConfigurationError(
+                "AsyncRedisLock needs an asyncio client (redis.asyncio.Redis or "
+                "redis.asyncio.cluster.RedisCluster); use RedisLock for a sync one"
+            )
+        super().__init__(
+            client,
+            prefix=prefix,
+            allow_long_ttl=allow_long_ttl,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+        )
+        self._renewals: dict[str, asyncio.Task[None]] = {}
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: Any
+    ) -> AsyncRedisLock:
+        """Connect to ``url``: any form ``clients.build`` takes (standalone, Sentinel, Cluster)."""
+        return cls(build(url, client_options, asyncio=True), prefix=prefix)
+
+    async def try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+    ) -> Lease | Contended:
+        """See ``RedisLock.try_acquire``."""
+        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        return await self._try(call, Try(announce=False))
+
+    async def _try(self, call: Call, step: Try) -> Lease | Contended:
+        sent_at = time.monotonic()
+        try:
+            reply = await self._acquire_script(**self._acquire_argv(call, step))
+        except REDIS_ERRORS as error:
+            self._failed(error, call.name)
+        return self._acquired(call, sent_at=sent_at, reply=reply)
+
+    async def acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        blocking: bool = True,
+        timeout: object | None = None,
+        wait: WaitMode = "push",
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        renew: bool = False,
+        on_lost: LostCallback | None = None,
+    ) -> Lease:
+        """See ``RedisLock.acquire``."""
+        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        plan = self._acquire_plan(blocking, timeout, wait)
+        step = next(plan)
+        try:
+            while True:
+                if isinstance(step, Try):
+                    step = plan.send(await self._try(call, step))
+                elif isinstance(step, Block):
+                    try:
+                        await self.client.blpop([call.keys.signal], timeout=step.seconds)
+                    except REDIS_ERRORS as error:
+                        self._failed(error, name)
+                    step = next(plan)
+                else:
+                    await asyncio.sleep(step.seconds)
+                    step = next(plan)
+        except StopIteration as done:
+            lease = self._granted(done.value, on_lost)
+        if renew:
+            self._renewals[lease.token] = asyncio.create_task(self._renew(lease))
+        return lease
+
+    async def _renew(self, lease: Lease) -> None:
+        delay: float | None = lease.ttl / 3
+        while delay is not None:
+            await asyncio.sleep(delay)
+            try:
+                # Never longer than what is left of the lease: a stalled server must
+                # not keep the holder believing it still holds the lock.
+                result: ExtendResult | Exception = await asyncio.wait_for(
+                    self.extend(lease), timeout=max(lease.remaining(), 0.001)
+                )
+            except (Exception, asyncio.TimeoutError) as error:
+                result = error
+            delay = next_delay(lease, result)
+
+    async def release(self, lease: Lease) -> ReleaseResult:
+        """See ``RedisLock.release``."""
+        argv = self._release_argv(lease.name, lease.token)
+        renewal = self._renewals.pop(lease.token, None)
+        if renewal is not None:
+            renewal.cancel()
+        with lease._releasing():
+            try:
+                reply = await self._release_script(**argv)
+            except REDIS_ERRORS as error:
+                self._failed(error, lease.name)
+        return self._released(lease, reply)
+
+    async def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
+        """See ``RedisLock.extend``."""
+        keys, ttl_ms = self._extend_call(lease, ttl)
+        sent_at = time.monotonic()
+        try:
+            reply = await self._extend_script(
+                keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms]
+            )
+        except REDIS_ERRORS as error:
+            self._failed(error, lease.name)
+        return self._extended(lease, ttl_ms, sent_at, reply)
+
+    async def holder(self, name: str) -> str | None:
+        """The token currently holding ``name`` (None when free)."""
+        try:
+            value = await self.client.get(self.keys(name).lock)
+        except REDIS_ERRORS as error:
+            self._failed(error, name)
+        return None if value is None else text(value)

@@ -1,0 +1,291 @@
+"""What the sync and asyncio stores share: validation, script arguments, replies, the wait plan.
+
+No I/O here. The blocking acquire is a generator of steps ("try", "block", "sleep") so
+the two clients share the decisions and differ only in how they perform I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, TypeAlias, TypedDict
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from .._time import full_jitter, to_seconds, ttl_to_ms
+from ..exceptions import ConfigurationError
+from . import scripts
+from .clients import describe, socket_timeout_of
+from .errors import store_error
+from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
+from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
+
+logger = logging.getLogger(__name__)
+
+# Long enough to cover the gap between a waiter's failed acquire and its BLPOP,
+# short enough that an unconsumed wake-up does not linger as a key.
+SIGNAL_TTL_MS = 2000
+# How long a waiter sleeps at most when the holder's key has no TTL (a foreign key).
+NO_TTL_RECHECK = 1.0
+# What redis-py raises: its errors, and the cluster client's own (not RedisErrors).
+REDIS_ERRORS = (redis.RedisError, RedisClusterException)
+
+WaitMode: TypeAlias = Literal["push", "spin"]
+
+
+class ScriptArgs(TypedDict):
+    keys: list[Any]
+    args: list[Any]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One validated acquire request."""
+
+    name: str
+    keys: LockKeys
+    token: str
+    ttl_ms: int
+    replace: str  # '' for none
+    shape: tuple[str, str]  # ('', '') for none
+    fenced: bool
+
+    def lease(self, *, fence: int, sent_at: float) -> Lease:
+        """The lease this call holds once granted; its TTL counts from when it was sent."""
+        return Lease.granted(
+            self.name,
+            self.keys.lock,
+            self.token,
+            fence=fence,
+            ttl=self.ttl_ms / 1000,
+            sent_at=sent_at,
+        )
+
+
+@dataclass(frozen=True)
+class Try:
+    announce: bool  # register as a waiter if this try fails (push waits only)
+
+
+@dataclass(frozen=True)
+class Block:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+Step: TypeAlias = Try | Block | Sleep
+Plan: TypeAlias = Generator[Step, Lease | Contended | None, Lease | Contended]
+
+
+def _acquire_steps(
+    *,
+    blocking: bool,
+    timeout: float | None,
+    wait: WaitMode,
+    backoff_base: float,
+    backoff_cap: float,
+) -> Plan:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    attempt = 0
+    announce = blocking and wait == "push"
+    while True:
+        outcome = yield Try(announce)
+        if outcome is None:
+            raise RuntimeError("acquire plan resumed without the outcome of its try")
+        if isinstance(outcome, Lease) or not blocking:
+            return outcome
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return outcome
+        # Never wait past the holder's TTL: a holder that dies without releasing sends
+        # no wake-up, so its expiry is the latest moment the lock can become free.
+        cap = NO_TTL_RECHECK if outcome.retry_after is None else outcome.retry_after
+        bound = cap if left is None else min(cap, left)
+        if wait == "push":
+            # BLPOP's timeout 0 means "forever"; 1 ms is the finest it honours.
+            yield Block(max(bound, 0.001))
+        else:
+            delay = full_jitter(attempt, base=backoff_base, cap=backoff_cap)
+            yield Sleep(min(delay, bound))
+            attempt += 1
+
+
+class LockBase:
+    """What both clients share: key layout, validation and reply decoding. No I/O."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        allow_long_ttl: bool = False,
+        backoff_base: float = 0.005,
+        backoff_cap: float = 0.5,
+    ) -> None:
+        self.client = client
+        self.prefix = validate_prefix(prefix)
+        self.allow_long_ttl = allow_long_ttl
+        self.backoff_base = to_seconds(backoff_base, what="backoff_base")
+        self.backoff_cap = to_seconds(backoff_cap, what="backoff_cap")
+        self.where = describe(client)
+        # Per-client registration (EVALSHA; redis-py reloads on NOSCRIPT after a restart).
+        self._acquire_script = client.register_script(scripts.ACQUIRE)
+        self._release_script = client.register_script(scripts.RELEASE)
+        self._extend_script = client.register_script(scripts.EXTEND)
+        self._release_matching_script = client.register_script(scripts.RELEASE_MATCHING)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where}, prefix={self.prefix!r})"
+
+    def keys(self, name: str) -> LockKeys:
+        """The Redis keys lock ``name`` uses under this prefix."""
+        return LockKeys.build(self.prefix, validate_name(name))
+
+    def _failed(self, error: Exception, name: str | None = None) -> NoReturn:
+        """Raise what ``error`` means: the store is unreachable, or set up wrongly."""
+        key = None if name is None else self.keys(name).lock
+        raise store_error(error, where=self.where, name=name, key=key) from error
+
+    def _ttl_ms(self, ttl: object) -> int:
+        return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
+
+    def _acquire_call(
+        self,
+        name: str,
+        ttl: object,
+        token: object,
+        replace: object,
+        shape: object = None,
+        *,
+        fenced: bool = True,
+    ) -> Call:
+        # Validate everything before the first byte goes to Redis.
+        if replace is not None and (not isinstance(replace, str) or not replace):
+            raise ConfigurationError(f"replace must be a non-empty token or None, got {replace!r}")
+        if shape is not None and not (
+            isinstance(shape, tuple)
+            and len(shape) == 2
+            and all(isinstance(part, str) for part in shape)
+            and shape[0]
+        ):
+            raise ConfigurationError(
+                f"replace_shape must be (prefix, suffix) with a non-empty prefix, got {shape!r}"
+            )
+        return Call(
+            name=name,
+            keys=self.keys(name),
+            token=new_token(token),
+            ttl_ms=self._ttl_ms(ttl),
+            replace=replace or "",
+            shape=shape or ("", ""),
+            fenced=fenced,
+        )
+
+    @staticmethod
+    def _acquire_argv(call: Call, step: Try) -> ScriptArgs:
+        keys = call.keys
+        return {
+            "keys": [keys.lock, keys.fence, keys.signal, keys.waiters],
+            "args": [
+                call.token,
+                call.ttl_ms,
+                "1" if step.announce else "0",
+                call.replace,
+                *call.shape,
+                "0" if call.fenced else "1",
+            ],
+        }
+
+    @staticmethod
+    def _acquired(call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+        if int(reply[0]) == 1:
+            lease = call.lease(fence=int(reply[1]), sent_at=sent_at)
+            logger.debug("acquired %s (fence %d)", lease.key, lease.fence)
+            return lease
+        pttl = int(reply[2])
+        return Contended(
+            name=call.name,
+            key=call.keys.lock,
+            holder=text(reply[1]),
+            retry_after=None if pttl < 0 else pttl / 1000,
+        )
+
+    def _extend_call(self, lease: Lease, ttl: object | None) -> tuple[LockKeys, int]:
+        return self.keys(lease.name), self._ttl_ms(lease.ttl if ttl is None else ttl)
+
+    @staticmethod
+    def _granted(outcome: Lease | Contended, on_lost: LostCallback | None) -> Lease:
+        """The end of a blocking acquire: the lease, or the error naming the holder."""
+        if isinstance(outcome, Contended):
+            raise outcome.error()
+        if on_lost is not None:
+            outcome.on_lost(on_lost)
+        return outcome
+
+    def _release_argv(self, name: str, token: str) -> ScriptArgs:
+        keys = self.keys(name)
+        return {"keys": [keys.lock, keys.signal, keys.waiters], "args": [token, SIGNAL_TTL_MS]}
+
+    def _release_matching_argv(self, name: str, prefix: str, suffix: str) -> ScriptArgs:
+        if not prefix:
+            raise ConfigurationError("release_matching needs a non-empty prefix")
+        keys = self.keys(name)
+        return {
+            "keys": [keys.lock, keys.signal, keys.waiters],
+            "args": [prefix, suffix, SIGNAL_TTL_MS],
+        }
+
+    @staticmethod
+    def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
+        result = decode(reply, ExtendResult)
+        if result is ExtendResult.EXTENDED:
+            lease._renewed(sent_at + ttl_ms / 1000)
+        else:
+            lease._mark_lost(LOSS[result])
+        return result
+
+    @staticmethod
+    def _released(lease: Lease, reply: Any) -> ReleaseResult:
+        result = decode(reply, ReleaseResult)
+        if result is ReleaseResult.RELEASED:
+            logger.debug("released %s (fence %d)", lease.key, lease.fence)
+        else:
+            logger.info("release of %s (fence %d): %s", lease.key, lease.fence, result.name)
+            lease._note_loss(LOSS[result])  # the holder is letting go: recorded, not reported
+        return result
+
+    def _acquire_plan(self, blocking: bool, timeout: object | None, wait: object) -> Plan:
+        if wait not in ("push", "spin"):
+            raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
+        seconds = None if timeout is None else to_seconds(timeout, what="timeout")
+        if seconds is not None and seconds < 0:
+            raise ConfigurationError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        if blocking and wait == "push":
+            self._check_socket_timeout(seconds)
+        return _acquire_steps(
+            blocking=blocking,
+            timeout=seconds,
+            wait=wait,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+        )
+
+    def _check_socket_timeout(self, timeout: float | None) -> None:
+        socket_timeout = socket_timeout_of(self.client)
+        if socket_timeout is None:
+            return
+        if timeout is None or timeout + 0.1 >= socket_timeout:
+            wanted = "forever" if timeout is None else f"up to {timeout:g}s"
+            raise ConfigurationError(
+                f"this Redis client has socket_timeout={socket_timeout:g}s but acquire() was "
+                f"asked to block {wanted} in BLPOP, which would fail with a socket timeout. "
+                "Create the client with a larger socket_timeout (or None), pass a shorter "
+                "timeout=, or use wait='spin'"
+            )

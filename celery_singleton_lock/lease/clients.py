@@ -1,0 +1,248 @@
+"""A redis-py client from a URL for every topology (standalone, Sentinel, Cluster); its description.
+
+URL forms:
+
+- ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path?db=N``:
+  redis-py's own ``from_url``.
+- ``sentinel://[[user]:password@]host:26379;sentinel://host2:26379/0`` with
+  ``master_name`` (and optionally ``sentinel_kwargs``, ``min_other_sentinels``) in the
+  options: kombu's form for a Sentinel broker. The password is the master's; the
+  sentinels' own credentials go in ``sentinel_kwargs``.
+- ``redis+cluster://[[user]:password@]host:port[,host2:port2...]`` (``rediss+cluster://``
+  for TLS): a Redis Cluster, given by one or more seed nodes. kombu has no cluster
+  form; this one keeps the ``redis`` scheme readable and marks the topology the way
+  ``redis+socket://`` marks a socket, and a list of seeds survives one being down.
+
+``describe`` says where any of these clients connects, never with its password.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import redis
+import redis.asyncio
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+from ..exceptions import ConfigurationError
+
+STANDALONE_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SENTINEL_SCHEMES = ("sentinel", "sentinels")
+SCHEMES = STANDALONE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES
+# Options that configure how Sentinel is asked, not the connection to the master.
+_SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs", "min_other_sentinels")
+
+
+def scheme_of(url: str) -> str:
+    return urlsplit(url).scheme.lower()
+
+
+def build(
+    url: str, options: dict[str, Any] | None = None, *, asyncio: bool = False, bounded: bool = False
+) -> Any:
+    """A client for ``url``; ``options`` are redis-py keyword arguments (plus Sentinel's).
+
+    ``bounded``: a standalone sync client gets a ``BlockingConnectionPool`` (its
+    ``max_connections`` and ``timeout`` options apply).
+
+    Raises ``ConfigurationError`` naming what is wrong, before any connection is made.
+    """
+    options = dict(options or {})
+    scheme = scheme_of(url)
+    try:
+        if scheme in SENTINEL_SCHEMES:
+            return _sentinel(url, options, asyncio=asyncio)
+        if scheme in CLUSTER_SCHEMES:
+            return _cluster(url, options, asyncio=asyncio)
+        if scheme in STANDALONE_SCHEMES:
+            for name in _SENTINEL_OPTIONS:
+                options.pop(name, None)  # a broker's Sentinel options, not for this URL
+            if bounded and not asyncio:
+                # At most max_connections; a caller finding all in use waits for one
+                # (up to the pool's timeout) instead of opening another.
+                client = redis.Redis(
+                    connection_pool=redis.BlockingConnectionPool.from_url(url, **options)
+                )
+                client.auto_close_connection_pool = True
+                return client
+            factory = redis.asyncio.Redis if asyncio else redis.Redis
+            return factory.from_url(url, **options)
+    except TypeError as error:
+        raise ConfigurationError(
+            f"a lock store option is not one redis-py takes ({error}); check the transport "
+            "options given for the lock store"
+        ) from None
+    except ValueError as error:
+        if isinstance(error, ConfigurationError):
+            raise
+        raise ConfigurationError(f"lock store URL {redact(url)} is not valid: {error}") from None
+    raise ConfigurationError(
+        f"lock store URL {redact(url)} has scheme {scheme!r}; use one of "
+        f"{', '.join(s + '://' for s in SCHEMES)}"
+    )
+
+
+def _credentials(part: Any) -> dict[str, Any]:
+    found = {}
+    if part.username:
+        found["username"] = unquote(part.username)
+    if part.password:
+        found["password"] = unquote(part.password)
+    return found
+
+
+def _host_port(text: str, default_port: int, url: str) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[::1]:port`` -> (host, port)."""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    else:
+        host, port = text, ""
+    try:
+        return host or "localhost", int(port) if port else default_port
+    except ValueError:
+        raise ConfigurationError(f"lock store URL {redact(url)}: bad port in {text!r}") from None
+
+
+def _sentinel(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
+    master_name = options.pop("master_name", None)
+    if not master_name:
+        raise ConfigurationError(
+            f"lock store URL {redact(url)} is a Sentinel URL but no master_name was given: set "
+            "singleton_lock_transport_options = {'master_name': 'mymaster'} (as kombu's "
+            "broker_transport_options does)"
+        )
+    sentinel_kwargs = options.pop("sentinel_kwargs", None) or {}
+    min_other = options.pop("min_other_sentinels", 0)
+    nodes: list[tuple[str, int]] = []
+    connection: dict[str, Any] = {}
+    for one in filter(None, (u.strip() for u in url.split(";"))):
+        part = urlsplit(one)
+        if part.scheme.lower() not in SENTINEL_SCHEMES:
+            raise ConfigurationError(
+                f"lock store URL {redact(url)}: every part must be sentinel://"
+            )
+        nodes.append(_host_port(part.netloc.rpartition("@")[2], 26379, url))
+        connection.update(_credentials(part))
+        if part.path.strip("/"):
+            connection["db"] = int(part.path.strip("/"))
+        if part.scheme.lower() == "sentinels":
+            connection["ssl"] = True
+    connection.update(options)
+    # Typed as Any: redis-py's annotations of these differ between its versions.
+    sentinel_class: Any = AsyncSentinel if asyncio else Sentinel
+    client_class: Any = redis.asyncio.Redis if asyncio else redis.Redis
+    sentinel = sentinel_class(
+        nodes, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs, **connection
+    )
+    return sentinel.master_for(master_name, redis_class=client_class)
+
+
+def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
+    part = urlsplit(url)
+    seeds = part.netloc.rpartition("@")[2]
+    if part.path.strip("/") not in ("", "0"):
+        raise ConfigurationError(
+            f"lock store URL {redact(url)}: a cluster has only database 0; drop the /N"
+        )
+    hosts = [_host_port(seed, 6379, url) for seed in seeds.split(",") if seed]
+    if not hosts:
+        raise ConfigurationError(f"lock store URL {redact(url)} names no cluster node")
+    kwargs: dict[str, Any] = {**_credentials(part), **dict(parse_qsl(part.query))}
+    if part.scheme.lower().startswith("rediss"):
+        kwargs["ssl"] = True
+    for name in _SENTINEL_OPTIONS:
+        options.pop(name, None)
+    kwargs.update(options)
+    kwargs.pop("db", None)
+    node_class: Any = AsyncClusterNode if asyncio else ClusterNode
+    cluster_class: Any = AsyncRedisCluster if asyncio else RedisCluster
+    return cluster_class(startup_nodes=[node_class(*h) for h in hosts], **kwargs)
+
+
+def redact(url: str) -> str:
+    """``url`` without its password."""
+    parts = []
+    for one in url.split(";"):
+        shown = one.strip()
+        part = urlsplit(shown)
+        if part.password:
+            user = part.username or ""
+            shown = shown.replace(f"{part.netloc.rpartition('@')[0]}@", f"{user}:***@", 1)
+        parts.append(shown)
+    return ";".join(parts)
+
+
+def _cluster_kwargs(client: Any) -> dict[str, Any] | None:
+    manager = getattr(client, "nodes_manager", None)
+    if manager is None:
+        return None
+    kwargs = getattr(manager, "connection_kwargs", None) or getattr(
+        client, "connection_kwargs", None
+    )
+    return dict(kwargs or {})
+
+
+def _auth(kwargs: dict[str, Any]) -> str:
+    user = kwargs.get("username")
+    return f"{user}:***@" if user else ("***@" if kwargs.get("password") else "")
+
+
+def describe(client: Any) -> str:
+    """Where ``client`` connects, for messages and logs: never includes the password."""
+    cluster = _cluster_kwargs(client)
+    if cluster is not None:
+        manager = client.nodes_manager
+        seeds = getattr(manager, "startup_nodes", {})
+        names = (
+            sorted(seeds)
+            if isinstance(seeds, dict)
+            else sorted(f"{n.host}:{n.port}" for n in seeds)
+        )
+        tls = cluster.get("ssl") or "SSL" in getattr(
+            cluster.get("connection_class"), "__name__", ""
+        )
+        scheme = "rediss+cluster" if tls else "redis+cluster"
+        return f"{scheme}://{_auth(cluster)}{','.join(names)}"
+    pool = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", {})
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        sentinels = getattr(getattr(pool, "sentinel_manager", None), "sentinels", [])
+        hosts = []
+        for sentinel in sentinels:
+            found = getattr(getattr(sentinel, "connection_pool", None), "connection_kwargs", {})
+            hosts.append(f"{found.get('host', '?')}:{found.get('port', '?')}")
+        db = kwargs.get("db", 0)
+        return f"sentinel://{_auth(kwargs)}{';'.join(hosts)}/{db} (master {service!r})"
+    if "path" in kwargs:
+        return f"unix://{_auth(kwargs)}{kwargs['path']}?db={kwargs.get('db', 0)}"
+    pool_class = getattr(pool, "connection_class", None)
+    scheme = "rediss" if pool_class is not None and "SSL" in pool_class.__name__ else "redis"
+    host = kwargs.get("host", "localhost")
+    return f"{scheme}://{_auth(kwargs)}{host}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def socket_timeout_of(client: Any) -> float | None:
+    """The read timeout of ``client``'s connections, whatever its kind."""
+    kwargs = _cluster_kwargs(client)
+    if kwargs is None:
+        kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    value = kwargs.get("socket_timeout")
+    return None if value is None else float(value)
+
+
+def is_async(client: Any) -> bool:
+    return isinstance(client, redis.asyncio.Redis | AsyncRedisCluster)
+
+
+def is_sync(client: Any) -> bool:
+    return isinstance(client, redis.Redis | RedisCluster)

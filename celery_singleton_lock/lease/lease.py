@@ -1,0 +1,225 @@
+"""The lease handle and the outcomes of lease operations (contended, released, extended)."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, TypeVar
+
+from ..exceptions import LockLostError, LockNotAcquiredError
+
+logger = logging.getLogger(__name__)
+
+LostCallback: TypeAlias = Callable[["Lease"], object]
+
+
+class ReleaseResult(enum.IntEnum):
+    """What ``release`` found; the values are the release script's return codes."""
+
+    RELEASED = 1
+    EXPIRED = 0
+    NOT_OWNER = -1
+
+
+class ExtendResult(enum.IntEnum):
+    """What ``extend`` found; the values are the extend script's return codes."""
+
+    EXTENDED = 1
+    EXPIRED = 0
+    NOT_OWNER = -1
+
+
+_Result = TypeVar("_Result", ReleaseResult, ExtendResult)
+
+
+def decode(code: object, result: type[_Result]) -> _Result:
+    """The one place script codes become results; an unknown code is a bug, not a result."""
+    try:
+        return result(int(code))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise RuntimeError(f"{result.__name__}: unexpected script reply {code!r}") from None
+
+
+LOSS = {
+    ReleaseResult.EXPIRED: "it expired",
+    ReleaseResult.NOT_OWNER: "another owner holds it",
+    ExtendResult.EXPIRED: "it expired",
+    ExtendResult.NOT_OWNER: "another owner holds it",
+}
+
+
+def text(value: object) -> str:
+    """Replies are bytes or str depending on the client's decode_responses."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class _LeaseState:
+    """The mutable side of a lease: renewed expiry, lost/released flags, callbacks.
+
+    Kept apart so ``Lease`` itself stays immutable and hashable. Pickles without its
+    callbacks (a lease sent to another process carries its identity, not its hooks).
+    """
+
+    __slots__ = ("callbacks", "expires_at", "lost_reason", "released")
+
+    def __init__(self, expires_at: float) -> None:
+        self.expires_at = expires_at
+        self.lost_reason: str | None = None
+        self.released = False
+        self.callbacks: list[LostCallback] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "expires_at": self.expires_at,
+            "lost_reason": self.lost_reason,
+            "released": self.released,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.expires_at = state["expires_at"]
+        self.lost_reason = state["lost_reason"]
+        self.released = state["released"]
+        self.callbacks = []
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A held lock: who holds it (``token``), its fencing token, and until when.
+
+    Immutable and free of thread-local state: any thread or process holding this
+    handle (it pickles) can release or extend it. ``expires_at`` is on this process's
+    ``time.monotonic()`` clock: the server's TTL minus the round trip that set it, so
+    it errs early, never late.
+    """
+
+    name: str
+    key: str
+    token: str
+    fence: int
+    ttl: float
+    _state: _LeaseState = field(compare=False, repr=False)
+
+    @classmethod
+    def granted(
+        cls, name: str, key: str, token: str, *, fence: int, ttl: float, sent_at: float
+    ) -> Lease:
+        """A lease granted by a request sent at ``sent_at``: its TTL counts from then."""
+        return cls(name, key, token, fence, ttl, _LeaseState(expires_at=sent_at + ttl))
+
+    @classmethod
+    def unlocked(cls, name: str, ttl: float, reason: str) -> Lease:
+        """A stand-in for a lease that could not be taken (``fail_open``): never held.
+
+        Its token is empty (nothing to release or renew) and ``check()`` raises with
+        ``reason``, so code that guards a write with it learns it ran unlocked.
+        """
+        state = _LeaseState(expires_at=float("inf"))
+        state.lost_reason = reason
+        return cls(name=name, key="", token="", fence=0, ttl=ttl, _state=state)
+
+    @property
+    def expires_at(self) -> float:
+        return self._state.expires_at
+
+    @property
+    def released(self) -> bool:
+        return self._state.released
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known to be lost or its expiry estimate has passed."""
+        return self._state.lost_reason is not None or (
+            not self._state.released and self.remaining() <= 0
+        )
+
+    def remaining(self) -> float:
+        """Seconds until the lease expires unless renewed (0 when already past)."""
+        return max(0.0, self._state.expires_at - time.monotonic())
+
+    def check(self) -> None:
+        """Raise ``LockLostError`` if this lease can no longer be trusted to be held.
+
+        Call it before a side effect that must not happen twice; pair it with the
+        ``fence`` where the store can compare fences, since a check can pass just
+        before a pause that outlives the lease.
+        """
+        reason = self._state.lost_reason
+        if reason is None and not self._state.released and self.remaining() <= 0:
+            reason = "its ttl ran out without a renewal"
+        if reason is not None:
+            raise LockLostError(
+                f"lease on {self.name!r} (fence {self.fence}) was lost: {reason}",
+                name=self.name,
+                key=self.key,
+                reason=reason,
+            )
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Call ``callback(lease)`` (from the renewal thread) when the lease is found lost."""
+        self._state.callbacks.append(callback)
+
+    # -- for the stores of this package only ------------------------------------------
+
+    def _renewed(self, expires_at: float) -> None:
+        self._state.expires_at = expires_at
+
+    def _note_loss(self, reason: str) -> None:
+        """Record a loss without reporting it (the holder learns it from a result)."""
+        self._state.lost_reason = self._state.lost_reason or reason
+
+    def _mark_lost(self, reason: str) -> None:
+        state = self._state
+        if state.released or state.lost_reason is not None:
+            return
+        state.lost_reason = reason
+        logger.warning("lost %s (fence %d): %s", self.key, self.fence, reason)
+        for callback in list(state.callbacks):
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("lost-lease callback for %s raised", self.key)
+
+    def _let_go(self) -> None:
+        """Released: renewal stops reporting it, ``check()`` no longer raises for its ttl."""
+        self._state.released = True
+
+    @contextmanager
+    def _releasing(self) -> Iterator[None]:
+        """Marked released while its release is in flight, and kept so on success.
+
+        Set before sending so that a renewal answered "expired" just after our own delete
+        is not reported as a loss; cleared again if the release fails in transport, so
+        the handle stays usable for a retry.
+        """
+        self._state.released = True
+        try:
+            yield
+        except BaseException:
+            self._state.released = False
+            raise
+
+
+@dataclass(frozen=True)
+class Contended:
+    """A failed try: ``holder`` owns it ('' if the value is foreign), for ``retry_after`` s."""
+
+    name: str
+    key: str
+    holder: str
+    retry_after: float | None  # seconds; None when the holder's key has no TTL
+
+    def error(self) -> LockNotAcquiredError:
+        wait = "no ttl" if self.retry_after is None else f"{self.retry_after:.3f}s left"
+        return LockNotAcquiredError(
+            f"lock {self.name!r} is held by {self.holder or 'an unknown owner'!r} ({wait})",
+            name=self.name,
+            key=self.key,
+            holder=self.holder or None,
+            retry_after=self.retry_after,
+        )

@@ -1,0 +1,85 @@
+"""Where a lock lives in Redis: the key layout under a prefix, and the checks on names and tokens.
+
+Pure: no I/O. Every key of one lock shares the hash tag ``{name}``, so a lock's keys
+hash to one Redis Cluster slot and its scripts never raise CROSSSLOT.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from ..exceptions import ConfigurationError
+
+DEFAULT_PREFIX = "singleton_lock"
+MAX_NAME_LENGTH = 1024
+MAX_TOKEN_LENGTH = 256
+
+# Characters kept as they are in a lock name. Everything else is %-escaped, so a name
+# built from user data cannot close the hash tag ('{', '}'), match as a glob pattern in
+# a SCAN/KEYS of the prefix ('*', '?', '[', ']', '\\') or smuggle in whitespace.
+_NAME_SAFE = ":/=@+,;!$&'()|<>^`"
+# Names made only of what quote() keeps as it is (its own safe set plus ours).
+_needs_quoting = re.compile(r"[^A-Za-z0-9_.~\-:/=@+,;!$&'()|<>^`]").search
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """The Redis keys of one lock; all share the hash tag ``{name}`` (one cluster slot)."""
+
+    lock: str
+    fence: str
+    signal: str
+    waiters: str
+
+    @classmethod
+    def build(cls, prefix: str, name: str) -> LockKeys:
+        if not _needs_quoting(name):
+            tag = f"{prefix}:{{{name}}}"  # the common case, at a fraction of quote()'s cost
+        else:
+            tag = f"{prefix}:{{{quote(name, safe=_NAME_SAFE)}}}"
+        return cls(lock=tag, fence=f"{tag}:fence", signal=f"{tag}:signal", waiters=f"{tag}:waiters")
+
+
+def validate_prefix(prefix: object) -> str:
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigurationError(f"prefix must be a non-empty string, got {prefix!r}")
+    bad = set(prefix) & set("{}*?[]\\ \t\r\n")
+    if bad:
+        raise ConfigurationError(
+            f"prefix {prefix!r} contains {''.join(sorted(bad))!r}: braces would break the "
+            "cluster hash tag and glob characters would break SCAN of our keys; use "
+            "letters, digits and ':' '_' '-' '.'"
+        )
+    return prefix
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise ConfigurationError(
+            f"lock name must be a str, got {type(name).__name__} {name!r}; derive one with "
+            "celery_singleton_lock.keys if it comes from task arguments"
+        )
+    if not name:
+        raise ConfigurationError("lock name must not be empty")
+    if len(name) > MAX_NAME_LENGTH:
+        raise ConfigurationError(
+            f"lock name is {len(name)} characters, more than {MAX_NAME_LENGTH}; hash long "
+            "names (celery_singleton_lock.keys does) instead of using them as keys",
+            name=name[:64] + "...",
+        )
+    return name
+
+
+def new_token(token: object) -> str:
+    """``token`` checked, or a fresh random one when it is None."""
+    if token is None:
+        return secrets.token_hex(16)
+    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
+        raise ConfigurationError(
+            f"token must be a non-empty str of at most {MAX_TOKEN_LENGTH} characters, "
+            f"got {token!r}; leave it out to get a random one"
+        )
+    return token

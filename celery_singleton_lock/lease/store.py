@@ -1,0 +1,402 @@
+"""``RedisLock``: leases on named locks in one Redis (any topology), a round trip per operation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from ..exceptions import ConfigurationError, SingletonLockError
+from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
+from .clients import build, is_async
+from .errors import store_error
+from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
+from .names import DEFAULT_PREFIX
+from .renewal import Renewer, get_renewer
+from .transport import Reply, Transport
+
+
+class RedisLock(LockBase):
+    """Leases on named locks in one Redis, one round trip per operation.
+
+    Fencing tokens: each successful acquire of a name returns a ``fence`` strictly
+    greater than every earlier fence of that name. The script takes
+    ``max(server TIME in microseconds, last fence + 1)``; the last fence is kept in one
+    key per lock that expires with the lease (refreshed by each extend), so fencing
+    state is bounded by the number of locks held within the last ``ttl``, never one
+    key per name forever. Assumptions: the Redis server's clock does not step back
+    by more than the time between two acquisitions of one name, at most one
+    acquisition of a name per microsecond, and fences below 2**53 (Lua numbers are
+    doubles; TIME in microseconds gets there in the year 2255). A server restart with
+    persistence off loses the state but not monotonicity, as the fence restarts from
+    the clock.
+
+    Safety rests on a single Redis primary: a failover to a replica that missed the
+    last write can hand the same lock out twice. Fences exist to catch exactly that.
+
+    Errors: an unreachable server raises ``LockStoreUnavailableError``; a server that
+    refuses us for how it is set up raises ``LockStoreConfigurationError``.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        allow_long_ttl: bool = False,
+        backoff_base: float = 0.005,
+        backoff_cap: float = 0.5,
+        renewer: Renewer | None = None,
+    ) -> None:
+        if is_async(client):
+            raise ConfigurationError("RedisLock needs a sync redis-py client; use AsyncRedisLock")
+        super().__init__(
+            client,
+            prefix=prefix,
+            allow_long_ttl=allow_long_ttl,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+        )
+        self._renewer = renewer
+        self.transport = Transport(client)
+        self.cluster = hasattr(client, "get_node_from_key")
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: Any
+    ) -> RedisLock:
+        """Connect to ``url``: any form ``clients.build`` takes (standalone, Sentinel, Cluster)."""
+        return cls(build(url, client_options), prefix=prefix)
+
+    @property
+    def renewer(self) -> Renewer:
+        return self._renewer if self._renewer is not None else get_renewer()
+
+    def try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+    ) -> Lease | Contended:
+        """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder.
+
+        ``replace``: a token the caller may take over, e.g. the hold its own queued
+        message took at dispatch; the lock passes from that token to the new lease in
+        one step, with a new fence. ``replace_shape``: or any token starting with
+        ``prefix`` and ending with ``suffix`` (a hold whose random part is unknown here).
+        ``fenced=False``: a hold that only keeps others out and never guards a write
+        skips the fencing work (its ``fence`` is 0).
+        """
+        return self.begin_try_acquire(
+            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced
+        ).outcome()
+
+    def begin_try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+    ) -> PendingAcquire:
+        """``try_acquire`` in two halves: send now, ``.outcome()`` reads the answer.
+
+        The round trip overlaps whatever the caller does in between (Celery's dispatch
+        builds its message meanwhile). Validation errors raise here, before anything is
+        sent; store errors may raise from either half.
+        """
+        call = self._acquire_call(name, ttl, token, replace, replace_shape, fenced=fenced)
+        return self._send_try(call, Try(announce=False))
+
+    def _send_try(self, call: Call, step: Try) -> PendingAcquire:
+        sent_at = time.monotonic()
+        try:
+            if call.fenced or call.replace or call.shape[0] or step.announce:
+                reply = self.transport.send(self._acquire_script, **self._acquire_argv(call, step))
+            else:
+                # A plain hold (a queued message's) needs none of the script's extra steps.
+                reply = self.transport.send_hold(
+                    call.keys.lock,
+                    call.token,
+                    call.ttl_ms,
+                    lambda: self._acquire_script(**self._acquire_argv(call, step)),
+                )
+        except REDIS_ERRORS as error:
+            self._failed(error, call.name)
+        return PendingAcquire(self, call, sent_at, reply)
+
+    def acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        blocking: bool = True,
+        timeout: object | None = None,
+        wait: WaitMode = "push",
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        renew: bool = False,
+        on_lost: LostCallback | None = None,
+    ) -> Lease:
+        """Take the lock, waiting up to ``timeout`` seconds (None: as long as it takes).
+
+        ``wait="push"`` sleeps in BLPOP and is woken by the release (it holds one pooled
+        connection while it waits); ``wait="spin"`` retries with exponential backoff
+        and full jitter. Either way no wait outlasts the holder's TTL. With
+        ``renew=True`` the process's renewal thread keeps the lease alive until
+        ``release``. Raises ``LockNotAcquiredError`` naming the holder on failure.
+        """
+        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        plan = self._acquire_plan(blocking, timeout, wait)
+        step = next(plan)
+        try:
+            while True:
+                if isinstance(step, Try):
+                    step = plan.send(self._send_try(call, step).outcome())
+                elif isinstance(step, Block):
+                    try:
+                        self.client.blpop([call.keys.signal], timeout=step.seconds)
+                    except REDIS_ERRORS as error:
+                        self._failed(error, name)
+                    step = next(plan)
+                else:
+                    time.sleep(step.seconds)
+                    step = next(plan)
+        except StopIteration as done:
+            lease = self._granted(done.value, on_lost)
+        if renew:
+            self.renewer.add(self, lease)
+        return lease
+
+    def renew(self, lease: Lease) -> None:
+        """Keep ``lease`` alive from the process's renewal thread until it is released."""
+        self.renewer.add(self, lease)
+
+    def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
+        """Pass the lock from ``lease`` to ``token`` in one step (e.g. to a retry's message).
+
+        Stops renewing ``lease``; on success it counts as released. ``Contended`` means
+        ``lease`` had already lost the lock to someone else.
+        """
+        self.renewer.discard(lease)
+        with lease._releasing():
+            outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
+        if isinstance(outcome, Contended):
+            lease._note_loss(LOSS[ReleaseResult.NOT_OWNER])
+        return outcome
+
+    def release(self, lease: Lease) -> ReleaseResult:
+        """Delete the lock if ``lease`` still owns it, and wake one waiter.
+
+        A store error propagates and leaves the lease as it was, so the caller can
+        retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
+        """
+        with lease._releasing():
+            try:
+                reply = self._send_release(lease).get()
+            except REDIS_ERRORS as error:
+                self._failed(error, lease.name)
+        return self._released(lease, reply)
+
+    def release_nowait(self, lease: Lease) -> None:
+        """``release`` without waiting for the answer: it is read before the next call of
+        any thread of this process (a lost lease is logged then). The release itself
+        reaches Redis at once.
+
+        For the end of a task, where nobody acts on the result: the pool child is free
+        for its next task a round trip sooner.
+        """
+        with lease._releasing():
+            try:
+                reply = self._send_release(lease, whole=True)
+            except REDIS_ERRORS as error:
+                self._failed(error, lease.name)
+        self.transport.defer(reply, lambda answer: self._released(lease, answer))
+
+    def _send_release(self, lease: Lease, *, whole: bool = False) -> Reply:
+        argv = self._release_argv(lease.name, lease.token)
+        # Stop renewing first: a renewal racing the release must not report a loss.
+        self.renewer.discard(lease)
+        return self.transport.send(self._release_script, **argv, whole=whole)
+
+    def release_token(self, name: str, token: str) -> ReleaseResult:
+        """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
+        return self._call_decoded(name, self._release_script, self._release_argv(name, token))
+
+    def release_matching(self, name: str, prefix: str, suffix: str = "") -> ReleaseResult:
+        """Release ``name`` if its token starts with ``prefix`` and ends with ``suffix``.
+
+        For releasing on behalf of a dead holder whose token shape is known but not its
+        random part; the prefix must be specific enough to name that holder alone.
+        """
+        argv = self._release_matching_argv(name, prefix, suffix)
+        return self._call_decoded(name, self._release_matching_script, argv)
+
+    def _call_decoded(self, name: str, script: Any, argv: Any) -> ReleaseResult:
+        try:
+            return decode(self.transport.call(script, **argv), ReleaseResult)
+        except REDIS_ERRORS as error:
+            self._failed(error, name)
+
+    def extend(
+        self, lease: Lease, ttl: object | None = None, *, patient: bool = True
+    ) -> ExtendResult:
+        """Reset the lease's TTL to ``ttl`` (default: its own) if it still owns the lock.
+
+        ``patient=False``: a transport error is not retried by the client's policy (the
+        renewer retries on its own schedule, within the lease's time).
+        """
+        keys, ttl_ms = self._extend_call(lease, ttl)
+        sent_at = time.monotonic()
+        try:
+            reply = self.transport.call(
+                self._extend_script,
+                keys=[keys.lock, keys.fence],
+                args=[lease.token, ttl_ms],
+                patient=patient,
+            )
+        except REDIS_ERRORS as error:
+            self._failed(error, lease.name)
+        return self._extended(lease, ttl_ms, sent_at, reply)
+
+    def extend_many(self, leases: Sequence[Lease]) -> list[ExtendResult | Exception]:
+        """``extend`` each lease (its own ttl), in one round trip where the client allows.
+
+        For the renewer: nothing is retried by the client's policy (the renewer retries
+        on its own schedule, within the leases' time), and a store error is returned in
+        the lease's place, not raised.
+        """
+        if len(leases) == 1 or not self.transport.direct:
+            return [self._renew_one(lease) for lease in leases]
+        calls = [(lease, *self._extend_call(lease, None)) for lease in leases]
+        sent_at = time.monotonic()
+        argv = [([keys.lock, keys.fence], [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls]
+        try:
+            replies = self.transport.call_many(self._extend_script, argv)
+        except REDIS_ERRORS as error:
+            return [store_error(error, where=self.where)] * len(leases)
+        results: list[ExtendResult | Exception] = []
+        for (lease, _, ttl_ms), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, Exception):
+                # NOSCRIPT (a restarted server) and the like: that lease alone goes again
+                # through the single-call path, which knows each of them.
+                results.append(self._renew_one(lease))
+            else:
+                results.append(self._extended(lease, ttl_ms, sent_at, reply))
+        return results
+
+    def _renew_one(self, lease: Lease) -> ExtendResult | Exception:
+        try:
+            return self.extend(lease, patient=False)
+        except SingletonLockError as error:
+            return error
+
+    def lane(self, lease: Lease) -> Hashable:
+        """Which node serves ``lease`` (renewals of one node share a round trip)."""
+        if self.cluster:
+            return str(self.client.get_node_from_key(lease.key).name)
+        return None
+
+    def eviction_policy(self) -> str | None:
+        """The server's ``maxmemory-policy`` (None if it will not say, e.g. CONFIG is denied)."""
+        try:
+            found = self.client.config_get("maxmemory-policy")
+        except REDIS_ERRORS as error:
+            if isinstance(error, redis.ResponseError):
+                return None  # CONFIG refused (ACL, managed Redis): nothing to check
+            self._failed(error)
+        if (
+            isinstance(found, dict)
+            and found
+            and not found.keys() & {"maxmemory-policy", b"maxmemory-policy"}
+        ):
+            found = next(iter(found.values()))  # a cluster client answers per node
+        value = (
+            found.get("maxmemory-policy") or found.get(b"maxmemory-policy")
+            if isinstance(found, dict)
+            else None
+        )
+        return None if value is None else text(value)
+
+    def holder(self, name: str) -> str | None:
+        """The token currently holding ``name`` (None when free)."""
+        try:
+            value = self.client.get(self.keys(name).lock)
+        except REDIS_ERRORS as error:
+            self._failed(error, name)
+        return None if value is None else text(value)
+
+    @contextmanager
+    def hold(
+        self, name: str, ttl: object, *, renew: bool = True, **options: Any
+    ) -> Iterator[Lease]:
+        """``with lock.hold("name", ttl=30) as lease:`` acquire, renew, release on exit."""
+        lease = self.acquire(name, ttl, renew=renew, **options)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+
+class PendingAcquire:
+    """An acquire that was sent and whose answer has not been read (``begin_try_acquire``).
+
+    ``outcome()`` reads it once and returns the same ``Lease`` or ``Contended`` after.
+    Read it even when no longer interested: it returns the pooled connection, and a
+    ``Lease`` it grants holds the lock until released or expired.
+    """
+
+    __slots__ = ("_call", "_lock", "_outcome", "_reply", "_sent_at")
+
+    def __init__(self, lock: LockBase, call: Call, sent_at: float, reply: Reply) -> None:
+        self._lock = lock
+        self._call = call
+        self._sent_at = sent_at
+        self._reply: Reply | None = reply
+        self._outcome: Lease | Contended | None = None
+
+    @classmethod
+    def settled(cls, outcome: Lease | Contended) -> PendingAcquire:
+        """One whose answer is already known (stores without a wire, e.g. memory)."""
+        pending = cls.__new__(cls)
+        pending._reply = None
+        pending._outcome = outcome
+        return pending
+
+    @property
+    def name(self) -> str:
+        return self._call.name if self._outcome is None else self._outcome.name
+
+    def presumed(self) -> Lease | None:
+        """The lease this grants if the answer is yes, before it is read: to renew at once.
+
+        None when the answer is known to be no. Unfenced acquires only (a fence comes
+        from the answer). Renewing a presumed lease that was refused is harmless: its
+        extend is owner-checked.
+        """
+        if self._outcome is not None:
+            return self._outcome if isinstance(self._outcome, Lease) else None
+        call = self._call
+        if call.fenced:
+            raise RuntimeError("presumed() needs an unfenced acquire whose answer is unread")
+        return call.lease(fence=0, sent_at=self._sent_at)
+
+    def outcome(self) -> Lease | Contended:
+        if self._outcome is None:
+            assert self._reply is not None  # noqa: S101  (set for every unsettled one)
+            try:
+                reply = self._reply.get()
+            except REDIS_ERRORS as error:
+                self._lock._failed(error, self._call.name)
+            self._outcome = self._lock._acquired(self._call, sent_at=self._sent_at, reply=reply)
+        return self._outcome

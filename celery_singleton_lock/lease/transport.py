@@ -1,0 +1,344 @@
+"""Script calls split in two, send now and read later, on redis-py's public connection API.
+
+The lease's hot path (one call per dispatch, per start, per release) takes a connection
+from the client's pool, writes the commands with ``Connection.send_packed_command`` and
+returns; ``Reply.get()`` reads the answers with ``Connection.read_response`` and puts
+the connection back. In between the caller does its own work (Celery builds the message
+while Redis runs the script), or does not wait at all (``defer``: a release at the end
+of a task, whose answer is read with the next call of any thread).
+
+Everything redis-py does for a connection still happens: its health check before a
+write, its handshake (AUTH, HELLO for RESP3, SELECT, credential providers), its parser
+(hiredis when installed, RESP2 and RESP3, push messages, ``decode_responses``). Only
+the per-command machinery (retry wrapper, reply callbacks) is skipped, and that is
+where a failure goes: after a transport error or a NOSCRIPT the call is made again
+through redis-py's ``Script``, which retries by the client's policy and reloads the
+script. That is safe because every call gives the same answer when run twice for one
+token. No connection is held past one exchange, so any number of short-lived threads
+or greenlets share the pool's few connections.
+
+A queued message's hold needs no script: ``SET NX PX GET`` with ``PTTL`` answers the
+same question at a tenth of the server time, on Redis 7.0 and later.
+
+Clients this module cannot drive directly (cluster, sentinel-managed failover aside,
+single-connection, client-side caching) take redis-py's path for every call.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+logger = logging.getLogger(__name__)
+
+# The transport failures after which the command may or may not have run: redis-py has
+# dropped the connection, and the call is made again through its retrying path.
+_TRANSPORT = (redis.ConnectionError, redis.TimeoutError)
+
+# SET's options for a hold: only if the key is free, and say who holds it if not.
+HOLD_OPTIONS = ("NX", "GET")
+
+# Answers owed (sent, unread) at most; past this the sender reads them at once, so a
+# process whose threads only ever release still gives its connections back.
+MAX_OWED = 16
+
+
+def _takes_command_name(pool: Any) -> bool:
+    # redis-py < 5.3 requires get_connection(command_name); later versions warn on it.
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
+def drivable(client: Any) -> bool:
+    """Whether ``client`` is a pooled sync client whose connections we may drive ourselves."""
+    pool = getattr(client, "connection_pool", None)
+    return (
+        isinstance(client, redis.Redis)
+        and getattr(client, "connection", None) is None  # single_connection_client
+        and pool is not None
+        and getattr(pool, "cache", None) is None  # client-side caching wants its own path
+    )
+
+
+class Transport:
+    """Sends scripts for one client; ``direct`` is False when redis-py must do it all."""
+
+    __slots__ = ("_named", "_owed", "_pid", "_pool", "direct", "holds")
+
+    def __init__(self, client: Any) -> None:
+        self.direct = drivable(client)
+        self._pool: Any = client.connection_pool if self.direct else None
+        self._named = self.direct and _takes_command_name(self._pool)
+        # Whether the server takes SET with both NX and GET (Redis >= 7.0); learnt from
+        # the first refusal, so older servers cost one extra round trip, once.
+        self.holds = True
+        # (reply, then) pairs whose answers nobody waits for; any thread reads them
+        # before its next call. A deque: append and popleft are atomic across threads.
+        self._owed: collections.deque[tuple[Reply, Callable[[Any], object]]] = collections.deque()
+        self._pid = os.getpid()
+
+    # -- connections -------------------------------------------------------------------
+
+    def _checkout(self) -> Any:
+        if self._owed:
+            self.settle()
+        pool = self._pool
+        return pool.get_connection("EVALSHA") if self._named else pool.get_connection()
+
+    def _checkin(self, conn: Any) -> None:
+        self._pool.release(conn)
+
+    def settle(self) -> None:
+        """Read every owed answer now (their connections go back to the pool)."""
+        if self._pid != os.getpid():
+            # Inherited over fork: the parent's sockets and answers, never ours to read.
+            self._owed.clear()
+            self._pid = os.getpid()
+            return
+        while True:
+            try:
+                reply, then = self._owed.popleft()
+            except IndexError:
+                return
+            _answer(reply, then)
+
+    def defer(self, reply: Reply, then: Callable[[Any], object]) -> None:
+        """Read ``reply`` later, before the next call of any thread, and hand it to ``then``.
+
+        For answers nobody waits for (a release at the end of a task): the command is
+        on its way already; reading its answer later saves the caller a round trip.
+        Errors are logged, never raised into that later call.
+        """
+        if reply._pending is None:  # answered already (redis-py's path)
+            _answer(reply, then)
+            return
+        self._owed.append((reply, then))
+        if len(self._owed) > MAX_OWED:
+            self.settle()
+
+    # -- calls -------------------------------------------------------------------------
+
+    def send(
+        self,
+        script: Script,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        whole: bool = False,
+        patient: bool = True,
+    ) -> Reply:
+        """Write the call and return at once; ``Reply.get()`` reads the answer.
+
+        ``whole`` sends the script's body (EVAL) instead of its digest: for a call whose
+        answer is read later, since a server that does not know the script (restarted,
+        flushed) would otherwise run nothing until that later read re-sends it.
+        ``patient=False`` raises a transport error instead of retrying by the client's
+        policy, whose backoff can outlast a lease: for renewals, which retry on their
+        own schedule.
+        """
+        exchange = _ScriptCall(script, keys, args, patient=patient)
+        if not self.direct:
+            return Reply(exchange.fallback())
+        head = ("EVAL", script.script) if whole else ("EVALSHA", script.sha)
+        return self._send(((*head, len(keys), *keys, *args),), exchange)
+
+    def send_hold(self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Any]) -> Reply:
+        """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.
+
+        Answers like the acquire script (``{1, 0}`` or ``{0, holder, pttl}``) at a tenth
+        of its server time. ``fallback`` runs that script instead where the server is
+        older than Redis 7.0 (NX with GET is a syntax error there; remembered) or the
+        SET is refused for any other reason (a non-string value at the key).
+        """
+        if not (self.direct and self.holds):
+            return Reply(fallback())
+        commands = (("SET", key, token, "PX", ttl_ms, *HOLD_OPTIONS), ("PTTL", key))
+        return self._send(commands, _Hold(self, token, fallback))
+
+    def call(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, patient: bool = True
+    ) -> Any:
+        """One script call, one round trip."""
+        return self.send(script, keys, args, patient=patient).get()
+
+    def call_many(
+        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+    ) -> list[Any]:
+        """``script`` once per (keys, args), pipelined in one round trip, never retried.
+
+        Each answer is the script's reply or the error the server gave for that call
+        (NOSCRIPT for all of them on a server that forgot the script).
+        """
+        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        result: list[Any] = self._send(commands, _Batch()).get()
+        return result
+
+    def _send(self, commands: Sequence[Sequence[Any]], exchange: _Exchange) -> Reply:
+        conn = self._checkout()
+        try:
+            # Connects (with redis-py's handshake) if needed, and health-checks first.
+            conn.send_packed_command(conn.pack_commands(commands))
+        except _TRANSPORT as error:
+            self._checkin(conn)  # redis-py has disconnected it
+            return Reply(exchange.after_transport_error(error))
+        except BaseException:
+            conn.disconnect()
+            self._checkin(conn)
+            raise
+        reply = Reply()
+        reply._pending = (self, conn, len(commands), exchange)
+        return reply
+
+
+def _answer(reply: Reply, then: Callable[[Any], object]) -> None:
+    try:
+        then(reply.get())
+    except Exception as error:  # the caller is long gone: say so, raise nothing
+        logger.warning("a call whose answer was read later failed: %s", error)
+
+
+class _Exchange:
+    """How to finish a sent call: turn its replies into the answer, or go back to
+    redis-py's path (``fallback``, the same answer) after a transport error or an error
+    reply it ``rescues``."""
+
+    __slots__ = ()
+
+    def fallback(self) -> Any:
+        raise NotImplementedError
+
+    def after_transport_error(self, error: Exception) -> Any:
+        return self.fallback()
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        raise NotImplementedError
+
+    def convert(self, replies: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def finish(self, replies: list[Any]) -> Any:
+        """The answer from the replies read, in which error replies are exceptions."""
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                if self.rescues(reply):
+                    return self.fallback()
+                raise reply
+        return self.convert(replies)
+
+
+class _Batch(_Exchange):
+    """Calls whose answers are each the reply or its error, as they came."""
+
+    __slots__ = ()
+
+    def after_transport_error(self, error: Exception) -> Any:
+        raise error
+
+    def finish(self, replies: list[Any]) -> Any:
+        return replies
+
+
+class _ScriptCall(_Exchange):
+    __slots__ = ("args", "keys", "patient", "script")
+
+    def __init__(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, patient: bool
+    ) -> None:
+        self.script, self.keys, self.args, self.patient = script, keys, args, patient
+
+    def after_transport_error(self, error: Exception) -> Any:
+        if not self.patient:
+            raise error
+        return self.fallback()
+
+    def fallback(self) -> Any:
+        return self.script(keys=self.keys, args=self.args)
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
+        return isinstance(error, NoScriptError)
+
+    def convert(self, replies: list[Any]) -> Any:
+        return replies[0]
+
+
+class _Hold(_Exchange):
+    __slots__ = ("_fallback", "token", "transport")
+
+    def __init__(self, transport: Transport, token: str, fallback: Callable[[], Any]) -> None:
+        self.transport, self.token, self._fallback = transport, token, fallback
+
+    def fallback(self) -> Any:
+        return self._fallback()
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        if "syntax" in str(error).lower():
+            self.transport.holds = False
+            return True
+        # A non-string value at the key (WRONGTYPE): the script reports it as contended.
+        return "WRONGTYPE" in str(error)
+
+    def convert(self, replies: list[Any]) -> list[Any]:
+        current, pttl = replies
+        if current is None or current in (self.token, self.token.encode()):  # own: a retry
+            return [1, 0]
+        return [0, current, 0 if pttl == -2 else pttl]  # -2: gone since the SET
+
+
+_Pending = tuple[Transport, Any, int, _Exchange]
+
+
+class Reply:
+    """The answer to a sent call, read from its connection on first ``get()``."""
+
+    __slots__ = ("_error", "_pending", "_value")
+
+    def __init__(self, value: Any = None) -> None:
+        self._value = value
+        self._error: BaseException | None = None
+        self._pending: _Pending | None = None
+
+    def get(self) -> Any:
+        """The call's answer, or what it raised (every time it is asked)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            try:
+                self._value = _read(pending)
+            except BaseException as error:
+                self._error = error
+                raise
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _read(pending: _Pending) -> Any:
+    # Every way out checks the connection back in exactly once, and only after all of
+    # the call's replies were read: an error reply in the middle leaves the rest on the
+    # wire, which the next user of the connection would take for its own.
+    transport, conn, count, exchange = pending
+    replies: list[Any] = []
+    try:
+        for _ in range(count):
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as refused:
+                replies.append(refused)
+    except _TRANSPORT as failed:
+        transport._checkin(conn)  # redis-py has disconnected it
+        return exchange.after_transport_error(failed)
+    except BaseException:
+        # Interrupted mid-read: the connection's state is unknown, never reuse it.
+        conn.disconnect()
+        transport._checkin(conn)
+        raise
+    transport._checkin(conn)
+    return exchange.finish(replies)
