@@ -212,3 +212,63 @@ class TestHolderDeath:
             holder.wait(5)
             if holder.stdout:
                 holder.stdout.close()
+
+
+class TestLanes:
+    def test_a_stalled_server_does_not_stall_renewal_on_another(self) -> None:
+        stalled, healthy = RedisServer().start(), RedisServer().start()
+        try:
+            # A long socket timeout: the stalled server's renewal blocks for all of it.
+            slow = RedisLock(stalled.client(socket_timeout=5), prefix="test")
+            fine = RedisLock(healthy.client(socket_timeout=5), prefix="test")
+            lost_at: list[float] = []
+            doomed = slow.acquire(
+                "a",
+                ttl=1.2,
+                blocking=False,
+                renew=True,
+                on_lost=lambda _: lost_at.append(time.monotonic()),
+            )
+            expires = doomed.expires_at
+            kept = [fine.acquire(f"b{n}", ttl=1.2, blocking=False, renew=True) for n in range(5)]
+            stalled.pause()
+            try:
+                time.sleep(3.0)
+                for lease in kept:
+                    lease.check()  # renewed all along
+                assert lost_at, "the stalled lease was never reported lost"
+                # Reported when its ttl ran out, not when the client gave up (5 s).
+                assert lost_at[0] <= expires + 0.5
+                with pytest.raises(LockLostError):
+                    doomed.check()
+            finally:
+                stalled.resume()
+            for lease in kept:
+                assert fine.release(lease) is ReleaseResult.RELEASED
+        finally:
+            stalled.cleanup()
+            healthy.cleanup()
+
+    def test_leases_due_together_are_renewed_in_one_round_trip(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        leases = [lock.acquire(f"batch-{n}", ttl=0.9) for n in range(30)]
+        lock.extend(leases[0])  # the script is known to the server from here on
+        raw.config_resetstat()
+        results = lock.extend_many(leases)
+        assert results == [ExtendResult.EXTENDED] * 30
+        stats = raw.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 30
+        clients = [c for c in raw.client_list() if c.get("cmd") in ("evalsha", "eval")]
+        assert len(clients) == 1  # all thirty on one connection, one write
+        for lease in leases:
+            lock.release(lease)
+
+    def test_a_batch_on_a_server_that_forgot_the_script_is_renewed_one_by_one(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        leases = [lock.acquire(f"flushed-{n}", ttl=5) for n in range(3)]
+        raw.script_flush()
+        assert lock.extend_many(leases) == [ExtendResult.EXTENDED] * 3
+        for lease in leases:
+            lock.release(lease)

@@ -33,6 +33,35 @@ RETRY_SHARE = 0.1
 MIN_RETRY = 0.01
 # A lane with nothing to do for this long ends its thread (a new one starts on demand).
 LANE_IDLE = 60.0
+# A renewal not answered within this share of its lease's remaining time is given up
+# (and tried again); the client's own retry policy can back off for longer than a lease.
+DEADLINE_SHARE = 0.5
+# Given-up renewals still waiting on the client, per lane, before the lane stops trying.
+MAX_ABANDONED = 2
+
+
+class RenewalTimeout(TimeoutError):
+    """A renewal that did not answer within its deadline (it may still land later)."""
+
+
+class _Attempt:
+    """One ``extend_many`` call on a thread of its own, so the lane can stop waiting."""
+
+    def __init__(self, store: Extender, batch: list[Lease]) -> None:
+        self.results: Sequence[ExtendResult | BaseException] = []
+        self.done = threading.Event()
+        threading.Thread(
+            target=self._run, args=(store, batch), name="celery-singleton-lock-renewal", daemon=True
+        ).start()
+
+    def _run(self, store: Extender, batch: list[Lease]) -> None:
+        try:
+            self.results = store.extend_many(batch)
+        except Exception as error:  # a bug must not kill renewal of every other lease
+            logger.exception("renewal of %d lease(s) raised", len(batch))
+            self.results = [error] * len(batch)
+        finally:
+            self.done.set()
 
 
 class Extender(Protocol):
@@ -66,6 +95,7 @@ class _Lane:
         self.renewer = renewer
         self.store = store
         self.queue: list[Lease] = []
+        self.abandoned: list[_Attempt] = []
         self.closed = False
         self.cond = threading.Condition()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -94,12 +124,22 @@ class _Lane:
                 self._extend(batch)
 
     def _extend(self, batch: list[Lease]) -> None:
+        # Each renewal has its own deadline, well inside the time its leases have left.
+        # One the client holds past it (a frozen node, a long backoff) is given up here;
+        # its answer, if it comes, still updates the lease, and a new try goes out.
+        self.abandoned = [a for a in self.abandoned if not a.done.is_set()]
+        deadline = max(MIN_RETRY, min(lease.remaining() for lease in batch) * DEADLINE_SHARE)
         results: Sequence[ExtendResult | BaseException]
-        try:
-            results = self.store.extend_many(batch)
-        except Exception as error:  # a bug must not kill renewal of every other lease
-            logger.exception("renewal of %d lease(s) raised", len(batch))
-            results = [error] * len(batch)
+        if len(self.abandoned) >= MAX_ABANDONED:
+            results = [RenewalTimeout("earlier renewals are still unanswered")] * len(batch)
+        else:
+            attempt = _Attempt(self.store, batch)
+            if attempt.done.wait(deadline):
+                results = attempt.results
+            else:
+                self.abandoned.append(attempt)
+                error = RenewalTimeout(f"no answer within {deadline:.3f}s")
+                results = [error] * len(batch)
         for lease, result in zip(batch, results, strict=True):
             # Outside any lock: next_delay may run lost-lease callbacks.
             self.renewer._done(lease, next_delay(lease, result))
@@ -124,8 +164,9 @@ class Renewer:
             return len(self._leases)
 
     def __contains__(self, lease: Lease) -> bool:
+        """Whether ``lease`` is being renewed (a lease found lost no longer is)."""
         with self._cond:
-            return lease.token in self._leases
+            return lease.token in self._leases and not lease.lost
 
     def add(self, store: Extender, lease: Lease) -> None:
         """Renew ``lease`` through ``store`` every ttl/3 until ``discard`` or loss."""
@@ -235,7 +276,12 @@ class Renewer:
                 self._leases.pop(lease.token, None)
             else:
                 self._leases[lease.token] = (entry[0], lease, False)
-                self._schedule(lease.token, time.monotonic() + delay)
+                due = time.monotonic() + delay
+                # The scheduler sleeps until its earliest entry (often this lease's
+                # deadline): a sooner retry must wake it.
+                if not self._heap or due < self._heap[0][0]:
+                    self._cond.notify()
+                self._schedule(lease.token, due)
 
 
 _renewer = Renewer()
