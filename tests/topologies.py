@@ -8,6 +8,8 @@ Every process is a ``RedisServer`` on a free loopback port, stopped by PID.
 from __future__ import annotations
 
 import contextlib
+import random
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,6 +19,25 @@ import redis
 from .servers import RedisServer, free_port, redis_server_binary
 
 SLOTS = 16384
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too, below the kernel's
+    ephemeral range so no outgoing connection takes it meanwhile."""
+    for _ in range(1000):
+        port = random.randint(20000, 30000)
+        if _free(port) and _free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
@@ -43,9 +64,11 @@ class Cluster:
                 str(node_timeout_ms),
                 "--cluster-replica-validity-factor",
                 "0",  # any replica may take over
-            )  # fmt: skip
+            )
             for _ in range(masters * (1 + replicas))
         ]
+        for node in self.nodes:
+            node.port = free_cluster_port()
         self.masters_count = masters
 
     @property
@@ -80,7 +103,15 @@ class Cluster:
             master_id = self.client(master).execute_command("CLUSTER", "MYID")
             self.client(node).execute_command("CLUSTER", "REPLICATE", master_id)
         self.wait_ok()
+        wait_for(self._replicas_synced, 30, "every replica to finish its first sync")
         return self
+
+    def _replicas_synced(self) -> bool:
+        for node in self.nodes[self.masters_count :]:
+            info = self.client(node).info("replication")
+            if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
+                return False
+        return True
 
     def wait_ok(self, timeout: float = 30) -> None:
         def ok() -> bool:
@@ -142,16 +173,24 @@ class SentinelGroup:
                 f"sentinel failover-timeout {self.MASTER_NAME} 3000\n"
                 f"sentinel parallel-syncs {self.MASTER_NAME} 1\n"
             )
-            log = (self.master.dir / f"sentinel-{port}.log").open("ab")
-            self.sentinels.append(
-                subprocess.Popen(
-                    [redis_server_binary(), str(config), "--sentinel"],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+            with (self.master.dir / f"sentinel-{port}.log").open("ab") as log:
+                self.sentinels.append(
+                    subprocess.Popen(
+                        [redis_server_binary(), str(config), "--sentinel"],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
                 )
-            )
         wait_for(self._replicas_known, 30, "the sentinels to see the replicas")
+        wait_for(self._replicas_synced, 30, "every replica to finish its first sync")
         return self
+
+    def _replicas_synced(self) -> bool:
+        for replica in self.replicas:
+            info = replica.client().info("replication")
+            if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
+                return False
+        return True
 
     def sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)

@@ -12,6 +12,7 @@ from .clients import build, is_async
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, text
 from .names import DEFAULT_PREFIX
 from .renewal import next_delay
+from .transport import run_script_async
 
 
 class AsyncRedisLock(LockBase):
@@ -68,7 +69,8 @@ class AsyncRedisLock(LockBase):
     async def _try(self, call: Call, step: Try) -> Lease | Contended:
         sent_at = time.monotonic()
         try:
-            reply = await self._acquire_script(**self._acquire_argv(call, step))
+            argv = self._acquire_argv(call, step)
+            reply = await run_script_async(self.client, self._acquire_script, **argv)
         except REDIS_ERRORS as error:
             self._failed(error, call.name)
         return self._acquired(call, sent_at=sent_at, reply=reply)
@@ -132,7 +134,7 @@ class AsyncRedisLock(LockBase):
             renewal.cancel()
         with lease._releasing():
             try:
-                reply = await self._release_script(**argv)
+                reply = await run_script_async(self.client, self._release_script, **argv)
             except REDIS_ERRORS as error:
                 self._failed(error, lease.name)
         return self._released(lease, reply)
@@ -142,8 +144,8 @@ class AsyncRedisLock(LockBase):
         keys, ttl_ms = self._extend_call(lease, ttl)
         sent_at = time.monotonic()
         try:
-            reply = await self._extend_script(
-                keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms]
+            reply = await run_script_async(
+                self.client, self._extend_script, [keys.lock, keys.fence], [lease.token, ttl_ms]
             )
         except REDIS_ERRORS as error:
             self._failed(error, lease.name)

@@ -10,65 +10,96 @@ whose message says what to change.
 from __future__ import annotations
 
 import redis
-from redis.exceptions import RedisClusterException
+from redis.exceptions import ClusterError, RedisClusterException
 
 from ..exceptions import LockStoreConfigurationError, LockStoreUnavailableError, SingletonLockError
 
-# Transient server states that end by themselves: a failover or a reload in progress.
-_TRANSIENT_REPLIES = ("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
+# What a server's refusal means, by its error code or text: what to change, or None
+# for a transient state that ends by itself (a failover or a reload in progress).
+_REPLY_HINTS: tuple[tuple[tuple[str, ...], str | None], ...] = (
+    (
+        ("MOVED", "ASK"),
+        "the server is a Redis Cluster node but the client is not a cluster client: use a "
+        "redis+cluster:// URL (or singleton_lock_client returning a RedisCluster)",
+    ),
+    (
+        ("SELECT is not allowed", "DB index is out of range"),
+        "a cluster has only database 0: drop the /N database number from the URL",
+    ),
+    (
+        ("READONLY",),
+        "the URL points at a read-only replica: point it at the primary, or use a "
+        "sentinel:// URL with master_name so the lock store follows failovers",
+    ),
+    (
+        ("NOPERM",),
+        "the ACL user lacks a command or key pattern the lock needs: allow the commands "
+        "README.md lists on the lock prefix's keys",
+    ),
+    (
+        ("WRONGPASS", "NOAUTH", "invalid password", "invalid username-password"),
+        "the lock store refused the credentials: fix the user/password in the URL",
+    ),
+    (
+        ("wrong number of arguments for 'auth'",),
+        "the server has no ACL users: give only a password",
+    ),
+    (("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"), None),
+    (
+        ("WRONGTYPE",),
+        "a key under the lock prefix holds another kind of value: give the locks a prefix "
+        "of their own (singleton_lock_prefix)",
+    ),
+)
+_POOL_FULL = ("Too many connections", "No connection available.")
 
 
-def _hint(error: Exception) -> str | None:  # noqa: PLR0911  (a table: one return per kind)
+# The code of each error class, for redis-py versions whose errors carry no status_code.
+_CLASS_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (redis.exceptions.MovedError, "MOVED"),
+    (redis.exceptions.AskError, "ASK"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.NoPermissionError, "NOPERM"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+    (redis.AuthenticationError, "WRONGPASS"),
+)
+
+
+def _matches(mark: str, code: str, message: str) -> bool:
+    if mark.isupper():  # an error code: the reply's first word
+        return code == mark or message.startswith(mark)
+    return mark.lower() in message.lower()
+
+
+def _reply_hint(error: Exception, message: str) -> str | None:
+    code = str(getattr(error, "status_code", None) or message.split(" ", 1)[0])
+    for kind, known in _CLASS_CODES:
+        if isinstance(error, kind):
+            code = known
+            break
+    for marks, hint in _REPLY_HINTS:
+        if any(_matches(mark, code, message) for mark in marks):
+            return hint
+    return "the server refused a lock command; check the server version (>= 6.2) and setup"
+
+
+def _hint(error: Exception) -> str | None:
     """What to change, for an error that is a configuration problem; None for an outage."""
     message = str(error)
-    code = getattr(error, "status_code", None) or message.split(" ", 1)[0]
-    if isinstance(error, redis.ResponseError):
-        if code in ("MOVED", "ASK") or message.startswith(("MOVED", "ASK")):
-            return (
-                "the server is a Redis Cluster node but the client is not a cluster client: "
-                "use a redis+cluster:// URL (or singleton_lock_client returning a RedisCluster)"
-            )
-        if (
-            "SELECT is not allowed in cluster mode" in message
-            or "DB index is out of range" in message
-        ):
-            return "a cluster has only database 0: drop the /N database number from the URL"
-        if isinstance(error, redis.exceptions.ReadOnlyError) or code == "READONLY":
-            return (
-                "the URL points at a read-only replica: point it at the primary, or use a "
-                "sentinel:// URL with master_name so the lock store follows failovers"
-            )
-        if isinstance(error, redis.exceptions.NoPermissionError) or code == "NOPERM":
-            return (
-                "the ACL user lacks a command or key pattern the lock needs: allow the "
-                "commands README.md lists on the lock prefix's keys"
-            )
-        if code in _TRANSIENT_REPLIES or message.startswith(_TRANSIENT_REPLIES):
-            return None
-        if "WRONGTYPE" in message:
-            return (
-                "a key under the lock prefix holds another kind of value: give the locks a "
-                "prefix of their own (singleton_lock_prefix)"
-            )
-        return "the server refused a lock command; check the server version (>= 6.2) and setup"
-    if isinstance(error, redis.AuthenticationError) or "invalid username-password" in message:
-        return "the lock store refused the credentials: fix the user/password in the URL"
-    if isinstance(error, redis.exceptions.AuthenticationWrongNumberOfArgsError):
-        return "the server has no ACL users: give only a password in the URL"
+    if isinstance(error, redis.ResponseError | redis.AuthenticationError):
+        return _reply_hint(error, message)
     max_connections = getattr(redis.exceptions, "MaxConnectionsError", ())
-    if (max_connections and isinstance(error, max_connections)) or message in (
-        "Too many connections",
-        "No connection available.",
-    ):
+    if (max_connections and isinstance(error, max_connections)) or message in _POOL_FULL:
         return (
             "the client's connection pool is full: raise max_connections (transport option) "
             "or its pool timeout"
         )
-    if isinstance(
-        error, redis.ConnectionError | redis.TimeoutError | redis.exceptions.ClusterError
-    ):
+    if isinstance(error, redis.ConnectionError | redis.TimeoutError | ClusterError):
         return None
     if isinstance(error, RedisClusterException):
+        if "cannot be connected" in message or "not covered" in message.lower():
+            return None  # every seed unreachable, or a slot's node down: an outage
         return (
             "the cluster client could not use the nodes it was given: check the "
             "redis+cluster:// seeds, and that they are cluster nodes"

@@ -16,7 +16,7 @@ from .errors import store_error
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX
 from .renewal import Renewer, get_renewer
-from .transport import Reply, Transport
+from .transport import Reply, Transport, run_script
 
 
 class RedisLock(LockBase):
@@ -128,7 +128,9 @@ class RedisLock(LockBase):
                     call.keys.lock,
                     call.token,
                     call.ttl_ms,
-                    lambda: self._acquire_script(**self._acquire_argv(call, step)),
+                    lambda: run_script(
+                        self.client, self._acquire_script, **self._acquire_argv(call, step)
+                    ),
                 )
         except REDIS_ERRORS as error:
             self._failed(error, call.name)

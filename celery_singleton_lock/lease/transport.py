@@ -51,6 +51,29 @@ HOLD_OPTIONS = ("NX", "GET")
 MAX_OWED = 16
 
 
+def run_script(client: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """``script`` through redis-py's own path: EVALSHA, and EVAL where the node lacks it.
+
+    Not ``Script.__call__``: on NOSCRIPT a cluster client loads the script on every
+    node, so one frozen node would stall a call meant for another. EVAL runs it on the
+    node the keys live on, and leaves it cached there for the next EVALSHA.
+    """
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return client.eval(script.script, len(keys), *keys, *args)
+
+
+async def run_script_async(
+    client: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]
+) -> Any:
+    """``run_script`` for an asyncio client."""
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return await client.eval(script.script, len(keys), *keys, *args)
+
+
 def _takes_command_name(pool: Any) -> bool:
     # redis-py < 5.3 requires get_connection(command_name); later versions warn on it.
     parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
@@ -71,9 +94,10 @@ def drivable(client: Any) -> bool:
 class Transport:
     """Sends scripts for one client; ``direct`` is False when redis-py must do it all."""
 
-    __slots__ = ("_named", "_owed", "_pid", "_pool", "direct", "holds")
+    __slots__ = ("_named", "_owed", "_pid", "_pool", "client", "direct", "holds")
 
     def __init__(self, client: Any) -> None:
+        self.client = client
         self.direct = drivable(client)
         self._pool: Any = client.connection_pool if self.direct else None
         self._named = self.direct and _takes_command_name(self._pool)
@@ -144,7 +168,7 @@ class Transport:
         policy, whose backoff can outlast a lease: for renewals, which retry on their
         own schedule.
         """
-        exchange = _ScriptCall(script, keys, args, patient=patient)
+        exchange = _ScriptCall(self.client, script, keys, args, patient=patient)
         if not self.direct:
             return Reply(exchange.fallback())
         head = ("EVAL", script.script) if whole else ("EVALSHA", script.sha)
@@ -247,12 +271,19 @@ class _Batch(_Exchange):
 
 
 class _ScriptCall(_Exchange):
-    __slots__ = ("args", "keys", "patient", "script")
+    __slots__ = ("args", "client", "keys", "patient", "script")
 
     def __init__(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, patient: bool
+        self,
+        client: Any,
+        script: Script,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        patient: bool,
     ) -> None:
-        self.script, self.keys, self.args, self.patient = script, keys, args, patient
+        self.client, self.script, self.keys, self.args = client, script, keys, args
+        self.patient = patient
 
     def after_transport_error(self, error: Exception) -> Any:
         if not self.patient:
@@ -260,7 +291,7 @@ class _ScriptCall(_Exchange):
         return self.fallback()
 
     def fallback(self) -> Any:
-        return self.script(keys=self.keys, args=self.args)
+        return run_script(self.client, self.script, self.keys, self.args)
 
     def rescues(self, error: redis.ResponseError) -> bool:
         # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.

@@ -1,0 +1,314 @@
+"""Redis Cluster and Sentinel, started here from redis-server processes: the lease and the
+Celery integration through the documented configuration, failovers, frozen nodes and
+wrong topologies."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from celery_singleton_lock import (
+    Contended,
+    Lease,
+    LockLostError,
+    LockStoreConfigurationError,
+    RedisLock,
+    ReleaseResult,
+)
+from celery_singleton_lock.backend import Backend
+from celery_singleton_lock.config import SingletonConfig
+
+from .conftest import CeleryEnv
+from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
+from .topologies import Cluster, SentinelGroup
+from .workers import Worker
+
+pytestmark = pytest.mark.slow
+
+
+def held(outcome: Lease | Contended) -> Lease:
+    assert isinstance(outcome, Lease), outcome
+    return outcome
+
+
+def app_with(**conf: Any) -> Any:
+    from celery import Celery
+
+    app = Celery("topology-test", set_as_current=False)
+    app.conf.update(conf)
+    return app
+
+
+# -- Cluster --------------------------------------------------------------------------
+
+
+@pytest.fixture(name="cluster", scope="module")
+def fixture_cluster() -> Iterator[Cluster]:
+    cluster = Cluster(masters=3, replicas=1).start()
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+class TestCluster:
+    def test_keys_spread_over_every_master_and_fences_increase(self, cluster: Cluster) -> None:
+        lock = RedisLock.from_url(cluster.url, prefix="spread")
+        leases = [held(lock.try_acquire(f"n{i}", 10)) for i in range(30)]
+        assert len({cluster.master_of(lease.key).port for lease in leases}) == 3
+        assert isinstance(lock.try_acquire("n0", 10), Contended)
+        for lease in leases:
+            assert lock.release(lease) is ReleaseResult.RELEASED
+        again = held(lock.try_acquire("n0", 10))
+        assert again.fence > leases[0].fence
+        lock.release(again)
+        assert repr(lock).startswith("RedisLock(redis+cluster://127.0.0.1:")
+
+    def test_a_cluster_node_given_as_a_plain_url_says_to_use_the_cluster_form(
+        self, cluster: Cluster
+    ) -> None:
+        node = cluster.nodes[0]
+        lock = RedisLock.from_url(f"redis://127.0.0.1:{node.port}/0", prefix="plain")
+        # A name served by another master: the plain client gets MOVED.
+        name = next(f"m{i}" for i in range(100) if cluster.master_of(f"plain:{{m{i}}}") is not node)
+        with pytest.raises(LockStoreConfigurationError, match=r"redis\+cluster://"):
+            lock.try_acquire(name, 10)
+
+    def test_a_database_number_in_a_cluster_url_is_refused(self, cluster: Cluster) -> None:
+        with pytest.raises(LockStoreConfigurationError.__mro__[1], match="database 0"):
+            RedisLock.from_url(cluster.url + "/3")
+
+    def test_renewal_follows_a_replica_promoted_after_its_master_is_killed(self) -> None:
+        cluster = Cluster(masters=3, replicas=1, node_timeout_ms=1000).start()
+        try:
+            lock = RedisLock.from_url(cluster.url, prefix="fo", socket_timeout=1)
+            leases = [held(lock.acquire(f"f{i}", 8, blocking=False, renew=True)) for i in range(9)]
+            victim = cluster.master_of(leases[0].key)
+            time.sleep(0.5)  # replication on loopback is immediate; leave it room anyway
+            victim.kill()
+            wait_for(lambda: _promoted(cluster, leases[0].key, victim), 20, "failover")
+            time.sleep(8 / 3 + 1)  # at least one renewal on the new topology
+            for lease in leases:
+                lease.check()
+            assert lock.holder(leases[0].name) == leases[0].token
+            for lease in leases:
+                assert lock.release(lease) is ReleaseResult.RELEASED
+        finally:
+            cluster.cleanup()
+
+    def test_a_frozen_master_costs_only_its_own_leases(self) -> None:
+        cluster = Cluster(masters=3, replicas=0, node_timeout_ms=60_000).start()
+        frozen = None
+        try:
+            lock = RedisLock.from_url(cluster.url, prefix="fz", socket_timeout=5)
+            lost: dict[str, float] = {}
+            leases = [
+                held(
+                    lock.acquire(
+                        f"z{i}",
+                        1.5,
+                        blocking=False,
+                        renew=True,
+                        on_lost=lambda lease: lost.setdefault(lease.name, time.monotonic()),
+                    )
+                )
+                for i in range(12)
+            ]
+            frozen = cluster.master_of(leases[0].key)
+            doomed = [ls for ls in leases if cluster.master_of(ls.key) is frozen]
+            kept = [ls for ls in leases if ls not in doomed]
+            assert kept, "every name hashed to one master"
+            expiry = max(lease.expires_at for lease in doomed)
+            frozen.pause()
+            time.sleep(4.0)
+            for lease in kept:
+                lease.check()  # renewed on their own masters all along
+            for lease in doomed:
+                assert lease.name in lost
+                assert lost[lease.name] <= expiry + 0.5  # no later than check() would raise
+                with pytest.raises(LockLostError):
+                    lease.check()
+            for lease in kept:
+                lock.release(lease)
+        finally:
+            if frozen is not None:
+                frozen.resume()
+            cluster.cleanup()
+
+
+def _promoted(cluster: Cluster, key: str, victim: Any) -> bool:
+    with contextlib.suppress(Exception):
+        cluster.wait_ok(timeout=0.5)
+        return cluster.master_of(key) is not victim
+    return False
+
+
+@pytest.fixture(name="cluster_env")
+def fixture_cluster_env(cenv: CeleryEnv, cluster: Cluster) -> Iterator[CeleryEnv]:
+    """The Celery test app with its lock store on the cluster (then put back)."""
+    app = cenv.app_module.app
+    saved = app.conf.singleton_lock_url
+    for attribute in ("_singleton_lock_config", "_singleton_lock_backend"):
+        with contextlib.suppress(AttributeError):
+            delattr(app, attribute)
+    app.conf.singleton_lock_url = cluster.url
+    try:
+        yield cenv
+    finally:
+        app.conf.singleton_lock_url = saved
+        for attribute in ("_singleton_lock_config", "_singleton_lock_backend"):
+            with contextlib.suppress(AttributeError):
+                delattr(app, attribute)
+
+
+def test_celery_end_to_end_on_a_cluster(cluster_env: CeleryEnv, cluster: Cluster) -> None:
+    worker = Worker(cluster_env.env, extra_env={"CSL_LOCK_URL": cluster.url}).start()
+    try:
+        work = cluster_env.app_module.work
+        first = work.apply_async(("c", 1.0), queue=worker.queue)
+        second = work.apply_async(("c", 1.0), queue=worker.queue)
+        assert second.id == first.id  # deduplicated at dispatch, through the cluster
+        assert first.get(timeout=30) == "c"
+        app = cluster_env.app_module.app
+        copies = [
+            app.send_task("tests.celery_app.work", ("o", 0.3), queue=worker.queue) for _ in range(3)
+        ]
+        for result in copies:
+            assert result.get(timeout=60) == "o"
+        records = [r for r in runs(cluster_env) if r["item"] == "o"]
+        assert len(records) == 3
+        assert_no_overlap(records)  # excluded at execution, fences increasing
+        client = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        # Fence keys are bookkeeping that expires with the lease; the locks must be gone.
+        wait_for(
+            lambda: not [k for k in client.scan_iter("t:*") if not k.endswith(b":fence")],
+            5,
+            "every lock released",
+        )
+        client.close()
+    finally:
+        worker.stop()
+
+
+def test_a_worker_fails_a_task_once_when_the_store_is_a_cluster_node_given_as_plain_url(
+    cenv: CeleryEnv, cluster: Cluster
+) -> None:
+    node_url = f"redis://127.0.0.1:{cluster.nodes[0].port}/0"
+    app = app_with(singleton_lock_url=node_url, broker_url=cenv.broker.url)
+    lock = Backend.for_app(app).lock
+    # A name that hashes elsewhere: the plain client gets MOVED, a configuration error.
+    name = next(
+        f"x{i}"
+        for i in range(100)
+        if cluster.master_of(f"t:{{x{i}}}").port != cluster.nodes[0].port
+    )
+    with pytest.raises(LockStoreConfigurationError, match="cluster"):
+        lock.try_acquire(name, 10)
+
+
+# -- Sentinel -------------------------------------------------------------------------
+
+
+@pytest.fixture(name="sentinels")
+def fixture_sentinels() -> Iterator[SentinelGroup]:
+    group = SentinelGroup(replicas=1, sentinels=3).start()
+    try:
+        yield group
+    finally:
+        group.cleanup()
+
+
+class TestSentinel:
+    def test_configured_by_a_sentinel_url_the_kombu_way(self, sentinels: SentinelGroup) -> None:
+        app = app_with(
+            singleton_lock_url=sentinels.url,
+            singleton_lock_transport_options={"master_name": sentinels.MASTER_NAME},
+        )
+        lock = Backend.for_app(app).lock
+        lease = held(lock.try_acquire("s", 10))
+        assert lock.release(lease) is ReleaseResult.RELEASED
+        assert Backend.for_app(app).describe().startswith("sentinel://127.0.0.1:")
+
+    def test_found_from_a_sentinel_broker_with_its_transport_options(
+        self, sentinels: SentinelGroup
+    ) -> None:
+        app = app_with(
+            broker_url=sentinels.url,
+            broker_transport_options={
+                "master_name": sentinels.MASTER_NAME,
+                "visibility_timeout": 60,
+            },
+        )
+        config = SingletonConfig.from_app(app)
+        assert config.url == sentinels.url
+        assert config.url_source == "broker_url"
+        assert config.transport_options == {"master_name": sentinels.MASTER_NAME}
+        lease = held(Backend.for_app(app).lock.try_acquire("b", 10))
+        assert lease.fence > 0
+
+    def test_a_sentinel_url_without_master_name_says_what_to_set(self) -> None:
+        app = app_with(singleton_lock_url="sentinel://127.0.0.1:26379")
+        with pytest.raises(LockStoreConfigurationError.__mro__[1], match="master_name"):
+            _ = Backend.for_app(app).lock
+
+    def test_a_replica_url_is_a_configuration_error_that_names_sentinel(
+        self, sentinels: SentinelGroup
+    ) -> None:
+        replica = sentinels.replicas[0]
+        lock = RedisLock.from_url(replica.url, prefix="ro")
+        with pytest.raises(LockStoreConfigurationError, match="replica"):
+            lock.try_acquire("r", 10)
+
+    def test_renewal_follows_the_new_master_after_a_failover(
+        self, sentinels: SentinelGroup
+    ) -> None:
+        lock = RedisLock.from_url(
+            sentinels.url, master_name=sentinels.MASTER_NAME, prefix="fo", socket_timeout=1
+        )
+        leases = [held(lock.acquire(f"f{i}", 8, blocking=False, renew=True)) for i in range(3)]
+        old = sentinels.master_port()
+        time.sleep(0.3)
+        sentinels.server_on(old).kill()
+        wait_for(lambda: sentinels.master_port() != old, 30, "sentinel failover")
+        time.sleep(8 / 3 + 1)
+        for lease in leases:
+            lease.check()
+            assert lock.holder(lease.name) == lease.token
+            assert lock.release(lease) is ReleaseResult.RELEASED
+
+    def test_a_write_the_replica_missed_is_reported_lost_and_the_next_fence_is_greater(
+        self, sentinels: SentinelGroup
+    ) -> None:
+        lock = RedisLock.from_url(
+            sentinels.url, master_name=sentinels.MASTER_NAME, prefix="mw", socket_timeout=1
+        )
+        lost = threading.Event()
+        old = sentinels.master_port()
+        master = sentinels.server_on(old)
+        admin = master.client()
+        # Freeze the replica and cut its link, so it can neither read the write nor
+        # reconnect to fetch it; kill the master; then let the replica go on. The lease
+        # now exists nowhere the failover can reach. (A running replica reconnects at
+        # once otherwise; the freeze stays well under the sentinels' down-after time.)
+        replica = sentinels.replicas[0]
+        replica.pause()
+        try:
+            admin.client_kill_filter(_type="replica")
+            lease = held(
+                lock.acquire("m", 6, blocking=False, renew=True, on_lost=lambda _: lost.set())
+            )
+        finally:
+            master.kill()
+            replica.resume()
+        wait_for(lambda: sentinels.master_port() != old, 30, "sentinel failover")
+        assert lost.wait(10)
+        with pytest.raises(LockLostError):
+            lease.check()
+        successor = held(lock.try_acquire("m", 6))
+        assert successor.fence > lease.fence
