@@ -81,7 +81,13 @@ class Backend:
         # Long holds are allowed here because queue holds stretch to cover an ETA; the
         # user-facing ttl and queue_ttl were already validated against the one-day cap.
         client = self._client(waiting=waiting)
-        return RedisLock(client, prefix=self.config.prefix, allow_long_ttl=True)
+        return RedisLock(
+            client,
+            prefix=self.config.prefix,
+            allow_long_ttl=True,
+            replicas=self.config.replicas,
+            replica_timeout=self.config.replica_timeout,
+        )
 
     @property
     def lock(self) -> Store:

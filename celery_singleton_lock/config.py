@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
-from ._time import ttl_to_ms
+from ._time import to_seconds, ttl_to_ms
 from .exceptions import ConfigurationError
 from .lease import DEFAULT_PREFIX, validate_prefix
 from .lease.clients import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "singleton_lock_on_redis_error": "fail_closed",
     "singleton_lock_transport_options": None,
     "singleton_lock_client": None,
+    "singleton_lock_replicas": 0,
+    "singleton_lock_replica_timeout": 0.5,
 }
 # Settings of celery-singleton that happen to share our prefix: an app migrating from it
 # (or running both) must not be refused for them.
@@ -106,6 +108,15 @@ def _options(conf: Any, url: str | None, source: str, explicit: object) -> dict[
     return options
 
 
+def _replicas(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            f"singleton_lock_replicas must be an int >= 0 (replicas that must acknowledge each "
+            f"lock write), got {value!r}"
+        )
+    return value
+
+
 def _client_factory(value: object) -> Callable[[], Any] | None:
     """``singleton_lock_client``: a callable, or the dotted path of one."""
     if value is None or callable(value):
@@ -141,6 +152,9 @@ class SingletonConfig:
     transport_options: dict[str, Any] = field(default_factory=dict)
     # Builds the client itself (any redis-py client); wins over the URL.
     client_factory: Callable[[], Any] | None = None
+    # Replicas that must acknowledge (WAIT) each acquire and renewal, and for how long.
+    replicas: int = 0
+    replica_timeout: float = 0.5
 
     @classmethod
     def from_app(cls, app: Any) -> SingletonConfig:
@@ -185,6 +199,10 @@ class SingletonConfig:
                 conf, url, source, conf.get("singleton_lock_transport_options")
             ),
             client_factory=factory,
+            replicas=_replicas(get("singleton_lock_replicas")),
+            replica_timeout=to_seconds(
+                get("singleton_lock_replica_timeout"), what="singleton_lock_replica_timeout"
+            ),
         )
 
     @staticmethod

@@ -14,10 +14,12 @@ import pytest
 import redis
 
 from celery_singleton_lock import (
+    ConfigurationError,
     Contended,
     Lease,
     LockLostError,
     LockStoreConfigurationError,
+    LockStoreUnavailableError,
     RedisLock,
     ReleaseResult,
 )
@@ -81,7 +83,7 @@ class TestCluster:
             lock.try_acquire(name, 10)
 
     def test_a_database_number_in_a_cluster_url_is_refused(self, cluster: Cluster) -> None:
-        with pytest.raises(LockStoreConfigurationError.__mro__[1], match="database 0"):
+        with pytest.raises(ConfigurationError, match="database 0"):
             RedisLock.from_url(cluster.url + "/3")
 
     def test_renewal_follows_a_replica_promoted_after_its_master_is_killed(self) -> None:
@@ -254,7 +256,7 @@ class TestSentinel:
 
     def test_a_sentinel_url_without_master_name_says_what_to_set(self) -> None:
         app = app_with(singleton_lock_url="sentinel://127.0.0.1:26379")
-        with pytest.raises(LockStoreConfigurationError.__mro__[1], match="master_name"):
+        with pytest.raises(ConfigurationError, match="master_name"):
             _ = Backend.for_app(app).lock
 
     def test_a_replica_url_is_a_configuration_error_that_names_sentinel(
@@ -312,3 +314,59 @@ class TestSentinel:
             lease.check()
         successor = held(lock.try_acquire("m", 6))
         assert successor.fence > lease.fence
+
+
+class TestReplicaAcknowledgement:
+    def test_with_replicas_1_a_write_no_replica_saw_is_never_a_lease(
+        self, sentinels: SentinelGroup
+    ) -> None:
+        app = app_with(
+            singleton_lock_url=sentinels.url,
+            singleton_lock_transport_options={"master_name": sentinels.MASTER_NAME},
+            singleton_lock_replicas=1,
+            singleton_lock_replica_timeout=0.2,
+        )
+        lock = Backend.for_app(app).lock
+        assert isinstance(lock, RedisLock)
+        ok = held(lock.try_acquire("acked", 10))  # the replica acknowledged it
+        assert lock.extend(ok) is not None
+        lock.release(ok)
+        # The replica cut off, as in the missed-write test: the acquire is given back.
+        master = sentinels.server_on(sentinels.master_port())
+        replica = sentinels.replicas[0]
+        replica.pause()
+        try:
+            master.client().client_kill_filter(_type="replica")
+            refused = lock.try_acquire("unacked", 10)
+            assert isinstance(refused, Contended)
+            assert master.client().exists(lock.keys("unacked").lock) == 0  # given back
+        finally:
+            replica.resume()
+        wait_for(lambda: isinstance(lock.try_acquire("later", 10), Lease), 10, "replica back")
+
+    def test_a_renewal_too_few_replicas_acknowledged_is_a_failed_renewal(
+        self, sentinels: SentinelGroup
+    ) -> None:
+        lock = RedisLock.from_url(
+            sentinels.url, master_name=sentinels.MASTER_NAME, prefix="ra", socket_timeout=2
+        )
+        strict = RedisLock(lock.client, prefix="ra", replicas=1, replica_timeout=0.2)
+        lease = held(strict.try_acquire("r", 10))
+        replica = sentinels.replicas[0]
+        replica.pause()
+        try:
+            sentinels.server_on(sentinels.master_port()).client().client_kill_filter(
+                _type="replica"
+            )
+            before = lease.expires_at
+            with pytest.raises(LockStoreUnavailableError, match="0 of 1 replicas"):
+                strict.extend(lease)
+            assert lease.expires_at == before  # not counted as renewed
+        finally:
+            replica.resume()
+
+    def test_replicas_on_a_cluster_client_is_refused(self, cluster: Cluster) -> None:
+        client = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        with pytest.raises(ConfigurationError, match="cluster"):
+            RedisLock(client, replicas=1)
+        client.close()

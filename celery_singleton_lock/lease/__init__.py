@@ -6,8 +6,9 @@ from .clients import describe
 from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, validate_prefix
+from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
-from .store import PendingAcquire, RedisLock
+from .store import RedisLock
 
 __all__ = [
     "DEFAULT_PREFIX",

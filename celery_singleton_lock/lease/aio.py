@@ -8,11 +8,11 @@ from typing import Any
 
 from ..exceptions import ConfigurationError
 from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
+from .calls import run_script_async
 from .clients import build, is_async
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, text
 from .names import DEFAULT_PREFIX
 from .renewal import next_delay
-from .transport import run_script_async
 
 
 class AsyncRedisLock(LockBase):

@@ -16,7 +16,7 @@ from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
-from .store import PendingAcquire
+from .pending import PendingAcquire
 
 
 def _replaceable(current: str, replace: str | None, shape: tuple[str, str] | None) -> bool:

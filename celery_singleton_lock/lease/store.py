@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
@@ -11,12 +12,17 @@ import redis
 
 from ..exceptions import ConfigurationError, SingletonLockError
 from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
+from .calls import run_script
 from .clients import build, is_async
 from .errors import store_error
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX
+from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
-from .transport import Reply, Transport, run_script
+from .replicas import acknowledged, replicas_option
+from .transport import Reply, Transport
+
+logger = logging.getLogger(__name__)
 
 
 class RedisLock(LockBase):
@@ -50,9 +56,12 @@ class RedisLock(LockBase):
         backoff_base: float = 0.005,
         backoff_cap: float = 0.5,
         renewer: Renewer | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 0.5,
     ) -> None:
         if is_async(client):
             raise ConfigurationError("RedisLock needs a sync redis-py client; use AsyncRedisLock")
+        self.replicas = replicas_option(replicas, replica_timeout, client)
         super().__init__(
             client,
             prefix=prefix,
@@ -120,7 +129,10 @@ class RedisLock(LockBase):
     def _send_try(self, call: Call, step: Try) -> PendingAcquire:
         sent_at = time.monotonic()
         try:
-            if call.fenced or call.replace or call.shape[0] or step.announce:
+            if self.replicas is not None:
+                argv = self._acquire_argv(call, step)
+                reply = self.transport.send(self._acquire_script, **argv, acks=self.replicas)
+            elif call.fenced or call.replace or call.shape[0] or step.announce:
                 reply = self.transport.send(self._acquire_script, **self._acquire_argv(call, step))
             else:
                 # A plain hold (a queued message's) needs none of the script's extra steps.
@@ -179,6 +191,23 @@ class RedisLock(LockBase):
         if renew:
             self.renewer.add(self, lease)
         return lease
+
+    def _outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+        """What a sent acquire's ``reply`` means, replica acknowledgements included."""
+        if self.replicas is None:
+            return self._acquired(call, sent_at=sent_at, reply=reply)
+        value, acked = reply
+        outcome = self._acquired(call, sent_at=sent_at, reply=value)
+        if isinstance(outcome, Contended) or acked >= self.replicas[0]:
+            return outcome
+        # Granted on the primary only: a failover now could hand it out again. Give it
+        # back and report it as contended, to be tried again like any held lock.
+        logger.warning(
+            "acquired %s but only %d of %d replicas acknowledged it: given back",
+            outcome.key, acked, self.replicas[0],
+        )  # fmt: skip
+        self.release(outcome)
+        return Contended(call.name, call.keys.lock, holder="", retry_after=self.replicas[1] / 1000)
 
     def renew(self, lease: Lease) -> None:
         """Keep ``lease`` alive from the process's renewal thread until it is released."""
@@ -266,9 +295,15 @@ class RedisLock(LockBase):
                 keys=[keys.lock, keys.fence],
                 args=[lease.token, ttl_ms],
                 patient=patient,
+                acks=self.replicas,
             )
         except REDIS_ERRORS as error:
             self._failed(error, lease.name)
+        if self.replicas is not None:
+            # Too few acknowledgements: a failed renewal (retried), never a longer lease.
+            reply = acknowledged(
+                reply, self.replicas, where=self.where, name=lease.name, key=lease.key
+            )
         return self._extended(lease, ttl_ms, sent_at, reply)
 
     def extend_many(self, leases: Sequence[Lease]) -> list[ExtendResult | Exception]:
@@ -278,7 +313,7 @@ class RedisLock(LockBase):
         on its own schedule, within the leases' time), and a store error is returned in
         the lease's place, not raised.
         """
-        if len(leases) == 1 or not self.transport.direct:
+        if len(leases) == 1 or not self.transport.direct or self.replicas is not None:
             return [self._renew_one(lease) for lease in leases]
         calls = [(lease, *self._extend_call(lease, None)) for lease in leases]
         sent_at = time.monotonic()
@@ -348,57 +383,3 @@ class RedisLock(LockBase):
             yield lease
         finally:
             self.release(lease)
-
-
-class PendingAcquire:
-    """An acquire that was sent and whose answer has not been read (``begin_try_acquire``).
-
-    ``outcome()`` reads it once and returns the same ``Lease`` or ``Contended`` after.
-    Read it even when no longer interested: it returns the pooled connection, and a
-    ``Lease`` it grants holds the lock until released or expired.
-    """
-
-    __slots__ = ("_call", "_lock", "_outcome", "_reply", "_sent_at")
-
-    def __init__(self, lock: LockBase, call: Call, sent_at: float, reply: Reply) -> None:
-        self._lock = lock
-        self._call = call
-        self._sent_at = sent_at
-        self._reply: Reply | None = reply
-        self._outcome: Lease | Contended | None = None
-
-    @classmethod
-    def settled(cls, outcome: Lease | Contended) -> PendingAcquire:
-        """One whose answer is already known (stores without a wire, e.g. memory)."""
-        pending = cls.__new__(cls)
-        pending._reply = None
-        pending._outcome = outcome
-        return pending
-
-    @property
-    def name(self) -> str:
-        return self._call.name if self._outcome is None else self._outcome.name
-
-    def presumed(self) -> Lease | None:
-        """The lease this grants if the answer is yes, before it is read: to renew at once.
-
-        None when the answer is known to be no. Unfenced acquires only (a fence comes
-        from the answer). Renewing a presumed lease that was refused is harmless: its
-        extend is owner-checked.
-        """
-        if self._outcome is not None:
-            return self._outcome if isinstance(self._outcome, Lease) else None
-        call = self._call
-        if call.fenced:
-            raise RuntimeError("presumed() needs an unfenced acquire whose answer is unread")
-        return call.lease(fence=0, sent_at=self._sent_at)
-
-    def outcome(self) -> Lease | Contended:
-        if self._outcome is None:
-            assert self._reply is not None  # noqa: S101  (set for every unsettled one)
-            try:
-                reply = self._reply.get()
-            except REDIS_ERRORS as error:
-                self._lock._failed(error, self._call.name)
-            self._outcome = self._lock._acquired(self._call, sent_at=self._sent_at, reply=reply)
-        return self._outcome

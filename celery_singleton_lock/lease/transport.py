@@ -35,7 +35,8 @@ from typing import Any
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+
+from .calls import Acked, Batch, Exchange, Hold, ScriptCall
 
 logger = logging.getLogger(__name__)
 
@@ -49,29 +50,6 @@ HOLD_OPTIONS = ("NX", "GET")
 # Answers owed (sent, unread) at most; past this the sender reads them at once, so a
 # process whose threads only ever release still gives its connections back.
 MAX_OWED = 16
-
-
-def run_script(client: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-    """``script`` through redis-py's own path: EVALSHA, and EVAL where the node lacks it.
-
-    Not ``Script.__call__``: on NOSCRIPT a cluster client loads the script on every
-    node, so one frozen node would stall a call meant for another. EVAL runs it on the
-    node the keys live on, and leaves it cached there for the next EVALSHA.
-    """
-    try:
-        return client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        return client.eval(script.script, len(keys), *keys, *args)
-
-
-async def run_script_async(
-    client: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]
-) -> Any:
-    """``run_script`` for an asyncio client."""
-    try:
-        return await client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        return await client.eval(script.script, len(keys), *keys, *args)
 
 
 def _takes_command_name(pool: Any) -> bool:
@@ -158,6 +136,7 @@ class Transport:
         *,
         whole: bool = False,
         patient: bool = True,
+        acks: tuple[int, int] | None = None,
     ) -> Reply:
         """Write the call and return at once; ``Reply.get()`` reads the answer.
 
@@ -166,13 +145,18 @@ class Transport:
         flushed) would otherwise run nothing until that later read re-sends it.
         ``patient=False`` raises a transport error instead of retrying by the client's
         policy, whose backoff can outlast a lease: for renewals, which retry on their
-        own schedule.
+        own schedule. ``acks=(replicas, timeout_ms)`` follows the call with ``WAIT`` on the
+        same connection; the answer is then ``(reply, replicas that acknowledged)``.
         """
-        exchange = _ScriptCall(self.client, script, keys, args, patient=patient)
+        exchange: Exchange = ScriptCall(self.client, script, keys, args, patient=patient)
+        head = ("EVAL", script.script) if whole else ("EVALSHA", script.sha)
+        commands: list[Sequence[Any]] = [(*head, len(keys), *keys, *args)]
+        if acks is not None:
+            exchange = Acked(exchange, acks)  # type: ignore[arg-type]
+            commands.append(("WAIT", *acks))
         if not self.direct:
             return Reply(exchange.fallback())
-        head = ("EVAL", script.script) if whole else ("EVALSHA", script.sha)
-        return self._send(((*head, len(keys), *keys, *args),), exchange)
+        return self._send(commands, exchange)
 
     def send_hold(self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Any]) -> Reply:
         """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.
@@ -185,13 +169,22 @@ class Transport:
         if not (self.direct and self.holds):
             return Reply(fallback())
         commands = (("SET", key, token, "PX", ttl_ms, *HOLD_OPTIONS), ("PTTL", key))
-        return self._send(commands, _Hold(self, token, fallback))
+        return self._send(commands, Hold(token, fallback, self._old_server))
+
+    def _old_server(self) -> None:
+        self.holds = False
 
     def call(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any], *, patient: bool = True
+        self,
+        script: Script,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        patient: bool = True,
+        acks: tuple[int, int] | None = None,
     ) -> Any:
         """One script call, one round trip."""
-        return self.send(script, keys, args, patient=patient).get()
+        return self.send(script, keys, args, patient=patient, acks=acks).get()
 
     def call_many(
         self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
@@ -202,10 +195,10 @@ class Transport:
         (NOSCRIPT for all of them on a server that forgot the script).
         """
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-        result: list[Any] = self._send(commands, _Batch()).get()
+        result: list[Any] = self._send(commands, Batch()).get()
         return result
 
-    def _send(self, commands: Sequence[Sequence[Any]], exchange: _Exchange) -> Reply:
+    def _send(self, commands: Sequence[Sequence[Any]], exchange: Exchange) -> Reply:
         conn = self._checkout()
         try:
             # Connects (with redis-py's handshake) if needed, and health-checks first.
@@ -229,102 +222,7 @@ def _answer(reply: Reply, then: Callable[[Any], object]) -> None:
         logger.warning("a call whose answer was read later failed: %s", error)
 
 
-class _Exchange:
-    """How to finish a sent call: turn its replies into the answer, or go back to
-    redis-py's path (``fallback``, the same answer) after a transport error or an error
-    reply it ``rescues``."""
-
-    __slots__ = ()
-
-    def fallback(self) -> Any:
-        raise NotImplementedError
-
-    def after_transport_error(self, error: Exception) -> Any:
-        return self.fallback()
-
-    def rescues(self, error: redis.ResponseError) -> bool:
-        raise NotImplementedError
-
-    def convert(self, replies: list[Any]) -> Any:
-        raise NotImplementedError
-
-    def finish(self, replies: list[Any]) -> Any:
-        """The answer from the replies read, in which error replies are exceptions."""
-        for reply in replies:
-            if isinstance(reply, redis.ResponseError):
-                if self.rescues(reply):
-                    return self.fallback()
-                raise reply
-        return self.convert(replies)
-
-
-class _Batch(_Exchange):
-    """Calls whose answers are each the reply or its error, as they came."""
-
-    __slots__ = ()
-
-    def after_transport_error(self, error: Exception) -> Any:
-        raise error
-
-    def finish(self, replies: list[Any]) -> Any:
-        return replies
-
-
-class _ScriptCall(_Exchange):
-    __slots__ = ("args", "client", "keys", "patient", "script")
-
-    def __init__(
-        self,
-        client: Any,
-        script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
-        *,
-        patient: bool,
-    ) -> None:
-        self.client, self.script, self.keys, self.args = client, script, keys, args
-        self.patient = patient
-
-    def after_transport_error(self, error: Exception) -> Any:
-        if not self.patient:
-            raise error
-        return self.fallback()
-
-    def fallback(self) -> Any:
-        return run_script(self.client, self.script, self.keys, self.args)
-
-    def rescues(self, error: redis.ResponseError) -> bool:
-        # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
-        return isinstance(error, NoScriptError)
-
-    def convert(self, replies: list[Any]) -> Any:
-        return replies[0]
-
-
-class _Hold(_Exchange):
-    __slots__ = ("_fallback", "token", "transport")
-
-    def __init__(self, transport: Transport, token: str, fallback: Callable[[], Any]) -> None:
-        self.transport, self.token, self._fallback = transport, token, fallback
-
-    def fallback(self) -> Any:
-        return self._fallback()
-
-    def rescues(self, error: redis.ResponseError) -> bool:
-        if "syntax" in str(error).lower():
-            self.transport.holds = False
-            return True
-        # A non-string value at the key (WRONGTYPE): the script reports it as contended.
-        return "WRONGTYPE" in str(error)
-
-    def convert(self, replies: list[Any]) -> list[Any]:
-        current, pttl = replies
-        if current is None or current in (self.token, self.token.encode()):  # own: a retry
-            return [1, 0]
-        return [0, current, 0 if pttl == -2 else pttl]  # -2: gone since the SET
-
-
-_Pending = tuple[Transport, Any, int, _Exchange]
+_Pending = tuple[Transport, Any, int, Exchange]
 
 
 class Reply:

@@ -1,0 +1,169 @@
+"""How each kind of sent call finishes: its replies become the answer, or it goes again
+through redis-py's own path (``fallback``) after a transport error or an error reply it
+knows how to rescue (NOSCRIPT, an old server's syntax error)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
+
+
+def run_script(client: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """``script`` through redis-py's own path: EVALSHA, and EVAL where the node lacks it.
+
+    Not ``Script.__call__``: on NOSCRIPT a cluster client loads the script on every
+    node, so one frozen node would stall a call meant for another. EVAL runs it on the
+    node the keys live on, and leaves it cached there for the next EVALSHA.
+    """
+    try:
+        return client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return client.eval(script.script, len(keys), *keys, *args)
+
+
+async def run_script_async(
+    client: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]
+) -> Any:
+    """``run_script`` for an asyncio client."""
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return await client.eval(script.script, len(keys), *keys, *args)
+
+
+class Exchange:
+    """How to finish a sent call: turn its replies into the answer, or go back to
+    redis-py's path (``fallback``, the same answer) after a transport error or an error
+    reply it ``rescues``."""
+
+    __slots__ = ()
+
+    def fallback(self) -> Any:
+        raise NotImplementedError
+
+    def after_transport_error(self, error: Exception) -> Any:
+        return self.fallback()
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        raise NotImplementedError
+
+    def convert(self, replies: list[Any]) -> Any:
+        raise NotImplementedError
+
+    def finish(self, replies: list[Any]) -> Any:
+        """The answer from the replies read, in which error replies are exceptions."""
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                if self.rescues(reply):
+                    return self.fallback()
+                raise reply
+        return self.convert(replies)
+
+
+class Batch(Exchange):
+    """Calls whose answers are each the reply or its error, as they came."""
+
+    __slots__ = ()
+
+    def after_transport_error(self, error: Exception) -> Any:
+        raise error
+
+    def finish(self, replies: list[Any]) -> Any:
+        return replies
+
+
+class ScriptCall(Exchange):
+    __slots__ = ("args", "client", "keys", "patient", "script")
+
+    def __init__(
+        self,
+        client: Any,
+        script: Script,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        *,
+        patient: bool,
+    ) -> None:
+        self.client, self.script, self.keys, self.args = client, script, keys, args
+        self.patient = patient
+
+    def after_transport_error(self, error: Exception) -> Any:
+        if not self.patient:
+            raise error
+        return self.fallback()
+
+    def fallback(self) -> Any:
+        return run_script(self.client, self.script, self.keys, self.args)
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
+        return isinstance(error, NoScriptError)
+
+    def convert(self, replies: list[Any]) -> Any:
+        return replies[0]
+
+
+class Acked(Exchange):
+    """A script call followed by ``WAIT``: answers ``(reply, replicas acknowledged)``.
+
+    WAIT counts the acknowledgements of the writes made on its own connection, so the
+    fallback is a pipeline (one connection) of EVAL and WAIT, never two separate calls.
+    """
+
+    __slots__ = ("acks", "call")
+
+    def __init__(self, call: ScriptCall, acks: tuple[int, int]) -> None:
+        self.call, self.acks = call, acks
+
+    def fallback(self) -> Any:
+        call = self.call
+        with call.client.pipeline(transaction=False) as pipe:
+            pipe.eval(call.script.script, len(call.keys), *call.keys, *call.args)
+            pipe.execute_command("WAIT", *self.acks)
+            reply, acked = pipe.execute()
+        return reply, int(acked)
+
+    def after_transport_error(self, error: Exception) -> Any:
+        if not self.call.patient:
+            raise error
+        return self.fallback()
+
+    def finish(self, replies: list[Any]) -> Any:
+        *called, acked = replies
+        for reply in called:
+            if isinstance(reply, redis.ResponseError) and self.call.rescues(reply):
+                return self.fallback()
+        if isinstance(acked, Exception):
+            raise acked
+        return self.call.finish(called), int(acked)
+
+
+class Hold(Exchange):
+    """The unfenced acquire as ``SET NX PX GET`` and ``PTTL``, answered like the script."""
+
+    __slots__ = ("_fallback", "_old_server", "token")
+
+    def __init__(
+        self, token: str, fallback: Callable[[], Any], old_server: Callable[[], None]
+    ) -> None:
+        self.token, self._fallback, self._old_server = token, fallback, old_server
+
+    def fallback(self) -> Any:
+        return self._fallback()
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        if "syntax" in str(error).lower():
+            self._old_server()
+            return True
+        # A non-string value at the key (WRONGTYPE): the script reports it as contended.
+        return "WRONGTYPE" in str(error)
+
+    def convert(self, replies: list[Any]) -> list[Any]:
+        current, pttl = replies
+        if current is None or current in (self.token, self.token.encode()):  # own: a retry
+            return [1, 0]
+        return [0, current, 0 if pttl == -2 else pttl]  # -2: gone since the SET

@@ -1,0 +1,69 @@
+"""``PendingAcquire``: an acquire that was sent and whose answer is read later."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn, Protocol
+
+from .base import REDIS_ERRORS, Call
+from .lease import Contended, Lease
+from .transport import Reply
+
+
+class _Store(Protocol):
+    def _outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
+
+    def _failed(self, error: Exception, name: str | None = None) -> NoReturn: ...
+
+
+class PendingAcquire:
+    """An acquire that was sent and whose answer has not been read (``begin_try_acquire``).
+
+    ``outcome()`` reads it once and returns the same ``Lease`` or ``Contended`` after.
+    Read it even when no longer interested: it returns the pooled connection, and a
+    ``Lease`` it grants holds the lock until released or expired.
+    """
+
+    __slots__ = ("_call", "_lock", "_outcome", "_reply", "_sent_at")
+
+    def __init__(self, lock: _Store, call: Call, sent_at: float, reply: Reply) -> None:
+        self._lock = lock
+        self._call = call
+        self._sent_at = sent_at
+        self._reply: Reply | None = reply
+        self._outcome: Lease | Contended | None = None
+
+    @classmethod
+    def settled(cls, outcome: Lease | Contended) -> PendingAcquire:
+        """One whose answer is already known (stores without a wire, e.g. memory)."""
+        pending = cls.__new__(cls)
+        pending._reply = None
+        pending._outcome = outcome
+        return pending
+
+    @property
+    def name(self) -> str:
+        return self._call.name if self._outcome is None else self._outcome.name
+
+    def presumed(self) -> Lease | None:
+        """The lease this grants if the answer is yes, before it is read: to renew at once.
+
+        None when the answer is known to be no. Unfenced acquires only (a fence comes
+        from the answer). Renewing a presumed lease that was refused is harmless: its
+        extend is owner-checked.
+        """
+        if self._outcome is not None:
+            return self._outcome if isinstance(self._outcome, Lease) else None
+        call = self._call
+        if call.fenced:
+            raise RuntimeError("presumed() needs an unfenced acquire whose answer is unread")
+        return call.lease(fence=0, sent_at=self._sent_at)
+
+    def outcome(self) -> Lease | Contended:
+        if self._outcome is None:
+            assert self._reply is not None  # noqa: S101  (set for every unsettled one)
+            try:
+                reply = self._reply.get()
+            except REDIS_ERRORS as error:
+                self._lock._failed(error, self._call.name)
+            self._outcome = self._lock._outcome_of(self._call, sent_at=self._sent_at, reply=reply)
+        return self._outcome

@@ -1,0 +1,50 @@
+"""Replica acknowledgement (``WAIT``): the option, and what too few acknowledgements mean.
+
+With ``replicas=N`` every acquire and renewal is followed, on the same connection, by
+``WAIT N timeout``. An acquire that fewer than N replicas acknowledged is given back
+and reported as contended; a renewal that fewer acknowledged counts as failed (retried,
+and the lease is lost if none succeeds before its ttl). As Redisson's
+``checkLockSyncedSlaves``: it narrows the window in which a failover loses a lease,
+it is not consensus. WAIT does not make a write durable on the replica's disk, a
+replica acknowledging and then dying still loses it, and a failover can still promote
+a replica that missed the write. Fencing is what keeps writes safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._time import to_seconds
+from ..exceptions import ConfigurationError, LockStoreUnavailableError
+
+
+def replicas_option(replicas: object, timeout: object, client: Any) -> tuple[int, int] | None:
+    """``(replicas, timeout in ms)`` for WAIT, or None when no acknowledgement is asked."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
+    seconds = to_seconds(timeout, what="replica_timeout")
+    if seconds <= 0:
+        raise ConfigurationError(f"replica_timeout must be > 0 seconds, got {timeout!r}")
+    if not replicas:
+        return None
+    if hasattr(client, "get_node_from_key"):
+        raise ConfigurationError(
+            "replicas (WAIT) is not supported on a cluster client: redis-py sends WAIT to "
+            "a random node, not the one that took the write; set it to 0 for Cluster"
+        )
+    return replicas, max(1, round(seconds * 1000))
+
+
+def acknowledged(reply: Any, wanted: tuple[int, int], *, where: str, name: str, key: str) -> Any:
+    """The script's reply, if enough replicas acknowledged it; else the outage error."""
+    value, acked = reply
+    if acked < wanted[0]:
+        raise LockStoreUnavailableError(
+            f"only {acked} of {wanted[0]} replicas of the lock store at {where} acknowledged "
+            f"the write within {wanted[1]} ms",
+            name=name,
+            key=key,
+            url=where,
+            acked=acked,
+        )
+    return value
