@@ -4,6 +4,7 @@
     python3 scripts/dev.py bench [bench args...]   benchmarks vs plain Celery and the incumbents
     python3 scripts/dev.py chaos [--full]          run the chaos suite, write docs/reliability.md
     python3 scripts/dev.py demo [demo args...]     run the example project's demo
+    python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
@@ -163,7 +164,14 @@ def bench(args: list[str]) -> int:
     return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
 
 
-COMMANDS = {"bench": bench, "chaos": chaos, "demo": demo, "test": test}
+def matrix(args: list[str]) -> int:
+    """The version matrix (scripts/matrix.py), each combination in its own virtualenv."""
+    env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
+    command = [sys.executable, str(ROOT / "scripts" / "matrix.py"), *args]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
+COMMANDS = {"bench": bench, "chaos": chaos, "demo": demo, "matrix": matrix, "test": test}
 
 
 def main(argv: list[str]) -> int:

@@ -32,6 +32,10 @@ app.conf.update(
     singleton_lock_prefix="t",
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
+    # The version matrix runs the lock store on RESP3 too (CSL_PROTOCOL=3).
+    singleton_lock_transport_options=(
+        {"protocol": int(os.environ["CSL_PROTOCOL"])} if os.environ.get("CSL_PROTOCOL") else {}
+    ),
     broker_transport_options={
         "visibility_timeout": float(os.environ.get("CSL_VISIBILITY_TIMEOUT", "3600")),
         # Sweep for unacked messages every second, so a short visibility timeout really

@@ -45,6 +45,18 @@ def fixture_raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.close()
 
 
+def redis_version(client: redis.Redis) -> tuple[int, int]:
+    major, minor = str(client.info("server")["redis_version"]).split(".")[:2]
+    return int(major), int(minor)
+
+
+@pytest.fixture(name="redis7")
+def fixture_redis7(raw: redis.Redis) -> None:
+    """Skip on a server older than Redis 7.0 (the version matrix runs 6.2)."""
+    if redis_version(raw) < (7, 0):
+        pytest.skip("needs Redis >= 7.0 (SET with both NX and GET); this server is older")
+
+
 @pytest.fixture(name="client", params=[False, True], ids=["bytes", "decoded"])
 def fixture_client(
     request: pytest.FixtureRequest, raw: redis.Redis, redis_server: RedisServer

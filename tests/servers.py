@@ -139,6 +139,9 @@ class RedisServer:
             os.kill(self.process.pid, signal.SIGCONT)
 
     def client(self, **options: object) -> redis.Redis:
+        # The version matrix runs the suite with RESP3 clients too (CSL_PROTOCOL=3).
+        if os.environ.get("CSL_PROTOCOL"):
+            options.setdefault("protocol", int(os.environ["CSL_PROTOCOL"]))
         return redis.Redis.from_url(self.url, **options)  # type: ignore[arg-type]
 
     def cleanup(self) -> None:

