@@ -72,7 +72,8 @@ class TestOverlappedDispatch:
         self, cenv: CeleryEnv, queue: redis.Redis
     ) -> None:
         work = cenv.app_module.work
-        with pytest.raises(ValueError, match="invalid literal"):  # parsed after the send
+        # Celery parses the ETA after the send (its message differs between versions).
+        with pytest.raises(ValueError, match=r"invalid literal|Expected 4 digits"):
             work.apply_async(("p3",), queue=QUEUE, expires="not-a-date")
         assert published(queue) == 0
         assert cenv.lock_client().keys("t:*") == []
