@@ -17,6 +17,7 @@ from celery_singleton_lock import (
     ConfigurationError,
     Contended,
     Lease,
+    LockKeys,
     LockLostError,
     LockStoreConfigurationError,
     LockStoreUnavailableError,
@@ -151,22 +152,30 @@ def _promoted(cluster: Cluster, key: str, victim: Any) -> bool:
     return False
 
 
-@pytest.fixture(name="cluster_env")
-def fixture_cluster_env(cenv: CeleryEnv, cluster: Cluster) -> Iterator[CeleryEnv]:
-    """The Celery test app with its lock store on the cluster (then put back)."""
+@contextlib.contextmanager
+def lock_url(cenv: CeleryEnv, url: str) -> Iterator[CeleryEnv]:
+    """The Celery test app with its lock store at ``url`` (then put back)."""
     app = cenv.app_module.app
     saved = app.conf.singleton_lock_url
-    for attribute in ("_singleton_lock_config", "_singleton_lock_backend"):
-        with contextlib.suppress(AttributeError):
-            delattr(app, attribute)
-    app.conf.singleton_lock_url = cluster.url
+
+    def forget() -> None:
+        for attribute in ("_singleton_lock_config", "_singleton_lock_backend"):
+            with contextlib.suppress(AttributeError):
+                delattr(app, attribute)
+
+    forget()
+    app.conf.singleton_lock_url = url
     try:
         yield cenv
     finally:
         app.conf.singleton_lock_url = saved
-        for attribute in ("_singleton_lock_config", "_singleton_lock_backend"):
-            with contextlib.suppress(AttributeError):
-                delattr(app, attribute)
+        forget()
+
+
+@pytest.fixture(name="cluster_env")
+def fixture_cluster_env(cenv: CeleryEnv, cluster: Cluster) -> Iterator[CeleryEnv]:
+    with lock_url(cenv, cluster.url) as env:
+        yield env
 
 
 def test_celery_end_to_end_on_a_cluster(cluster_env: CeleryEnv, cluster: Cluster) -> None:
@@ -198,20 +207,40 @@ def test_celery_end_to_end_on_a_cluster(cluster_env: CeleryEnv, cluster: Cluster
         worker.stop()
 
 
-def test_a_worker_fails_a_task_once_when_the_store_is_a_cluster_node_given_as_plain_url(
+def test_a_cluster_node_as_plain_url_fails_dispatch_and_execution_once(
     cenv: CeleryEnv, cluster: Cluster
 ) -> None:
-    node_url = f"redis://127.0.0.1:{cluster.nodes[0].port}/0"
-    app = app_with(singleton_lock_url=node_url, broker_url=cenv.broker.url)
-    lock = Backend.for_app(app).lock
-    # A name that hashes elsewhere: the plain client gets MOVED, a configuration error.
-    name = next(
+    node = cluster.nodes[0]
+    node_url = f"redis://127.0.0.1:{node.port}/0"
+    work = cenv.app_module.work
+    # An item whose lock lives on another master: the plain client gets MOVED.
+    item = next(
         f"x{i}"
-        for i in range(100)
-        if cluster.master_of(f"t:{{x{i}}}").port != cluster.nodes[0].port
+        for i in range(200)
+        if cluster.master_of(
+            LockKeys.build("t", work.singleton_options().key.derive((f"x{i}",), {})).lock
+        )
+        is not node
     )
-    with pytest.raises(LockStoreConfigurationError, match="cluster"):
-        lock.try_acquire(name, 10)
+    worker = Worker(cenv.env, extra_env={"CSL_LOCK_URL": node_url}).start()
+    broker = cenv.broker.client()
+    try:
+        with lock_url(cenv, node_url):
+            with pytest.raises(LockStoreConfigurationError, match=r"redis\+cluster://"):
+                work.apply_async((item,), queue=worker.queue)
+            assert broker.llen(worker.queue) == 0  # nothing was published
+        # A copy that bypasses dispatch meets the same error at execution: it fails once.
+        result = cenv.app_module.app.send_task("tests.celery_app.work", (item,), queue=worker.queue)
+        with pytest.raises(Exception, match=r"redis\+cluster://") as failed:
+            result.get(timeout=30)
+        assert type(failed.value).__name__ == "LockStoreConfigurationError"
+        assert runs(cenv) == []
+        time.sleep(1.0)  # a requeue would show up in the log by now
+        log = worker.output()
+        assert "requeued" not in log
+        assert log.count(f"Task tests.celery_app.work[{result.id}] raised") == 1
+    finally:
+        worker.stop()
 
 
 # -- Sentinel -------------------------------------------------------------------------
