@@ -9,7 +9,8 @@ from typing import Any, overload
 from celery import shared_task
 
 from .exceptions import ConfigurationError
-from .task import OPTION_NAMES, SingletonOptions, SingletonTask
+from .options import OPTION_NAMES, SingletonOptions
+from .task import SingletonTask
 
 
 @overload

@@ -7,26 +7,14 @@ or eagerly): take the *running lease* for the key the sender computed, taking ov
 message's own hold in the same step, renew it while the body runs, expose it as
 ``self.lease``, and release it however the body ends. A message that arrives without a
 hold of its own (``send_task``, beat, a redelivery) meets ``on_contention``.
-
-Tokens say who holds a key, so that another process can act for the holder:
-``q|<nonce>|<task id>`` for a queued hold, ``r|<host>|<nonce>|<task id>`` once a
-worker has received the message (its main process renews that reservation, so a
-worker that dies with prefetched messages frees their keys within ``ttl``, see
-``worker.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. The worker's
-main process releases a dead child's lease by that shape (see
-``worker.SingletonRequest``); a redelivered copy of the same task id is a different
-execution with a different token, so it can never pass for the owner.
+Tokens and headers are in ``tokens.py``; the gate around publish in ``dispatch.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, ClassVar, TypeAlias
 
 from celery import Task
@@ -34,171 +22,40 @@ from celery.exceptions import Ignore
 from celery.signals import before_task_publish
 from celery.utils import uuid
 
+from . import outages
 from . import signals as singleton_signals
-from ._time import ttl_to_ms
 from .backend import Backend
+from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
 from .exceptions import (
     ConfigurationError,
     DuplicateTaskError,
     LockNotAcquiredError,
     LockStoreUnavailableError,
 )
-from .keys import KeySpec
-from .lease import Contended, Lease, PendingAcquire
+from .lease import Contended, Lease
+from .options import SingletonOptions
 from .policies import (
-    ContentionPolicy,
     ContentionState,
     Fail,
-    OnDuplicate,
     Requeue,
     Wait,
-    contention_policy,
-    on_duplicate_option,
-    requeue,
+)
+from .tokens import (
+    ATTEMPT_HEADER,
+    BYPASS_OPTION,
+    KEY_HEADER,
+    OUTAGE_HEADER,
+    TOKEN_HEADER,
+    header,
+    holder_task_id,
+    queued_token,
+    reserved_shape,
+    running_token,
 )
 
 logger = logging.getLogger(__name__)
 
-KEY_HEADER = "singleton_lock_key"
-TOKEN_HEADER = "singleton_lock_token"  # noqa: S105  (a header name, not a secret)
-ATTEMPT_HEADER = "singleton_lock_attempt"
-OUTAGE_HEADER = "singleton_lock_outages"  # requeues so far because the store was unreachable
-# An execution requeued this many times for an unreachable store (about an hour with the
-# backoff below) fails with LockStoreUnavailableError instead of waiting for ever.
-OUTAGE_MAX_REQUEUES = 120
-# An apply_async option (popped before publishing) that skips the queue-level hold:
-# used to requeue a contended execution, which must not meet its own duplicate check.
-BYPASS_OPTION = "singleton_lock_bypass"
-
 _Publish: TypeAlias = Callable[..., Any]
-
-OPTION_NAMES = ("key", "on_duplicate", "on_contention", "ttl", "queue_ttl", "dedupe")
-
-
-# -- tokens ---------------------------------------------------------------------------
-
-
-def _nonce() -> str:
-    # Tells apart two holds of one task id (a task_id= reused by the caller); it needs
-    # to be unique, not secret. random reseeds in a forked child, and unlike secrets
-    # it costs no system call on the dispatch path.
-    return f"{random.getrandbits(48):012x}"
-
-
-def queued_token(task_id: str) -> str:
-    return f"q|{_nonce()}|{task_id}"
-
-
-def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:
-    """(prefix, suffix) of a worker's reservation of a message it received."""
-    return f"r|{hostname}|", f"|{task_id}"
-
-
-def reserved_token(task_id: str, hostname: str) -> str:
-    prefix, suffix = reserved_shape(hostname, task_id)
-    return f"{prefix}{_nonce()}{suffix}"
-
-
-def running_prefix(hostname: str, pid: int) -> str:
-    return f"x|{hostname}|{pid}|"
-
-
-def running_token(task_id: str, hostname: str, pid: int) -> str:
-    return f"{running_prefix(hostname, pid)}{_nonce()}|{task_id}"
-
-
-def holder_task_id(token: str | None) -> str | None:
-    """The task id inside a holder's token; None for a foreign value."""
-    if not token:
-        return None
-    if token.startswith("q|"):
-        parts = token.split("|", 2)
-        return parts[2] if len(parts) == 3 else None
-    if token.startswith("r|"):
-        parts = token.split("|", 3)
-        return parts[3] if len(parts) == 4 else None
-    if token.startswith("x|"):
-        parts = token.split("|", 4)
-        return parts[4] if len(parts) == 5 else None
-    return None
-
-
-def header(request: Any, name: str) -> Any:
-    """A custom header of the running request, in the worker and eagerly alike."""
-    headers = getattr(request, "headers", None) or {}
-    value = headers.get(name)
-    return getattr(request, name, None) if value is None else value
-
-
-# -- options ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SingletonOptions:
-    """A task's singleton options, validated when the task class is created."""
-
-    key: KeySpec
-    on_duplicate: OnDuplicate
-    on_contention: ContentionPolicy
-    ttl: float | None
-    queue_ttl: float | None
-    dedupe: bool
-
-    @classmethod
-    def build(cls, name: str, run: Any, raw: Mapping[str, Any] | None) -> SingletonOptions:
-        raw = dict(raw or {})
-        unknown = sorted(set(raw) - set(OPTION_NAMES))
-        if unknown:
-            raise ConfigurationError(
-                f"{name}: unknown singleton option(s) {unknown}; allowed: {list(OPTION_NAMES)}"
-            )
-        if isinstance(run, staticmethod):
-            func, bound = run.__func__, False
-        else:
-            func, bound = run, True
-        dedupe = raw.get("dedupe", True)
-        if not isinstance(dedupe, bool):
-            raise ConfigurationError(f"{name}: dedupe must be True or False, got {dedupe!r}")
-        return cls(
-            key=KeySpec(func, name=name, key=raw.get("key"), bound=bound),
-            on_duplicate=on_duplicate_option(raw.get("on_duplicate", "return")),
-            on_contention=contention_policy(raw.get("on_contention", "requeue")),
-            ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
-            queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),
-            dedupe=dedupe,
-        )
-
-
-def _seconds(value: object, what: str) -> float | None:
-    return None if value is None else ttl_to_ms(value, what=what) / 1000
-
-
-def _delay_of(options: Mapping[str, Any]) -> float:
-    """Seconds until an ETA/countdown task may run, so its hold outlives the wait."""
-    countdown = options.get("countdown")
-    if countdown:
-        return max(0.0, float(countdown))
-    eta = options.get("eta")
-    if eta is None:
-        return 0.0
-    if isinstance(eta, str):
-        eta = datetime.fromisoformat(eta)
-    now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
-    return max(0.0, (eta - now).total_seconds())
-
-
-def _in_canvas(link: object, link_error: object, options: Mapping[str, Any]) -> bool:
-    # Refusing a message that carries the rest of a chain, a group slot or a chord
-    # header would silently drop that work (or leave a GroupResult waiting forever).
-    # Such messages skip the queue-level hold; the execution level still keeps them
-    # from running concurrently with a duplicate.
-    return bool(
-        link
-        or link_error
-        or options.get("chain") is not None
-        or options.get("group_id")
-        or options.get("chord")
-    )
 
 
 class SingletonTask(Task):  # type: ignore[misc]
@@ -283,11 +140,11 @@ class SingletonTask(Task):  # type: ignore[misc]
                 return self._send_retry(running, task_id, options, publish=publish)
         opts = self.singleton_options()
         key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
-        if bypass or not opts.dedupe or _in_canvas(link, link_error, options):
+        if bypass or not opts.dedupe or in_canvas(link, link_error, options):
             return publish(task_id, options, {KEY_HEADER: key})
         task_id = task_id or uuid()
         token = queued_token(task_id)
-        ttl = self._queue_ttl() + _delay_of(options)
+        ttl = self._queue_ttl() + delay_of(options)
         try:
             pending = self._singleton_store.lock.begin_try_acquire(
                 key, ttl, token=token, fenced=False
@@ -295,19 +152,19 @@ class SingletonTask(Task):  # type: ignore[misc]
         except LockStoreUnavailableError as error:
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
-        gate = _Gate(self, key, pending)
+        gate = Gate(self, key, pending)
         ours = {KEY_HEADER: key, TOKEN_HEADER: token}
         try:
-            if self._can_overlap(options) and not _refusals.expects(key):
+            if self._can_overlap(options) and not refusals.expects(key):
                 # The acquire is on its way; Celery builds the message meanwhile and the
                 # gated producer waits for the answer just before anything is published.
                 with self.app.producer_or_acquire(producer) as real:
-                    result = publish(task_id, options, ours, via=_GatedProducer(real, gate))
+                    result = publish(task_id, options, ours, via=GatedProducer(real, gate))
             else:
                 gate.check()
                 result = publish(task_id, options, ours)
-        except _Refused as refused:
-            _refusals.note(key, refused.held.retry_after)
+        except Refused as refused:
+            refusals.note(key, refused.held.retry_after)
             return self._duplicate(key, refused.held)
         except BaseException:
             # Whatever stopped the message (Celery's own validation, the broker), the
@@ -316,7 +173,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise
         if not gate.checked:  # Celery returned without publishing through the gate
             gate.give_back()
-        _refusals.forget(key)
+        refusals.forget(key)
         return result
 
     def _can_overlap(self, options: Mapping[str, Any]) -> bool:
@@ -368,24 +225,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
 
     def _redis_error_at_dispatch(self, key: str, error: LockStoreUnavailableError) -> None:
-        where = self._singleton_store.describe()
-        if self._singleton_store.config.on_redis_error == "fail_closed":
-            raise LockStoreUnavailableError(
-                f"{self.name}: {error}; nothing was published. Set "
-                "singleton_lock_on_redis_error='fail_open' to publish without the duplicate "
-                "check when Redis is down",
-                name=key,
-                key=error.key,
-                url=where,
-            ) from error
-        logger.warning(
-            "lock store at %s unreachable (%s): publishing %s for %s without the duplicate "
-            "check (fail_open)",
-            where,
-            type(error).__name__,
-            self.name,
-            key,
-        )
+        outages.at_dispatch(self, key, error)
 
     def _send_retry(
         self,
@@ -399,7 +239,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         token = queued_token(task_id)
         headers: dict[str, Any] = {KEY_HEADER: running.name}
         try:
-            outcome = store.hand_over(running, self._queue_ttl() + _delay_of(options), token=token)
+            outcome = store.hand_over(running, self._queue_ttl() + delay_of(options), token=token)
         except LockStoreUnavailableError as error:
             # The retry is sent anyway: losing it would be worse. It meets on_contention
             # at execution if this execution's lease is still there.
@@ -414,7 +254,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return publish(task_id, options, headers)
         except BaseException:
             if isinstance(outcome, Lease):
-                _quietly(store.release, outcome)
+                quietly(store.release, outcome)
             raise
 
     # -- execution -----------------------------------------------------------------------
@@ -437,7 +277,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # next lock call: nothing here acts on it, and the child is free for its
                 # next task a round trip sooner. An eager caller may look at the key next.
                 store = self._singleton_store.lock
-                _quietly(store.release if request.is_eager else store.release_nowait, lease)
+                quietly(store.release if request.is_eager else store.release_nowait, lease)
 
     def _take_lease(self, request: Any, args: Any, kwargs: Any) -> Lease:
         key = header(request, KEY_HEADER) or self.singleton_options().key.derive(args, kwargs)
@@ -529,145 +369,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _redis_error_at_execution(
         self, key: str, attempt: int, error: LockStoreUnavailableError
     ) -> Lease:
-        where = self._singleton_store.describe()
-        if self._singleton_store.config.on_redis_error == "fail_open":
-            logger.warning(
-                "lock store at %s unreachable (%s): running %s[%s] for %s UNLOCKED (fail_open)",
-                where,
-                type(error).__name__,
-                self.name,
-                self.request.id,
-                key,
-            )
-            return Lease.unlocked(
-                key, self._ttl(), "running unlocked: the lock store was unreachable (fail_open)"
-            )
-        outages = int(header(self.request, OUTAGE_HEADER) or 0)
-        if outages >= OUTAGE_MAX_REQUEUES:
-            raise LockStoreUnavailableError(
-                f"{self.name}[{self.request.id}] did not run: {error}, through "
-                f"{outages} requeues; it is not requeued again (fail_closed)",
-                name=key,
-                key=error.key,
-                url=where,
-            ) from error
-        logger.warning(
-            "lock store at %s unreachable (%s): requeueing %s[%s] (fail_closed, %d of %d)",
-            where,
-            type(error).__name__,
-            self.name,
-            self.request.id,
-            outages + 1,
-            OUTAGE_MAX_REQUEUES,
-        )
-        # Redis being down is not contention: backoff grows with the outage, but the
-        # contention attempts (which end in fail) are not spent.
-        backoff = requeue(max_tries=OUTAGE_MAX_REQUEUES)
-        decision = backoff(ContentionState(task_name=self.name, key=key, attempt=outages))
-        countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
-        self._requeue(key, attempt, countdown, outages=outages + 1)
-        raise AssertionError("unreachable")  # pragma: no cover - _requeue raises
-
-
-class _RecentRefusals:
-    """Keys this process was refused recently, until their holder's lease runs out.
-
-    Only picks the order of a dispatch, never its outcome (Redis decides every time):
-    a key just refused is likely refused again (a storm of duplicates), and then asking
-    first is cheaper than building a message that will not be sent.
-    """
-
-    LIMIT = 4096
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-
-    def expects(self, key: str) -> bool:
-        until = self._until.get(key)
-        return until is not None and until > time.monotonic()
-
-    def note(self, key: str, retry_after: float | None) -> None:
-        if len(self._until) >= self.LIMIT:
-            self._until.clear()  # cheaper than an LRU; a forgotten key costs one overlap
-        self._until[key] = time.monotonic() + (1.0 if retry_after is None else retry_after)
-
-    def forget(self, key: str) -> None:
-        self._until.pop(key, None)
-
-
-_refusals = _RecentRefusals()
-
-
-class _Refused(BaseException):
-    """Raised by the gated producer for a duplicate, caught by ``apply_async``.
-
-    A BaseException so that nothing between the two (Celery wraps publishing in
-    retry-and-log handlers for Exception) takes it for a failed publish.
-    """
-
-    def __init__(self, held: Contended) -> None:
-        super().__init__(held.key)
-        self.held = held
-
-
-class _Gate:
-    """The answer to a dispatch's acquire, checked once before its message leaves."""
-
-    __slots__ = ("_key", "_pending", "_task", "checked")
-
-    def __init__(self, task: SingletonTask, key: str, pending: PendingAcquire) -> None:
-        self._task = task
-        self._key = key
-        self._pending = pending
-        self.checked = False
-
-    def check(self) -> None:
-        """Return to publish; raise ``_Refused`` for a duplicate, or the store error."""
-        self.checked = True
-        try:
-            outcome = self._pending.outcome()
-        except LockStoreUnavailableError as error:
-            # fail_closed raises; fail_open publishes. The message's token then claims a
-            # hold that may not exist, which only means it meets on_contention if taken.
-            self._task._redis_error_at_dispatch(self._key, error)
-            return
-        if isinstance(outcome, Contended):
-            raise _Refused(outcome)
-
-    def give_back(self) -> None:
-        """The message was not published: release the hold if one was granted."""
-        try:
-            outcome = self._pending.outcome()
-        except LockStoreUnavailableError:
-            return  # nothing known to give back; a hold would expire by its queue_ttl
-        if isinstance(outcome, Lease):
-            _quietly(self._task._singleton_store.lock.release, outcome)
-
-
-class _GatedProducer:
-    """Celery's producer, made to wait for the gate before a message leaves."""
-
-    __slots__ = ("_gate", "_producer")
-
-    def __init__(self, producer: Any, gate: _Gate) -> None:
-        self._producer = producer
-        self._gate = gate
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._producer, name)
-
-    def publish(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._gate.checked:  # Celery may call again to retry a failed publish
-            self._gate.check()
-        return self._producer.publish(*args, **kwargs)
-
-
-def _quietly(release: Callable[[Lease], object], lease: Lease) -> None:
-    """Release without masking the task's own outcome; a failed release expires by TTL."""
-    try:
-        release(lease)
-    except LockStoreUnavailableError as error:
-        logger.warning("release of %s failed (%s); it frees itself by its ttl", lease.key, error)
+        return outages.at_execution(self, key, attempt, error)
 
 
 __all__ = ["SingletonOptions", "SingletonTask"]

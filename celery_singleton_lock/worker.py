@@ -17,14 +17,8 @@ lease — never a redelivered copy's, which runs under another pid or host.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import select
-import signal
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
@@ -32,13 +26,14 @@ from celery import signals
 from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
+from .childwatch import child_watch, kill_and_wait
 from .exceptions import KeyDerivationError, SingletonLockError
 from .lease import Lease, PendingAcquire, RedisLock, ReleaseResult
 from .signals import dead_child_released
-from .task import (
+from .task import SingletonTask
+from .tokens import (
     KEY_HEADER,
     TOKEN_HEADER,
-    SingletonTask,
     header,
     reserved_shape,
     reserved_token,
@@ -49,135 +44,6 @@ logger = logging.getLogger(__name__)
 
 # Exceptions that mean "the child is gone (or about to be) without running its finally".
 CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
-
-
-def _is_dead(pid: int) -> bool:
-    """Gone, or a zombie ("Z": dead but not yet reaped by billiard)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    except (OSError, IndexError):  # no /proc (not Linux): ask the kernel instead
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-    return state in ("Z", "X")
-
-
-def _kill_and_wait(pid: int, timeout: float = 1.0) -> None:
-    """Make sure the child cannot run another instruction before its lease is released.
-
-    On a hard time limit billiard reports the timeout first and kills the child after;
-    releasing in between would let a duplicate start while the child still runs.
-    """
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while not _is_dead(pid) and time.monotonic() < deadline:
-        time.sleep(0.002)
-
-
-class _ChildWatch:
-    """Notices a pool child's death at once and releases its lease.
-
-    billiard reports a SIGKILLed child to Celery only when it next maintains the pool,
-    which was seen to take several seconds; a lease must not wait that long. One daemon
-    thread in the main process sleeps in poll() on a pidfd per pool child (Linux 5.3+),
-    so it costs nothing per task and wakes only when a child exits. Elsewhere it polls
-    the children of running singleton tasks every ``INTERVAL``; measured on Linux, that
-    polling thread cost the worker's main process a fifth of its throughput.
-    """
-
-    INTERVAL = 0.05
-
-    def __init__(self) -> None:
-        self._guard = threading.Condition()
-        self._running: dict[str, SingletonRequest] = {}
-        self._pidfds: dict[int, int] = {}  # pool child pid -> its pidfd
-        self._thread: threading.Thread | None = None
-        self._wake: tuple[int, int] | None = None  # pipe that makes the thread re-poll
-        self._use_pidfd = hasattr(os, "pidfd_open") and hasattr(select, "poll")
-
-    def watch(self, request: SingletonRequest) -> None:
-        pid = request.worker_pid
-        wake = gone = False
-        with self._guard:
-            self._running[request.id] = request
-            if self._use_pidfd and pid and pid not in self._pidfds:
-                try:
-                    # A child that exited before this still gives a pidfd (a zombie's),
-                    # and it polls readable at once.
-                    self._pidfds[pid] = os.pidfd_open(pid)
-                    wake = True
-                except ProcessLookupError:
-                    gone = True  # reaped already
-                except OSError:  # no pidfds here (old kernel, seccomp): poll instead
-                    self._use_pidfd = False
-            if self._thread is None or not self._thread.is_alive():
-                if self._use_pidfd and self._wake is None:
-                    self._wake = os.pipe()
-                self._thread = threading.Thread(
-                    target=self._run, name="celery-singleton-lock-child-watch", daemon=True
-                )
-                self._thread.start()
-            self._guard.notify()
-        if wake and self._wake is not None:
-            os.write(self._wake[1], b"!")
-        if gone and pid:
-            self._child_gone(pid)
-
-    def forget(self, request: SingletonRequest) -> None:
-        with self._guard:
-            if self._running.get(request.id) is request:
-                del self._running[request.id]
-
-    def _child_gone(self, pid: int) -> None:
-        with self._guard:
-            fd = self._pidfds.pop(pid, None)
-            orphans = [r for r in self._running.values() if r.worker_pid == pid]
-            for request in orphans:
-                del self._running[request.id]
-        if fd is not None:
-            os.close(fd)
-        for request in orphans:
-            request._release_for_dead_child(kill=False)
-
-    def _run(self) -> None:
-        if self._use_pidfd and self._wake is not None:
-            self._run_pidfd(self._wake[0])
-        else:
-            self._run_polling()
-
-    def _run_pidfd(self, wake: int) -> None:
-        while True:
-            with self._guard:
-                by_fd = {fd: pid for pid, fd in self._pidfds.items()}
-            poller = select.poll()
-            poller.register(wake, select.POLLIN)
-            for fd in by_fd:
-                poller.register(fd, select.POLLIN)
-            for fd, _ in poller.poll():
-                if fd == wake:
-                    os.read(wake, 4096)
-                elif fd in by_fd:
-                    self._child_gone(by_fd[fd])
-
-    def _run_polling(self) -> None:
-        while True:
-            with self._guard:
-                while not self._running:
-                    self._guard.wait()
-                watched = list(self._running.values())
-            for request in watched:
-                pid = request.worker_pid
-                if pid and _is_dead(pid):
-                    self._child_gone(pid)
-            time.sleep(self.INTERVAL)
-
-
-_child_watch = _ChildWatch()
 
 
 class _Reservations:
@@ -289,17 +155,17 @@ class SingletonRequest(Request):  # type: ignore[misc]
             # The child takes the reservation over as it starts; renewing it from here
             # would only find it gone.
             _reservations.drop(self.id, release=False)
-            _child_watch.watch(self)
+            child_watch.watch(self)
         return result
 
     def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
-        _child_watch.forget(self)
+        child_watch.forget(self)
         return super().on_success(failed__retval__runtime, **kwargs)
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
-        _child_watch.forget(self)
+        child_watch.forget(self)
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
@@ -324,7 +190,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
         try:
             if pid:
                 if kill:
-                    _kill_and_wait(pid)
+                    kill_and_wait(pid)
                 result = store.release_matching(
                     key, running_prefix(self.hostname, pid), f"|{self.id}"
                 )

@@ -16,7 +16,7 @@ from celery_singleton_lock import (
     signals,
     singleton_task,
 )
-from celery_singleton_lock.task import holder_task_id, queued_token, running_token
+from celery_singleton_lock.tokens import holder_task_id, queued_token, running_token
 
 from .servers import RedisServer
 

@@ -17,7 +17,7 @@ from celery.signals import before_task_publish
 
 from celery_singleton_lock import Contended, Lease, RedisLock
 from celery_singleton_lock.lease import transport
-from celery_singleton_lock.task import KEY_HEADER, TOKEN_HEADER
+from celery_singleton_lock.tokens import KEY_HEADER, TOKEN_HEADER
 
 from .conftest import CeleryEnv
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from celery_singleton_lock.worker import _is_dead
+from celery_singleton_lock.childwatch import is_dead
 
 ROOT = Path(__file__).resolve().parent.parent
 _names = itertools.count(1)
@@ -93,7 +93,7 @@ class Worker:
         deadline = time.monotonic() + timeout
         while True:
             children = self.children()
-            if len(children) == self.concurrency and not any(map(_is_dead, children)):
+            if len(children) == self.concurrency and not any(map(is_dead, children)):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pool not back to {self.concurrency} in {timeout}s")

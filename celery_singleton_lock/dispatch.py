@@ -1,0 +1,143 @@
+"""The queue-level hold around publish: the gate a message passes only once its key is held."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from .exceptions import LockStoreUnavailableError
+from .lease import Contended, Lease, PendingAcquire
+
+logger = logging.getLogger(__name__)
+
+
+def delay_of(options: Mapping[str, Any]) -> float:
+    """Seconds until an ETA/countdown task may run, so its hold outlives the wait."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if eta is None:
+        return 0.0
+    if isinstance(eta, str):
+        eta = datetime.fromisoformat(eta)
+    now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
+    return max(0.0, (eta - now).total_seconds())
+
+
+def in_canvas(link: object, link_error: object, options: Mapping[str, Any]) -> bool:
+    # Refusing a message that carries the rest of a chain, a group slot or a chord
+    # header would silently drop that work (or leave a GroupResult waiting forever).
+    # Such messages skip the queue-level hold; the execution level still keeps them
+    # from running concurrently with a duplicate.
+    return bool(
+        link
+        or link_error
+        or options.get("chain") is not None
+        or options.get("group_id")
+        or options.get("chord")
+    )
+
+
+class RecentRefusals:
+    """Keys this process was refused recently, until their holder's lease runs out.
+
+    Only picks the order of a dispatch, never its outcome (Redis decides every time):
+    a key just refused is likely refused again (a storm of duplicates), and then asking
+    first is cheaper than building a message that will not be sent.
+    """
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def expects(self, key: str) -> bool:
+        until = self._until.get(key)
+        return until is not None and until > time.monotonic()
+
+    def note(self, key: str, retry_after: float | None) -> None:
+        if len(self._until) >= self.LIMIT:
+            self._until.clear()  # cheaper than an LRU; a forgotten key costs one overlap
+        self._until[key] = time.monotonic() + (1.0 if retry_after is None else retry_after)
+
+    def forget(self, key: str) -> None:
+        self._until.pop(key, None)
+
+
+refusals = RecentRefusals()
+
+
+class Refused(BaseException):
+    """Raised by the gated producer for a duplicate, caught by ``apply_async``.
+
+    A BaseException so that nothing between the two (Celery wraps publishing in
+    retry-and-log handlers for Exception) takes it for a failed publish.
+    """
+
+    def __init__(self, held: Contended) -> None:
+        super().__init__(held.key)
+        self.held = held
+
+
+class Gate:
+    """The answer to a dispatch's acquire, checked once before its message leaves."""
+
+    __slots__ = ("_key", "_pending", "_task", "checked")
+
+    def __init__(self, task: Any, key: str, pending: PendingAcquire) -> None:
+        self._task = task
+        self._key = key
+        self._pending = pending
+        self.checked = False
+
+    def check(self) -> None:
+        """Return to publish; raise ``Refused`` for a duplicate, or the store error."""
+        self.checked = True
+        try:
+            outcome = self._pending.outcome()
+        except LockStoreUnavailableError as error:
+            # fail_closed raises; fail_open publishes. The message's token then claims a
+            # hold that may not exist, which only means it meets on_contention if taken.
+            self._task._redis_error_at_dispatch(self._key, error)
+            return
+        if isinstance(outcome, Contended):
+            raise Refused(outcome)
+
+    def give_back(self) -> None:
+        """The message was not published: release the hold if one was granted."""
+        try:
+            outcome = self._pending.outcome()
+        except LockStoreUnavailableError:
+            return  # nothing known to give back; a hold would expire by its queue_ttl
+        if isinstance(outcome, Lease):
+            quietly(self._task._singleton_store.lock.release, outcome)
+
+
+class GatedProducer:
+    """Celery's producer, made to wait for the gate before a message leaves."""
+
+    __slots__ = ("_gate", "_producer")
+
+    def __init__(self, producer: Any, gate: Gate) -> None:
+        self._producer = producer
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._gate.checked:  # Celery may call again to retry a failed publish
+            self._gate.check()
+        return self._producer.publish(*args, **kwargs)
+
+
+def quietly(release: Callable[[Lease], object], lease: Lease) -> None:
+    """Release without masking the task's own outcome; a failed release expires by TTL."""
+    try:
+        release(lease)
+    except LockStoreUnavailableError as error:
+        logger.warning("release of %s failed (%s); it frees itself by its ttl", lease.key, error)

@@ -1,0 +1,78 @@
+"""What the Celery layer does when the lock store is unreachable (singleton_lock_on_redis_error)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .exceptions import LockStoreUnavailableError
+from .lease import Lease
+from .policies import ContentionState, Requeue, requeue
+from .tokens import OUTAGE_HEADER, OUTAGE_MAX_REQUEUES, header
+
+logger = logging.getLogger(__name__)
+
+
+def at_dispatch(task: Any, key: str, error: LockStoreUnavailableError) -> None:
+    """fail_closed: refuse to publish, with what to set instead; fail_open: log and go on."""
+    where = task._singleton_store.describe()
+    if task._singleton_store.config.on_redis_error == "fail_closed":
+        raise LockStoreUnavailableError(
+            f"{task.name}: {error}; nothing was published. Set "
+            "singleton_lock_on_redis_error='fail_open' to publish without the duplicate "
+            "check when Redis is down",
+            name=key,
+            key=error.key,
+            url=where,
+        ) from error
+    logger.warning(
+        "lock store at %s unreachable (%s): publishing %s for %s without the duplicate "
+        "check (fail_open)",
+        where,
+        type(error).__name__,
+        task.name,
+        key,
+    )
+
+
+def at_execution(task: Any, key: str, attempt: int, error: LockStoreUnavailableError) -> Lease:
+    """fail_open: run unlocked (logged); fail_closed: requeue with backoff, a bounded
+    number of times, then fail."""
+    where = task._singleton_store.describe()
+    if task._singleton_store.config.on_redis_error == "fail_open":
+        logger.warning(
+            "lock store at %s unreachable (%s): running %s[%s] for %s UNLOCKED (fail_open)",
+            where,
+            type(error).__name__,
+            task.name,
+            task.request.id,
+            key,
+        )
+        return Lease.unlocked(
+            key, task._ttl(), "running unlocked: the lock store was unreachable (fail_open)"
+        )
+    requeues = int(header(task.request, OUTAGE_HEADER) or 0)
+    if requeues >= OUTAGE_MAX_REQUEUES:
+        raise LockStoreUnavailableError(
+            f"{task.name}[{task.request.id}] did not run: {error}, through "
+            f"{requeues} requeues; it is not requeued again (fail_closed)",
+            name=key,
+            key=error.key,
+            url=where,
+        ) from error
+    logger.warning(
+        "lock store at %s unreachable (%s): requeueing %s[%s] (fail_closed, %d of %d)",
+        where,
+        type(error).__name__,
+        task.name,
+        task.request.id,
+        requeues + 1,
+        OUTAGE_MAX_REQUEUES,
+    )
+    # Redis being down is not contention: backoff grows with the outage, but the
+    # contention attempts (which end in fail) are not spent.
+    backoff = requeue(max_tries=OUTAGE_MAX_REQUEUES)
+    decision = backoff(ContentionState(task_name=task.name, key=key, attempt=requeues))
+    countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
+    task._requeue(key, attempt, countdown, outages=requeues + 1)
+    raise AssertionError("unreachable")  # pragma: no cover - _requeue raises

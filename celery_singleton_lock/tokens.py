@@ -1,0 +1,79 @@
+"""The message headers and lock tokens the Celery layer writes and reads.
+
+Tokens say who holds a key, so that another process can act for the holder:
+``q|<nonce>|<task id>`` for a queued hold, ``r|<host>|<nonce>|<task id>`` once a
+worker has received the message (its main process renews that reservation, so a
+worker that dies with prefetched messages frees their keys within ``ttl``, see
+``worker.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. The worker's
+main process releases a dead child's lease by that shape (see
+``worker.SingletonRequest``); a redelivered copy of the same task id is a different
+execution with a different token, so it can never pass for the owner.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+KEY_HEADER = "singleton_lock_key"
+TOKEN_HEADER = "singleton_lock_token"  # noqa: S105  (a header name, not a secret)
+ATTEMPT_HEADER = "singleton_lock_attempt"
+OUTAGE_HEADER = "singleton_lock_outages"  # requeues so far because the store was unreachable
+# An execution requeued this many times for an unreachable store (about an hour with the
+# backoff below) fails with LockStoreUnavailableError instead of waiting for ever.
+OUTAGE_MAX_REQUEUES = 120
+# An apply_async option (popped before publishing) that skips the queue-level hold:
+# used to requeue a contended execution, which must not meet its own duplicate check.
+BYPASS_OPTION = "singleton_lock_bypass"
+
+
+def _nonce() -> str:
+    # Tells apart two holds of one task id (a task_id= reused by the caller); it needs
+    # to be unique, not secret. random reseeds in a forked child, and unlike secrets
+    # it costs no system call on the dispatch path.
+    return f"{random.getrandbits(48):012x}"
+
+
+def queued_token(task_id: str) -> str:
+    return f"q|{_nonce()}|{task_id}"
+
+
+def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:
+    """(prefix, suffix) of a worker's reservation of a message it received."""
+    return f"r|{hostname}|", f"|{task_id}"
+
+
+def reserved_token(task_id: str, hostname: str) -> str:
+    prefix, suffix = reserved_shape(hostname, task_id)
+    return f"{prefix}{_nonce()}{suffix}"
+
+
+def running_prefix(hostname: str, pid: int) -> str:
+    return f"x|{hostname}|{pid}|"
+
+
+def running_token(task_id: str, hostname: str, pid: int) -> str:
+    return f"{running_prefix(hostname, pid)}{_nonce()}|{task_id}"
+
+
+def holder_task_id(token: str | None) -> str | None:
+    """The task id inside a holder's token; None for a foreign value."""
+    if not token:
+        return None
+    if token.startswith("q|"):
+        parts = token.split("|", 2)
+        return parts[2] if len(parts) == 3 else None
+    if token.startswith("r|"):
+        parts = token.split("|", 3)
+        return parts[3] if len(parts) == 4 else None
+    if token.startswith("x|"):
+        parts = token.split("|", 4)
+        return parts[4] if len(parts) == 5 else None
+    return None
+
+
+def header(request: Any, name: str) -> Any:
+    """A custom header of the running request, in the worker and eagerly alike."""
+    headers = getattr(request, "headers", None) or {}
+    value = headers.get(name)
+    return getattr(request, name, None) if value is None else value
