@@ -118,3 +118,48 @@ class TestBadValues:
         with pytest.raises(ConfigurationError) as caught:
             SingletonConfig.from_app(app_with(singleton_lock_url="amqp://user:hunter2@x//"))
         assert "hunter2" not in str(caught.value)
+
+
+class TestConnectionOptions:
+    def test_a_lock_store_on_the_brokers_server_reuses_its_tls_and_connection_options(
+        self,
+    ) -> None:
+        tls = {"ssl_cert_reqs": "required", "ssl_ca_certs": "/etc/ca.pem"}
+        config = SingletonConfig.from_app(
+            app_with(
+                broker_url="rediss://:pw@r.internal:6380/0",
+                broker_use_ssl=tls,
+                broker_transport_options={"socket_keepalive": True, "visibility_timeout": 99},
+                singleton_lock_url="rediss://:pw@r.internal:6380/3",
+            )
+        )
+        assert config.transport_options == {**tls, "socket_keepalive": True}
+
+    def test_the_users_transport_options_win(self) -> None:
+        config = SingletonConfig.from_app(
+            app_with(
+                result_backend="redis://b:6379/0",
+                result_backend_transport_options={"socket_connect_timeout": 3},
+                singleton_lock_transport_options={"socket_connect_timeout": 1, "protocol": 3},
+            )
+        )
+        assert config.url_source == "result_backend"
+        assert config.transport_options == {"socket_connect_timeout": 1, "protocol": 3}
+
+    def test_another_server_gets_none_of_the_brokers_options(self) -> None:
+        config = SingletonConfig.from_app(
+            app_with(
+                broker_url="rediss://r:6380/0",
+                broker_use_ssl={"ssl_ca_certs": "/x"},
+                singleton_lock_url="redis://other:6379/0",
+            )
+        )
+        assert config.transport_options == {}
+
+    def test_bad_replicas_and_transport_options_are_refused_naming_the_setting(self) -> None:
+        with pytest.raises(ConfigurationError, match="singleton_lock_replicas"):
+            SingletonConfig.from_app(app_with(singleton_lock_replicas=-1))
+        with pytest.raises(ConfigurationError, match="singleton_lock_transport_options"):
+            SingletonConfig.from_app(app_with(singleton_lock_transport_options="socket_timeout=1"))
+        with pytest.raises(ConfigurationError, match="singleton_lock_client"):
+            SingletonConfig.from_app(app_with(singleton_lock_client="no.such.module.factory"))

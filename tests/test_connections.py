@@ -6,6 +6,7 @@ private broker and lock store; what it saw comes back as one JSON line.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -60,7 +61,8 @@ def produce(mode: str, count: int, pair: tuple[RedisServer, RedisServer]) -> dic
 def test_every_call_from_a_new_thread_or_greenlet_succeeds_on_few_connections(
     mode: str, pair: tuple[RedisServer, RedisServer]
 ) -> None:
-    pytest.importorskip(mode if mode != "threads" else "threading")
+    if mode != "threads" and importlib.util.find_spec(mode) is None:
+        pytest.skip(f"{mode} is not installed")  # looked up, not imported into this process
     result = produce(mode, COUNT, pair)
     assert result["errors"] == []
     assert result["ok"] == COUNT

@@ -4,6 +4,7 @@ wrong topologies."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -14,6 +15,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import (
+    AsyncRedisLock,
     ConfigurationError,
     Contended,
     Lease,
@@ -399,3 +401,42 @@ class TestReplicaAcknowledgement:
         with pytest.raises(ConfigurationError, match="cluster"):
             RedisLock(client, replicas=1)
         client.close()
+
+
+class TestClientKinds:
+    def test_the_asyncio_lock_takes_the_asyncio_cluster_client(self, cluster: Cluster) -> None:
+        async def scenario() -> tuple[int, int]:
+            lock = AsyncRedisLock.from_url(cluster.url, prefix="aio")
+            assert repr(lock).startswith("AsyncRedisLock(redis+cluster://127.0.0.1:")
+            first = await lock.acquire("a", 1.0, blocking=False, renew=True)
+            await asyncio.sleep(2.0)  # renewed past twice its ttl, on the cluster
+            first.check()
+            assert await lock.holder("a") == first.token
+            assert await lock.release(first) is ReleaseResult.RELEASED
+            second = await lock.acquire("a", 5, blocking=False)
+            await lock.release(second)
+            await lock.client.aclose()
+            return first.fence, second.fence
+
+        first, second = asyncio.run(scenario())
+        assert second > first
+
+    def test_a_blocking_wait_longer_than_the_cluster_clients_socket_timeout_is_refused(
+        self, cluster: Cluster
+    ) -> None:
+        lock = RedisLock.from_url(cluster.url, prefix="st", socket_timeout=1)
+        with pytest.raises(ConfigurationError, match="socket_timeout=1s"):
+            lock.acquire("w", 5, timeout=10)
+
+    def test_repr_and_errors_of_a_sentinel_client_show_no_password(self) -> None:
+        lock = RedisLock.from_url(
+            "sentinel://:hunter2@127.0.0.1:1;sentinel://127.0.0.1:2",
+            master_name="m",
+            socket_timeout=0.2,
+            socket_connect_timeout=0.2,
+        )
+        shown = "sentinel://***@127.0.0.1:1;127.0.0.1:2/0 (master 'm')"
+        assert repr(lock) == f"RedisLock({shown}, prefix='singleton_lock')"
+        with pytest.raises(LockStoreUnavailableError) as failed:
+            lock.try_acquire("x", 5)
+        assert "hunter2" not in str(failed.value)
