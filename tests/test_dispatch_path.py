@@ -301,6 +301,18 @@ class TestAnswersReadLater:
         in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
         assert len(in_use) == 0  # none is kept by a thread
 
+    def test_the_connection_of_an_answer_read_later_serves_the_next_call(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        for n in range(20):  # a task's release, then the next task's acquire, and so on
+            lease = lock.try_acquire(f"task-{n}", 10)
+            assert isinstance(lease, Lease)
+            lock.release_nowait(lease)
+        lock.transport.settle()
+        pool = lock.client.connection_pool
+        assert len(pool._available_connections) == 1  # type: ignore[attr-defined]
+        assert not list(raw.scan_iter("test:{task-*}"))
+
     def test_an_answer_owed_by_a_thread_that_ended_is_read_by_another(
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:

@@ -112,7 +112,11 @@ class Transport:
 
     def _checkout(self) -> Any:
         if self._owed:
-            self.settle()
+            # The connection of the answer read last serves this call: it is as free
+            # as the pool would make it, a pool round (about 20 us on redis-py 8) sooner.
+            kept = self._settle(keep=True)
+            if kept is not None:
+                return kept
         pool = self._pool
         return pool.get_connection("EVALSHA") if self._named else pool.get_connection()
 
@@ -121,17 +125,26 @@ class Transport:
 
     def settle(self) -> None:
         """Read every owed answer now (their connections go back to the pool)."""
+        self._settle(keep=False)
+
+    def _settle(self, *, keep: bool) -> Any:
+        """Read every owed answer; with ``keep``, return the last one's connection
+        instead of putting it back (None if there is none to hand over)."""
         if self._pid != os.getpid():
             # Inherited over fork: the parent's sockets and answers, never ours to read.
             self._owed.clear()
             self._pid = os.getpid()
-            return
+            return None
+        kept: list[Any] = []
         while True:
             try:
                 reply, then = self._owed.popleft()
             except IndexError:
-                return
-            _answer(reply, then)
+                return kept[0] if kept else None
+            for conn in kept:
+                self._checkin(conn)
+            kept.clear()
+            _answer(reply, then, kept if keep else None)
 
     def defer(self, reply: Reply, then: Callable[[Any], object]) -> None:
         """Read ``reply`` later, before the next call of any thread, and hand it to ``then``.
@@ -236,9 +249,9 @@ class Transport:
         return reply
 
 
-def _answer(reply: Reply, then: Callable[[Any], object]) -> None:
+def _answer(reply: Reply, then: Callable[[Any], object], keep: list[Any] | None = None) -> None:
     try:
-        then(reply.get())
+        then(reply.get(keep))
     except Exception as error:  # the caller is long gone: say so, raise nothing
         logger.warning("a call whose answer was read later failed: %s", error)
 
@@ -256,12 +269,16 @@ class Reply:
         self._error: BaseException | None = None
         self._pending: _Pending | None = None
 
-    def get(self) -> Any:
-        """The call's answer, or what it raised (every time it is asked)."""
+    def get(self, keep: list[Any] | None = None) -> Any:
+        """The call's answer, or what it raised (every time it is asked).
+
+        ``keep``: a list that takes the connection once its replies are read, instead of
+        the pool (the transport hands it to its next call).
+        """
         if self._pending is not None:
             pending, self._pending = self._pending, None
             try:
-                self._value = _read(pending)
+                self._value = _read(pending, keep)
             except BaseException as error:
                 self._error = error
                 raise
@@ -270,7 +287,7 @@ class Reply:
         return self._value
 
 
-def _read(pending: _Pending) -> Any:
+def _read(pending: _Pending, keep: list[Any] | None = None) -> Any:
     # Every way out checks the connection back in exactly once, and only after all of
     # the call's replies were read: an error reply in the middle leaves the rest on the
     # wire, which the next user of the connection would take for its own.
@@ -290,5 +307,8 @@ def _read(pending: _Pending) -> Any:
         conn.disconnect()
         transport._checkin(conn)
         raise
-    transport._checkin(conn)
+    if keep is None:
+        transport._checkin(conn)
+    else:
+        keep.append(conn)  # in step: every reply of the call has been read
     return exchange.finish(replies)
