@@ -20,7 +20,9 @@ import redis
 
 from celery_singleton_lock import Lease, LockStoreConfigurationError, RedisLock
 
+from .conftest import CeleryEnv
 from .servers import RedisServer
+from .workers import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 # Connections a producer may hold on the lock store at once: the dispatches of one wave
@@ -99,3 +101,26 @@ class TestOneProcess:
         with pytest.raises(LockStoreConfigurationError, match="max_connections"):
             lock.try_acquire("second", 10)
         assert isinstance(waiting.outcome(), Lease)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
+def test_a_worker_keeps_its_lock_store_connections_bounded_over_many_tasks(
+    pool: str, cenv: CeleryEnv
+) -> None:
+    """gevent and eventlet workers are not covered yet (see README, worker pools)."""
+    tasks = int(os.environ.get("CSL_WORKER_TASKS", "600"))
+    worker = Worker(cenv.env, pool=pool, concurrency=1 if pool == "solo" else 2).start()
+    try:
+        work = cenv.app_module.work
+        results = [work.apply_async((f"{pool}-{n}",), queue=worker.queue) for n in range(tasks)]
+        for result in results:
+            result.get(timeout=120)
+        store = cenv.lock_client()
+        clients = [c for c in store.client_list() if c.get("cmd") != "client|list"]
+        print({"pool": pool, "tasks": tasks, "lock_store_clients": len(clients)})
+        # The producer (this process) and the worker's processes: a few each, however
+        # many tasks ran.
+        assert len(clients) <= 12
+    finally:
+        worker.stop()

@@ -1,4 +1,4 @@
-"""Real ``celery worker`` processes (prefork) for the lifecycle tests, stopped by PID."""
+"""Real ``celery worker`` processes (prefork unless asked) for the tests, stopped by PID."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def children_of(pid: int) -> list[int]:
 
 
 class Worker:
-    """One ``celery -A <app> worker`` (prefork) on its own queue."""
+    """One ``celery -A <app> worker`` (prefork unless ``pool`` says) on its own queue."""
 
     def __init__(
         self,
@@ -39,7 +39,9 @@ class Worker:
         queue: str | None = None,
         app: str = "tests.celery_app",
         loglevel: str = "info",
+        pool: str = "prefork",
     ) -> None:
+        self.pool = pool
         self.app = app
         self.loglevel = loglevel
         number = next(_names)
@@ -53,7 +55,7 @@ class Worker:
     def start(self, timeout: float = 30.0) -> Worker:
         args = [
             sys.executable, "-m", "celery", "-A", self.app, "worker",
-            "-P", "prefork", "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
             "-Q", self.queue, "-l", self.loglevel,
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
