@@ -108,6 +108,19 @@ class TestAuth:
         with pytest.raises(redis.exceptions.NoPermissionError):
             lock.client.set("elsewhere", 1)  # the user is confined to the prefix
 
+    def test_an_acl_user_missing_a_command_is_a_configuration_error_naming_acl(
+        self, password_server: RedisServer
+    ) -> None:
+        admin = password_server.client()
+        missing = tuple(c for c in NARROW_COMMANDS if c not in ("+evalsha", "+eval"))
+        admin.execute_command("ACL", "SETUSER", "scriptless", "on", f">{SECRET}", "~*", *missing)
+        lock = RedisLock.from_url(
+            f"redis://scriptless:{SECRET}@127.0.0.1:{password_server.port}/0", prefix="acl"
+        )
+        with pytest.raises(LockStoreConfigurationError, match="ACL user lacks") as caught:
+            lock.try_acquire("job", ttl=1)  # a fenced acquire: a script
+        assert SECRET not in str(caught.value)
+
     def test_wrong_password_is_a_configuration_error_that_says_so(
         self, password_server: RedisServer
     ) -> None:
