@@ -6,6 +6,7 @@ private broker and lock store; what it saw comes back as one JSON line.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -116,6 +117,10 @@ def test_a_worker_keeps_its_lock_store_connections_bounded_over_many_tasks(
         results = [work.apply_async((f"{pool}-{n}",), queue=worker.queue) for n in range(tasks)]
         for result in results:
             result.get(timeout=120)
+        # Celery 5.3's AsyncResult.__del__ unsubscribes from the result backend: let it
+        # while the servers are up, not at interpreter exit (it would retry for ever).
+        del results, result
+        gc.collect()
         store = cenv.lock_client()
         clients = [c for c in store.client_list() if c.get("cmd") != "client|list"]
         print({"pool": pool, "tasks": tasks, "lock_store_clients": len(clients)})
