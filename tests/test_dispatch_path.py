@@ -6,8 +6,10 @@ Against real Redis servers; no worker is needed, the broker's queue is read dire
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -312,6 +314,32 @@ class TestAnswersReadLater:
         pool = lock.client.connection_pool
         assert len(pool._available_connections) == 1  # type: ignore[attr-defined]
         assert not list(raw.scan_iter("test:{task-*}"))
+
+    def test_a_forked_child_never_reads_its_parents_owed_answers(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("parent", 10)
+        lock.release_nowait(lease)  # owed, on a connection the child inherits
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                ok = isinstance(lock.try_acquire("child", 10), Lease) and not lock.transport._owed
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert answer == b"1"
+        assert lock.transport._owed  # the parent's answer is still the parent's to read
+        lock.transport.settle()
+        assert lease.released
+        assert not lease.lost
+        assert raw.exists(lease.key) == 0
 
     def test_an_answer_owed_by_a_thread_that_ended_is_read_by_another(
         self, lock: RedisLock, raw: redis.Redis

@@ -242,7 +242,3 @@ def socket_timeout_of(client: Any) -> float | None:
 
 def is_async(client: Any) -> bool:
     return isinstance(client, redis.asyncio.Redis | AsyncRedisCluster)
-
-
-def is_sync(client: Any) -> bool:
-    return isinstance(client, redis.Redis | RedisCluster)

@@ -203,11 +203,6 @@ class Renewer:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
-    def lanes(self) -> int:
-        """How many lanes (store and node pairs) have a thread now."""
-        with self._cond:
-            return len(self._lanes)
-
     def _schedule(self, token: str, due: float, *, deadline: bool = False) -> None:
         heapq.heappush(self._heap, (due, next(self._seq), token, deadline))
 

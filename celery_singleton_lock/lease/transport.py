@@ -71,6 +71,18 @@ def pack(encoding: str, args: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
+# Forks this process has seen: a transport inherited over fork tells from it, without
+# a getpid() system call on every call, that its owed answers are the parent's.
+_forks = [0]
+
+
+def _count_fork() -> None:
+    _forks[0] += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
+
 def _takes_command_name(pool: Any) -> bool:
     # redis-py < 5.3 requires get_connection(command_name); later versions warn on it.
     parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
@@ -91,7 +103,16 @@ def drivable(client: Any) -> bool:
 class Transport:
     """Sends scripts for one client; ``direct`` is False when redis-py must do it all."""
 
-    __slots__ = ("_encoding", "_named", "_owed", "_pid", "_pool", "client", "direct", "holds")
+    __slots__ = (
+        "_encoding",
+        "_generation",
+        "_named",
+        "_owed",
+        "_pool",
+        "client",
+        "direct",
+        "holds",
+    )
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -106,7 +127,7 @@ class Transport:
         # (reply, then) pairs whose answers nobody waits for; any thread reads them
         # before its next call. A deque: append and popleft are atomic across threads.
         self._owed: collections.deque[tuple[Reply, Callable[[Any], object]]] = collections.deque()
-        self._pid = os.getpid()
+        self._generation = _forks[0]
 
     # -- connections -------------------------------------------------------------------
 
@@ -130,10 +151,10 @@ class Transport:
     def _settle(self, *, keep: bool) -> Any:
         """Read every owed answer; with ``keep``, return the last one's connection
         instead of putting it back (None if there is none to hand over)."""
-        if self._pid != os.getpid():
+        if self._generation != _forks[0]:
             # Inherited over fork: the parent's sockets and answers, never ours to read.
             self._owed.clear()
-            self._pid = os.getpid()
+            self._generation = _forks[0]
             return None
         kept: list[Any] = []
         while True:
