@@ -45,10 +45,12 @@ from .tokens import (
     BYPASS_OPTION,
     KEY_HEADER,
     OUTAGE_HEADER,
+    REDRIVE_HEADER,
     TOKEN_HEADER,
     header,
     holder_task_id,
     queued_token,
+    redrive_shape,
     reserved_shape,
     running_token,
 )
@@ -126,7 +128,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         # dedupe=False per call: publish without the queue-level check (the execution
         # level still excludes duplicates). For sweeps that re-drive work they believe
         # lost: the hold may belong to a message stuck in a dead worker's prefetch.
-        bypass = options.pop(BYPASS_OPTION, False) or options.pop("dedupe", True) is False
+        redrive = options.pop("dedupe", True) is False
+        bypass = options.pop(BYPASS_OPTION, False) or redrive
         producer = producer or options.pop("publisher", None)  # Celery's old alias
         publish = self._publisher(
             args, kwargs, producer=producer, link=link, link_error=link_error, shadow=shadow
@@ -141,7 +144,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         opts = self.singleton_options()
         key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
         if bypass or not opts.dedupe or in_canvas(link, link_error, options):
-            return publish(task_id, options, {KEY_HEADER: key})
+            ours = {KEY_HEADER: key}
+            if redrive:
+                ours[REDRIVE_HEADER] = 1
+            return publish(task_id, options, ours)
         task_id = task_id or uuid()
         token = queued_token(task_id)
         ttl = self._queue_ttl() + delay_of(options)
@@ -287,10 +293,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         token = running_token(request.id, hostname or "eager", os.getpid())
         # The message's own hold: as queued at dispatch, or as reserved by the worker's
         # main process when it received the message.
-        own = {
-            "replace": queued,
-            "replace_shape": reserved_shape(hostname, request.id) if hostname else None,
-        }
+        if header(request, REDRIVE_HEADER):
+            shape = redrive_shape()  # a re-drive has no hold or reservation of its own
+        else:
+            shape = reserved_shape(hostname, request.id) if hostname else None
+        own = {"replace": queued, "replace_shape": shape}
         store = self._singleton_store.lock
         ttl = self._ttl()
         try:

@@ -25,6 +25,10 @@ OUTAGE_MAX_REQUEUES = 120
 # An apply_async option (popped before publishing) that skips the queue-level hold:
 # used to requeue a contended execution, which must not meet its own duplicate check.
 BYPASS_OPTION = "singleton_lock_bypass"
+# Set on a message published with dedupe=False (a sweep's re-drive of work it believes
+# lost), and kept by its requeues: at execution it may take over another message's
+# queued hold, never a reservation or a running lease (see ``redrive_shape``).
+REDRIVE_HEADER = "singleton_lock_redrive"
 
 
 def _nonce() -> str:
@@ -36,6 +40,18 @@ def _nonce() -> str:
 
 def queued_token(task_id: str) -> str:
     return f"q|{_nonce()}|{task_id}"
+
+
+def redrive_shape() -> tuple[str, str]:
+    """(prefix, suffix) of any queued hold: what a re-drive may take over at execution.
+
+    A queued hold whose message sits in the prefetch of a worker killed before it could
+    reserve it lasts ``queue_ttl`` (the broker gives the message back only after its
+    visibility timeout). A re-drive runs past it; nothing is running under a queued
+    hold, so no two executions overlap, and the held message, when it comes back,
+    meets the key like any other copy.
+    """
+    return "q|", ""
 
 
 def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:

@@ -283,3 +283,31 @@ class TestDispatchHolds:
         assert again.id != first.id
         assert queue_length(cenv, "nobody-redrive") == 2
         cenv.broker.client().delete("nobody-redrive")
+
+    def test_a_redrive_runs_past_a_queued_hold_whose_message_is_lost(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        # The hold of a message no worker will run soon: it sits in a queue nobody
+        # consumes, as a message in the prefetch of a worker killed before it could
+        # reserve it sits in the broker's unacked set until the visibility timeout.
+        work = cenv.app_module.work
+        lost = work.apply_async(("lost",), queue="nobody-lost")
+        key = "t:{" + work.singleton_options().key.derive(("lost",), {}) + "}"
+        assert cenv.lock_client().get(key).startswith(b"q|")
+        # The re-drive runs now, fenced, and leaves the key free.
+        redrive = work.apply_async(("lost",), dedupe=False, queue=worker.queue)
+        assert redrive.get(timeout=20) == "lost"
+        assert [r["id"] for r in runs(cenv)] == [redrive.id]
+        assert runs(cenv)[0]["fence"] > 0
+        assert lost.state == "PENDING"
+        cenv.broker.client().delete("nobody-lost")
+
+    def test_a_redrive_never_takes_a_running_lease(self, cenv: CeleryEnv, worker: Worker) -> None:
+        strict = cenv.app_module.strict
+        running = strict.apply_async(("busy", 2.0), queue=worker.queue)
+        wait_for(lambda: started(cenv), what="the first execution started")
+        redrive = strict.apply_async(("busy",), dedupe=False, queue=worker.queue)
+        with pytest.raises(DuplicateTaskError):
+            redrive.get(timeout=20)
+        assert running.get(timeout=20) == "busy"
+        assert [r["id"] for r in runs(cenv)] == [running.id]
