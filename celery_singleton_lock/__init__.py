@@ -27,8 +27,9 @@ from .lease import (
     get_renewer,
 )
 from .policies import fail, requeue, wait
+from .setupchecks import check_worker_setup
 from .task import SingletonTask
-from .worker import SingletonRequest, check_worker_setup
+from .worker import SingletonRequest
 
 __all__ = [
     "AsyncRedisLock",

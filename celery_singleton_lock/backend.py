@@ -104,6 +104,11 @@ class Backend:
                 self._waiting = self._build(waiting=True)
         return self._waiting
 
+    def eviction_policy(self) -> str | None:
+        """The lock store's ``maxmemory-policy`` (None for the memory store)."""
+        lock = self.lock
+        return lock.eviction_policy() if isinstance(lock, RedisLock) else None
+
     def describe(self) -> str:
         """Where the locks live, for messages: never shows a password."""
         if self.config.url == MEMORY_URL:

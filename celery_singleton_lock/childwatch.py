@@ -1,9 +1,9 @@
 """The release of a dead pool child's lease: the main process watches its children (prefork).
 
 A child killed by SIGKILL, by the hard time limit or by ``revoke(terminate=True)`` runs
-no ``finally``. The main process watches each child running a singleton task (a pidfd
-where Linux has one, else a poll of ``/proc``) and, when one dies, asks its request to
-release what the child held.
+no ``finally``. The main process watches each child that ran a singleton task (a pidfd
+where Linux has one, else a poll of ``/proc``) and, when one dies, asks the requests it
+was running to release what the child held.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+
+from celery.worker import state as worker_state
 
 logger = logging.getLogger(__name__)
 
@@ -50,41 +51,52 @@ def kill_and_wait(pid: int, timeout: float = 1.0) -> None:
 
 
 class ChildWatch:
-    """Notices a pool child's death at once and releases its lease.
+    """Notices a pool child's death at once and releases what its tasks held.
+
+    Only where tasks run in child processes (prefork): ``enabled`` is set when the worker
+    starts with such a pool. Thread, gevent, eventlet and solo pools report the main
+    process or a greenlet's id as the "pid"; a task there dies with the whole worker and
+    its lease is freed by its ttl.
 
     billiard reports a SIGKILLed child to Celery only when it next maintains the pool,
     which was seen to take several seconds; a lease must not wait that long. One daemon
     thread in the main process sleeps in poll() on a pidfd per pool child (Linux 5.3+),
     so it costs nothing per task and wakes only when a child exits. Elsewhere it polls
-    the children of running singleton tasks every ``INTERVAL``; measured on Linux, that
-    polling thread cost the worker's main process a fifth of its throughput.
+    the watched children every ``INTERVAL``. Nothing is kept per task: on a child's
+    death the tasks it was running are Celery's own active requests with that pid.
     """
 
     INTERVAL = 0.05
 
     def __init__(self) -> None:
+        self.enabled = False
         self._guard = threading.Condition()
-        self._running: dict[str, Any] = {}
-        self._pidfds: dict[int, int] = {}  # pool child pid -> its pidfd
+        self._pids: dict[int, int | None] = {}  # watched pool child pid -> its pidfd
         self._thread: threading.Thread | None = None
         self._wake: tuple[int, int] | None = None  # pipe that makes the thread re-poll
         self._use_pidfd = hasattr(os, "pidfd_open") and hasattr(select, "poll")
 
-    def watch(self, request: Any) -> None:
-        pid = request.worker_pid
+    def watch(self, pid: int) -> None:
+        """Watch the pool child ``pid`` (a no-op when already watched or not enabled)."""
+        if not self.enabled or not pid or pid in self._pids:
+            return
         wake = gone = False
         with self._guard:
-            self._running[request.id] = request
-            if self._use_pidfd and pid and pid not in self._pidfds:
+            if pid in self._pids:
+                return
+            fd = None
+            if self._use_pidfd:
                 try:
                     # A child that exited before this still gives a pidfd (a zombie's),
                     # and it polls readable at once.
-                    self._pidfds[pid] = os.pidfd_open(pid)
+                    fd = os.pidfd_open(pid)
                     wake = True
                 except ProcessLookupError:
                     gone = True  # reaped already
                 except OSError:  # no pidfds here (old kernel, seccomp): poll instead
                     self._use_pidfd = False
+            if not gone:
+                self._pids[pid] = fd
             if self._thread is None or not self._thread.is_alive():
                 if self._use_pidfd and self._wake is None:
                     self._wake = os.pipe()
@@ -95,25 +107,19 @@ class ChildWatch:
             self._guard.notify()
         if wake and self._wake is not None:
             os.write(self._wake[1], b"!")
-        if gone and pid:
+        if gone:
             self._child_gone(pid)
-
-    def forget(self, request: Any) -> None:
-        task_id = request.id
-        with self._guard:
-            if self._running.get(task_id) is request:
-                del self._running[task_id]
 
     def _child_gone(self, pid: int) -> None:
         with self._guard:
-            fd = self._pidfds.pop(pid, None)
-            orphans = [r for r in self._running.values() if r.worker_pid == pid]
-            for request in orphans:
-                del self._running[request.id]
+            fd = self._pids.pop(pid, None)
         if fd is not None:
             os.close(fd)
-        for request in orphans:
-            request._release_for_dead_child(kill=False)
+        # Celery's own table of accepted requests (task id -> request); copied in one C
+        # call, so the consumer thread adding to it meanwhile cannot break the loop.
+        for request in list(worker_state.requests.values()):
+            if request.worker_pid == pid and hasattr(request, "release_for_dead_child"):
+                request.release_for_dead_child(kill=False)
 
     def _run(self) -> None:
         if self._use_pidfd and self._wake is not None:
@@ -124,7 +130,7 @@ class ChildWatch:
     def _run_pidfd(self, wake: int) -> None:
         while True:
             with self._guard:
-                by_fd = {fd: pid for pid, fd in self._pidfds.items()}
+                by_fd = {fd: pid for pid, fd in self._pids.items() if fd is not None}
             poller = select.poll()
             poller.register(wake, select.POLLIN)
             for fd in by_fd:
@@ -138,12 +144,11 @@ class ChildWatch:
     def _run_polling(self) -> None:
         while True:
             with self._guard:
-                while not self._running:
+                while not self._pids:
                     self._guard.wait()
-                watched = list(self._running.values())
-            for request in watched:
-                pid = request.worker_pid
-                if pid and is_dead(pid):
+                watched = list(self._pids)
+            for pid in watched:
+                if is_dead(pid):
                     self._child_gone(pid)
             time.sleep(self.INTERVAL)
 

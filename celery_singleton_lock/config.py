@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -167,6 +168,17 @@ class SingletonConfig:
 
     @classmethod
     def from_conf(cls, conf: Any) -> SingletonConfig:
+        try:
+            return cls._from_conf(conf)
+        except ConfigurationError as error:
+            # Named as the user wrote them: CELERY_SINGLETON_LOCK_TTL under Django.
+            spelt = _in_users_words(str(error), conf)
+            if spelt == str(error):
+                raise
+            raise ConfigurationError(spelt) from None
+
+    @classmethod
+    def _from_conf(cls, conf: Any) -> SingletonConfig:
         _refuse_unknown_keys(conf)
 
         def get(name: str) -> Any:
@@ -235,18 +247,49 @@ class SingletonConfig:
 
 
 def _refuse_unknown_keys(conf: Any) -> None:
-    names: set[str] = set()
+    # Named as the user wrote them: CELERY_SINGLETON_LOCK_TLL in a Django settings.py
+    # (namespace "CELERY"), singleton_lock_tll in a celeryconfig.
+    unknown: dict[str, str] = {}  # as written -> our name
     for key in list(conf.keys()):
-        lowered = str(key).lower()
+        written = str(key)
+        lowered = written.lower()
         for prefix in ("celery_singleton_lock_", "singleton_lock_"):
             if lowered.startswith(prefix):
-                names.add("singleton_lock_" + lowered[len(prefix) :])
+                name = "singleton_lock_" + lowered[len(prefix) :]
+                if name not in DEFAULTS and name not in FOREIGN_KEYS:
+                    unknown[written] = name
                 break
-    unknown = sorted(names - DEFAULTS.keys() - FOREIGN_KEYS)
-    if unknown:
-        hints = {n: difflib.get_close_matches(n, list(DEFAULTS), n=1) for n in unknown}
-        described = ", ".join(f"{n} (did you mean {h[0]}?)" if h else n for n, h in hints.items())
-        raise ConfigurationError(
-            f"unknown celery-singleton-lock setting: {described}; known settings are "
-            f"{sorted(DEFAULTS)}"
+    if not unknown:
+        return
+    described = []
+    for written, name in sorted(unknown.items()):
+        hint = difflib.get_close_matches(name, list(DEFAULTS), n=1)
+        described.append(
+            f"{written} (did you mean {_as_written(hint[0], written)}?)" if hint else written
         )
+    known = sorted(_as_written(n, next(iter(unknown))) for n in DEFAULTS)
+    raise ConfigurationError(
+        f"unknown celery-singleton-lock setting: {', '.join(described)}; known settings are "
+        f"{', '.join(known)}"
+    )
+
+
+_OUR_NAME = re.compile(r"(?<![A-Za-z_])singleton_lock_[a-z_]+")
+
+
+def _in_users_words(message: str, conf: Any) -> str:
+    """``message`` with our setting names spelt as the app's settings spell them."""
+    like = next(
+        (str(k) for k in list(conf.keys()) if str(k).lower().startswith("celery_singleton_lock_")),
+        None,
+    )
+    if like is None:
+        return message
+    return _OUR_NAME.sub(lambda found: _as_written(found.group(0), like), message)
+
+
+def _as_written(name: str, like: str) -> str:
+    """Our setting ``name`` spelt the way ``like`` was (its namespace and case)."""
+    head = like[: len("celery_")] if like.lower().startswith("celery_singleton_lock_") else ""
+    spelt = head + name
+    return spelt.upper() if like.isupper() else spelt

@@ -52,3 +52,12 @@ class SingletonOptions:
 
 def _seconds(value: object, what: str) -> float | None:
     return None if value is None else ttl_to_ms(value, what=what) / 1000
+
+
+def is_singleton(task: object) -> bool:
+    """Whether ``task`` is a singleton task (has singleton options), without importing it.
+
+    The worker's modules ask this of Celery's tasks and requests; naming ``SingletonTask``
+    there would tie them to the execution module, which connects them.
+    """
+    return callable(getattr(task, "singleton_options", None))

@@ -22,7 +22,7 @@ from celery.exceptions import Ignore
 from celery.signals import before_task_publish
 from celery.utils import uuid
 
-from . import outages
+from . import hooks, outages
 from . import signals as singleton_signals
 from .backend import Backend
 from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
@@ -74,6 +74,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._singleton_options = None
+        hooks.install()  # the worker's receivers, once a singleton task exists
         # Validate when the task class is created (i.e. when the decorator runs), not at
         # the first call; class-based tasks without a name yet are checked on first use.
         if "run" in cls.__dict__ and cls.name:

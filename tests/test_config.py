@@ -87,7 +87,17 @@ class TestDjango:
         settings = types.SimpleNamespace(CELERY_SINGLETON_LOCK_TLL=45)
         app = Celery("dj", set_as_current=False)
         app.config_from_object(settings, namespace="CELERY")
-        with pytest.raises(ConfigurationError, match="did you mean singleton_lock_ttl"):
+        with pytest.raises(ConfigurationError) as caught:
+            SingletonConfig.from_app(app)
+        message = str(caught.value)
+        assert "CELERY_SINGLETON_LOCK_TLL (did you mean CELERY_SINGLETON_LOCK_TTL?)" in message
+        assert "singleton_lock_" not in message.replace("celery-singleton-lock", "")
+
+    def test_bad_namespaced_value_is_named_as_written(self) -> None:
+        settings = types.SimpleNamespace(CELERY_SINGLETON_LOCK_TTL=0)
+        app = Celery("dj", set_as_current=False)
+        app.config_from_object(settings, namespace="CELERY")
+        with pytest.raises(ConfigurationError, match="CELERY_SINGLETON_LOCK_TTL must be positive"):
             SingletonConfig.from_app(app)
 
 

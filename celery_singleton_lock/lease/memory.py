@@ -98,6 +98,7 @@ class MemoryLock:
         replace: str | None = None,
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
+        read_late: bool = False,  # answered at once here
     ) -> PendingAcquire:
         outcome = self.try_acquire(
             name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced

@@ -116,24 +116,31 @@ class RedisLock(LockBase):
         replace: str | None = None,
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
+        read_late: bool = False,
     ) -> PendingAcquire:
         """``try_acquire`` in two halves: send now, ``.outcome()`` reads the answer.
 
         The round trip overlaps whatever the caller does in between (Celery's dispatch
         builds its message meanwhile). Validation errors raise here, before anything is
-        sent; store errors may raise from either half.
+        sent; store errors may raise from either half. ``read_late``: the answer may be
+        read long after (or never acted on), so the script's body is sent rather than
+        its digest; a server that lost its scripts still applies the acquire at once.
         """
         call = self._acquire_call(name, ttl, token, replace, replace_shape, fenced=fenced)
-        return self._send_try(call, Try(announce=False))
+        return self._send_try(call, Try(announce=False), whole=read_late)
 
-    def _send_try(self, call: Call, step: Try) -> PendingAcquire:
+    def _send_try(self, call: Call, step: Try, *, whole: bool = False) -> PendingAcquire:
         sent_at = time.monotonic()
         try:
             if self.replicas is not None:
                 argv = self._acquire_argv(call, step)
-                reply = self.transport.send(self._acquire_script, **argv, acks=self.replicas)
-            elif call.fenced or call.replace or call.shape[0] or step.announce:
-                reply = self.transport.send(self._acquire_script, **self._acquire_argv(call, step))
+                reply = self.transport.send(
+                    self._acquire_script, **argv, acks=self.replicas, whole=whole
+                )
+            elif call.fenced or call.replace or call.shape[0] or step.announce or whole:
+                reply = self.transport.send(
+                    self._acquire_script, **self._acquire_argv(call, step), whole=whole
+                )
             else:
                 # A plain hold (a queued message's) needs none of the script's extra steps.
                 reply = self.transport.send_hold(

@@ -1,0 +1,95 @@
+"""The worker's signal receivers, connected when the first singleton task is defined.
+
+Not at import: a web process that imports the package but defines no singleton task
+gets no receivers. Each receiver acts only in a worker (the signals are the worker's).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+from celery.concurrency import get_implementation
+
+from .childwatch import child_watch
+from .exceptions import SingletonLockError
+from .options import is_singleton
+from .reservations import reservations
+from .setupchecks import check_worker_setup, refuse_bad_settings
+from .tokens import KEY_HEADER, TOKEN_HEADER, header
+
+logger = logging.getLogger(__name__)
+
+# How often the main process looks for revoked messages it holds a reservation for: a
+# revoked ETA message frees its key within this, not at its ETA.
+REVOKE_CHECK_INTERVAL = 0.5
+
+
+def _at_worker_init(sender: Any = None, **_: Any) -> None:
+    """Before the worker consumes: stop on bad settings, learn whether it has children."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    refuse_bad_settings(app)
+    # Here, not at the top: only a worker needs billiard's pool.
+    from celery.concurrency.prefork import TaskPool as PreforkPool  # noqa: PLC0415
+
+    pool = getattr(sender, "pool_cls", None)
+    try:
+        pool = get_implementation(pool) if pool is not None else None
+    except (KeyError, ImportError, AttributeError):
+        pool = None
+    # Only prefork runs tasks in child processes that can die alone; the thread, gevent,
+    # eventlet and solo pools report the main process or a greenlet's id as the "pid".
+    child_watch.enabled = isinstance(pool, type) and issubclass(pool, PreforkPool)
+
+
+def _at_worker_ready(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    for message in check_worker_setup(app):
+        logger.warning("celery-singleton-lock: %s", message)
+    timer = getattr(sender, "timer", None)
+    if timer is not None:
+        timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)
+
+
+def _release_revoked(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
+    """A revoked (or expired) message gives its hold back when the worker drops it.
+
+    A terminated running task is handled by ``SingletonRequest.on_failure`` once its
+    child is gone.
+    """
+    if not is_singleton(sender) or request is None or terminated:
+        return
+    reservations.drop(request.id, release=True)
+    key, token = header(request, KEY_HEADER), header(request, TOKEN_HEADER)
+    if key and token:
+        try:
+            sender._singleton_store.lock.release_token(key, token)
+        except SingletonLockError as error:
+            logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
+
+
+def _hand_back_at_shutdown(**_: Any) -> None:
+    reservations.hand_back()
+
+
+_RECEIVERS = (
+    (signals.worker_init, _at_worker_init),
+    (signals.worker_ready, _at_worker_ready),
+    (signals.task_revoked, _release_revoked),
+    (signals.worker_shutdown, _hand_back_at_shutdown),
+)
+
+
+def install() -> None:
+    """Connect the receivers (idempotent: each once, by its dispatch uid)."""
+    for signal, receiver in _RECEIVERS:
+        signal.connect(
+            receiver, weak=False, dispatch_uid=f"celery_singleton_lock.{receiver.__name__}"
+        )

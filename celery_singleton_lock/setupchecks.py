@@ -1,0 +1,58 @@
+"""What a worker checks as it starts: settings that stop it, settings that defeat the lock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .exceptions import ConfigurationError, SingletonLockError
+from .options import is_singleton
+
+
+def singleton_tasks(app: Any) -> list[Any]:
+    return [task for task in app.tasks.values() if is_singleton(task)]
+
+
+def refuse_bad_settings(app: Any) -> None:
+    """Raise ``SystemExit`` with one line naming the setting, before the worker consumes.
+
+    A worker that started anyway would report ready and then fail every singleton task.
+    """
+    tasks = singleton_tasks(app)
+    if not tasks:
+        return
+    try:
+        tasks[0]._singleton_store.lock  # noqa: B018  (reads the settings, builds the client)
+    except ConfigurationError as error:
+        raise SystemExit(f"celery-singleton-lock: {error}") from None
+
+
+def check_worker_setup(app: Any) -> list[str]:
+    """Settings that can defeat the lock, as warnings (logged once at worker start)."""
+    tasks = singleton_tasks(app)
+    if not tasks:
+        return []
+    warnings: list[str] = []
+    store = tasks[0]._singleton_store
+    try:
+        value = store.eviction_policy()
+    except SingletonLockError as error:
+        warnings.append(f"could not check the lock store at start ({error})")
+        value = None
+    if value and value != "noeviction":
+        warnings.append(
+            f"the lock store at {store.describe()} has maxmemory-policy={value}: under memory "
+            "pressure Redis may evict lock keys and let a duplicate run. Set maxmemory-policy "
+            "noeviction there, or give the locks a Redis of their own (singleton_lock_url)"
+        )
+    transport = app.conf.broker_transport_options or {}
+    visibility = transport.get("visibility_timeout")
+    for task in tasks:
+        limit = task.time_limit or app.conf.task_time_limit
+        if visibility and limit and limit >= visibility:
+            warnings.append(
+                f"{task.name}: time_limit={limit}s is not below the broker's "
+                f"visibility_timeout={visibility}s, so a running task can be redelivered; the "
+                "lock keeps the copy from running alongside (it is requeued) but it runs again "
+                "afterwards. Raise visibility_timeout above the time limit"
+            )
+    return warnings
