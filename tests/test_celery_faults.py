@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import importlib
 import logging
+import os
 import time
 
 import pytest
@@ -72,6 +75,82 @@ class TestWorkerDeath:
         again = work.apply_async(("prefetched",), queue=worker.queue)
         assert again.id != waiting.id
         assert again.get(timeout=20) == "prefetched"
+
+    def test_a_lone_countdown_message_is_reserved_on_a_fresh_store(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """The store knows no script (cenv flushes them): the reservation still applies
+        at once, not when a next message comes, so a SIGKILL frees the key within ttl."""
+        ttl = 2.0
+        doomed = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl)}).start()
+        try:
+            cenv.lock_client().script_flush()
+            work = cenv.app_module.work
+            later = work.apply_async(("lone",), countdown=60, queue=doomed.queue)
+            key = "t:{" + work.singleton_options().key.derive(("lone",), {}) + "}"
+            wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), 10, "reserve")
+            assert cenv.lock_client().pttl(key) <= ttl * 1000
+            doomed.kill()
+            wait_for(lambda: not cenv.lock_client().exists(key), ttl + 1.0, "free within ttl")
+        finally:
+            doomed.stop()
+        again = work.apply_async(("lone",), queue=worker.queue)
+        assert again.id != later.id
+        assert again.get(timeout=20) == "lone"
+
+    def test_a_warm_shutdown_after_many_tasks_releases_nothing_it_no_longer_runs(
+        self, cenv: CeleryEnv
+    ) -> None:
+        """The main process forgets each task when it ends (Celery's generated request
+        class skips our on_success): a shutdown has nothing left to release."""
+        worker = Worker(cenv.env).start()
+        try:
+            work = cenv.app_module.work
+            results = [work.apply_async((f"many-{n}",), queue=worker.queue) for n in range(100)]
+            for result in results:
+                result.get(timeout=60)
+        finally:
+            worker.stop()
+        assert "released" not in worker.output()
+        assert "pool child" not in worker.output()
+        del results
+        gc.collect()
+
+
+class TestWorkerStart:
+    def test_a_misspelt_setting_stops_the_worker_naming_it_as_written(
+        self, cenv: CeleryEnv
+    ) -> None:
+        worker = Worker(cenv.env, app="tests.django_style_app", extra_env={"CSL_TYPO": "1"})
+        with pytest.raises(RuntimeError, match="worker exited") as caught:
+            worker.start(timeout=30)
+        assert worker.process is not None
+        code = worker.process.returncode
+        worker.stop()
+        output = str(caught.value)
+        print(output[-600:])
+        assert "CELERY_SINGLETON_LOCK_TLL (did you mean CELERY_SINGLETON_LOCK_TTL?)" in output
+        assert "Traceback" not in output
+        assert " ready." not in output
+        assert code != 0
+
+    def test_the_same_error_at_dispatch(self, cenv: CeleryEnv) -> None:
+        os.environ["CSL_TYPO"] = "1"
+        try:
+            module = importlib.reload(importlib.import_module("tests.django_style_app"))
+        finally:
+            del os.environ["CSL_TYPO"]
+        with pytest.raises(ConfigurationError, match="did you mean CELERY_SINGLETON_LOCK_TTL"):
+            module.job.delay(1)
+
+    def test_a_well_spelt_django_style_app_starts(self, cenv: CeleryEnv) -> None:
+        worker = Worker(cenv.env, app="tests.django_style_app").start()
+        try:
+            module = importlib.reload(importlib.import_module("tests.django_style_app"))
+            result = module.job.apply_async((7,), queue=worker.queue)
+            assert result.get(timeout=20) == 7
+        finally:
+            worker.stop()
 
 
 class TestRedelivery:

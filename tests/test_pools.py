@@ -180,8 +180,9 @@ class TestRevoke:
         cenv.app_module.app.control.revoke(later.id)
         revoked_at = time.monotonic()
         again = wait_for(
-            lambda: (r := work.apply_async(("revoked",), queue=pool_worker.queue)).id != later.id
-            and r,
+            lambda: (
+                (r := work.apply_async(("revoked",), queue=pool_worker.queue)).id != later.id and r
+            ),
             timeout=5,
             what="a new dispatch accepted",
         )
