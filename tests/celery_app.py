@@ -1,9 +1,10 @@
 """The Celery app the lifecycle tests run in real worker processes.
 
 Configured from the environment so one module serves every worker the tests start:
-``CSL_BROKER_URL`` (broker and result backend), ``CSL_LOCK_URL`` (the lock store, a
-separate server so tests can take it down alone), ``CSL_CHECK_URL`` (where executions
-are recorded, outside the lock store), ``CSL_VISIBILITY_TIMEOUT``.
+``CSL_BROKER_URL`` (broker, and result backend unless ``CSL_RESULT_URL``),
+``CSL_LOCK_URL`` (the lock store, a separate server so tests can take it down alone),
+``CSL_CHECK_URL`` (where executions are recorded, outside the lock store),
+``CSL_VISIBILITY_TIMEOUT``.
 
 Each execution appends ``{"task", "id", "item", "fence", "pid", "start", "end", ...}``
 to the list ``runs`` on the checker, so tests can assert who ran, when, and whether two
@@ -27,7 +28,8 @@ app = Celery("tests.celery_app")
 app.conf.update(
     task_default_queue=os.environ.get("CSL_QUEUE", "celery"),
     broker_url=os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
-    result_backend=os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
+    result_backend=os.environ.get("CSL_RESULT_URL")
+    or os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
     singleton_lock_url=os.environ.get("CSL_LOCK_URL", "redis://127.0.0.1:6379/0"),
     singleton_lock_prefix="t",
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),

@@ -173,6 +173,27 @@ class TestRevoke:
         wait_for(lambda: not lock_keys(cenv), 10, "release of the revoked task's hold")
         assert runs(cenv) == []
 
+    def test_a_revoked_message_still_in_the_broker_frees_its_key_when_a_worker_takes_it(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work, app = cenv.app_module.work, cenv.app_module.app
+        queue = f"q-later-{time.monotonic_ns()}"
+        result = work.apply_async(("in-broker",), queue=queue)  # nobody consumes it yet
+        result.revoke()
+        # Until a worker takes it off the queue, a duplicate is told of the revoked task
+        # (documented: its AsyncResult ends REVOKED).
+        assert work.apply_async(("in-broker",), queue=queue).id == result.id
+        app.control.add_consumer(queue, destination=[worker.nodename], reply=True)
+        try:
+            # The worker discards the revoked message as it receives it, and frees the key.
+            wait_for(lambda: not lock_keys(cenv), 10, "release when the worker takes it")
+            wait_for(lambda: result.state == "REVOKED", 10, "the revoked state")
+            again = work.apply_async(("in-broker",), queue=queue)
+            assert again.id != result.id
+            assert again.get(timeout=20) == "in-broker"
+        finally:
+            app.control.cancel_consumer(queue, destination=[worker.nodename], reply=True)
+
     def test_revoke_terminate_of_a_running_task_releases(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,11 @@ class Worker:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    @property
+    def nodename(self) -> str:
+        """The worker's node name, as remote control commands address it."""
+        return f"{self.name}@{socket.gethostname()}"
 
     @property
     def pid(self) -> int:
