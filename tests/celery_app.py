@@ -50,6 +50,17 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 
+if os.environ.get("CSL_BEAT_TASK"):
+    # For the beat tests: one entry that ticks every CSL_BEAT_EVERY seconds.
+    app.conf.beat_schedule = {
+        "tick": {
+            "task": os.environ["CSL_BEAT_TASK"],
+            "schedule": float(os.environ.get("CSL_BEAT_EVERY", "0.5")),
+            "args": ("tick", float(os.environ.get("CSL_BEAT_SECONDS", "2.0"))),
+            "options": {"queue": os.environ.get("CSL_QUEUE", "celery")},
+        }
+    }
+
 _checker: redis.Redis | None = None
 
 
