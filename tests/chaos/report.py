@@ -40,6 +40,10 @@ SCENARIOS: list[tuple[str, str, str]] = [
     ("soak", "8. Soak",
      "Mixed dispatch and `send_task` load on 20 keys with random child kills: no overlap, "
      "no fence regression, no key left after the drain, worker memory flat."),
+    ("soak_green", "8b. Soak on a gevent pool",
+     "The same load on two gevent workers, each SIGKILLed whole and replaced at random: "
+     "tasks a killed worker held are lost (at most once), none ever overlap, no key is left "
+     "after the drain."),
     ("bad_input", "9. Bad input sweep",
      "Each case refused with an error naming the problem; nothing published, nothing left "
      "in Redis."),
