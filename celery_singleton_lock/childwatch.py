@@ -110,6 +110,11 @@ class ChildWatch:
         if gone:
             self._child_gone(pid)
 
+    def watched(self) -> int:
+        """How many pool children are watched (at most the pool's size, plus dead ones
+        not yet noticed)."""
+        return len(self._pids)
+
     def _child_gone(self, pid: int) -> None:
         with self._guard:
             fd = self._pids.pop(pid, None)

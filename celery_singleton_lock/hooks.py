@@ -11,6 +11,7 @@ from typing import Any
 
 from celery import signals
 from celery.concurrency import get_implementation
+from celery.worker.control import Panel, inspect_command
 
 from .childwatch import child_watch
 from .exceptions import SingletonLockError
@@ -79,6 +80,19 @@ def _hand_back_at_shutdown(**_: Any) -> None:
     reservations.hand_back()
 
 
+def singleton_stats(state: Any = None) -> dict[str, Any]:
+    """What this library keeps in a worker's main process (``celery inspect singleton_stats``).
+
+    Nothing grows with the number of tasks run: reservations are messages received and
+    not yet started, watched children at most the pool's processes.
+    """
+    return {
+        "reservations": len(reservations),
+        "watched_children": child_watch.watched(),
+        "child_watch": child_watch.enabled,
+    }
+
+
 _RECEIVERS = (
     (signals.worker_init, _at_worker_init),
     (signals.worker_ready, _at_worker_ready),
@@ -93,3 +107,5 @@ def install() -> None:
         signal.connect(
             receiver, weak=False, dispatch_uid=f"celery_singleton_lock.{receiver.__name__}"
         )
+    if "singleton_stats" not in Panel.data:
+        inspect_command(name="singleton_stats")(singleton_stats)

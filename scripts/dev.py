@@ -5,6 +5,7 @@
     python3 scripts/dev.py chaos [--full]          run the chaos suite, write docs/reliability.md
     python3 scripts/dev.py demo [demo args...]     run the example project's demo
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
+    python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
@@ -185,6 +186,14 @@ def bench(args: list[str]) -> int:
     return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
 
 
+def memory(args: list[str]) -> int:
+    """A worker's main-process memory over many tasks (benchmarks/worker_memory.py)."""
+    ensure_venv()
+    env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
+    command = [str(PYTHON), "-m", "benchmarks.worker_memory", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
 def matrix(args: list[str]) -> int:
     """The version matrix (scripts/matrix.py), each combination in its own virtualenv."""
     env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
@@ -192,7 +201,14 @@ def matrix(args: list[str]) -> int:
     return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
 
 
-COMMANDS = {"bench": bench, "chaos": chaos, "demo": demo, "matrix": matrix, "test": test}
+COMMANDS = {
+    "bench": bench,
+    "chaos": chaos,
+    "demo": demo,
+    "matrix": matrix,
+    "memory": memory,
+    "test": test,
+}
 
 
 def main(argv: list[str]) -> int:

@@ -254,3 +254,9 @@ def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bo
         lost = True
     _record(self, item, started, accepted=accepted, lost=lost)
     return {"accepted": accepted, "lost": lost}
+
+
+@singleton_task(app=app, key=["item"], ignore_result=True)
+def noop(item: object) -> None:
+    """The cheapest singleton task: counts itself (the worker-memory benchmark)."""
+    checker().incr("noop")

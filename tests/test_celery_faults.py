@@ -109,6 +109,14 @@ class TestWorkerDeath:
             results = [work.apply_async((f"many-{n}",), queue=worker.queue) for n in range(100)]
             for result in results:
                 result.get(timeout=60)
+            [reply] = cenv.app_module.app.control.broadcast(
+                "singleton_stats", destination=[worker.nodename], reply=True, timeout=5
+            )
+            stats = reply[worker.nodename]
+            print(f"\nafter 100 tasks: {stats}")
+            assert stats["reservations"] == 0
+            assert stats["watched_children"] <= worker.concurrency
+            assert stats["child_watch"] is True
         finally:
             worker.stop()
         assert "released" not in worker.output()

@@ -154,6 +154,13 @@ class TestEveryPool:
         assert spent / tasks <= 4.25
         assert ours == [], ours[:5]
         assert lock_keys(cenv) == []
+        # Only prefork has pool children to watch; nothing is kept per task.
+        [reply] = cenv.app_module.app.control.broadcast(
+            "singleton_stats", destination=[pool_worker.nodename], reply=True, timeout=5
+        )
+        stats = reply[pool_worker.nodename]
+        assert stats["child_watch"] is (pool_worker.pool == "prefork")
+        assert stats["reservations"] == 0
         _settle_results(*results)
 
 
