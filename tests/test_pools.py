@@ -133,6 +133,19 @@ class TestEveryPool:
             assert result.get(timeout=20) == f"end-{mode}"
         _settle_results(result)
 
+    def test_a_hard_time_limit_gives_the_key_back(
+        self, cenv: CeleryEnv, pool_worker: Worker
+    ) -> None:
+        if pool_worker.pool in ("threads", "eventlet", "solo"):
+            pytest.skip(f"Celery's {pool_worker.pool} pool has no time limits")
+        limited = cenv.app_module.limited
+        result = limited.apply_async(("limit", 5.0), queue=pool_worker.queue)
+        wait_for(lambda: result.state == "FAILURE", 20, "the hard time limit")
+        wait_for(lambda: lock_keys(cenv) == [], 2.0, "the key given back")
+        assert runs(cenv) == []
+        if pool_worker.pool == "prefork":
+            pool_worker.settle()
+
     def test_no_extra_commands_or_log_lines_per_task(
         self, cenv: CeleryEnv, pool_worker: Worker
     ) -> None:
