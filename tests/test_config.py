@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
 from typing import Any
 
@@ -173,3 +175,28 @@ class TestConnectionOptions:
             SingletonConfig.from_app(app_with(singleton_lock_transport_options="socket_timeout=1"))
         with pytest.raises(ConfigurationError, match="singleton_lock_client"):
             SingletonConfig.from_app(app_with(singleton_lock_client="no.such.module.factory"))
+
+
+class TestReceivers:
+    def test_importing_the_package_connects_nothing_defining_a_task_does(self) -> None:
+        """A web process that imports the package but defines no singleton task gets no
+        worker signal receivers; the first singleton task connects them, once."""
+        code = (
+            "import celery.signals as s, celery_singleton_lock as csl\n"
+            "def ours():\n"
+            "    return sum('celery_singleton_lock' in str(key)\n"
+            "               for sig in (s.worker_init, s.worker_ready, s.task_revoked,\n"
+            "                           s.worker_shutdown) for key, _ in sig.receivers)\n"
+            "before = ours()\n"
+            "from celery import Celery\n"
+            "app = Celery('r', set_as_current=False)\n"
+            "@csl.singleton_task(app=app)\n"
+            "def one(x): ...\n"
+            "@csl.singleton_task(app=app)\n"
+            "def two(x): ...\n"
+            "print(before, ours())\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+        )
+        assert out.stdout.split() == ["0", "4"]
