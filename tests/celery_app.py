@@ -260,3 +260,9 @@ def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bo
 def noop(item: object) -> None:
     """The cheapest singleton task: counts itself (the worker-memory benchmark)."""
     checker().incr("noop")
+
+
+@app.task
+def plain(item: object) -> object:
+    """A plain Celery task: what a pool does without this library, for comparison."""
+    return item
