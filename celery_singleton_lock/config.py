@@ -269,8 +269,7 @@ def _refuse_unknown_keys(conf: Any) -> None:
         )
     known = sorted(_as_written(n, next(iter(unknown))) for n in DEFAULTS)
     raise ConfigurationError(
-        f"unknown setting {', '.join(described)}; known settings are "
-        f"{', '.join(known)}"
+        f"unknown setting {', '.join(described)}; known settings are {', '.join(known)}"
     )
 
 
