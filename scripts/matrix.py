@@ -40,9 +40,15 @@ SUBSET = [
     "tests/test_celery_lifecycle.py::TestBypass::test_send_task_duplicates_never_overlap_and_all_run",
 ]
 
+# The lowest Celery also runs every worker pool (prefork, threads, gevent, eventlet, solo).
+POOLS = ["tests/test_pools.py"]
+
 # name -> (pip requirements pinned on top of the package's own, extra environment)
 COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "redis5-celery5.3": (["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"], {}),
+    "redis5-celery5.3": (
+        ["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"],
+        {"CSL_MATRIX_POOLS": "1"},
+    ),
     "redis6-hiredis": (["redis==6.4.0", "hiredis"], {}),
     "redis7-resp3": (["redis==7.4.1"], {"CSL_PROTOCOL": "3"}),
     "redis8-hiredis-resp3": (["redis==8.1.0", "hiredis"], {"CSL_PROTOCOL": "3"}),
@@ -103,7 +109,8 @@ def run(name: str) -> tuple[bool, int, int]:
     # CPython 3.11.7 (gh-106905) can fail compiling it after a recursion error in a test.
     quiet_exit += ["-p", "no:hypothesispytest"]
     done = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *quiet_exit, *SUBSET],
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *quiet_exit, *SUBSET,
+         *(POOLS if env.get("CSL_MATRIX_POOLS") else [])],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     closing = [ln for ln in done.stdout.splitlines() if re.search(r"\d+ (passed|failed)", ln)]
