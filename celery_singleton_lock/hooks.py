@@ -27,29 +27,43 @@ logger = logging.getLogger(__name__)
 REVOKE_CHECK_INTERVAL = 0.5
 
 
+def _has_children(pool: Any) -> bool:
+    """Whether a pool (class, instance or name) runs tasks in child processes.
+
+    Only prefork does; the thread, gevent, eventlet and solo pools report the main
+    process or a greenlet's id as the "pid".
+    """
+    # Here, not at the top: only a worker needs billiard's pool.
+    from celery.concurrency.prefork import TaskPool as PreforkPool  # noqa: PLC0415
+
+    if not isinstance(pool, type):
+        if not isinstance(pool, str):
+            return isinstance(pool, PreforkPool)
+        try:
+            pool = get_implementation(pool)
+        except (KeyError, ImportError, AttributeError):
+            return False
+    return isinstance(pool, type) and issubclass(pool, PreforkPool)
+
+
 def _at_worker_init(sender: Any = None, **_: Any) -> None:
     """Before the worker consumes: stop on bad settings, learn whether it has children."""
     app = getattr(sender, "app", None)
     if app is None:
         return
     refuse_bad_settings(app)
-    # Here, not at the top: only a worker needs billiard's pool.
-    from celery.concurrency.prefork import TaskPool as PreforkPool  # noqa: PLC0415
-
-    pool = getattr(sender, "pool_cls", None)
-    try:
-        pool = get_implementation(pool) if pool is not None else None
-    except (KeyError, ImportError, AttributeError):
-        pool = None
-    # Only prefork runs tasks in child processes that can die alone; the thread, gevent,
-    # eventlet and solo pools report the main process or a greenlet's id as the "pid".
-    child_watch.enabled = isinstance(pool, type) and issubclass(pool, PreforkPool)
+    child_watch.enabled = _has_children(getattr(sender, "pool_cls", None))
 
 
 def _at_worker_ready(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is None:
         return
+    # Again from the pool itself: the receivers may have been connected after worker_init
+    # (singleton tasks imported late).
+    pool = getattr(sender, "pool", None)
+    if pool is not None:
+        child_watch.enabled = _has_children(pool)
     for message in check_worker_setup(app):
         logger.warning("celery-singleton-lock: %s", message)
     timer = getattr(sender, "timer", None)
