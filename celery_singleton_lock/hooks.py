@@ -81,7 +81,8 @@ def _release_revoked(
     """
     if not is_singleton(sender) or request is None or terminated:
         return
-    reservations.drop(request.id, release=True)
+    if reservations.drop(request.id, release=True):
+        return  # the reservation had replaced the hold: nothing else to give back
     key, token = header(request, KEY_HEADER), header(request, TOKEN_HEADER)
     if key and token:
         try:

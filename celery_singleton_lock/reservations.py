@@ -98,18 +98,22 @@ class Reservations:
                 store.renewer.discard(entry[1])
         return entry
 
-    def drop(self, task_id: str, *, release: bool) -> None:
-        """Stop renewing (the child took over), and with ``release`` give the key up."""
+    def drop(self, task_id: str, *, release: bool) -> bool:
+        """Stop renewing (the child took over), and with ``release`` give the key up.
+
+        False when this worker held no reservation for ``task_id``.
+        """
         self.settle(task_id)
         entry = self._forget(task_id)
         if entry is None:
-            return
+            return False
         task, lease, _ = entry
         if release:
             try:
                 task._singleton_store.lock.release(lease)
             except SingletonLockError as error:
                 logger.warning("release of reservation %s failed: %s", lease.key, error)
+        return True
 
     def drop_revoked(self) -> None:
         """Give back the keys of reserved messages revoked since (called every ~0.5 s).
