@@ -1,4 +1,4 @@
-"""A singleton task's own options (key, on_duplicate, on_contention, ...), checked at decoration."""
+"""A singleton task's own options (key, lock scope, throttle, ...), checked at decoration."""
 
 from __future__ import annotations
 
@@ -11,7 +11,25 @@ from .exceptions import ConfigurationError
 from .keys import KeySpec
 from .policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
 
-OPTION_NAMES = ("key", "on_duplicate", "on_contention", "ttl", "queue_ttl", "dedupe")
+OPTION_NAMES = (
+    "key",
+    "lock",
+    "throttle",
+    "on_duplicate",
+    "on_contention",
+    "ttl",
+    "queue_ttl",
+    "dedupe",
+)
+# Modes other libraries have that this version does not yet: refused by name rather
+# than kept by Celery as task attributes that do nothing.
+NOT_YET = ("debounce", "max_wait", "limit")
+
+# How long a call keeps its duplicates out (sidekiq-unique-jobs' lock types):
+# until_executed: while queued and while running (the default); until_executing: while
+# queued only, so one may run and one wait (a call made during a run runs after it);
+# while_executing: never at dispatch (dedupe=False), only copies' executions exclude.
+LOCK_SCOPES = ("until_executed", "until_executing", "while_executing")
 
 
 @dataclass(frozen=True)
@@ -19,6 +37,8 @@ class SingletonOptions:
     """A task's singleton options, validated when the task class is created."""
 
     key: KeySpec
+    lock: str
+    throttle: float | None
     on_duplicate: OnDuplicate
     on_contention: ContentionPolicy
     ttl: float | None
@@ -37,17 +57,54 @@ class SingletonOptions:
             func, bound = run.__func__, False
         else:
             func, bound = run, True
-        dedupe = raw.get("dedupe", True)
-        if not isinstance(dedupe, bool):
-            raise ConfigurationError(f"{name}: dedupe must be True or False, got {dedupe!r}")
+        lock = _lock_scope(name, raw)
+        throttle = raw.get("throttle")
+        if throttle is not None:
+            throttle = _seconds(throttle, f"{name}: throttle")
+            if "lock" in raw or "dedupe" in raw:
+                given = f"lock={raw['lock']!r}" if "lock" in raw else f"dedupe={raw['dedupe']!r}"
+                raise ConfigurationError(
+                    f"{name}: throttle with {given}: throttle decides which calls are "
+                    "accepted (one per window) and execution stays exclusive; write "
+                    "throttle=... alone, or a lock scope without throttle"
+                )
         return cls(
             key=KeySpec(func, name=name, key=raw.get("key"), bound=bound),
+            lock=lock,
+            throttle=throttle,
             on_duplicate=on_duplicate_option(raw.get("on_duplicate", "return")),
             on_contention=contention_policy(raw.get("on_contention", "requeue")),
             ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
             queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),
-            dedupe=dedupe,
+            dedupe=lock != "while_executing",
         )
+
+    @property
+    def hold_role(self) -> str | None:
+        """Where a dispatch's hold lives beside the key: None for the key itself."""
+        if self.throttle is not None:
+            return "throttle"
+        return "pending" if self.lock == "until_executing" else None
+
+
+def _lock_scope(name: str, raw: Mapping[str, Any]) -> str:
+    """``lock=``, reconciled with the older ``dedupe=`` (False means while_executing)."""
+    dedupe = raw.get("dedupe", True)
+    if not isinstance(dedupe, bool):
+        raise ConfigurationError(f"{name}: dedupe must be True or False, got {dedupe!r}")
+    if "lock" not in raw:
+        return "until_executed" if dedupe else "while_executing"
+    lock = raw["lock"]
+    if lock not in LOCK_SCOPES:
+        raise ConfigurationError(
+            f"{name}: lock={lock!r} is not a lock scope; use one of {list(LOCK_SCOPES)}"
+        )
+    if "dedupe" in raw and dedupe != (lock != "while_executing"):
+        raise ConfigurationError(
+            f"{name}: lock={lock!r} with dedupe={dedupe!r} contradict each other "
+            "(dedupe=False is lock='while_executing'); write lock= alone"
+        )
+    return str(lock)
 
 
 def _seconds(value: object, what: str) -> float | None:

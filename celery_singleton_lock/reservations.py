@@ -17,8 +17,8 @@ from typing import Any
 from celery.worker import state as worker_state
 
 from .exceptions import SingletonLockError
-from .lease import Lease, PendingAcquire, RedisLock
-from .tokens import KEY_HEADER, TOKEN_HEADER, header, reserved_token
+from .lease import Lease, PendingAcquire, RedisLock, companion
+from .tokens import HOLD_HEADER, KEY_HEADER, TOKEN_HEADER, header, reserved_token
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +53,14 @@ class Reservations:
         key, queued = header(context, KEY_HEADER), header(context, TOKEN_HEADER)
         if not key or not queued:
             return  # sent without a hold (send_task, canvas): nothing to reserve
+        role = header(context, HOLD_HEADER)
+        name = companion(key, role) if role else key
         self.settle()
         store = task._singleton_store.lock
         token = reserved_token(request.id, request.hostname)
         try:
             pending = store.begin_try_acquire(
-                key, task._ttl(), token=token, replace=queued, fenced=False, read_late=True
+                name, task._ttl(), token=token, replace=queued, fenced=False, read_late=True
             )
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", key, request.id, error)

@@ -32,7 +32,8 @@ from .exceptions import (
     LockNotAcquiredError,
     LockStoreUnavailableError,
 )
-from .lease import Contended, Lease
+from .holds import Hold
+from .lease import Contended, Lease, companion
 from .options import SingletonOptions
 from .policies import (
     ContentionState,
@@ -43,6 +44,7 @@ from .policies import (
 from .tokens import (
     ATTEMPT_HEADER,
     BYPASS_OPTION,
+    HOLD_HEADER,
     KEY_HEADER,
     OUTAGE_HEADER,
     REDRIVE_HEADER,
@@ -130,6 +132,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         # level still excludes duplicates). For sweeps that re-drive work they believe
         # lost: the hold may belong to a message stuck in a dead worker's prefetch.
         redrive = options.pop("dedupe", True) is False
+        # A requeue passes the pending call's hold on (a dict of its headers) or nothing.
         bypass = options.pop(BYPASS_OPTION, False) or redrive
         producer = producer or options.pop("publisher", None)  # Celery's old alias
         publish = self._publisher(
@@ -146,21 +149,22 @@ class SingletonTask(Task):  # type: ignore[misc]
         key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
         if bypass or not opts.dedupe or in_canvas(link, link_error, options):
             ours: dict[str, Any] = {KEY_HEADER: key}
+            if isinstance(bypass, dict):
+                ours.update(bypass)
             if redrive:
                 ours[REDRIVE_HEADER] = 1
             return publish(task_id, options, ours)
         task_id = task_id or uuid()
         token = queued_token(task_id)
-        ttl = self._queue_ttl() + delay_of(options)
+        hold, ttl, ours = self._dispatch_hold(opts, key, token, options)
         try:
             pending = self._singleton_store.lock.begin_try_acquire(
-                key, ttl, token=token, fenced=False
+                hold, ttl, token=token, fenced=False
             )
         except LockStoreUnavailableError as error:
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
         gate = Gate(self, key, pending)
-        ours = {KEY_HEADER: key, TOKEN_HEADER: token}
         try:
             if self._can_overlap(options) and not refusals.expects(key):
                 # The acquire is on its way; Celery builds the message meanwhile and the
@@ -183,6 +187,19 @@ class SingletonTask(Task):  # type: ignore[misc]
         refusals.forget(key)
         return result
 
+    def _dispatch_hold(
+        self, opts: SingletonOptions, key: str, token: str, options: Mapping[str, Any]
+    ) -> tuple[str, float, dict[str, Any]]:
+        """(lock to hold, for how long, headers) of a dispatch under the task's mode."""
+        role = opts.hold_role
+        if role == "throttle" and opts.throttle is not None:
+            # The window is nobody's to take over or give back: it runs out by itself.
+            return companion(key, role), opts.throttle, {KEY_HEADER: key}
+        ttl = self._queue_ttl() + delay_of(options)
+        if role is None:
+            return key, ttl, {KEY_HEADER: key, TOKEN_HEADER: token}
+        return companion(key, role), ttl, {KEY_HEADER: key, TOKEN_HEADER: token, HOLD_HEADER: role}
+
     def _can_overlap(self, options: Mapping[str, Any]) -> bool:
         # Only while nothing can observe the message before our gate: an eager call
         # runs the task instead of publishing, connection= makes Celery use its own
@@ -201,8 +218,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             task_id: str | None, options: dict[str, Any], ours: dict[str, Any], via: Any = None
         ) -> Any:
             headers = {**(options.pop("headers", None) or {}), **ours}
-            if TOKEN_HEADER not in ours:
-                headers.pop(TOKEN_HEADER, None)  # a copied request must not claim a stale hold
+            for name in (TOKEN_HEADER, HOLD_HEADER):
+                if name not in ours:
+                    headers.pop(name, None)  # a copied request must not claim a stale hold
             return super(SingletonTask, self).apply_async(
                 args,
                 kwargs,
@@ -220,11 +238,18 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _duplicate(self, key: str, held: Contended) -> Any:
         holder = holder_task_id(held.holder)
         singleton_signals.duplicate_refused.send(sender=self, key=key, holder_id=holder)
-        if self.singleton_options().on_duplicate == "return" and holder is not None:
+        opts = self.singleton_options()
+        if opts.on_duplicate == "return" and holder is not None:
             logger.info("duplicate of %s refused for %s: returning %s", self.name, key, holder)
             return self.AsyncResult(holder)
+        if opts.throttle is not None:
+            what = f"was accepted less than {opts.throttle:g}s ago"
+        elif opts.lock == "until_executing":
+            what = "is already queued"
+        else:
+            what = "is already queued or running"
         raise DuplicateTaskError(
-            f"{self.name} is already queued or running for {key!r}"
+            f"{self.name} {what} for {key!r}"
             + (f" as task {holder}" if holder else " (holder unknown)"),
             name=key,
             key=held.key,
@@ -289,6 +314,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _take_lease(self, request: Any, args: Any, kwargs: Any) -> Lease:
         key = header(request, KEY_HEADER) or self.singleton_options().key.derive(args, kwargs)
         queued = header(request, TOKEN_HEADER)
+        role = header(request, HOLD_HEADER)
         attempt = int(header(request, ATTEMPT_HEADER) or 0)
         hostname = request.hostname
         token = running_token(request.id, hostname or "eager", os.getpid())
@@ -299,7 +325,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             shape = redrive_shape()  # a re-drive has no hold or reservation of its own
         else:
             shape = reserved_shape(hostname, request.id) if hostname else None
-        own = {"replace": queued, "replace_shape": shape}
+        # A hold beside the key (lock="until_executing") is not taken over: the running
+        # lease is taken afresh and the hold let go, so the next call can queue.
+        own = {} if role else {"replace": queued, "replace_shape": shape}
         store = self._singleton_store.lock
         ttl = self._ttl()
         try:
@@ -307,12 +335,26 @@ class SingletonTask(Task):  # type: ignore[misc]
         except LockStoreUnavailableError as error:
             return self._redis_error_at_execution(key, attempt, error)
         if isinstance(outcome, Contended):
-            outcome = self._contend(key, outcome, attempt, token=token, own=own)
+            hold = Hold(self, key, role, queued, shape) if role else None
+            try:
+                outcome = self._contend(key, outcome, attempt, token=token, own=own, hold=hold)
+            finally:
+                if hold is not None:
+                    hold.let_go()
+        elif role:
+            Hold(self, key, role, queued, shape).let_go()
         store.renew(outcome)
         return outcome
 
     def _contend(
-        self, key: str, held: Contended, attempt: int, *, token: str, own: dict[str, Any]
+        self,
+        key: str,
+        held: Contended,
+        attempt: int,
+        *,
+        token: str,
+        own: dict[str, Any],
+        hold: Hold | None = None,
     ) -> Lease:
         policy = self.singleton_options().on_contention
         state = ContentionState(
@@ -327,6 +369,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             sender=self, key=key, holder_id=state.holder, decision=decision
         )
         if isinstance(decision, Wait):
+            if hold is not None:
+                hold.keep()  # still the pending call while it waits
             try:
                 return self._singleton_store.waiting.acquire(
                     key, self._ttl(), timeout=decision.timeout, token=token, **own
@@ -342,7 +386,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 )
                 decision = policy(state)
         if isinstance(decision, Requeue):
-            self._requeue(key, attempt + 1, decision.countdown)
+            self._requeue(key, attempt + 1, decision.countdown, hold=hold)
         if isinstance(decision, Fail):
             raise DuplicateTaskError(
                 f"{self.name}[{self.request.id}] did not run: {decision.reason}",
@@ -353,7 +397,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         raise ConfigurationError(f"{self.name}: contention policy returned {decision!r}")
 
     def _requeue(
-        self, key: str, attempt: int, countdown: float, *, outages: int | None = None
+        self,
+        key: str,
+        attempt: int,
+        countdown: float,
+        *,
+        outages: int | None = None,
+        hold: Hold | None = None,
     ) -> None:
         request = self.request
         logger.info(
@@ -366,12 +416,15 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
         headers = {**(request.headers or {}), KEY_HEADER: key, ATTEMPT_HEADER: attempt}
         headers.pop(TOKEN_HEADER, None)
+        headers.pop(HOLD_HEADER, None)
+        # The requeued message stays the pending call: its hold goes with it.
+        passed = hold.pass_on(self._queue_ttl() + countdown) if hold is not None else {}
         if outages is not None:
             headers[OUTAGE_HEADER] = outages
         # Same id, links, chain and options as this message (what Celery's retry re-sends),
         # without counting as a retry of the task's own max_retries.
         self.signature_from_request(request, countdown=countdown, headers=headers).apply_async(
-            **{BYPASS_OPTION: True}
+            **{BYPASS_OPTION: passed or True}
         )
         raise Ignore(f"requeued: {key!r} is held by another execution")
 

@@ -29,6 +29,10 @@ BYPASS_OPTION = "singleton_lock_bypass"
 # lost), and kept by its requeues: at execution it may take over another message's
 # queued hold, never a reservation or a running lease (see ``redrive_shape``).
 REDRIVE_HEADER = "singleton_lock_redrive"
+# Set when the message's hold is not on its key but on a companion lock beside it (the
+# role, e.g. "pending" for lock="until_executing"): at execution the message takes the
+# key's running lease afresh and then lets its hold go, so the next call can queue.
+HOLD_HEADER = "singleton_lock_hold"
 
 
 def _nonce() -> str:

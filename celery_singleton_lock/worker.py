@@ -23,11 +23,18 @@ from celery.worker.request import Request
 
 from .childwatch import child_watch, kill_and_wait
 from .exceptions import KeyDerivationError, SingletonLockError
-from .lease import ReleaseResult
+from .lease import ReleaseResult, companion
 from .options import is_singleton
 from .reservations import reservations
 from .signals import dead_child_released
-from .tokens import KEY_HEADER, TOKEN_HEADER, header, reserved_shape, running_prefix
+from .tokens import (
+    HOLD_HEADER,
+    KEY_HEADER,
+    TOKEN_HEADER,
+    header,
+    reserved_shape,
+    running_prefix,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +93,9 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 return
         store = task._singleton_store.lock
         pid = self.worker_pid
+        role = header(self._context, HOLD_HEADER)
+        # The message's own hold: on the key, or beside it (lock="until_executing").
+        hold = companion(key, role) if role else key
         try:
             if pid and child_watch.enabled:
                 if kill:
@@ -95,6 +105,8 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 )
                 if result is ReleaseResult.RELEASED:
                     dead_child_released.send(sender=task, key=key, task_id=self.id, pid=pid)
+                if role:  # a child that died waiting for the key held the hold meanwhile
+                    store.release_matching(hold, running_prefix(self.hostname, pid), f"|{self.id}")
                 logger.info(
                     "released %s for %s[%s] after its pool child %d died: %s",
                     key,
@@ -105,9 +117,11 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 )
             # A child that died before taking over leaves the reservation or the hold.
             reservations.drop(self.id, release=False)
-            store.release_matching(key, *reserved_shape(self.hostname, self.id))
             queued = header(self._context, TOKEN_HEADER)
-            if queued:
-                store.release_token(key, queued)
+            store.release_matching(
+                hold,
+                *reserved_shape(self.hostname, self.id),
+                or_shape=(queued, "") if queued else None,
+            )
         except SingletonLockError as error:
             logger.warning("release of %s after its child died failed (%s)", key, error)

@@ -256,6 +256,38 @@ def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bo
     return {"accepted": accepted, "lost": lost}
 
 
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    lock="until_executing",
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def refresh(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """One running + one pending: a call made while one runs queues the next run."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(
+    app=app, bind=True, key=["item"], lock="until_executing", on_contention=wait(timeout=20)
+)
+def refresh_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
+    """until_executing whose pending execution waits for the running one (push wake-up)."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    throttle=float(os.environ.get("CSL_THROTTLE", "1.5")),
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def throttled(self: Any, item: object, seconds: float = 0.0) -> object:
+    """At most one accepted call per item per window; executions still exclude."""
+    return _hold(self, item, seconds)
+
+
 @singleton_task(app=app, key=["item"], ignore_result=True)
 def noop(item: object) -> None:
     """The cheapest singleton task: counts itself (the worker-memory benchmark)."""

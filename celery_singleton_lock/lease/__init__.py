@@ -5,7 +5,7 @@ from .clients import build as client_from_url
 from .clients import describe
 from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
-from .names import DEFAULT_PREFIX, LockKeys, validate_prefix
+from .names import DEFAULT_PREFIX, LockKeys, companion, split_role, validate_prefix
 from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
 from .store import RedisLock
@@ -23,7 +23,9 @@ __all__ = [
     "ReleaseResult",
     "Renewer",
     "client_from_url",
+    "companion",
     "describe",
     "get_renewer",
+    "split_role",
     "validate_prefix",
 ]

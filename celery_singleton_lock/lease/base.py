@@ -233,13 +233,15 @@ class LockBase:
         keys = self.keys(name)
         return {"keys": [keys.lock, keys.signal, keys.waiters], "args": [token, SIGNAL_TTL_MS]}
 
-    def _release_matching_argv(self, name: str, prefix: str, suffix: str) -> ScriptArgs:
-        if not prefix:
+    def _release_matching_argv(
+        self, name: str, prefix: str, suffix: str, or_shape: tuple[str, str] | None = None
+    ) -> ScriptArgs:
+        if not prefix or (or_shape is not None and not or_shape[0]):
             raise ConfigurationError("release_matching needs a non-empty prefix")
         keys = self.keys(name)
         return {
             "keys": [keys.lock, keys.signal, keys.waiters],
-            "args": [prefix, suffix, SIGNAL_TTL_MS],
+            "args": [prefix, suffix, SIGNAL_TTL_MS, *(or_shape or ())],
         }
 
     @staticmethod

@@ -178,12 +178,20 @@ class MemoryLock:
     def release_token(self, name: str, token: str) -> ReleaseResult:
         return self._drop(self.keys(name).lock, lambda current: current == token)
 
-    def release_matching(self, name: str, prefix: str, suffix: str = "") -> ReleaseResult:
-        if not prefix:
+    def release_matching(
+        self,
+        name: str,
+        prefix: str,
+        suffix: str = "",
+        *,
+        or_shape: tuple[str, str] | None = None,
+    ) -> ReleaseResult:
+        shapes = [(prefix, suffix)] if or_shape is None else [(prefix, suffix), or_shape]
+        if not all(start for start, _ in shapes):
             raise ConfigurationError("release_matching needs a non-empty prefix")
         return self._drop(
             self.keys(name).lock,
-            lambda token: token.startswith(prefix) and token.endswith(suffix),
+            lambda token: any(token.startswith(a) and token.endswith(b) for a, b in shapes),
         )
 
     def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:

@@ -25,6 +25,31 @@ _NAME_SAFE = ":/=@+,;!$&'()|<>^`"
 _needs_quoting = re.compile(r"[^A-Za-z0-9_.~\-:/=@+,;!$&'()|<>^`]").search
 
 
+# Separates a lock's name from the role of a companion lock (see ``companion``). A
+# control character: no derived key contains it, and quote() escapes it in a tag.
+_ROLE_MARK = "\x1f"
+ROLES = ("pending", "throttle")
+
+
+def companion(name: str, role: str) -> str:
+    """The name of a second lock beside ``name`` (e.g. its pending call's hold).
+
+    Its Redis keys share ``name``'s hash tag (one Cluster slot, so one script may touch
+    both) and end in ``:<role>``, which no lock's own key does: they cannot collide.
+    """
+    if role not in ROLES:
+        raise ConfigurationError(f"unknown companion role {role!r}; one of {list(ROLES)}")
+    return f"{name}{_ROLE_MARK}{role}"
+
+
+def split_role(name: str) -> tuple[str, str | None]:
+    """(base name, role) of a companion's name; (name, None) for a lock's own name."""
+    base, mark, role = name.rpartition(_ROLE_MARK)
+    if mark and role in ROLES:
+        return base, role
+    return name, None
+
+
 @dataclass(frozen=True)
 class LockKeys:
     """The Redis keys of one lock; all share the hash tag ``{name}`` (one cluster slot)."""
@@ -36,10 +61,13 @@ class LockKeys:
 
     @classmethod
     def build(cls, prefix: str, name: str) -> LockKeys:
+        name, role = split_role(name) if _ROLE_MARK in name else (name, None)
         if not _needs_quoting(name):
             tag = f"{prefix}:{{{name}}}"  # the common case, at a fraction of quote()'s cost
         else:
             tag = f"{prefix}:{{{quote(name, safe=_NAME_SAFE)}}}"
+        if role is not None:
+            tag = f"{tag}:{role}"
         return cls(lock=tag, fence=f"{tag}:fence", signal=f"{tag}:signal", waiters=f"{tag}:waiters")
 
 

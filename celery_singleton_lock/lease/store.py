@@ -271,13 +271,21 @@ class RedisLock(LockBase):
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
         return self._call_decoded(name, self._release_script, self._release_argv(name, token))
 
-    def release_matching(self, name: str, prefix: str, suffix: str = "") -> ReleaseResult:
-        """Release ``name`` if its token starts with ``prefix`` and ends with ``suffix``.
+    def release_matching(
+        self,
+        name: str,
+        prefix: str,
+        suffix: str = "",
+        *,
+        or_shape: tuple[str, str] | None = None,
+    ) -> ReleaseResult:
+        """Release ``name`` if its token starts with ``prefix`` and ends with ``suffix``
+        (or matches ``or_shape``, a second (prefix, suffix)), in one round trip.
 
         For releasing on behalf of a dead holder whose token shape is known but not its
         random part; the prefix must be specific enough to name that holder alone.
         """
-        argv = self._release_matching_argv(name, prefix, suffix)
+        argv = self._release_matching_argv(name, prefix, suffix, or_shape)
         return self._call_decoded(name, self._release_matching_script, argv)
 
     def _call_decoded(self, name: str, script: Any, argv: Any) -> ReleaseResult:

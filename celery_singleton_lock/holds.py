@@ -1,0 +1,99 @@
+"""A pending call's hold beside its key (``lock="until_executing"``), from the execution's side.
+
+At dispatch such a call holds the companion lock ``companion(key, "pending")``, not the
+key: the key is for the running execution, so one call may run while the next waits.
+When the execution gets the key's running lease it lets the hold go (the next call may
+queue, and will see data this run did not). While it cannot get the key it stays the
+pending call: it keeps the hold while it waits, and passes it to its requeued message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from .exceptions import LockStoreUnavailableError
+from .lease import Lease, companion
+from .tokens import HOLD_HEADER, TOKEN_HEADER, queued_token, running_token
+
+logger = logging.getLogger(__name__)
+
+
+class Hold:
+    """The hold of the message being executed: queued at dispatch, or reserved since."""
+
+    def __init__(
+        self,
+        task: Any,
+        key: str,
+        role: str,
+        queued: str | None,
+        reserved: tuple[str, str] | None,
+    ) -> None:
+        self._task = task
+        self.role = role
+        self.name = companion(key, role)
+        self._queued = queued
+        self._reserved = reserved  # the worker's reservation's shape; None when eager
+        self._lease: Lease | None = None
+        self._done = False
+
+    def _take(self, ttl: float, token: str) -> Lease | None:
+        """The hold under ``token``, taken over from whichever form it has now, or None."""
+        store = self._task._singleton_store.lock
+        outcome = store.try_acquire(
+            self.name,
+            ttl,
+            token=token,
+            replace=self._queued,
+            replace_shape=self._reserved,
+            fenced=False,
+        )
+        return outcome if isinstance(outcome, Lease) else None
+
+    def keep(self) -> None:
+        """Make the hold this execution's own and renew it while it waits for the key."""
+        request = self._task.request
+        token = running_token(request.id, request.hostname or "eager", os.getpid())
+        try:
+            self._lease = self._take(self._task._ttl(), token)
+        except LockStoreUnavailableError as error:
+            logger.warning("%s: could not keep its pending hold (%s)", request.id, error)
+            return
+        if self._lease is not None:
+            self._task._singleton_store.lock.renew(self._lease)
+
+    def pass_on(self, ttl: float) -> dict[str, str]:
+        """Hand the hold to the requeued message; the headers that message carries."""
+        store = self._task._singleton_store.lock
+        token = queued_token(self._task.request.id)
+        try:
+            if self._lease is not None:
+                outcome = store.hand_over(self._lease, ttl, token=token)
+                passed = isinstance(outcome, Lease)
+            else:
+                passed = self._take(ttl, token) is not None
+        except LockStoreUnavailableError as error:
+            logger.warning("%s: its pending hold stays behind (%s)", self.name, error)
+            return {}
+        self._done = passed
+        return {TOKEN_HEADER: token, HOLD_HEADER: self.role} if passed else {}
+
+    def let_go(self) -> None:
+        """Release the hold: the run has the key, or the call ends without running."""
+        if self._done:
+            return
+        self._done = True
+        store = self._task._singleton_store.lock
+        try:
+            if self._lease is not None:
+                if not self._lease.released:
+                    store.release(self._lease)
+            elif self._reserved is not None:
+                also = (self._queued, "") if self._queued else None
+                store.release_matching(self.name, *self._reserved, or_shape=also)
+            elif self._queued:
+                store.release_token(self.name, self._queued)
+        except LockStoreUnavailableError as error:
+            logger.warning("%s: pending hold not released (%s); its ttl frees it", self.name, error)
