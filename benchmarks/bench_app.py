@@ -97,9 +97,27 @@ def this_requeue(item: str, seconds: float = 0.0) -> str:
     return _run("this_requeue", item, seconds)
 
 
+@singleton_task(app=app, name="bench.this_until_executing", lock="until_executing")
+def this_until_executing(item: str, seconds: float = 0.0) -> str:
+    return _run("this_until_executing", item, seconds)
+
+
+@singleton_task(app=app, name="bench.this_throttle", throttle=60)
+def this_throttle(item: str, seconds: float = 0.0) -> str:
+    return _run("this_throttle", item, seconds)
+
+
+@singleton_task(app=app, name="bench.this_while_executing", lock="while_executing")
+def this_while_executing(item: str, seconds: float = 0.0) -> str:
+    return _run("this_while_executing", item, seconds)
+
+
 SYSTEMS: dict[str, Any] = {
     "plain": plain,
     "celery_singleton": celery_singleton,
     "celery_once": celery_once,
     "this": this,
+    "this_until_executing": this_until_executing,
+    "this_throttle": this_throttle,
+    "this_while_executing": this_while_executing,
 }

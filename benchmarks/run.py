@@ -33,6 +33,8 @@ from tests.workers import Worker  # noqa: E402
 
 INCUMBENTS = ("celery_singleton", "celery_once")
 ALL = ("plain", *INCUMBENTS, "this")
+# This project's lock modes (docs/modes.md); "this" is the default, until_executed.
+MODES = ("plain", "this", "this_until_executing", "this_throttle", "this_while_executing")
 
 
 def median(values: list[float]) -> float:
@@ -100,28 +102,11 @@ class Bench:
             self.reset(queue)
             for system in ALL:
                 self.bench.SYSTEMS[system].apply_async((f"warm-{round_no}",), queue=queue)
-            spent = dict.fromkeys(ALL, 0.0)
-            for slice_no in range(slices):
-                for system in self.order():
-                    task = self.bench.SYSTEMS[system]
-                    began = time.perf_counter()
-                    for i in range(size):
-                        task.apply_async((f"u-{round_no}-{slice_no}-{i}",), queue=queue)
-                    spent[system] += time.perf_counter() - began
+            for system, us in self._unique_round(ALL, f"u-{round_no}", queue, size, slices):
+                unique[system].append(us)
             for system in ALL:
-                unique[system].append(spent[system] / (size * slices) * 1e6)
-            spent = dict.fromkeys(ALL, 0.0)
-            for system in ALL:
-                self.reset(queue)
-                task = self.bench.SYSTEMS[system]
-                task.apply_async(("dup",), queue=queue)
-                began = time.perf_counter()
-                for _ in range(n):
-                    task.apply_async(("dup",), queue=queue)
-                spent[system] = time.perf_counter() - began
-                published[system] = int(self.r.llen(queue))
-            for system in ALL:
-                duplicate[system].append(spent[system] / n * 1e6)
+                us, published[system] = self._duplicates(system, n, queue)
+                duplicate[system].append(us)
         self.reset(queue)
         self.results["dispatch_unique"] = {
             s: {
@@ -137,6 +122,67 @@ class Bench:
                 "messages_published": published[s],
             }
             for s in ALL
+        }
+
+    def _unique_round(
+        self, systems: tuple[str, ...], tag: str, queue: str, size: int, slices: int
+    ) -> list[tuple[str, float]]:
+        """Microseconds per unique dispatch of each system, interleaved in slices."""
+        spent = dict.fromkeys(systems, 0.0)
+        for slice_no in range(slices):
+            for system in self.order(systems):
+                task = self.bench.SYSTEMS[system]
+                began = time.perf_counter()
+                for i in range(size):
+                    task.apply_async((f"{tag}-{slice_no}-{i}",), queue=queue)
+                spent[system] += time.perf_counter() - began
+        return [(s, spent[s] / (size * slices) * 1e6) for s in systems]
+
+    def _duplicates(self, system: str, n: int, queue: str) -> tuple[float, int]:
+        """(microseconds per duplicate dispatch, messages that reached the broker)."""
+        self.reset(queue)
+        task = self.bench.SYSTEMS[system]
+        task.apply_async(("dup",), queue=queue)
+        began = time.perf_counter()
+        for _ in range(n):
+            task.apply_async(("dup",), queue=queue)
+        return (time.perf_counter() - began) / n * 1e6, int(self.r.llen(queue))
+
+    # -- 7: the lock modes ---------------------------------------------------------------
+
+    def modes(self) -> None:
+        n, queue, slices = self.args.dispatches, "bench-modes", 8
+        size = max(1, n // slices)
+        unique: dict[str, list[float]] = {s: [] for s in MODES}
+        duplicate: dict[str, list[float]] = {s: [] for s in MODES}
+        published: dict[str, int] = {}
+        for round_no in range(self.args.rounds):
+            self.reset(queue)
+            for system in MODES:
+                self.bench.SYSTEMS[system].apply_async((f"warm-{round_no}",), queue=queue)
+            for system, us in self._unique_round(MODES, f"m-{round_no}", queue, size, slices):
+                unique[system].append(us)
+            for system in MODES:
+                us, published[system] = self._duplicates(system, n, queue)
+                duplicate[system].append(us)
+        trips: dict[str, float] = {}
+        for system in MODES:
+            self.reset(queue)
+            with RoundTrips(self.locks) as counted:
+                for i in range(100):
+                    self.bench.SYSTEMS[system].apply_async((f"rtt-{i}",), queue=queue)
+            trips[system] = round(counted.count / 100, 2)
+        self.reset(queue)
+        self.results["modes"] = {
+            s: {
+                "unique_us": round(median(unique[s]), 1),
+                "unique_ratio": paired_ratio(unique[s], unique["plain"]),
+                "duplicate_us": round(median(duplicate[s]), 1),
+                "duplicate_ratio": paired_ratio(duplicate[s], unique["plain"]),
+                "messages_published": published[s],
+                "round_trips_per_dispatch": trips[s],
+            }
+            for s in MODES
         }
 
     # -- 3: end to end ---------------------------------------------------------------------
@@ -408,6 +454,15 @@ def render(results: dict[str, Any], command: str) -> str:
             "processed (`INFO stats` total_reads_processed), so commands written together "
             "count once, 100 tasks each.",
         ),
+        "modes": (
+            "7. Lock modes",
+            "This project's modes (docs/modes.md) against plain Celery in the same run: "
+            "microseconds per unique dispatch and per duplicate (ratios: the median of "
+            "the rounds' ratios to a plain unique dispatch), messages that reached the "
+            "broker for 1 + dispatches duplicate calls, and lock-store round trips per "
+            "unique dispatch. while_executing does no dispatch check: its duplicates are "
+            "published.",
+        ),
     }
     for key, (title, note) in notes.items():
         if key in r:
@@ -432,6 +487,7 @@ def main() -> int:
         "hand_off": bench.hand_off,
         "crash": bench.crash,
         "round_trips": bench.round_trips,
+        "modes": bench.modes,
     }
     try:
         for name, scenario in scenarios.items():

@@ -9,12 +9,14 @@ from typing import Any
 from ._time import ttl_to_ms
 from .exceptions import ConfigurationError
 from .keys import KeySpec
+from .lease.names import MAX_SLOTS
 from .policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
 
 OPTION_NAMES = (
     "key",
     "lock",
     "throttle",
+    "limit",
     "on_duplicate",
     "on_contention",
     "ttl",
@@ -23,7 +25,7 @@ OPTION_NAMES = (
 )
 # Modes other libraries have that this version does not yet: refused by name rather
 # than kept by Celery as task attributes that do nothing.
-NOT_YET = ("debounce", "max_wait", "limit")
+NOT_YET = ("debounce", "max_wait")
 
 # How long a call keeps its duplicates out (sidekiq-unique-jobs' lock types):
 # until_executed: while queued and while running (the default); until_executing: while
@@ -39,6 +41,7 @@ class SingletonOptions:
     key: KeySpec
     lock: str
     throttle: float | None
+    limit: int | None  # executions at once per key, when more than one
     on_duplicate: OnDuplicate
     on_contention: ContentionPolicy
     ttl: float | None
@@ -57,7 +60,8 @@ class SingletonOptions:
             func, bound = run.__func__, False
         else:
             func, bound = run, True
-        lock = _lock_scope(name, raw)
+        limit = _limit(name, raw)
+        lock = "while_executing" if limit is not None else _lock_scope(name, raw)
         throttle = raw.get("throttle")
         if throttle is not None:
             throttle = _seconds(throttle, f"{name}: throttle")
@@ -72,6 +76,7 @@ class SingletonOptions:
             key=KeySpec(func, name=name, key=raw.get("key"), bound=bound),
             lock=lock,
             throttle=throttle,
+            limit=None if limit == 1 else limit,
             on_duplicate=on_duplicate_option(raw.get("on_duplicate", "return")),
             on_contention=contention_policy(raw.get("on_contention", "requeue")),
             ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
@@ -85,6 +90,29 @@ class SingletonOptions:
         if self.throttle is not None:
             return "throttle"
         return "pending" if self.lock == "until_executing" else None
+
+
+def _limit(name: str, raw: Mapping[str, Any]) -> int | None:
+    """``limit=N``: N executions per key at once, never refused at dispatch."""
+    limit = raw.get("limit")
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SLOTS:
+        raise ConfigurationError(
+            f"{name}: limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}"
+        )
+    clashes = [option for option in ("throttle", "on_duplicate") if option in raw]
+    if raw.get("lock", "while_executing") != "while_executing":
+        clashes.append(f"lock={raw['lock']!r}")
+    if raw.get("dedupe") is True:
+        clashes.append("dedupe=True")
+    if clashes:
+        raise ConfigurationError(
+            f"{name}: limit={limit} with {', '.join(clashes)}: a limit never refuses a "
+            "call at dispatch (every call queues and at most limit run at once); drop "
+            f"{', '.join(clashes)}, or use a lock scope without limit"
+        )
+    return limit
 
 
 def _lock_scope(name: str, raw: Mapping[str, Any]) -> str:

@@ -13,12 +13,10 @@ Tokens and headers are in ``tokens.py``; the gate around publish in ``dispatch.p
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeAlias
 
 from celery import Task
-from celery.exceptions import Ignore
 from celery.signals import before_task_publish
 from celery.utils import uuid
 
@@ -27,34 +25,20 @@ from . import signals as singleton_signals
 from .backend import Backend
 from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
 from .exceptions import (
-    ConfigurationError,
     DuplicateTaskError,
-    LockNotAcquiredError,
     LockStoreUnavailableError,
 )
-from .holds import Hold
-from .lease import Contended, Lease, companion
+from .execution import Execution, requeue
+from .lease import Contended, Lease, companion, split_role
 from .options import SingletonOptions
-from .policies import (
-    ContentionState,
-    Fail,
-    Requeue,
-    Wait,
-)
 from .tokens import (
-    ATTEMPT_HEADER,
     BYPASS_OPTION,
     HOLD_HEADER,
     KEY_HEADER,
-    OUTAGE_HEADER,
     REDRIVE_HEADER,
     TOKEN_HEADER,
-    header,
     holder_task_id,
     queued_token,
-    redrive_shape,
-    reserved_shape,
-    running_token,
 )
 
 logger = logging.getLogger(__name__)
@@ -269,7 +253,10 @@ class SingletonTask(Task):  # type: ignore[misc]
     ) -> Any:
         store = self._singleton_store.lock
         token = queued_token(task_id)
-        headers: dict[str, Any] = {KEY_HEADER: running.name}
+        # A slot of a counting lease (limit=N) is named beside the key: the retry's
+        # message carries the key and which slot it keeps.
+        key, role = split_role(running.name)
+        headers: dict[str, Any] = {KEY_HEADER: key}
         try:
             outcome = store.hand_over(running, self._queue_ttl() + delay_of(options), token=token)
         except LockStoreUnavailableError as error:
@@ -279,6 +266,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             outcome = None
         if isinstance(outcome, Lease):
             headers[TOKEN_HEADER] = token
+            if role is not None:
+                headers[HOLD_HEADER] = role
             self.request.singleton_handed_over = True
         elif isinstance(outcome, Contended):
             logger.warning("retry of %s: the lease on %s was already lost", self.name, running.name)
@@ -298,7 +287,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         # Celery's Task.__call__ would push a fresh, id-less request over the worker's;
         # the worker's tracer has pushed the real one already, so run the body directly.
-        lease = self._take_lease(request, args, kwargs)
+        lease = Execution(self, args, kwargs).take()
         request.singleton_lease = lease
         try:
             return self.run(*args, **kwargs)
@@ -311,127 +300,11 @@ class SingletonTask(Task):  # type: ignore[misc]
                 store = self._singleton_store.lock
                 quietly(store.release if request.is_eager else store.release_nowait, lease)
 
-    def _take_lease(self, request: Any, args: Any, kwargs: Any) -> Lease:
-        key = header(request, KEY_HEADER) or self.singleton_options().key.derive(args, kwargs)
-        queued = header(request, TOKEN_HEADER)
-        role = header(request, HOLD_HEADER)
-        attempt = int(header(request, ATTEMPT_HEADER) or 0)
-        hostname = request.hostname
-        token = running_token(request.id, hostname or "eager", os.getpid())
-        # The message's own hold: as queued at dispatch, or as reserved by the worker's
-        # main process when it received the message.
-        shape: tuple[str, str] | None
-        if header(request, REDRIVE_HEADER):
-            shape = redrive_shape()  # a re-drive has no hold or reservation of its own
-        else:
-            shape = reserved_shape(hostname, request.id) if hostname else None
-        # A hold beside the key (lock="until_executing") is not taken over: the running
-        # lease is taken afresh and the hold let go, so the next call can queue.
-        own = {} if role else {"replace": queued, "replace_shape": shape}
-        store = self._singleton_store.lock
-        ttl = self._ttl()
-        try:
-            outcome = store.try_acquire(key, ttl, token=token, **own)
-        except LockStoreUnavailableError as error:
-            return self._redis_error_at_execution(key, attempt, error)
-        if isinstance(outcome, Contended):
-            hold = Hold(self, key, role, queued, shape) if role else None
-            try:
-                outcome = self._contend(key, outcome, attempt, token=token, own=own, hold=hold)
-            finally:
-                if hold is not None:
-                    hold.let_go()
-        elif role:
-            Hold(self, key, role, queued, shape).let_go()
-        store.renew(outcome)
-        return outcome
-
-    def _contend(
-        self,
-        key: str,
-        held: Contended,
-        attempt: int,
-        *,
-        token: str,
-        own: dict[str, Any],
-        hold: Hold | None = None,
-    ) -> Lease:
-        policy = self.singleton_options().on_contention
-        state = ContentionState(
-            task_name=self.name,
-            key=key,
-            attempt=attempt,
-            holder=holder_task_id(held.holder) or held.holder or None,
-            retry_after=held.retry_after,
-        )
-        decision = policy(state)
-        singleton_signals.execution_contended.send(
-            sender=self, key=key, holder_id=state.holder, decision=decision
-        )
-        if isinstance(decision, Wait):
-            if hold is not None:
-                hold.keep()  # still the pending call while it waits
-            try:
-                return self._singleton_store.waiting.acquire(
-                    key, self._ttl(), timeout=decision.timeout, token=token, **own
-                )
-            except LockNotAcquiredError as error:
-                state = ContentionState(
-                    task_name=self.name,
-                    key=key,
-                    attempt=attempt,
-                    holder=holder_task_id(error.holder) or error.holder,
-                    retry_after=error.retry_after,
-                    waited=True,
-                )
-                decision = policy(state)
-        if isinstance(decision, Requeue):
-            self._requeue(key, attempt + 1, decision.countdown, hold=hold)
-        if isinstance(decision, Fail):
-            raise DuplicateTaskError(
-                f"{self.name}[{self.request.id}] did not run: {decision.reason}",
-                name=key,
-                key=held.key,
-                task_id=state.holder,
-            )
-        raise ConfigurationError(f"{self.name}: contention policy returned {decision!r}")
-
     def _requeue(
-        self,
-        key: str,
-        attempt: int,
-        countdown: float,
-        *,
-        outages: int | None = None,
-        hold: Hold | None = None,
+        self, key: str, attempt: int, countdown: float, *, outages: int | None = None
     ) -> None:
-        request = self.request
-        logger.info(
-            "%s[%s] requeued in %.2fs for %s (attempt %d)",
-            self.name,
-            request.id,
-            countdown,
-            key,
-            attempt,
-        )
-        headers = {**(request.headers or {}), KEY_HEADER: key, ATTEMPT_HEADER: attempt}
-        headers.pop(TOKEN_HEADER, None)
-        headers.pop(HOLD_HEADER, None)
-        # The requeued message stays the pending call: its hold goes with it.
-        passed = hold.pass_on(self._queue_ttl() + countdown) if hold is not None else {}
-        if outages is not None:
-            headers[OUTAGE_HEADER] = outages
-        # Same id, links, chain and options as this message (what Celery's retry re-sends),
-        # without counting as a retry of the task's own max_retries.
-        self.signature_from_request(request, countdown=countdown, headers=headers).apply_async(
-            **{BYPASS_OPTION: passed or True}
-        )
-        raise Ignore(f"requeued: {key!r} is held by another execution")
-
-    def _redis_error_at_execution(
-        self, key: str, attempt: int, error: LockStoreUnavailableError
-    ) -> Lease:
-        return outages.at_execution(self, key, attempt, error)
+        """Send this message again later and end this execution (for ``outages.py``)."""
+        requeue(self, key, attempt, countdown, outages=outages)
 
 
 __all__ = ["SingletonOptions", "SingletonTask"]

@@ -23,7 +23,7 @@ from celery.worker.request import Request
 
 from .childwatch import child_watch, kill_and_wait
 from .exceptions import KeyDerivationError, SingletonLockError
-from .lease import ReleaseResult, companion
+from .lease import ReleaseResult, companion, slot
 from .options import is_singleton
 from .reservations import reservations
 from .signals import dead_child_released
@@ -100,12 +100,17 @@ class SingletonRequest(Request):  # type: ignore[misc]
             if pid and child_watch.enabled:
                 if kill:
                     kill_and_wait(pid)
-                result = store.release_matching(
-                    key, running_prefix(self.hostname, pid), f"|{self.id}"
-                )
-                if result is ReleaseResult.RELEASED:
-                    dead_child_released.send(sender=task, key=key, task_id=self.id, pid=pid)
-                if role:  # a child that died waiting for the key held the hold meanwhile
+                # The key, or with limit=N whichever slot of it the child held.
+                limit = task.singleton_options().limit
+                names = [slot(key, n) for n in range(1, limit + 1)] if limit else [key]
+                for name in names:
+                    result = store.release_matching(
+                        name, running_prefix(self.hostname, pid), f"|{self.id}"
+                    )
+                    if result is ReleaseResult.RELEASED:
+                        dead_child_released.send(sender=task, key=key, task_id=self.id, pid=pid)
+                        break
+                if role == "pending":  # a child that died waiting kept the hold meanwhile
                     store.release_matching(hold, running_prefix(self.hostname, pid), f"|{self.id}")
                 logger.info(
                     "released %s for %s[%s] after its pool child %d died: %s",

@@ -288,6 +288,24 @@ def throttled(self: Any, item: object, seconds: float = 0.0) -> object:
     return _hold(self, item, seconds)
 
 
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    limit=3,
+    on_contention=requeue(max_tries=1000, backoff=0.02, cap=0.1),
+)
+def export(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """At most three executions per item at once (a counting lease)."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(app=app, bind=True, key=["item"], limit=3, on_contention=wait(timeout=30))
+def export_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
+    """limit=3 whose fourth execution waits for a slot (push wake-up, first come first served)."""
+    return _hold(self, item, seconds)
+
+
 @singleton_task(app=app, key=["item"], ignore_result=True)
 def noop(item: object) -> None:
     """The cheapest singleton task: counts itself (the worker-memory benchmark)."""

@@ -17,14 +17,19 @@ from celery import Celery
 from redis.crc import key_slot
 
 from celery_singleton_lock import ConfigurationError, DuplicateTaskError, singleton_task
-from celery_singleton_lock.lease import LockKeys, companion, split_role
+from celery_singleton_lock.lease import LockKeys, companion, slot, split_role
 from celery_singleton_lock.tokens import HOLD_HEADER, TOKEN_HEADER
 
 from .conftest import CeleryEnv
+from .servers import RedisServer
 from .test_celery_lifecycle import assert_no_overlap, lock_keys, runs, started, wait_for
 from .workers import Worker
 
 QUEUE = "modes-dispatch"
+
+
+def name_of(task: Any, *args: Any) -> str:
+    return str(task.singleton_options().key.derive(args))
 
 
 def define(**options: Any) -> Any:
@@ -65,12 +70,25 @@ class TestOptions:
             ({"throttle": -1}, r"throttle must be positive"),
             ({"throttle": "60"}, r"throttle must be a number of seconds"),
             ({"debounce": 5}, r"not supported by this version"),
-            ({"limit": 3}, r"not supported by this version"),
+            ({"max_wait": 60}, r"not supported by this version"),
+            ({"limit": 0}, r"limit must be an int from 1 to 100"),
+            ({"limit": 101}, r"limit must be an int from 1 to 100"),
+            ({"limit": True}, r"limit must be an int"),
+            ({"limit": 3, "on_duplicate": "raise"}, r"limit=3 with on_duplicate: .*never refuses"),
+            ({"limit": 3, "throttle": 5}, r"limit=3 with throttle"),
+            ({"limit": 3, "lock": "until_executing"}, r"limit=3 with lock='until_executing'"),
+            ({"limit": 3, "dedupe": True}, r"limit=3 with dedupe=True"),
         ],
     )
     def test_contradictions_fail_at_decoration(self, options: dict[str, Any], says: str) -> None:
         with pytest.raises(ConfigurationError, match=says):
             define(**options)
+
+    def test_limit(self) -> None:
+        opts = define(limit=3).singleton_options()
+        assert (opts.limit, opts.lock, opts.dedupe) == (3, "while_executing", False)
+        one = define(limit=1, lock="while_executing").singleton_options()
+        assert (one.limit, one.lock) == (None, "while_executing")  # plain exclusion
 
     def test_throttle_takes_a_timedelta(self) -> None:
         assert define(throttle=timedelta(minutes=1)).singleton_options().throttle == 60.0
@@ -308,3 +326,121 @@ class TestThrottleInAWorker:
         wait_for(lambda: len(of(runs(cenv), "t1")) == 3, 20, "three runs")
         assert_no_overlap(of(runs(cenv), "t1"))
         wait_for(lambda: all(k.endswith(b":throttle") for k in held(cenv)), 3, "freed")
+
+
+class TestEager:
+    """task_always_eager with memory:// and Redis: the modes run in-process, with a lease."""
+
+    @pytest.fixture(name="app", params=["memory", "redis"])
+    def fixture_app(
+        self, request: pytest.FixtureRequest, raw: redis.Redis, redis_server: RedisServer
+    ) -> Celery:
+        url = "memory://" if request.param == "memory" else redis_server.url
+        app = Celery(f"modes-eager-{request.param}", set_as_current=False)
+        app.conf.update(task_always_eager=True, singleton_lock_url=url, singleton_lock_prefix="me")
+        return app
+
+    def test_until_executing_lets_a_call_made_during_the_run_queue(self, app: Celery) -> None:
+        inner: list[str] = []
+
+        @singleton_task(app=app, bind=True, name=f"{app.main}.r", key=["k"], lock="until_executing")
+        def rebuild(self: Any, k: str, nested: bool = True) -> int:
+            if nested:  # a call made while this one runs is a new pending call, not refused
+                inner.append(rebuild.apply_async((k,), {"nested": False}, task_id="in").id)
+            return self.lease.fence
+
+        assert rebuild.delay("a").get() > 0
+        assert inner == ["in"]
+
+    def test_limit_runs_nested_calls_up_to_the_limit_in_slots(self, app: Celery) -> None:
+        seen: list[tuple[str, int]] = []
+
+        @singleton_task(app=app, bind=True, name=f"{app.main}.l", key=["k"], limit=2)
+        def export(self: Any, k: str, depth: int = 0) -> None:
+            seen.append((self.lease.name, self.lease.fence))
+            if depth == 0:
+                export.delay(k, 1)  # a second execution at once: the second slot
+
+        export.delay("a")
+        assert [name for name, _ in seen] == [slot(name_of(export, "a"), n) for n in (1, 2)]
+        assert seen[0][1] < seen[1][1]
+
+    def test_throttle_refuses_within_the_window(self, app: Celery) -> None:
+        @singleton_task(app=app, name=f"{app.main}.t", key=["k"], throttle=30)
+        def sync(k: str) -> str:
+            return k
+
+        first = sync.apply_async(("a",), task_id="first")
+        assert first.get() == "a"
+        assert sync.apply_async(("a",)).id == "first"  # the window outlives the run
+        assert sync.apply_async(("b",)).id != "first"
+
+
+def concurrency(records: list[dict[str, Any]]) -> int:
+    """The most executions that ran at once."""
+    edges = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+@pytest.fixture(name="three_workers")
+def fixture_three_workers(celery_env: CeleryEnv, worker: Worker) -> Any:
+    """The shared worker and two more on its queue: six pool children in all."""
+    extra = [Worker(celery_env.env, queue=worker.queue) for _ in range(2)]
+    try:
+        for each in extra:
+            each.start()
+        yield [worker, *extra]
+    finally:
+        for each in extra:
+            each.stop()
+
+
+class TestLimitInWorkers:
+    def test_never_more_than_the_limit_across_three_workers(
+        self, cenv: CeleryEnv, three_workers: list[Worker]
+    ) -> None:
+        export, queue = cenv.app_module.export, three_workers[0].queue
+        results = [export.apply_async(("l1", 0.4), queue=queue) for _ in range(12)]
+        other = export.apply_async(("l2", 0.4), queue=queue)  # another key is not counted
+        for result in [*results, other]:
+            assert result.get(timeout=60) == result.result
+        records = of(runs(cenv), "l1")
+        assert len(records) == 12
+        assert concurrency(records) == 3, "three at once, never four"
+        fences = [r["fence"] for r in records]
+        assert len(set(fences)) == 12
+        assert {r["key"] for r in records} == {slot(name_of(export, "l1"), n) for n in (1, 2, 3)}
+        wait_for(lambda: not held(cenv), 3, "slots freed")
+
+    def test_waiters_run_in_turn_and_a_killed_child_frees_its_slot(
+        self, cenv: CeleryEnv, three_workers: list[Worker]
+    ) -> None:
+        export, queue = cenv.app_module.export_waiting, three_workers[0].queue
+        long = [export.apply_async(("l3", 4.0), queue=queue) for _ in range(3)]
+        begun = wait_for(lambda: len(started(cenv)) == 3 and started(cenv), 20, "three runs")
+        waiting = [export.apply_async(("l3", 0.2), queue=queue) for _ in range(2)]
+        time.sleep(1.0)
+        assert len(started(cenv)) == 3, "the fourth waits for a slot"
+        killed = time.monotonic()
+        os.kill(begun[0]["pid"], signal.SIGKILL)
+        # The other runs last ~2.5 s more: only the dead child's slot can serve a waiter now.
+        wait_for(lambda: any(r.ready() for r in waiting), 1.5, "the dead child's slot to a waiter")
+        assert time.monotonic() - killed < 1.5
+        for result in [*long[1:], *waiting]:
+            assert result.get(timeout=20) == "l3"
+        assert concurrency(of(runs(cenv), "l3")) <= 3
+        wait_for(lambda: not held(cenv), 5, "slots freed")
+
+    def test_a_retry_keeps_its_slot(self, cenv: CeleryEnv, worker: Worker) -> None:
+        export = cenv.app_module.export
+        first = export.apply_async(("l4", 0.1, "retry"), queue=worker.queue)
+        assert first.get(timeout=20) == "l4"
+        records = of(runs(cenv), "l4")
+        assert [r["retries"] for r in records] == [0, 1]
+        assert records[0]["key"] == records[1]["key"], "the retry ran in the slot it kept"
+        assert records[0]["fence"] < records[1]["fence"]
+        wait_for(lambda: not held(cenv), 3, "slots freed")

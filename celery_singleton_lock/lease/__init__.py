@@ -5,7 +5,7 @@ from .clients import build as client_from_url
 from .clients import describe
 from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
-from .names import DEFAULT_PREFIX, LockKeys, companion, split_role, validate_prefix
+from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
 from .store import RedisLock
@@ -26,6 +26,7 @@ __all__ = [
     "companion",
     "describe",
     "get_renewer",
+    "slot",
     "split_role",
     "validate_prefix",
 ]

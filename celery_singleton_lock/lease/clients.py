@@ -242,3 +242,23 @@ def socket_timeout_of(client: Any) -> float | None:
 
 def is_async(client: Any) -> bool:
     return isinstance(client, redis.asyncio.Redis | AsyncRedisCluster)
+
+
+def eviction_policy(client: Any) -> str | None:
+    """The server's ``maxmemory-policy``; None if CONFIG is refused (ACL, managed Redis)."""
+    try:
+        found = client.config_get("maxmemory-policy")
+    except redis.ResponseError:
+        return None
+    if (
+        isinstance(found, dict)
+        and found
+        and not found.keys() & {"maxmemory-policy", b"maxmemory-policy"}
+    ):
+        found = next(iter(found.values()))  # a cluster client answers per node
+    if not isinstance(found, dict):
+        return None
+    value = found.get("maxmemory-policy") or found.get(b"maxmemory-policy")
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

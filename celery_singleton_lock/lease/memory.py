@@ -7,6 +7,7 @@ tasks eagerly, never in production.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from typing import Any
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
-from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
+from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
 from .pending import PendingAcquire
+from .slots import check_limit
 
 
 def _replaceable(current: str, replace: str | None, shape: tuple[str, str] | None) -> bool:
@@ -44,6 +46,10 @@ class MemoryLock:
     def __repr__(self) -> str:
         return f"MemoryLock(prefix={self.prefix!r})"
 
+    @property
+    def slots(self) -> MemorySlots:
+        return MemorySlots(self)
+
     def keys(self, name: str) -> LockKeys:
         return LockKeys.build(self.prefix, validate_name(name))
 
@@ -64,7 +70,8 @@ class MemoryLock:
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
     ) -> Lease | Contended:
-        key = self.keys(name).lock
+        keys = self.keys(name)
+        key = keys.lock
         wanted = new_token(token)
         ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self._cond:
@@ -84,8 +91,9 @@ class MemoryLock:
             now = time.monotonic()
             fence = 0
             if fenced:
-                fence = max(time.time_ns() // 1000, self._last_fence.get(key, 0) + 1)
-                self._last_fence[key] = fence
+                # Keyed by the fence key, which a counting lease's slots share.
+                fence = max(time.time_ns() // 1000, self._last_fence.get(keys.fence, 0) + 1)
+                self._last_fence[keys.fence] = fence
             self._entries[key] = _Entry(wanted, now + ttl_ms / 1000)
             return Lease.granted(name, key, wanted, fence=fence, ttl=ttl_ms / 1000, sent_at=now)
 
@@ -215,3 +223,49 @@ class MemoryLock:
         with self._cond:
             entry = self._live(self.keys(name).lock)
             return None if entry is None else entry.token
+
+
+class MemorySlots:
+    """``Slots`` (counting leases) over a ``MemoryLock``."""
+
+    def __init__(self, store: MemoryLock) -> None:
+        self._store = store
+
+    def try_acquire(
+        self, name: str, limit: int, ttl: object, *, token: str | None = None
+    ) -> Lease | Contended:
+        store, wanted = self._store, new_token(token)
+        names = [slot(name, number) for number in range(1, check_limit(limit) + 1)]
+        with store._cond:
+            # The caller's own slot first (a retry after a lost answer), then in order.
+            refused: list[Contended] = []
+            for held in sorted(names, key=lambda held: store.holder(held) != wanted):
+                outcome = store.try_acquire(held, ttl, token=wanted)
+                if isinstance(outcome, Lease):
+                    return outcome
+                refused.append(outcome)
+        soonest = min(refused, key=lambda o: math.inf if o.retry_after is None else o.retry_after)
+        return Contended(name, store.keys(name).lock, soonest.holder, soonest.retry_after)
+
+    def acquire(
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        timeout: object | None = None,
+        token: str | None = None,
+    ) -> Lease:
+        seconds = None if timeout is None else to_seconds(timeout, what="timeout")
+        deadline = None if seconds is None else time.monotonic() + seconds
+        wanted = new_token(token)
+        with self._store._cond:
+            while True:
+                outcome = self.try_acquire(name, limit, ttl, token=wanted)
+                if isinstance(outcome, Lease):
+                    return outcome
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise outcome.error()
+                bound = [b for b in (left, outcome.retry_after) if b is not None]
+                self._store._cond.wait(min(bound) if bound else None)

@@ -29,6 +29,24 @@ _needs_quoting = re.compile(r"[^A-Za-z0-9_.~\-:/=@+,;!$&'()|<>^`]").search
 # control character: no derived key contains it, and quote() escapes it in a tag.
 _ROLE_MARK = "\x1f"
 ROLES = ("pending", "throttle")
+# A counting lease's slots: "slot1" .. "slot<MAX_SLOTS>" (see ``slot``).
+MAX_SLOTS = 100
+_SLOT = re.compile(r"slot([1-9][0-9]*)")
+
+
+def _is_role(role: str) -> bool:
+    found = _SLOT.fullmatch(role)
+    return role in ROLES or (found is not None and int(found.group(1)) <= MAX_SLOTS)
+
+
+def slot(name: str, number: int) -> str:
+    """The name of slot ``number`` (1-based) of the counting lease ``name``.
+
+    A slot is a lock of its own (renewed, released and fenced like any) whose fence,
+    signal and waiters keys are ``name``'s: fences increase across every slot and a
+    release of any slot wakes the oldest waiter for any.
+    """
+    return companion(name, f"slot{number}")
 
 
 def companion(name: str, role: str) -> str:
@@ -37,15 +55,17 @@ def companion(name: str, role: str) -> str:
     Its Redis keys share ``name``'s hash tag (one Cluster slot, so one script may touch
     both) and end in ``:<role>``, which no lock's own key does: they cannot collide.
     """
-    if role not in ROLES:
-        raise ConfigurationError(f"unknown companion role {role!r}; one of {list(ROLES)}")
+    if not _is_role(role):
+        raise ConfigurationError(
+            f"unknown companion role {role!r}; one of {list(ROLES)} or slot1..slot{MAX_SLOTS}"
+        )
     return f"{name}{_ROLE_MARK}{role}"
 
 
 def split_role(name: str) -> tuple[str, str | None]:
     """(base name, role) of a companion's name; (name, None) for a lock's own name."""
     base, mark, role = name.rpartition(_ROLE_MARK)
-    if mark and role in ROLES:
+    if mark and _is_role(role):
         return base, role
     return name, None
 
@@ -66,9 +86,12 @@ class LockKeys:
             tag = f"{prefix}:{{{name}}}"  # the common case, at a fraction of quote()'s cost
         else:
             tag = f"{prefix}:{{{quote(name, safe=_NAME_SAFE)}}}"
-        if role is not None:
-            tag = f"{tag}:{role}"
-        return cls(lock=tag, fence=f"{tag}:fence", signal=f"{tag}:signal", waiters=f"{tag}:waiters")
+        if role is None:
+            return cls(tag, fence=f"{tag}:fence", signal=f"{tag}:signal", waiters=f"{tag}:waiters")
+        if role.startswith("slot"):  # the lock's own fence and wake-ups (see ``slot``)
+            return cls(f"{tag}:{role}", f"{tag}:fence", f"{tag}:signal", f"{tag}:waiters")
+        own = f"{tag}:{role}"
+        return cls(own, fence=f"{own}:fence", signal=f"{own}:signal", waiters=f"{own}:waiters")
 
 
 def validate_prefix(prefix: object) -> str:

@@ -8,18 +8,17 @@ from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import redis
-
 from ..exceptions import ConfigurationError, SingletonLockError
 from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .calls import run_script
-from .clients import build, is_async
+from .clients import build, eviction_policy, is_async
 from .errors import store_error
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX
 from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
 from .replicas import acknowledged, replicas_option
+from .slots import Slots
 from .transport import Reply, Transport
 
 logger = logging.getLogger(__name__)
@@ -70,6 +69,7 @@ class RedisLock(LockBase):
             backoff_cap=backoff_cap,
         )
         self._renewer = renewer
+        self._slots: Slots | None = None
         self.transport = Transport(client)
         self.cluster = hasattr(client, "get_node_from_key")
 
@@ -362,23 +362,16 @@ class RedisLock(LockBase):
     def eviction_policy(self) -> str | None:
         """The server's ``maxmemory-policy`` (None if it will not say, e.g. CONFIG is denied)."""
         try:
-            found = self.client.config_get("maxmemory-policy")
+            return eviction_policy(self.client)
         except REDIS_ERRORS as error:
-            if isinstance(error, redis.ResponseError):
-                return None  # CONFIG refused (ACL, managed Redis): nothing to check
             self._failed(error)
-        if (
-            isinstance(found, dict)
-            and found
-            and not found.keys() & {"maxmemory-policy", b"maxmemory-policy"}
-        ):
-            found = next(iter(found.values()))  # a cluster client answers per node
-        value = (
-            found.get("maxmemory-policy") or found.get(b"maxmemory-policy")
-            if isinstance(found, dict)
-            else None
-        )
-        return None if value is None else text(value)
+
+    @property
+    def slots(self) -> Slots:
+        """Counting leases on this store: ``lock.slots.try_acquire(name, limit, ttl)``."""
+        if self._slots is None:
+            self._slots = Slots(self)
+        return self._slots
 
     def holder(self, name: str) -> str | None:
         """The token currently holding ``name`` (None when free)."""

@@ -1,0 +1,204 @@
+"""One execution's way to its running lease: the message's own hold, a slot, contention, requeue.
+
+The message names its key and its own hold (``tokens.py``): a queued hold or the
+worker's reservation of it on the key (taken over in one step), a pending call's hold
+beside the key (``holds.py``: let go once the run has the key), or a retry's slot of a
+counting lease (taken back). Without one, or when it is gone, the execution contends:
+``on_contention`` waits (push wake-up), requeues with backoff or fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, NoReturn
+
+from celery.exceptions import Ignore
+
+from . import outages
+from . import signals as singleton_signals
+from .backend import Store
+from .exceptions import (
+    ConfigurationError,
+    DuplicateTaskError,
+    LockNotAcquiredError,
+    LockStoreUnavailableError,
+)
+from .holds import Hold
+from .lease import Contended, Lease, companion
+from .policies import ContentionState, Fail, Requeue, Wait
+from .tokens import (
+    ATTEMPT_HEADER,
+    BYPASS_OPTION,
+    HOLD_HEADER,
+    KEY_HEADER,
+    OUTAGE_HEADER,
+    REDRIVE_HEADER,
+    TOKEN_HEADER,
+    header,
+    holder_task_id,
+    redrive_shape,
+    reserved_shape,
+    running_token,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Execution:
+    """The running lease of ``task``'s current request, taken once by ``take()``."""
+
+    def __init__(self, task: Any, args: Any, kwargs: Any) -> None:
+        request = task.request
+        opts = task.singleton_options()
+        self.task = task
+        self.key: str = header(request, KEY_HEADER) or opts.key.derive(args, kwargs)
+        self.limit: int | None = opts.limit
+        self.queued: str | None = header(request, TOKEN_HEADER)
+        self.role: str | None = header(request, HOLD_HEADER)
+        self.attempt = int(header(request, ATTEMPT_HEADER) or 0)
+        hostname = request.hostname
+        self.token = running_token(request.id, hostname or "eager", os.getpid())
+        # The message's own hold: as queued at dispatch, or as reserved by the worker's
+        # main process when it received the message.
+        self.shape: tuple[str, str] | None
+        if header(request, REDRIVE_HEADER):
+            self.shape = redrive_shape()  # a re-drive has no hold or reservation of its own
+        else:
+            self.shape = reserved_shape(hostname, request.id) if hostname else None
+        self.store: Store = task._singleton_store.lock
+        self.ttl: float = task._ttl()
+
+    def take(self) -> Lease:
+        try:
+            outcome = self._try()
+        except LockStoreUnavailableError as error:
+            return outages.at_execution(self.task, self.key, self.attempt, error)
+        pending = self.role == "pending"
+        if isinstance(outcome, Contended):
+            hold = (
+                Hold(self.task, self.key, "pending", self.queued, self.shape) if pending else None
+            )
+            try:
+                outcome = self._contend(outcome, hold)
+            finally:
+                if hold is not None:
+                    hold.let_go()
+        elif pending:
+            # The run has the key: the next call may queue (and will see this run's data).
+            Hold(self.task, self.key, "pending", self.queued, self.shape).let_go()
+        self.store.renew(outcome)
+        return outcome
+
+    def _try(self) -> Lease | Contended:
+        if self.role and self.role.startswith("slot"):
+            # A retry's message holds the slot its first attempt ran in: take it back.
+            own = self.store.try_acquire(
+                companion(self.key, self.role),
+                self.ttl,
+                token=self.token,
+                replace=self.queued,
+                replace_shape=self.shape,
+            )
+            if isinstance(own, Lease):
+                return own
+        if self.limit:
+            return self.store.slots.try_acquire(self.key, self.limit, self.ttl, token=self.token)
+        if self.role:
+            # A hold beside the key (lock="until_executing") is not taken over: the running
+            # lease is taken afresh and the hold let go, so the next call can queue.
+            return self.store.try_acquire(self.key, self.ttl, token=self.token)
+        return self.store.try_acquire(
+            self.key, self.ttl, token=self.token, replace=self.queued, replace_shape=self.shape
+        )
+
+    def _wait(self, timeout: float | None) -> Lease:
+        waiting: Store = self.task._singleton_store.waiting
+        if self.limit:
+            return waiting.slots.acquire(
+                self.key, self.limit, self.ttl, timeout=timeout, token=self.token
+            )
+        if self.role:
+            return waiting.acquire(self.key, self.ttl, timeout=timeout, token=self.token)
+        return waiting.acquire(
+            self.key,
+            self.ttl,
+            timeout=timeout,
+            token=self.token,
+            replace=self.queued,
+            replace_shape=self.shape,
+        )
+
+    def _contend(self, held: Contended, hold: Hold | None) -> Lease:
+        task = self.task
+        policy = task.singleton_options().on_contention
+        state = ContentionState(
+            task_name=task.name,
+            key=self.key,
+            attempt=self.attempt,
+            holder=holder_task_id(held.holder) or held.holder or None,
+            retry_after=held.retry_after,
+        )
+        decision = policy(state)
+        singleton_signals.execution_contended.send(
+            sender=task, key=self.key, holder_id=state.holder, decision=decision
+        )
+        if isinstance(decision, Wait):
+            if hold is not None:
+                hold.keep()  # still the pending call while it waits
+            try:
+                return self._wait(decision.timeout)
+            except LockNotAcquiredError as error:
+                state = ContentionState(
+                    task_name=task.name,
+                    key=self.key,
+                    attempt=self.attempt,
+                    holder=holder_task_id(error.holder) or error.holder,
+                    retry_after=error.retry_after,
+                    waited=True,
+                )
+                decision = policy(state)
+        if isinstance(decision, Requeue):
+            requeue(task, self.key, self.attempt + 1, decision.countdown, hold=hold)
+        if isinstance(decision, Fail):
+            raise DuplicateTaskError(
+                f"{task.name}[{task.request.id}] did not run: {decision.reason}",
+                name=self.key,
+                key=held.key,
+                task_id=state.holder,
+            )
+        raise ConfigurationError(f"{task.name}: contention policy returned {decision!r}")
+
+
+def requeue(
+    task: Any,
+    key: str,
+    attempt: int,
+    countdown: float,
+    *,
+    outages: int | None = None,
+    hold: Hold | None = None,
+) -> NoReturn:
+    """Send the current message again in ``countdown`` seconds, and end this execution."""
+    request = task.request
+    logger.info(
+        "%s[%s] requeued in %.2fs for %s (attempt %d)",
+        task.name,
+        request.id,
+        countdown,
+        key,
+        attempt,
+    )
+    headers = {**(request.headers or {}), KEY_HEADER: key, ATTEMPT_HEADER: attempt}
+    headers.pop(TOKEN_HEADER, None)
+    headers.pop(HOLD_HEADER, None)
+    # The requeued message stays the pending call: its hold goes with it.
+    passed = hold.pass_on(task._queue_ttl() + countdown) if hold is not None else {}
+    if outages is not None:
+        headers[OUTAGE_HEADER] = outages
+    # Same id, links, chain and options as this message (what Celery's retry re-sends),
+    # without counting as a retry of the task's own max_retries.
+    task.signature_from_request(request, countdown=countdown, headers=headers).apply_async(
+        **{BYPASS_OPTION: passed or True}
+    )
+    raise Ignore(f"requeued: {key!r} is held by another execution")

@@ -1,0 +1,121 @@
+"""Counting leases: up to ``limit`` holders of one name at once, each in a slot of its own.
+
+A slot (``names.slot``) is an ordinary lock: renewed, extended, released, and released
+by shape for a dead holder with the scripts every lock uses. Only taking one differs:
+``scripts.ACQUIRE_SLOT`` takes the lowest free slot in one step with a fence from the
+name's own fence key, so fences increase across slots, and a release of any slot wakes
+the oldest waiter (the slots share the name's signal and waiters keys; BLPOP serves its
+waiters first come, first served).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import ConfigurationError
+from . import scripts
+from .base import REDIS_ERRORS, Block, ScriptArgs, Try
+from .lease import Contended, Lease, text
+from .names import MAX_SLOTS, new_token, slot
+
+if TYPE_CHECKING:
+    from .store import RedisLock
+
+
+def check_limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SLOTS:
+        raise ConfigurationError(f"limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}")
+    return limit
+
+
+class Slots:
+    """The counting leases of one ``RedisLock`` (``lock.slots``)."""
+
+    def __init__(self, store: RedisLock) -> None:
+        self._store = store
+        self._script = store.client.register_script(scripts.ACQUIRE_SLOT)
+
+    def _argv(self, name: str, limit: int, token: str, ttl_ms: int, announce: bool) -> ScriptArgs:
+        store, base = self._store, self._store.keys(name)
+        held = [store.keys(slot(name, number)).lock for number in range(1, limit + 1)]
+        return {
+            "keys": [base.fence, base.waiters, *held],
+            "args": [token, ttl_ms, "1" if announce else "0"],
+        }
+
+    def _try(self, name: str, argv: ScriptArgs, ttl_ms: int) -> Lease | Contended:
+        store = self._store
+        sent_at = time.monotonic()
+        acked: int | None = None
+        try:
+            if store.replicas is not None:
+                reply, acked = store.transport.call(self._script, **argv, acks=store.replicas)
+            else:
+                reply = store.transport.call(self._script, **argv)
+        except REDIS_ERRORS as error:
+            store._failed(error, name)
+        if int(reply[0]) != 1:
+            pttl = int(reply[2])
+            return Contended(
+                name=name,
+                key=store.keys(name).lock,
+                holder=text(reply[1]),
+                retry_after=None if pttl < 0 else pttl / 1000,
+            )
+        held = slot(name, int(reply[2]))
+        lease = Lease.granted(
+            held,
+            store.keys(held).lock,
+            argv["args"][0],
+            fence=int(reply[1]),
+            ttl=ttl_ms / 1000,
+            sent_at=sent_at,
+        )
+        if store.replicas is not None and acked is not None and acked < store.replicas[0]:
+            store.release(lease)  # as for any acquire: too few replicas, given back
+            return Contended(name, store.keys(name).lock, "", store.replicas[1] / 1000)
+        return lease
+
+    def try_acquire(
+        self, name: str, limit: int, ttl: object, *, token: str | None = None
+    ) -> Lease | Contended:
+        """The lowest free slot of ``name`` as a ``Lease`` (its ``name`` is the slot's),
+        or ``Contended`` naming the holder of the slot that frees soonest. One round trip.
+        """
+        limit = check_limit(limit)
+        ttl_ms = self._store._ttl_ms(ttl)
+        argv = self._argv(name, limit, new_token(token), ttl_ms, announce=False)
+        return self._try(name, argv, ttl_ms)
+
+    def acquire(
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        timeout: object | None = None,
+        token: str | None = None,
+    ) -> Lease:
+        """Wait up to ``timeout`` for a slot, woken by the release of any (push, FIFO).
+
+        Raises ``LockNotAcquiredError`` naming a holder when the time is up.
+        """
+        store, limit = self._store, check_limit(limit)
+        ttl_ms = store._ttl_ms(ttl)
+        token = new_token(token)
+        plan = store._acquire_plan(True, timeout, "push")
+        step: Any = next(plan)
+        try:
+            while True:
+                if isinstance(step, Try):
+                    argv = self._argv(name, limit, token, ttl_ms, announce=step.announce)
+                    step = plan.send(self._try(name, argv, ttl_ms))
+                elif isinstance(step, Block):
+                    try:
+                        store.client.blpop([store.keys(name).signal], timeout=step.seconds)
+                    except REDIS_ERRORS as error:
+                        store._failed(error, name)
+                    step = next(plan)
+        except StopIteration as done:
+            return store._granted(done.value, None)
