@@ -11,16 +11,13 @@ waiters first come, first served).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..exceptions import ConfigurationError
 from . import scripts
 from .base import REDIS_ERRORS, Block, ScriptArgs, Try
 from .lease import Contended, Lease, text
 from .names import MAX_SLOTS, new_token, slot
-
-if TYPE_CHECKING:
-    from .store import RedisLock
 
 
 def check_limit(limit: object) -> int:
@@ -32,7 +29,8 @@ def check_limit(limit: object) -> int:
 class Slots:
     """The counting leases of one ``RedisLock`` (``lock.slots``)."""
 
-    def __init__(self, store: RedisLock) -> None:
+    def __init__(self, store: Any) -> None:
+        # A RedisLock (not imported: it builds this, and the layer keeps no cycle).
         self._store = store
         self._script = store.client.register_script(scripts.ACQUIRE_SLOT)
 
