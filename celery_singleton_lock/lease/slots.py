@@ -116,4 +116,5 @@ class Slots:
                         store._failed(error, name)
                     step = next(plan)
         except StopIteration as done:
-            return store._granted(done.value, None)
+            lease: Lease = store._granted(done.value, None)
+            return lease
