@@ -38,7 +38,8 @@ from .tokens import (
     header,
     holder_task_id,
     redrive_shape,
-    reserved_shape,
+    reserved_exact,
+    reserved_token,
     running_token,
 )
 
@@ -54,6 +55,7 @@ class Execution:
         self.task = task
         self.key: str = header(request, KEY_HEADER) or opts.key.derive(args, kwargs)
         self.limit: int | None = opts.limit
+        self.replaces = opts.on_duplicate == "replace"
         self.queued: str | None = header(request, TOKEN_HEADER)
         self.role: str | None = header(request, HOLD_HEADER)
         self.attempt = int(header(request, ATTEMPT_HEADER) or 0)
@@ -65,17 +67,24 @@ class Execution:
         if header(request, REDRIVE_HEADER):
             self.shape = redrive_shape()  # a re-drive has no hold or reservation of its own
         else:
-            self.shape = reserved_shape(hostname, request.id) if hostname else None
+            # Exactly this message's reservation: a replacement of its arguments (same
+            # task id, sent later) reserved on this host must never pass for it.
+            exact = hostname and self.queued
+            self.shape = reserved_exact(hostname, request.id, self.queued) if exact else None
         self.store: Store = task._singleton_store.lock
         self.ttl: float = task._ttl()
 
     def take(self) -> Lease:
+        pending = self.role == "pending"
         try:
+            if self.replaces and pending:
+                self._unless_replaced(self.store.holder(companion(self.key, "pending")))
             outcome = self._try()
         except LockStoreUnavailableError as error:
             return outages.at_execution(self.task, self.key, self.attempt, error)
-        pending = self.role == "pending"
         if isinstance(outcome, Contended):
+            if self.replaces and not pending:
+                self._unless_replaced(outcome.holder)
             hold = (
                 Hold(self.task, self.key, "pending", self.queued, self.shape) if pending else None
             )
@@ -89,6 +98,29 @@ class Execution:
             Hold(self.task, self.key, "pending", self.queued, self.shape).let_go()
         self.store.renew(outcome)
         return outcome
+
+    def _unless_replaced(self, holder: str | None) -> None:
+        """Drop this message quietly if a later one of the same task id holds its place.
+
+        ``on_duplicate="replace"`` sends the new arguments under the queued call's task
+        id; the replaced message must neither run nor touch its replacement's hold, nor
+        end REVOKED or with a result: its callers' AsyncResult is the replacement's.
+        """
+        request = self.task.request
+        if not holder or holder_task_id(holder) != request.id:
+            return
+        mine = {self.queued, self.token}
+        if self.queued and request.hostname:
+            mine.add(reserved_token(request.id, request.hostname, self.queued))
+        if holder in mine:
+            return
+        logger.info(
+            "%s[%s] dropped: a later call replaced its arguments for %r",
+            self.task.name,
+            request.id,
+            self.key,
+        )
+        raise Ignore("replaced by a later call under the same task id")
 
     def _try(self) -> Lease | Contended:
         if self.role and self.role.startswith("slot"):

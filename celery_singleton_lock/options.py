@@ -72,12 +72,20 @@ class SingletonOptions:
                     "accepted (one per window) and execution stays exclusive; write "
                     "throttle=... alone, or a lock scope without throttle"
                 )
+        on_duplicate = on_duplicate_option(raw.get("on_duplicate", "return"))
+        if on_duplicate == "replace" and (lock == "while_executing" or throttle is not None):
+            given = "throttle" if throttle is not None else "lock='while_executing'"
+            raise ConfigurationError(
+                f"{name}: on_duplicate='replace' with {given}: replace swaps the arguments "
+                "of a queued call, and this mode queues every call (or none); use "
+                "lock='until_executing' or the default lock scope with replace"
+            )
         return cls(
             key=KeySpec(func, name=name, key=raw.get("key"), bound=bound),
             lock=lock,
             throttle=throttle,
             limit=None if limit == 1 else limit,
-            on_duplicate=on_duplicate_option(raw.get("on_duplicate", "return")),
+            on_duplicate=on_duplicate,
             on_contention=contention_policy(raw.get("on_contention", "requeue")),
             ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
             queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),

@@ -1,9 +1,11 @@
 """What to do when a key is taken: small policy objects that read as configuration.
 
 On a duplicate at dispatch (``on_duplicate``): ``"return"`` the holder's AsyncResult,
-or ``"raise"`` ``DuplicateTaskError``. On contention at execution (``on_contention``):
-``fail``, ``requeue(max_tries=..., backoff=..., cap=...)`` or ``wait(timeout=..., then=...)``;
-the strings ``"fail"``, ``"requeue"`` and ``"wait"`` mean those with their defaults.
+``"raise"`` ``DuplicateTaskError``, or ``"replace"`` a queued holder's arguments with
+this call's (the queued call keeps its task id; a running one is never replaced). On
+contention at execution (``on_contention``): ``fail``, ``requeue(max_tries=...,
+backoff=..., cap=...)`` or ``wait(timeout=..., then=...)``; the strings ``"fail"``,
+``"requeue"`` and ``"wait"`` mean those with their defaults.
 
 A contention policy is a callable from a ``ContentionState`` to a decision (``Fail``,
 ``Requeue`` or ``Wait``). It does no I/O, so it is tested with a state built by hand,
@@ -20,8 +22,8 @@ from typing import Literal, Protocol, TypeAlias
 from ._time import full_jitter, to_seconds
 from .exceptions import ConfigurationError
 
-OnDuplicate: TypeAlias = Literal["return", "raise"]
-ON_DUPLICATE: tuple[OnDuplicate, ...] = ("return", "raise")
+OnDuplicate: TypeAlias = Literal["return", "raise", "replace"]
+ON_DUPLICATE: tuple[OnDuplicate, ...] = ("return", "raise", "replace")
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ class Reservations:
         name = companion(key, role) if role else key
         self.settle()
         store = task._singleton_store.lock
-        token = reserved_token(request.id, request.hostname)
+        token = reserved_token(request.id, request.hostname, queued)
         try:
             pending = store.begin_try_acquire(
                 name, task._ttl(), token=token, replace=queued, fenced=False, read_late=True

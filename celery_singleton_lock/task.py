@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, ClassVar, TypeAlias
 
 from celery import Task
@@ -31,6 +32,7 @@ from .exceptions import (
 from .execution import Execution, requeue
 from .lease import Contended, Lease, companion, split_role
 from .options import SingletonOptions
+from .replace import Replacement
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -149,6 +151,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
         gate = Gate(self, key, pending)
+        # On a refusal: the holder's result, or with replace, the queued call's with ours.
+        refused_by: Callable[[Contended], Any] = (
+            Replacement(
+                task=self, key=key, hold=hold, ttl=ttl, ours=ours, options=dict(options),
+                publish=publish,
+            )
+            if opts.on_duplicate == "replace"
+            else partial(self._duplicate, key)
+        )  # fmt: skip
         try:
             if self._can_overlap(options) and not refusals.expects(key):
                 # The acquire is on its way; Celery builds the message meanwhile and the
@@ -160,7 +171,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 result = publish(task_id, options, ours)
         except Refused as refused:
             refusals.note(key, refused.held.retry_after)
-            return self._duplicate(key, refused.held)
+            return refused_by(refused.held)
         except BaseException:
             # Whatever stopped the message (Celery's own validation, the broker), the
             # caller may try again: a hold granted to a message never sent is given back.
@@ -223,7 +234,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         holder = holder_task_id(held.holder)
         singleton_signals.duplicate_refused.send(sender=self, key=key, holder_id=holder)
         opts = self.singleton_options()
-        if opts.on_duplicate == "return" and holder is not None:
+        if opts.on_duplicate != "raise" and holder is not None:
             logger.info("duplicate of %s refused for %s: returning %s", self.name, key, holder)
             return self.AsyncResult(holder)
         if opts.throttle is not None:

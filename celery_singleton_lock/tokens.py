@@ -63,9 +63,23 @@ def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:
     return f"r|{hostname}|", f"|{task_id}"
 
 
-def reserved_token(task_id: str, hostname: str) -> str:
+def reserved_token(task_id: str, hostname: str, queued: str) -> str:
+    """The reservation of the message whose queued hold is ``queued``: it keeps that
+    hold's nonce, so the message's execution can name it exactly (another message of
+    the same task id, e.g. a replacement of its arguments, never matches it)."""
     prefix, suffix = reserved_shape(hostname, task_id)
-    return f"{prefix}{_nonce()}{suffix}"
+    return f"{prefix}{_nonce_of(queued)}{suffix}"
+
+
+def reserved_exact(hostname: str, task_id: str, queued: str) -> tuple[str, str]:
+    """(prefix, suffix) matching ``reserved_token(task_id, hostname, queued)`` alone."""
+    prefix, suffix = reserved_shape(hostname, task_id)
+    return f"{prefix}{_nonce_of(queued)}", suffix
+
+
+def _nonce_of(queued: str) -> str:
+    parts = queued.split("|", 2)
+    return parts[1] if len(parts) == 3 and parts[0] == "q" and parts[1] else _nonce()
 
 
 def running_prefix(hostname: str, pid: int) -> str:

@@ -306,6 +306,32 @@ def export_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
     return _hold(self, item, seconds)
 
 
+def _versioned(task: Any, item: object, version: str, seconds: float) -> str:
+    started = _begin(task, item)
+    time.sleep(seconds)
+    _record(task, item, started, version=version)
+    return version
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    lock="until_executing",
+    on_duplicate="replace",
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def latest(self: Any, item: object, version: str, seconds: float = 0.0) -> str:
+    """One running + one pending, and the pending call takes the latest arguments."""
+    return _versioned(self, item, version, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_duplicate="replace")
+def latest_queued(self: Any, item: object, version: str, seconds: float = 0.0) -> str:
+    """The default scope with replace: a queued call takes the latest arguments."""
+    return _versioned(self, item, version, seconds)
+
+
 @singleton_task(app=app, key=["item"], ignore_result=True)
 def noop(item: object) -> None:
     """The cheapest singleton task: counts itself (the worker-memory benchmark)."""

@@ -4,6 +4,8 @@ directly) and through a real prefork worker with an external execution log."""
 
 from __future__ import annotations
 
+import base64
+import json
 import multiprocessing
 import os
 import signal
@@ -78,6 +80,9 @@ class TestOptions:
             ({"limit": 3, "throttle": 5}, r"limit=3 with throttle"),
             ({"limit": 3, "lock": "until_executing"}, r"limit=3 with lock='until_executing'"),
             ({"limit": 3, "dedupe": True}, r"limit=3 with dedupe=True"),
+            ({"on_duplicate": "replace", "dedupe": False}, r"replace' with lock='while_exec"),
+            ({"on_duplicate": "replace", "throttle": 5}, r"replace' with throttle"),
+            ({"on_duplicate": "newest"}, r"on_duplicate='newest' is not supported"),
         ],
     )
     def test_contradictions_fail_at_decoration(self, options: dict[str, Any], says: str) -> None:
@@ -190,22 +195,31 @@ class TestDispatch:
         assert queue.llen(QUEUE) == 2
 
 
-def _storm(task_name: str, item: str, calls: int, barrier: Any, out: Any) -> None:
+def _storm(  # noqa: PLR0917  (a process target's arguments)
+    task_name: str, item: str, calls: int, barrier: Any, out: Any, extra: tuple[Any, ...] = ()
+) -> None:
     from tests import celery_app
 
     task = celery_app.app.tasks[task_name]
     barrier.wait(10)
-    out.put([task.apply_async((item,), queue=celery_app.app.conf.task_default_queue).id
-             for _ in range(calls)])  # fmt: skip
+    queue = celery_app.app.conf.task_default_queue
+    out.put([task.apply_async((item, *extra), queue=queue).id for _ in range(calls)])
 
 
-def storm(task: Any, item: str, queue: str, processes: int = 8, calls: int = 20) -> set[str]:
+def storm(  # noqa: PLR0917  (a storm's shape)
+    task: Any,
+    item: str,
+    queue: str,
+    processes: int = 8,
+    calls: int = 20,
+    extra: tuple[Any, ...] = (),
+) -> set[str]:
     """``processes`` forked producers, ``calls`` dispatches each, released at a barrier."""
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(processes), ctx.Queue()
     task.app.conf.task_default_queue = queue
     procs = [
-        ctx.Process(target=_storm, args=(task.name, item, calls, barrier, out))
+        ctx.Process(target=_storm, args=(task.name, item, calls, barrier, out, extra))
         for _ in range(processes)
     ]
     for proc in procs:
@@ -397,6 +411,73 @@ def fixture_three_workers(celery_env: CeleryEnv, worker: Worker) -> Any:
     finally:
         for each in extra:
             each.stop()
+
+
+def messages(queue: redis.Redis, name: str) -> list[dict[str, Any]]:
+    """The messages waiting in a Redis-broker queue: (task id, args, headers)."""
+    found = []
+    for raw_message in queue.lrange(name, 0, -1):
+        message = json.loads(raw_message)
+        body = json.loads(base64.b64decode(message["body"]))
+        found.append({"id": message["headers"]["id"], "args": body[0], **message["headers"]})
+    return found
+
+
+class TestReplaceDispatch:
+    def test_later_calls_take_the_queued_calls_place_under_its_id(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        latest = cenv.app_module.latest
+        first = latest.apply_async(("r1", "v1"), queue=QUEUE)
+        later = [latest.apply_async(("r1", f"v{n}"), queue=QUEUE) for n in range(2, 6)]
+        assert {r.id for r in later} == {first.id}
+        sent = messages(queue, QUEUE)
+        assert [m["id"] for m in sent] == [first.id] * 5
+        assert [m["args"][1] for m in sent] == ["v5", "v4", "v3", "v2", "v1"]  # LPUSH order
+        hold = cenv.lock_client().get(f"t:{{{name_of(latest, 'r1', 'v1')}}}:pending")
+        assert hold.decode() == sent[0][TOKEN_HEADER], "the hold is the newest message's"
+
+    def test_a_running_call_is_never_replaced(self, cenv: CeleryEnv, queue: redis.Redis) -> None:
+        latest, store = cenv.app_module.latest_queued, cenv.app_module.latest_queued
+        key = name_of(latest, "r2", "v1")
+        lock = store._singleton_store.lock
+        running = lock.try_acquire(key, 10, token="x|h|1|n|the-running-one")
+        assert latest.apply_async(("r2", "v2"), queue=QUEUE).id == "the-running-one"
+        assert queue.llen(QUEUE) == 0
+        lock.release(running)
+
+
+class TestReplaceInAWorker:
+    def test_the_pending_run_has_the_latest_arguments(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        latest = cenv.app_module.latest
+        first = latest.apply_async(("r3", "v0", 1.5), queue=worker.queue)
+        wait_for(lambda: started(cenv), 10, "first run")
+        ids = storm(latest, "r3", worker.queue, processes=4, calls=5, extra=("storm",))
+        final = latest.apply_async(("r3", "final"), queue=worker.queue)
+        assert ids == {final.id} != {first.id}
+        assert final.get(timeout=20) == "final"
+        records = of(runs(cenv), "r3")
+        assert [(r["id"], r["version"]) for r in records] == [
+            (first.id, "v0"),
+            (final.id, "final"),
+        ], "replaced messages were dropped, not run"
+        assert final.state == "SUCCESS"
+        time.sleep(0.5)  # the replaced messages, acked meanwhile, must not change the state
+        assert latest.AsyncResult(final.id).result == "final"
+        wait_for(lambda: not held(cenv), 3, "keys freed")
+
+    def test_a_queued_call_takes_the_latest_arguments(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        latest = cenv.app_module.latest_queued
+        first = latest.apply_async(("r4", "v1"), queue=worker.queue, countdown=1.0)
+        second = latest.apply_async(("r4", "v2"), queue=worker.queue, countdown=1.0)
+        assert second.id == first.id
+        assert first.get(timeout=20) == "v2"
+        assert [r["version"] for r in of(runs(cenv), "r4")] == ["v2"]
+        wait_for(lambda: not held(cenv), 3, "keys freed")
 
 
 class TestLimitInWorkers:

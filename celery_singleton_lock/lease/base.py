@@ -140,6 +140,7 @@ class LockBase:
         self._release_script = client.register_script(scripts.RELEASE)
         self._extend_script = client.register_script(scripts.EXTEND)
         self._release_matching_script = client.register_script(scripts.RELEASE_MATCHING)
+        self._swap_script = client.register_script(scripts.SWAP)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where}, prefix={self.prefix!r})"

@@ -163,6 +163,18 @@ class MemoryLock:
             lease._note_loss("another owner holds it")
         return outcome
 
+    def swap(self, name: str, expected: str, ttl: object, *, token: str) -> Lease | Contended:
+        keys, ttl_ms = self.keys(name), ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
+        with self._cond:
+            entry = self._live(keys.lock)
+            if entry is None or entry.token != expected:
+                left = None if entry is None else entry.expires_at - time.monotonic()
+                holder = "" if entry is None else entry.token
+                return Contended(name, keys.lock, holder, None if left == math.inf else left)
+            now = time.monotonic()
+            self._entries[keys.lock] = _Entry(token, now + ttl_ms / 1000)
+            return Lease.granted(name, keys.lock, token, fence=0, ttl=ttl_ms / 1000, sent_at=now)
+
     def _drop(self, key: str, matches: Any) -> ReleaseResult:
         with self._cond:
             entry = self._live(key)

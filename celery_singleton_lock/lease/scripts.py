@@ -50,6 +50,14 @@ end
 #                               string) for `pttl` more ms (-1: the key has no TTL)
 # The caller's own token counts as free: a retry of a call whose reply was lost in
 # transit gets the same answer as the call itself.
+# The fence is max(server TIME in microseconds, last fence + 1); the last fence is kept
+# in one key per lock that expires with the lease (refreshed by each extend), so fencing
+# state is bounded by the locks held within the last ttl, never one key per name for
+# ever. Assumptions: the server's clock does not step back by more than the time
+# between two acquisitions of one name, at most one acquisition of a name per
+# microsecond, and fences below 2**53 (Lua numbers are doubles; TIME in microseconds
+# gets there in the year 2255). A restart with persistence off loses the state but not
+# monotonicity: the fence restarts from the clock.
 ACQUIRE = (
     _MATCHES
     + """
@@ -131,6 +139,21 @@ if ARGV[3] == '1' then
   end
 end
 return {0, holder, soonest or -1}
+"""
+
+# Hand a lock from one holder to another, only if that holder has it now (never when
+# it is free): a queued message's hold passed to the message that replaces it.
+# KEYS[1] lock key     ARGV[1] expected holder   ARGV[2] new token   ARGV[3] ttl in ms
+# returns {1, 0}                swapped (unfenced)
+#         {0, holder, pttl}     held by another ('' when free; pttl -2 then)
+SWAP = """
+local current = redis.pcall('GET', KEYS[1])
+if current == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return {1, 0}
+end
+if type(current) ~= 'string' then current = '' end
+return {0, current, redis.call('PTTL', KEYS[1])}
 """
 
 # KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key

@@ -28,16 +28,8 @@ class RedisLock(LockBase):
     """Leases on named locks in one Redis, one round trip per operation.
 
     Fencing tokens: each successful acquire of a name returns a ``fence`` strictly
-    greater than every earlier fence of that name. The script takes
-    ``max(server TIME in microseconds, last fence + 1)``; the last fence is kept in one
-    key per lock that expires with the lease (refreshed by each extend), so fencing
-    state is bounded by the number of locks held within the last ``ttl``, never one
-    key per name forever. Assumptions: the Redis server's clock does not step back
-    by more than the time between two acquisitions of one name, at most one
-    acquisition of a name per microsecond, and fences below 2**53 (Lua numbers are
-    doubles; TIME in microseconds gets there in the year 2255). A server restart with
-    persistence off loses the state but not monotonicity, as the fence restarts from
-    the clock.
+    greater than every earlier fence of that name (how, and under which assumptions:
+    ``scripts.ACQUIRE``).
 
     Safety rests on a single Redis primary: a failover to a replica that missed the
     last write can hand the same lock out twice. Fences exist to catch exactly that.
@@ -232,6 +224,21 @@ class RedisLock(LockBase):
         if isinstance(outcome, Contended):
             lease._note_loss(LOSS[ReleaseResult.NOT_OWNER])
         return outcome
+
+    def swap(self, name: str, expected: str, ttl: object, *, token: str) -> Lease | Contended:
+        """Pass ``name`` from ``expected`` to ``token`` only if ``expected`` holds it now,
+        never when it is free (a queued message's hold, to the message replacing it).
+        Unfenced; one round trip. ``Contended`` names whoever holds it instead.
+        """
+        call = self._acquire_call(name, ttl, token, expected, fenced=False)
+        sent_at = time.monotonic()
+        try:
+            reply = self.transport.call(
+                self._swap_script, keys=[call.keys.lock], args=[expected, call.token, call.ttl_ms]
+            )
+        except REDIS_ERRORS as error:
+            self._failed(error, name)
+        return self._acquired(call, sent_at=sent_at, reply=reply)
 
     def release(self, lease: Lease) -> ReleaseResult:
         """Delete the lock if ``lease`` still owns it, and wake one waiter.
