@@ -9,7 +9,7 @@ from typing import Any, overload
 from celery import shared_task
 
 from .exceptions import ConfigurationError
-from .options import NOT_YET, OPTION_NAMES, SingletonOptions
+from .options import OPTION_NAMES, SingletonOptions
 from .task import SingletonTask
 
 
@@ -28,11 +28,11 @@ def singleton_task(
 ) -> Any:
     """Declare a singleton task: ``@singleton_task`` or ``@singleton_task(key=[...], ...)``.
 
-    Singleton options: ``key``, ``lock``, ``throttle``, ``on_duplicate``,
-    ``on_contention``, ``ttl``, ``queue_ttl``, ``dedupe``. Every other keyword is an
-    ordinary Celery task option (``bind``, ``acks_late``, ``max_retries``, ...). Binds
-    to ``app`` when given, else to every app like ``shared_task``. Options are validated
-    here, at decoration.
+    Singleton options: ``key``, ``lock``, ``throttle``, ``debounce``, ``max_wait``,
+    ``limit``, ``on_duplicate``, ``on_contention``, ``ttl``, ``queue_ttl``, ``dedupe``.
+    Every other keyword is an ordinary Celery task option (``bind``, ``acks_late``,
+    ``max_retries``, ...). Binds to ``app`` when given, else to every app like
+    ``shared_task``. Options are validated here, at decoration.
     """
     if func is not None and not callable(func):
         raise ConfigurationError(
@@ -47,13 +47,6 @@ def singleton_task(
     base = options.pop("base", SingletonTask)
     if not (inspect.isclass(base) and issubclass(base, SingletonTask)):
         raise ConfigurationError(f"base={base!r} must be SingletonTask or a subclass of it")
-    planned = sorted(set(options) & set(NOT_YET))
-    if planned:
-        # Celery would keep them as plain task attributes: a mode silently not applied.
-        raise ConfigurationError(
-            f"singleton_task: {planned} are not supported by this version (see "
-            "docs/modes.md for the modes it has: lock=, throttle=)"
-        )
     singleton = {name: options.pop(name) for name in OPTION_NAMES if name in options}
 
     def decorate(fun: Callable[..., Any]) -> Any:

@@ -75,45 +75,51 @@ class Execution:
         self.ttl: float = task._ttl()
 
     def take(self) -> Lease:
-        pending = self.role == "pending"
+        hold = None
         try:
-            if self.replaces and pending:
-                self._unless_replaced(self.store.holder(companion(self.key, "pending")))
+            if self.role == "pending":
+                hold = Hold(self.task, self.key, "pending", self.queued, self.shape)
+                if self.replaces:
+                    # Claimed before the key, in one step: a later call can no longer
+                    # replace this message once it has passed this point.
+                    self._unless_replaced(hold.claim(self.token))
             outcome = self._try()
         except LockStoreUnavailableError as error:
             return outages.at_execution(self.task, self.key, self.attempt, error)
         if isinstance(outcome, Contended):
-            if self.replaces and not pending:
-                self._unless_replaced(outcome.holder)
-            hold = (
-                Hold(self.task, self.key, "pending", self.queued, self.shape) if pending else None
-            )
+            if self.replaces and hold is None:
+                self._unless_replaced(outcome)
             try:
                 outcome = self._contend(outcome, hold)
             finally:
                 if hold is not None:
                     hold.let_go()
-        elif pending:
+        elif hold is not None:
             # The run has the key: the next call may queue (and will see this run's data).
-            Hold(self.task, self.key, "pending", self.queued, self.shape).let_go()
+            hold.let_go()
         self.store.renew(outcome)
         return outcome
 
-    def _unless_replaced(self, holder: str | None) -> None:
-        """Drop this message quietly if a later one of the same task id holds its place.
+    def _unless_replaced(self, held: Contended | None) -> None:
+        """Drop this message quietly if a later one of the same task id took its place.
 
         ``on_duplicate="replace"`` sends the new arguments under the queued call's task
         id; the replaced message must neither run nor touch its replacement's hold, nor
         end REVOKED or with a result: its callers' AsyncResult is the replacement's.
+        The store says so (``replaced``, recorded by the swap), or the hold is held by
+        another message of this task id.
         """
         request = self.task.request
-        if not holder or holder_task_id(holder) != request.id:
+        if held is None:
             return
-        mine = {self.queued, self.token}
-        if self.queued and request.hostname:
-            mine.add(reserved_token(request.id, request.hostname, self.queued))
-        if holder in mine:
-            return
+        if not held.replaced:
+            if not held.holder or holder_task_id(held.holder) != request.id:
+                return
+            mine = {self.queued, self.token}
+            if self.queued and request.hostname:
+                mine.add(reserved_token(request.id, request.hostname, self.queued))
+            if held.holder in mine:
+                return
         logger.info(
             "%s[%s] dropped: a later call replaced its arguments for %r",
             self.task.name,
@@ -141,7 +147,13 @@ class Execution:
             # lease is taken afresh and the hold let go, so the next call can queue.
             return self.store.try_acquire(self.key, self.ttl, token=self.token)
         return self.store.try_acquire(
-            self.key, self.ttl, token=self.token, replace=self.queued, replace_shape=self.shape
+            self.key,
+            self.ttl,
+            token=self.token,
+            replace=self.queued,
+            replace_shape=self.shape,
+            # A replaced message must not run even once the key is free again.
+            unless_replaced=self.queued if self.replaces else None,
         )
 
     def _wait(self, timeout: float | None) -> Lease:

@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from .exceptions import LockStoreUnavailableError
-from .lease import Lease, companion
+from .lease import Contended, Lease, companion
 from .tokens import HOLD_HEADER, TOKEN_HEADER, queued_token, running_token
 
 logger = logging.getLogger(__name__)
@@ -52,12 +52,36 @@ class Hold:
         )
         return outcome if isinstance(outcome, Lease) else None
 
+    def claim(self, token: str) -> Contended | None:
+        """Take the hold under the execution's ``token`` (nobody can replace it then).
+
+        None when taken; else who holds it instead (a later message of the same task id
+        that replaced this one, or another call once this hold had expired), or that
+        this message was replaced (even if its replacement has run since).
+        """
+        store = self._task._singleton_store.lock
+        outcome = store.try_acquire(
+            self.name,
+            self._task._ttl(),
+            token=token,
+            replace=self._queued,
+            replace_shape=self._reserved,
+            fenced=False,
+            unless_replaced=self._queued,
+        )
+        if isinstance(outcome, Lease):
+            self._lease = outcome
+            return None
+        held: Contended = outcome
+        return held
+
     def keep(self) -> None:
         """Make the hold this execution's own and renew it while it waits for the key."""
         request = self._task.request
         token = running_token(request.id, request.hostname or "eager", os.getpid())
         try:
-            self._lease = self._take(self._task._ttl(), token)
+            if self._lease is None:
+                self._lease = self._take(self._task._ttl(), token)
         except LockStoreUnavailableError as error:
             logger.warning("%s: could not keep its pending hold (%s)", request.id, error)
             return

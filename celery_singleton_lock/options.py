@@ -17,16 +17,14 @@ OPTION_NAMES = (
     "lock",
     "throttle",
     "limit",
+    "debounce",
+    "max_wait",
     "on_duplicate",
     "on_contention",
     "ttl",
     "queue_ttl",
     "dedupe",
 )
-# Modes other libraries have that this version does not yet: refused by name rather
-# than kept by Celery as task attributes that do nothing.
-NOT_YET = ("debounce", "max_wait")
-
 # How long a call keeps its duplicates out (sidekiq-unique-jobs' lock types):
 # until_executed: while queued and while running (the default); until_executing: while
 # queued only, so one may run and one wait (a call made during a run runs after it);
@@ -42,6 +40,8 @@ class SingletonOptions:
     lock: str
     throttle: float | None
     limit: int | None  # executions at once per key, when more than one
+    debounce: float | None  # a call runs this long after the last call of its burst
+    max_wait: float | None  # ... and never later than this after the burst's first
     on_duplicate: OnDuplicate
     on_contention: ContentionPolicy
     ttl: float | None
@@ -61,7 +61,10 @@ class SingletonOptions:
         else:
             func, bound = run, True
         limit = _limit(name, raw)
+        debounce, max_wait = _debounce(name, raw)
         lock = "while_executing" if limit is not None else _lock_scope(name, raw)
+        if debounce is not None:
+            lock = "until_executing"  # a run starts a new burst: the next call queues
         throttle = raw.get("throttle")
         if throttle is not None:
             throttle = _seconds(throttle, f"{name}: throttle")
@@ -73,6 +76,8 @@ class SingletonOptions:
                     "throttle=... alone, or a lock scope without throttle"
                 )
         on_duplicate = on_duplicate_option(raw.get("on_duplicate", "return"))
+        if debounce is not None:
+            on_duplicate = "replace"  # the latest arguments of a burst win
         if on_duplicate == "replace" and (lock == "while_executing" or throttle is not None):
             given = "throttle" if throttle is not None else "lock='while_executing'"
             raise ConfigurationError(
@@ -85,6 +90,8 @@ class SingletonOptions:
             lock=lock,
             throttle=throttle,
             limit=None if limit == 1 else limit,
+            debounce=debounce,
+            max_wait=max_wait,
             on_duplicate=on_duplicate,
             on_contention=contention_policy(raw.get("on_contention", "requeue")),
             ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
@@ -100,6 +107,34 @@ class SingletonOptions:
         return "pending" if self.lock == "until_executing" else None
 
 
+def _debounce(name: str, raw: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """``debounce=`` and ``max_wait=`` in seconds, with what they cannot be combined with."""
+    debounce = _seconds(raw.get("debounce"), f"{name}: debounce")
+    max_wait = _seconds(raw.get("max_wait"), f"{name}: max_wait")
+    if debounce is None:
+        if max_wait is not None:
+            raise ConfigurationError(
+                f"{name}: max_wait without debounce: max_wait bounds how long a debounce "
+                "postpones a run; write debounce=... with it, or drop max_wait"
+            )
+        return None, None
+    if max_wait is not None and max_wait < debounce:
+        raise ConfigurationError(
+            f"{name}: max_wait={max_wait:g} is below debounce={debounce:g}: a run could "
+            "never wait for a quiet spell; make max_wait at least the debounce"
+        )
+    clashes = [option for option in ("throttle", "lock", "dedupe") if option in raw]
+    if raw.get("on_duplicate", "replace") != "replace":
+        clashes.append(f"on_duplicate={raw['on_duplicate']!r}")
+    if clashes:
+        raise ConfigurationError(
+            f"{name}: debounce with {', '.join(clashes)}: debounce already decides the "
+            "second call (it replaces the pending call's arguments and postpones it); "
+            f"drop {', '.join(clashes)}"
+        )
+    return debounce, max_wait
+
+
 def _limit(name: str, raw: Mapping[str, Any]) -> int | None:
     """``limit=N``: N executions per key at once, never refused at dispatch."""
     limit = raw.get("limit")
@@ -109,7 +144,7 @@ def _limit(name: str, raw: Mapping[str, Any]) -> int | None:
         raise ConfigurationError(
             f"{name}: limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}"
         )
-    clashes = [option for option in ("throttle", "on_duplicate") if option in raw]
+    clashes = [option for option in ("throttle", "on_duplicate", "debounce") if option in raw]
     if raw.get("lock", "while_executing") != "while_executing":
         clashes.append(f"lock={raw['lock']!r}")
     if raw.get("dedupe") is True:

@@ -13,6 +13,7 @@ Tokens and headers are in ``tokens.py``; the gate around publish in ``dispatch.p
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, ClassVar, TypeAlias
@@ -26,6 +27,7 @@ from . import signals as singleton_signals
 from .backend import Backend
 from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
 from .exceptions import (
+    ConfigurationError,
     DuplicateTaskError,
     LockStoreUnavailableError,
 )
@@ -39,6 +41,7 @@ from .tokens import (
     KEY_HEADER,
     REDRIVE_HEADER,
     TOKEN_HEADER,
+    debounced_token,
     holder_task_id,
     queued_token,
 )
@@ -141,7 +144,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                 ours[REDRIVE_HEADER] = 1
             return publish(task_id, options, ours)
         task_id = task_id or uuid()
-        token = queued_token(task_id)
+        token = (
+            queued_token(task_id) if opts.debounce is None else self._debounced(task_id, options)
+        )
         hold, ttl, ours = self._dispatch_hold(opts, key, token, options)
         try:
             pending = self._singleton_store.lock.begin_try_acquire(
@@ -181,6 +186,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             gate.give_back()
         refusals.forget(key)
         return result
+
+    def _debounced(self, task_id: str, options: dict[str, Any]) -> str:
+        """A burst's first call: it runs ``debounce`` s from now unless a later call replaces it."""
+        if options.get("countdown") is not None or options.get("eta") is not None:
+            raise ConfigurationError(
+                f"{self.name}: debounce sets each call's countdown; drop countdown= / eta="
+            )
+        options["countdown"] = self.singleton_options().debounce
+        return debounced_token(task_id, time.time())
 
     def _dispatch_hold(
         self, opts: SingletonOptions, key: str, token: str, options: Mapping[str, Any]

@@ -46,6 +46,22 @@ def queued_token(task_id: str) -> str:
     return f"q|{_nonce()}|{task_id}"
 
 
+def debounced_token(task_id: str, burst_began: float) -> str:
+    """A queued hold of a debounced call: its nonce also carries when the burst began
+    (ms since the epoch), which later calls of the burst read to honour ``max_wait``."""
+    return f"q|{int(burst_began * 1000)}-{_nonce()}|{task_id}"
+
+
+def burst_began(token: str) -> float | None:
+    """When the burst of a debounced call's hold began (queued or reserved), or None."""
+    parts = token.split("|")
+    nonce = parts[1] if token.startswith("q|") and len(parts) == 3 else None
+    if token.startswith("r|") and len(parts) == 4:
+        nonce = parts[2]
+    head, sep, _ = (nonce or "").partition("-")
+    return int(head) / 1000 if sep and head.isdigit() else None
+
+
 def redrive_shape() -> tuple[str, str]:
     """(prefix, suffix) of any queued hold: what a re-drive may take over at execution.
 
@@ -75,6 +91,14 @@ def reserved_exact(hostname: str, task_id: str, queued: str) -> tuple[str, str]:
     """(prefix, suffix) matching ``reserved_token(task_id, hostname, queued)`` alone."""
     prefix, suffix = reserved_shape(hostname, task_id)
     return f"{prefix}{_nonce_of(queued)}", suffix
+
+
+def queued_form(token: str) -> str:
+    """The queued hold a reservation was made from (it keeps the hold's nonce)."""
+    parts = token.split("|")
+    if token.startswith("r|") and len(parts) == 4:
+        return f"q|{parts[2]}|{parts[3]}"
+    return token
 
 
 def _nonce_of(queued: str) -> str:

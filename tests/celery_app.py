@@ -332,6 +332,19 @@ def latest_queued(self: Any, item: object, version: str, seconds: float = 0.0) -
     return _versioned(self, item, version, seconds)
 
 
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    debounce=0.5,
+    max_wait=1.5,
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def debounced(self: Any, item: object, version: str, seconds: float = 0.0) -> str:
+    """Trailing debounce: one run 0.5 s after a burst's last call, within 1.5 s of its first."""
+    return _versioned(self, item, version, seconds)
+
+
 @singleton_task(app=app, key=["item"], ignore_result=True)
 def noop(item: object) -> None:
     """The cheapest singleton task: counts itself (the worker-memory benchmark)."""

@@ -71,8 +71,6 @@ class TestOptions:
             ({"throttle": 0}, r"throttle must be positive"),
             ({"throttle": -1}, r"throttle must be positive"),
             ({"throttle": "60"}, r"throttle must be a number of seconds"),
-            ({"debounce": 5}, r"not supported by this version"),
-            ({"max_wait": 60}, r"not supported by this version"),
             ({"limit": 0}, r"limit must be an int from 1 to 100"),
             ({"limit": 101}, r"limit must be an int from 1 to 100"),
             ({"limit": True}, r"limit must be an int"),
@@ -83,6 +81,13 @@ class TestOptions:
             ({"on_duplicate": "replace", "dedupe": False}, r"replace' with lock='while_exec"),
             ({"on_duplicate": "replace", "throttle": 5}, r"replace' with throttle"),
             ({"on_duplicate": "newest"}, r"on_duplicate='newest' is not supported"),
+            ({"debounce": 5, "throttle": 5}, r"debounce with throttle"),
+            ({"debounce": 5, "lock": "until_executed"}, r"debounce with lock"),
+            ({"debounce": 5, "on_duplicate": "raise"}, r"debounce with on_duplicate='raise'"),
+            ({"debounce": 5, "limit": 2}, r"limit=2 with debounce"),
+            ({"debounce": 5, "max_wait": 2}, r"max_wait=2 is below debounce=5"),
+            ({"max_wait": 60}, r"max_wait without debounce"),
+            ({"debounce": 0}, r"debounce must be positive"),
         ],
     )
     def test_contradictions_fail_at_decoration(self, options: dict[str, Any], says: str) -> None:
@@ -94,6 +99,15 @@ class TestOptions:
         assert (opts.limit, opts.lock, opts.dedupe) == (3, "while_executing", False)
         one = define(limit=1, lock="while_executing").singleton_options()
         assert (one.limit, one.lock) == (None, "while_executing")  # plain exclusion
+
+    def test_debounce_is_a_pending_call_whose_arguments_are_replaced(self) -> None:
+        opts = define(debounce=timedelta(seconds=5), max_wait=60).singleton_options()
+        assert (opts.debounce, opts.max_wait) == (5.0, 60.0)
+        assert (opts.lock, opts.on_duplicate, opts.hold_role) == (
+            "until_executing",
+            "replace",
+            "pending",
+        )
 
     def test_throttle_takes_a_timedelta(self) -> None:
         assert define(throttle=timedelta(minutes=1)).singleton_options().throttle == 60.0
@@ -236,8 +250,10 @@ def storm(  # noqa: PLR0917  (a storm's shape)
 
 
 def held(cenv: CeleryEnv) -> list[bytes]:
-    """Locks and holds still taken (a wait's signal keys expire by themselves)."""
-    return [k for k in lock_keys(cenv) if not k.endswith((b":signal", b":waiters"))]
+    """Locks and holds still taken (a wait's signal keys and the record of replaced
+    messages are bookkeeping that expires by itself)."""
+    bookkeeping = (b":signal", b":waiters", b":replaced")
+    return [k for k in lock_keys(cenv) if not k.endswith(bookkeeping)]
 
 
 def of(records: list[dict[str, Any]], item: str) -> list[dict[str, Any]]:
@@ -445,6 +461,51 @@ class TestReplaceDispatch:
         assert latest.apply_async(("r2", "v2"), queue=QUEUE).id == "the-running-one"
         assert queue.llen(QUEUE) == 0
         lock.release(running)
+
+
+class TestDebounceDispatch:
+    def test_a_countdown_is_refused_before_anything_is_sent(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        debounced = cenv.app_module.debounced
+        with pytest.raises(ConfigurationError, match="debounce sets each call's countdown"):
+            debounced.apply_async(("b0", "v"), queue=QUEUE, countdown=3)
+        assert queue.llen(QUEUE) == 0
+        assert not held(cenv)
+
+
+class TestDebounceInAWorker:
+    def test_one_run_after_the_burst_with_the_last_arguments(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        debounced = cenv.app_module.debounced
+        ids = set()
+        for n in range(5):
+            ids.add(debounced.apply_async(("b1", f"v{n}"), queue=worker.queue).id)
+            last_call = time.time()
+            time.sleep(0.1)
+        [run_id] = ids
+        assert debounced.AsyncResult(run_id).get(timeout=20) == "v4"
+        [record] = of(runs(cenv), "b1")
+        assert record["version"] == "v4"
+        assert record["start"] - last_call >= 0.45, "it waits for the quiet spell"
+        wait_for(lambda: not held(cenv), 3, "keys freed")
+
+    def test_max_wait_bounds_a_steady_stream(self, cenv: CeleryEnv, worker: Worker) -> None:
+        debounced = cenv.app_module.debounced
+        first_call = time.time()
+        results = []
+        while time.time() - first_call < 2.6:
+            results.append(debounced.apply_async(("b2", f"v{len(results)}"), queue=worker.queue))
+            time.sleep(0.15)
+        versions = {r.get(timeout=20) for r in results}  # no caller is left waiting
+        records = of(runs(cenv), "b2")
+        assert records[0]["start"] - first_call < 1.5 + 0.6, "no later than max_wait"
+        assert 2 <= len(records) <= 4
+        assert {r["id"] for r in records} == {r.id for r in results}
+        assert versions == {r["version"] for r in records}
+        assert_no_overlap(records)
+        wait_for(lambda: not held(cenv), 5, "keys freed")
 
 
 class TestReplaceInAWorker:

@@ -52,6 +52,7 @@ class Call:
     replace: str  # '' for none
     shape: tuple[str, str]  # ('', '') for none
     fenced: bool
+    unless_replaced: str = ""  # refuse if swap replaced this token ('' for no check)
 
     def lease(self, *, fence: int, sent_at: float) -> Lease:
         """The lease this call holds once granted; its TTL counts from when it was sent."""
@@ -166,6 +167,7 @@ class LockBase:
         shape: object = None,
         *,
         fenced: bool = True,
+        unless_replaced: str | None = None,
     ) -> Call:
         # Validate everything before the first byte goes to Redis.
         if replace is not None and (not isinstance(replace, str) or not replace):
@@ -187,12 +189,13 @@ class LockBase:
             replace=replace or "",
             shape=shape or ("", ""),
             fenced=fenced,
+            unless_replaced=unless_replaced or "",
         )
 
     @staticmethod
     def _acquire_argv(call: Call, step: Try) -> ScriptArgs:
         keys = call.keys
-        return {
+        argv: ScriptArgs = {
             "keys": [keys.lock, keys.fence, keys.signal, keys.waiters],
             "args": [
                 call.token,
@@ -203,9 +206,15 @@ class LockBase:
                 "0" if call.fenced else "1",
             ],
         }
+        if call.unless_replaced:
+            argv["keys"].append(keys.replaced)
+            argv["args"].append(call.unless_replaced)
+        return argv
 
     @staticmethod
     def _acquired(call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+        if int(reply[0]) == -1:
+            return Contended(call.name, call.keys.lock, "", None, replaced=True)
         if int(reply[0]) == 1:
             lease = call.lease(fence=int(reply[1]), sent_at=sent_at)
             logger.debug("acquired %s (fence %d)", lease.key, lease.fence)

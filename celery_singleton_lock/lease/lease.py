@@ -213,6 +213,7 @@ class Contended:
     key: str
     holder: str
     retry_after: float | None  # seconds; None when the holder's key has no TTL
+    replaced: bool = False  # the caller's token was replaced (``RedisLock.swap``)
 
     def error(self) -> LockNotAcquiredError:
         wait = "no ttl" if self.retry_after is None else f"{self.retry_after:.3f}s left"

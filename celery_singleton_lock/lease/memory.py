@@ -42,6 +42,7 @@ class MemoryLock:
         self._cond = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._last_fence: dict[str, int] = {}
+        self._replaced: dict[str, set[str]] = {}
 
     def __repr__(self) -> str:
         return f"MemoryLock(prefix={self.prefix!r})"
@@ -69,12 +70,15 @@ class MemoryLock:
         replace: str | None = None,
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
+        unless_replaced: str | None = None,
     ) -> Lease | Contended:
         keys = self.keys(name)
         key = keys.lock
         wanted = new_token(token)
         ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self._cond:
+            if unless_replaced and unless_replaced in self._replaced.get(key, ()):
+                return Contended(name, key, "", None, replaced=True)
             entry = self._live(key)
             if (
                 entry is not None
@@ -163,7 +167,9 @@ class MemoryLock:
             lease._note_loss("another owner holds it")
         return outcome
 
-    def swap(self, name: str, expected: str, ttl: object, *, token: str) -> Lease | Contended:
+    def swap(
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
+    ) -> Lease | Contended:
         keys, ttl_ms = self.keys(name), ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self._cond:
             entry = self._live(keys.lock)
@@ -173,6 +179,8 @@ class MemoryLock:
                 return Contended(name, keys.lock, holder, None if left == math.inf else left)
             now = time.monotonic()
             self._entries[keys.lock] = _Entry(token, now + ttl_ms / 1000)
+            # Kept for ever: the memory store is for tests.
+            self._replaced.setdefault(keys.lock, set()).add(record or expected)
             return Lease.granted(name, keys.lock, token, fence=0, ttl=ttl_ms / 1000, sent_at=now)
 
     def _drop(self, key: str, matches: Any) -> ReleaseResult:

@@ -79,6 +79,11 @@ class LockKeys:
     signal: str
     waiters: str
 
+    @property
+    def replaced(self) -> str:
+        """The tokens ``swap`` took this lock from (a set that expires with the hold)."""
+        return f"{self.lock}:replaced"
+
     @classmethod
     def build(cls, prefix: str, name: str) -> LockKeys:
         name, role = split_role(name) if _ROLE_MARK in name else (name, None)

@@ -12,10 +12,14 @@ a replica that missed the write. Fencing is what keeps writes safe.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .._time import to_seconds
 from ..exceptions import ConfigurationError, LockStoreUnavailableError
+from .lease import Contended, Lease
+
+logger = logging.getLogger(__name__)
 
 
 def replicas_option(replicas: object, timeout: object, client: Any) -> tuple[int, int] | None:
@@ -48,3 +52,19 @@ def acknowledged(reply: Any, wanted: tuple[int, int], *, where: str, name: str, 
             acked=acked,
         )
     return value
+
+
+def with_acks(store: Any, call: Any, sent_at: float, reply: Any) -> Lease | Contended:
+    """A ``RedisLock``'s acquire answered with ``(reply, replicas that acknowledged)``."""
+    value, acked = reply
+    outcome: Lease | Contended = store._acquired(call, sent_at=sent_at, reply=value)
+    if isinstance(outcome, Contended) or acked >= store.replicas[0]:
+        return outcome
+    # Granted on the primary only: a failover now could hand it out again. Give it back
+    # and report it as contended, to be tried again like any held lock.
+    logger.warning(
+        "acquired %s but only %d of %d replicas acknowledged it: given back",
+        outcome.key, acked, store.replicas[0],
+    )  # fmt: skip
+    store.release(outcome)
+    return Contended(call.name, call.keys.lock, holder="", retry_after=store.replicas[1] / 1000)

@@ -43,7 +43,11 @@ end
 #         none), for a hold whose random part the caller cannot know
 # ARGV[7] '1' for a hold that needs no fence (a queued message's: it only keeps
 #         duplicates out; the execution that takes it over is fenced), else '0'
-# returns {1, fence}            acquired; fence strictly greater than any earlier fence
+# KEYS[5] ARGV[8] optional: refuse at once if the token ARGV[8] is in the set KEYS[5]
+#         (the lock's tokens SWAP replaced): a replaced message never runs, even once
+#         its replacement has run and the lock is free again
+# returns {-1}                  ARGV[8] was replaced
+#         {1, fence}            acquired; fence strictly greater than any earlier fence
 #                               of this lock (see lock.RedisLock for the bound); 0 when
 #                               no fence was asked for
 #         {0, holder, pttl}     held by `holder` ('' when the value is foreign or not a
@@ -61,6 +65,9 @@ end
 ACQUIRE = (
     _MATCHES
     + """
+if ARGV[8] and ARGV[8] ~= '' and redis.call('SISMEMBER', KEYS[5], ARGV[8]) == 1 then
+  return {-1}
+end
 local taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
 if not taken then
   local current = redis.pcall('GET', KEYS[1])
@@ -143,13 +150,20 @@ return {0, holder, soonest or -1}
 
 # Hand a lock from one holder to another, only if that holder has it now (never when
 # it is free): a queued message's hold passed to the message that replaces it.
-# KEYS[1] lock key     ARGV[1] expected holder   ARGV[2] new token   ARGV[3] ttl in ms
-# returns {1, 0}                swapped (unfenced)
+# KEYS[1] lock key     KEYS[2] its replaced set (see ACQUIRE's ARGV[8])
+# ARGV[1] expected holder   ARGV[2] new token   ARGV[3] ttl in ms
+# ARGV[4] what to record as replaced (the expected holder, or a name for it)
+# returns {1, 0}                swapped (unfenced); ARGV[4] recorded as replaced for as
+#                               long as the new holder's ttl at least
 #         {0, holder, pttl}     held by another ('' when free; pttl -2 then)
 SWAP = """
 local current = redis.pcall('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('SADD', KEYS[2], ARGV[4])
+  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
+    redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  end
   return {1, 0}
 end
 if type(current) ~= 'string' then current = '' end

@@ -17,7 +17,7 @@ from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseRe
 from .names import DEFAULT_PREFIX
 from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
-from .replicas import acknowledged, replicas_option
+from .replicas import acknowledged, replicas_option, with_acks
 from .slots import Slots
 from .transport import Reply, Transport
 
@@ -85,6 +85,7 @@ class RedisLock(LockBase):
         replace: str | None = None,
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
+        unless_replaced: str | None = None,
     ) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder.
 
@@ -93,11 +94,13 @@ class RedisLock(LockBase):
         one step, with a new fence. ``replace_shape``: or any token starting with
         ``prefix`` and ending with ``suffix`` (a hold whose random part is unknown here).
         ``fenced=False``: a hold that only keeps others out and never guards a write
-        skips the fencing work (its ``fence`` is 0).
+        skips the fencing work (its ``fence`` is 0). ``unless_replaced``: a token that,
+        if ``swap`` ever replaced it here, makes this ``Contended(replaced=True)``.
         """
-        return self.begin_try_acquire(
-            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced
-        ).outcome()
+        call = self._acquire_call(
+            name, ttl, token, replace, replace_shape, fenced=fenced, unless_replaced=unless_replaced
+        )
+        return self._send_try(call, Try(announce=False)).outcome()
 
     def begin_try_acquire(
         self,
@@ -129,7 +132,13 @@ class RedisLock(LockBase):
                 reply = self.transport.send(
                     self._acquire_script, **argv, acks=self.replicas, whole=whole
                 )
-            elif call.fenced or call.replace or call.shape[0] or step.announce or whole:
+            elif (
+                call.fenced
+                or call.replace
+                or call.shape[0]
+                or call.unless_replaced
+                or (step.announce or whole)
+            ):
                 reply = self.transport.send(
                     self._acquire_script, **self._acquire_argv(call, step), whole=whole
                 )
@@ -195,18 +204,7 @@ class RedisLock(LockBase):
         """What a sent acquire's ``reply`` means, replica acknowledgements included."""
         if self.replicas is None:
             return self._acquired(call, sent_at=sent_at, reply=reply)
-        value, acked = reply
-        outcome = self._acquired(call, sent_at=sent_at, reply=value)
-        if isinstance(outcome, Contended) or acked >= self.replicas[0]:
-            return outcome
-        # Granted on the primary only: a failover now could hand it out again. Give it
-        # back and report it as contended, to be tried again like any held lock.
-        logger.warning(
-            "acquired %s but only %d of %d replicas acknowledged it: given back",
-            outcome.key, acked, self.replicas[0],
-        )  # fmt: skip
-        self.release(outcome)
-        return Contended(call.name, call.keys.lock, holder="", retry_after=self.replicas[1] / 1000)
+        return with_acks(self, call, sent_at, reply)
 
     def renew(self, lease: Lease) -> None:
         """Keep ``lease`` alive from the process's renewal thread until it is released."""
@@ -225,16 +223,18 @@ class RedisLock(LockBase):
             lease._note_loss(LOSS[ReleaseResult.NOT_OWNER])
         return outcome
 
-    def swap(self, name: str, expected: str, ttl: object, *, token: str) -> Lease | Contended:
-        """Pass ``name`` from ``expected`` to ``token`` only if ``expected`` holds it now,
-        never when it is free (a queued message's hold, to the message replacing it).
-        Unfenced; one round trip. ``Contended`` names whoever holds it instead.
-        """
+    def swap(
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
+    ) -> Lease | Contended:
+        """Pass ``name`` from ``expected`` (never from nobody) to ``token``, recording
+        ``record`` (or ``expected``) as replaced for ``unless_replaced``. Unfenced."""
         call = self._acquire_call(name, ttl, token, expected, fenced=False)
         sent_at = time.monotonic()
         try:
             reply = self.transport.call(
-                self._swap_script, keys=[call.keys.lock], args=[expected, call.token, call.ttl_ms]
+                self._swap_script,
+                keys=[call.keys.lock, call.keys.replaced],
+                args=[expected, call.token, call.ttl_ms, record or expected],
             )
         except REDIS_ERRORS as error:
             self._failed(error, name)
