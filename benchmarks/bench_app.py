@@ -112,6 +112,21 @@ def this_while_executing(item: str, seconds: float = 0.0) -> str:
     return _run("this_while_executing", item, seconds)
 
 
+@singleton_task(app=app, name="bench.this_replace", lock="until_executing", on_duplicate="replace")
+def this_replace(item: str, seconds: float = 0.0) -> str:
+    return _run("this_replace", item, seconds)
+
+
+@singleton_task(app=app, name="bench.this_debounce", debounce=60)
+def this_debounce(item: str, seconds: float = 0.0) -> str:
+    return _run("this_debounce", item, seconds)
+
+
+@singleton_task(app=app, name="bench.this_limit", limit=3)
+def this_limit(item: str, seconds: float = 0.0) -> str:
+    return _run("this_limit", item, seconds)
+
+
 SYSTEMS: dict[str, Any] = {
     "plain": plain,
     "celery_singleton": celery_singleton,
@@ -120,4 +135,7 @@ SYSTEMS: dict[str, Any] = {
     "this_until_executing": this_until_executing,
     "this_throttle": this_throttle,
     "this_while_executing": this_while_executing,
+    "this_replace": this_replace,
+    "this_debounce": this_debounce,
+    "this_limit": this_limit,
 }

@@ -34,7 +34,16 @@ from tests.workers import Worker  # noqa: E402
 INCUMBENTS = ("celery_singleton", "celery_once")
 ALL = ("plain", *INCUMBENTS, "this")
 # This project's lock modes (docs/modes.md); "this" is the default, until_executed.
-MODES = ("plain", "this", "this_until_executing", "this_throttle", "this_while_executing")
+MODES = (
+    "plain",
+    "this",
+    "this_until_executing",
+    "this_throttle",
+    "this_replace",
+    "this_debounce",
+    "this_while_executing",
+    "this_limit",
+)
 
 
 def median(values: list[float]) -> float:
@@ -460,8 +469,9 @@ def render(results: dict[str, Any], command: str) -> str:
             "microseconds per unique dispatch and per duplicate (ratios: the median of "
             "the rounds' ratios to a plain unique dispatch), messages that reached the "
             "broker for 1 + dispatches duplicate calls, and lock-store round trips per "
-            "unique dispatch. while_executing does no dispatch check: its duplicates are "
-            "published.",
+            "unique dispatch. A replace or debounce duplicate publishes the new arguments "
+            "under the queued call's id (a swap and a message); while_executing and limit "
+            "do no dispatch check: every call is published.",
         ),
     }
     for key, (title, note) in notes.items():
