@@ -19,7 +19,7 @@ from celery import Celery
 from redis.crc import key_slot
 
 from celery_singleton_lock import ConfigurationError, DuplicateTaskError, singleton_task
-from celery_singleton_lock.lease import LockKeys, companion, slot, split_role
+from celery_singleton_lock.lease import LockKeys, companion, memory, slot, split_role
 from celery_singleton_lock.tokens import HOLD_HEADER, TOKEN_HEADER
 
 from .conftest import CeleryEnv
@@ -587,3 +587,40 @@ class TestLimitInWorkers:
         assert records[0]["key"] == records[1]["key"], "the retry ran in the slot it kept"
         assert records[0]["fence"] < records[1]["fence"]
         wait_for(lambda: not held(cenv), 3, "slots freed")
+
+
+class FakeClock:
+    """Stands in for the ``time`` module of the in-memory store: time moves when told."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time_ns(self) -> int:
+        return int(self.now * 1e9)
+
+
+class TestThrottleWithAFakeClock:
+    def test_one_accepted_call_per_window_from_acceptance(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        clock = FakeClock()
+        monkeypatch.setattr(memory, "time", clock)
+        app = Celery("modes-clock", set_as_current=False)
+        app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+
+        @singleton_task(app=app, name="modes.clock.sync", key=["k"], throttle=60)
+        def sync(k: str) -> str:
+            return k
+
+        first = sync.apply_async(("a",), task_id="first")
+        clock.now += 59.9
+        assert sync.apply_async(("a",)).id == "first"
+        clock.now += 0.2  # 60.1 s after acceptance: a new window
+        second = sync.apply_async(("a",), task_id="second")
+        assert second.id == "second"
+        clock.now += 30
+        assert sync.apply_async(("a",)).id == "second"
+        assert first.get() == second.get() == "a"
