@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -624,3 +625,89 @@ class TestThrottleWithAFakeClock:
         clock.now += 30
         assert sync.apply_async(("a",)).id == "second"
         assert first.get() == second.get() == "a"
+
+
+class TestWorkerDeathInEveryMode:
+    def test_a_killed_worker_frees_the_key_the_pending_hold_and_its_slots_within_ttl(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        ttl = 2.0
+        doomed = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl)}).start()
+        m = cenv.app_module
+        try:
+            m.refresh.apply_async(("k1", 60), queue=doomed.queue)  # running
+            m.export.apply_async(("k2", 60), queue=doomed.queue)  # running in a slot
+            wait_for(lambda: len(started(cenv)) == 2, 10, "both run")
+            m.refresh.apply_async(("k1",), queue=doomed.queue)  # pending, prefetched
+            pending = f"t:{{{name_of(m.refresh, 'k1')}}}:pending"
+            wait_for(lambda: (cenv.lock_client().get(pending) or b"").startswith(b"r|"), 10)
+            time.sleep(ttl * 1.5)  # renewed past its ttl while the worker lives
+            assert len(held(cenv)) == 3  # the key, the pending hold and a slot
+            doomed.kill()
+            killed_at = time.monotonic()
+            wait_for(lambda: not held(cenv), ttl + 1.0, "everything free within ttl")
+            print(f"\nmodes, whole worker SIGKILL: free {time.monotonic() - killed_at:.2f}s later")
+        finally:
+            doomed.stop()
+        again = m.refresh.apply_async(("k1",), queue=worker.queue)
+        assert again.get(timeout=20) == "k1"
+
+
+# Each mode's test task, and its arguments for a call of ``item`` lasting ``seconds``.
+MODES: dict[str, Callable[[str, float], tuple[Any, ...]]] = {
+    "refresh": lambda item, seconds: (item, seconds),  # until_executing
+    "latest": lambda item, seconds: (item, "v", seconds),  # until_executing + replace
+    "throttled": lambda item, seconds: (item, seconds),  # throttle
+    "debounced": lambda item, seconds: (item, "v", seconds),  # debounce
+    "export": lambda item, seconds: (item, seconds),  # limit=3
+}
+
+
+class TestEveryModeInAWorker:
+    @pytest.mark.parametrize("mode", list(MODES))
+    def test_send_task_copies_never_overlap_and_all_run(
+        self, cenv: CeleryEnv, worker: Worker, mode: str
+    ) -> None:
+        task = getattr(cenv.app_module, mode)
+        copies = [
+            task.app.send_task(task.name, MODES[mode]("c1", 0.3), queue=worker.queue)
+            for _ in range(4)
+        ]
+        for copy in copies:
+            copy.get(timeout=30)
+        records = of(runs(cenv), "c1")
+        assert len(records) == 4, "copies that bypass dispatch are never refused or merged"
+        # Two pool children: limit=3 lets both run at once, every other mode one.
+        assert concurrency(records) == (2 if mode == "export" else 1)
+        wait_for(lambda: all(k.endswith(b":throttle") for k in held(cenv)), 3, "freed")
+
+    @pytest.mark.parametrize("mode", ["refresh", "latest", "throttled", "debounced"])
+    def test_a_killed_child_frees_the_key_within_a_second(
+        self, cenv: CeleryEnv, worker: Worker, mode: str
+    ) -> None:
+        task = getattr(cenv.app_module, mode)
+        first = task.apply_async(MODES[mode]("c2", 60.0), queue=worker.queue)
+        [begun] = wait_for(lambda: started(cenv), 10, "run")
+        key = f"t:{{{name_of(task, *MODES[mode]('c2', 60.0))}}}".encode()
+        assert key in held(cenv)
+        os.kill(begun["pid"], signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: key not in held(cenv), 1.0, "the running key freed")
+        print(f"\n{mode}: child SIGKILL, key free {time.monotonic() - killed:.2f}s later")
+        copy = task.app.send_task(task.name, MODES[mode]("c2", 0.0), queue=worker.queue)
+        assert copy.get(timeout=20) is not None
+        assert copy.id != first.id
+
+    @pytest.mark.parametrize("mode", ["refresh", "latest"])
+    def test_revoking_the_pending_call_frees_its_place(
+        self, cenv: CeleryEnv, worker: Worker, mode: str
+    ) -> None:
+        task = getattr(cenv.app_module, mode)
+        pending = task.apply_async(MODES[mode]("c3", 0.0), queue=worker.queue, countdown=30)
+        hold = f"t:{{{name_of(task, *MODES[mode]('c3', 0.0))}}}:pending".encode()
+        wait_for(lambda: (cenv.lock_client().get(hold) or b"").startswith(b"r|"), 10, "reserved")
+        pending.revoke()
+        wait_for(lambda: hold not in held(cenv), 3, "the pending hold given back")
+        again = task.apply_async(MODES[mode]("c3", 0.0), queue=worker.queue)
+        assert again.id != pending.id
+        assert again.get(timeout=20) is not None
