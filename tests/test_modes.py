@@ -346,7 +346,7 @@ class TestThrottleInAWorker:
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
         throttled = cenv.app_module.throttled
-        ids = storm(throttled, "t1", worker.queue, processes=4, calls=10)
+        ids = storm(throttled, "t1", worker.queue, calls=10)
         assert len(ids) == 1
         [accepted] = ids
         # A copy that bypasses dispatch (send_task) is not throttled, but never overlaps.
@@ -516,7 +516,7 @@ class TestReplaceInAWorker:
         latest = cenv.app_module.latest
         first = latest.apply_async(("r3", "v0", 1.5), queue=worker.queue)
         wait_for(lambda: started(cenv), 10, "first run")
-        ids = storm(latest, "r3", worker.queue, processes=4, calls=5, extra=("storm",))
+        ids = storm(latest, "r3", worker.queue, calls=5, extra=("storm",))
         final = latest.apply_async(("r3", "final"), queue=worker.queue)
         assert ids == {final.id} != {first.id}
         assert final.get(timeout=20) == "final"
