@@ -28,6 +28,8 @@ HOME = ROOT / ".venv-matrix"
 # security, asyncio, waits, connections, and Celery's dispatch and lifecycle basics.
 SUBSET = [
     "tests/test_lock.py",
+    "tests/test_slots.py",
+    "tests/test_swap.py",
     "tests/test_dispatch_path.py",
     "tests/test_renewal.py",
     "tests/test_security.py",
@@ -40,8 +42,9 @@ SUBSET = [
     "tests/test_celery_lifecycle.py::TestBypass::test_send_task_duplicates_never_overlap_and_all_run",
 ]
 
-# The lowest Celery also runs every worker pool (prefork, threads, gevent, eventlet, solo).
-POOLS = ["tests/test_pools.py"]
+# The lowest Celery also runs every worker pool (prefork, threads, gevent, eventlet, solo)
+# and every lock mode.
+POOLS = ["tests/test_pools.py", "tests/test_modes.py"]
 
 # name -> (pip requirements pinned on top of the package's own, extra environment)
 COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {
