@@ -108,7 +108,7 @@ def run(name: str) -> tuple[bool, int, int]:
     # Celery 5.3's AsyncResult.__del__ reaches for the result backend at interpreter exit,
     # after the test servers are gone; the main suite keeps such warnings as errors.
     quiet_exit = ["-W", "ignore::pytest.PytestUnraisableExceptionWarning"]
-    # The subset uses no hypothesis; its plugin imports it at the closing summary, where
+    # The hypothesis plugin imports hypothesis at the closing summary, where
     # CPython 3.11.7 (gh-106905) can fail compiling it after a recursion error in a test.
     quiet_exit += ["-p", "no:hypothesispytest"]
     done = subprocess.run(
