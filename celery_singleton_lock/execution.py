@@ -73,16 +73,22 @@ class Execution:
             self.shape = reserved_exact(hostname, request.id, self.queued) if exact else None
         self.store: Store = task._singleton_store.lock
         self.ttl: float = task._ttl()
+        # What of the key this message may take over: its own queued hold or reservation.
+        # A hold beside the key (lock="until_executing") is not taken over: the running
+        # lease is taken afresh and the hold let go, so the next call can queue.
+        self.own: dict[str, Any] = {}
+        if not self.role:
+            self.own = {"replace": self.queued, "replace_shape": self.shape}
 
     def take(self) -> Lease:
         hold = None
         try:
             if self.role == "pending":
-                hold = Hold(self.task, self.key, "pending", self.queued, self.shape)
+                hold = Hold(self.task, self.key, "pending", self.queued, self.shape, self.token)
                 if self.replaces:
                     # Claimed before the key, in one step: a later call can no longer
                     # replace this message once it has passed this point.
-                    self._unless_replaced(hold.claim(self.token))
+                    self._unless_replaced(hold.claim())
             outcome = self._try()
         except LockStoreUnavailableError as error:
             return outages.at_execution(self.task, self.key, self.attempt, error)
@@ -142,18 +148,13 @@ class Execution:
                 return own
         if self.limit:
             return self.store.slots.try_acquire(self.key, self.limit, self.ttl, token=self.token)
-        if self.role:
-            # A hold beside the key (lock="until_executing") is not taken over: the running
-            # lease is taken afresh and the hold let go, so the next call can queue.
-            return self.store.try_acquire(self.key, self.ttl, token=self.token)
         return self.store.try_acquire(
             self.key,
             self.ttl,
             token=self.token,
-            replace=self.queued,
-            replace_shape=self.shape,
             # A replaced message must not run even once the key is free again.
-            unless_replaced=self.queued if self.replaces else None,
+            unless_replaced=self.queued if self.replaces and not self.role else None,
+            **self.own,
         )
 
     def _wait(self, timeout: float | None) -> Lease:
@@ -162,16 +163,7 @@ class Execution:
             return waiting.slots.acquire(
                 self.key, self.limit, self.ttl, timeout=timeout, token=self.token
             )
-        if self.role:
-            return waiting.acquire(self.key, self.ttl, timeout=timeout, token=self.token)
-        return waiting.acquire(
-            self.key,
-            self.ttl,
-            timeout=timeout,
-            token=self.token,
-            replace=self.queued,
-            replace_shape=self.shape,
-        )
+        return waiting.acquire(self.key, self.ttl, timeout=timeout, token=self.token, **self.own)
 
     def _contend(self, held: Contended, hold: Hold | None) -> Lease:
         task = self.task

@@ -10,12 +10,11 @@ pending call: it keeps the hold while it waits, and passes it to its requeued me
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from .exceptions import LockStoreUnavailableError
 from .lease import Contended, Lease, companion
-from .tokens import HOLD_HEADER, TOKEN_HEADER, queued_token, running_token
+from .tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
 
 logger = logging.getLogger(__name__)
 
@@ -23,67 +22,59 @@ logger = logging.getLogger(__name__)
 class Hold:
     """The hold of the message being executed: queued at dispatch, or reserved since."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917  (the message's hold, as the execution knows it)
         self,
         task: Any,
         key: str,
         role: str,
         queued: str | None,
         reserved: tuple[str, str] | None,
+        token: str,
     ) -> None:
         self._task = task
         self.role = role
         self.name = companion(key, role)
         self._queued = queued
         self._reserved = reserved  # the worker's reservation's shape; None when eager
+        self._token = token  # the execution's running token
         self._lease: Lease | None = None
         self._done = False
 
-    def _take(self, ttl: float, token: str) -> Lease | None:
-        """The hold under ``token``, taken over from whichever form it has now, or None."""
-        store = self._task._singleton_store.lock
-        outcome = store.try_acquire(
+    def _take(
+        self, ttl: float, token: str, unless_replaced: str | None = None
+    ) -> Lease | Contended:
+        """The hold under ``token``, taken over from whichever form it has now."""
+        return self._task._singleton_store.lock.try_acquire(  # type: ignore[no-any-return]
             self.name,
             ttl,
             token=token,
             replace=self._queued,
             replace_shape=self._reserved,
             fenced=False,
+            unless_replaced=unless_replaced,
         )
-        return outcome if isinstance(outcome, Lease) else None
 
-    def claim(self, token: str) -> Contended | None:
-        """Take the hold under the execution's ``token`` (nobody can replace it then).
+    def claim(self) -> Contended | None:
+        """Take the hold under the execution's token (nobody can replace it then).
 
         None when taken; else who holds it instead (a later message of the same task id
         that replaced this one, or another call once this hold had expired), or that
         this message was replaced (even if its replacement has run since).
         """
-        store = self._task._singleton_store.lock
-        outcome = store.try_acquire(
-            self.name,
-            self._task._ttl(),
-            token=token,
-            replace=self._queued,
-            replace_shape=self._reserved,
-            fenced=False,
-            unless_replaced=self._queued,
-        )
+        outcome = self._take(self._task._ttl(), self._token, unless_replaced=self._queued)
         if isinstance(outcome, Lease):
             self._lease = outcome
             return None
-        held: Contended = outcome
-        return held
+        return outcome
 
     def keep(self) -> None:
         """Make the hold this execution's own and renew it while it waits for the key."""
-        request = self._task.request
-        token = running_token(request.id, request.hostname or "eager", os.getpid())
         try:
             if self._lease is None:
-                self._lease = self._take(self._task._ttl(), token)
+                outcome = self._take(self._task._ttl(), self._token)
+                self._lease = outcome if isinstance(outcome, Lease) else None
         except LockStoreUnavailableError as error:
-            logger.warning("%s: could not keep its pending hold (%s)", request.id, error)
+            logger.warning("%s: could not keep its pending hold (%s)", self.name, error)
             return
         if self._lease is not None:
             self._task._singleton_store.lock.renew(self._lease)
@@ -97,7 +88,7 @@ class Hold:
                 outcome = store.hand_over(self._lease, ttl, token=token)
                 passed = isinstance(outcome, Lease)
             else:
-                passed = self._take(ttl, token) is not None
+                passed = isinstance(self._take(ttl, token), Lease)
         except LockStoreUnavailableError as error:
             logger.warning("%s: its pending hold stays behind (%s)", self.name, error)
             return {}
