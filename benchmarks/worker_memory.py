@@ -1,10 +1,12 @@
-"""A worker's main process over many singleton tasks: its RSS and what the library keeps.
+"""A worker's main process over many singleton tasks: its RSS, what the library keeps, and
+the lock store's connections.
 
     python3 scripts/dev.py memory [--tasks 100000] [--pool prefork]
 
 Starts a private redis-server and one worker, sends ``--tasks`` short singleton tasks in
 batches (each on its own key), and prints the main process's RSS and the library's
-tables (``celery inspect singleton_stats``) at 0, 10%, 50% and 100% of the run.
+tables (``celery inspect singleton_stats``) and the lock store's client count (``CLIENT
+LIST``, this script's own connection left out) at 0, 10%, 50% and 100% of the run.
 Appends the table to docs/worker-memory.md. The numbers are only what this run measured.
 """
 
@@ -40,7 +42,8 @@ def main() -> int:
     app = celery_app.app
     worker = Worker(env, pool=args.pool, concurrency=1 if args.pool == "solo" else 2).start()
     marks = sorted({0, args.tasks // 10, args.tasks // 2, args.tasks})
-    rows: list[tuple[int, int, dict[str, object], float]] = []
+    rows: list[tuple[int, int, dict[str, object], float, int]] = []
+    lock_store = locks.client()
     started = time.monotonic()
     try:
         sent = 0
@@ -57,10 +60,15 @@ def main() -> int:
             [reply] = app.control.broadcast(
                 "singleton_stats", destination=[worker.nodename], reply=True, timeout=5
             )
-            row = (mark, worker.rss_kib(), reply[worker.nodename], time.monotonic() - started)
+            clients = len(lock_store.client_list()) - 1  # this script's own connection
+            row = (
+                mark, worker.rss_kib(), reply[worker.nodename], time.monotonic() - started, clients
+            )  # fmt: skip
             rows.append(row)
             print(
-                f"{mark:>7} tasks  main process RSS {row[1] / 1024:7.1f} MiB  {row[2]}", flush=True
+                f"{mark:>7} tasks  main process RSS {row[1] / 1024:7.1f} MiB  {row[2]}  "
+                f"lock-store clients {clients}",
+                flush=True,
             )
     finally:
         worker.stop()
@@ -69,12 +77,13 @@ def main() -> int:
     lines = [
         f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, pool {args.pool}, {args.tasks} tasks",
         "",
-        "| tasks run | main process RSS | reservations | watched children | elapsed |",
-        "|---:|---:|---:|---:|---:|",
+        "| tasks run | main process RSS | reservations | watched children | lock-store "
+        "clients | elapsed |",
+        "|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {mark} | {rss / 1024:.1f} MiB | {stats['reservations']} | "
-            f"{stats['watched_children']} | {elapsed:.0f} s |"
-            for mark, rss, stats, elapsed in rows
+            f"{stats['watched_children']} | {clients} | {elapsed:.0f} s |"
+            for mark, rss, stats, elapsed, clients in rows
         ),
         "",
     ]

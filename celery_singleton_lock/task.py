@@ -166,7 +166,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             else partial(self._duplicate, key)
         )  # fmt: skip
         try:
-            if self._can_overlap(options) and not refusals.expects(key):
+            if not refusals.expects(key) and self._can_overlap(options):
                 # The acquire is on its way; Celery builds the message meanwhile and the
                 # gated producer waits for the answer just before anything is published.
                 with self.app.producer_or_acquire(producer) as real:
