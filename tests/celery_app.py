@@ -30,7 +30,8 @@ app.conf.update(
     broker_url=os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
     result_backend=os.environ.get("CSL_RESULT_URL")
     or os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
-    singleton_lock_url=os.environ.get("CSL_LOCK_URL", "redis://127.0.0.1:6379/0"),
+    # CSL_LOCK_URL="" leaves the lock store to be found from the backend or broker.
+    singleton_lock_url=os.environ.get("CSL_LOCK_URL", "redis://127.0.0.1:6379/0") or None,
     singleton_lock_prefix="t",
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
@@ -44,7 +45,16 @@ app.conf.update(
         # redelivers during a test (kombu's default sweep is every ~100 s).
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # A Sentinel broker (sentinel:// in CSL_BROKER_URL) names its master here.
+        **(
+            {"master_name": os.environ["CSL_MASTER_NAME"]}
+            if "CSL_MASTER_NAME" in os.environ
+            else {}
+        ),
     },
+    result_backend_transport_options=(
+        {"master_name": os.environ["CSL_MASTER_NAME"]} if "CSL_MASTER_NAME" in os.environ else {}
+    ),
     worker_prefetch_multiplier=1,
     task_track_started=True,
     broker_connection_retry_on_startup=True,

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +36,7 @@ from celery_singleton_lock.config import SingletonConfig
 from .conftest import CeleryEnv
 from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
 from .topologies import Cluster, SentinelGroup
-from .workers import Worker
+from .workers import ROOT, Worker
 
 pytestmark = pytest.mark.slow
 
@@ -345,6 +349,70 @@ class TestSentinel:
             lease.check()
         successor = held(lock.try_acquire("m", 6))
         assert successor.fence > lease.fence
+
+
+PRODUCE_ON_SENTINEL = """
+import json, sys
+from tests import celery_app as c
+tag = sys.argv[1]
+first = c.work.apply_async((tag, 1.0))
+second = c.work.apply_async((tag, 1.0))
+copies = [c.app.send_task("tests.celery_app.work", (tag + "-copy", 0.3)) for _ in range(3)]
+print(json.dumps({
+    "same_id": first.id == second.id,
+    "results": [first.get(timeout=60)] + [r.get(timeout=60) for r in copies],
+    "store": c.work._singleton_store.describe(),
+}))
+"""
+
+
+def test_a_celery_worker_on_a_sentinel_broker_locks_there_and_follows_a_failover(
+    cenv: CeleryEnv, sentinels: SentinelGroup
+) -> None:
+    # Broker, backend and lock store all from one sentinel:// URL; singleton_lock_url unset.
+    env = {
+        **cenv.env,
+        "CSL_BROKER_URL": sentinels.url,
+        "CSL_RESULT_URL": sentinels.url,
+        "CSL_LOCK_URL": "",
+        "CSL_MASTER_NAME": sentinels.MASTER_NAME,
+    }
+    worker = Worker(env).start()
+    produce_env = {**os.environ, **env, "CSL_QUEUE": worker.queue}
+
+    def produce(tag: str) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", PRODUCE_ON_SENTINEL, tag],
+            cwd=ROOT, env=produce_env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return result
+
+    def check(tag: str) -> None:
+        outcome = produce(tag)
+        assert outcome["same_id"]  # deduplicated at dispatch through the sentinel's master
+        assert outcome["results"] == [tag] + [f"{tag}-copy"] * 3
+        assert outcome["store"].startswith("sentinel://127.0.0.1:")
+        assert len([r for r in runs(cenv) if r["item"] == tag]) == 1
+        copies = [r for r in runs(cenv) if r["item"] == f"{tag}-copy"]
+        assert len(copies) == 3
+        assert_no_overlap(copies)  # excluded at execution: fences increase
+
+    try:
+        check("before")
+        old = sentinels.master_port()
+        sentinels.server_on(old).kill()
+        wait_for(lambda: sentinels.master_port() != old, 30, "sentinel failover")
+        check("after")  # broker, backend and lock store all follow the new master
+        master = sentinels.server_on(sentinels.master_port()).client()
+        wait_for(
+            lambda: not [k for k in master.scan_iter("t:*") if not k.endswith(b":fence")],
+            5,
+            "every lock released",
+        )
+    finally:
+        worker.stop()
 
 
 class TestReplicaAcknowledgement:
