@@ -13,6 +13,8 @@ execution with a different token, so it can never pass for the owner.
 from __future__ import annotations
 
 import random
+import time
+from dataclasses import dataclass
 from typing import Any
 
 KEY_HEADER = "singleton_lock_key"
@@ -38,8 +40,9 @@ HOLD_HEADER = "singleton_lock_hold"
 def _nonce() -> str:
     # Tells apart two holds of one task id (a task_id= reused by the caller); it needs
     # to be unique, not secret. random reseeds in a forked child, and unlike secrets
-    # it costs no system call on the dispatch path.
-    return f"{random.getrandbits(48):012x}"
+    # it costs no system call on the dispatch path. It starts with when it was made (ms
+    # since the epoch), which is how `celery singleton list` tells a hold's age.
+    return f"{int(time.time() * 1000)}-{random.getrandbits(32):08x}"
 
 
 def queued_token(task_id: str) -> str:
@@ -49,7 +52,7 @@ def queued_token(task_id: str) -> str:
 def debounced_token(task_id: str, burst_began: float) -> str:
     """A queued hold of a debounced call: its nonce also carries when the burst began
     (ms since the epoch), which later calls of the burst read to honour ``max_wait``."""
-    return f"q|{int(burst_began * 1000)}-{_nonce()}|{task_id}"
+    return f"q|{_nonce()}~{int(burst_began * 1000)}|{task_id}"
 
 
 def burst_began(token: str) -> float | None:
@@ -58,8 +61,8 @@ def burst_began(token: str) -> float | None:
     nonce = parts[1] if token.startswith("q|") and len(parts) == 3 else None
     if token.startswith("r|") and len(parts) == 4:
         nonce = parts[2]
-    head, sep, _ = (nonce or "").partition("-")
-    return int(head) / 1000 if sep and head.isdigit() else None
+    _, sep, began = (nonce or "").partition("~")
+    return int(began) / 1000 if sep and began.isdigit() else None
 
 
 def redrive_shape() -> tuple[str, str]:
@@ -116,18 +119,43 @@ def running_token(task_id: str, hostname: str, pid: int) -> str:
 
 def holder_task_id(token: str | None) -> str | None:
     """The task id inside a holder's token; None for a foreign value."""
-    if not token:
-        return None
-    if token.startswith("q|"):
-        parts = token.split("|", 2)
-        return parts[2] if len(parts) == 3 else None
-    if token.startswith("r|"):
-        parts = token.split("|", 3)
-        return parts[3] if len(parts) == 4 else None
-    if token.startswith("x|"):
-        parts = token.split("|", 4)
-        return parts[4] if len(parts) == 5 else None
-    return None
+    return read_token(token).task_id
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What a lock's token says of its holder (None where it does not say)."""
+
+    state: str | None  # "queued", "reserved" or "running"; None: not a token of ours
+    task_id: str | None = None
+    worker: str | None = None
+    pid: int | None = None
+    since: float | None = None  # when the hold was taken (s since the epoch)
+
+
+# (state, fields in the token): q|nonce|id, r|host|nonce|id, x|host|pid|nonce|id
+_SHAPES = {"q": ("queued", 3), "r": ("reserved", 4), "x": ("running", 5)}
+
+
+def read_token(token: str | None) -> Holder:
+    """The holder a token names; ``Holder(None)`` for a value this library did not write."""
+    shape = _SHAPES.get(token[:1]) if token and token[1:2] == "|" else None
+    if token is None or shape is None:
+        return Holder(None)
+    state, fields = shape
+    parts = token.split("|", fields - 1)
+    if len(parts) != fields or not parts[-1]:
+        return Holder(None)
+    pid = parts[2] if state == "running" else ""
+    head = parts[-2].partition("-")[0]
+    return Holder(
+        state,
+        task_id=parts[-1],
+        worker=parts[1] if state != "queued" else None,
+        pid=int(pid) if pid.isdigit() else None,
+        # A nonce from before 0.1 (12 hex digits) has no time: the age is unknown.
+        since=int(head) / 1000 if head.isdigit() and len(head) >= 12 else None,
+    )
 
 
 def header(request: Any, name: str) -> Any:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
+from .inventory import Held, parse_key
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
 from .pending import PendingAcquire
@@ -243,6 +245,20 @@ class MemoryLock:
         with self._cond:
             entry = self._live(self.keys(name).lock)
             return None if entry is None else entry.token
+
+    def holdings(self, batch: int = 0) -> Iterator[Held]:
+        """Every lock held, as ``RedisLock.holdings`` lists them (``batch`` is unused)."""
+        now = time.monotonic()
+        with self._cond:
+            live = [(k, e) for k in list(self._entries) if (e := self._live(k)) is not None]
+            fences = dict(self._last_fence)
+        for key, entry in live:
+            parsed = parse_key(self.prefix, key)
+            if parsed is not None:
+                name, role = parsed
+                fence = fences.get(self.keys(name).fence) if role is None else None
+                ttl = None if entry.expires_at == float("inf") else entry.expires_at - now
+                yield Held(name, role, key, entry.token, ttl, fence)
 
 
 class MemorySlots:

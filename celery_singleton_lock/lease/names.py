@@ -34,7 +34,7 @@ MAX_SLOTS = 100
 _SLOT = re.compile(r"slot([1-9][0-9]*)")
 
 
-def _is_role(role: str) -> bool:
+def is_role(role: str) -> bool:
     found = _SLOT.fullmatch(role)
     return role in ROLES or (found is not None and int(found.group(1)) <= MAX_SLOTS)
 
@@ -55,7 +55,7 @@ def companion(name: str, role: str) -> str:
     Its Redis keys share ``name``'s hash tag (one Cluster slot, so one script may touch
     both) and end in ``:<role>``, which no lock's own key does: they cannot collide.
     """
-    if not _is_role(role):
+    if not is_role(role):
         raise ConfigurationError(
             f"unknown companion role {role!r}; one of {list(ROLES)} or slot1..slot{MAX_SLOTS}"
         )
@@ -65,7 +65,7 @@ def companion(name: str, role: str) -> str:
 def split_role(name: str) -> tuple[str, str | None]:
     """(base name, role) of a companion's name; (name, None) for a lock's own name."""
     base, mark, role = name.rpartition(_ROLE_MARK)
-    if mark and _is_role(role):
+    if mark and is_role(role):
         return base, role
     return name, None
 

@@ -13,6 +13,7 @@ from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .calls import run_script
 from .clients import build, eviction_policy, is_async
 from .errors import store_error
+from .inventory import BATCH, Held, scan
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX
 from .pending import PendingAcquire
@@ -33,9 +34,8 @@ class RedisLock(LockBase):
 
     Safety rests on a single Redis primary: a failover to a replica that missed the
     last write can hand the same lock out twice. Fences exist to catch exactly that.
-
-    Errors: an unreachable server raises ``LockStoreUnavailableError``; a server that
-    refuses us for how it is set up raises ``LockStoreConfigurationError``.
+    An unreachable server raises ``LockStoreUnavailableError``; a server that refuses
+    us for how it is set up raises ``LockStoreConfigurationError``.
     """
 
     def __init__(
@@ -54,12 +54,9 @@ class RedisLock(LockBase):
             raise ConfigurationError("RedisLock needs a sync redis-py client; use AsyncRedisLock")
         self.replicas = replicas_option(replicas, replica_timeout, client)
         super().__init__(
-            client,
-            prefix=prefix,
-            allow_long_ttl=allow_long_ttl,
-            backoff_base=backoff_base,
-            backoff_cap=backoff_cap,
-        )
+            client, prefix=prefix, allow_long_ttl=allow_long_ttl,
+            backoff_base=backoff_base, backoff_cap=backoff_cap,
+        )  # fmt: skip
         self._renewer = renewer
         self._slots: Slots | None = None
         self.transport = Transport(client)
@@ -313,12 +310,9 @@ class RedisLock(LockBase):
         sent_at = time.monotonic()
         try:
             reply = self.transport.call(
-                self._extend_script,
-                keys=[keys.lock, keys.fence],
-                args=[lease.token, ttl_ms],
-                patient=patient,
-                acks=self.replicas,
-            )
+                self._extend_script, keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms],
+                patient=patient, acks=self.replicas,
+            )  # fmt: skip
         except REDIS_ERRORS as error:
             self._failed(error, lease.name)
         if self.replicas is not None:
@@ -387,6 +381,10 @@ class RedisLock(LockBase):
         except REDIS_ERRORS as error:
             self._failed(error, name)
         return None if value is None else text(value)
+
+    def holdings(self, batch: int = BATCH) -> Iterator[Held]:
+        """Every lock held under the prefix, read a batch at a time (see ``inventory``)."""
+        return scan(self, batch=batch)
 
     @contextmanager
     def hold(

@@ -1,0 +1,288 @@
+"""``celery -A proj singleton list|show|release|orphans``: see, explain and free locks.
+
+A Celery CLI extension (the ``celery.commands`` entry point). It reads the app's own
+settings, so it talks to the same lock store, prefix and broker as the app's workers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar, cast
+
+import click
+from celery.bin.base import CeleryCommand, handle_preload_options
+
+from .backend import Backend
+from .exceptions import SingletonLockError
+from .lease import ReleaseResult
+from .liveness import Liveness
+from .locks import STATES, LockRow, TaskNames, human, parse_duration, release, rows
+
+EXAMPLES = """
+\b
+Examples:
+  celery -A proj singleton list
+  celery -A proj singleton list --state running --older-than 1h
+  celery -A proj singleton list --task proj.tasks.sync --json
+  celery -A proj singleton show proj.tasks.sync:4f1c...      (a name, a Redis key or a task id)
+  celery -A proj singleton release 2b6a8c1e-...              (refused while the holder lives)
+  celery -A proj singleton orphans --release
+"""
+
+COLUMNS = (("STATE", 9), ("AGE", 8), ("TTL", 8), ("FENCE", 16), ("TASK ID", 36),
+           ("WORKER", 24), ("PID", 7), ("TASK", 28), ("NAME", 0))  # fmt: skip
+
+
+class _Locks:
+    """The app's lock store, read as rows; every store error ends the command cleanly."""
+
+    def __init__(self, ctx: click.Context) -> None:
+        self.app = ctx.obj.app
+        try:
+            self.backend = Backend.for_app(self.app)
+            self.store = self.backend.lock
+        except SingletonLockError as error:
+            fail(str(error))
+        self.names = TaskNames(self.app)
+
+    def rows(self, batch: int = 1000) -> Iterator[LockRow]:
+        try:
+            yield from rows(self.store.holdings(batch=batch), self.names)
+        except SingletonLockError as error:
+            fail(str(error))  # the store's messages name it without its password
+
+    def where(self) -> str:
+        return f"{self.backend.describe()} under prefix {self.store.prefix!r}"
+
+
+_F = TypeVar("_F")
+
+
+def _preload(command: _F) -> _F:
+    """Celery's handling of --preload options (untyped in Celery)."""
+    return cast(_F, handle_preload_options(command))
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(name="singleton", epilog=EXAMPLES)
+def singleton() -> None:
+    """See, explain and free celery-singleton-lock's locks."""
+
+
+def _command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
+    return singleton.command(name, cls=CeleryCommand, epilog=EXAMPLES)
+
+
+@_command("list")
+@click.option("--task", "task_name", help="Only the locks of this task (its registered name).")
+@click.option("--state", type=click.Choice(STATES), help="Only locks in this state.")
+@click.option("--older-than", help="Only holds taken longer ago than this: 90, 90s, 5m, 1h.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of objects.")
+@click.option("--batch", default=1000, show_default=True, help="Keys read per round trip.")
+@click.pass_context
+@_preload
+def list_locks(
+    ctx: click.Context, /, *, task_name: str | None, state: str | None, older_than: str | None,
+    as_json: bool, batch: int, **_: Any,
+) -> None:  # fmt: skip
+    """Every lock under the prefix (what the store says; no worker is asked).
+
+    States: queued (message in the broker), reserved (a worker has it, not started),
+    running, throttled (a throttle window), held (a value this library did not write).
+    A limit=N key shows one row per slot held.
+    """
+    try:
+        min_age = None if older_than is None else parse_duration(older_than)
+    except ValueError as error:
+        fail(str(error), 2)
+    locks = _Locks(ctx)
+
+    def wanted(row: LockRow) -> bool:
+        return (
+            (task_name is None or row.task == task_name)
+            and (state is None or row.state == state)
+            and (min_age is None or (row.age is not None and row.age >= min_age))
+        )
+
+    shown = 0
+    counts: dict[str, int] = {}
+    for row in filter(wanted, locks.rows(batch)):
+        if as_json:
+            click.echo(("[" if not shown else ",") + json.dumps(row.as_json()))
+        else:
+            if not shown:
+                click.echo(_line([name for name, _ in COLUMNS]))
+            click.echo(_line(_cells(row)))
+        shown += 1
+        counts[row.state] = counts.get(row.state, 0) + 1
+    if as_json:
+        click.echo("[]" if not shown else "]")
+    elif not shown:
+        click.echo(f"No locks at {locks.where()}.")
+    else:
+        summary = ", ".join(f"{counts[s]} {s}" for s in STATES if s in counts)
+        click.echo(f"{shown} lock(s): {summary}.")
+
+
+def _cells(row: LockRow) -> list[str]:
+    def text(value: object) -> str:
+        return "-" if value is None else str(value)
+
+    return [row.state, human(row.age), human(row.ttl), text(row.fence), text(row.task_id),
+            text(row.worker), text(row.pid), text(row.task), row.name]  # fmt: skip
+
+
+def _line(cells: list[str]) -> str:
+    out = []
+    for (_, width), cell in zip(COLUMNS, cells, strict=True):
+        fitted = cell[: width - 1] + "~" if width and len(cell) > width else cell
+        out.append(fitted.ljust(width) if width else fitted)
+    return " ".join(out).rstrip()
+
+
+@_command("show")
+@click.argument("ref")
+@click.option("--json", "as_json", is_flag=True, help="A JSON object per lock.")
+@click.pass_context
+@_preload
+def show(ctx: click.Context, /, ref: str, as_json: bool, **_: Any) -> None:
+    """One lock (by name, Redis key or task id): everything known, and what a new call
+    would get now."""
+    locks = _Locks(ctx)
+    found = [row for row in locks.rows() if row.matches(ref)]
+    if not found:
+        fail(f"no lock matches {ref!r} at {locks.where()}")
+    bases = {row.base_name for row in found}
+    family = [row for row in locks.rows() if row.base_name in bases]
+    liveness = Liveness(locks.app)
+    liveness.prepare(family)
+    for base in sorted(bases):
+        members = [row for row in family if row.base_name == base]
+        task = locks.app.tasks.get(members[0].task) if members[0].task else None
+        outlook = new_call(task, members)
+        if as_json:
+            click.echo(json.dumps({
+                "name": base, "new_call": outlook,
+                "holds": [{**r.as_json(), "alive": liveness.verdict(r).alive,
+                           "why": liveness.verdict(r).why} for r in members],
+            }))  # fmt: skip
+            continue
+        click.echo(f"lock {base}")
+        click.echo(f"  task:     {members[0].task or 'unknown (a name shared across tasks)'}")
+        click.echo(f"  new call: {outlook}")
+        for row in members:
+            verdict = liveness.verdict(row)
+            alive = {True: "alive", False: "gone", None: "cannot tell"}[verdict.alive]
+            role = f" ({row.role})" if row.role else ""
+            click.echo(f"  - {row.state}{role}: task id {row.task_id or '-'}, worker "
+                       f"{row.worker or '-'}, pid {row.pid or '-'}")  # fmt: skip
+            click.echo(f"    key {row.key}")
+            click.echo(f"    age {human(row.age)}, ttl {human(row.ttl)}, fence {row.fence or '-'}")
+            click.echo(f"    holder {alive}: {verdict.why}")
+
+
+def new_call(task: Any, members: list[LockRow]) -> str:  # noqa: PLR0911  (an answer per mode)
+    """What a new call of ``task`` with these arguments would get now."""
+    if task is None:
+        return "unknown: the lock's task cannot be told from its name"
+    opts = task.singleton_options()
+    by_role = {row.role: row for row in members}
+    running = by_role.get(None)
+    if opts.limit:
+        held = sum(1 for row in members if (row.role or "").startswith("slot"))
+        if held >= opts.limit:
+            return f"accepted; runs when one of its {opts.limit} slots frees ({held} held)"
+        return f"accepted; runs at once ({held} of {opts.limit} slots held)"
+    if not opts.dedupe:
+        if running is not None:
+            return f"accepted; at execution it meets {running.task_id} ({running.state})"
+        return "accepted"
+    hold = by_role.get(opts.hold_role)
+    if opts.hold_role == "throttle":
+        if hold is not None:
+            return f"refused for {human(hold.ttl)} more (the window of {hold.task_id})"
+        return "accepted"
+    if hold is not None:
+        if opts.on_duplicate == "replace" and hold.state in ("queued", "reserved"):
+            return f"accepted: replaces the arguments of {hold.task_id} ({hold.state})"
+        outcome = "raises DuplicateTaskError" if opts.on_duplicate == "raise" else "returns it"
+        return f"refused: a duplicate of {hold.task_id} ({hold.state}); {outcome}"
+    if running is not None:
+        return f"accepted; runs after {running.task_id} ({running.state})"
+    return "accepted"
+
+
+@_command("release")
+@click.argument("ref")
+@click.option("--force", is_flag=True, help="Release even while the holder is alive.")
+@click.pass_context
+@_preload
+def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: Any) -> None:
+    """Release one lock (by name, Redis key or task id), owner-checked; refused while its
+    holder is alive (its worker answers a ping and still has the task) unless --force."""
+    locks = _Locks(ctx)
+    found = [row for row in locks.rows() if row.matches(ref)]
+    if not found:
+        fail(f"no lock matches {ref!r} at {locks.where()}")
+    if len(found) > 1:
+        keys = "\n  ".join(row.key for row in found)
+        fail(f"{ref!r} matches {len(found)} locks; name one by its key:\n  {keys}")
+    [row] = found
+    if not force:
+        liveness = Liveness(locks.app)
+        liveness.prepare([row])
+        verdict = liveness.verdict(row)
+        if verdict.alive or (verdict.alive is None and row.state != "throttled"):
+            what = "is alive" if verdict.alive else "may be alive"
+            fail(f"not released: the holder of {row.name} {what} ({verdict.why}); --force "
+                 "releases it anyway")  # fmt: skip
+    _release(locks, row)
+
+
+def _release(locks: _Locks, row: LockRow, *, err: bool = False) -> bool:
+    try:
+        result = release(locks.store, row)
+    except SingletonLockError as error:
+        fail(str(error))
+    if result is ReleaseResult.RELEASED:
+        click.echo(
+            f"released {row.name} ({row.state}, task {row.task_id or '-'}, key {row.key})", err=err
+        )
+        return True
+    click.echo(f"not released {row.name}: it changed hands or expired meanwhile", err=True)
+    return False
+
+
+@_command("orphans")
+@click.option("--release", "free", is_flag=True, help="Release exactly these, owner-checked.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of objects.")
+@click.option("-Q", "--queues", help="More queues to search, comma separated.")
+@click.pass_context
+@_preload
+def orphans(ctx: click.Context, /, free: bool, as_json: bool, queues: str | None, **_: Any) -> None:
+    """Locks whose holder is gone: its worker does not answer or no longer has the task,
+    or (a queued hold) its message is in no queue. Searched without consuming on a Redis
+    broker; on RabbitMQ a queued hold counts only when every queue is empty."""
+    locks = _Locks(ctx)
+    candidates = [row for row in locks.rows() if row.state in ("queued", "reserved", "running")]
+    liveness = Liveness(locks.app, queues=(queues or "").split(",") if queues else ())
+    liveness.prepare(candidates)
+    gone = [(row, liveness.verdict(row)) for row in candidates]
+    gone = [(row, verdict) for row, verdict in gone if verdict.alive is False]
+    if as_json:
+        click.echo(json.dumps([{**row.as_json(), "why": v.why} for row, v in gone]))
+    elif not gone:
+        click.echo(f"No orphaned locks at {locks.where()}.")
+    else:
+        for row, verdict in gone:
+            click.echo(f"{row.state:9} {row.task_id or '-':36} {row.name}: {verdict.why}")
+    if free:
+        freed = sum(_release(locks, row, err=as_json) for row, _ in gone)
+        if not as_json:
+            click.echo(f"released {freed} of {len(gone)} orphaned lock(s)")

@@ -1,0 +1,113 @@
+"""Every lock a store holds under its prefix, read in bounded batches: what operators list.
+
+Reading only: SCAN (never KEYS) over the prefix, on a Cluster over every master (redis-py's
+cluster client scans each primary), then one pipelined round trip per batch for the
+batch's holders, time left and fences. Memory is bounded by the batch, whatever the count.
+Bookkeeping keys (fences, wake-up signals, waiter lists, replaced-token sets) are not
+locks and are not listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import unquote
+
+from .base import REDIS_ERRORS
+from .errors import store_error
+from .lease import text
+from .names import LockKeys, companion, is_role
+
+
+class _Store(Protocol):  # RedisLock (this module is below it)
+    client: Any
+    prefix: str
+    where: str
+
+
+BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Held:
+    """One held lock: a lock's own key, or a companion of it (its role says which)."""
+
+    name: str  # the lock's name, as the caller gave it (a companion's base name)
+    role: str | None  # None, "pending", "throttle" or "slot<N>"
+    key: str  # the Redis key
+    token: str  # the holder's token
+    ttl: float | None  # seconds left; None when the key has no expiry
+    # The lock's last fence, its holder's when running; None for a hold that takes no
+    # fence, and for a slot (the slots of a limit share one counter).
+    fence: int | None
+
+    @property
+    def full_name(self) -> str:
+        """The name the store's calls take (``companion(name, role)`` for a companion)."""
+        return self.name if self.role is None else companion(self.name, self.role)
+
+
+def parse_key(prefix: str, key: str) -> tuple[str, str | None] | None:
+    """(name, role) of a lock's Redis key under ``prefix``; None for bookkeeping keys."""
+    head = f"{prefix}:{{"
+    close = key.find("}", len(head)) if key.startswith(head) else -1
+    if close < 0:
+        return None
+    # A name is either kept as it is (no '%' in it) or %-escaped whole (see names.py).
+    name, rest = unquote(key[len(head) : close]), key[close + 1 :]
+    if not rest:
+        return name, None
+    role = rest[1:]
+    return (name, role) if rest[0] == ":" and is_role(role) else None
+
+
+def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:
+    """Every lock ``lock``'s store holds under its prefix, a batch at a time.
+
+    Two round trips per batch (SCAN, then one pipeline); a lock released meanwhile is
+    left out. Raises the store's errors (unreachable, or set up wrongly).
+    """
+    client, prefix = lock.client, lock.prefix
+    pending: list[tuple[str, str, str | None]] = []
+    try:
+        for raw in client.scan_iter(match=f"{prefix}:{{*", count=batch):
+            key = text(raw)
+            parsed = parse_key(prefix, key)
+            if parsed is not None:
+                pending.append((key, *parsed))
+            if len(pending) >= batch:
+                yield from _read(lock, pending)
+                pending = []
+        yield from _read(lock, pending)
+    except REDIS_ERRORS as error:
+        raise store_error(error, where=lock.where) from error
+
+
+def _read(lock: _Store, found: list[tuple[str, str, str | None]]) -> Iterator[Held]:
+    if not found:
+        return
+    pipe = lock.client.pipeline(transaction=False)
+    for key, name, role in found:
+        pipe.get(key)
+        pipe.pttl(key)
+        # Only the lock's own key and its slots are fenced (a pending call's hold and a
+        # throttle window keep duplicates out; their executions take fenced leases).
+        if role is None:
+            pipe.get(LockKeys.build(lock.prefix, name).fence)
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    at = 0
+    for key, name, role in found:
+        value, pttl = replies[at], replies[at + 1]
+        fence = replies[at + 2] if role is None else None
+        at += 3 if role is None else 2
+        if value is None or isinstance(value, Exception) or isinstance(pttl, Exception):
+            continue  # released since the SCAN, or not a lock's value
+        yield Held(
+            name=name,
+            role=role,
+            key=key,
+            token=text(value),
+            ttl=None if int(pttl) < 0 else int(pttl) / 1000,
+            fence=int(fence) if fence is not None and not isinstance(fence, Exception) else None,
+        )

@@ -1,0 +1,182 @@
+"""Whether a lock's holder is still alive: worker pings and task lists, and queued
+messages looked for in the broker without consuming them.
+
+- A reservation or running lease names its worker: alive while that worker answers a
+  ping and still lists the task as active, reserved or scheduled.
+- A queued hold names only its task id. Messages move queue -> the broker's unacked set
+  -> a worker, so they are looked for in that order (a message moving meanwhile is
+  seen at its next stop), and releases are owner-checked: a hold that changed hands
+  since (a worker reserved it) is never released.
+- On a Redis broker every queue's lists (all priority levels) and the unacked hash are
+  read in batches. An AMQP broker (RabbitMQ) cannot be searched without consuming: a
+  queued hold counts as gone only when every queue is empty and no worker has the task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .locks import LockRow
+
+BATCH = 1000
+
+
+@dataclass
+class Verdict:
+    alive: bool | None  # None: cannot be told
+    why: str
+
+
+@dataclass
+class Liveness:
+    app: Any
+    queues: Iterable[str] = ()
+    timeout: float = 1.0
+    _alive: set[str] | None = None
+    _tasks: dict[str, set[str]] = field(default_factory=dict)
+    _in_broker: dict[str, str] = field(default_factory=dict)
+    _searched: set[str] = field(default_factory=set)
+    _broker_note: str | None = None
+
+    def prepare(self, rows: Iterable[LockRow]) -> None:
+        """Look for the queued holds' messages first, then ask the workers (see above)."""
+        queued = {r.task_id for r in rows if r.state == "queued" and r.task_id}
+        if queued:
+            self._search_broker(queued)  # asks the workers their queues first
+        self._tasks.clear()
+        self._ask_workers()  # after the broker: a message moving on is seen at its next stop
+
+    def verdict(self, row: LockRow) -> Verdict:  # noqa: PLR0911  (a reason per finding)
+        if row.state == "throttled":
+            return Verdict(None, "a throttle window: nothing runs under it, it ends by itself")
+        if row.state == "held" or row.task_id is None:
+            return Verdict(None, "not a holder this library wrote")
+        alive, tasks = self._workers()
+        if row.worker is not None and row.state != "queued":
+            if row.worker not in alive:
+                return Verdict(False, f"worker {row.worker} does not answer a ping")
+            if row.task_id in tasks.get(row.worker, set()):
+                return Verdict(True, f"{row.worker} has the task active, reserved or scheduled")
+            return Verdict(False, f"{row.worker} answers but no longer has the task")
+        if row.task_id not in self._searched:
+            self._search_broker({row.task_id})
+        where = self._in_broker.get(row.task_id)
+        if where is not None:
+            return Verdict(True, where)
+        holders = [w for w, ids in tasks.items() if row.task_id in ids]
+        if holders:
+            return Verdict(True, f"{holders[0]} has the task")
+        if self._broker_note is not None:
+            return Verdict(None, self._broker_note)
+        return Verdict(False, "its message is in no queue and no worker has it")
+
+    # -- workers -----------------------------------------------------------------------
+
+    def _workers(self) -> tuple[set[str], dict[str, set[str]]]:
+        if self._alive is None:
+            self._ask_workers()
+        return self._alive or set(), self._tasks
+
+    def _ask_workers(self) -> None:
+        control = self.app.control
+        replies = control.ping(timeout=self.timeout) or []
+        self._alive = {name for reply in replies for name in reply}
+        self._tasks = {}
+        if not self._alive:
+            return
+        inspect = control.inspect(destination=sorted(self._alive), timeout=self.timeout)
+        for listing in (inspect.active(), inspect.reserved(), inspect.scheduled()):
+            for worker, entries in (listing or {}).items():
+                ids = self._tasks.setdefault(worker, set())
+                for entry in entries or ():
+                    request = entry.get("request", entry)  # scheduled wraps its request
+                    if request.get("id"):
+                        ids.add(request["id"])
+
+    def worker_queues(self) -> set[str]:
+        """The queues the live workers consume from (``inspect active_queues``)."""
+        alive, _ = self._workers()
+        if not alive:
+            return set()
+        inspect = self.app.control.inspect(destination=sorted(alive), timeout=self.timeout)
+        listing = inspect.active_queues() or {}
+        return {q["name"] for queues in listing.values() for q in queues or () if q.get("name")}
+
+    # -- broker ------------------------------------------------------------------------
+
+    def _search_broker(self, wanted: set[str]) -> None:
+        self._searched |= wanted
+        names = set(self.queues) | set(self.app.amqp.queues.keys()) | self.worker_queues()
+        with self.app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            if conn.transport.driver_type == "redis":
+                self._search_redis(channel, sorted(names), wanted)
+            else:
+                self._count_amqp(conn, sorted(names))
+
+    def _search_redis(self, channel: Any, names: list[str], wanted: set[str]) -> None:
+        client = channel.client  # kombu's own client (with its global_keyprefix)
+        sep = getattr(channel, "sep", "\x06\x16")
+        steps = getattr(channel, "priority_steps", [0, 3, 6, 9])
+        for queue in sorted(set(names) | _bound_queues(channel, client, sep)):
+            for step in steps:
+                name = f"{queue}{sep}{step}" if step else queue
+                for start in range(0, int(client.llen(name)), BATCH):
+                    for raw in client.lrange(name, start, start + BATCH - 1):
+                        self._found(_task_id(raw), wanted, f"its message is queued in {queue}")
+        unacked = getattr(channel, "unacked_key", "unacked")
+        for _, raw in client.hscan_iter(unacked, count=BATCH):
+            self._found(
+                _task_id(raw, unacked=True), wanted,
+                "delivered to a worker and not acked: the broker restores it after "
+                "visibility_timeout",
+            )  # fmt: skip
+
+    def _found(self, task_id: str | None, wanted: set[str], where: str) -> None:
+        if task_id in wanted and task_id not in self._in_broker:
+            self._in_broker[task_id] = where
+
+    def _count_amqp(self, conn: Any, names: list[str]) -> None:
+        waiting = 0
+        for queue in names:
+            channel = conn.channel()
+            try:
+                _, count, _ = channel.queue_declare(queue=queue, passive=True)
+                waiting += count
+            except conn.channel_errors:
+                pass  # no such queue
+            finally:
+                channel.close()
+        if waiting:
+            self._broker_note = (
+                f"{waiting} message(s) wait in {', '.join(names)} and an AMQP broker cannot be "
+                "searched without consuming: cannot tell"
+            )
+
+
+def _bound_queues(channel: Any, client: Any, sep: str) -> set[str]:
+    """Every queue bound to an exchange on this Redis broker: kombu keeps each exchange's
+    bindings in a set (``_kombu.binding.<exchange>``), members ``key<sep>pattern<sep>queue``."""
+    pattern = getattr(channel, "keyprefix_queue", "_kombu.binding.%s") % "*"
+    queues: set[str] = set()
+    for binding in client.scan_iter(match=pattern, count=BATCH):
+        for member in client.smembers(binding):
+            text = member.decode() if isinstance(member, bytes) else str(member)
+            queues.add(text.split(sep)[-1])
+    return queues
+
+
+def _task_id(raw: Any, *, unacked: bool = False) -> str | None:
+    try:
+        message = json.loads(raw)
+        if unacked:
+            message = message[0]  # [message, exchange, routing key]
+        headers = message.get("headers") or {}
+        task_id = headers.get("id") or (message.get("properties") or {}).get("correlation_id")
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return None
+    return task_id if isinstance(task_id, str) else None

@@ -1,0 +1,157 @@
+"""An app's locks as an operator sees them: rows with state, task, worker and age, and
+whether each holder is still alive (what ``celery singleton`` prints and releases).
+
+Reading the lock store never asks a worker anything; ``Liveness`` does, through Celery's
+remote control (ping, then ``inspect`` active / reserved / scheduled of the workers that
+answered), and looks for queued messages in the broker without consuming them.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .lease import ReleaseResult
+from .lease.inventory import Held
+from .options import is_singleton
+from .tokens import read_token
+
+STATES = ("queued", "reserved", "running", "throttled", "held")
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """One held lock (a key, a pending call's hold, a throttle window or one slot)."""
+
+    name: str  # the lock's name; a companion's role follows in brackets
+    key: str  # its Redis key
+    task: str | None  # the task whose lock it is, where the name tells
+    task_id: str | None
+    state: str  # one of STATES ("held": a value this library did not write)
+    worker: str | None
+    pid: int | None
+    age: float | None  # seconds since the hold was taken
+    ttl: float | None  # seconds left; None: no expiry
+    fence: int | None
+    lock_name: str  # what the store's calls take (companions included)
+    base_name: str  # the lock this row belongs to (a companion's or slot's owner)
+    role: str | None
+    token: str
+
+    def as_json(self) -> dict[str, Any]:
+        fields = ("name", "key", "task", "task_id", "state", "worker", "pid", "age", "ttl")
+        data = {field: getattr(self, field) for field in fields}
+        data.update(fence=self.fence, role=self.role)
+        for field in ("age", "ttl"):
+            if data[field] is not None:
+                data[field] = round(data[field], 3)
+        return data
+
+    def matches(self, ref: str) -> bool:
+        """Whether ``ref`` names this row: its key, its lock's name, or its task id."""
+        return ref in (self.key, self.base_name, self.lock_name, self.task_id)
+
+
+class TaskNames:
+    """Which of the app's singleton tasks a lock name belongs to, where the name tells.
+
+    A key derived from arguments starts with the task's name; a format-string key
+    (``"request:{request_idx}"``) is matched against each task's template, and counts
+    only when exactly one task's template matches. A callable's names cannot be told.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self._names: set[str] = set()
+        self._templates: list[tuple[re.Pattern[str], str]] = []
+        for name, task in sorted(app.tasks.items()):
+            if not is_singleton(task):
+                continue
+            self._names.add(name[:128])
+            key = task.singleton_options().key.key
+            if isinstance(key, str):
+                self._templates.append((_template(key), name))
+
+    def of(self, lock_name: str) -> str | None:
+        head, sep, digest = lock_name.rpartition(":")
+        if sep and head in self._names and len(digest) == 64:
+            return head
+        found = {task for pattern, task in self._templates if pattern.fullmatch(lock_name)}
+        return found.pop() if len(found) == 1 else None
+
+
+def _template(key: str) -> re.Pattern[str]:
+    parts = [re.escape(text) + ("" if field is None else ".+?")
+             for text, field, _, _ in string.Formatter().parse(key)]  # fmt: skip
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> Iterator[LockRow]:
+    """Each held lock as a row (streamed: memory stays bounded by the store's batch)."""
+    now = time.time() if now is None else now
+    for item in held:
+        holder = read_token(item.token)
+        state = holder.state or "held"
+        if item.role == "throttle":
+            state = "throttled"
+        elif item.role == "pending" and state == "running":
+            state = "reserved"  # an execution waiting for the key keeps its call's place
+        shown = item.name if item.role is None else f"{item.name} [{item.role}]"
+        yield LockRow(
+            name=shown,
+            key=item.key,
+            task=names.of(item.name),
+            task_id=holder.task_id,
+            state=state,
+            worker=holder.worker,
+            pid=holder.pid,
+            age=None if holder.since is None else max(0.0, now - holder.since),
+            ttl=item.ttl,
+            fence=item.fence,
+            lock_name=item.full_name,
+            base_name=item.name,
+            role=item.role,
+            token=item.token,
+        )
+
+
+def release(store: Any, row: LockRow) -> ReleaseResult:
+    """Owner-checked: frees the lock only if ``row``'s holder still holds it."""
+    result: ReleaseResult = store.release_token(row.lock_name, row.token)
+    return result
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``5m``, ``1h``, ``2d`` (or a sum: ``1h30m``)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = re.fullmatch(r"(?:\d+(?:\.\d+)?[smhd])+", text)
+    if not parts:
+        raise ValueError(f"not a duration: {text!r} (use seconds or e.g. 90s, 5m, 1h, 1h30m)")
+    return sum(
+        float(number) * units[unit] for number, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
+    )
+
+
+def human(seconds: float | None) -> str:
+    """``42s``, ``5m03s``, ``2h10m``, ``3d04h``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
