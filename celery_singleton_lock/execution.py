@@ -36,6 +36,7 @@ from .tokens import (
     REDRIVE_HEADER,
     TOKEN_HEADER,
     header,
+    holder_state,
     holder_task_id,
     redrive_shape,
     reserved_exact,
@@ -179,6 +180,12 @@ class Execution:
         singleton_signals.execution_contended.send(
             sender=task, key=self.key, holder_id=state.holder, decision=decision
         )
+        # One INFO line, stable wording (docs/operations.md): contention is expected work.
+        logger.info(
+            "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
+            task.name, task.request.id, self.key, state.holder or "-",
+            holder_state(held), _then(decision),
+        )  # fmt: skip
         if isinstance(decision, Wait):
             if hold is not None:
                 hold.keep()  # still the pending call while it waits
@@ -204,6 +211,14 @@ class Execution:
                 task_id=state.holder,
             )
         raise ConfigurationError(f"{task.name}: contention policy returned {decision!r}")
+
+
+def _then(decision: object) -> str:
+    if isinstance(decision, Wait):
+        return f"wait up to {decision.timeout:g}s"
+    if isinstance(decision, Requeue):
+        return f"requeue in {decision.countdown:.2f}s"
+    return "fail"
 
 
 def requeue(

@@ -42,6 +42,7 @@ from .tokens import (
     REDRIVE_HEADER,
     TOKEN_HEADER,
     debounced_token,
+    holder_state,
     holder_task_id,
     queued_token,
 )
@@ -60,6 +61,9 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     singleton: ClassVar[Mapping[str, Any] | None] = None
     Request = "celery_singleton_lock.worker:SingletonRequest"
+    # A duplicate that did not run (on_contention="fail") is an expected outcome: Celery
+    # logs it at INFO without a traceback, not as an ERROR.
+    throws = (DuplicateTaskError,)
     _singleton_options: ClassVar[SingletonOptions | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -248,8 +252,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         holder = holder_task_id(held.holder)
         singleton_signals.duplicate_refused.send(sender=self, key=key, holder_id=holder)
         opts = self.singleton_options()
+        # One INFO line, stable wording (docs/operations.md): why this call was not sent.
+        logger.info(
+            "refused at dispatch: task=%s lock=%s holder=%s state=%s",
+            self.name, key, holder or "-", holder_state(held),
+        )  # fmt: skip
         if opts.on_duplicate != "raise" and holder is not None:
-            logger.info("duplicate of %s refused for %s: returning %s", self.name, key, holder)
             return self.AsyncResult(holder)
         if opts.throttle is not None:
             what = f"was accepted less than {opts.throttle:g}s ago"

@@ -163,3 +163,11 @@ def header(request: Any, name: str) -> Any:
     headers = getattr(request, "headers", None) or {}
     value = headers.get(name)
     return getattr(request, name, None) if value is None else value
+
+
+def holder_state(held: Any) -> str:
+    """The state of a ``Contended``'s holder for log lines: queued, reserved, running,
+    throttled (a throttle window), or unknown (a value this library did not write)."""
+    if str(getattr(held, "key", "")).endswith(":throttle"):
+        return "throttled"
+    return read_token(getattr(held, "holder", None)).state or "unknown"

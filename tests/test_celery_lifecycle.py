@@ -285,6 +285,16 @@ class TestBypass:
             second.get(timeout=20)
         assert first.id in str(caught.value)
         assert first.get(timeout=20) == "p"
+        # One greppable INFO line says why; the failure is expected, not an ERROR.
+        log = worker.output()
+        lock = strict.singleton_options().key.derive(("p",), {})
+        assert (
+            f"contended at execution: task=tests.celery_app.strict id={second.id} lock={lock} "
+            f"holder={first.id} state=running then=fail" in log
+        )
+        mine = [line for line in log.splitlines() if second.id in line]
+        assert any("raised expected: DuplicateTaskError" in line for line in mine), mine
+        assert not any("ERROR" in line for line in mine), mine
 
     def test_requeue_is_bounded_then_fails(self, cenv: CeleryEnv, worker: Worker) -> None:
         impatient = cenv.app_module.impatient

@@ -264,6 +264,29 @@ def test_list_over_100000_locks_takes_bounded_round_trips_and_memory(cenv: Celer
     assert counts["maxrss_kib"] - baseline["maxrss_kib"] < 40 * 1024  # streamed, not held
 
 
+def test_a_refusal_logs_one_info_line_naming_the_holder_and_its_state(
+    cenv: CeleryEnv, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, parked = cenv.app_module, f"parked-{uuid.uuid4().hex}"
+    first = app.work.apply_async(("logged",), queue=parked)
+    with caplog.at_level("INFO", logger="celery_singleton_lock"):
+        again = app.work.apply_async(("logged",), queue=parked)
+    assert again.id == first.id
+    lock = app.work.singleton_options().key.derive(("logged",), {})
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("celery_singleton")] == [
+        f"refused at dispatch: task=tests.celery_app.work lock={lock} holder={first.id} "
+        "state=queued"
+    ]
+    assert {r.levelname for r in caplog.records} == {"INFO"}
+    options = dataclasses.replace(app.throttled.singleton_options(), throttle=30.0)
+    monkeypatch.setattr(type(app.throttled), "_singleton_options", options)
+    accepted = app.throttled.apply_async(("w",), queue=parked)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="celery_singleton_lock"):
+        app.throttled.apply_async(("w",), queue=parked)
+    assert f"holder={accepted.id} state=throttled" in caplog.text
+
+
 # -- the pieces, without processes -----------------------------------------------------
 
 
