@@ -1,5 +1,8 @@
 """celery-singleton-lock: stop Celery from doing the same work twice."""
 
+# The one source of the version: pyproject.toml reads it from here.
+__version__ = "0.1.0.dev0"
+
 from . import signals
 from .decorator import singleton_task
 from .exceptions import (
