@@ -49,6 +49,14 @@ class Backend:
                     setattr(app, _CACHE_ATTRIBUTE, backend)
         return backend
 
+    @staticmethod
+    def forget(app: Any) -> None:
+        """Drop the app's cached settings and stores: the next use reads ``app.conf``
+        again and connects afresh (a test that changes the lock store's settings)."""
+        SingletonConfig.forget(app)
+        if hasattr(app, _CACHE_ATTRIBUTE):
+            delattr(app, _CACHE_ATTRIBUTE)
+
     def _client(self, *, waiting: bool) -> Any:
         config = self.config
         if config.client_factory is not None:

@@ -166,6 +166,12 @@ class SingletonConfig:
             setattr(app, _CACHE_ATTRIBUTE, cached)
         return cached
 
+    @staticmethod
+    def forget(app: Any) -> None:
+        """Drop the cached settings: the next use reads ``app.conf`` again (tests)."""
+        if hasattr(app, _CACHE_ATTRIBUTE):
+            delattr(app, _CACHE_ATTRIBUTE)
+
     @classmethod
     def from_conf(cls, conf: Any) -> SingletonConfig:
         try:

@@ -38,9 +38,9 @@ from .tokens import (
     header,
     holder_state,
     holder_task_id,
+    is_reservation_of,
     redrive_shape,
     reserved_exact,
-    reserved_token,
     running_token,
 )
 
@@ -70,8 +70,7 @@ class Execution:
         else:
             # Exactly this message's reservation: a replacement of its arguments (same
             # task id, sent later) reserved on this host must never pass for it.
-            exact = hostname and self.queued
-            self.shape = reserved_exact(hostname, request.id, self.queued) if exact else None
+            self.shape = reserved_exact(request.id, self.queued) if self.queued else None
         self.store: Store = task._singleton_store.lock
         self.ttl: float = task._ttl()
         # What of the key this message may take over: its own queued hold or reservation.
@@ -122,10 +121,9 @@ class Execution:
         if not held.replaced:
             if not held.holder or holder_task_id(held.holder) != request.id:
                 return
-            mine = {self.queued, self.token}
-            if self.queued and request.hostname:
-                mine.add(reserved_token(request.id, request.hostname, self.queued))
-            if held.holder in mine:
+            if held.holder in (self.queued, self.token):
+                return
+            if self.queued and is_reservation_of(held.holder, request.id, self.queued):
                 return
         logger.info(
             "%s[%s] dropped: a later call replaced its arguments for %r",

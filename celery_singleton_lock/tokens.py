@@ -90,10 +90,18 @@ def reserved_token(task_id: str, hostname: str, queued: str) -> str:
     return f"{prefix}{_nonce_of(queued)}{suffix}"
 
 
-def reserved_exact(hostname: str, task_id: str, queued: str) -> tuple[str, str]:
-    """(prefix, suffix) matching ``reserved_token(task_id, hostname, queued)`` alone."""
-    prefix, suffix = reserved_shape(hostname, task_id)
-    return f"{prefix}{_nonce_of(queued)}", suffix
+def reserved_exact(task_id: str, queued: str) -> tuple[str, str]:
+    """(prefix, suffix) matching the reservation made from ``queued`` alone, on whatever
+    host: the hold's nonce and the task id name the message. (The host is left out: a
+    worker's main process and its executions may spell it differently, e.g. Celery's
+    in-process test worker gives its tasks the machine's name, not its node name.)"""
+    return "r|", f"|{_nonce_of(queued)}|{task_id}"
+
+
+def is_reservation_of(token: str, task_id: str, queued: str) -> bool:
+    """Whether ``token`` is the reservation made from the queued hold ``queued``."""
+    prefix, suffix = reserved_exact(task_id, queued)
+    return token.startswith(prefix) and token.endswith(suffix) and token.count("|") == 3
 
 
 def queued_form(token: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,18 +29,19 @@ CREATE TABLE IF NOT EXISTS coupon (id INTEGER PRIMARY KEY, stock INTEGER, last_f
 CREATE TABLE IF NOT EXISTS claims (user_id INTEGER, fence INTEGER, accepted INTEGER, at REAL);
 """
 
-_connection: tuple[int, sqlite3.Connection] | None = None
+_local = threading.local()
 
 
 def connect() -> sqlite3.Connection:
-    """One connection per process (Celery's prefork children each open their own)."""
-    global _connection  # noqa: PLW0603
-    if _connection is None or _connection[0] != os.getpid():
+    """One connection per process and thread (prefork children each open their own; an
+    SQLite connection may not cross threads, as in a threads pool or Celery's test worker)."""
+    mine: tuple[int, sqlite3.Connection] | None = getattr(_local, "connection", None)
+    if mine is None or mine[0] != os.getpid():
         db = sqlite3.connect(settings.EFFECTS_DB, timeout=30, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA busy_timeout=30000")
-        _connection = (os.getpid(), db)
-    return _connection[1]
+        mine = _local.connection = (os.getpid(), db)
+    return mine[1]
 
 
 @contextmanager

@@ -1,0 +1,83 @@
+"""pytest fixtures for testing your singleton tasks (registered by the ``pytest11`` entry
+point; nothing happens unless a test asks for a fixture).
+
+- ``singleton_lock_url``: the lock store for the tests, ``memory://`` unless you pass
+  ``--singleton-lock-url redis://...`` (or override the fixture).
+- ``singleton_app``: the app whose locks the tests use: Celery's ``celery_app`` fixture
+  when the test uses it, else the current app. Override it to return your project's.
+- ``singleton_locks``: points that app at that store, clears it before and after the
+  test, and gives the helpers of ``celery_singleton_lock.testing`` bound to the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+
+from . import testing
+from .backend import Backend
+from .locks import LockRow
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--singleton-lock-url",
+        default=None,
+        help="lock store for the singleton_locks fixture (default memory://)",
+    )
+
+
+class SingletonLocks:
+    """The testing helpers, bound to one app."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def hold(self, task: Any, *args: Any, **kwargs: Any) -> AbstractContextManager[Any]:
+        return testing.hold(task, *args, **kwargs)
+
+    def held(self) -> list[LockRow]:
+        return testing.held_locks(self.app)
+
+    def clear(self) -> int:
+        return testing.clear_locks(self.app)
+
+    def assert_refused(self, task: Any, *args: Any, **kwargs: Any) -> None:
+        testing.assert_refused(task, *args, **kwargs)
+
+    def assert_locked(self, task: Any, *args: Any, **kwargs: Any) -> None:
+        testing.assert_locked(task, *args, **kwargs)
+
+
+@pytest.fixture
+def singleton_lock_url(request: pytest.FixtureRequest) -> str:
+    url: str | None = request.config.getoption("--singleton-lock-url")
+    return url or "memory://"
+
+
+@pytest.fixture
+def singleton_app(request: pytest.FixtureRequest) -> Any:
+    if "celery_app" in request.fixturenames:
+        return request.getfixturevalue("celery_app")
+    from celery import current_app  # noqa: PLC0415  (the app as the test left it)
+
+    return current_app._get_current_object()
+
+
+@pytest.fixture
+def singleton_locks(singleton_app: Any, singleton_lock_url: str) -> Iterator[SingletonLocks]:
+    app = singleton_app
+    saved = app.conf.get("singleton_lock_url")
+    Backend.forget(app)
+    app.conf.singleton_lock_url = singleton_lock_url
+    locks = SingletonLocks(app)
+    locks.clear()
+    try:
+        yield locks
+    finally:
+        locks.clear()
+        app.conf.singleton_lock_url = saved
+        Backend.forget(app)
