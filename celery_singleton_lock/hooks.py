@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 # How often the main process looks for revoked messages it holds a reservation for: a
 # revoked ETA message frees its key within this, not at its ETA.
 REVOKE_CHECK_INTERVAL = 0.5
+# Where this worker serves its metrics, if it does (singleton_lock_metrics_port).
+_serving: list[str] = []
 
 
 def _has_children(pool: Any) -> bool:
@@ -53,6 +55,13 @@ def _at_worker_init(sender: Any = None, **_: Any) -> None:
         return
     refuse_bad_settings(app)
     child_watch.enabled = _has_children(getattr(sender, "pool_cls", None))
+    port = app.conf.get("singleton_lock_metrics_port")
+    if port is not None:
+        # Here, before the pool forks: the children inherit the multiprocess mode.
+        from .metrics import serve_worker  # noqa: PLC0415  (an optional extra)
+
+        addr = app.conf.get("singleton_lock_metrics_addr") or "127.0.0.1"
+        _serving.append(f"http://{addr}:{serve_worker(port, addr)}/metrics")
 
 
 def _at_worker_ready(sender: Any = None, **_: Any) -> None:
@@ -66,6 +75,8 @@ def _at_worker_ready(sender: Any = None, **_: Any) -> None:
         child_watch.enabled = _has_children(pool)
     for message in check_worker_setup(app):
         logger.warning("celery-singleton-lock: %s", message)
+    for url in _serving:  # said here: the worker's logging is not set up at worker_init
+        logger.info("celery-singleton-lock metrics on %s", url)
     timer = getattr(sender, "timer", None)
     if timer is not None:
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)

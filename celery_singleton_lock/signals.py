@@ -4,9 +4,17 @@ Sent synchronously in the process where the event happens; a receiver that raise
 logged and ignored (Celery's ``Signal.send`` semantics), so a metrics bug never stops a
 task.
 
+- ``dispatch_accepted(sender=task, key, task_id)``: at dispatch, the call took its hold
+  and was published.
 - ``duplicate_refused(sender=task, key, holder_id)``: at dispatch, a duplicate was refused.
 - ``execution_contended(sender=task, key, holder_id, decision)``: at execution, the key was
   held by someone else; ``decision`` is the policy's ``Fail``, ``Requeue`` or ``Wait``.
+- ``lease_acquired(sender=task, key, task_id, fence, waited)``: an execution took its
+  running lease, ``waited`` seconds after it started trying (contention included).
+- ``lease_released(sender=task, key, task_id, held)``: it gave the lease back after
+  ``held`` seconds (sent as the release is sent).
+- ``lease_lost(sender=task, key, task_id)``: renewal found the lease gone while the task
+  ran (connected receivers only: nothing is registered per task otherwise).
 - ``dead_child_released(sender=task, key, task_id, pid)``: the worker's main process
   released the lease of a pool child that died.
 """
@@ -15,10 +23,22 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
+dispatch_accepted = Signal(name="dispatch_accepted", providing_args={"key", "task_id"})
 duplicate_refused = Signal(name="duplicate_refused", providing_args={"key", "holder_id"})
 execution_contended = Signal(
     name="execution_contended", providing_args={"key", "holder_id", "decision"}
 )
 dead_child_released = Signal(name="dead_child_released", providing_args={"key", "task_id", "pid"})
+lease_acquired = Signal(name="lease_acquired", providing_args={"key", "task_id", "fence", "waited"})
+lease_released = Signal(name="lease_released", providing_args={"key", "task_id", "held"})
+lease_lost = Signal(name="lease_lost", providing_args={"key", "task_id"})
 
-__all__ = ["dead_child_released", "duplicate_refused", "execution_contended"]
+__all__ = [
+    "dead_child_released",
+    "dispatch_accepted",
+    "duplicate_refused",
+    "execution_contended",
+    "lease_acquired",
+    "lease_lost",
+    "lease_released",
+]

@@ -189,6 +189,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if not gate.checked:  # Celery returned without publishing through the gate
             gate.give_back()
         refusals.forget(key)
+        singleton_signals.dispatch_accepted.send(sender=self, key=key, task_id=task_id)
         return result
 
     def _debounced(self, task_id: str, options: dict[str, Any]) -> str:
@@ -320,8 +321,11 @@ class SingletonTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         # Celery's Task.__call__ would push a fresh, id-less request over the worker's;
         # the worker's tracer has pushed the real one already, so run the body directly.
+        began = time.monotonic()
         lease = Execution(self, args, kwargs).take()
+        acquired = time.monotonic()
         request.singleton_lease = lease
+        _report_acquired(self, lease, request.id, acquired - began)
         try:
             return self.run(*args, **kwargs)
         finally:
@@ -332,12 +336,28 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # next task a round trip sooner. An eager caller may look at the key next.
                 store = self._singleton_store.lock
                 quietly(store.release if request.is_eager else store.release_nowait, lease)
+                singleton_signals.lease_released.send(
+                    sender=self, key=lease.name, task_id=request.id,
+                    held=time.monotonic() - acquired,
+                )  # fmt: skip
 
     def _requeue(
         self, key: str, attempt: int, countdown: float, *, outages: int | None = None
     ) -> None:
         """Send this message again later and end this execution (for ``outages.py``)."""
         requeue(self, key, attempt, countdown, outages=outages)
+
+
+def _report_acquired(task: SingletonTask, lease: Lease, task_id: str, waited: float) -> None:
+    singleton_signals.lease_acquired.send(
+        sender=task, key=lease.name, task_id=task_id, fence=lease.fence, waited=waited
+    )
+    if singleton_signals.lease_lost.receivers:  # nothing registered per task otherwise
+        lease.on_lost(
+            lambda lost: singleton_signals.lease_lost.send(
+                sender=task, key=lost.name, task_id=task_id
+            )
+        )
 
 
 __all__ = ["SingletonOptions", "SingletonTask"]

@@ -33,6 +33,10 @@ app.conf.update(
     # CSL_LOCK_URL="" leaves the lock store to be found from the backend or broker.
     singleton_lock_url=os.environ.get("CSL_LOCK_URL", "redis://127.0.0.1:6379/0") or None,
     singleton_lock_prefix="t",
+    # The metrics tests have a worker serve Prometheus metrics (CSL_METRICS_PORT).
+    singleton_lock_metrics_port=int(os.environ["CSL_METRICS_PORT"])
+    if os.environ.get("CSL_METRICS_PORT")
+    else None,
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
     # The version matrix runs the lock store on RESP3 too (CSL_PROTOCOL=3).
