@@ -28,7 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import RedisServer  # noqa: E402  (after the path is set)
+from benchmarks.charts import grouped_bars  # noqa: E402  (after the path is set)
+from tests.servers import RedisServer  # noqa: E402
 from tests.workers import Worker  # noqa: E402
 
 INCUMBENTS = ("celery_singleton", "celery_once")
@@ -474,10 +475,56 @@ def render(results: dict[str, Any], command: str) -> str:
             "do no dispatch check: every call is published.",
         ),
     }
+    if all(k in r for k in CHARTED):
+        out += [
+            "![Ratios to plain Celery, side by side](img/benchmark-ratios.svg)",
+            "",
+            "Drawn from this run by the same command (lower is better for dispatch, "
+            "higher for throughput).",
+            "",
+        ]
     for key, (title, note) in notes.items():
         if key in r:
             out += table(title, r[key], note)
     return "\n".join(out)
+
+
+# (chart group, results key, ratio field)
+CHARTED = {
+    "dispatch_unique": ("unique dispatch", "ratio"),
+    "dispatch_duplicate": ("refused duplicate", "ratio_to_plain_delay"),
+    "end_to_end": ("end-to-end throughput", "ratio"),
+}
+
+
+def chart(results: dict[str, Any]) -> str:
+    """The three headline ratios of every system, side by side."""
+    r = results["results"]
+    values = {
+        (group, system): float(r[key][system][field])
+        for key, (group, field) in CHARTED.items()
+        for system in ALL
+        if key != "dispatch_duplicate" or system != "plain"  # plain has no duplicate check
+    }
+    names = {"plain": "plain Celery", "celery_singleton": "celery-singleton",
+             "celery_once": "celery-once", "this": "celery-singleton-lock"}  # fmt: skip
+    shown = {(group, names[system]): value for (group, system), value in values.items()}
+    return grouped_bars(
+        "Ratios to plain Celery, same run",
+        [g for g, _ in CHARTED.values()],
+        [names[s] for s in ALL],
+        shown,
+    )
+
+
+def write_pages(results: dict[str, Any], output: Path) -> None:
+    command = str(results.get("command") or "python3 scripts/dev.py bench")
+    output.write_text(render(results, command))
+    if all(k in results["results"] for k in CHARTED):
+        image = output.parent / "img" / "benchmark-ratios.svg"
+        image.parent.mkdir(parents=True, exist_ok=True)
+        image.write_text(chart(results))
+    print(f"wrote {output}")
 
 
 def main() -> int:
@@ -489,7 +536,14 @@ def main() -> int:
     parser.add_argument("--crash-cap", type=float, default=35.0)
     parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument(
+        "--render-only", action="store_true", help="redraw the page from benchmarks/results.json"
+    )
     args = parser.parse_args()
+    if args.render_only:
+        saved = json.loads((ROOT / "benchmarks" / "results.json").read_text())
+        write_pages(saved, Path(args.output))
+        return 0
     bench = Bench(args)
     scenarios: dict[str, Callable[[], None]] = {
         "dispatch": bench.dispatch,
@@ -511,12 +565,11 @@ def main() -> int:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "rounds": args.rounds,
+        "command": ("python3 scripts/dev.py bench " + " ".join(sys.argv[1:])).strip(),
         "results": bench.results,
     }
     (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2))
-    command = "python3 scripts/dev.py bench " + " ".join(sys.argv[1:])
-    Path(args.output).write_text(render(results, command.strip()))
-    print(f"wrote {args.output}")
+    write_pages(results, Path(args.output))
     return 0
 
 

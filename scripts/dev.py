@@ -4,6 +4,7 @@
     python3 scripts/dev.py bench [bench args...]   benchmarks vs plain Celery and the incumbents
     python3 scripts/dev.py chaos [--full]          run the chaos suite, write docs/reliability.md
     python3 scripts/dev.py demo [demo args...]     run the example project's demo
+    python3 scripts/dev.py docs [serve]            build the documentation site (site/), or serve it
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
@@ -144,6 +145,15 @@ def demo(demo_args: list[str]) -> int:
     return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
 
 
+def docs(args: list[str]) -> int:
+    """The documentation site (mkdocs-material), built --strict into site/, or served."""
+    ensure_venv()
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    command = ["serve"] if args[:1] == ["serve"] else ["build", "--strict"]
+    mkdocs = [str(PYTHON), "-m", "mkdocs", *command, *args[1:]]
+    return subprocess.run(mkdocs, cwd=ROOT, env=env, check=False).returncode
+
+
 def chaos(args: list[str]) -> int:
     """The chaos suite alone, at CI size or --full, and the reliability page from its run."""
     ensure_venv()
@@ -203,6 +213,7 @@ def matrix(args: list[str]) -> int:
 
 COMMANDS = {
     "bench": bench,
+    "docs": docs,
     "chaos": chaos,
     "demo": demo,
     "matrix": matrix,

@@ -52,6 +52,16 @@ class Figures:
         print(f"\n[chaos:{scenario}] {shown}")
 
 
+def per_second(records: list[dict[str, Any]], began: float, seconds: float) -> list[int]:
+    """Executions that ended in each second after ``began`` (the soak's timeline)."""
+    counts = [0] * max(1, int(seconds + 0.999))
+    for record in records:
+        at = int(float(record["end"]) - began)
+        if 0 <= at < len(counts):
+            counts[at] += 1
+    return counts
+
+
 def distribution(values: list[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}

@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.charts import timeline
+
 SCENARIOS: list[tuple[str, str, str]] = [
     ("storm", "1. Storm",
      "Processes dispatch one key at one barrier: one message is published and every caller "
@@ -61,7 +63,8 @@ def machine() -> str:
     )
 
 
-def render(data: dict[str, Any], command: str) -> str:
+def render(data: dict[str, Any], command: str, charts: dict[str, str] | None = None) -> str:
+    """The page; with ``charts``, also the soak timelines (image path -> SVG) it shows."""
     results = data["results"]
     lines = [
         "# Reliability figures",
@@ -84,8 +87,16 @@ def render(data: dict[str, Any], command: str) -> str:
             lines += ["_Not run in this run._", ""]
             continue
         lines += ["| figure | value |", "|---|---|"]
-        lines += [f"| {key} | {value} |" for key, value in figures.items()]
+        lines += [f"| {key} | {value} |" for key, value in figures.items() if key != "timeline"]
         lines.append("")
+        if "timeline" in figures and charts is not None:
+            image = f"img/{name.replace('_', '-')}-timeline.svg"
+            charts[image] = timeline(
+                f"{title}: executions per second, kills marked",
+                figures["timeline"]["per_second"], figures["timeline"]["kills"],
+                label="executions ended per second", mark="a kill",
+            )  # fmt: skip
+            lines += [f"![{title}: executions per second and kills]({image})", ""]
     lines += [
         "## 7. Partition",
         "",
@@ -104,9 +115,14 @@ def main() -> None:
     parser.add_argument("--command", default="python3 scripts/dev.py chaos")
     args = parser.parse_args()
     data = json.loads(Path(args.results).read_text())
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(render(data, args.command))
-    print(f"wrote {args.output}")
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    charts: dict[str, str] = {}
+    output.write_text(render(data, args.command, charts))
+    for image, svg in charts.items():
+        (output.parent / image).parent.mkdir(parents=True, exist_ok=True)
+        (output.parent / image).write_text(svg)
+    print(f"wrote {args.output} and {len(charts)} chart(s)")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from ..conftest import CeleryEnv
 from ..test_celery_lifecycle import lock_keys, runs, started, wait_for
 from ..workers import ROOT, Worker
 from .checker import check
-from .conftest import Figures, distribution, size
+from .conftest import Figures, distribution, per_second, size
 
 pytestmark = pytest.mark.slow
 
@@ -288,7 +288,7 @@ class TestSoak:
             time.sleep(1.0)
             rss_before = [w.rss_kib() for w in pool]
             sent: list[Any] = []
-            kills = 0
+            kills, killed_at, began = 0, [], time.time()
             deadline = time.monotonic() + seconds
             next_kill = time.monotonic() + 2.0
             while time.monotonic() < deadline:
@@ -302,6 +302,7 @@ class TestSoak:
                     if victim:
                         os.kill(victim, signal.SIGKILL)
                         kills += 1
+                        killed_at.append(round(time.time() - began, 2))
                     next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
                 time.sleep(rng.uniform(0, 0.02))
             wait_for(lambda: all(r.ready() for r in sent), 180, "the load to drain")
@@ -325,6 +326,7 @@ class TestSoak:
             keys_leaked=len(leaked),
             worker_rss_kib_before=rss_before,
             worker_rss_kib_after=rss_after,
+            timeline={"per_second": per_second(runs(cenv), began, seconds), "kills": killed_at},
         )
         assert verdict.ok, verdict.summary()
         assert leaked == []
@@ -354,7 +356,7 @@ class TestSoak:
         app, work = cenv.app_module.app, cenv.app_module.work
         try:
             sent: list[Any] = []
-            kills = 0
+            kills, killed_at, began = 0, [], time.time()
             deadline = time.monotonic() + seconds
             next_kill = time.monotonic() + 3.0
             while time.monotonic() < deadline:
@@ -368,6 +370,7 @@ class TestSoak:
                     victim.kill()
                     victim.stop()
                     kills += 1
+                    killed_at.append(round(time.time() - began, 2))
                     pool.append(start())
                     next_kill = time.monotonic() + rng.uniform(3.0, 5.0)
                 time.sleep(rng.uniform(0, 0.02))
@@ -416,6 +419,7 @@ class TestSoak:
             overlaps=len(verdict.overlaps),
             fence_regressions=len(verdict.fence_regressions),
             keys_leaked=len(leaked),
+            timeline={"per_second": per_second(runs(cenv), began, seconds), "kills": killed_at},
         )
         assert verdict.ok, verdict.summary()
         assert leaked == []

@@ -1,0 +1,45 @@
+"""The documentation site builds in strict mode (no broken link, no page left out of the
+navigation), and the configuration page names every setting and task option there is."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from celery_singleton_lock.config import DEFAULTS
+from celery_singleton_lock.options import OPTION_NAMES
+
+from .workers import ROOT
+
+DOCS = ROOT / "docs"
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "operations" / "index.html").exists()
+    assert (tmp_path / "img" / "benchmark-ratios.svg").exists()
+
+
+def test_the_configuration_page_names_every_setting_and_option() -> None:
+    page = (DOCS / "configuration.md").read_text()
+    for setting in DEFAULTS:
+        assert f"`{setting}`" in page, setting
+        assert f"`CELERY_{setting.upper()}`" in page, setting
+    for option in OPTION_NAMES:
+        assert f"`{option}`" in page, option
+
+
+def test_every_image_a_page_shows_exists() -> None:
+    for page in DOCS.glob("*.md"):
+        for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()):
+            assert (DOCS / image).exists(), f"{page.name} shows {image}, which is missing"
