@@ -15,6 +15,19 @@ FONT = 'font-family="sans-serif" font-size="12"'
 SMALL = 'font-family="sans-serif" font-size="10"'
 
 
+def _frame(title: str, size: tuple[int, int], axis: tuple[int, float, int]) -> list[str]:
+    """The document, its background, its title and the x axis (left, height, right)."""
+    (width, height), (left, base, right) = size, axis
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{width / 2}" y="20" text-anchor="middle" {FONT} font-weight="bold">'
+        f"{escape(title)}</text>",
+        f'<line x1="{left}" y1="{base}" x2="{right}" y2="{base}" stroke="black"/>',
+    ]
+
+
 def grouped_bars(
     title: str,
     groups: Sequence[str],
@@ -34,15 +47,7 @@ def grouped_bars(
     def y(value: float) -> float:
         return top + plot_h - value / peak * plot_h
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" {FONT} font-weight="bold">'
-        f"{escape(title)}</text>",
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
-        'stroke="black"/>',
-    ]
+    out = _frame(title, (width, height), (left, top + plot_h, left + plot_w))
     for g, group in enumerate(groups):
         x0 = left + g * slot + slot * 0.1
         for s, name in enumerate(series):
@@ -98,13 +103,7 @@ def timeline(
 
     points = " ".join(f"{x(i + 0.5):.1f},{y(v):.1f}" for i, v in enumerate(per_second))
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" {FONT} font-weight="bold">'
-        f"{escape(title)}</text>",
-        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
-        'stroke="black"/>',
+        *_frame(title, (width, height), (left, top + plot_h, left + plot_w)),
         f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="black"/>',
         f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" {FONT}>{peak / 1.15:.0f}</text>',
         f'<text x="{left + plot_w}" y="{top + plot_h + 16}" text-anchor="end" {FONT}>'
