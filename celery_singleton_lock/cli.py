@@ -70,9 +70,17 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-@click.group(name="singleton", epilog=EXAMPLES)
+ALIASES = {"ls": "list"}
+
+
+class _Aliased(click.Group):
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, ALIASES.get(cmd_name, cmd_name))
+
+
+@click.group(name="singleton", cls=_Aliased, epilog=EXAMPLES)
 def singleton() -> None:
-    """See, explain and free celery-singleton-lock's locks."""
+    """See, explain and free celery-singleton-lock's locks (``ls`` is ``list``)."""
 
 
 def _command(name: str) -> Callable[[Callable[..., Any]], click.Command]:

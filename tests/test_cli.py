@@ -124,6 +124,8 @@ def test_every_state_is_listed_with_its_holder_and_explained(
         s.id for s in slots
     }
     assert listed(cenv, "--older-than", "1h") == []
+    aliased = cli(cenv, "ls", "--json")
+    assert {e["task_id"] for e in json.loads(aliased.stdout)} == set(entries)
     assert len(listed(cenv, "--older-than", "0s")) == 6
 
     table = cli(cenv, "list")

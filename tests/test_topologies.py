@@ -79,6 +79,32 @@ class TestCluster:
         lock.release(again)
         assert repr(lock).startswith("RedisLock(redis+cluster://127.0.0.1:")
 
+    def test_the_inventory_reads_every_master_and_the_cli_lists_them(
+        self, cluster: Cluster, cenv: CeleryEnv
+    ) -> None:
+        lock = RedisLock.from_url(cluster.url, prefix="t")
+        leases = [
+            held(lock.try_acquire(f"inv{i}", 30, token=f"x|w@h|1|1-2|id{i}")) for i in range(30)
+        ]
+        try:
+            found = {h.name: h for h in lock.holdings(batch=7)}  # several batches per master
+            assert set(found) == {f"inv{i}" for i in range(30)}
+            assert {found[f"inv{i}"].fence for i in range(30)} == {le.fence for le in leases}
+            assert len({cluster.master_of(h.key).port for h in found.values()}) == 3
+            listed = subprocess.run(
+                [sys.executable, "-m", "celery", "-A", "tests.celery_app", "singleton", "list",
+                 "--json"],
+                cwd=ROOT, env={**os.environ, **cenv.env, "CSL_LOCK_URL": cluster.url},
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            assert listed.returncode == 0, listed.stderr
+            rows = json.loads(listed.stdout)
+            assert {r["task_id"] for r in rows} == {f"id{i}" for i in range(30)}
+            assert {r["state"] for r in rows} == {"running"}
+        finally:
+            for lease in leases:
+                lock.release(lease)
+
     def test_a_cluster_node_given_as_a_plain_url_says_to_use_the_cluster_form(
         self, cluster: Cluster
     ) -> None:
