@@ -61,7 +61,10 @@ def _at_worker_init(sender: Any = None, **_: Any) -> None:
         from .metrics import serve_worker  # noqa: PLC0415  (an optional extra)
 
         addr = app.conf.get("singleton_lock_metrics_addr") or "127.0.0.1"
-        _serving.append(f"http://{addr}:{serve_worker(port, addr)}/metrics")
+        try:
+            _serving.append(f"http://{addr}:{serve_worker(port, addr)}/metrics")
+        except (SingletonLockError, OSError) as error:  # a bad setting, a port in use
+            raise SystemExit(f"celery-singleton-lock: metrics: {error}") from None
 
 
 def _at_worker_ready(sender: Any = None, **_: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -117,3 +118,15 @@ def _keys(app: Any, item: str) -> list[str]:
     from celery_singleton_lock.lease import LockKeys
 
     return [LockKeys.build("t", app.work.singleton_options().key.derive((item,), {})).lock]
+
+
+def test_a_metrics_port_in_use_stops_the_worker_with_one_line(celery_env: CeleryEnv) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = Worker(celery_env.env, extra_env={"CSL_METRICS_PORT": str(port)})
+        with pytest.raises(RuntimeError, match="worker exited") as failed:
+            worker.start()
+    assert "celery-singleton-lock: metrics: [Errno 98] Address already in use" in str(failed.value)
+    assert "Traceback" not in str(failed.value)
