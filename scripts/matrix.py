@@ -30,6 +30,7 @@ SUBSET = [
     "tests/test_lock.py",
     "tests/test_slots.py",
     "tests/test_swap.py",
+    "tests/test_inventory.py",
     "tests/test_dispatch_path.py",
     "tests/test_renewal.py",
     "tests/test_security.py",
