@@ -178,12 +178,13 @@ class Execution:
         singleton_signals.execution_contended.send(
             sender=task, key=self.key, holder_id=state.holder, decision=decision
         )
-        # One INFO line, stable wording (docs/operations.md): contention is expected work.
-        logger.info(
-            "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
-            task.name, task.request.id, self.key, state.holder or "-",
-            holder_state(held), _then(decision),
-        )  # fmt: skip
+        if logger.isEnabledFor(logging.INFO):
+            # One line, stable wording (docs/operations.md): contention is expected work.
+            logger.info(
+                "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
+                task.name, task.request.id, self.key, state.holder or "-",
+                holder_state(held), _then(decision),
+            )  # fmt: skip
         if isinstance(decision, Wait):
             if hold is not None:
                 hold.keep()  # still the pending call while it waits

@@ -253,11 +253,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         holder = holder_task_id(held.holder)
         singleton_signals.duplicate_refused.send(sender=self, key=key, holder_id=holder)
         opts = self.singleton_options()
-        # One INFO line, stable wording (docs/operations.md): why this call was not sent.
-        logger.info(
-            "refused at dispatch: task=%s lock=%s holder=%s state=%s",
-            self.name, key, holder or "-", holder_state(held),
-        )  # fmt: skip
+        if logger.isEnabledFor(logging.INFO):
+            # One line, stable wording (docs/operations.md): why this call was not sent.
+            logger.info(
+                "refused at dispatch: task=%s lock=%s holder=%s state=%s",
+                self.name, key, holder or "-", holder_state(held),
+            )  # fmt: skip
         if opts.on_duplicate != "raise" and holder is not None:
             return self.AsyncResult(holder)
         if opts.throttle is not None:
