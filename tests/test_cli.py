@@ -30,8 +30,21 @@ APP = "tests.celery_app"
 
 
 def cli(
-    cenv: CeleryEnv, *args: str, env: dict[str, str] | None = None, probe: bool = False
+    cenv: CeleryEnv,
+    *args: str,
+    env: dict[str, str] | None = None,
+    probe: bool = False,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.celery_app singleton <args>``: in this process through Celery's own
+    command group (the test app is already configured), or as a new process found through
+    the entry point (``process``, ``env``, ``probe``)."""
+    if not (process or env or probe):
+        from celery.bin.celery import celery as celery_command
+        from click.testing import CliRunner
+
+        done = CliRunner().invoke(celery_command, ["-A", APP, "singleton", *args])
+        return subprocess.CompletedProcess(args, done.exit_code, done.stdout, done.stderr)
     runner = ["tests.cli_probe"] if probe else ["celery"]
     return subprocess.run(
         [sys.executable, "-m", *runner, "-A", APP, "singleton", *args],
@@ -128,7 +141,7 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     assert {e["task_id"] for e in json.loads(aliased.stdout)} == set(entries)
     assert len(listed(cenv, "--older-than", "0s")) == 6
 
-    table = cli(cenv, "list")
+    table = cli(cenv, "list", process=True)  # found through the celery.commands entry point
     assert table.returncode == 0
     lines = table.stdout.splitlines()
     assert lines[0].split()[:3] == ["STATE", "AGE", "TTL"]
@@ -233,7 +246,7 @@ def test_no_locks_an_unreachable_store_and_bad_input_say_so_plainly(cenv: Celery
     bad = cli(cenv, "list", "--older-than", "soon")
     assert bad.returncode == 2
     assert "not a duration: 'soon'" in bad.stderr
-    helped = cli(cenv, "--help")
+    helped = cli(cenv, "--help", process=True)
     assert "celery -A proj singleton orphans --release" in helped.stdout
 
 
