@@ -18,7 +18,7 @@ from .backend import Backend
 from .exceptions import SingletonLockError
 from .lease import ReleaseResult
 from .liveness import Liveness
-from .locks import STATES, LockRow, TaskNames, human, parse_duration, release, rows
+from .locks import STATES, LockRow, app_rows, human, parse_duration, release
 
 EXAMPLES = """
 \b
@@ -45,11 +45,10 @@ class _Locks:
             self.store = self.backend.lock
         except SingletonLockError as error:
             fail(str(error))
-        self.names = TaskNames(self.app)
 
     def rows(self, batch: int = 1000) -> Iterator[LockRow]:
         try:
-            yield from rows(self.store.holdings(batch=batch), self.names)
+            yield from app_rows(self.app, self.store, batch)
         except SingletonLockError as error:
             fail(str(error))  # the store's messages name it without its password
 
@@ -175,10 +174,10 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: Any) -> None:
         task = locks.app.tasks.get(members[0].task) if members[0].task else None
         outlook = new_call(task, members)
         if as_json:
+            verdicts = [(r, liveness.verdict(r)) for r in members]
             click.echo(json.dumps({
                 "name": base, "new_call": outlook,
-                "holds": [{**r.as_json(), "alive": liveness.verdict(r).alive,
-                           "why": liveness.verdict(r).why} for r in members],
+                "holds": [{**r.as_json(), "alive": v.alive, "why": v.why} for r, v in verdicts],
             }))  # fmt: skip
             continue
         click.echo(f"lock {base}")

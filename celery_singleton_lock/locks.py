@@ -118,6 +118,11 @@ def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> It
         )
 
 
+def app_rows(app: Any, store: Any, batch: int = 1000) -> Iterator[LockRow]:
+    """Every lock of ``app``'s lock store ``store`` as a row (the CLI's and the tests')."""
+    return rows(store.holdings(batch=batch), TaskNames(app))
+
+
 def release(store: Any, row: LockRow) -> ReleaseResult:
     """Owner-checked: frees the lock only if ``row``'s holder still holds it."""
     result: ReleaseResult = store.release_token(row.lock_name, row.token)

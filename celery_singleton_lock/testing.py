@@ -23,7 +23,7 @@ from celery import current_app
 
 from .backend import Backend
 from .lease import Contended, Lease, companion, slot
-from .locks import LockRow, TaskNames, rows
+from .locks import LockRow, app_rows, release
 from .options import is_singleton
 from .tokens import running_token
 
@@ -84,7 +84,7 @@ def hold(task: Any, *args: Any, **kwargs: Any) -> Iterator[HeldCall]:
 def held_locks(app: Any = None) -> list[LockRow]:
     """Every lock held in the app's store, as ``celery singleton list`` shows them."""
     app = app or current_app
-    return list(rows(_store(app).holdings(), TaskNames(app)))
+    return list(app_rows(app, _store(app)))
 
 
 def clear_locks(app: Any = None) -> int:
@@ -92,13 +92,8 @@ def clear_locks(app: Any = None) -> int:
     store = _store(app)
     freed = 0
     for row in held_locks(app):
-        freed += int(store.release_token(row.lock_name, row.token))
+        freed += int(release(store, row))
     return freed
-
-
-def _held(store: Any, name: str) -> str | None:
-    holder: str | None = store.holder(name)
-    return holder
 
 
 def assert_refused(task: Any, *args: Any, **kwargs: Any) -> None:
@@ -107,7 +102,7 @@ def assert_refused(task: Any, *args: Any, **kwargs: Any) -> None:
     if opts.limit or not opts.dedupe:
         raise AssertionError(f"{task.name} never refuses at dispatch (limit= or dedupe=False)")
     target = companion(name, opts.hold_role) if opts.hold_role else name
-    if _held(_store(task.app), target) is None:
+    if _store(task.app).holder(target) is None:
         raise AssertionError(
             f"a call of {task.name} with these arguments would be accepted: {target!r} is "
             f"free (held: {[row.name for row in held_locks(task.app)]})"
@@ -120,7 +115,7 @@ def assert_locked(task: Any, *args: Any, **kwargs: Any) -> None:
     opts, name = _call(task, args, kwargs)
     store = _store(task.app)
     names = [slot(name, n) for n in range(1, opts.limit + 1)] if opts.limit else [name]
-    if all(_held(store, each) is None for each in names):
+    if all(store.holder(each) is None for each in names):
         raise AssertionError(
             f"{task.name}: {name!r} is not locked "
             f"(held: {[row.name for row in held_locks(task.app)]})"
