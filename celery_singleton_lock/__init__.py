@@ -29,7 +29,7 @@ from .lease import (
     Renewer,
     get_renewer,
 )
-from .policies import fail, requeue, wait
+from .policies import ContentionState, fail, requeue, skip, wait
 from .setupchecks import check_worker_setup
 from .task import SingletonTask
 from .worker import SingletonRequest
@@ -38,6 +38,7 @@ __all__ = [
     "AsyncRedisLock",
     "ConfigurationError",
     "Contended",
+    "ContentionState",
     "DuplicateTaskError",
     "ExtendResult",
     "KeyDerivationError",
@@ -63,5 +64,6 @@ __all__ = [
     "requeue",
     "signals",
     "singleton_task",
+    "skip",
     "wait",
 ]

@@ -4,7 +4,9 @@ The message names its key and its own hold (``tokens.py``): a queued hold or the
 worker's reservation of it on the key (taken over in one step), a pending call's hold
 beside the key (``holds.py``: let go once the run has the key), or a retry's slot of a
 counting lease (taken back). Without one, or when it is gone, the execution contends:
-``on_contention`` waits (push wake-up), requeues with backoff or fails.
+``on_contention`` waits (push wake-up), requeues with backoff, skips or fails. A copy
+of the holder's own message (same task id: a redelivery) is dropped whatever the policy:
+it must not write a state or result under the id its original is running as.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 from typing import Any, NoReturn
 
+from celery import states
 from celery.exceptions import Ignore
 
 from . import outages
@@ -26,7 +29,7 @@ from .exceptions import (
 )
 from .holds import Hold
 from .lease import Contended, Lease, companion
-from .policies import ContentionState, Fail, Requeue, Wait
+from .policies import ContentionState, Fail, Requeue, Skip, Wait
 from .tokens import (
     ATTEMPT_HEADER,
     BYPASS_OPTION,
@@ -34,11 +37,13 @@ from .tokens import (
     KEY_HEADER,
     OUTAGE_HEADER,
     REDRIVE_HEADER,
+    RETRY_OF_HEADER,
     TOKEN_HEADER,
     header,
     holder_state,
     holder_task_id,
     is_reservation_of,
+    read_token,
     redrive_shape,
     reserved_exact,
     running_token,
@@ -119,8 +124,9 @@ class Execution:
         if held is None:
             return
         if not held.replaced:
-            if not held.holder or holder_task_id(held.holder) != request.id:
-                return
+            holder = read_token(held.holder)
+            if holder.task_id != request.id or holder.state == "running":
+                return  # another call's, or this message's original running: a copy
             if held.holder in (self.queued, self.token):
                 return
             if self.queued and is_reservation_of(held.holder, request.id, self.queued):
@@ -164,8 +170,47 @@ class Execution:
             )
         return waiting.acquire(self.key, self.ttl, timeout=timeout, token=self.token, **self.own)
 
+    def _is_copy(self, held: Contended) -> bool:
+        """Whether the holder is this very message under another delivery: same task id.
+
+        A retry's message carries the id too, by design: the attempt that sent it is
+        named in its headers and is contended with like any other holder.
+        """
+        request = self.task.request
+        if holder_task_id(held.holder) != request.id or held.holder == self.queued:
+            return False
+        return bool(held.holder != header(request, RETRY_OF_HEADER))
+
+    def _drop_copy(self, held: Contended) -> NoReturn:
+        """End this delivery without a trace under its id: Ignore stores no state, fires
+        no errback, and acks (Celery's tracer); the original's result stays its own."""
+        task, request = self.task, self.task.request
+        state = holder_state(held)
+        singleton_signals.copy_dropped.send(
+            sender=task, key=self.key, task_id=request.id, holder_state=state
+        )
+        logger.info(
+            "copy of %s task dropped: task=%s id=%s lock=%s",
+            state, task.name, request.id, self.key,
+        )  # fmt: skip
+        raise Ignore(f"a copy of {request.id}, which holds {self.key!r} ({state})")
+
+    def _skip(self, decision: Skip, holder: str | None) -> NoReturn:
+        """End quietly in IGNORED, which callers can tell from SUCCESS and FAILURE."""
+        task, request = self.task, self.task.request
+        if not request.is_eager and not (request.ignore_result or task.ignore_result):
+            task.backend.store_result(
+                request.id, {"skipped": decision.reason}, states.IGNORED, request=request
+            )
+        singleton_signals.execution_skipped.send(
+            sender=task, key=self.key, task_id=request.id, holder_id=holder
+        )
+        raise Ignore(decision.reason)
+
     def _contend(self, held: Contended, hold: Hold | None) -> Lease:
         task = self.task
+        if self._is_copy(held):
+            self._drop_copy(held)
         policy = task.singleton_options().on_contention
         state = ContentionState(
             task_name=task.name,
@@ -202,6 +247,8 @@ class Execution:
                 decision = policy(state)
         if isinstance(decision, Requeue):
             requeue(task, self.key, self.attempt + 1, decision.countdown, hold=hold)
+        if isinstance(decision, Skip):
+            self._skip(decision, state.holder)
         if isinstance(decision, Fail):
             raise DuplicateTaskError(
                 f"{task.name}[{task.request.id}] did not run: {decision.reason}",
@@ -217,7 +264,7 @@ def _then(decision: object) -> str:
         return f"wait up to {decision.timeout:g}s"
     if isinstance(decision, Requeue):
         return f"requeue in {decision.countdown:.2f}s"
-    return "fail"
+    return "skip" if isinstance(decision, Skip) else "fail"
 
 
 def requeue(

@@ -9,7 +9,9 @@ unless ``PROMETHEUS_MULTIPROC_DIR`` names one).
 Metrics, each labelled by task name:
 
 - ``celery_singleton_lock_dispatches_total{outcome="accepted"|"refused"}``
-- ``celery_singleton_lock_contentions_total{decision="requeue"|"wait"|"fail"}``
+- ``celery_singleton_lock_contentions_total{decision="requeue"|"wait"|"skip"|"fail"}``
+- ``celery_singleton_lock_copies_dropped_total``: deliveries of a message whose task id
+  held the lock (redeliveries, same-id ``send_task``), dropped without a result
 - ``celery_singleton_lock_leases_total{event="acquired"|"released"|"lost"}``
 - ``celery_singleton_lock_dead_child_releases_total``
 - ``celery_singleton_lock_wait_seconds`` (histogram): from an execution's start to its
@@ -27,6 +29,7 @@ from typing import Any
 
 from .exceptions import ConfigurationError
 from .signals import (
+    copy_dropped,
     dead_child_released,
     dispatch_accepted,
     duplicate_refused,
@@ -71,6 +74,9 @@ def install(registry: Any = None) -> dict[str, Any]:
                 "celery_singleton_lock_contentions", "Executions contended", "decision"
             ),
             leases=counter("celery_singleton_lock_leases", "Running leases", "event"),
+            copies=counter(
+                "celery_singleton_lock_copies_dropped", "Copies of a holder's message dropped"
+            ),
             dead=counter(
                 "celery_singleton_lock_dead_child_releases", "Leases of dead children released"
             ),
@@ -113,6 +119,10 @@ def _lost(sender: Any = None, **_: Any) -> None:
     _installed["leases"].labels(_task(sender), "lost").inc()
 
 
+def _copy(sender: Any = None, **_: Any) -> None:
+    _installed["copies"].labels(_task(sender)).inc()
+
+
 def _dead(sender: Any = None, **_: Any) -> None:
     _installed["dead"].labels(_task(sender)).inc()
 
@@ -124,6 +134,7 @@ _RECEIVERS = (
     (lease_acquired, _acquired),
     (lease_released, _released),
     (lease_lost, _lost),
+    (copy_dropped, _copy),
     (dead_child_released, _dead),
 )
 

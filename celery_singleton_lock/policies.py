@@ -3,12 +3,12 @@
 On a duplicate at dispatch (``on_duplicate``): ``"return"`` the holder's AsyncResult,
 ``"raise"`` ``DuplicateTaskError``, or ``"replace"`` a queued holder's arguments with
 this call's (the queued call keeps its task id; a running one is never replaced). On
-contention at execution (``on_contention``): ``fail``, ``requeue(max_tries=...,
+contention at execution (``on_contention``): ``fail``, ``skip``, ``requeue(max_tries=...,
 backoff=..., cap=...)`` or ``wait(timeout=..., then=...)``; the strings ``"fail"``,
-``"requeue"`` and ``"wait"`` mean those with their defaults.
+``"skip"``, ``"requeue"`` and ``"wait"`` mean those with their defaults.
 
 A contention policy is a callable from a ``ContentionState`` to a decision (``Fail``,
-``Requeue`` or ``Wait``). It does no I/O, so it is tested with a state built by hand,
+``Skip``, ``Requeue`` or ``Wait``). It does no I/O, so it is tested with a state built by hand,
 the way tenacity tests its ``stop``/``wait`` policies.
 """
 
@@ -46,6 +46,13 @@ class Fail:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """Do not run; end quietly: acked, state IGNORED, no failure and no callbacks."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Requeue:
     """Send the task again after ``countdown`` seconds (the slot is freed meanwhile)."""
 
@@ -59,7 +66,7 @@ class Wait:
     timeout: float
 
 
-Decision: TypeAlias = Fail | Requeue | Wait
+Decision: TypeAlias = Fail | Skip | Requeue | Wait
 
 
 class ContentionPolicy(Protocol):
@@ -76,6 +83,19 @@ class fail:  # lower-case on purpose: reads as configuration, on_contention=fail
 
     def __call__(self, state: ContentionState) -> Decision:
         return Fail(f"{_held_by(state)}; on_contention is fail")
+
+
+@dataclass(frozen=True)
+class skip:
+    """Drop the contended call quietly, as hand-written ``if not acquired: return`` does.
+
+    The message is acked and ends in Celery's ``IGNORED`` state (not ``SUCCESS``, not
+    ``FAILURE``): no traceback, no ``link_error``, no retry. For work that the holder's
+    run makes redundant, e.g. a sweep that finds its request already being processed.
+    """
+
+    def __call__(self, state: ContentionState) -> Decision:
+        return Skip(f"{_held_by(state)}; on_contention is skip")
 
 
 @dataclass(frozen=True)
@@ -135,6 +155,7 @@ class wait:
 
 _SHORTCUTS: dict[str, Callable[[], ContentionPolicy]] = {
     "fail": fail,
+    "skip": skip,
     "requeue": requeue,
     "wait": wait,
 }
@@ -145,13 +166,14 @@ def contention_policy(value: object) -> ContentionPolicy:
     if isinstance(value, str):
         if value in _SHORTCUTS:
             return _SHORTCUTS[value]()
-    elif isinstance(value, fail | requeue | wait) or (
+    elif isinstance(value, fail | skip | requeue | wait) or (
         callable(value) and not isinstance(value, type)
     ):
         return value
     raise ConfigurationError(
         f"on_contention={value!r} is not a policy; use one of {sorted(_SHORTCUTS)} or "
-        "a policy object: fail(), requeue(max_tries=5, backoff=1, cap=60), wait(timeout=10)"
+        "a policy object: fail(), skip(), requeue(max_tries=5, backoff=1, cap=60), "
+        "wait(timeout=10, then=skip())"
     )
 
 

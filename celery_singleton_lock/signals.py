@@ -9,6 +9,11 @@ task.
 - ``duplicate_refused(sender=task, key, holder_id)``: at dispatch, a duplicate was refused.
 - ``execution_contended(sender=task, key, holder_id, decision)``: at execution, the key was
   held by someone else; ``decision`` is the policy's ``Fail``, ``Requeue`` or ``Wait``.
+- ``execution_skipped(sender=task, key, task_id, holder_id)``: at execution, the
+  contention policy said ``skip``: the call ended quietly (state ``IGNORED``).
+- ``copy_dropped(sender=task, key, task_id, holder_state)``: at execution, a message
+  carrying the task id of the lock's holder (a redelivery, a same-id ``send_task``) was
+  dropped without storing anything under that id.
 - ``lease_acquired(sender=task, key, task_id, fence, waited)``: an execution took its
   running lease, ``waited`` seconds after it started trying (contention included).
 - ``lease_released(sender=task, key, task_id, held)``: it gave the lease back after
@@ -28,16 +33,20 @@ duplicate_refused = Signal(name="duplicate_refused", providing_args={"key", "hol
 execution_contended = Signal(
     name="execution_contended", providing_args={"key", "holder_id", "decision"}
 )
+execution_skipped = Signal(name="execution_skipped", providing_args={"key", "task_id", "holder_id"})
+copy_dropped = Signal(name="copy_dropped", providing_args={"key", "task_id", "holder_state"})
 dead_child_released = Signal(name="dead_child_released", providing_args={"key", "task_id", "pid"})
 lease_acquired = Signal(name="lease_acquired", providing_args={"key", "task_id", "fence", "waited"})
 lease_released = Signal(name="lease_released", providing_args={"key", "task_id", "held"})
 lease_lost = Signal(name="lease_lost", providing_args={"key", "task_id"})
 
 __all__ = [
+    "copy_dropped",
     "dead_child_released",
     "dispatch_accepted",
     "duplicate_refused",
     "execution_contended",
+    "execution_skipped",
     "lease_acquired",
     "lease_lost",
     "lease_released",

@@ -40,6 +40,7 @@ from .tokens import (
     HOLD_HEADER,
     KEY_HEADER,
     REDRIVE_HEADER,
+    RETRY_OF_HEADER,
     TOKEN_HEADER,
     debounced_token,
     holder_state,
@@ -291,7 +292,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         # A slot of a counting lease (limit=N) is named beside the key: the retry's
         # message carries the key and which slot it keeps.
         key, role = split_role(running.name)
-        headers: dict[str, Any] = {KEY_HEADER: key}
+        headers: dict[str, Any] = {KEY_HEADER: key, RETRY_OF_HEADER: running.token}
         try:
             outcome = store.hand_over(running, self._queue_ttl() + delay_of(options), token=token)
         except LockStoreUnavailableError as error:

@@ -31,6 +31,10 @@ BYPASS_OPTION = "singleton_lock_bypass"
 # lost), and kept by its requeues: at execution it may take over another message's
 # queued hold, never a reservation or a running lease (see ``redrive_shape``).
 REDRIVE_HEADER = "singleton_lock_redrive"
+# Set on a retry's message: the running token of the attempt that sent it. That attempt
+# may still hold the key when the retry starts (its hand-over failed, or it is still
+# ending); the retry then contends with it, and is never taken for a copy of it.
+RETRY_OF_HEADER = "singleton_lock_retry_of"
 # Set when the message's hold is not on its key but on a companion lock beside it (the
 # role, e.g. "pending" for lock="until_executing"): at execution the message takes the
 # key's running lease afresh and then lets its hold go, so the next call can queue.

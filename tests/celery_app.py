@@ -22,7 +22,15 @@ import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
-from celery_singleton_lock import LockLostError, SingletonTask, requeue, singleton_task, wait
+from celery_singleton_lock import (
+    LockLostError,
+    SingletonTask,
+    fail,
+    requeue,
+    singleton_task,
+    skip,
+    wait,
+)
 
 app = Celery("tests.celery_app")
 app.conf.update(
@@ -216,6 +224,36 @@ def callback_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
 def impatient(self: Any, item: object, seconds: float = 0.0) -> object:
     """Requeued at most twice while contended, then fails."""
     return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention="fail")
+def exclusive_fail(self: Any, item: object, seconds: float = 0.0) -> object:
+    """Deduped at dispatch; a copy that reaches execution anyway fails at once."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention=wait(timeout=0.3, then=fail()))
+def exclusive_wait_fail(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution waits briefly, then fails."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention="skip")
+def exclusive_skip(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution is dropped quietly (IGNORED)."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention=wait(timeout=0.3, then=skip()))
+def exclusive_wait_skip(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution waits briefly, then is dropped quietly."""
+    return _hold(self, item, seconds)
+
+
+@app.task
+def note_error(request: Any, exc: Any, traceback: Any) -> None:
+    """An errback (link_error): records which task id it fired for."""
+    checker().rpush("errbacks", str(request.id))
 
 
 # -- chaos suite ------------------------------------------------------------------------

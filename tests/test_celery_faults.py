@@ -201,7 +201,7 @@ class TestBadInput:
 
         cases = [
             ({"key": ["no_such_param"]}, "not parameters"),
-            ({"on_contention": "retry"}, "['fail', 'requeue', 'wait']"),
+            ({"on_contention": "retry"}, "['fail', 'requeue', 'skip', 'wait']"),
             ({"on_duplicate": "ignore"}, "['return', 'raise', 'replace']"),
             ({"ttl": 0}, "ttl must be positive"),
             ({"queue_ttl": "1h"}, "queue_ttl must be a number"),

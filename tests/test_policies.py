@@ -11,11 +11,13 @@ from celery_singleton_lock.policies import (
     ContentionState,
     Fail,
     Requeue,
+    Skip,
     Wait,
     contention_policy,
     fail,
     on_duplicate_option,
     requeue,
+    skip,
     wait,
 )
 
@@ -31,6 +33,19 @@ class TestFail:
         decision = fail()(state())
         assert isinstance(decision, Fail)
         assert "tok" in decision.reason
+
+
+class TestSkip:
+    def test_skips_naming_the_holder(self) -> None:
+        decision = skip()(state())
+        assert isinstance(decision, Skip)
+        assert "tok" in decision.reason
+
+    def test_is_a_fallback_after_a_wait(self) -> None:
+        policy = wait(timeout=2, then=skip())
+        assert policy(state()) == Wait(2)
+        assert isinstance(policy(state(waited=True)), Skip)
+        assert isinstance(wait(timeout=2, then="skip")(state(waited=True)), Skip)
 
 
 class TestRequeue:
@@ -81,7 +96,7 @@ class TestWait:
 
 class TestOptions:
     @pytest.mark.parametrize(
-        ("name", "kind"), [("fail", fail), ("requeue", requeue), ("wait", wait)]
+        ("name", "kind"), [("fail", fail), ("skip", skip), ("requeue", requeue), ("wait", wait)]
     )
     def test_strings_are_shortcuts_for_the_defaults(self, name: str, kind: type) -> None:
         assert contention_policy(name) == kind()
@@ -89,7 +104,7 @@ class TestOptions:
     def test_unknown_contention_lists_what_is_allowed(self) -> None:
         with pytest.raises(ConfigurationError) as caught:
             contention_policy("retry")
-        assert "['fail', 'requeue', 'wait']" in str(caught.value)
+        assert "['fail', 'requeue', 'skip', 'wait']" in str(caught.value)
 
     def test_on_duplicate_values(self) -> None:
         assert on_duplicate_option("raise") == "raise"
