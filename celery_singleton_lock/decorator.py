@@ -9,7 +9,7 @@ from typing import Any, overload
 from celery import shared_task
 
 from .exceptions import ConfigurationError
-from .options import OPTION_NAMES, SingletonOptions
+from .options import OPTION_NAMES, SingletonOptions, refuse_task_options
 from .task import SingletonTask
 
 
@@ -55,6 +55,7 @@ def singleton_task(
         # Validate before Celery sees the task: Celery registers shared tasks for every
         # app finalized later, and a task that failed here must not fail there again.
         name = options.get("name") or f"{fun.__module__}.{fun.__name__}"
+        refuse_task_options(name, options)
         run = fun if options.get("bind") else staticmethod(fun)
         SingletonOptions.build(name, run, singleton)
         task_options = {"base": base, "singleton": singleton, **options}

@@ -198,7 +198,27 @@ class KeySpec:
             raise ConfigurationError(f"{self.name}: bad key format {template!r}: {error}") from None
         if not template:
             raise ConfigurationError(f"{self.name}: key must not be an empty string")
-        fields = [_root_field(f) for _, f, _, _ in parsed if f is not None]
+        written = [f for _, f, _, _ in parsed if f is not None]
+        if not written and template in self._param_names:
+            raise ConfigurationError(
+                f"{self.name}: key={template!r} has no {{}} so it is one constant lock name "
+                f"shared by every call; did you mean key=[{template!r}] or "
+                f"key='{template.removesuffix('_id')}:{{{template}}}'? (One lock for every "
+                f"call on purpose: a name that is not a parameter, e.g. key='{self.name}', "
+                "or key=lambda **_: '<name>')"
+            )
+        nested = [
+            f"{{{f}}}"
+            for _, f, spec, _ in parsed
+            if f is not None and (_root_field(f) != f or "{" in (spec or ""))
+        ]
+        if nested:
+            raise ConfigurationError(
+                f"{self.name}: key {template!r} uses attribute access, indexing or nested "
+                f"fields ({', '.join(nested)}); a format key interpolates whole parameters. "
+                "Use a callable for more, e.g. key=lambda order, **_: f'order:{order[\"id\"]}'"
+            )
+        fields = [_root_field(f) for f in written]
         positional = [f for f in fields if f == "" or f.isdigit()]
         if positional:
             raise ConfigurationError(

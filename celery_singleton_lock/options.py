@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery import Task
+
 from ._time import ttl_to_ms
 from .exceptions import ConfigurationError
+from .foreign import FOREIGN_OPTIONS, explain_unknown
 from .keys import KeySpec
 from .lease.names import MAX_SLOTS
 from .policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
@@ -50,11 +53,19 @@ class SingletonOptions:
 
     @classmethod
     def build(cls, name: str, run: Any, raw: Mapping[str, Any] | None) -> SingletonOptions:
-        raw = dict(raw or {})
-        unknown = sorted(set(raw) - set(OPTION_NAMES))
-        if unknown:
+        if raw is not None and not isinstance(raw, Mapping):
             raise ConfigurationError(
-                f"{name}: unknown singleton option(s) {unknown}; allowed: {list(OPTION_NAMES)}"
+                f"{name}: singleton={raw!r} must be a dict of options, e.g. "
+                "singleton={'key': ['order_id']}"
+            )
+        raw = dict(raw or {})
+        unknown = sorted(set(raw) - set(OPTION_NAMES), key=str)
+        if unknown:
+            hints = [explain_unknown(str(option), OPTION_NAMES) for option in unknown]
+            raise ConfigurationError(
+                f"{name}: unknown singleton option(s) {unknown}"
+                + "".join(f"; {hint}" for hint in hints if hint)
+                + f"; allowed: {list(OPTION_NAMES)}"
             )
         if isinstance(run, staticmethod):
             func, bound = run.__func__, False
@@ -105,6 +116,55 @@ class SingletonOptions:
         if self.throttle is not None:
             return "throttle"
         return "pending" if self.lock == "until_executing" else None
+
+
+# Celery's own task attributes (read from the classes: hasattr() on a deprecated one warns).
+_CELERY_NAMES = frozenset(name for klass in Task.__mro__ for name in vars(klass))
+
+
+def refuse_task_options(task: str, names: Iterable[str], *, misplaced: bool = False) -> None:
+    """Refuse the incumbents' options and typos of ours among a task's Celery keywords.
+
+    ``misplaced``: the names are class attributes of an ``@app.task(base=SingletonTask,
+    ...)`` task, where our own options belong in ``singleton={...}``.
+    """
+    problems = []
+    for name in names:
+        if name.startswith("_") or name == "singleton":
+            continue
+        if misplaced and name in OPTION_NAMES:
+            problems.append(f"{name}= belongs in singleton={{{name!r}: ...}}")
+        elif name in FOREIGN_OPTIONS or name not in _CELERY_NAMES:
+            hint = explain_unknown(name, OPTION_NAMES)
+            if hint:
+                problems.append(hint)
+    if problems:
+        raise ConfigurationError(f"{task}: {'; '.join(problems)}")
+
+
+# What one call must not carry: the incumbents' options, and task options misplaced.
+_NOT_PER_CALL = frozenset({*FOREIGN_OPTIONS, "singleton", *OPTION_NAMES} - {"dedupe"})
+
+
+def refuse_call_options(task: str, options: Mapping[str, Any]) -> None:
+    """Refuse singleton options of one ``apply_async`` call before anything is sent:
+    Celery would send them as message properties that do nothing."""
+    for name in options:
+        if name in _NOT_PER_CALL or ("dedup" in name and name != "dedupe"):
+            if name in FOREIGN_OPTIONS:
+                instead = f"{FOREIGN_OPTIONS[name]}, on the task"
+            elif name in _NOT_PER_CALL:
+                instead = f"{name}= on the task (the decorator); a call takes only dedupe=False"
+            else:
+                instead = "dedupe=False (the one per-call option)"
+            raise ConfigurationError(
+                f"{task}: apply_async({name}=...) is not a per-call option; write {instead}"
+            )
+    dedupe = options.get("dedupe", True)
+    if not isinstance(dedupe, bool):
+        raise ConfigurationError(
+            f"{task}: apply_async(dedupe={dedupe!r}): dedupe is True (the default) or False"
+        )
 
 
 def _debounce(name: str, raw: Mapping[str, Any]) -> tuple[float | None, float | None]:

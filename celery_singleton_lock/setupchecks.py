@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .exceptions import ConfigurationError, SingletonLockError
+from .foreign import foreign_settings
 from .options import is_singleton
 
 
@@ -31,7 +32,8 @@ def check_worker_setup(app: Any) -> list[str]:
     tasks = singleton_tasks(app)
     if not tasks:
         return []
-    warnings: list[str] = []
+    # celery-once's ONCE, celery-singleton's singleton_*: ported settings that do nothing.
+    warnings: list[str] = foreign_settings(app.conf)
     store = tasks[0]._singleton_store
     try:
         value = store.eviction_policy()

@@ -33,7 +33,7 @@ from .exceptions import (
 )
 from .execution import Execution, requeue
 from .lease import Contended, Lease, companion, split_role
-from .options import SingletonOptions
+from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .replace import Replacement
 from .tokens import (
     BYPASS_OPTION,
@@ -71,6 +71,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         super().__init_subclass__(**kwargs)
         cls._singleton_options = None
         hooks.install()  # the worker's receivers, once a singleton task exists
+        # Celery makes every keyword of @app.task(base=SingletonTask, ...) a class
+        # attribute: an incumbent's option there would otherwise do nothing, silently.
+        refuse_task_options(
+            cls.name or cls.__qualname__,
+            [name for name, value in cls.__dict__.items() if not callable(value)],
+            misplaced=True,
+        )
         # Validate when the task class is created (i.e. when the decorator runs), not at
         # the first call; class-based tasks without a name yet are checked on first use.
         if "run" in cls.__dict__ and cls.name:
@@ -125,6 +132,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         # dedupe=False per call: publish without the queue-level check (the execution
         # level still excludes duplicates). For sweeps that re-drive work they believe
         # lost: the hold may belong to a message stuck in a dead worker's prefetch.
+        if options:
+            refuse_call_options(self.name, options)
         redrive = options.pop("dedupe", True) is False
         # A requeue passes the pending call's hold on (a dict of its headers) or nothing.
         bypass = options.pop(BYPASS_OPTION, False) or redrive

@@ -72,6 +72,13 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 
+if os.environ.get("CSL_FOREIGN_SETTINGS"):
+    # Settings ported from celery-once and celery-singleton: warned about at worker start.
+    app.conf.ONCE = {"backend": "celery_once.backends.Redis", "settings": {"url": "x"}}
+    app.conf.singleton_key_prefix = "SINGLETONLOCK_"
+    app.conf.singleton_raise_on_duplicate = True
+    app.conf.singleton_backend_url = "redis://:hunter2@127.0.0.1:1/0"
+
 if os.environ.get("CSL_BEAT_TASK"):
     # For the beat tests: one entry that ticks every CSL_BEAT_EVERY seconds.
     app.conf.beat_schedule = {
