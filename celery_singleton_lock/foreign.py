@@ -14,7 +14,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-
 # Task options of celery-singleton and celery-once -> what to write here instead.
 FOREIGN_OPTIONS = {
     "unique_on": "key=[...] with the same parameter names (e.g. key=['table_id'])",
