@@ -3,9 +3,13 @@ LICENSE, the typing marker and the entry points, at the version the package repo
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -13,6 +17,7 @@ import pytest
 
 import celery_singleton_lock
 
+from .servers import RedisServer
 from .workers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -62,3 +67,74 @@ def test_the_sdist_carries_the_license_the_readme_and_the_package(dist: Path) ->
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"LICENSE", "README.md", "pyproject.toml", "celery_singleton_lock/cli.py"} <= names
+
+
+CLEAN_APP = """
+import os
+from celery import Celery
+from celery_singleton_lock import singleton_task
+
+app = Celery("cleanapp", broker=os.environ["URL"], backend=os.environ["URL"])
+
+
+@singleton_task(app=app)
+def add(x, y):
+    return x + y
+"""
+
+CLEAN_CALL = """
+from cleanapp import add
+first = add.delay(2, 3)
+assert add.delay(2, 3).id == first.id  # the duplicate is refused: the holder's result
+print("result", first.get(timeout=60))
+"""
+
+
+def test_a_clean_install_of_the_wheel_runs_a_worker_on_a_redis_broker(
+    dist: Path, tmp_path: Path, raw: object, redis_server: RedisServer
+) -> None:
+    """pip install of the wheel alone (no test or dev tools) into a new virtualenv: a
+    real worker on a redis:// broker starts, and a dispatch runs once."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    [wheel] = dist.glob("*.whl")
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)],
+        check=True, timeout=600,
+    )  # fmt: skip
+    listed = subprocess.run(
+        [python, "-m", "pip", "list", "--format=freeze"],
+        check=True, capture_output=True, text=True, timeout=60,
+    ).stdout.lower()  # fmt: skip
+    assert "pytest" not in listed  # nothing of the test environment leaks in
+    (tmp_path / "cleanapp.py").write_text(CLEAN_APP)
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "URL": redis_server.url, "HOME": str(tmp_path)}
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [venv / "bin" / "celery", "-A", "cleanapp", "worker", "-P", "solo", "-l", "info",
+             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while " ready." not in log.read_text(errors="replace"):
+            assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.1)
+        called = subprocess.run(
+            [python, "-c", CLEAN_CALL],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert called.returncode == 0, called.stdout + called.stderr
+        assert "result 5" in called.stdout
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+    assert log.read_text(errors="replace").count("succeeded") == 1
