@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from .exceptions import LockStoreUnavailableError
+from .exceptions import LockStoreUnavailableError, SingletonLockError
 from .lease import Contended, Lease, PendingAcquire
 
 logger = logging.getLogger(__name__)
@@ -109,12 +109,24 @@ class Gate:
 
     def give_back(self) -> None:
         """The message was not published: release the hold if one was granted."""
+        store = self._task._singleton_store.lock
         try:
             outcome = self._pending.outcome()
         except LockStoreUnavailableError:
             return  # nothing known to give back; a hold would expire by its queue_ttl
+        except SingletonLockError:
+            # The server refused part of the exchange (an ACL without PTTL, say), maybe
+            # after the hold was written: give it back by its token, owner-checked.
+            try:
+                store.release_token(self._pending.name, self._pending.token)
+            except SingletonLockError as error:
+                logger.warning(
+                    "hold on %s not given back (%s): it expires by its queue_ttl",
+                    self._key, error,
+                )  # fmt: skip
+            return
         if isinstance(outcome, Lease):
-            quietly(self._task._singleton_store.lock.release, outcome)
+            quietly(store.release, outcome)
 
 
 class GatedProducer:

@@ -6,10 +6,12 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 import trustme
+from celery import Celery
 
 from celery_singleton_lock import (
     Contended,
@@ -19,6 +21,7 @@ from celery_singleton_lock import (
     LockStoreUnavailableError,
     RedisLock,
     ReleaseResult,
+    singleton_task,
 )
 from celery_singleton_lock.lease.clients import describe as redacted_url
 
@@ -130,6 +133,63 @@ class TestAuth:
         assert "wrong" not in str(caught.value)
         assert caught.value.name == "job"
         assert caught.value.key == lock.keys("job").lock
+
+
+class TestRefusedMidDispatch:
+    """A dispatch the store refuses part of publishes nothing and leaves no hold behind."""
+
+    def dispatch(self, user: str, denied: tuple[str, ...], password_server: RedisServer,
+                 broker: RedisServer, items: list[int]) -> tuple[Any, list[BaseException]]:  # fmt: skip
+        admin = password_server.client()
+        admin.flushall()
+        allowed = tuple(c for c in NARROW_COMMANDS if c not in denied)
+        admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{SECRET}", "~*", *allowed)
+        app = Celery(f"refused-{user}", set_as_current=False)
+        app.conf.update(
+            broker_url=broker.url,
+            singleton_lock_url=f"redis://{user}:{SECRET}@127.0.0.1:{password_server.port}/0",
+        )
+
+        @singleton_task(app=app, name=f"refused.{user}")
+        def job(item: int) -> int:
+            return item
+
+        errors: list[BaseException] = []
+        for item in items:
+            try:
+                job.apply_async((item,), queue=f"q-{user}")
+            except LockStoreConfigurationError as error:
+                errors.append(error)
+        app.close()
+        return admin, errors
+
+    def test_a_user_without_scripts_is_refused_before_anything_is_written(
+        self, password_server: RedisServer, redis_server: RedisServer
+    ) -> None:
+        broker = redis_server
+        broker.client().flushall()
+        admin, errors = self.dispatch(
+            "nosha", ("+evalsha", "+eval", "+pttl"), password_server, broker, [1]
+        )
+        assert len(errors) == 1
+        assert "ACL user lacks" in str(errors[0])
+        assert SECRET not in str(errors[0])
+        assert admin.keys("*") == []
+        assert broker.client().llen("q-nosha") == 0
+
+    def test_a_hold_written_before_a_refused_pttl_is_given_back(
+        self, password_server: RedisServer, redis_server: RedisServer
+    ) -> None:
+        broker = redis_server
+        broker.client().flushall()
+        admin, errors = self.dispatch("nopttl", ("+pttl",), password_server, broker, [1, 2, 3])
+        # The first hold goes through the script (no PTTL when granted), the next ones
+        # through SET NX GET + PTTL, which the server refuses after the SET.
+        assert len(errors) == 2
+        assert all("ACL user lacks" in str(e) for e in errors)
+        keys = sorted(k.decode() for k in admin.keys("*") if not k.endswith(b":fence"))
+        assert len(keys) == 1, keys  # the one published message's hold, no other
+        assert broker.client().llen("q-nopttl") == 1
 
 
 class TestTLS:

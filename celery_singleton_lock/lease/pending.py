@@ -44,6 +44,11 @@ class PendingAcquire:
     def name(self) -> str:
         return self._call.name if self._outcome is None else self._outcome.name
 
+    @property
+    def token(self) -> str:
+        """The token the acquire asked the lock under."""
+        return self._call.token
+
     def presumed(self) -> Lease | None:
         """The lease this grants if the answer is yes, before it is read: to renew at once.
 

@@ -112,6 +112,7 @@ class Transport:
         "client",
         "direct",
         "holds",
+        "proven",
     )
 
     def __init__(self, client: Any) -> None:
@@ -124,6 +125,10 @@ class Transport:
         # Whether the server takes SET with both NX and GET (Redis >= 7.0); learnt from
         # the first refusal, so older servers cost one extra round trip, once.
         self.holds = True
+        # Whether a hold went through the script here once. The first one does: a user
+        # the server will not let run scripts (an ACL without EVALSHA) is refused before
+        # anything is written, rather than after a SET it could then not give back.
+        self.proven = False
         # (reply, then) pairs whose answers nobody waits for; any thread reads them
         # before its next call. A deque: append and popleft are atomic across threads.
         self._owed: collections.deque[tuple[Reply, Callable[[Any], object]]] = collections.deque()
@@ -221,8 +226,10 @@ class Transport:
         older than Redis 7.0 (NX with GET is a syntax error there; remembered) or the
         SET is refused for any other reason (a non-string value at the key).
         """
-        if not (self.direct and self.holds):
-            return Reply(fallback())
+        if not (self.direct and self.holds and self.proven):
+            answer = fallback()
+            self.proven = True
+            return Reply(answer)
         commands = (("SET", key, token, "PX", ttl_ms, *HOLD_OPTIONS), ("PTTL", key))
         return self._send(commands, Hold(token, fallback, self._old_server))
 
