@@ -138,8 +138,14 @@ class TestAuth:
 class TestRefusedMidDispatch:
     """A dispatch the store refuses part of publishes nothing and leaves no hold behind."""
 
-    def dispatch(self, user: str, denied: tuple[str, ...], password_server: RedisServer,
-                 broker: RedisServer, items: list[int]) -> tuple[Any, list[BaseException]]:  # fmt: skip
+    def dispatch(
+        self,
+        user: str,
+        denied: tuple[str, ...],
+        password_server: RedisServer,
+        broker: RedisServer,
+        items: list[int],
+    ) -> tuple[Any, list[BaseException]]:
         admin = password_server.client()
         admin.flushall()
         allowed = tuple(c for c in NARROW_COMMANDS if c not in denied)
