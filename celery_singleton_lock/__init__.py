@@ -6,6 +6,7 @@ __version__ = "0.1.0.dev0"
 from . import signals
 from .decorator import singleton_task
 from .exceptions import (
+    ArgumentsMismatchError,
     ConfigurationError,
     DuplicateTaskError,
     KeyDerivationError,
@@ -35,6 +36,7 @@ from .task import SingletonTask
 from .worker import SingletonRequest
 
 __all__ = [
+    "ArgumentsMismatchError",
     "AsyncRedisLock",
     "ConfigurationError",
     "Contended",

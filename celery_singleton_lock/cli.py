@@ -91,7 +91,10 @@ def _command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
 @click.option("--state", type=click.Choice(STATES), help="Only locks in this state.")
 @click.option("--older-than", help="Only holds taken longer ago than this: 90, 90s, 5m, 1h.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of objects.")
-@click.option("--batch", default=1000, show_default=True, help="Keys read per round trip.")
+@click.option(
+    "--batch", default=1000, show_default=True, type=click.IntRange(min=1),
+    help="Keys read per round trip.",
+)  # fmt: skip
 @click.pass_context
 @_preload
 def list_locks(

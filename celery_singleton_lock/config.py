@@ -160,6 +160,13 @@ class SingletonConfig:
     replicas: int = 0
     replica_timeout: float = 0.5
 
+    def __repr__(self) -> str:
+        # Error reporters (Sentry, tracebacks with locals) print this from frame locals.
+        shown = ", ".join(
+            f"{name}={_hidden(name, getattr(self, name))!r}" for name in self.__dataclass_fields__
+        )
+        return f"SingletonConfig({shown})"
+
     @classmethod
     def from_app(cls, app: Any) -> SingletonConfig:
         """Read (once) and cache the app's settings."""
@@ -253,6 +260,15 @@ class SingletonConfig:
                 f"Redis result backend or broker; use {MEMORY_URL!r} for task_always_eager tests"
             )
         return self.url
+
+
+def _hidden(name: str, value: Any) -> Any:
+    """``value`` with any password in it replaced by ``***`` (URLs, nested options)."""
+    if isinstance(value, dict):
+        return {k: _hidden(str(k), v) for k, v in value.items()}
+    if "password" in name.lower() and value is not None:
+        return "***"
+    return redact(value) if name == "url" and isinstance(value, str) else value
 
 
 def _refuse_unknown_keys(conf: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any, overload
 
 from celery import shared_task
 
+from . import hooks
 from .exceptions import ConfigurationError
 from .options import OPTION_NAMES, SingletonOptions, refuse_task_options
 from .task import SingletonTask
@@ -56,6 +57,9 @@ def singleton_task(
         # app finalized later, and a task that failed here must not fail there again.
         name = options.get("name") or f"{fun.__module__}.{fun.__name__}"
         refuse_task_options(name, options)
+        # Now, not when Celery makes the class (at finalization, for a shared task):
+        # `celery inspect singleton_stats` checks command names before that.
+        hooks.install()
         run = fun if options.get("bind") else staticmethod(fun)
         SingletonOptions.build(name, run, singleton)
         task_options = {"base": base, "singleton": singleton, **options}

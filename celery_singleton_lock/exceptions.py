@@ -65,6 +65,10 @@ class KeyDerivationError(SingletonLockError, ValueError):
     param: str | None
 
 
+class ArgumentsMismatchError(KeyDerivationError, TypeError):
+    """A call's arguments do not fit the task's signature: a TypeError, as Celery raises."""
+
+
 class LockNotAcquiredError(SingletonLockError):
     """The lock is held by someone else; ``holder`` is its token, ``retry_after`` seconds left."""
 

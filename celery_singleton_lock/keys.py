@@ -30,7 +30,8 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from typing import Any, TypeAlias
 
-from .exceptions import ConfigurationError, KeyDerivationError
+from .exceptions import ArgumentsMismatchError, ConfigurationError, KeyDerivationError
+from .lease.names import ROLE_MARK
 
 KeyOption: TypeAlias = "str | Sequence[str] | Callable[..., str] | None"
 
@@ -170,7 +171,10 @@ class KeySpec:
         if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
             self._plain = tuple((p.name, p.default) for p in params)
         self._fields: tuple[str, ...] = ()
-        if key is None or callable(key):
+        if callable(key):
+            self._check_callable(key)
+            return
+        if key is None:
             return
         if isinstance(key, str):
             self._fields = self._format_fields(key)
@@ -182,6 +186,25 @@ class KeySpec:
                 f"{name}: key must be None (all arguments), a list of parameter names, a "
                 f"format string like 'request:{{request_idx}}', or a callable; got {key!r}"
             )
+
+    def _check_callable(self, key: Callable[..., object]) -> None:
+        """A key callable must take the task's arguments by name (``_call``): said now,
+        not as a TypeError at every dispatch."""
+        if self._var_positional:
+            return  # it gets the call as bound, positions and all
+        try:
+            accepts = inspect.signature(key)
+        except (TypeError, ValueError):
+            return  # a builtin without a signature: it speaks for itself
+        try:
+            accepts.bind(**dict.fromkeys(self._param_names))
+        except TypeError as error:
+            names = ", ".join(sorted(self._param_names))
+            raise ConfigurationError(
+                f"{self.name}: key callable {getattr(key, '__qualname__', key)!r} cannot take "
+                f"the task's arguments by name ({error}); write it as "
+                f"key=lambda {names + ', ' if names else ''}**_: ..."
+            ) from None
 
     def _check_known(self, names: list[str], what: str) -> None:
         unknown = [n for n in names if n not in self._param_names]
@@ -247,7 +270,7 @@ class KeySpec:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as error:
-            raise KeyDerivationError(
+            raise ArgumentsMismatchError(
                 f"{self.name}: the arguments do not match the task's signature {self.signature}: "
                 f"{error}",
                 param=None,
@@ -314,6 +337,14 @@ class KeySpec:
         if not isinstance(name, str) or not name:
             raise KeyDerivationError(
                 f"{self.name}: {what} must give a non-empty str lock name, got {name!r}",
+                param=None,
+            )
+        if ROLE_MARK in name:
+            # \x1f marks a companion lock's role (a pending hold, a throttle window, a
+            # slot): a name carrying one could land on another lock's companion key.
+            raise KeyDerivationError(
+                f"{self.name}: {what} gave the lock name {name!r}, which has the control "
+                "character \\x1f; key=[...] (hashed) takes any argument value",
                 param=None,
             )
         if len(name) > MAX_FORMATTED:

@@ -87,9 +87,10 @@ class SingletonTask(Task):  # type: ignore[misc]
     def singleton_options(cls) -> SingletonOptions:
         options = cls.__dict__.get("_singleton_options")
         if options is None:
-            options = SingletonOptions.build(
-                cls.name, cls.__dict__.get("run", cls.run), cls.singleton
-            )
+            # app.register_task(Cls()) names the instance, not the class: the same name,
+            # made the way Celery makes it.
+            name = cls.name or cls.app.gen_task_name(cls.__name__, cls.__module__)
+            options = SingletonOptions.build(name, cls.__dict__.get("run", cls.run), cls.singleton)
             cls._singleton_options = options
         return options
 

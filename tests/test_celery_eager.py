@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import redis
@@ -11,6 +11,7 @@ from celery import Celery, shared_task
 from celery_singleton_lock import (
     ConfigurationError,
     DuplicateTaskError,
+    KeyDerivationError,
     LockLostError,
     SingletonTask,
     signals,
@@ -148,6 +149,30 @@ class TestDecorator:
 
             @singleton_task(key=["missing"], name="bad.shared")
             def job(x: int) -> None: ...
+
+    def test_a_class_registered_the_way_celery_documents_it(self) -> None:
+        app = eager_app("memory://", "registered")
+
+        class Rebuild(SingletonTask):
+            singleton: ClassVar[dict[str, Any]] = {"key": ["tenant"]}
+
+            def run(self, tenant: int) -> int:
+                return tenant
+
+        task = app.register_task(Rebuild())
+        assert task.name.endswith("Rebuild")
+        assert task.delay(3).get() == 3
+        assert task.singleton_options().key.derive((3,)).startswith(task.name)
+
+    def test_arguments_that_do_not_fit_raise_a_type_error_as_celery_does(self, app: Celery) -> None:
+        @singleton_task(app=app, name="eager.typed")
+        def typed(order_id: int) -> int:
+            return order_id
+
+        with pytest.raises(TypeError, match="do not match the task's signature"):
+            typed.delay(1, 2)
+        with pytest.raises(KeyDerivationError):
+            typed.delay(colour="red")
 
     def test_shared_task_without_the_plugin_is_unaffected(self) -> None:
         @shared_task(name="plain.ordinary")

@@ -368,3 +368,33 @@ def test_durations_and_ages_read_and_print_as_operators_write_them() -> None:
     assert [human(s) for s in (None, 3.25, 42, 303, 7800, 270000)] == [
         "-", "3.2s", "42s", "5m03s", "2h10m", "3d03h",
     ]  # fmt: skip
+
+
+INSPECTED_APP = """
+from celery import Celery
+from celery_singleton_lock import singleton_task
+
+app = Celery("inspected", broker="{broker}")
+
+
+@singleton_task
+def job(x):
+    return x
+"""
+
+
+def test_inspect_singleton_stats_is_known_with_the_plain_decorator(
+    cenv: CeleryEnv, tmp_path: Any
+) -> None:
+    """A shared task's class is made at finalization, after `celery inspect` checks the
+    command's name: the command is registered when the decorator runs."""
+    (tmp_path / "inspected.py").write_text(INSPECTED_APP.format(broker=cenv.broker.url))
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "inspected", "inspect", "singleton_stats",
+         "--timeout", "0.5"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert "No nodes replied" in output, output
+    assert "Usage:" not in output

@@ -20,6 +20,7 @@ from celery_singleton_lock import (
     LockLostError,
     LockNotAcquiredError,
     LockStoreUnavailableError,
+    MemoryLock,
     RedisLock,
     ReleaseResult,
 )
@@ -351,6 +352,45 @@ class TestBadInput:
 
         with pytest.raises(ConfigurationError, match="AsyncRedisLock"):
             RedisLock(redis.asyncio.Redis.from_url(redis_server.url))  # type: ignore[arg-type]
+
+
+class TestMisuse:
+    """Wrong arguments get the library's own errors, naming what to pass instead."""
+
+    @pytest.fixture(name="store", params=["redis", "memory"])
+    def fixture_store(self, request: pytest.FixtureRequest, lock: RedisLock) -> object:
+        return lock if request.param == "redis" else MemoryLock(prefix="test")
+
+    def test_release_and_extend_of_something_else_than_a_lease(self, store: RedisLock) -> None:
+        for call in (store.release, store.extend):
+            with pytest.raises(ConfigurationError, match="takes the Lease an acquire returned"):
+                call(None)  # type: ignore[arg-type]
+
+    def test_a_url_where_a_client_belongs_names_from_url(self) -> None:
+        with pytest.raises(ConfigurationError, match=r"RedisLock.from_url\(url\)"):
+            RedisLock("redis://127.0.0.1:6379/0")
+
+    def test_check_after_ones_own_release_raises(self, store: RedisLock) -> None:
+        lease = held(store.try_acquire("mine", ttl=10))
+        lease.check()
+        assert store.release(lease) is ReleaseResult.RELEASED
+        with pytest.raises(LockLostError, match="its holder released it"):
+            lease.check()
+        assert not lease.lost
+
+    def test_a_second_release_is_no_loss_on_either_store(self, store: RedisLock) -> None:
+        lease = held(store.try_acquire("twice", ttl=10))
+        assert store.release(lease) is ReleaseResult.RELEASED
+        assert store.release(lease) is ReleaseResult.EXPIRED
+        assert not lease.lost
+
+    def test_a_first_release_of_an_expired_lease_is_a_loss_on_either_store(
+        self, store: RedisLock
+    ) -> None:
+        lease = held(store.try_acquire("short", ttl=0.05))
+        time.sleep(0.1)
+        assert store.release(lease) is ReleaseResult.EXPIRED
+        assert lease.lost
 
 
 class TestHold:

@@ -23,6 +23,7 @@ from celery_singleton_lock import (
     ReleaseResult,
     singleton_task,
 )
+from celery_singleton_lock.config import SingletonConfig
 from celery_singleton_lock.lease.clients import describe as redacted_url
 
 from .servers import RedisServer
@@ -133,6 +134,23 @@ class TestAuth:
         assert "wrong" not in str(caught.value)
         assert caught.value.name == "job"
         assert caught.value.key == lock.keys("job").lock
+
+
+def test_the_settings_object_never_shows_a_password() -> None:
+    """Error reporters print frame locals: the settings' repr hides every password."""
+    app = Celery("repr", set_as_current=False)
+    app.conf.update(
+        singleton_lock_url=f"sentinel://:{SECRET}@127.0.0.1:26379;sentinel://:{SECRET}@h:26380",
+        singleton_lock_transport_options={
+            "master_name": "mymaster",
+            "sentinel_kwargs": {"password": SECRET},
+            "password": SECRET,
+        },
+    )
+    shown = repr(SingletonConfig.from_app(app))
+    assert SECRET not in shown
+    assert "sentinel://:***@127.0.0.1:26379" in shown
+    assert "'master_name': 'mymaster'" in shown
 
 
 class TestRefusedMidDispatch:

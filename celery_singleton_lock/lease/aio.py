@@ -10,7 +10,7 @@ from ..exceptions import ConfigurationError
 from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .calls import run_script_async
 from .clients import build, is_async
-from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, text
+from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, require_lease, text
 from .names import DEFAULT_PREFIX
 from .renewal import next_delay
 
@@ -128,6 +128,7 @@ class AsyncRedisLock(LockBase):
 
     async def release(self, lease: Lease) -> ReleaseResult:
         """See ``RedisLock.release``."""
+        again = require_lease(lease, "release").released
         argv = self._release_argv(lease.name, lease.token)
         renewal = self._renewals.pop(lease.token, None)
         if renewal is not None:
@@ -137,7 +138,7 @@ class AsyncRedisLock(LockBase):
                 reply = await run_script_async(self.client, self._release_script, **argv)
             except REDIS_ERRORS as error:
                 self._failed(error, lease.name)
-        return self._released(lease, reply)
+        return self._released(lease, reply, again=again)
 
     async def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
         """See ``RedisLock.extend``."""

@@ -20,7 +20,17 @@ from ..exceptions import ConfigurationError
 from . import scripts
 from .clients import describe, socket_timeout_of
 from .errors import store_error
-from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
+from .lease import (
+    LOSS,
+    Contended,
+    ExtendResult,
+    Lease,
+    LostCallback,
+    ReleaseResult,
+    decode,
+    require_lease,
+    text,
+)
 from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
 
 logger = logging.getLogger(__name__)
@@ -130,6 +140,11 @@ class LockBase:
         backoff_base: float = 0.005,
         backoff_cap: float = 0.5,
     ) -> None:
+        if not callable(getattr(client, "register_script", None)):
+            raise ConfigurationError(
+                f"{type(self).__name__} takes a redis-py client, got {type(client).__name__}; "
+                f"for a URL write {type(self).__name__}.from_url(url)"
+            )
         self.client = client
         self.prefix = validate_prefix(prefix)
         self.allow_long_ttl = allow_long_ttl
@@ -228,6 +243,7 @@ class LockBase:
         )
 
     def _extend_call(self, lease: Lease, ttl: object | None) -> tuple[LockKeys, int]:
+        require_lease(lease, "extend")
         return self.keys(lease.name), self._ttl_ms(lease.ttl if ttl is None else ttl)
 
     @staticmethod
@@ -264,10 +280,14 @@ class LockBase:
         return result
 
     @staticmethod
-    def _released(lease: Lease, reply: Any) -> ReleaseResult:
+    def _released(lease: Lease, reply: Any, *, again: bool = False) -> ReleaseResult:
+        """What a release found; ``again``: the lease had been released already, so
+        finding it gone is no loss."""
         result = decode(reply, ReleaseResult)
         if result is ReleaseResult.RELEASED:
             logger.debug("released %s (fence %d)", lease.key, lease.fence)
+        elif again:
+            logger.debug("released %s again: %s", lease.key, result.name)
         else:
             logger.info("release of %s (fence %d): %s", lease.key, lease.fence, result.name)
             lease._note_loss(LOSS[result])  # the holder is letting go: recorded, not reported

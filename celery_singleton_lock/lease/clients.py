@@ -18,6 +18,7 @@ URL forms:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -27,9 +28,10 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, LockStoreUnavailableError
 
 STANDALONE_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -54,6 +56,7 @@ def build(
     Raises ``ConfigurationError`` naming what is wrong, before any connection is made.
     """
     options = dict(options or {})
+    _check_userinfo(url)
     scheme = scheme_of(url)
     try:
         if scheme in SENTINEL_SCHEMES:
@@ -61,6 +64,8 @@ def build(
         if scheme in CLUSTER_SCHEMES:
             return _cluster(url, options, asyncio=asyncio)
         if scheme in STANDALONE_SCHEMES:
+            if scheme in ("redis", "rediss"):
+                _db_path(url)
             for name in _SENTINEL_OPTIONS:
                 options.pop(name, None)  # a broker's Sentinel options, not for this URL
             if bounded and not asyncio:
@@ -70,9 +75,9 @@ def build(
                     connection_pool=redis.BlockingConnectionPool.from_url(url, **options)
                 )
                 client.auto_close_connection_pool = True
-                return client
+                return _checked(client)
             factory = redis.asyncio.Redis if asyncio else redis.Redis
-            return factory.from_url(url, **options)
+            return _checked(factory.from_url(url, **options))
     except TypeError as error:
         raise ConfigurationError(
             f"a lock store option is not one redis-py takes ({error}); check the transport "
@@ -86,6 +91,17 @@ def build(
         f"lock store URL {redact(url)} has scheme {scheme!r}; use one of "
         f"{', '.join(s + '://' for s in SCHEMES)}"
     )
+
+
+def _checked(client: Any) -> Any:
+    """``client``, once its pool can make a connection from its options.
+
+    redis-py makes connections lazily, so an option it does not take would raise a bare
+    TypeError at the first call instead of here. Making one connects to nothing.
+    """
+    pool = client.connection_pool
+    pool.connection_class(**pool.connection_kwargs)
+    return client
 
 
 def _credentials(part: Any) -> dict[str, Any]:
@@ -165,20 +181,63 @@ def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
     kwargs.pop("db", None)
     node_class: Any = AsyncClusterNode if asyncio else ClusterNode
     cluster_class: Any = AsyncRedisCluster if asyncio else RedisCluster
-    return cluster_class(startup_nodes=[node_class(*h) for h in hosts], **kwargs)
+    try:
+        # The sync client asks its seeds for the slot map here, before any call.
+        return cluster_class(startup_nodes=[node_class(*h) for h in hosts], **kwargs)
+    except RedisClusterException as error:
+        if "not enabled" in str(error):
+            raise ConfigurationError(
+                f"lock store URL {redact(url)} names a server that is not in cluster mode; "
+                "for a standalone server write redis://host:port/0"
+            ) from None
+        raise LockStoreUnavailableError(
+            f"lock store at {redact(url)} is unreachable: {error}", url=redact(url)
+        ) from error
+
+
+# A password given as a query parameter (redis-py reads ?password=, Sentinel's too).
+_QUERY_SECRET = re.compile(r"([?&](?:sentinel_)?password=)[^&;#]*", re.IGNORECASE)
 
 
 def redact(url: str) -> str:
-    """``url`` without its password."""
+    """``url`` without its password, however malformed the URL is.
+
+    Not through ``urlsplit``: a password with an unencoded ``#``, ``/`` or ``?`` splits
+    there and would be shown in part. The user information is everything between
+    ``://`` and the last ``@``; a password in the query is hidden too.
+    """
     parts = []
     for one in url.split(";"):
         shown = one.strip()
-        part = urlsplit(shown)
-        if part.password:
-            user = part.username or ""
-            shown = shown.replace(f"{part.netloc.rpartition('@')[0]}@", f"{user}:***@", 1)
-        parts.append(shown)
+        scheme, sep, rest = shown.partition("://")
+        userinfo, at, host = rest.rpartition("@")
+        if sep and at and ":" in userinfo:
+            shown = f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
+        parts.append(_QUERY_SECRET.sub(r"\1***", shown))
     return ";".join(parts)
+
+
+def _check_userinfo(url: str) -> None:
+    """Refuse a user or password with a character a URL reserves: the URL would split
+    there, and any message about the rest (a "bad port") would quote part of it."""
+    for one in url.split(";"):
+        userinfo = one.partition("://")[2].rpartition("@")[0]
+        if any(c in userinfo for c in "#/?@[]"):
+            raise ConfigurationError(
+                f"lock store URL {redact(url)} is not valid: its user or password has a "
+                "character a URL reserves (# / ? @ [ ]); percent-encode the password, e.g. "
+                "urllib.parse.quote(password, safe='')"
+            )
+
+
+def _db_path(url: str) -> None:
+    """redis-py reads ``/abc`` as database 0 without a word: refuse a path that is not one."""
+    path = urlsplit(url).path.strip("/")
+    if path and not path.isdigit():
+        raise ConfigurationError(
+            f"lock store URL {redact(url)}: {path!r} is not a database number; write "
+            "redis://host:6379/0 (or ?db=N)"
+        )
 
 
 def _cluster_kwargs(client: Any) -> dict[str, Any] | None:

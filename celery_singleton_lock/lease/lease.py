@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
-from ..exceptions import LockLostError, LockNotAcquiredError
+from ..exceptions import ConfigurationError, LockLostError, LockNotAcquiredError
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +150,9 @@ class Lease:
         before a pause that outlives the lease.
         """
         reason = self._state.lost_reason
-        if reason is None and not self._state.released and self.remaining() <= 0:
+        if reason is None and self._state.released:
+            reason = "its holder released it"
+        if reason is None and self.remaining() <= 0:
             reason = "its ttl ran out without a renewal"
         if reason is not None:
             raise LockLostError(
@@ -203,6 +205,15 @@ class Lease:
         except BaseException:
             self._state.released = False
             raise
+
+
+def require_lease(value: object, what: str) -> Lease:
+    """``value`` if it is a lease, else an error naming what the call takes."""
+    if not isinstance(value, Lease):
+        raise ConfigurationError(
+            f"{what} takes the Lease an acquire returned, got {type(value).__name__} {value!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ _needs_quoting = re.compile(r"[^A-Za-z0-9_.~\-:/=@+,;!$&'()|<>^`]").search
 
 # Separates a lock's name from the role of a companion lock (see ``companion``). A
 # control character: no derived key contains it, and quote() escapes it in a tag.
-_ROLE_MARK = "\x1f"
+ROLE_MARK = "\x1f"
 ROLES = ("pending", "throttle")
 # A counting lease's slots: "slot1" .. "slot<MAX_SLOTS>" (see ``slot``).
 MAX_SLOTS = 100
@@ -59,12 +59,12 @@ def companion(name: str, role: str) -> str:
         raise ConfigurationError(
             f"unknown companion role {role!r}; one of {list(ROLES)} or slot1..slot{MAX_SLOTS}"
         )
-    return f"{name}{_ROLE_MARK}{role}"
+    return f"{name}{ROLE_MARK}{role}"
 
 
 def split_role(name: str) -> tuple[str, str | None]:
     """(base name, role) of a companion's name; (name, None) for a lock's own name."""
-    base, mark, role = name.rpartition(_ROLE_MARK)
+    base, mark, role = name.rpartition(ROLE_MARK)
     if mark and is_role(role):
         return base, role
     return name, None
@@ -86,7 +86,7 @@ class LockKeys:
 
     @classmethod
     def build(cls, prefix: str, name: str) -> LockKeys:
-        name, role = split_role(name) if _ROLE_MARK in name else (name, None)
+        name, role = split_role(name) if ROLE_MARK in name else (name, None)
         if not _needs_quoting(name):
             tag = f"{prefix}:{{{name}}}"  # the common case, at a fraction of quote()'s cost
         else:

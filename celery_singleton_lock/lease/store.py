@@ -14,7 +14,17 @@ from .calls import run_script
 from .clients import build, eviction_policy, is_async
 from .errors import store_error
 from .inventory import BATCH, Held, scan
-from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
+from .lease import (
+    LOSS,
+    Contended,
+    ExtendResult,
+    Lease,
+    LostCallback,
+    ReleaseResult,
+    decode,
+    require_lease,
+    text,
+)
 from .names import DEFAULT_PREFIX
 from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
@@ -243,12 +253,13 @@ class RedisLock(LockBase):
         A store error propagates and leaves the lease as it was, so the caller can
         retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
         """
+        again = require_lease(lease, "release").released
         with lease._releasing():
             try:
                 reply = self._send_release(lease).get()
             except REDIS_ERRORS as error:
                 self._failed(error, lease.name)
-        return self._released(lease, reply)
+        return self._released(lease, reply, again=again)
 
     def release_nowait(self, lease: Lease) -> None:
         """``release`` without waiting for the answer: it is read before the next call of
@@ -258,12 +269,13 @@ class RedisLock(LockBase):
         For the end of a task, where nobody acts on the result: the pool child is free
         for its next task a round trip sooner.
         """
+        again = require_lease(lease, "release_nowait").released
         with lease._releasing():
             try:
                 reply = self._send_release(lease, whole=True)
             except REDIS_ERRORS as error:
                 self._failed(error, lease.name)
-        self.transport.defer(reply, lambda answer: self._released(lease, answer))
+        self.transport.defer(reply, lambda answer: self._released(lease, answer, again=again))
 
     def _send_release(self, lease: Lease, *, whole: bool = False) -> Reply:
         argv = self._release_argv(lease.name, lease.token)
