@@ -128,12 +128,11 @@ class AsyncRedisLock(LockBase):
 
     async def release(self, lease: Lease) -> ReleaseResult:
         """See ``RedisLock.release``."""
-        again = require_lease(lease, "release").released
-        argv = self._release_argv(lease.name, lease.token)
+        argv = self._release_argv(require_lease(lease, "release").name, lease.token)
         renewal = self._renewals.pop(lease.token, None)
         if renewal is not None:
             renewal.cancel()
-        with lease._releasing():
+        with lease.releasing() as again:
             try:
                 reply = await run_script_async(self.client, self._release_script, **argv)
             except REDIS_ERRORS as error:

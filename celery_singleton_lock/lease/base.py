@@ -64,6 +64,11 @@ class Call:
     fenced: bool
     unless_replaced: str = ""  # refuse if swap replaced this token ('' for no check)
 
+    @property
+    def plain(self) -> bool:
+        """A plain hold (a queued message's): none of the acquire script's extra steps."""
+        return not (self.fenced or self.replace or self.shape[0] or self.unless_replaced)
+
     def lease(self, *, fence: int, sent_at: float) -> Lease:
         """The lease this call holds once granted; its TTL counts from when it was sent."""
         return Lease.granted(

@@ -192,18 +192,20 @@ class Lease:
         self._state.released = True
 
     @contextmanager
-    def _releasing(self) -> Iterator[None]:
-        """Marked released while its release is in flight, and kept so on success.
+    def releasing(self) -> Iterator[bool]:
+        """For the stores: marked released while its release is in flight, and kept so on
+        success; yields whether it had been released already (a second release).
 
         Set before sending so that a renewal answered "expired" just after our own delete
         is not reported as a loss; cleared again if the release fails in transport, so
         the handle stays usable for a retry.
         """
+        again = self._state.released
         self._state.released = True
         try:
-            yield
+            yield again
         except BaseException:
-            self._state.released = False
+            self._state.released = again
             raise
 
 

@@ -134,30 +134,15 @@ class RedisLock(LockBase):
     def _send_try(self, call: Call, step: Try, *, whole: bool = False) -> PendingAcquire:
         sent_at = time.monotonic()
         try:
-            if self.replicas is not None:
-                argv = self._acquire_argv(call, step)
-                reply = self.transport.send(
-                    self._acquire_script, **argv, acks=self.replicas, whole=whole
-                )
-            elif (
-                call.fenced
-                or call.replace
-                or call.shape[0]
-                or call.unless_replaced
-                or (step.announce or whole)
-            ):
-                reply = self.transport.send(
-                    self._acquire_script, **self._acquire_argv(call, step), whole=whole
-                )
-            else:
-                # A plain hold (a queued message's) needs none of the script's extra steps.
+            script = self._acquire_script
+            if call.plain and not (step.announce or whole) and self.replicas is None:
                 reply = self.transport.send_hold(
-                    call.keys.lock,
-                    call.token,
-                    call.ttl_ms,
-                    lambda: run_script(
-                        self.client, self._acquire_script, **self._acquire_argv(call, step)
-                    ),
+                    call.keys.lock, call.token, call.ttl_ms,
+                    lambda: run_script(self.client, script, **self._acquire_argv(call, step)),
+                )  # fmt: skip
+            else:
+                reply = self.transport.send(
+                    script, **self._acquire_argv(call, step), whole=whole, acks=self.replicas
                 )
         except REDIS_ERRORS as error:
             self._failed(error, call.name)
@@ -192,15 +177,15 @@ class RedisLock(LockBase):
             while True:
                 if isinstance(step, Try):
                     step = plan.send(self._send_try(call, step).outcome())
-                elif isinstance(step, Block):
+                    continue
+                if isinstance(step, Block):
                     try:
                         self.client.blpop([call.keys.signal], timeout=step.seconds)
                     except REDIS_ERRORS as error:
                         self._failed(error, name)
-                    step = next(plan)
                 else:
                     time.sleep(step.seconds)
-                    step = next(plan)
+                step = next(plan)
         except StopIteration as done:
             lease = self._granted(done.value, on_lost)
         if renew:
@@ -224,7 +209,7 @@ class RedisLock(LockBase):
         ``lease`` had already lost the lock to someone else.
         """
         self.renewer.discard(lease)
-        with lease._releasing():
+        with lease.releasing():
             outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
         if isinstance(outcome, Contended):
             lease._note_loss(LOSS[ReleaseResult.NOT_OWNER])
@@ -253,8 +238,7 @@ class RedisLock(LockBase):
         A store error propagates and leaves the lease as it was, so the caller can
         retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
         """
-        again = require_lease(lease, "release").released
-        with lease._releasing():
+        with require_lease(lease, "release").releasing() as again:
             try:
                 reply = self._send_release(lease).get()
             except REDIS_ERRORS as error:
@@ -269,8 +253,7 @@ class RedisLock(LockBase):
         For the end of a task, where nobody acts on the result: the pool child is free
         for its next task a round trip sooner.
         """
-        again = require_lease(lease, "release_nowait").released
-        with lease._releasing():
+        with require_lease(lease, "release_nowait").releasing() as again:
             try:
                 reply = self._send_release(lease, whole=True)
             except REDIS_ERRORS as error:
