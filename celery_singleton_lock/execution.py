@@ -21,6 +21,7 @@ from celery.exceptions import Ignore
 from . import outages
 from . import signals as singleton_signals
 from .backend import Store
+from .childwatch import is_dead
 from .exceptions import (
     ConfigurationError,
     DuplicateTaskError,
@@ -29,6 +30,7 @@ from .exceptions import (
 )
 from .holds import Hold
 from .lease import Contended, Lease, companion
+from .liveness import runs_task
 from .policies import ContentionState, Fail, Requeue, Skip, Wait
 from .tokens import (
     ATTEMPT_HEADER,
@@ -50,6 +52,10 @@ from .tokens import (
 )
 
 logger = logging.getLogger(__name__)
+
+# How long an execution waits for the worker named in a same-id holder's token to say
+# it runs that task (a live worker answers in milliseconds; a dead one never does).
+HOLDER_ANSWER_TIMEOUT = 1.0
 
 
 class Execution:
@@ -171,15 +177,25 @@ class Execution:
         return waiting.acquire(self.key, self.ttl, timeout=timeout, token=self.token, **self.own)
 
     def _is_copy(self, held: Contended) -> bool:
-        """Whether the holder is this very message under another delivery: same task id.
+        """Whether the holder is this very message, running under another delivery.
 
-        A retry's message carries the id too, by design: the attempt that sent it is
-        named in its headers and is contended with like any other holder.
+        Same task id, a running lease, and its worker says it runs the task now. A dead
+        worker's lease (RabbitMQ redelivers at once when a worker dies, before its lease
+        runs out) is not a live original: the delivery contends and runs once it is
+        free. A retry's message carries the id too, by design: the attempt that sent it
+        is named in its headers and is contended with like any other holder.
         """
         request = self.task.request
-        if holder_task_id(held.holder) != request.id or held.holder == self.queued:
+        holder = read_token(held.holder)
+        if holder.task_id != request.id or holder.state != "running" or not holder.worker:
             return False
-        return bool(held.holder != header(request, RETRY_OF_HEADER))
+        if held.holder == header(request, RETRY_OF_HEADER):
+            return False
+        if holder.worker == request.hostname:
+            # This worker: asking it would find this delivery (Celery tracks requests by
+            # task id); the holder's pool child, or this very process, says it directly.
+            return holder.pid == os.getpid() or (holder.pid is not None and not is_dead(holder.pid))
+        return runs_task(self.task.app, holder.worker, request.id, HOLDER_ANSWER_TIMEOUT)
 
     def _drop_copy(self, held: Contended) -> NoReturn:
         """End this delivery without a trace under its id: Ignore stores no state, fires
@@ -198,7 +214,7 @@ class Execution:
     def _skip(self, decision: Skip, holder: str | None) -> NoReturn:
         """End quietly in IGNORED, which callers can tell from SUCCESS and FAILURE."""
         task, request = self.task, self.task.request
-        if not request.is_eager and not (request.ignore_result or task.ignore_result):
+        if not (request.is_eager or getattr(request, "ignore_result", False) or task.ignore_result):
             task.backend.store_result(
                 request.id, {"skipped": decision.reason}, states.IGNORED, request=request
             )

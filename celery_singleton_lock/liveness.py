@@ -24,6 +24,21 @@ from .locks import LockRow
 BATCH = 1000
 
 
+def runs_task(app: Any, worker: str, task_id: str, timeout: float) -> bool:
+    """Whether ``worker`` answers within ``timeout`` that it runs ``task_id`` now.
+
+    One broadcast to that worker alone, answered by its main process (the pool may be
+    busy); the call returns at the first reply. No reply (a dead worker, remote control
+    off, a broker without broadcast) and any error mean False: nothing can be said.
+    """
+    try:
+        inspect = app.control.inspect(destination=[worker], timeout=timeout, limit=1)
+        replies = inspect.query_task(task_id) or {}
+    except Exception:  # any failure to ask is "cannot say"
+        return False
+    return any((tasks or {}).get(task_id, [None])[0] == "active" for tasks in replies.values())
+
+
 @dataclass
 class Verdict:
     alive: bool | None  # None: cannot be told

@@ -165,7 +165,7 @@ class TestDecorator:
         assert task.singleton_options().key.derive((3,)).startswith(task.name)
 
     def test_arguments_that_do_not_fit_raise_a_type_error_as_celery_does(self, app: Celery) -> None:
-        @singleton_task(app=app, name="eager.typed")
+        @singleton_task(app=app, name=f"{app.main}.typed", shared=False)
         def typed(order_id: int) -> int:
             return order_id
 

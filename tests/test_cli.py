@@ -388,7 +388,9 @@ def test_inspect_singleton_stats_is_known_with_the_plain_decorator(
 ) -> None:
     """A shared task's class is made at finalization, after `celery inspect` checks the
     command's name: the command is registered when the decorator runs."""
-    (tmp_path / "inspected.py").write_text(INSPECTED_APP.format(broker=cenv.broker.url))
+    # A database of its own: no worker of the other tests answers there.
+    broker = cenv.broker.url.rpartition("/")[0] + "/7"
+    (tmp_path / "inspected.py").write_text(INSPECTED_APP.format(broker=broker))
     done = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "inspected", "inspect", "singleton_stats",
          "--timeout", "0.5"],

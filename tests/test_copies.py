@@ -119,6 +119,51 @@ class TestCopyOfTheRunningMessage:
         assert "copy of" not in pool_worker.output().split(result.id, 1)[1]
 
 
+class TestCopyOnAnotherWorker:
+    def test_a_copy_on_another_worker_is_dropped_once_the_holders_worker_says_it_runs(
+        self, cenv: CeleryEnv, pool_worker: Worker, worker: Worker
+    ) -> None:
+        app = cenv.app_module.app
+        task = cenv.app_module.exclusive_fail
+        item = f"elsewhere-{pool_worker.pool}"
+        original = task.apply_async((item, 1.5), queue=pool_worker.queue)
+        poller = StatePoller(original)
+        wait_for(lambda: started(cenv), what="the original's start")
+        app.send_task(task.name, (item,), task_id=original.id, queue=worker.queue)
+        wait_for(
+            lambda: (
+                f"copy of running task dropped: task={task.name} id={original.id}"
+                in worker.output()
+            ),
+            what="the copy's INFO line on the other worker",
+        )
+        assert original.get(timeout=20) == item
+        assert states.FAILURE not in poller.stop()
+        assert len(runs(cenv)) == 1
+
+    def test_a_dead_workers_lease_is_no_live_original_the_copy_runs_after_it(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """RabbitMQ redelivers at once when a worker dies, before its lease runs out:
+        that delivery must run (once the lease is free), never be dropped as a copy."""
+        ttl = 2.0
+        doomed = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl)}).start()
+        try:
+            work = cenv.app_module.work
+            original = work.apply_async(("orphaned", 60), queue=doomed.queue)
+            wait_for(lambda: started(cenv), what="the original's start")
+            doomed.kill()
+        finally:
+            doomed.stop()
+        redelivered = cenv.app_module.app.send_task(
+            work.name, ("orphaned", 0.1), task_id=original.id, queue=worker.queue
+        )
+        assert redelivered.get(timeout=30) == "orphaned"
+        [run] = runs(cenv)
+        assert run["id"] == original.id
+        assert "copy of running task dropped" not in worker.output().split(original.id, 1)[-1]
+
+
 class TestSkip:
     @pytest.mark.parametrize("task_name", ["exclusive_skip", "exclusive_wait_skip"])
     def test_a_contended_send_task_copy_ends_ignored_with_one_info_line(

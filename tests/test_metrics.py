@@ -66,6 +66,9 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
     wait_for(lambda: any(s["item"] == "s" for s in started(cenv)), 20, "strict started")
     with pytest.raises(DuplicateTaskError):
         app.strict.apply_async(("s",), queue=queue).get(timeout=30)
+    # A copy of the holder's own message (its task id): dropped, and counted.
+    app.app.send_task(app.strict.name, ("s",), task_id=holder.id, queue=queue)
+    wait_for(lambda: "copy of running task dropped" in worker.output(), 20, "copy dropped")
     assert holder.get(timeout=30) == "s"
     app.work.apply_async(("k", 30.0), queue=queue)
     wait_for(lambda: any(s["item"] == "k" for s in started(cenv)), 20, "k started")
@@ -101,6 +104,10 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
         task="tests.celery_app.strict", decision="fail",
     ) == 1  # fmt: skip
     assert value(scraped, "celery_singleton_lock_dead_child_releases_total", task=work) == 1
+    assert (
+        value(scraped, "celery_singleton_lock_copies_dropped_total", task="tests.celery_app.strict")
+        == 1
+    )
     assert value(scraped, "celery_singleton_lock_hold_seconds_count", task=work) == 5
     assert value(scraped, "celery_singleton_lock_wait_seconds_count", task=work) == 6
     # The 1 s task held its lease at least that long: its observation is above 0.5 s.
