@@ -65,6 +65,11 @@ class StatePoller:
         return self.seen
 
 
+def wait_dropped(worker: Worker, task: str, task_id: str) -> None:
+    line = f"copy of running task dropped: task={task} id={task_id}"
+    wait_for(lambda: line in worker.output(), what=f"the copy's INFO line on {worker.name}")
+
+
 class TestCopyOfTheRunningMessage:
     @pytest.mark.parametrize("policy", list(POLICIES))
     def test_a_same_id_copy_never_touches_the_originals_result(
@@ -84,13 +89,7 @@ class TestCopyOfTheRunningMessage:
             link_error=cenv.app_module.note_error.s(),
         )
         assert copy.id == original.id
-        wait_for(
-            lambda: (
-                f"copy of running task dropped: task={task.name} id={original.id}"
-                in pool_worker.output()
-            ),
-            what="the copy's INFO line",
-        )
+        wait_dropped(pool_worker, task.name, original.id)
         assert original.get(timeout=20) == item
         seen = poller.stop()
         print(f"\n{policy} on {pool_worker.pool}: states {seen}")
@@ -130,13 +129,7 @@ class TestCopyOnAnotherWorker:
         poller = StatePoller(original)
         wait_for(lambda: started(cenv), what="the original's start")
         app.send_task(task.name, (item,), task_id=original.id, queue=worker.queue)
-        wait_for(
-            lambda: (
-                f"copy of running task dropped: task={task.name} id={original.id}"
-                in worker.output()
-            ),
-            what="the copy's INFO line on the other worker",
-        )
+        wait_dropped(worker, task.name, original.id)
         assert original.get(timeout=20) == item
         assert states.FAILURE not in poller.stop()
         assert len(runs(cenv)) == 1

@@ -10,7 +10,7 @@ from ..exceptions import ConfigurationError
 from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .calls import run_script_async
 from .clients import build, is_async
-from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, require_lease, text
+from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, text
 from .names import DEFAULT_PREFIX
 from .renewal import next_delay
 
@@ -128,7 +128,7 @@ class AsyncRedisLock(LockBase):
 
     async def release(self, lease: Lease) -> ReleaseResult:
         """See ``RedisLock.release``."""
-        argv = self._release_argv(require_lease(lease, "release").name, lease.token)
+        argv = self._release_argv(Lease.require(lease, "release").name, lease.token)
         renewal = self._renewals.pop(lease.token, None)
         if renewal is not None:
             renewal.cancel()

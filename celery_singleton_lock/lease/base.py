@@ -20,17 +20,7 @@ from ..exceptions import ConfigurationError
 from . import scripts
 from .clients import describe, socket_timeout_of
 from .errors import store_error
-from .lease import (
-    LOSS,
-    Contended,
-    ExtendResult,
-    Lease,
-    LostCallback,
-    ReleaseResult,
-    decode,
-    require_lease,
-    text,
-)
+from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
 
 logger = logging.getLogger(__name__)
@@ -248,7 +238,7 @@ class LockBase:
         )
 
     def _extend_call(self, lease: Lease, ttl: object | None) -> tuple[LockKeys, int]:
-        require_lease(lease, "extend")
+        Lease.require(lease, "extend")
         return self.keys(lease.name), self._ttl_ms(lease.ttl if ttl is None else ttl)
 
     @staticmethod

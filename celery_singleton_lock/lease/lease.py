@@ -123,6 +123,15 @@ class Lease:
         state.lost_reason = reason
         return cls(name=name, key="", token="", fence=0, ttl=ttl, _state=state)
 
+    @staticmethod
+    def require(value: object, what: str) -> Lease:
+        """``value`` if it is a lease, else an error naming what the call takes."""
+        if not isinstance(value, Lease):
+            raise ConfigurationError(
+                f"{what} takes the Lease an acquire returned, got {type(value).__name__} {value!r}"
+            )
+        return value
+
     @property
     def expires_at(self) -> float:
         return self._state.expires_at
@@ -207,15 +216,6 @@ class Lease:
         except BaseException:
             self._state.released = again
             raise
-
-
-def require_lease(value: object, what: str) -> Lease:
-    """``value`` if it is a lease, else an error naming what the call takes."""
-    if not isinstance(value, Lease):
-        raise ConfigurationError(
-            f"{what} takes the Lease an acquire returned, got {type(value).__name__} {value!r}"
-        )
-    return value
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from .inventory import Held, parse_key
-from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, require_lease
+from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
 from .pending import PendingAcquire
 from .slots import check_limit
@@ -199,7 +199,7 @@ class MemoryLock:
             return result
 
     def release(self, lease: Lease) -> ReleaseResult:
-        again = require_lease(lease, "release").released
+        again = Lease.require(lease, "release").released
         lease._let_go()
         result = self._drop(lease.key, lambda token: token == lease.token)
         if result is not ReleaseResult.RELEASED and not again:
@@ -229,7 +229,7 @@ class MemoryLock:
         )
 
     def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
-        require_lease(lease, "extend")
+        Lease.require(lease, "extend")
         ttl_ms = ttl_to_ms(lease.ttl if ttl is None else ttl, allow_long=self.allow_long_ttl)
         with self._cond:
             entry = self._live(lease.key)

@@ -14,17 +14,7 @@ from .calls import run_script
 from .clients import build, eviction_policy, is_async
 from .errors import store_error
 from .inventory import BATCH, Held, scan
-from .lease import (
-    LOSS,
-    Contended,
-    ExtendResult,
-    Lease,
-    LostCallback,
-    ReleaseResult,
-    decode,
-    require_lease,
-    text,
-)
+from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX
 from .pending import PendingAcquire
 from .renewal import Renewer, get_renewer
@@ -238,7 +228,7 @@ class RedisLock(LockBase):
         A store error propagates and leaves the lease as it was, so the caller can
         retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
         """
-        with require_lease(lease, "release").releasing() as again:
+        with Lease.require(lease, "release").releasing() as again:
             try:
                 reply = self._send_release(lease).get()
             except REDIS_ERRORS as error:
@@ -253,7 +243,7 @@ class RedisLock(LockBase):
         For the end of a task, where nobody acts on the result: the pool child is free
         for its next task a round trip sooner.
         """
-        with require_lease(lease, "release_nowait").releasing() as again:
+        with Lease.require(lease, "release_nowait").releasing() as again:
             try:
                 reply = self._send_release(lease, whole=True)
             except REDIS_ERRORS as error:
