@@ -246,6 +246,14 @@ def test_no_locks_an_unreachable_store_and_bad_input_say_so_plainly(cenv: Celery
     bad = cli(cenv, "list", "--older-than", "soon")
     assert bad.returncode == 2
     assert "not a duration: 'soon'" in bad.stderr
+    zero = cli(cenv, "list", "--batch", "0")
+    assert zero.returncode == 2
+    assert "--batch" in zero.stderr
+    assert "0 is not in the range x>=1" in zero.stderr
+    leaked = cli(cenv, "list", env={"CSL_LOCK_URL": "redis://127.0.0.1:x/0?password=hunter2"})
+    assert leaked.returncode == 1
+    assert "hunter2" not in leaked.stderr + leaked.stdout
+    assert "password=***" in leaked.stderr
     helped = cli(cenv, "--help", process=True)
     assert "celery -A proj singleton orphans --release" in helped.stdout
 
