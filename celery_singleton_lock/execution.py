@@ -187,7 +187,7 @@ class Execution:
         """
         request = self.task.request
         holder = read_token(held.holder)
-        if holder.task_id != request.id or holder.state != "running" or not holder.worker:
+        if holder.task_id != request.id or holder.state != "running" or request.is_eager:
             return False
         if held.holder == header(request, RETRY_OF_HEADER):
             return False
@@ -195,7 +195,9 @@ class Execution:
             # This worker: asking it would find this delivery (Celery tracks requests by
             # task id); the holder's pool child, or this very process, says it directly.
             return holder.pid == os.getpid() or (holder.pid is not None and not is_dead(holder.pid))
-        return runs_task(self.task.app, holder.worker, request.id, HOLDER_ANSWER_TIMEOUT)
+        return bool(holder.worker) and runs_task(
+            self.task.app, str(holder.worker), request.id, HOLDER_ANSWER_TIMEOUT
+        )
 
     def _drop_copy(self, held: Contended) -> NoReturn:
         """End this delivery without a trace under its id: Ignore stores no state, fires
