@@ -201,6 +201,7 @@ class TestRefusedMidDispatch:
         assert admin.keys("*") == []
         assert broker.client().llen("q-nosha") == 0
 
+    @pytest.mark.usefixtures("redis7")  # SET NX GET; older servers take the script
     def test_a_hold_written_before_a_refused_pttl_is_given_back(
         self, password_server: RedisServer, redis_server: RedisServer
     ) -> None:
