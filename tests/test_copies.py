@@ -31,7 +31,9 @@ POLICIES = {
 }
 
 
-@pytest.fixture(name="pool_worker", scope="module", params=["prefork", "threads"])
+@pytest.fixture(
+    name="pool_worker", scope="module", params=["prefork", "threads", "gevent", "eventlet"]
+)
 def fixture_pool_worker(request: pytest.FixtureRequest, celery_env: CeleryEnv) -> Iterator[Worker]:
     worker = Worker(celery_env.env, pool=request.param, concurrency=3).start()
     try:
