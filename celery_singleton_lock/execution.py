@@ -264,7 +264,7 @@ class Execution:
                 )
                 decision = policy(state)
         if isinstance(decision, Requeue):
-            requeue(task, self.key, self.attempt + 1, decision.countdown, hold=hold)
+            send_again(task, self.key, self.attempt + 1, decision.countdown, hold=hold)
         if isinstance(decision, Skip):
             self._skip(decision, state.holder)
         if isinstance(decision, Fail):
@@ -285,7 +285,7 @@ def _then(decision: object) -> str:
     return "skip" if isinstance(decision, Skip) else "fail"
 
 
-def requeue(
+def send_again(
     task: Any,
     key: str,
     attempt: int,

@@ -74,5 +74,5 @@ def at_execution(task: Any, key: str, attempt: int, error: LockStoreUnavailableE
     backoff = requeue(max_tries=OUTAGE_MAX_REQUEUES)
     decision = backoff(ContentionState(task_name=task.name, key=key, attempt=requeues))
     countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
-    task._requeue(key, attempt, countdown, outages=requeues + 1)
-    raise AssertionError("unreachable")  # pragma: no cover - _requeue raises
+    task._send_again(key, attempt, countdown, outages=requeues + 1)
+    raise AssertionError("unreachable")  # pragma: no cover - _send_again raises

@@ -31,7 +31,7 @@ from .exceptions import (
     DuplicateTaskError,
     LockStoreUnavailableError,
 )
-from .execution import Execution, requeue
+from .execution import Execution, send_again
 from .lease import Contended, Lease, companion, split_role
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .replace import Replacement
@@ -353,11 +353,11 @@ class SingletonTask(Task):  # type: ignore[misc]
                     held=time.monotonic() - acquired,
                 )  # fmt: skip
 
-    def _requeue(
+    def _send_again(
         self, key: str, attempt: int, countdown: float, *, outages: int | None = None
     ) -> None:
         """Send this message again later and end this execution (for ``outages.py``)."""
-        requeue(self, key, attempt, countdown, outages=outages)
+        send_again(self, key, attempt, countdown, outages=outages)
 
 
 def _report_acquired(task: SingletonTask, lease: Lease, task_id: str, waited: float) -> None:
