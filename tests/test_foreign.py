@@ -48,32 +48,25 @@ TASK_OPTIONS: list[tuple[dict[str, Any], str]] = [
 
 
 class TestTaskOptions:
+    @pytest.mark.parametrize("form", ["decorator", "base class", "singleton dict"])
     @pytest.mark.parametrize(("options", "instead"), TASK_OPTIONS)
-    def test_singleton_task_refuses_at_decoration(
-        self, app: Celery, options: dict[str, Any], instead: str
+    def test_refused_when_the_task_is_made_naming_the_replacement(
+        self, app: Celery, form: str, options: dict[str, Any], instead: str
     ) -> None:
+        """@singleton_task(...), @app.task(base=SingletonTask, ...) with the option as a
+        Celery keyword, and with it inside singleton={...}."""
+        make = {
+            "decorator": lambda: singleton_task(app=app, name="foreign.made", **options),
+            "base class": lambda: app.task(
+                base=SingletonTask, name="foreign.made", lazy=False, shared=False, **options
+            ),
+            "singleton dict": lambda: app.task(
+                base=SingletonTask, name="foreign.made", lazy=False, shared=False,
+                singleton=options,
+            ),
+        }[form]  # fmt: skip
         with pytest.raises(ConfigurationError) as caught:
-            singleton_task(app=app, name="foreign.decorated", **options)(job)
-        assert instead in str(caught.value)
-
-    @pytest.mark.parametrize(("options", "instead"), TASK_OPTIONS)
-    def test_the_base_class_form_refuses_when_the_task_is_made(
-        self, app: Celery, options: dict[str, Any], instead: str
-    ) -> None:
-        with pytest.raises(ConfigurationError) as caught:
-            app.task(base=SingletonTask, name="foreign.based", lazy=False, shared=False, **options)(
-                job
-            )
-        assert instead in str(caught.value)
-
-    @pytest.mark.parametrize(("options", "instead"), TASK_OPTIONS)
-    def test_the_singleton_dict_names_the_replacement(
-        self, app: Celery, options: dict[str, Any], instead: str
-    ) -> None:
-        with pytest.raises(ConfigurationError) as caught:
-            app.task(
-                base=SingletonTask, name="foreign.dict", lazy=False, shared=False, singleton=options
-            )(job)
+            make()(job)
         assert instead in str(caught.value)
 
     def test_our_options_outside_the_singleton_dict_are_refused(self, app: Celery) -> None:
