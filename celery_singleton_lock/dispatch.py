@@ -109,7 +109,7 @@ class Gate:
 
     def give_back(self) -> None:
         """The message was not published: release the hold if one was granted."""
-        store = self._task._singleton_store.lock
+        store = self._task.singleton_context.store
         try:
             outcome = self._pending.outcome()
         except LockStoreUnavailableError:

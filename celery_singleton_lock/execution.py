@@ -82,8 +82,9 @@ class Execution:
             # Exactly this message's reservation: a replacement of its arguments (same
             # task id, sent later) reserved on this host must never pass for it.
             self.shape = reserved_exact(request.id, self.queued) if self.queued else None
-        self.store: Store = task._singleton_store.lock
-        self.ttl: float = task._ttl()
+        context = task.singleton_context
+        self.store: Store = context.store
+        self.ttl: float = context.ttl
         # What of the key this message may take over: its own queued hold or reservation.
         # A hold beside the key (lock="until_executing") is not taken over: the running
         # lease is taken afresh and the hold let go, so the next call can queue.
@@ -169,7 +170,7 @@ class Execution:
         )
 
     def _wait(self, timeout: float | None) -> Lease:
-        waiting: Store = self.task._singleton_store.waiting
+        waiting: Store = self.task.singleton_context.waiting
         if self.limit:
             return waiting.slots.acquire(
                 self.key, self.limit, self.ttl, timeout=timeout, token=self.token
@@ -308,7 +309,7 @@ def send_again(
     headers.pop(TOKEN_HEADER, None)
     headers.pop(HOLD_HEADER, None)
     # The requeued message stays the pending call: its hold goes with it.
-    passed = hold.pass_on(task._queue_ttl() + countdown) if hold is not None else {}
+    passed = hold.pass_on(task.singleton_context.queue_ttl + countdown) if hold is not None else {}
     if outages is not None:
         headers[OUTAGE_HEADER] = outages
     # Same id, links, chain and options as this message (what Celery's retry re-sends),

@@ -44,7 +44,7 @@ class Hold:
         self, ttl: float, token: str, unless_replaced: str | None = None
     ) -> Lease | Contended:
         """The hold under ``token``, taken over from whichever form it has now."""
-        return self._task._singleton_store.lock.try_acquire(  # type: ignore[no-any-return]
+        return self._task.singleton_context.store.try_acquire(  # type: ignore[no-any-return]
             self.name,
             ttl,
             token=token,
@@ -61,7 +61,9 @@ class Hold:
         that replaced this one, or another call once this hold had expired), or that
         this message was replaced (even if its replacement has run since).
         """
-        outcome = self._take(self._task._ttl(), self._token, unless_replaced=self._queued)
+        outcome = self._take(
+            self._task.singleton_context.ttl, self._token, unless_replaced=self._queued
+        )
         if isinstance(outcome, Lease):
             self._lease = outcome
             return None
@@ -71,17 +73,17 @@ class Hold:
         """Make the hold this execution's own and renew it while it waits for the key."""
         try:
             if self._lease is None:
-                outcome = self._take(self._task._ttl(), self._token)
+                outcome = self._take(self._task.singleton_context.ttl, self._token)
                 self._lease = outcome if isinstance(outcome, Lease) else None
         except LockStoreUnavailableError as error:
             logger.warning("%s: could not keep its pending hold (%s)", self.name, error)
             return
         if self._lease is not None:
-            self._task._singleton_store.lock.renew(self._lease)
+            self._task.singleton_context.store.renew(self._lease)
 
     def pass_on(self, ttl: float) -> dict[str, str]:
         """Hand the hold to the requeued message; the headers that message carries."""
-        store = self._task._singleton_store.lock
+        store = self._task.singleton_context.store
         token = queued_token(self._task.request.id)
         try:
             if self._lease is not None:
@@ -100,7 +102,7 @@ class Hold:
         if self._done:
             return
         self._done = True
-        store = self._task._singleton_store.lock
+        store = self._task.singleton_context.store
         try:
             if self._lease is not None:
                 if not self._lease.released:

@@ -100,7 +100,7 @@ def _release_revoked(
     key, token = header(request, KEY_HEADER), header(request, TOKEN_HEADER)
     if key and token:
         try:
-            sender._singleton_store.lock.release_token(key, token)
+            sender.singleton_context.store.release_token(key, token)
         except SingletonLockError as error:
             logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
 

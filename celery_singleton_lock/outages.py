@@ -15,8 +15,8 @@ logger = logging.getLogger(__name__)
 
 def at_dispatch(task: Any, key: str, error: LockStoreUnavailableError) -> None:
     """fail_closed: refuse to publish, with what to set instead; fail_open: log and go on."""
-    where = task._singleton_store.describe()
-    if task._singleton_store.config.on_redis_error == "fail_closed":
+    where = task.singleton_context.backend.describe()
+    if task.singleton_context.backend.config.on_redis_error == "fail_closed":
         raise LockStoreUnavailableError(
             f"{task.name}: {error}; nothing was published. Set "
             "singleton_lock_on_redis_error='fail_open' to publish without the duplicate "
@@ -38,8 +38,8 @@ def at_dispatch(task: Any, key: str, error: LockStoreUnavailableError) -> None:
 def at_execution(task: Any, key: str, attempt: int, error: LockStoreUnavailableError) -> Lease:
     """fail_open: run unlocked (logged); fail_closed: requeue with backoff, a bounded
     number of times, then fail."""
-    where = task._singleton_store.describe()
-    if task._singleton_store.config.on_redis_error == "fail_open":
+    where = task.singleton_context.backend.describe()
+    if task.singleton_context.backend.config.on_redis_error == "fail_open":
         logger.warning(
             "lock store at %s unreachable (%s): running %s[%s] for %s UNLOCKED (fail_open)",
             where,
@@ -49,7 +49,9 @@ def at_execution(task: Any, key: str, attempt: int, error: LockStoreUnavailableE
             key,
         )
         return Lease.unlocked(
-            key, task._ttl(), "running unlocked: the lock store was unreachable (fail_open)"
+            key,
+            task.singleton_context.ttl,
+            "running unlocked: the lock store was unreachable (fail_open)",
         )
     requeues = int(header(task.request, OUTAGE_HEADER) or 0)
     if requeues >= OUTAGE_MAX_REQUEUES:

@@ -85,7 +85,7 @@ class Replacement:
     ) -> tuple[Lease | Contended, str, str, float, dict[str, Any]]:
         """Swap the queued call's hold to a new message of its id; or, if the hold is free
         now (the queued call started), take it for a new call like a fresh dispatch."""
-        store = self._task._singleton_store.lock
+        store = self._task.singleton_context.store
         if not holder or queued_id is None:
             queued_id = uuid()
             token = self._fresh_token(queued_id)
@@ -140,10 +140,14 @@ class Replacement:
         if opts.max_wait is not None:
             delay = max(0.0, min(delay, began + opts.max_wait - now))
         options = {**self._options, "countdown": delay}
-        return debounced_token(queued_id, began), self._task._queue_ttl() + delay, options
+        return (
+            debounced_token(queued_id, began),
+            self._task.singleton_context.queue_ttl + delay,
+            options,
+        )
 
     def _give_back(self, place: Lease, holder: str, ttl: float) -> None:
-        store = self._task._singleton_store.lock
+        store = self._task.singleton_context.store
         try:
             if holder:
                 store.swap(self._hold, place.token, ttl, token=holder)

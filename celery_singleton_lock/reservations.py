@@ -56,11 +56,12 @@ class Reservations:
         role = header(context, HOLD_HEADER)
         name = companion(key, role) if role else key
         self.settle()
-        store = task._singleton_store.lock
+        context = task.singleton_context
+        store = context.store
         token = reserved_token(request.id, request.hostname, queued)
         try:
             pending = store.begin_try_acquire(
-                name, task._ttl(), token=token, replace=queued, fenced=False, read_late=True
+                name, context.ttl, token=token, replace=queued, fenced=False, read_late=True
             )
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", key, request.id, error)
@@ -95,7 +96,7 @@ class Reservations:
         with self._guard:
             entry = self._held.pop(task_id, None)
         if entry is not None:
-            store = entry[0]._singleton_store.lock
+            store = entry[0].singleton_context.store
             if isinstance(store, RedisLock):
                 store.renewer.discard(entry[1])
         return entry
@@ -112,7 +113,7 @@ class Reservations:
         task, lease, _ = entry
         if release:
             try:
-                task._singleton_store.lock.release(lease)
+                task.singleton_context.store.release(lease)
             except SingletonLockError as error:
                 logger.warning("release of reservation %s failed: %s", lease.key, error)
         return True
@@ -137,7 +138,8 @@ class Reservations:
             held, self._held = self._held, {}
         for task, lease, queued in held.values():
             try:
-                task._singleton_store.lock.hand_over(lease, task._queue_ttl(), token=queued)
+                context = task.singleton_context
+                context.store.hand_over(lease, context.queue_ttl, token=queued)
             except SingletonLockError as error:
                 logger.warning("could not hand %s back at shutdown: %s", lease.key, error)
 

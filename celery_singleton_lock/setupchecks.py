@@ -22,7 +22,7 @@ def refuse_bad_settings(app: Any) -> None:
     if not tasks:
         return
     try:
-        tasks[0]._singleton_store.lock  # noqa: B018  (reads the settings, builds the client)
+        tasks[0].singleton_context.store  # noqa: B018  (reads the settings, builds the client)
     except ConfigurationError as error:
         raise SystemExit(f"celery-singleton-lock: {error}") from None
 
@@ -34,7 +34,7 @@ def check_worker_setup(app: Any) -> list[str]:
         return []
     # celery-once's ONCE, celery-singleton's singleton_*: ported settings that do nothing.
     warnings: list[str] = foreign_settings(app.conf)
-    store = tasks[0]._singleton_store
+    store = tasks[0].singleton_context.backend
     try:
         value = store.eviction_policy()
     except SingletonLockError as error:

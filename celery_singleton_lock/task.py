@@ -24,7 +24,7 @@ from celery.utils import uuid
 
 from . import hooks, outages
 from . import signals as singleton_signals
-from .backend import Backend
+from .context import TaskContext
 from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
 from .exceptions import (
     ConfigurationError,
@@ -108,14 +108,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         return lease
 
     @property
-    def _singleton_store(self) -> Backend:
-        return Backend.for_app(self.app)
-
-    def _ttl(self) -> float:
-        return self.singleton_options().ttl or self._singleton_store.config.ttl
-
-    def _queue_ttl(self) -> float:
-        return self.singleton_options().queue_ttl or self._singleton_store.config.queue_ttl
+    def singleton_context(self) -> TaskContext:
+        """This task's options, lock stores and lease times, for its helpers."""
+        return TaskContext(self.app, self.name, self.singleton_options)
 
     # -- dispatch -------------------------------------------------------------------------
 
@@ -164,7 +159,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
         hold, ttl, ours = self._dispatch_hold(opts, key, token, options)
         try:
-            pending = self._singleton_store.lock.begin_try_acquire(
+            pending = self.singleton_context.store.begin_try_acquire(
                 hold, ttl, token=token, fenced=False
             )
         except LockStoreUnavailableError as error:
@@ -220,7 +215,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if role == "throttle" and opts.throttle is not None:
             # The window is nobody's to take over or give back: it runs out by itself.
             return companion(key, role), opts.throttle, {KEY_HEADER: key}
-        ttl = self._queue_ttl() + delay_of(options)
+        ttl = self.singleton_context.queue_ttl + delay_of(options)
         if role is None:
             return key, ttl, {KEY_HEADER: key, TOKEN_HEADER: token}
         return companion(key, role), ttl, {KEY_HEADER: key, TOKEN_HEADER: token, HOLD_HEADER: role}
@@ -297,14 +292,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         *,
         publish: _Publish,
     ) -> Any:
-        store = self._singleton_store.lock
+        store = self.singleton_context.store
         token = queued_token(task_id)
         # A slot of a counting lease (limit=N) is named beside the key: the retry's
         # message carries the key and which slot it keeps.
         key, role = split_role(running.name)
         headers: dict[str, Any] = {KEY_HEADER: key, RETRY_OF_HEADER: running.token}
         try:
-            outcome = store.hand_over(running, self._queue_ttl() + delay_of(options), token=token)
+            outcome = store.hand_over(
+                running, self.singleton_context.queue_ttl + delay_of(options), token=token
+            )
         except LockStoreUnavailableError as error:
             # The retry is sent anyway: losing it would be worse. It meets on_contention
             # at execution if this execution's lease is still there.
@@ -346,7 +343,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # In a worker the release is sent now and its answer read at the child's
                 # next lock call: nothing here acts on it, and the child is free for its
                 # next task a round trip sooner. An eager caller may look at the key next.
-                store = self._singleton_store.lock
+                store = self.singleton_context.store
                 quietly(store.release if request.is_eager else store.release_nowait, lease)
                 singleton_signals.lease_released.send(
                     sender=self, key=lease.name, task_id=request.id,

@@ -71,7 +71,7 @@ def hold(task: Any, *args: Any, **kwargs: Any) -> Iterator[HeldCall]:
         names = [name]
     try:
         for each in names:
-            lease = store.try_acquire(each, task._ttl(), token=token)
+            lease = store.try_acquire(each, task.singleton_context.ttl, token=token)
             if isinstance(lease, Contended):
                 raise AssertionError(f"hold: {each!r} is already held by {lease.holder!r}")  # noqa: TRY004  (a test helper fails as an assertion)
             held.leases.append(lease)

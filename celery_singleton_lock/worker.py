@@ -91,7 +91,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 key = task.singleton_options().key.derive(self.args, self.kwargs)
             except KeyDerivationError:
                 return
-        store = task._singleton_store.lock
+        store = task.singleton_context.store
         pid = self.worker_pid
         role = header(self._context, HOLD_HEADER)
         # The message's own hold: on the key, or beside it (lock="until_executing").

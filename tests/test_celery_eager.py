@@ -201,7 +201,7 @@ class TestLostLease:
         def job(self: Any, n: int) -> str:
             raw.set(self.lease.key, "thief")  # someone else holds it now
             lease = self.lease
-            self._singleton_store.lock.extend(lease)  # what the renewal thread would do
+            self.singleton_context.store.extend(lease)  # what the renewal thread would do
             with pytest.raises(LockLostError):
                 lease.check()
             return "checked"
@@ -234,7 +234,7 @@ class TestSignals:
 
             outer = job.delay(1)
             assert outer.get() == outer.id  # the nested duplicate got the holder's result
-            store = job._singleton_store.lock
+            store = job.singleton_context.store
             store.try_acquire(job.singleton_options().key.derive((2,)), 5, token="someone")
             with pytest.raises(DuplicateTaskError):
                 job.apply((2,), throw=True)

@@ -165,7 +165,7 @@ class TestDispatch:
     def test_until_executing_refuses_while_pending_even_if_one_runs(
         self, cenv: CeleryEnv, queue: redis.Redis
     ) -> None:
-        refresh, store = cenv.app_module.refresh, cenv.app_module.refresh._singleton_store.lock
+        refresh, store = cenv.app_module.refresh, cenv.app_module.refresh.singleton_context.store
         key = refresh.singleton_options().key.derive(("d2",))
         running = store.try_acquire(key, 10, token="x|elsewhere|1|n|someone")
         first = refresh.apply_async(("d2",), queue=QUEUE)  # accepted: nothing pending
@@ -457,7 +457,7 @@ class TestReplaceDispatch:
     def test_a_running_call_is_never_replaced(self, cenv: CeleryEnv, queue: redis.Redis) -> None:
         latest, store = cenv.app_module.latest_queued, cenv.app_module.latest_queued
         key = name_of(latest, "r2", "v1")
-        lock = store._singleton_store.lock
+        lock = store.singleton_context.store
         running = lock.try_acquire(key, 10, token="x|h|1|n|the-running-one")
         assert latest.apply_async(("r2", "v2"), queue=QUEUE).id == "the-running-one"
         assert queue.llen(QUEUE) == 0

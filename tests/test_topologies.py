@@ -387,7 +387,7 @@ copies = [c.app.send_task("tests.celery_app.work", (tag + "-copy", 0.3)) for _ i
 print(json.dumps({
     "same_id": first.id == second.id,
     "results": [first.get(timeout=60)] + [r.get(timeout=60) for r in copies],
-    "store": c.work._singleton_store.describe(),
+    "store": c.work.singleton_context.backend.describe(),
 }))
 """
 
