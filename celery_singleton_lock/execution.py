@@ -103,7 +103,10 @@ class Execution:
                     self._unless_replaced(hold.claim())
             outcome = self._try()
         except LockStoreUnavailableError as error:
-            return outages.at_execution(self.task, self.key, self.attempt, error)
+            outage = outages.at_execution(self.task, self.key, error)
+            if isinstance(outage, Lease):
+                return outage
+            send_again(self.task, self.key, self.attempt, outage.countdown, outages=outage.outages)
         if isinstance(outcome, Contended):
             if self.replaces and hold is None:
                 self._unless_replaced(outcome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import LockStoreUnavailableError
@@ -35,9 +36,17 @@ def at_dispatch(task: Any, key: str, error: LockStoreUnavailableError) -> None:
     )
 
 
-def at_execution(task: Any, key: str, attempt: int, error: LockStoreUnavailableError) -> Lease:
+@dataclass(frozen=True)
+class OutageRequeue:
+    """Send the message again in ``countdown`` s, marked with the outages it has met."""
+
+    countdown: float
+    outages: int
+
+
+def at_execution(task: Any, key: str, error: LockStoreUnavailableError) -> Lease | OutageRequeue:
     """fail_open: run unlocked (logged); fail_closed: requeue with backoff, a bounded
-    number of times, then fail."""
+    number of times, then fail. The caller sends the requeue: this module decides."""
     where = task.singleton_context.backend.describe()
     if task.singleton_context.backend.config.on_redis_error == "fail_open":
         logger.warning(
@@ -76,5 +85,4 @@ def at_execution(task: Any, key: str, attempt: int, error: LockStoreUnavailableE
     backoff = requeue(max_tries=OUTAGE_MAX_REQUEUES)
     decision = backoff(ContentionState(task_name=task.name, key=key, attempt=requeues))
     countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
-    task._send_again(key, attempt, countdown, outages=requeues + 1)
-    raise AssertionError("unreachable")  # pragma: no cover - _send_again raises
+    return OutageRequeue(countdown, outages=requeues + 1)

@@ -31,7 +31,7 @@ from .exceptions import (
     DuplicateTaskError,
     LockStoreUnavailableError,
 )
-from .execution import Execution, send_again
+from .execution import Execution
 from .lease import Contended, Lease, companion, split_role
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .replace import Replacement
@@ -349,12 +349,6 @@ class SingletonTask(Task):  # type: ignore[misc]
                     sender=self, key=lease.name, task_id=request.id,
                     held=time.monotonic() - acquired,
                 )  # fmt: skip
-
-    def _send_again(
-        self, key: str, attempt: int, countdown: float, *, outages: int | None = None
-    ) -> None:
-        """Send this message again later and end this execution (for ``outages.py``)."""
-        send_again(self, key, attempt, countdown, outages=outages)
 
 
 def _report_acquired(task: SingletonTask, lease: Lease, task_id: str, waited: float) -> None:
