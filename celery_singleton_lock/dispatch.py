@@ -86,12 +86,19 @@ class Refused(BaseException):
 class Gate:
     """The answer to a dispatch's acquire, checked once before its message leaves."""
 
-    __slots__ = ("_key", "_pending", "_task", "checked")
+    __slots__ = ("_key", "_outage", "_pending", "_task", "checked")
 
-    def __init__(self, task: Any, key: str, pending: PendingAcquire) -> None:
+    def __init__(
+        self,
+        task: Any,
+        key: str,
+        pending: PendingAcquire,
+        outage: Callable[[LockStoreUnavailableError], None],
+    ) -> None:
         self._task = task
         self._key = key
         self._pending = pending
+        self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self.checked = False
 
     def check(self) -> None:
@@ -102,7 +109,7 @@ class Gate:
         except LockStoreUnavailableError as error:
             # fail_closed raises; fail_open publishes. The message's token then claims a
             # hold that may not exist, which only means it meets on_contention if taken.
-            self._task._redis_error_at_dispatch(self._key, error)
+            self._outage(error)
             return
         if isinstance(outcome, Contended):
             raise Refused(outcome)

@@ -51,7 +51,11 @@ class Replacement:
         ours: dict[str, Any],
         options: dict[str, Any],
         publish: Callable[..., Any],
+        refused: Callable[[Contended], Any],
+        outage: Callable[[LockStoreUnavailableError], None],
     ) -> None:
+        self._refused = refused  # answer the call as a duplicate of ``held``
+        self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self._task = task
         self._key = key
         self._hold = hold
@@ -66,19 +70,19 @@ class Replacement:
             holder = held.holder
             queued_id = holder_task_id(holder)
             if holder and (queued_id is None or not holder.startswith(REPLACEABLE)):
-                return task._duplicate(self._key, held)  # running: its result covers this call
+                return self._refused(held)  # running: its result covers this call
             try:
                 outcome, queued_id, token, ttl, options = self._take_place(holder, queued_id)
             except LockStoreUnavailableError as error:
-                task._redis_error_at_dispatch(self._key, error)  # fail_open: as a duplicate
-                return task._duplicate(self._key, held)
+                self._outage(error)  # fail_open: as a duplicate
+                return self._refused(held)
             if isinstance(outcome, Lease):
                 self._send(outcome, holder, queued_id, token, ttl, options)
                 return task.AsyncResult(queued_id)
             # It changed meanwhile (a worker reserved it, another call replaced it, it
             # started): try again against whoever holds it now.
             held = outcome
-        return task._duplicate(self._key, held)
+        return self._refused(held)
 
     def _take_place(
         self, holder: str, queued_id: str | None

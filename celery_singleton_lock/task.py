@@ -165,15 +165,17 @@ class SingletonTask(Task):  # type: ignore[misc]
         except LockStoreUnavailableError as error:
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
-        gate = Gate(self, key, pending)
+        outage = partial(self._redis_error_at_dispatch, key)
+        gate = Gate(self, key, pending, outage)
         # On a refusal: the holder's result, or with replace, the queued call's with ours.
+        duplicate = partial(self._duplicate, key)
         refused_by: Callable[[Contended], Any] = (
             Replacement(
                 task=self, key=key, hold=hold, ttl=ttl, ours=ours, options=dict(options),
-                publish=publish,
+                publish=publish, refused=duplicate, outage=outage,
             )
             if opts.on_duplicate == "replace"
-            else partial(self._duplicate, key)
+            else duplicate
         )  # fmt: skip
         try:
             if not refusals.expects(key) and self._can_overlap(options):
