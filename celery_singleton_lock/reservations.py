@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from celery.worker import state as worker_state
 
+from .context import TaskContext
 from .exceptions import SingletonLockError
 from .lease import Lease, PendingAcquire, RedisLock, companion
-from .tokens import HOLD_HEADER, KEY_HEADER, TOKEN_HEADER, header, reserved_token
+from .tokens import reserved_token
 
 logger = logging.getLogger(__name__)
 
 
 class Reservations:
-    """This worker's reservations: task id -> (task, reserved lease, the queued token).
+    """This worker's reservations: task id -> (task context, reserved lease, queued token).
 
     Entries live from the message's receipt until its child takes over, it is revoked
     or expires, or the worker shuts down: nothing outlives the message.
@@ -32,47 +32,53 @@ class Reservations:
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._held: dict[str, tuple[Any, Lease, str]] = {}
+        self._held: dict[str, tuple[TaskContext, Lease, str]] = {}
         # Reservations sent whose answers are not read yet, oldest first.
         self._unread: list[tuple[str, PendingAcquire]] = []
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def take(self, request: Any) -> None:
-        """Reserve without waiting: the consumer loop is the worker's bottleneck.
+    def take(
+        self,
+        context: TaskContext,
+        task_id: str,
+        hostname: str,
+        *,
+        key: str | None,
+        queued: str | None,
+        role: str | None,
+    ) -> None:
+        """Reserve a received message's hold without waiting: the consumer loop is the
+        worker's bottleneck.
 
+        ``key``, ``queued`` (the hold's token) and ``role`` are the message's headers.
         The reservation is renewed from the start as the lease it would grant; its
         answer is read with the next message or when the child starts, and a refusal
         only stops that renewal (an extend would have found it not ours anyway). It is
         sent whole (the script's body), so a server that lost its scripts applies it at
         once rather than when the answer is read.
         """
-        task = request.task
-        context = request._context
-        key, queued = header(context, KEY_HEADER), header(context, TOKEN_HEADER)
         if not key or not queued:
             return  # sent without a hold (send_task, canvas): nothing to reserve
-        role = header(context, HOLD_HEADER)
         name = companion(key, role) if role else key
         self.settle()
-        context = task.singleton_context
         store = context.store
-        token = reserved_token(request.id, request.hostname, queued)
+        token = reserved_token(task_id, hostname, queued)
         try:
             pending = store.begin_try_acquire(
                 name, context.ttl, token=token, replace=queued, fenced=False, read_late=True
             )
         except SingletonLockError as error:
-            logger.warning("could not reserve %s for %s: %s", key, request.id, error)
+            logger.warning("could not reserve %s for %s: %s", key, task_id, error)
             return
         lease = pending.presumed()
         if lease is None:
             return  # the hold is gone or taken (a redelivery): the child will contend
         store.renew(lease)
         with self._guard:
-            self._held[request.id] = (task, lease, queued)
-            self._unread.append((request.id, pending))
+            self._held[task_id] = (context, lease, queued)
+            self._unread.append((task_id, pending))
 
     def settle(self, task_id: str | None = None) -> None:
         """Read the answers of reservations sent so far (or of ``task_id``'s alone)."""
@@ -92,11 +98,11 @@ class Reservations:
                 # The hold was gone or taken (a redelivery): the child will contend.
                 self._forget(reserved_id)
 
-    def _forget(self, task_id: str) -> tuple[Any, Lease, str] | None:
+    def _forget(self, task_id: str) -> tuple[TaskContext, Lease, str] | None:
         with self._guard:
             entry = self._held.pop(task_id, None)
         if entry is not None:
-            store = entry[0].singleton_context.store
+            store = entry[0].store
             if isinstance(store, RedisLock):
                 store.renewer.discard(entry[1])
         return entry
@@ -110,10 +116,10 @@ class Reservations:
         entry = self._forget(task_id)
         if entry is None:
             return False
-        task, lease, _ = entry
+        context, lease, _ = entry
         if release:
             try:
-                task.singleton_context.store.release(lease)
+                context.store.release(lease)
             except SingletonLockError as error:
                 logger.warning("release of reservation %s failed: %s", lease.key, error)
         return True
@@ -136,9 +142,8 @@ class Reservations:
         self.settle()
         with self._guard:
             held, self._held = self._held, {}
-        for task, lease, queued in held.values():
+        for context, lease, queued in held.values():
             try:
-                context = task.singleton_context
                 context.store.hand_over(lease, context.queue_ttl, token=queued)
             except SingletonLockError as error:
                 logger.warning("could not hand %s back at shutdown: %s", lease.key, error)

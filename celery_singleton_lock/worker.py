@@ -23,7 +23,7 @@ from celery.worker.request import Request
 
 from .childwatch import child_watch, kill_and_wait
 from .exceptions import KeyDerivationError, SingletonLockError
-from .lease import ReleaseResult, companion, slot
+from .lease import ReleaseResult, companion
 from .options import is_singleton
 from .reservations import reservations
 from .signals import dead_child_released
@@ -54,7 +54,15 @@ class SingletonRequest(Request):  # type: ignore[misc]
         self._singleton = is_singleton(self.task)
         self._singleton_released = False
         if self._singleton:
-            reservations.take(self)
+            context = self._context
+            reservations.take(
+                self.task.singleton_context,
+                self.id,
+                self.hostname,
+                key=header(context, KEY_HEADER),
+                queued=header(context, TOKEN_HEADER),
+                role=header(context, HOLD_HEADER),
+            )
 
     def on_accepted(self, pid: int, time_accepted: float) -> Any:
         result = super().on_accepted(pid, time_accepted)
@@ -101,9 +109,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 if kill:
                     kill_and_wait(pid)
                 # The key, or with limit=N whichever slot of it the child held.
-                limit = task.singleton_options().limit
-                names = [slot(key, n) for n in range(1, limit + 1)] if limit else [key]
-                for name in names:
+                for name in task.singleton_options().mode.running_names(key):
                     result = store.release_matching(
                         name, running_prefix(self.hostname, pid), f"|{self.id}"
                     )

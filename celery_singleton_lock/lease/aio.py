@@ -72,8 +72,8 @@ class AsyncRedisLock(LockBase):
             argv = self._acquire_argv(call, step)
             reply = await run_script_async(self.client, self._acquire_script, **argv)
         except REDIS_ERRORS as error:
-            self._failed(error, call.name)
-        return self._acquired(call, sent_at=sent_at, reply=reply)
+            self.unavailable(error, call.name)
+        return self.acquired(call, sent_at=sent_at, reply=reply)
 
     async def acquire(
         self,
@@ -91,7 +91,7 @@ class AsyncRedisLock(LockBase):
     ) -> Lease:
         """See ``RedisLock.acquire``."""
         call = self._acquire_call(name, ttl, token, replace, replace_shape)
-        plan = self._acquire_plan(blocking, timeout, wait)
+        plan = self.acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:
             while True:
@@ -101,13 +101,13 @@ class AsyncRedisLock(LockBase):
                     try:
                         await self.client.blpop([call.keys.signal], timeout=step.seconds)
                     except REDIS_ERRORS as error:
-                        self._failed(error, name)
+                        self.unavailable(error, name)
                     step = next(plan)
                 else:
                     await asyncio.sleep(step.seconds)
                     step = next(plan)
         except StopIteration as done:
-            lease = self._granted(done.value, on_lost)
+            lease = self.granted(done.value, on_lost)
         if renew:
             self._renewals[lease.token] = asyncio.create_task(self._renew(lease))
         return lease
@@ -136,7 +136,7 @@ class AsyncRedisLock(LockBase):
             try:
                 reply = await run_script_async(self.client, self._release_script, **argv)
             except REDIS_ERRORS as error:
-                self._failed(error, lease.name)
+                self.unavailable(error, lease.name)
         return self._released(lease, reply, again=again)
 
     async def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
@@ -148,7 +148,7 @@ class AsyncRedisLock(LockBase):
                 self.client, self._extend_script, [keys.lock, keys.fence], [lease.token, ttl_ms]
             )
         except REDIS_ERRORS as error:
-            self._failed(error, lease.name)
+            self.unavailable(error, lease.name)
         return self._extended(lease, ttl_ms, sent_at, reply)
 
     async def holder(self, name: str) -> str | None:
@@ -156,5 +156,5 @@ class AsyncRedisLock(LockBase):
         try:
             value = await self.client.get(self.keys(name).lock)
         except REDIS_ERRORS as error:
-            self._failed(error, name)
+            self.unavailable(error, name)
         return None if value is None else text(value)

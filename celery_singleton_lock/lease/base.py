@@ -160,12 +160,13 @@ class LockBase:
         """The Redis keys lock ``name`` uses under this prefix."""
         return LockKeys.build(self.prefix, validate_name(name))
 
-    def _failed(self, error: Exception, name: str | None = None) -> NoReturn:
+    def unavailable(self, error: Exception, name: str | None = None) -> NoReturn:
         """Raise what ``error`` means: the store is unreachable, or set up wrongly."""
         key = None if name is None else self.keys(name).lock
         raise store_error(error, where=self.where, name=name, key=key) from error
 
-    def _ttl_ms(self, ttl: object) -> int:
+    def ttl_ms(self, ttl: object) -> int:
+        """``ttl`` in milliseconds, refused if too long unless this store allows it."""
         return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
 
     def _acquire_call(
@@ -195,7 +196,7 @@ class LockBase:
             name=name,
             keys=self.keys(name),
             token=new_token(token),
-            ttl_ms=self._ttl_ms(ttl),
+            ttl_ms=self.ttl_ms(ttl),
             replace=replace or "",
             shape=shape or ("", ""),
             fenced=fenced,
@@ -222,7 +223,8 @@ class LockBase:
         return argv
 
     @staticmethod
-    def _acquired(call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+    def acquired(call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+        """What the acquire script's ``reply`` to ``call`` means (replicas aside)."""
         if int(reply[0]) == -1:
             return Contended(call.name, call.keys.lock, "", None, replaced=True)
         if int(reply[0]) == 1:
@@ -239,10 +241,10 @@ class LockBase:
 
     def _extend_call(self, lease: Lease, ttl: object | None) -> tuple[LockKeys, int]:
         Lease.require(lease, "extend")
-        return self.keys(lease.name), self._ttl_ms(lease.ttl if ttl is None else ttl)
+        return self.keys(lease.name), self.ttl_ms(lease.ttl if ttl is None else ttl)
 
     @staticmethod
-    def _granted(outcome: Lease | Contended, on_lost: LostCallback | None) -> Lease:
+    def granted(outcome: Lease | Contended, on_lost: LostCallback | None) -> Lease:
         """The end of a blocking acquire: the lease, or the error naming the holder."""
         if isinstance(outcome, Contended):
             raise outcome.error()
@@ -269,9 +271,9 @@ class LockBase:
     def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
         result = decode(reply, ExtendResult)
         if result is ExtendResult.EXTENDED:
-            lease._renewed(sent_at + ttl_ms / 1000)
+            lease.renewed(sent_at + ttl_ms / 1000)
         else:
-            lease._mark_lost(LOSS[result])
+            lease.mark_lost(LOSS[result])
         return result
 
     @staticmethod
@@ -285,10 +287,11 @@ class LockBase:
             logger.debug("released %s again: %s", lease.key, result.name)
         else:
             logger.info("release of %s (fence %d): %s", lease.key, lease.fence, result.name)
-            lease._note_loss(LOSS[result])  # the holder is letting go: recorded, not reported
+            lease.note_loss(LOSS[result])  # the holder is letting go: recorded, not reported
         return result
 
-    def _acquire_plan(self, blocking: bool, timeout: object | None, wait: object) -> Plan:
+    def acquire_plan(self, blocking: bool, timeout: object | None, wait: object) -> Plan:
+        """The steps of an acquire (try, block on the signal, sleep) until it is decided."""
         if wait not in ("push", "spin"):
             raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
         seconds = None if timeout is None else to_seconds(timeout, what="timeout")

@@ -175,16 +175,20 @@ class Lease:
         """Call ``callback(lease)`` (from the renewal thread) when the lease is found lost."""
         self._state.callbacks.append(callback)
 
-    # -- for the stores of this package only ------------------------------------------
+    # -- what a lock store records on the handle (RedisLock, MemoryLock, the renewer) ---
+    # Public so that the stores need no reach into the handle; task code has no use
+    # for them: a store calls them as its server answers.
 
-    def _renewed(self, expires_at: float) -> None:
+    def renewed(self, expires_at: float) -> None:
+        """An extend was granted: the lease now runs until ``expires_at`` (monotonic)."""
         self._state.expires_at = expires_at
 
-    def _note_loss(self, reason: str) -> None:
+    def note_loss(self, reason: str) -> None:
         """Record a loss without reporting it (the holder learns it from a result)."""
         self._state.lost_reason = self._state.lost_reason or reason
 
-    def _mark_lost(self, reason: str) -> None:
+    def mark_lost(self, reason: str) -> None:
+        """Record a loss and report it: a warning and every ``on_lost`` callback, once."""
         state = self._state
         if state.released or state.lost_reason is not None:
             return
@@ -196,7 +200,7 @@ class Lease:
             except Exception:
                 logger.exception("lost-lease callback for %s raised", self.key)
 
-    def _let_go(self) -> None:
+    def mark_released(self) -> None:
         """Released: renewal stops reporting it, ``check()`` no longer raises for its ttl."""
         self._state.released = True
 

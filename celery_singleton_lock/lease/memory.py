@@ -41,7 +41,7 @@ class MemoryLock:
     def __init__(self, *, prefix: str = DEFAULT_PREFIX, allow_long_ttl: bool = False) -> None:
         self.prefix = validate_prefix(prefix)
         self.allow_long_ttl = allow_long_ttl
-        self._cond = threading.Condition()
+        self.guard = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._last_fence: dict[str, int] = {}
         self._replaced: dict[str, set[str]] = {}
@@ -78,7 +78,7 @@ class MemoryLock:
         key = keys.lock
         wanted = new_token(token)
         ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
-        with self._cond:
+        with self.guard:
             if unless_replaced and unless_replaced in self._replaced.get(key, ()):
                 return Contended(name, key, "", None, replaced=True)
             entry = self._live(key)
@@ -137,7 +137,7 @@ class MemoryLock:
             raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
         seconds = None if timeout is None else to_seconds(timeout, what="timeout")
         deadline = None if seconds is None else time.monotonic() + seconds
-        with self._cond:
+        with self.guard:
             while True:
                 outcome = self.try_acquire(
                     name, ttl, token=token, replace=replace, replace_shape=replace_shape
@@ -148,7 +148,7 @@ class MemoryLock:
                 if not blocking or (left is not None and left <= 0):
                     raise outcome.error()
                 bound = [b for b in (left, outcome.retry_after) if b is not None]
-                self._cond.wait(min(bound) if bound else None)
+                self.guard.wait(min(bound) if bound else None)
         if on_lost is not None:
             outcome.on_lost(on_lost)
         if renew:
@@ -156,24 +156,24 @@ class MemoryLock:
         return outcome
 
     def renew(self, lease: Lease) -> None:
-        with self._cond:
+        with self.guard:
             entry = self._live(lease.key)
             if entry is not None and entry.token == lease.token:
                 entry.expires_at = float("inf")
-                lease._renewed(float("inf"))
+                lease.renewed(float("inf"))
 
     def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
-        lease._let_go()
+        lease.mark_released()
         outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
         if isinstance(outcome, Contended):
-            lease._note_loss("another owner holds it")
+            lease.note_loss("another owner holds it")
         return outcome
 
     def swap(
         self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
     ) -> Lease | Contended:
         keys, ttl_ms = self.keys(name), ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
-        with self._cond:
+        with self.guard:
             entry = self._live(keys.lock)
             if entry is None or entry.token != expected:
                 left = None if entry is None else entry.expires_at - time.monotonic()
@@ -186,7 +186,7 @@ class MemoryLock:
             return Lease.granted(name, keys.lock, token, fence=0, ttl=ttl_ms / 1000, sent_at=now)
 
     def _drop(self, key: str, matches: Any) -> ReleaseResult:
-        with self._cond:
+        with self.guard:
             entry = self._live(key)
             if entry is None:
                 result = ReleaseResult.EXPIRED
@@ -195,15 +195,15 @@ class MemoryLock:
             else:
                 del self._entries[key]
                 result = ReleaseResult.RELEASED
-            self._cond.notify_all()
+            self.guard.notify_all()
             return result
 
     def release(self, lease: Lease) -> ReleaseResult:
         again = Lease.require(lease, "release").released
-        lease._let_go()
+        lease.mark_released()
         result = self._drop(lease.key, lambda token: token == lease.token)
         if result is not ReleaseResult.RELEASED and not again:
-            lease._note_loss(LOSS[result])  # as RedisLock: letting go, recorded not reported
+            lease.note_loss(LOSS[result])  # as RedisLock: letting go, recorded not reported
         return result
 
     def release_nowait(self, lease: Lease) -> None:
@@ -231,7 +231,7 @@ class MemoryLock:
     def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
         Lease.require(lease, "extend")
         ttl_ms = ttl_to_ms(lease.ttl if ttl is None else ttl, allow_long=self.allow_long_ttl)
-        with self._cond:
+        with self.guard:
             entry = self._live(lease.key)
             if entry is None:
                 result = ExtendResult.EXPIRED
@@ -239,22 +239,22 @@ class MemoryLock:
                 result = ExtendResult.NOT_OWNER
             else:
                 entry.expires_at = time.monotonic() + ttl_ms / 1000
-                lease._renewed(entry.expires_at)
+                lease.renewed(entry.expires_at)
                 return ExtendResult.EXTENDED
-        lease._mark_lost(
+        lease.mark_lost(
             "it expired" if result is ExtendResult.EXPIRED else "another owner holds it"
         )
         return result
 
     def holder(self, name: str) -> str | None:
-        with self._cond:
+        with self.guard:
             entry = self._live(self.keys(name).lock)
             return None if entry is None else entry.token
 
     def holdings(self, batch: int = 0) -> Iterator[Held]:
         """Every lock held, as ``RedisLock.holdings`` lists them (``batch`` is unused)."""
         now = time.monotonic()
-        with self._cond:
+        with self.guard:
             live = [(k, e) for k in list(self._entries) if (e := self._live(k)) is not None]
             fences = dict(self._last_fence)
         for key, entry in live:
@@ -277,7 +277,7 @@ class MemorySlots:
     ) -> Lease | Contended:
         store, wanted = self._store, new_token(token)
         names = [slot(name, number) for number in range(1, check_limit(limit) + 1)]
-        with store._cond:
+        with store.guard:
             # The caller's own slot first (a retry after a lost answer), then in order.
             refused: list[Contended] = []
             for held in sorted(names, key=lambda held: store.holder(held) != wanted):
@@ -300,7 +300,7 @@ class MemorySlots:
         seconds = None if timeout is None else to_seconds(timeout, what="timeout")
         deadline = None if seconds is None else time.monotonic() + seconds
         wanted = new_token(token)
-        with self._store._cond:
+        with self._store.guard:
             while True:
                 outcome = self.try_acquire(name, limit, ttl, token=wanted)
                 if isinstance(outcome, Lease):
@@ -309,4 +309,4 @@ class MemorySlots:
                 if left is not None and left <= 0:
                     raise outcome.error()
                 bound = [b for b in (left, outcome.retry_after) if b is not None]
-                self._store._cond.wait(min(bound) if bound else None)
+                self._store.guard.wait(min(bound) if bound else None)

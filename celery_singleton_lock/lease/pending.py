@@ -10,9 +10,9 @@ from .transport import Reply
 
 
 class _Store(Protocol):
-    def _outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
 
-    def _failed(self, error: Exception, name: str | None = None) -> NoReturn: ...
+    def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
 
 
 class PendingAcquire:
@@ -25,28 +25,43 @@ class PendingAcquire:
 
     __slots__ = ("_call", "_lock", "_outcome", "_reply", "_sent_at")
 
-    def __init__(self, lock: _Store, call: Call, sent_at: float, reply: Reply) -> None:
+    def __init__(
+        self,
+        lock: _Store | None,
+        call: Call | None,
+        sent_at: float,
+        reply: Reply | None,
+        *,
+        outcome: Lease | Contended | None = None,
+    ) -> None:
         self._lock = lock
         self._call = call
         self._sent_at = sent_at
-        self._reply: Reply | None = reply
-        self._outcome: Lease | Contended | None = None
+        self._reply = reply
+        self._outcome = outcome
 
     @classmethod
     def settled(cls, outcome: Lease | Contended) -> PendingAcquire:
         """One whose answer is already known (stores without a wire, e.g. memory)."""
-        pending = cls.__new__(cls)
-        pending._reply = None
-        pending._outcome = outcome
-        return pending
+        return cls(None, None, 0.0, None, outcome=outcome)
+
+    def _sent(self) -> tuple[_Store, Call, Reply]:
+        # Every unsettled one was made with its store, call and reply.
+        assert self._lock is not None  # noqa: S101
+        assert self._call is not None  # noqa: S101
+        assert self._reply is not None  # noqa: S101
+        return self._lock, self._call, self._reply
 
     @property
     def name(self) -> str:
-        return self._call.name if self._outcome is None else self._outcome.name
+        return self._sent()[1].name if self._outcome is None else self._outcome.name
 
     @property
     def token(self) -> str:
         """The token the acquire asked the lock under."""
+        if self._call is None:
+            assert self._outcome is not None  # noqa: S101  (a settled one)
+            return self._outcome.token if isinstance(self._outcome, Lease) else ""
         return self._call.token
 
     def presumed(self) -> Lease | None:
@@ -58,17 +73,17 @@ class PendingAcquire:
         """
         if self._outcome is not None:
             return self._outcome if isinstance(self._outcome, Lease) else None
-        call = self._call
+        call = self._sent()[1]
         if call.fenced:
             raise RuntimeError("presumed() needs an unfenced acquire whose answer is unread")
         return call.lease(fence=0, sent_at=self._sent_at)
 
     def outcome(self) -> Lease | Contended:
         if self._outcome is None:
-            assert self._reply is not None  # noqa: S101  (set for every unsettled one)
+            lock, call, sent = self._sent()
             try:
-                reply = self._reply.get()
+                reply = sent.get()
             except REDIS_ERRORS as error:
-                self._lock._failed(error, self._call.name)
-            self._outcome = self._lock._outcome_of(self._call, sent_at=self._sent_at, reply=reply)
+                lock.unavailable(error, call.name)
+            self._outcome = lock.outcome_of(call, sent_at=self._sent_at, reply=reply)
         return self._outcome

@@ -77,7 +77,7 @@ def next_delay(lease: Lease, result: ExtendResult | BaseException) -> float | No
     if isinstance(result, BaseException):
         left = lease.remaining()
         if left <= 0:
-            lease._mark_lost(
+            lease.mark_lost(
                 f"renewal failed ({result or type(result).__name__}) until its ttl ran out"
             )
             return None
@@ -238,7 +238,7 @@ class Renewer:
         while (entry := self._next_due()) is not None:
             store, lease, overdue = entry
             if overdue:
-                lease._mark_lost("its renewal did not answer before its ttl ran out")
+                lease.mark_lost("its renewal did not answer before its ttl ran out")
                 continue
             while not self._lane(store, lease).submit(lease):
                 pass  # that lane ended as it went idle; the next call makes a new one

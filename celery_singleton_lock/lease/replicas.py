@@ -57,7 +57,7 @@ def acknowledged(reply: Any, wanted: tuple[int, int], *, where: str, name: str, 
 def with_acks(store: Any, call: Any, sent_at: float, reply: Any) -> Lease | Contended:
     """A ``RedisLock``'s acquire answered with ``(reply, replicas that acknowledged)``."""
     value, acked = reply
-    outcome: Lease | Contended = store._acquired(call, sent_at=sent_at, reply=value)
+    outcome: Lease | Contended = store.acquired(call, sent_at=sent_at, reply=value)
     if isinstance(outcome, Contended) or acked >= store.replicas[0]:
         return outcome
     # Granted on the primary only: a failover now could hand it out again. Give it back

@@ -52,7 +52,7 @@ class Slots:
             else:
                 reply = store.transport.call(self._script, **argv)
         except REDIS_ERRORS as error:
-            store._failed(error, name)
+            store.unavailable(error, name)
         if int(reply[0]) != 1:
             pttl = int(reply[2])
             return Contended(
@@ -82,7 +82,7 @@ class Slots:
         or ``Contended`` naming the holder of the slot that frees soonest. One round trip.
         """
         limit = check_limit(limit)
-        ttl_ms = self._store._ttl_ms(ttl)
+        ttl_ms = self._store.ttl_ms(ttl)
         argv = self._argv(name, limit, new_token(token), ttl_ms, announce=False)
         return self._try(name, argv, ttl_ms)
 
@@ -100,9 +100,9 @@ class Slots:
         Raises ``LockNotAcquiredError`` naming a holder when the time is up.
         """
         store, limit = self._store, check_limit(limit)
-        ttl_ms = store._ttl_ms(ttl)
+        ttl_ms = store.ttl_ms(ttl)
         token = new_token(token)
-        plan = store._acquire_plan(True, timeout, "push")
+        plan = store.acquire_plan(True, timeout, "push")
         step: Any = next(plan)
         try:
             while True:
@@ -113,8 +113,8 @@ class Slots:
                     try:
                         store.client.blpop([store.keys(name).signal], timeout=step.seconds)
                     except REDIS_ERRORS as error:
-                        store._failed(error, name)
+                        store.unavailable(error, name)
                     step = next(plan)
         except StopIteration as done:
-            lease: Lease = store._granted(done.value, None)
+            lease: Lease = store.granted(done.value, None)
             return lease

@@ -135,7 +135,7 @@ class RedisLock(LockBase):
                     script, **self._acquire_argv(call, step), whole=whole, acks=self.replicas
                 )
         except REDIS_ERRORS as error:
-            self._failed(error, call.name)
+            self.unavailable(error, call.name)
         return PendingAcquire(self, call, sent_at, reply)
 
     def acquire(
@@ -161,7 +161,7 @@ class RedisLock(LockBase):
         ``release``. Raises ``LockNotAcquiredError`` naming the holder on failure.
         """
         call = self._acquire_call(name, ttl, token, replace, replace_shape)
-        plan = self._acquire_plan(blocking, timeout, wait)
+        plan = self.acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:
             while True:
@@ -172,20 +172,20 @@ class RedisLock(LockBase):
                     try:
                         self.client.blpop([call.keys.signal], timeout=step.seconds)
                     except REDIS_ERRORS as error:
-                        self._failed(error, name)
+                        self.unavailable(error, name)
                 else:
                     time.sleep(step.seconds)
                 step = next(plan)
         except StopIteration as done:
-            lease = self._granted(done.value, on_lost)
+            lease = self.granted(done.value, on_lost)
         if renew:
             self.renewer.add(self, lease)
         return lease
 
-    def _outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
         """What a sent acquire's ``reply`` means, replica acknowledgements included."""
         if self.replicas is None:
-            return self._acquired(call, sent_at=sent_at, reply=reply)
+            return self.acquired(call, sent_at=sent_at, reply=reply)
         return with_acks(self, call, sent_at, reply)
 
     def renew(self, lease: Lease) -> None:
@@ -202,7 +202,7 @@ class RedisLock(LockBase):
         with lease.releasing():
             outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
         if isinstance(outcome, Contended):
-            lease._note_loss(LOSS[ReleaseResult.NOT_OWNER])
+            lease.note_loss(LOSS[ReleaseResult.NOT_OWNER])
         return outcome
 
     def swap(
@@ -219,8 +219,8 @@ class RedisLock(LockBase):
                 args=[expected, call.token, call.ttl_ms, record or expected],
             )
         except REDIS_ERRORS as error:
-            self._failed(error, name)
-        return self._acquired(call, sent_at=sent_at, reply=reply)
+            self.unavailable(error, name)
+        return self.acquired(call, sent_at=sent_at, reply=reply)
 
     def release(self, lease: Lease) -> ReleaseResult:
         """Delete the lock if ``lease`` still owns it, and wake one waiter.
@@ -232,7 +232,7 @@ class RedisLock(LockBase):
             try:
                 reply = self._send_release(lease).get()
             except REDIS_ERRORS as error:
-                self._failed(error, lease.name)
+                self.unavailable(error, lease.name)
         return self._released(lease, reply, again=again)
 
     def release_nowait(self, lease: Lease) -> None:
@@ -247,7 +247,7 @@ class RedisLock(LockBase):
             try:
                 reply = self._send_release(lease, whole=True)
             except REDIS_ERRORS as error:
-                self._failed(error, lease.name)
+                self.unavailable(error, lease.name)
         self.transport.defer(reply, lambda answer: self._released(lease, answer, again=again))
 
     def _send_release(self, lease: Lease, *, whole: bool = False) -> Reply:
@@ -281,7 +281,7 @@ class RedisLock(LockBase):
         try:
             return decode(self.transport.call(script, **argv), ReleaseResult)
         except REDIS_ERRORS as error:
-            self._failed(error, name)
+            self.unavailable(error, name)
 
     def extend(
         self, lease: Lease, ttl: object | None = None, *, patient: bool = True
@@ -299,7 +299,7 @@ class RedisLock(LockBase):
                 patient=patient, acks=self.replicas,
             )  # fmt: skip
         except REDIS_ERRORS as error:
-            self._failed(error, lease.name)
+            self.unavailable(error, lease.name)
         if self.replicas is not None:
             # Too few acknowledgements: a failed renewal (retried), never a longer lease.
             reply = acknowledged(
@@ -350,7 +350,7 @@ class RedisLock(LockBase):
         try:
             return eviction_policy(self.client)
         except REDIS_ERRORS as error:
-            self._failed(error)
+            self.unavailable(error)
 
     @property
     def slots(self) -> Slots:
@@ -364,7 +364,7 @@ class RedisLock(LockBase):
         try:
             value = self.client.get(self.keys(name).lock)
         except REDIS_ERRORS as error:
-            self._failed(error, name)
+            self.unavailable(error, name)
         return None if value is None else text(value)
 
     def holdings(self, batch: int = BATCH) -> Iterator[Held]:

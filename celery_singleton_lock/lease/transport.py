@@ -146,7 +146,7 @@ class Transport:
         pool = self._pool
         return pool.get_connection("EVALSHA") if self._named else pool.get_connection()
 
-    def _checkin(self, conn: Any) -> None:
+    def checkin(self, conn: Any) -> None:
         self._pool.release(conn)
 
     def settle(self) -> None:
@@ -168,7 +168,7 @@ class Transport:
             except IndexError:
                 return kept[0] if kept else None
             for conn in kept:
-                self._checkin(conn)
+                self.checkin(conn)
             kept.clear()
             _answer(reply, then, kept if keep else None)
 
@@ -179,7 +179,7 @@ class Transport:
         on its way already; reading its answer later saves the caller a round trip.
         Errors are logged, never raised into that later call.
         """
-        if reply._pending is None:  # answered already (redis-py's path)
+        if reply.answered:  # redis-py's path
             _answer(reply, then)
             return
         self._owed.append((reply, then))
@@ -266,15 +266,13 @@ class Transport:
             # Connects (with redis-py's handshake) if needed, and health-checks first.
             conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])
         except _TRANSPORT as error:
-            self._checkin(conn)  # redis-py has disconnected it
+            self.checkin(conn)  # redis-py has disconnected it
             return Reply(exchange.after_transport_error(error))
         except BaseException:
             conn.disconnect()
-            self._checkin(conn)
+            self.checkin(conn)
             raise
-        reply = Reply()
-        reply._pending = (self, conn, len(commands), exchange)
-        return reply
+        return Reply(pending=(self, conn, len(commands), exchange))
 
 
 def _answer(reply: Reply, then: Callable[[Any], object], keep: list[Any] | None = None) -> None:
@@ -292,10 +290,15 @@ class Reply:
 
     __slots__ = ("_error", "_pending", "_value")
 
-    def __init__(self, value: Any = None) -> None:
+    def __init__(self, value: Any = None, *, pending: _Pending | None = None) -> None:
         self._value = value
         self._error: BaseException | None = None
-        self._pending: _Pending | None = None
+        self._pending = pending  # (transport, connection, replies due, exchange) until read
+
+    @property
+    def answered(self) -> bool:
+        """Whether the answer is in (read already, or known when it was made)."""
+        return self._pending is None
 
     def get(self, keep: list[Any] | None = None) -> Any:
         """The call's answer, or what it raised (every time it is asked).
@@ -328,15 +331,15 @@ def _read(pending: _Pending, keep: list[Any] | None = None) -> Any:
             except redis.ResponseError as refused:
                 replies.append(refused)
     except _TRANSPORT as failed:
-        transport._checkin(conn)  # redis-py has disconnected it
+        transport.checkin(conn)  # redis-py has disconnected it
         return exchange.after_transport_error(failed)
     except BaseException:
         # Interrupted mid-read: the connection's state is unknown, never reuse it.
         conn.disconnect()
-        transport._checkin(conn)
+        transport.checkin(conn)
         raise
     if keep is None:
-        transport._checkin(conn)
+        transport.checkin(conn)
     else:
         keep.append(conn)  # in step: every reply of the call has been read
     return exchange.finish(replies)
