@@ -29,8 +29,9 @@ from .exceptions import (
     LockStoreUnavailableError,
 )
 from .holds import Hold
-from .lease import Contended, Lease, companion
+from .lease import Contended, Lease
 from .liveness import runs_task
+from .modes import Mode, Start
 from .policies import ContentionState, Fail, Requeue, Skip, Wait
 from .tokens import (
     ATTEMPT_HEADER,
@@ -66,8 +67,7 @@ class Execution:
         opts = task.singleton_options()
         self.task = task
         self.key: str = header(request, KEY_HEADER) or opts.key.derive(args, kwargs)
-        self.limit: int | None = opts.limit
-        self.replaces = opts.on_duplicate == "replace"
+        self.mode: Mode = opts.mode
         self.queued: str | None = header(request, TOKEN_HEADER)
         self.role: str | None = header(request, HOLD_HEADER)
         self.attempt = int(header(request, ATTEMPT_HEADER) or 0)
@@ -85,30 +85,35 @@ class Execution:
         context = task.singleton_context
         self.store: Store = context.store
         self.ttl: float = context.ttl
-        # What of the key this message may take over: its own queued hold or reservation.
-        # A hold beside the key (lock="until_executing") is not taken over: the running
-        # lease is taken afresh and the hold let go, so the next call can queue.
-        self.own: dict[str, Any] = {}
-        if not self.role:
-            self.own = {"replace": self.queued, "replace_shape": self.shape}
+        # What the mode needs to take the running lease: the key, and the message's own
+        # hold on it (taken over) or beside it (role; the lease is then taken afresh).
+        self.start = Start(
+            key=self.key,
+            token=self.token,
+            ttl=self.ttl,
+            queued=self.queued,
+            shape=self.shape,
+            role=self.role,
+            store=self.store,
+        )
 
     def take(self) -> Lease:
         hold = None
         try:
             if self.role == "pending":
                 hold = Hold(self.task, self.key, "pending", self.queued, self.shape, self.token)
-                if self.replaces:
+                if self.mode.replaces:
                     # Claimed before the key, in one step: a later call can no longer
                     # replace this message once it has passed this point.
                     self._unless_replaced(hold.claim())
-            outcome = self._try()
+            outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
             outage = outages.at_execution(self.task, self.key, error)
             if isinstance(outage, Lease):
                 return outage
             send_again(self.task, self.key, self.attempt, outage.countdown, outages=outage.outages)
         if isinstance(outcome, Contended):
-            if self.replaces and hold is None:
+            if self.mode.replaces and hold is None:
                 self._unless_replaced(outcome)
             try:
                 outcome = self._contend(outcome, hold)
@@ -148,37 +153,6 @@ class Execution:
             self.key,
         )
         raise Ignore("replaced by a later call under the same task id")
-
-    def _try(self) -> Lease | Contended:
-        if self.role and self.role.startswith("slot"):
-            # A retry's message holds the slot its first attempt ran in: take it back.
-            own = self.store.try_acquire(
-                companion(self.key, self.role),
-                self.ttl,
-                token=self.token,
-                replace=self.queued,
-                replace_shape=self.shape,
-            )
-            if isinstance(own, Lease):
-                return own
-        if self.limit:
-            return self.store.slots.try_acquire(self.key, self.limit, self.ttl, token=self.token)
-        return self.store.try_acquire(
-            self.key,
-            self.ttl,
-            token=self.token,
-            # A replaced message must not run even once the key is free again.
-            unless_replaced=self.queued if self.replaces and not self.role else None,
-            **self.own,
-        )
-
-    def _wait(self, timeout: float | None) -> Lease:
-        waiting: Store = self.task.singleton_context.waiting
-        if self.limit:
-            return waiting.slots.acquire(
-                self.key, self.limit, self.ttl, timeout=timeout, token=self.token
-            )
-        return waiting.acquire(self.key, self.ttl, timeout=timeout, token=self.token, **self.own)
 
     def _is_copy(self, held: Contended) -> bool:
         """Whether the holder is this very message, running under another delivery.
@@ -256,7 +230,8 @@ class Execution:
             if hold is not None:
                 hold.keep()  # still the pending call while it waits
             try:
-                return self._wait(decision.timeout)
+                waiting = task.singleton_context.waiting
+                return self.mode.wait(self.start, waiting, decision.timeout)
             except LockNotAcquiredError as error:
                 state = ContentionState(
                     task_name=task.name,

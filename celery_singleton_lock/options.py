@@ -13,6 +13,16 @@ from .exceptions import ConfigurationError
 from .foreign import FOREIGN_OPTIONS, explain_unknown
 from .keys import KeySpec
 from .lease.names import MAX_SLOTS
+from .modes import (
+    Debounce,
+    Limit,
+    Mode,
+    Replace,
+    Throttle,
+    UntilExecuted,
+    UntilExecuting,
+    WhileExecuting,
+)
 from .policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
 
 OPTION_NAMES = (
@@ -50,6 +60,7 @@ class SingletonOptions:
     ttl: float | None
     queue_ttl: float | None
     dedupe: bool
+    mode: Mode  # the lock type these options choose: what each stage does
 
     @classmethod
     def build(cls, name: str, run: Any, raw: Mapping[str, Any] | None) -> SingletonOptions:
@@ -96,6 +107,7 @@ class SingletonOptions:
                 "of a queued call, and this mode queues every call (or none); use "
                 "lock='until_executing' or the default lock scope with replace"
             )
+        mode = _mode(lock, throttle, limit, debounce, max_wait, on_duplicate)
         return cls(
             key=KeySpec(func, name=name, key=raw.get("key"), bound=bound),
             lock=lock,
@@ -107,15 +119,36 @@ class SingletonOptions:
             on_contention=contention_policy(raw.get("on_contention", "requeue")),
             ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
             queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),
-            dedupe=lock != "while_executing",
+            dedupe=mode.checks_dispatch,
+            mode=mode,
         )
 
     @property
     def hold_role(self) -> str | None:
         """Where a dispatch's hold lives beside the key: None for the key itself."""
-        if self.throttle is not None:
-            return "throttle"
-        return "pending" if self.lock == "until_executing" else None
+        return self.mode.hold_role
+
+
+def _mode(  # noqa: PLR0917  (the options that choose a mode, already reconciled)
+    lock: str,
+    throttle: float | None,
+    limit: int | None,
+    debounce: float | None,
+    max_wait: float | None,
+    on_duplicate: str,
+) -> Mode:
+    """The one place options become a lock type; nothing after it branches on them."""
+    if limit is not None and limit > 1:
+        return Limit(limit)
+    if throttle is not None:
+        return Throttle(throttle)
+    if debounce is not None:
+        return Debounce(debounce, max_wait)
+    if on_duplicate == "replace":
+        return Replace(pending=lock == "until_executing")
+    if lock == "until_executing":
+        return UntilExecuting()
+    return WhileExecuting() if lock == "while_executing" else UntilExecuted()
 
 
 # Celery's own task attributes (read from the classes: hasattr() on a deprecated one warns).

@@ -27,14 +27,13 @@ from . import signals as singleton_signals
 from .context import TaskContext
 from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
 from .exceptions import (
-    ConfigurationError,
     DuplicateTaskError,
     LockStoreUnavailableError,
 )
 from .execution import Execution
-from .lease import Contended, Lease, companion, split_role
+from .lease import Contended, Lease, split_role
+from .modes import Replace, Replacement
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
-from .replace import Replacement
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -42,7 +41,6 @@ from .tokens import (
     REDRIVE_HEADER,
     RETRY_OF_HEADER,
     TOKEN_HEADER,
-    debounced_token,
     holder_state,
     holder_task_id,
     queued_token,
@@ -145,8 +143,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # passes from this execution to the retry's message, with no gap.
                 return self._send_retry(running, task_id, options, publish=publish)
         opts = self.singleton_options()
+        mode = opts.mode
         key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
-        if bypass or not opts.dedupe or in_canvas(link, link_error, options):
+        if bypass or not mode.checks_dispatch or in_canvas(link, link_error, options):
             ours: dict[str, Any] = {KEY_HEADER: key}
             if isinstance(bypass, dict):
                 ours.update(bypass)
@@ -154,14 +153,12 @@ class SingletonTask(Task):  # type: ignore[misc]
                 ours[REDRIVE_HEADER] = 1
             return publish(task_id, options, ours)
         task_id = task_id or uuid()
-        token = (
-            queued_token(task_id) if opts.debounce is None else self._debounced(task_id, options)
-        )
-        hold, ttl, ours = self._dispatch_hold(opts, key, token, options)
+        mode.prepare(self.name, options)
+        context = self.singleton_context
+        planned = mode.hold(key, mode.token(task_id), context.queue_ttl + delay_of(options))
+        hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         try:
-            pending = self.singleton_context.store.begin_try_acquire(
-                hold, ttl, token=token, fenced=False
-            )
+            pending = context.store.begin_try_acquire(hold, ttl, token=token, fenced=False)
         except LockStoreUnavailableError as error:
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
@@ -171,10 +168,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         duplicate = partial(self._duplicate, key)
         refused_by: Callable[[Contended], Any] = (
             Replacement(
-                task=self, key=key, hold=hold, ttl=ttl, ours=ours, options=dict(options),
-                publish=publish, refused=duplicate, outage=outage,
+                mode=mode, task_name=self.name, store=context.store,
+                queue_ttl=context.queue_ttl, result=self.AsyncResult, key=key, hold=hold,
+                ttl=ttl, ours=ours, options=dict(options), publish=publish,
+                refused=duplicate, outage=outage,
             )
-            if opts.on_duplicate == "replace"
+            if isinstance(mode, Replace)
             else duplicate
         )  # fmt: skip
         try:
@@ -199,28 +198,6 @@ class SingletonTask(Task):  # type: ignore[misc]
         refusals.forget(key)
         singleton_signals.dispatch_accepted.send(sender=self, key=key, task_id=task_id)
         return result
-
-    def _debounced(self, task_id: str, options: dict[str, Any]) -> str:
-        """A burst's first call: it runs ``debounce`` s from now unless a later call replaces it."""
-        if options.get("countdown") is not None or options.get("eta") is not None:
-            raise ConfigurationError(
-                f"{self.name}: debounce sets each call's countdown; drop countdown= / eta="
-            )
-        options["countdown"] = self.singleton_options().debounce
-        return debounced_token(task_id, time.time())
-
-    def _dispatch_hold(
-        self, opts: SingletonOptions, key: str, token: str, options: Mapping[str, Any]
-    ) -> tuple[str, float, dict[str, Any]]:
-        """(lock to hold, for how long, headers) of a dispatch under the task's mode."""
-        role = opts.hold_role
-        if role == "throttle" and opts.throttle is not None:
-            # The window is nobody's to take over or give back: it runs out by itself.
-            return companion(key, role), opts.throttle, {KEY_HEADER: key}
-        ttl = self.singleton_context.queue_ttl + delay_of(options)
-        if role is None:
-            return key, ttl, {KEY_HEADER: key, TOKEN_HEADER: token}
-        return companion(key, role), ttl, {KEY_HEADER: key, TOKEN_HEADER: token, HOLD_HEADER: role}
 
     def _can_overlap(self, options: Mapping[str, Any]) -> bool:
         # Only while nothing can observe the message before our gate: an eager call
@@ -269,14 +246,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             )  # fmt: skip
         if opts.on_duplicate != "raise" and holder is not None:
             return self.AsyncResult(holder)
-        if opts.throttle is not None:
-            what = f"was accepted less than {opts.throttle:g}s ago"
-        elif opts.lock == "until_executing":
-            what = "is already queued"
-        else:
-            what = "is already queued or running"
         raise DuplicateTaskError(
-            f"{self.name} {what} for {key!r}"
+            f"{self.name} {opts.mode.refused_because()} for {key!r}"
             + (f" as task {holder}" if holder else " (holder unknown)"),
             name=key,
             key=held.key,

@@ -22,7 +22,7 @@ from typing import Any
 from celery import current_app
 
 from .backend import Backend
-from .lease import Contended, Lease, companion, slot
+from .lease import Contended, Lease
 from .locks import LockRow, app_rows, release
 from .options import is_singleton
 from .tokens import running_token
@@ -63,12 +63,7 @@ def hold(task: Any, *args: Any, **kwargs: Any) -> Iterator[HeldCall]:
     store = _store(task.app)
     held = HeldCall(task_id=f"held-{uuid.uuid4()}", name=name)
     token = running_token(held.task_id, HOLDER_WORKER, 0)
-    if opts.limit:
-        names = [slot(name, n) for n in range(1, opts.limit + 1)]
-    elif opts.hold_role == "throttle":
-        names = [name, companion(name, "throttle")]
-    else:
-        names = [name]
+    names = opts.mode.held_by_a_run(name)
     try:
         for each in names:
             lease = store.try_acquire(each, task.singleton_context.ttl, token=token)
@@ -99,9 +94,9 @@ def clear_locks(app: Any = None) -> int:
 def assert_refused(task: Any, *args: Any, **kwargs: Any) -> None:
     """Fail unless a dispatch of ``task(*args, **kwargs)`` would be refused now."""
     opts, name = _call(task, args, kwargs)
-    if opts.limit or not opts.dedupe:
+    target = opts.mode.hold_name(name)
+    if target is None:
         raise AssertionError(f"{task.name} never refuses at dispatch (limit= or dedupe=False)")
-    target = companion(name, opts.hold_role) if opts.hold_role else name
     if _store(task.app).holder(target) is None:
         raise AssertionError(
             f"a call of {task.name} with these arguments would be accepted: {target!r} is "
@@ -114,8 +109,7 @@ def assert_locked(task: Any, *args: Any, **kwargs: Any) -> None:
     or running; with ``limit=N``, at least one slot)."""
     opts, name = _call(task, args, kwargs)
     store = _store(task.app)
-    names = [slot(name, n) for n in range(1, opts.limit + 1)] if opts.limit else [name]
-    if all(store.holder(each) is None for each in names):
+    if all(store.holder(each) is None for each in opts.mode.running_names(name)):
         raise AssertionError(
             f"{task.name}: {name!r} is not locked "
             f"(held: {[row.name for row in held_locks(task.app)]})"

@@ -1,5 +1,13 @@
 """``on_duplicate="replace"``: a later call's arguments swapped into the queued call.
 
+- publish: a queued hold as the lock scope says (on the key, or beside it with
+  ``lock="until_executing"``). A call refused by a queued or reserved holder replaces
+  it (``Replacement``); one refused by a running holder gets that run's result.
+- receipt: the worker reserves the hold, as every holding mode does.
+- start: a replaced message finds its hold swapped and is dropped quietly; otherwise
+  as its scope (``until_executed`` / ``until_executing``).
+- end: as its scope.
+
 The queued call keeps its task id, so every caller holds the ``AsyncResult`` of the run
 that will cover its call. The later call publishes a new message under that id and
 moves the queued hold to it in one compare-and-swap (``RedisLock.swap``): only while the
@@ -12,22 +20,16 @@ REVOKED, which Celery's revoke by id would also do to its replacement.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from celery.utils import uuid
 
-from .exceptions import LockStoreUnavailableError
-from .lease import Contended, Lease
-from .tokens import (
-    TOKEN_HEADER,
-    burst_began,
-    debounced_token,
-    holder_task_id,
-    queued_form,
-    queued_token,
-)
+from ..backend import Store
+from ..exceptions import LockStoreUnavailableError
+from ..lease import Contended, Lease
+from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token
+from .base import Mode
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +40,37 @@ REPLACEABLE = ("q|", "r|")
 ATTEMPTS = 5
 
 
+class Replace(Mode):
+    """A queued call's arguments replaced by a later call's (held on the key, or beside
+    it when ``pending``)."""
+
+    name = "replace"
+    replaces = True
+
+    def __init__(self, *, pending: bool) -> None:
+        self.hold_role = "pending" if pending else None
+
+    def refused_because(self) -> str:
+        return "is already queued" if self.hold_role else "is already queued or running"
+
+    def successor(
+        self, queued_id: str, holder: str, options: dict[str, Any], ttl: float, queue_ttl: float
+    ) -> tuple[str, float, dict[str, Any]]:
+        """(token, hold ttl, publish options) of the message replacing ``holder``'s."""
+        return queued_token(queued_id), ttl, options
+
+
 class Replacement:
     """What a dispatch needs to replace the queued call it was refused by."""
 
     def __init__(
         self,
         *,
-        task: Any,
+        mode: Replace,
+        task_name: str,
+        store: Store,
+        queue_ttl: float,
+        result: Callable[[str], Any],
         key: str,
         hold: str,
         ttl: float,
@@ -56,7 +82,11 @@ class Replacement:
     ) -> None:
         self._refused = refused  # answer the call as a duplicate of ``held``
         self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
-        self._task = task
+        self._mode = mode
+        self._task_name = task_name
+        self._store = store
+        self._queue_ttl = queue_ttl
+        self._result = result  # the task's AsyncResult for a task id
         self._key = key
         self._hold = hold
         self._ttl = ttl
@@ -65,7 +95,6 @@ class Replacement:
         self._publish = publish
 
     def __call__(self, held: Contended) -> Any:
-        task = self._task
         for _ in range(ATTEMPTS):
             holder = held.holder
             queued_id = holder_task_id(holder)
@@ -78,7 +107,7 @@ class Replacement:
                 return self._refused(held)
             if isinstance(outcome, Lease):
                 self._send(outcome, holder, queued_id, token, ttl, options)
-                return task.AsyncResult(queued_id)
+                return self._result(queued_id)
             # It changed meanwhile (a worker reserved it, another call replaced it, it
             # started): try again against whoever holds it now.
             held = outcome
@@ -89,21 +118,18 @@ class Replacement:
     ) -> tuple[Lease | Contended, str, str, float, dict[str, Any]]:
         """Swap the queued call's hold to a new message of its id; or, if the hold is free
         now (the queued call started), take it for a new call like a fresh dispatch."""
-        store = self._task.singleton_context.store
+        store = self._store
         if not holder or queued_id is None:
             queued_id = uuid()
-            token = self._fresh_token(queued_id)
+            token = self._mode.token(queued_id)
             outcome = store.try_acquire(self._hold, self._ttl, token=token, fenced=False)
             return outcome, queued_id, token, self._ttl, self._options
-        token, ttl, options = self._successor(queued_id, holder)
+        token, ttl, options = self._mode.successor(
+            queued_id, holder, self._options, self._ttl, self._queue_ttl
+        )
         # Recorded as the queued hold it was made from: the replaced message asks by that.
         outcome = store.swap(self._hold, holder, ttl, token=token, record=queued_form(holder))
         return outcome, queued_id, token, ttl, options
-
-    def _fresh_token(self, task_id: str) -> str:
-        if self._task.singleton_options().debounce is None:
-            return queued_token(task_id)
-        return debounced_token(task_id, time.time())
 
     def _send(  # noqa: PLR0917  (one replacement's whole state)
         self,
@@ -124,34 +150,13 @@ class Replacement:
         if holder:
             logger.info(
                 "%s: queued call %s takes a later call's arguments for %r",
-                self._task.name,
+                self._task_name,
                 queued_id,
                 self._key,
             )
 
-    def _successor(self, queued_id: str, holder: str) -> tuple[str, float, dict[str, Any]]:
-        """(token, hold ttl, publish options) of the message replacing ``holder``'s.
-
-        Debounced: it runs ``debounce`` s from now, but no later than ``max_wait`` after
-        the burst began (kept in the holder's token).
-        """
-        opts = self._task.singleton_options()
-        if opts.debounce is None:
-            return queued_token(queued_id), self._ttl, self._options
-        now = time.time()
-        began = burst_began(holder) or now
-        delay = opts.debounce
-        if opts.max_wait is not None:
-            delay = max(0.0, min(delay, began + opts.max_wait - now))
-        options = {**self._options, "countdown": delay}
-        return (
-            debounced_token(queued_id, began),
-            self._task.singleton_context.queue_ttl + delay,
-            options,
-        )
-
     def _give_back(self, place: Lease, holder: str, ttl: float) -> None:
-        store = self._task.singleton_context.store
+        store = self._store
         try:
             if holder:
                 store.swap(self._hold, place.token, ttl, token=holder)

@@ -1,0 +1,24 @@
+"""The lock types, one module each: what a mode does at publish, receipt, start and end."""
+
+from .base import Mode, PublishHold, Start
+from .debounce import Debounce
+from .limit import Limit
+from .replace import Replace, Replacement
+from .throttle import Throttle
+from .until_executed import UntilExecuted
+from .until_executing import UntilExecuting
+from .while_executing import WhileExecuting
+
+__all__ = [
+    "Debounce",
+    "Limit",
+    "Mode",
+    "PublishHold",
+    "Replace",
+    "Replacement",
+    "Start",
+    "Throttle",
+    "UntilExecuted",
+    "UntilExecuting",
+    "WhileExecuting",
+]

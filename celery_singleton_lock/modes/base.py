@@ -1,0 +1,128 @@
+"""``Mode``: what a singleton task does to the lock store at each stage of a call's life.
+
+A call lives through four stages (``docs/design.md``): **publish** (the producer takes
+a hold before its message leaves), **receipt** (the worker's main process turns that
+hold into its reservation, ``worker/reservations.py``: the same for every mode that
+holds), **start** (the pool child or green thread takes the running lease) and **end**
+(the running lease is released however the run ends; a dead child's by the main
+process). A mode is chosen once, when the task's options are checked
+(``SingletonOptions.mode``); nothing else branches on the options that chose it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..backend import Store
+from ..lease import Contended, Lease, companion
+from ..tokens import HOLD_HEADER, KEY_HEADER, TOKEN_HEADER, queued_token
+
+
+@dataclass(frozen=True)
+class PublishHold:
+    """The hold a dispatch takes before its message leaves, and the headers it sends."""
+
+    lock: str  # the lock name held: the key itself, or a companion beside it
+    ttl: float
+    token: str
+    headers: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Start:
+    """What one execution knows when it starts, for its mode to take the running lease.
+
+    ``queued`` is the message's own hold (its token header) and ``shape`` that hold's
+    reservation by the worker that received it; ``role`` says where the hold lives
+    (None: on the key; ``"pending"`` beside it; ``"slotN"`` a retry's slot).
+    """
+
+    key: str
+    token: str  # the running lease's token
+    ttl: float
+    queued: str | None
+    shape: tuple[str, str] | None
+    role: str | None
+    store: Store
+
+
+class Mode:
+    """A lock type: one subclass per mode (``modes/<name>.py``), on one shared lock store.
+
+    The defaults are those of a call held on its key from publish to the end of its run
+    (``until_executed``); a mode overrides the stages it does differently.
+    """
+
+    name: ClassVar[str]
+    # publish: whether a dispatch takes a hold (and so can refuse a duplicate)
+    checks_dispatch: bool = True
+    # publish: where the hold lives beside the key (None: on the key itself)
+    hold_role: str | None = None
+    # publish: a refused call replaces the queued call's arguments (``replace.py``);
+    # start: a replaced message is dropped quietly
+    replaces: bool = False
+
+    def __repr__(self) -> str:
+        return f"<mode {self.name}>"
+
+    # -- publish (the producer) -----------------------------------------------------------
+
+    def refused_because(self) -> str:
+        """Why a duplicate is refused, for its ``DuplicateTaskError``."""
+        return "is already queued or running"
+
+    def prepare(self, task: str, options: MutableMapping[str, Any]) -> None:
+        """Adjust one call's publish options before its hold is planned (debounce)."""
+
+    def token(self, task_id: str) -> str:
+        """The token of a new queued hold for ``task_id``."""
+        return queued_token(task_id)
+
+    def hold(self, key: str, token: str, ttl: float) -> PublishHold:
+        """The hold of a dispatch of ``key`` for ``ttl`` s (the queue ttl plus any delay)."""
+        if self.hold_role is None:
+            return PublishHold(key, ttl, token, {KEY_HEADER: key, TOKEN_HEADER: token})
+        headers = {KEY_HEADER: key, TOKEN_HEADER: token, HOLD_HEADER: self.hold_role}
+        return PublishHold(companion(key, self.hold_role), ttl, token, headers)
+
+    def hold_name(self, key: str) -> str | None:
+        """The lock a dispatch of ``key`` holds (None: it holds none)."""
+        if not self.checks_dispatch:
+            return None
+        return key if self.hold_role is None else companion(key, self.hold_role)
+
+    # -- start (the pool child) -----------------------------------------------------------
+
+    def take(self, start: Start) -> Lease | Contended:
+        """Try once for the running lease: the key, taking over the message's own hold
+        on it (queued, or reserved by the worker that received it)."""
+        own: dict[str, Any] = {}
+        if not start.role:
+            own = {"replace": start.queued, "replace_shape": start.shape}
+        return start.store.try_acquire(
+            start.key,
+            start.ttl,
+            token=start.token,
+            # A replaced message must not run even once the key is free again.
+            unless_replaced=start.queued if self.replaces and not start.role else None,
+            **own,
+        )
+
+    def wait(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
+        """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
+        own: dict[str, Any] = {}
+        if not start.role:
+            own = {"replace": start.queued, "replace_shape": start.shape}
+        return waiting.acquire(start.key, start.ttl, timeout=timeout, token=start.token, **own)
+
+    # -- end --------------------------------------------------------------------------------
+
+    def running_names(self, key: str) -> list[str]:
+        """Every lock a run of ``key`` may hold (the key; a counting lease's slots)."""
+        return [key]
+
+    def held_by_a_run(self, key: str) -> list[str]:
+        """The locks a running copy holds as another worker would see them (test helpers)."""
+        return self.running_names(key)

@@ -1,0 +1,53 @@
+"""``debounce=<seconds>`` (``max_wait=``): one run after a burst of calls, with its last arguments.
+
+- publish: the burst's first call is sent with ``countdown=debounce`` and a pending
+  hold beside the key whose token also says when the burst began; each later call of
+  the burst replaces the queued call's arguments and postpones it (``Replacement``),
+  but never past ``max_wait`` after the burst began.
+- receipt: the worker reserves the hold (keeping when the burst began).
+- start: as ``until_executing``: the running lease on the key taken afresh, the pending
+  hold let go once it is taken, so a call made during the run starts a new burst.
+- end: the running lease on the key is released.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+from ..exceptions import ConfigurationError
+from ..tokens import burst_began, debounced_token
+from .replace import Replace
+
+
+class Debounce(Replace):
+    name = "debounce"
+
+    def __init__(self, debounce: float, max_wait: float | None) -> None:
+        super().__init__(pending=True)
+        self.debounce = debounce
+        self.max_wait = max_wait
+
+    def prepare(self, task: str, options: MutableMapping[str, Any]) -> None:
+        """A burst's first call runs ``debounce`` s from now unless a later call replaces it."""
+        if options.get("countdown") is not None or options.get("eta") is not None:
+            raise ConfigurationError(
+                f"{task}: debounce sets each call's countdown; drop countdown= / eta="
+            )
+        options["countdown"] = self.debounce
+
+    def token(self, task_id: str) -> str:
+        return debounced_token(task_id, time.time())
+
+    def successor(
+        self, queued_id: str, holder: str, options: dict[str, Any], ttl: float, queue_ttl: float
+    ) -> tuple[str, float, dict[str, Any]]:
+        """It runs ``debounce`` s from now, but no later than ``max_wait`` after the burst
+        began (kept in the holder's token)."""
+        now = time.time()
+        began = burst_began(holder) or now
+        delay = self.debounce
+        if self.max_wait is not None:
+            delay = max(0.0, min(delay, began + self.max_wait - now))
+        return debounced_token(queued_id, began), queue_ttl + delay, {**options, "countdown": delay}

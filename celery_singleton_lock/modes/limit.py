@@ -1,0 +1,45 @@
+"""``limit=N``: up to N executions of a key at once, each in a slot of its own.
+
+- publish: no hold; every call is sent.
+- receipt: nothing to reserve.
+- start: the lowest free slot (``lease.slots``: one script, fences increasing across
+  slots); a retry's message first takes back the slot its attempt ran in.
+  ``on_contention=wait`` is woken by the release of any slot, first come first served.
+- end: the slot is released; a dead child's slot by its worker (any of the N).
+"""
+
+from __future__ import annotations
+
+from ..backend import Store
+from ..lease import Contended, Lease, companion, slot
+from .base import Mode, Start
+
+
+class Limit(Mode):
+    name = "limit"
+    checks_dispatch = False
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def take(self, start: Start) -> Lease | Contended:
+        if start.role and start.role.startswith("slot"):
+            # A retry's message holds the slot its first attempt ran in: take it back.
+            own = start.store.try_acquire(
+                companion(start.key, start.role),
+                start.ttl,
+                token=start.token,
+                replace=start.queued,
+                replace_shape=start.shape,
+            )
+            if isinstance(own, Lease):
+                return own
+        return start.store.slots.try_acquire(start.key, self.limit, start.ttl, token=start.token)
+
+    def wait(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
+        return waiting.slots.acquire(
+            start.key, self.limit, start.ttl, timeout=timeout, token=start.token
+        )
+
+    def running_names(self, key: str) -> list[str]:
+        return [slot(key, number) for number in range(1, self.limit + 1)]

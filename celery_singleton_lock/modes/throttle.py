@@ -1,0 +1,34 @@
+"""``throttle=<seconds>``: at most one accepted call per key and window; runs exclusive.
+
+- publish: a window hold beside the key (``companion(key, "throttle")``) for the
+  window's length; nobody takes it over or gives it back: it runs out by itself. A
+  call inside the window is refused; the message carries no hold of its own.
+- receipt: nothing to reserve (the window is not the message's).
+- start: the running lease on the key, as ``while_executing``: two accepted calls of
+  consecutive windows never run at once.
+- end: the running lease is released; the window runs out on its own.
+"""
+
+from __future__ import annotations
+
+from ..lease import companion
+from ..tokens import KEY_HEADER
+from .base import Mode, PublishHold
+
+
+class Throttle(Mode):
+    name = "throttle"
+    hold_role = "throttle"
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+
+    def refused_because(self) -> str:
+        return f"was accepted less than {self.window:g}s ago"
+
+    def hold(self, key: str, token: str, ttl: float) -> PublishHold:
+        # The window, not the queue ttl: it is nobody's to take over or give back.
+        return PublishHold(companion(key, "throttle"), self.window, token, {KEY_HEADER: key})
+
+    def held_by_a_run(self, key: str) -> list[str]:
+        return [key, companion(key, "throttle")]

@@ -1,0 +1,17 @@
+"""``lock="while_executing"`` (``dedupe=False``): never refused at dispatch, one run at a time.
+
+- publish: no hold; every call is sent (the per-call ``dedupe=False`` of other modes
+  publishes the same way, once).
+- receipt: nothing to reserve.
+- start: the running lease on the key, or ``on_contention`` (wait, requeue, skip, fail).
+- end: the running lease is released.
+"""
+
+from __future__ import annotations
+
+from .base import Mode
+
+
+class WhileExecuting(Mode):
+    name = "while_executing"
+    checks_dispatch = False
