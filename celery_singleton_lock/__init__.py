@@ -22,50 +22,81 @@ from .lease import (
     Contended,
     ExtendResult,
     Lease,
-    LockKeys,
     MemoryLock,
-    PendingAcquire,
     RedisLock,
     ReleaseResult,
-    Renewer,
-    get_renewer,
 )
-from .policies import ContentionState, fail, requeue, skip, wait
-from .setupchecks import check_worker_setup
+from .policies import (
+    ContentionPolicy,
+    ContentionState,
+    Fail,
+    Requeue,
+    Skip,
+    Wait,
+    fail,
+    requeue,
+    skip,
+    wait,
+)
 from .task import SingletonTask
-from .worker import SingletonRequest
+from .worker.setupchecks import check_worker_setup
 
 __all__ = [
     "ArgumentsMismatchError",
     "AsyncRedisLock",
     "ConfigurationError",
     "Contended",
+    "ContentionPolicy",
     "ContentionState",
     "DuplicateTaskError",
     "ExtendResult",
+    "Fail",
     "KeyDerivationError",
     "KeySpec",
     "Lease",
-    "LockKeys",
     "LockLostError",
     "LockNotAcquiredError",
     "LockStoreConfigurationError",
     "LockStoreUnavailableError",
     "MemoryLock",
-    "PendingAcquire",
     "RedisLock",
     "ReleaseResult",
-    "Renewer",
+    "Requeue",
     "SingletonLockError",
-    "SingletonRequest",
     "SingletonTask",
+    "Skip",
+    "Wait",
     "check_worker_setup",
     "derive_key",
     "fail",
-    "get_renewer",
     "requeue",
     "signals",
     "singleton_task",
     "skip",
     "wait",
 ]
+
+import importlib as _importlib
+import warnings as _warnings
+
+# Internals this module exported before 0.1: importable from here for one more release,
+# with a warning naming where they live.
+_MOVED = {
+    "LockKeys": "celery_singleton_lock.lease",
+    "PendingAcquire": "celery_singleton_lock.lease",
+    "Renewer": "celery_singleton_lock.lease",
+    "get_renewer": "celery_singleton_lock.lease",
+    "SingletonRequest": "celery_singleton_lock.worker",
+}
+
+
+def __getattr__(name: str) -> object:
+    where = _MOVED.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _warnings.warn(
+        f"celery_singleton_lock.{name} is not part of the task API; import it from {where}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(_importlib.import_module(where), name)

@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "singleton_lock_client": None,
     "singleton_lock_replicas": 0,
     "singleton_lock_replica_timeout": 0.5,
-    # A worker serves Prometheus metrics on this port (celery_singleton_lock.metrics).
+    # A worker serves Prometheus metrics on this port (celery_singleton_lock.contrib.metrics).
     "singleton_lock_metrics_port": None,
     "singleton_lock_metrics_addr": "127.0.0.1",
 }

@@ -8,10 +8,10 @@ from typing import Any, overload
 
 from celery import shared_task
 
-from . import hooks
 from .exceptions import ConfigurationError
 from .options import OPTION_NAMES, SingletonOptions, refuse_task_options
 from .task import SingletonTask
+from .worker import hooks
 
 
 @overload

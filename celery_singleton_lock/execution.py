@@ -21,7 +21,7 @@ from celery.exceptions import Ignore
 from . import outages
 from . import signals as singleton_signals
 from .backend import Store
-from .childwatch import is_dead
+from .contrib.liveness import runs_task
 from .exceptions import (
     ConfigurationError,
     DuplicateTaskError,
@@ -30,7 +30,6 @@ from .exceptions import (
 )
 from .holds import Hold
 from .lease import Contended, Lease
-from .liveness import runs_task
 from .modes import Mode, Start
 from .policies import ContentionState, Fail, Requeue, Skip, Wait
 from .tokens import (
@@ -51,6 +50,7 @@ from .tokens import (
     reserved_exact,
     running_token,
 )
+from .worker.childwatch import is_dead
 
 logger = logging.getLogger(__name__)
 

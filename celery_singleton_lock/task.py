@@ -22,7 +22,7 @@ from celery import Task
 from celery.signals import before_task_publish
 from celery.utils import uuid
 
-from . import hooks, outages
+from . import outages
 from . import signals as singleton_signals
 from .context import TaskContext
 from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
@@ -45,6 +45,7 @@ from .tokens import (
     holder_task_id,
     queued_token,
 )
+from .worker import hooks
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     """
 
     singleton: ClassVar[Mapping[str, Any] | None] = None
-    Request = "celery_singleton_lock.worker:SingletonRequest"
+    Request = "celery_singleton_lock.worker.request:SingletonRequest"
     # A duplicate that did not run (on_contention="fail") is an expected outcome: Celery
     # logs it at INFO without a traceback, not as an ERROR.
     throws = (DuplicateTaskError,)

@@ -19,7 +19,8 @@ import socket
 import time
 from typing import Any
 
-from celery_singleton_lock import get_renewer, signals, singleton_task, wait
+from celery_singleton_lock import signals, singleton_task, wait
+from celery_singleton_lock.lease import get_renewer
 
 from . import settings, store
 from .celeryapp import app

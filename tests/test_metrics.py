@@ -14,7 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_singleton_lock import DuplicateTaskError, metrics
+from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock.contrib import metrics
 
 from .conftest import CeleryEnv
 from .servers import free_port

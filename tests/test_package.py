@@ -59,7 +59,7 @@ def test_the_wheel_carries_every_module_the_license_and_the_entry_points(dist: P
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
     assert f"Version: {version}" in metadata
     assert "License-Expression: MIT" in metadata
-    assert "singleton = celery_singleton_lock.cli:singleton" in entry_points
+    assert "singleton = celery_singleton_lock.contrib.cli:singleton" in entry_points
 
 
 def test_the_sdist_carries_the_license_the_readme_and_the_package(dist: Path) -> None:

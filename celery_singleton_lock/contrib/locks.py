@@ -15,10 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .lease import ReleaseResult
-from .lease.inventory import Held
-from .options import is_singleton
-from .tokens import read_token
+from ..lease import ReleaseResult
+from ..lease.inventory import Held
+from ..options import is_singleton
+from ..tokens import read_token
 
 STATES = ("queued", "reserved", "running", "throttled", "held")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .exceptions import ConfigurationError, SingletonLockError
-from .foreign import foreign_settings
-from .options import is_singleton
+from ..exceptions import ConfigurationError, SingletonLockError
+from ..foreign import foreign_settings
+from ..options import is_singleton
 
 
 def singleton_tasks(app: Any) -> list[Any]:

@@ -13,12 +13,12 @@ from celery import signals
 from celery.concurrency import get_implementation
 from celery.worker.control import Panel, inspect_command
 
+from ..exceptions import SingletonLockError
+from ..options import is_singleton
+from ..tokens import KEY_HEADER, TOKEN_HEADER, header
 from .childwatch import child_watch
-from .exceptions import SingletonLockError
-from .options import is_singleton
 from .reservations import reservations
 from .setupchecks import check_worker_setup, refuse_bad_settings
-from .tokens import KEY_HEADER, TOKEN_HEADER, header
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _at_worker_init(sender: Any = None, **_: Any) -> None:
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.
-        from .metrics import serve_worker  # noqa: PLC0415  (an optional extra)
+        from ..contrib.metrics import serve_worker  # noqa: PLC0415  (an optional extra)
 
         addr = app.conf.get("singleton_lock_metrics_addr") or "127.0.0.1"
         try:

@@ -14,9 +14,9 @@ from typing import Any, NoReturn, TypeVar, cast
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
-from .backend import Backend
-from .exceptions import SingletonLockError
-from .lease import ReleaseResult
+from ..backend import Backend
+from ..exceptions import SingletonLockError
+from ..lease import ReleaseResult
 from .liveness import Liveness
 from .locks import STATES, LockRow, app_rows, human, parse_duration, release
 

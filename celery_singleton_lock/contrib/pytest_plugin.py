@@ -6,7 +6,7 @@ point; nothing happens unless a test asks for a fixture).
 - ``singleton_app``: the app whose locks the tests use: Celery's ``celery_app`` fixture
   when the test uses it, else the current app. Override it to return your project's.
 - ``singleton_locks``: points that app at that store, clears it before and after the
-  test, and gives the helpers of ``celery_singleton_lock.testing`` bound to the app.
+  test, and gives the helpers of ``celery_singleton_lock.contrib.testing`` bound to the app.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from ..backend import Backend
 from . import testing
-from .backend import Backend
 from .locks import LockRow
 
 

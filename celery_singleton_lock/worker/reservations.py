@@ -15,10 +15,10 @@ import threading
 
 from celery.worker import state as worker_state
 
-from .context import TaskContext
-from .exceptions import SingletonLockError
-from .lease import Lease, PendingAcquire, RedisLock, companion
-from .tokens import reserved_token
+from ..context import TaskContext
+from ..exceptions import SingletonLockError
+from ..lease import Lease, PendingAcquire, RedisLock, companion
+from ..tokens import reserved_token
 
 logger = logging.getLogger(__name__)
 

@@ -21,13 +21,11 @@ from billiard.einfo import ExceptionWithTraceback
 from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
-from .childwatch import child_watch, kill_and_wait
-from .exceptions import KeyDerivationError, SingletonLockError
-from .lease import ReleaseResult, companion
-from .options import is_singleton
-from .reservations import reservations
-from .signals import dead_child_released
-from .tokens import (
+from ..exceptions import KeyDerivationError, SingletonLockError
+from ..lease import ReleaseResult, companion
+from ..options import is_singleton
+from ..signals import dead_child_released
+from ..tokens import (
     HOLD_HEADER,
     KEY_HEADER,
     TOKEN_HEADER,
@@ -35,6 +33,8 @@ from .tokens import (
     reserved_shape,
     running_prefix,
 )
+from .childwatch import child_watch, kill_and_wait
+from .reservations import reservations
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Operations around the lock: the app's locks as rows, liveness, CLI, metrics, test helpers."""

@@ -1,0 +1,166 @@
+"""Prometheus metrics from the library's signals (the extra: ``celery-singleton-lock[prometheus]``).
+
+In a producer (a web process), call ``install()`` once: the figures join the process's
+default registry, which your existing ``/metrics`` endpoint serves. In a worker, set
+``singleton_lock_metrics_port``: the worker's main process serves them, its pool
+children's included (Prometheus's multiprocess mode, in a directory made for the worker
+unless ``PROMETHEUS_MULTIPROC_DIR`` names one).
+
+Metrics, each labelled by task name:
+
+- ``celery_singleton_lock_dispatches_total{outcome="accepted"|"refused"}``
+- ``celery_singleton_lock_contentions_total{decision="requeue"|"wait"|"skip"|"fail"}``
+- ``celery_singleton_lock_copies_dropped_total``: deliveries of a message whose task id
+  held the lock (redeliveries, same-id ``send_task``), dropped without a result
+- ``celery_singleton_lock_leases_total{event="acquired"|"released"|"lost"}``
+- ``celery_singleton_lock_dead_child_releases_total``
+- ``celery_singleton_lock_wait_seconds`` (histogram): from an execution's start to its
+  lease, contention included
+- ``celery_singleton_lock_hold_seconds`` (histogram): how long executions held the lease
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from ..exceptions import ConfigurationError
+from ..signals import (
+    copy_dropped,
+    dead_child_released,
+    dispatch_accepted,
+    duplicate_refused,
+    execution_contended,
+    lease_acquired,
+    lease_lost,
+    lease_released,
+)
+
+BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+_guard = threading.Lock()
+_installed: dict[str, Any] = {}
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client  # noqa: PLC0415  (an optional extra)
+    except ImportError:
+        raise ConfigurationError(
+            "metrics need prometheus_client: pip install 'celery-singleton-lock[prometheus]'"
+        ) from None
+    return prometheus_client
+
+
+def install(registry: Any = None) -> dict[str, Any]:
+    """Create the metrics (once per process) and count the library's signals into them."""
+    with _guard:
+        if _installed:
+            return _installed
+        prom = _prometheus()
+        kwargs = {} if registry is None else {"registry": registry}
+
+        def counter(name: str, text: str, *labels: str) -> Any:
+            return prom.Counter(name, text, ["task", *labels], **kwargs)
+
+        def histogram(name: str, text: str) -> Any:
+            return prom.Histogram(name, text, ["task"], buckets=BUCKETS, **kwargs)
+
+        _installed.update(
+            dispatches=counter("celery_singleton_lock_dispatches", "Dispatches", "outcome"),
+            contentions=counter(
+                "celery_singleton_lock_contentions", "Executions contended", "decision"
+            ),
+            leases=counter("celery_singleton_lock_leases", "Running leases", "event"),
+            copies=counter(
+                "celery_singleton_lock_copies_dropped", "Copies of a holder's message dropped"
+            ),
+            dead=counter(
+                "celery_singleton_lock_dead_child_releases", "Leases of dead children released"
+            ),
+            wait=histogram("celery_singleton_lock_wait_seconds", "Time to the running lease"),
+            hold=histogram("celery_singleton_lock_hold_seconds", "Time the lease was held"),
+        )
+        for signal, receiver in _RECEIVERS:
+            signal.connect(receiver, weak=False)
+        return _installed
+
+
+def _task(sender: Any) -> str:
+    return str(getattr(sender, "name", None) or "unknown")
+
+
+def _accepted(sender: Any = None, **_: Any) -> None:
+    _installed["dispatches"].labels(_task(sender), "accepted").inc()
+
+
+def _refused(sender: Any = None, **_: Any) -> None:
+    _installed["dispatches"].labels(_task(sender), "refused").inc()
+
+
+def _contended(sender: Any = None, decision: Any = None, **_: Any) -> None:
+    kind = type(decision).__name__.lower() if decision is not None else "unknown"
+    _installed["contentions"].labels(_task(sender), kind).inc()
+
+
+def _acquired(sender: Any = None, waited: float = 0.0, **_: Any) -> None:
+    _installed["leases"].labels(_task(sender), "acquired").inc()
+    _installed["wait"].labels(_task(sender)).observe(waited)
+
+
+def _released(sender: Any = None, held: float = 0.0, **_: Any) -> None:
+    _installed["leases"].labels(_task(sender), "released").inc()
+    _installed["hold"].labels(_task(sender)).observe(held)
+
+
+def _lost(sender: Any = None, **_: Any) -> None:
+    _installed["leases"].labels(_task(sender), "lost").inc()
+
+
+def _copy(sender: Any = None, **_: Any) -> None:
+    _installed["copies"].labels(_task(sender)).inc()
+
+
+def _dead(sender: Any = None, **_: Any) -> None:
+    _installed["dead"].labels(_task(sender)).inc()
+
+
+_RECEIVERS = (
+    (dispatch_accepted, _accepted),
+    (duplicate_refused, _refused),
+    (execution_contended, _contended),
+    (lease_acquired, _acquired),
+    (lease_released, _released),
+    (lease_lost, _lost),
+    (copy_dropped, _copy),
+    (dead_child_released, _dead),
+)
+
+
+def serve_worker(port: object, addr: object = "127.0.0.1") -> int:
+    """In a worker's main process, before its pool starts: count into Prometheus's
+    multiprocess files (the children inherit the mode) and serve them all on ``port``.
+
+    Returns the port served (a free one when ``port`` is 0).
+    """
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ConfigurationError(f"singleton_lock_metrics_port must be a port number, got {port!r}")
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        if "prometheus_client" in sys.modules:
+            # Its value class is chosen at import: too late to switch to multiprocess mode.
+            raise ConfigurationError(
+                "prometheus_client was imported before the worker started its metrics: set "
+                "PROMETHEUS_MULTIPROC_DIR to an empty directory in the worker's environment"
+            )
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="csl-metrics-")
+    prom = _prometheus()
+    from prometheus_client import multiprocess  # noqa: PLC0415  (after the mode is set)
+
+    install()
+    registry = prom.CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    server, _ = prom.start_http_server(port, addr=str(addr), registry=registry)
+    served: int = server.server_port
+    return served

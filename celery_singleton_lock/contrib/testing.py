@@ -1,0 +1,116 @@
+"""Helpers for testing your own singleton tasks: hold a call's lock as another worker
+would, list and clear locks, and assert what a call would meet.
+
+They work on the task's own app and lock store: ``memory://`` for eager tests
+(``task_always_eager``) and Celery's in-process ``celery_worker`` fixture, or a real
+Redis. The pytest plugin (``celery_singleton_lock.contrib.pytest_plugin``) wraps them in
+fixtures; everything here also works without pytest.
+
+    with hold(send_invoice, 42) as holder:      # as if another worker ran it
+        result = send_invoice.delay(42)
+        assert result.id == holder.task_id       # refused: the holder's id comes back
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import current_app
+
+from ..backend import Backend
+from ..lease import Contended, Lease
+from ..options import is_singleton
+from ..tokens import running_token
+from .locks import LockRow, app_rows, release
+
+HOLDER_WORKER = "testing@celery-singleton-lock"
+
+
+@dataclass
+class HeldCall:
+    """What ``hold`` took: the fake holder's task id and its leases."""
+
+    task_id: str
+    name: str  # the call's lock name
+    leases: list[Lease] = field(default_factory=list)
+
+
+def _store(app: Any = None) -> Any:
+    return Backend.for_app(app or current_app).lock
+
+
+def _call(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str]:
+    if not is_singleton(task):
+        raise TypeError(f"{task!r} is not a singleton task (use @singleton_task or SingletonTask)")
+    opts = task.singleton_options()
+    return opts, opts.key.derive(args, kwargs)
+
+
+@contextmanager
+def hold(task: Any, *args: Any, **kwargs: Any) -> Iterator[HeldCall]:
+    """Hold the lock of ``task(*args, **kwargs)`` as a running copy on another worker would.
+
+    A dispatch of that call is then refused (``lock="until_executed"``, the default,
+    returns the holder's ``AsyncResult``; ``on_duplicate="raise"`` raises), and an
+    execution meets it (``on_contention``). With ``throttle=`` the window is held; with
+    ``limit=N`` every slot is. Released on exit.
+    """
+    opts, name = _call(task, args, kwargs)
+    store = _store(task.app)
+    held = HeldCall(task_id=f"held-{uuid.uuid4()}", name=name)
+    token = running_token(held.task_id, HOLDER_WORKER, 0)
+    names = opts.mode.held_by_a_run(name)
+    try:
+        for each in names:
+            lease = store.try_acquire(each, task.singleton_context.ttl, token=token)
+            if isinstance(lease, Contended):
+                raise AssertionError(f"hold: {each!r} is already held by {lease.holder!r}")  # noqa: TRY004  (a test helper fails as an assertion)
+            held.leases.append(lease)
+        yield held
+    finally:
+        for lease in held.leases:
+            store.release(lease)
+
+
+def held_locks(app: Any = None) -> list[LockRow]:
+    """Every lock held in the app's store, as ``celery singleton list`` shows them."""
+    app = app or current_app
+    return list(app_rows(app, _store(app)))
+
+
+def clear_locks(app: Any = None) -> int:
+    """Release every lock in the app's store (owner-checked, one by one); how many."""
+    store = _store(app)
+    freed = 0
+    for row in held_locks(app):
+        freed += int(release(store, row))
+    return freed
+
+
+def assert_refused(task: Any, *args: Any, **kwargs: Any) -> None:
+    """Fail unless a dispatch of ``task(*args, **kwargs)`` would be refused now."""
+    opts, name = _call(task, args, kwargs)
+    target = opts.mode.hold_name(name)
+    if target is None:
+        raise AssertionError(f"{task.name} never refuses at dispatch (limit= or dedupe=False)")
+    if _store(task.app).holder(target) is None:
+        raise AssertionError(
+            f"a call of {task.name} with these arguments would be accepted: {target!r} is "
+            f"free (held: {[row.name for row in held_locks(task.app)]})"
+        )
+
+
+def assert_locked(task: Any, *args: Any, **kwargs: Any) -> None:
+    """Fail unless the lock of ``task(*args, **kwargs)`` is held now (queued, reserved
+    or running; with ``limit=N``, at least one slot)."""
+    opts, name = _call(task, args, kwargs)
+    store = _store(task.app)
+    if all(store.holder(each) is None for each in opts.mode.running_names(name)):
+        raise AssertionError(
+            f"{task.name}: {name!r} is not locked "
+            f"(held: {[row.name for row in held_locks(task.app)]})"
+        )
