@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.exceptions import TimeoutError
 from redis.crc import key_slot
 
 from celery_singleton_lock import ConfigurationError, DuplicateTaskError, singleton_task
@@ -248,6 +249,21 @@ def storm(  # noqa: PLR0917  (a storm's shape)
                 proc.kill()
     assert len(ids) == processes * calls
     return set(ids)
+
+
+def results_of(results: list[Any], worker: Worker, timeout: float) -> list[Any]:
+    """Every result's value; a caller left waiting fails with what the worker said of it."""
+    deadline = time.monotonic() + timeout
+    values = []
+    for result in results:
+        try:
+            values.append(result.get(timeout=max(0.1, deadline - time.monotonic())))
+        except TimeoutError:
+            said = [line for line in worker.output().splitlines() if result.id in line]
+            pytest.fail(
+                f"no result for {result.id} in {timeout}s; the worker said:\n" + "\n".join(said)
+            )
+    return values
 
 
 def held(cenv: CeleryEnv) -> list[bytes]:
@@ -499,7 +515,7 @@ class TestDebounceInAWorker:
         while time.time() - first_call < 2.6:
             results.append(debounced.apply_async(("b2", f"v{len(results)}"), queue=worker.queue))
             time.sleep(0.15)
-        versions = {r.get(timeout=20) for r in results}  # no caller is left waiting
+        versions = set(results_of(results, worker, 20))  # no caller is left waiting
         records = of(runs(cenv), "b2")
         assert records[0]["start"] - first_call < 1.5 + 0.6, "no later than max_wait"
         assert 2 <= len(records) <= 4

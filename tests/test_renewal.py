@@ -19,9 +19,8 @@ from celery_singleton_lock import (
     LockLostError,
     RedisLock,
     ReleaseResult,
-    Renewer,
-    get_renewer,
 )
+from celery_singleton_lock.lease import Renewer, get_renewer
 from celery_singleton_lock.lease.renewal import next_delay
 
 from .servers import RedisServer

@@ -23,7 +23,6 @@ from celery_singleton_lock import (
     ConfigurationError,
     Contended,
     Lease,
-    LockKeys,
     LockLostError,
     LockStoreConfigurationError,
     LockStoreUnavailableError,
@@ -32,6 +31,7 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.backend import Backend
 from celery_singleton_lock.config import SingletonConfig
+from celery_singleton_lock.lease import LockKeys
 
 from .conftest import CeleryEnv
 from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
