@@ -64,6 +64,33 @@ def test_every_code_block_of_the_page_runs(page: str) -> None:
             app.close()
 
 
+def test_every_python_block_of_the_readme_runs() -> None:
+    """The front door's example is decorated for real: its options are checked as a
+    user's would be, and its tasks run eagerly on the in-memory store."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    assert blocks, "README.md has no python block"
+    for number, block in enumerate(blocks, 1):
+        namespace: dict[str, object] = {"__name__": "readme"}
+        exec(compile(block, f"README.md[{number}]", "exec"), namespace)  # noqa: S102
+        app = namespace["app"]
+        assert isinstance(app, Celery)
+        try:
+            app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+            charge = namespace["charge"]
+            result = charge.delay(5, 10)  # type: ignore[attr-defined]
+            assert result.get()["order"] == 5
+            assert result.get()["fence"] > 0
+        finally:
+            app.close()
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Tables live once, in the docs; the README stays short."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 160
+    assert "\n|" not in readme, "a table in README.md: it belongs on its docs page"
+
+
 def test_every_image_a_page_shows_exists() -> None:
     for page in DOCS.glob("*.md"):
         for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()):

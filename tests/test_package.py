@@ -66,7 +66,8 @@ def test_the_sdist_carries_the_license_the_readme_and_the_package(dist: Path) ->
     [sdist] = dist.glob("celery_singleton_lock-*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"LICENSE", "README.md", "pyproject.toml", "celery_singleton_lock/cli.py"} <= names
+    shipped = {"LICENSE", "README.md", "pyproject.toml", "celery_singleton_lock/contrib/cli.py"}
+    assert shipped <= names
 
 
 CLEAN_APP = """

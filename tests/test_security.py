@@ -29,7 +29,7 @@ from celery_singleton_lock.lease.clients import describe as redacted_url
 from .servers import RedisServer
 
 SECRET = "s3cr3t-Pa55word"
-# What README.md tells an ACL user to allow: the calls the lock makes and the commands
+# What docs/lease.md tells an ACL user to allow: the calls the lock makes and the commands
 # its scripts run.
 NARROW_COMMANDS = (
     "+eval", "+evalsha", "+script|load", "+set", "+get", "+pttl", "+blpop",
