@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.charts import grouped_bars  # noqa: E402  (after the path is set)
-from tests.servers import RedisServer  # noqa: E402
-from tests.workers import Worker  # noqa: E402
+from tests.support.servers import RedisServer  # noqa: E402
+from tests.support.workers import Worker  # noqa: E402
 
 INCUMBENTS = ("celery_singleton", "celery_once")
 ALL = ("plain", *INCUMBENTS, "this")

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import RedisServer  # noqa: E402  (after the path is set)
-from tests.workers import Worker  # noqa: E402
+from tests.support.servers import RedisServer  # noqa: E402  (after the path is set)
+from tests.support.workers import Worker  # noqa: E402
 
 BATCH = 500
 
@@ -37,7 +37,7 @@ def main() -> int:
     broker, locks, checker = RedisServer().start(), RedisServer().start(), RedisServer().start()
     env = {"CSL_BROKER_URL": broker.url, "CSL_LOCK_URL": locks.url, "CSL_CHECK_URL": checker.url}
     os.environ.update(env)
-    from tests import celery_app  # noqa: PLC0415  (configured from the environment above)
+    from tests.support import celery_app  # noqa: PLC0415  (configured from the environment above)
 
     app = celery_app.app
     worker = Worker(env, pool=args.pool, concurrency=1 if args.pool == "solo" else 2).start()

@@ -8,6 +8,7 @@
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
+    python3 scripts/dev.py test --unit [args...]   the same on tests/unit alone (no servers, seconds)
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
@@ -120,6 +121,9 @@ def ensure_rabbitmq_server() -> bool:
 
 
 def test(pytest_args: list[str]) -> int:
+    if "--unit" in pytest_args:
+        # The inner loop: tests that need no server (tests/unit), in seconds.
+        pytest_args = ["tests/unit", *(a for a in pytest_args if a != "--unit")]
     ensure_venv()
     env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
     say(f"redis-server: {env['REDIS_SERVER_BIN']}")

@@ -27,25 +27,25 @@ HOME = ROOT / ".venv-matrix"
 # The tests every combination runs: the lease on a real server, the transport, renewal,
 # security, asyncio, waits, connections, and Celery's dispatch and lifecycle basics.
 SUBSET = [
-    "tests/test_lock.py",
-    "tests/test_slots.py",
-    "tests/test_swap.py",
-    "tests/test_inventory.py",
-    "tests/test_dispatch_path.py",
-    "tests/test_renewal.py",
-    "tests/test_security.py",
-    "tests/test_async.py",
-    "tests/test_wait.py",
-    "tests/test_contention.py",
-    "tests/test_connections.py",
-    "tests/test_celery_lifecycle.py::TestEnds::test_success_releases_right_away",
-    "tests/test_celery_lifecycle.py::TestDispatch",
-    "tests/test_celery_lifecycle.py::TestBypass::test_send_task_duplicates_never_overlap_and_all_run",
+    "tests/integration/test_lock.py",
+    "tests/integration/test_slots.py",
+    "tests/integration/test_swap.py",
+    "tests/integration/test_inventory.py",
+    "tests/integration/test_dispatch_path.py",
+    "tests/integration/test_renewal.py",
+    "tests/integration/test_security.py",
+    "tests/integration/test_async.py",
+    "tests/integration/test_wait.py",
+    "tests/integration/test_contention.py",
+    "tests/integration/test_connections.py",
+    "tests/integration/test_celery_lifecycle.py::TestEnds::test_success_releases_right_away",
+    "tests/integration/test_celery_lifecycle.py::TestDispatch",
+    "tests/integration/test_celery_lifecycle.py::TestBypass::test_send_task_duplicates_never_overlap_and_all_run",
 ]
 
 # The lowest Celery also runs every worker pool (prefork, threads, gevent, eventlet, solo)
 # and every lock mode.
-POOLS = ["tests/test_pools.py", "tests/test_modes.py"]
+POOLS = ["tests/integration/test_pools.py", "tests/integration/test_modes.py"]
 
 # name -> (pip requirements pinned on top of the package's own, extra environment)
 COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {

@@ -11,8 +11,8 @@ import redis
 
 from celery_singleton_lock import RedisLock
 
-from .servers import RedisServer
-from .workers import Worker
+from .support.servers import RedisServer
+from .support.workers import Worker
 
 
 @pytest.fixture(name="redis_server", scope="session")
@@ -98,7 +98,7 @@ def fixture_celery_env(checker_server: RedisServer) -> Iterator[CeleryEnv]:
     }
     # The app module reads its configuration from the environment at import.
     os.environ.update(env)
-    module = importlib.import_module("tests.celery_app")
+    module = importlib.import_module("tests.support.celery_app")
     try:
         yield CeleryEnv(broker, lock, checker_server, env, module)
     finally:

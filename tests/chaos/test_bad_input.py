@@ -20,7 +20,7 @@ from celery_singleton_lock import (
 )
 
 from ..conftest import CeleryEnv
-from ..servers import RedisServer
+from ..support.servers import RedisServer
 from .conftest import Figures
 
 QUEUE = "bad-input-q"

@@ -18,17 +18,19 @@ from typing import Any
 import pytest
 
 from ..conftest import CeleryEnv
-from ..test_celery_lifecycle import lock_keys, runs, started, wait_for
-from ..workers import ROOT, Worker
+from ..integration.test_celery_lifecycle import lock_keys, runs, started, wait_for
+from ..support.workers import ROOT, Worker
 from .checker import check
 from .conftest import Figures, distribution, per_second, size
+
+APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
 
 pytestmark = pytest.mark.slow
 
 CALLER = """
 import json, os, sys, time
 from celery_singleton_lock import DuplicateTaskError
-import tests.celery_app as m
+import tests.support.celery_app as m
 mode, queue, calls, start_at = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 keys = int(sys.argv[5])
 while time.time() < start_at:  # every caller starts at one barrier
@@ -42,7 +44,7 @@ for i in range(calls):
             ids.append(error.task_id)
     else:
         item = f"bypass-{i % keys}"
-        ids.append(m.app.send_task("tests.celery_app.swarm", (item,), queue=queue).id)
+        ids.append(m.app.send_task(f"{APP}.swarm", (item,), queue=queue).id)
 print(json.dumps(ids))
 """
 
@@ -175,13 +177,13 @@ class TestLockStoreFaults:
         pool = Worker(cenv.env, concurrency=2 * keys).start()
         try:
             first = [
-                app.send_task("tests.celery_app.fenced_writer", (f"rs-{i}", 4.0), queue=pool.queue)
+                app.send_task(f"{APP}.fenced_writer", (f"rs-{i}", 4.0), queue=pool.queue)
                 for i in range(keys)
             ]
             wait_for(lambda: len(started(cenv)) >= keys, 20, "first generation running")
             cenv.lock.restart()  # persistence off: every lock and fence key is gone
             second = [
-                app.send_task("tests.celery_app.fenced_writer", (f"rs-{i}",), queue=pool.queue)
+                app.send_task(f"{APP}.fenced_writer", (f"rs-{i}",), queue=pool.queue)
                 for i in range(keys)
             ]
             late = [r.get(timeout=60) for r in first]
@@ -205,7 +207,7 @@ class TestLockStoreFaults:
     def test_redis_unreachable_for_five_seconds(
         self, cenv: CeleryEnv, figures: Figures, policy: str
     ) -> None:
-        from ..servers import RedisServer
+        from ..support.servers import RedisServer
 
         store = RedisServer().start()
         env = {**cenv.env, "CSL_LOCK_URL": store.url, "CSL_ON_REDIS_ERROR": policy}
@@ -214,7 +216,7 @@ class TestLockStoreFaults:
             app = cenv.app_module.app
             store.kill()
             sent = [
-                app.send_task("tests.celery_app.swarm", (f"down-{i}",), queue=pool.queue).id
+                app.send_task(f"{APP}.swarm", (f"down-{i}",), queue=pool.queue).id
                 for i in range(size("outage_tasks"))
             ]
             time.sleep(5.0)
@@ -248,16 +250,12 @@ class TestLockStoreFaults:
         pool = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl)}).start()
         try:
             app = cenv.app_module.app
-            paused = app.send_task(
-                "tests.celery_app.fenced_writer", ("pause", 3.0), queue=pool.queue
-            )
+            paused = app.send_task(f"{APP}.fenced_writer", ("pause", 3.0), queue=pool.queue)
             [record] = wait_for(lambda: started(cenv), 20, "holder running")
             os.kill(record["pid"], signal.SIGSTOP)  # GC pause, VM freeze, SIGSTOP...
             try:
                 time.sleep(ttl * 2.5)  # its lease expires: renewal is paused with it
-                successor = app.send_task(
-                    "tests.celery_app.fenced_writer", ("pause",), queue=pool.queue
-                )
+                successor = app.send_task(f"{APP}.fenced_writer", ("pause",), queue=pool.queue)
                 took_over = successor.get(timeout=30)
             finally:
                 os.kill(record["pid"], signal.SIGCONT)
@@ -296,7 +294,7 @@ class TestSoak:
                 if rng.random() < 0.7:
                     sent.append(work.apply_async((item, rng.uniform(0, 0.05)), queue=queue))
                 else:
-                    sent.append(app.send_task("tests.celery_app.swarm", (item,), queue=queue))
+                    sent.append(app.send_task(f"{APP}.swarm", (item,), queue=queue))
                 if time.monotonic() >= next_kill:
                     victim = rng.choice([c for w in pool for c in w.children()] or [0])
                     if victim:
@@ -364,7 +362,7 @@ class TestSoak:
                 if rng.random() < 0.7:
                     sent.append(work.apply_async((item, rng.uniform(0, 0.05)), queue=queue))
                 else:
-                    sent.append(app.send_task("tests.celery_app.swarm", (item,), queue=queue))
+                    sent.append(app.send_task(f"{APP}.swarm", (item,), queue=queue))
                 if time.monotonic() >= next_kill:
                     victim = pool.pop(rng.randrange(len(pool)))
                     victim.kill()

@@ -1,0 +1,32 @@
+"""Fixtures of the integration tests that several files share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ..conftest import CeleryEnv
+from ..support.modes import QUEUE
+from ..support.workers import Worker
+
+
+@pytest.fixture(name="queue")
+def fixture_queue(cenv: CeleryEnv) -> Any:
+    broker = cenv.broker.client()
+    broker.delete(QUEUE)
+    yield broker
+    broker.delete(QUEUE)
+
+
+@pytest.fixture(name="three_workers")
+def fixture_three_workers(celery_env: CeleryEnv, worker: Worker) -> Any:
+    """The shared worker and two more on its queue: six pool children in all."""
+    extra = [Worker(celery_env.env, queue=worker.queue) for _ in range(2)]
+    try:
+        for each in extra:
+            each.start()
+        yield [worker, *extra]
+    finally:
+        for each in extra:
+            each.stop()

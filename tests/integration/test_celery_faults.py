@@ -1,0 +1,401 @@
+"""Faults around singleton tasks: dead workers, redelivery, an unreachable lock store, bad input."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import os
+import time
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import (
+    ConfigurationError,
+    DuplicateTaskError,
+    KeyDerivationError,
+    LockStoreUnavailableError,
+    singleton_task,
+)
+
+from ..conftest import CeleryEnv
+from ..support.servers import RedisServer, free_port
+from ..support.workers import Worker
+from .test_celery_lifecycle import lock_keys, runs, started, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def queue_length(cenv: CeleryEnv, queue: str) -> int:
+    return int(cenv.broker.client().llen(queue))
+
+
+class TestWorkerDeath:
+    def test_whole_worker_killed_frees_the_key_within_ttl(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        ttl = 2.0
+        doomed = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl)}).start()
+        try:
+            work = cenv.app_module.work
+            result = work.apply_async(("whole", 60), queue=doomed.queue)
+            wait_for(lambda: started(cenv), what="start")
+            time.sleep(ttl * 1.5)  # renewed past its ttl while the worker lives
+            assert lock_keys(cenv)
+            doomed.kill()
+            killed_at = time.monotonic()
+            wait_for(lambda: not lock_keys(cenv), ttl + 1.0, "expiry within ttl")
+            print(f"\nwhole worker SIGKILL: key free {time.monotonic() - killed_at:.2f}s later")
+        finally:
+            doomed.stop()
+        again = work.apply_async(("whole",), queue=worker.queue)
+        assert again.id != result.id
+        assert again.get(timeout=20) == "whole"
+
+    def test_killed_worker_frees_the_keys_of_messages_it_had_prefetched(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        ttl = 2.0
+        doomed = Worker(cenv.env, concurrency=1, extra_env={"CSL_TTL": str(ttl)}).start()
+        try:
+            work = cenv.app_module.work
+            work.apply_async(("busy", 60), queue=doomed.queue)
+            wait_for(lambda: started(cenv), what="start")
+            waiting = work.apply_async(("prefetched",), queue=doomed.queue)
+            key = "t:{" + work.singleton_options().key.derive(("prefetched",), {}) + "}"
+            # Received by the worker: its main process now holds (and renews) the key.
+            wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), 10, "reserve")
+            doomed.kill()
+            killed_at = time.monotonic()
+            wait_for(lambda: not cenv.lock_client().exists(key), ttl + 1.0, "free within ttl")
+            print(f"\nprefetched message: key free {time.monotonic() - killed_at:.2f}s after kill")
+        finally:
+            doomed.stop()
+        again = work.apply_async(("prefetched",), queue=worker.queue)
+        assert again.id != waiting.id
+        assert again.get(timeout=20) == "prefetched"
+
+    def test_a_lone_countdown_message_is_reserved_on_a_fresh_store(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """The store knows no script (cenv flushes them): the reservation still applies
+        at once, not when a next message comes, so a SIGKILL frees the key within ttl."""
+        ttl = 2.0
+        doomed = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl)}).start()
+        try:
+            cenv.lock_client().script_flush()
+            work = cenv.app_module.work
+            later = work.apply_async(("lone",), countdown=60, queue=doomed.queue)
+            key = "t:{" + work.singleton_options().key.derive(("lone",), {}) + "}"
+            wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), 10, "reserve")
+            assert cenv.lock_client().pttl(key) <= ttl * 1000
+            doomed.kill()
+            wait_for(lambda: not cenv.lock_client().exists(key), ttl + 1.0, "free within ttl")
+        finally:
+            doomed.stop()
+        again = work.apply_async(("lone",), queue=worker.queue)
+        assert again.id != later.id
+        assert again.get(timeout=20) == "lone"
+
+    def test_a_warm_shutdown_after_many_tasks_releases_nothing_it_no_longer_runs(
+        self, cenv: CeleryEnv
+    ) -> None:
+        """The main process forgets each task when it ends (Celery's generated request
+        class skips our on_success): a shutdown has nothing left to release."""
+        worker = Worker(cenv.env).start()
+        try:
+            work = cenv.app_module.work
+            results = [work.apply_async((f"many-{n}",), queue=worker.queue) for n in range(100)]
+            for result in results:
+                result.get(timeout=60)
+            [reply] = cenv.app_module.app.control.broadcast(
+                "singleton_stats", destination=[worker.nodename], reply=True, timeout=5
+            )
+            stats = reply[worker.nodename]
+            print(f"\nafter 100 tasks: {stats}")
+            assert stats["reservations"] == 0
+            assert stats["watched_children"] <= worker.concurrency
+            assert stats["child_watch"] is True
+        finally:
+            worker.stop()
+        assert "released" not in worker.output()
+        assert "pool child" not in worker.output()
+        del results
+        gc.collect()
+
+
+class TestWorkerStart:
+    def test_a_misspelt_setting_stops_the_worker_naming_it_as_written(
+        self, cenv: CeleryEnv
+    ) -> None:
+        worker = Worker(cenv.env, app="tests.support.django_style_app", extra_env={"CSL_TYPO": "1"})
+        with pytest.raises(RuntimeError, match="worker exited") as caught:
+            worker.start(timeout=30)
+        assert worker.process is not None
+        code = worker.process.returncode
+        worker.stop()
+        output = str(caught.value)
+        print(output[-600:])
+        assert "CELERY_SINGLETON_LOCK_TLL (did you mean CELERY_SINGLETON_LOCK_TTL?)" in output
+        assert "Traceback" not in output
+        assert " ready." not in output
+        assert code != 0
+
+    def test_the_same_error_at_dispatch(self, cenv: CeleryEnv) -> None:
+        os.environ["CSL_TYPO"] = "1"
+        try:
+            module = importlib.reload(importlib.import_module("tests.support.django_style_app"))
+        finally:
+            del os.environ["CSL_TYPO"]
+        with pytest.raises(ConfigurationError, match="did you mean CELERY_SINGLETON_LOCK_TTL"):
+            module.job.delay(1)
+
+    def test_a_well_spelt_django_style_app_starts(self, cenv: CeleryEnv) -> None:
+        worker = Worker(cenv.env, app="tests.support.django_style_app").start()
+        try:
+            module = importlib.reload(importlib.import_module("tests.support.django_style_app"))
+            result = module.job.apply_async((7,), queue=worker.queue)
+            assert result.get(timeout=20) == 7
+        finally:
+            worker.stop()
+
+
+class TestRedelivery:
+    def test_redelivery_while_the_first_execution_runs_does_not_overlap(
+        self, cenv: CeleryEnv
+    ) -> None:
+        # The Redis transport hands an unacked message out again once the visibility
+        # timeout passes, with the same task id, while the first execution still runs.
+        hasty = Worker(cenv.env, extra_env={"CSL_VISIBILITY_TIMEOUT": "1"}).start()
+        try:
+            durable = cenv.app_module.durable
+            result = durable.apply_async(("redelivered", 4), queue=hasty.queue)
+            assert result.get(timeout=60) == "redelivered"
+            # The copy (same task id) met the running original and was dropped: acked,
+            # nothing stored under the id. It never ran, alongside or after.
+            assert "copy of running task dropped" in hasty.output()
+            time.sleep(2)  # a copy requeued instead would have run by now
+            records = runs(cenv)
+            print(f"\nredelivery: {len(records)} execution of one task id")
+            assert [r["id"] for r in records] == [result.id]
+            assert result.state == "SUCCESS"
+        finally:
+            hasty.stop()
+
+
+class TestBadInput:
+    def test_unencodable_argument_fails_at_dispatch_and_nothing_is_sent(
+        self, cenv: CeleryEnv
+    ) -> None:
+        work = cenv.app_module.work
+        with pytest.raises(KeyDerivationError) as caught:
+            work.apply_async(({1, 2},), queue="nobody-listens")
+        assert caught.value.param == "item"
+        assert queue_length(cenv, "nobody-listens") == 0
+        assert lock_keys(cenv) == []
+
+    def test_bad_options_fail_when_the_decorator_is_applied(self, cenv: CeleryEnv) -> None:
+        app = cenv.app_module.app
+
+        def job(order_id: int) -> None: ...
+
+        cases = [
+            ({"key": ["no_such_param"]}, "not parameters"),
+            ({"on_contention": "retry"}, "['fail', 'requeue', 'skip', 'wait']"),
+            ({"on_duplicate": "ignore"}, "['return', 'raise', 'replace']"),
+            ({"ttl": 0}, "ttl must be positive"),
+            ({"queue_ttl": "1h"}, "queue_ttl must be a number"),
+            ({"dedupe": "yes"}, "dedupe must be True or False"),
+        ]
+        for options, message in cases:
+            with pytest.raises(ConfigurationError) as caught:
+                singleton_task(app=app, name=f"bad.{len(message)}", **options)(job)
+            assert message in str(caught.value), options
+
+    def test_foreign_value_is_an_unknown_holder_until_its_ttl(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work = cenv.app_module.work
+        key = "t:{" + work.singleton_options().key.derive(("foreign",), {}) + "}"
+        cenv.lock_client().set(key, "not-one-of-ours", px=1500)
+        with pytest.raises(DuplicateTaskError, match="holder unknown"):
+            work.apply_async(("foreign",), queue=worker.queue)
+        bypass = cenv.app_module.app.send_task(
+            "tests.support.celery_app.work", ("foreign",), queue=worker.queue
+        )
+        assert bypass.get(timeout=30) == "foreign"
+        assert runs(cenv)[0]["start"] > 0
+
+
+@pytest.fixture(name="dead_lock_app")
+def fixture_dead_lock_app(cenv: CeleryEnv) -> Celery:
+    """An app whose lock store URL (with a password) points at a port nobody listens on."""
+    app = Celery("dead", set_as_current=False)
+    app.conf.update(
+        broker_url=cenv.broker.url,
+        result_backend=cenv.broker.url,
+        singleton_lock_url=f"redis://:hunter2@127.0.0.1:{free_port()}/0",
+    )
+    return app
+
+
+class TestLockStoreDown:
+    def test_fail_closed_dispatch_raises_without_the_password_and_sends_nothing(
+        self, cenv: CeleryEnv, dead_lock_app: Celery
+    ) -> None:
+        @singleton_task(app=dead_lock_app, name="dead.closed")
+        def job(x: int) -> int:
+            return x
+
+        with pytest.raises(LockStoreUnavailableError) as caught:
+            job.apply_async((1,), queue="dead-closed")
+        assert caught.value.url.startswith("redis://***@127.0.0.1")
+        message = str(caught.value)
+        assert "unreachable" in message
+        assert "hunter2" not in message
+        assert "***@127.0.0.1" in message
+        assert queue_length(cenv, "dead-closed") == 0
+
+    def test_fail_open_dispatch_publishes_and_warns(
+        self, cenv: CeleryEnv, dead_lock_app: Celery, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        dead_lock_app.conf.singleton_lock_on_redis_error = "fail_open"
+
+        @singleton_task(app=dead_lock_app, name="dead.open")
+        def job(x: int) -> int:
+            return x
+
+        with caplog.at_level(logging.WARNING, logger="celery_singleton_lock"):
+            job.apply_async((1,), queue="dead-open")
+        assert queue_length(cenv, "dead-open") == 1
+        assert "without the duplicate check (fail_open)" in caplog.text
+        assert "hunter2" not in caplog.text
+        cenv.broker.client().delete("dead-open")
+
+    def test_fail_closed_execution_requeues_until_the_store_returns(self, cenv: CeleryEnv) -> None:
+        store = RedisServer().start()
+        env = {**cenv.env, "CSL_LOCK_URL": store.url}
+        outage = Worker(env).start()
+        try:
+            store.kill()
+            result = cenv.app_module.app.send_task(
+                "tests.support.celery_app.work", ("outage",), queue=outage.queue
+            )
+            time.sleep(3)
+            assert runs(cenv) == []  # not run unlocked, not lost
+            store.start()
+            assert result.get(timeout=30) == "outage"
+            assert len(runs(cenv)) == 1
+            assert "requeueing" in outage.output()
+        finally:
+            outage.stop()
+            store.cleanup()
+
+    def test_fail_open_execution_runs_unlocked_and_says_so(self, cenv: CeleryEnv) -> None:
+        store = RedisServer().start()
+        env = {**cenv.env, "CSL_LOCK_URL": store.url, "CSL_ON_REDIS_ERROR": "fail_open"}
+        reckless = Worker(env).start()
+        try:
+            store.kill()
+            result = cenv.app_module.app.send_task(
+                "tests.support.celery_app.work", ("open",), queue=reckless.queue
+            )
+            assert result.get(timeout=30) == "open"
+            [run] = runs(cenv)
+            assert run["fence"] == 0
+            assert "UNLOCKED (fail_open)" in reckless.output()
+        finally:
+            reckless.stop()
+            store.cleanup()
+
+
+class TestStartupWarnings:
+    def test_evicting_lock_store_and_short_visibility_timeout_are_warned_at_start(
+        self, cenv: CeleryEnv
+    ) -> None:
+        store = RedisServer("--maxmemory-policy", "allkeys-lru").start()
+        env = {**cenv.env, "CSL_LOCK_URL": store.url, "CSL_VISIBILITY_TIMEOUT": "1"}
+        worker = Worker(env).start()
+        try:
+            log = wait_for(
+                lambda: "maxmemory-policy=allkeys-lru" in worker.output() and worker.output(),
+                10,
+                "the warning",
+            )
+            assert "maxmemory-policy noeviction" in log
+            assert "tests.support.celery_app.limited: time_limit=1.0s is not below" in log
+        finally:
+            worker.stop()
+            store.cleanup()
+
+    def test_healthy_setup_gives_no_warning(self, cenv: CeleryEnv, worker: Worker) -> None:
+        assert "celery-singleton-lock:" not in worker.output()
+
+
+class TestDispatchHolds:
+    def test_countdown_task_holds_its_key_past_its_eta(self, cenv: CeleryEnv) -> None:
+        work = cenv.app_module.work
+        result = work.apply_async(("eta",), countdown=120, queue="nobody-eta")
+        key = "t:{" + work.singleton_options().key.derive(("eta",), {}) + "}"
+        queue_ttl_ms = 3600 * 1000
+        assert cenv.lock_client().pttl(key) > queue_ttl_ms + 110 * 1000
+        assert work.apply_async(("eta",), queue="nobody-eta").id == result.id
+        cenv.broker.client().delete("nobody-eta")
+
+    def test_failed_publish_gives_the_key_back(self, cenv: CeleryEnv) -> None:
+        app = Celery("nobroker", set_as_current=False)
+        app.conf.update(
+            broker_url=f"redis://127.0.0.1:{free_port()}/0",
+            broker_connection_timeout=1,
+            broker_connection_retry=False,
+            broker_connection_max_retries=0,
+            task_publish_retry=False,
+            singleton_lock_url=cenv.lock.url,
+            singleton_lock_prefix="t",
+        )
+
+        @singleton_task(app=app, name="nobroker.job")
+        def job(x: int) -> int:
+            return x
+
+        with pytest.raises(Exception) as caught:  # noqa: PT011  (kombu's error type varies)
+            job.apply_async((1,))
+        assert "Connection refused" in str(caught.value) or "Error" in type(caught.value).__name__
+        assert lock_keys(cenv) == []
+
+    def test_dedupe_false_per_call_publishes_past_a_hold(self, cenv: CeleryEnv) -> None:
+        work = cenv.app_module.work
+        first = work.apply_async(("redrive",), queue="nobody-redrive")
+        again = work.apply_async(("redrive",), queue="nobody-redrive", dedupe=False)
+        assert again.id != first.id
+        assert queue_length(cenv, "nobody-redrive") == 2
+        cenv.broker.client().delete("nobody-redrive")
+
+    def test_a_redrive_runs_past_a_queued_hold_whose_message_is_lost(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        # The hold of a message no worker will run soon: it sits in a queue nobody
+        # consumes, as a message in the prefetch of a worker killed before it could
+        # reserve it sits in the broker's unacked set until the visibility timeout.
+        work = cenv.app_module.work
+        lost = work.apply_async(("lost",), queue="nobody-lost")
+        key = "t:{" + work.singleton_options().key.derive(("lost",), {}) + "}"
+        assert cenv.lock_client().get(key).startswith(b"q|")
+        # The re-drive runs now, fenced, and leaves the key free.
+        redrive = work.apply_async(("lost",), dedupe=False, queue=worker.queue)
+        assert redrive.get(timeout=20) == "lost"
+        assert [r["id"] for r in runs(cenv)] == [redrive.id]
+        assert runs(cenv)[0]["fence"] > 0
+        assert lost.state == "PENDING"
+        cenv.broker.client().delete("nobody-lost")
+
+    def test_a_redrive_never_takes_a_running_lease(self, cenv: CeleryEnv, worker: Worker) -> None:
+        strict = cenv.app_module.strict
+        running = strict.apply_async(("busy", 2.0), queue=worker.queue)
+        wait_for(lambda: started(cenv), what="the first execution started")
+        redrive = strict.apply_async(("busy",), dedupe=False, queue=worker.queue)
+        with pytest.raises(DuplicateTaskError):
+            redrive.get(timeout=20)
+        assert running.get(timeout=20) == "busy"
+        assert [r["id"] for r in runs(cenv)] == [running.id]

@@ -1,0 +1,372 @@
+"""The fast paths: dispatch overlapping the lock's round trip, and lean script calls.
+
+Against real Redis servers; no worker is needed, the broker's queue is read directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery.signals import before_task_publish
+
+from celery_singleton_lock import Contended, Lease, RedisLock
+from celery_singleton_lock.lease import transport
+from celery_singleton_lock.tokens import KEY_HEADER, TOKEN_HEADER
+
+from ..conftest import CeleryEnv
+
+QUEUE = "dispatch-path"
+
+
+@pytest.fixture(name="queue")
+def fixture_queue(cenv: CeleryEnv) -> Iterator[redis.Redis]:
+    broker = cenv.broker.client()
+    broker.delete(QUEUE)
+    yield broker
+    broker.delete(QUEUE)
+
+
+def published(broker: redis.Redis) -> int:
+    return int(broker.llen(QUEUE))
+
+
+class TestOverlappedDispatch:
+    def test_unique_is_published_with_its_hold_and_duplicates_are_not(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        work = cenv.app_module.work
+        first = work.apply_async(("p1",), queue=QUEUE)
+        again = [work.apply_async(("p1",), queue=QUEUE) for _ in range(20)]
+        assert {r.id for r in again} == {first.id}
+        assert published(queue) == 1
+        holder = cenv.lock_client().get(f"t:{{{work.singleton_options().key.derive(('p1',))}}}")
+        assert holder is not None
+        assert holder.decode().endswith(first.id)
+
+    def test_a_before_task_publish_receiver_never_hears_of_a_refused_duplicate(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        heard: list[str] = []
+
+        def receiver(headers: dict[str, Any] | None = None, **_: Any) -> None:
+            heard.append((headers or {}).get("id", ""))
+
+        work = cenv.app_module.work
+        before_task_publish.connect(receiver, weak=False)
+        try:
+            first = work.apply_async(("p2",), queue=QUEUE)
+            for _ in range(5):
+                assert work.apply_async(("p2",), queue=QUEUE).id == first.id
+        finally:
+            before_task_publish.disconnect(receiver)
+        assert heard == [first.id]
+        assert published(queue) == 1
+
+    def test_a_message_celery_refuses_to_build_gives_its_hold_back(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        work = cenv.app_module.work
+        # Celery parses the ETA after the send (its message differs between versions).
+        with pytest.raises(ValueError, match=r"invalid literal|Expected 4 digits"):
+            work.apply_async(("p3",), queue=QUEUE, expires="not-a-date")
+        assert published(queue) == 0
+        assert cenv.lock_client().keys("t:*") == []
+        assert work.apply_async(("p3",), queue=QUEUE) is not None
+        assert published(queue) == 1
+
+    def test_headers_carry_key_and_token_of_the_granted_hold(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        work = cenv.app_module.work
+        work.apply_async(("p4",), queue=QUEUE)
+        message = queue.lrange(QUEUE, 0, -1)[0]
+        headers = json.loads(message)["headers"]
+        key = headers[KEY_HEADER]
+        assert cenv.lock_client().get(f"t:{{{key}}}").decode() == headers[TOKEN_HEADER]
+
+    def test_concurrent_dispatchers_publish_one_message_per_key(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        work = cenv.app_module.work
+        barrier = threading.Barrier(6)
+        errors: list[BaseException] = []
+
+        def dispatch() -> None:
+            try:
+                barrier.wait(5)
+                for i in range(30):
+                    work.apply_async((f"c{i % 5}",), queue=QUEUE)
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=dispatch) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert not errors
+        assert published(queue) == 5
+
+
+class TestLeanCalls:
+    def test_acquire_by_the_holders_own_token_is_granted_again(self, lock: RedisLock) -> None:
+        first = lock.try_acquire("own", 10, token="tok-1")
+        assert isinstance(first, Lease)
+        again = lock.try_acquire("own", 10, token="tok-1")
+        assert isinstance(again, Lease)
+        assert again.fence > first.fence
+        assert isinstance(lock.try_acquire("own", 10, token="tok-2"), Contended)
+
+    def test_unfenced_hold_has_fence_zero_and_writes_no_fence_key(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        hold = lock.try_acquire("quiet", 10, fenced=False)
+        assert isinstance(hold, Lease)
+        assert hold.fence == 0
+        assert raw.exists(lock.keys("quiet").fence) == 0
+
+    def test_script_flushed_from_the_server_is_reloaded(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        assert isinstance(lock.try_acquire("flushed-1", 10), Lease)
+        raw.script_flush()
+        lease = lock.try_acquire("flushed-2", 10)
+        assert isinstance(lease, Lease)
+        raw.script_flush()
+        assert lock.release(lease).name == "RELEASED"
+
+    def test_killed_connection_is_replaced_and_the_call_retried(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        assert isinstance(lock.try_acquire("killed-1", 10), Lease)
+        raw.client_kill_filter(_type="normal", skipme=True)
+        lease = lock.try_acquire("killed-2", 10)
+        assert isinstance(lease, Lease)
+        assert raw.get(lease.key) is not None
+
+    def test_begin_then_outcome_overlaps_other_calls_on_the_same_thread(
+        self, lock: RedisLock
+    ) -> None:
+        pending = lock.begin_try_acquire("nested-1", 10)
+        # The thread's own connection waits on that reply; this call borrows another.
+        inner = lock.try_acquire("nested-2", 10)
+        outcome = pending.outcome()
+        assert isinstance(outcome, Lease)
+        assert isinstance(inner, Lease)
+        assert pending.outcome() is outcome
+
+    def test_presumed_lease_of_an_unfenced_hold_renews_and_releases(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        pending = lock.begin_try_acquire("presumed", 10, fenced=False)
+        lease = pending.presumed()
+        assert lease is not None
+        assert lease.token == pending.outcome().token  # type: ignore[union-attr]
+        assert lock.extend(lease).name == "EXTENDED"
+        assert lock.release(lease).name == "RELEASED"
+        assert raw.exists(lease.key) == 0
+
+    def test_presumed_needs_an_unfenced_acquire(self, lock: RedisLock) -> None:
+        pending = lock.begin_try_acquire("fenced", 10)
+        with pytest.raises(RuntimeError):
+            pending.presumed()
+        pending.outcome()
+
+
+def gone_soon(raw: redis.Redis, key: str, timeout: float = 2.0) -> bool:
+    """Whether ``key`` is gone within ``timeout`` (another connection's write may land
+    a moment after this one looks)."""
+    deadline = time.monotonic() + timeout
+    while raw.exists(key):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def calls(raw: redis.Redis, command: str) -> int:
+    return int(raw.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+class TestScriptlessHolds:
+    """Unfenced holds use SET NX GET and PTTL, pipelined, where the server has them."""
+
+    @pytest.mark.usefixtures("redis7")
+    def test_a_hold_is_taken_without_a_script(self, lock: RedisLock, raw: redis.Redis) -> None:
+        raw.config_resetstat()
+        # The transport's first hold goes through the script: a user who may not run
+        # scripts is refused before a SET it could not give back.
+        lock.try_acquire("first", 10, fenced=False)
+        assert calls(raw, "evalsha") + calls(raw, "eval") == 1
+        raw.config_resetstat()
+        hold = lock.try_acquire("plain", 10, token="tok-a", fenced=False)
+        assert isinstance(hold, Lease)
+        assert raw.get(hold.key) == b"tok-a"
+        assert 9000 < raw.pttl(hold.key) <= 10000
+        assert calls(raw, "evalsha") == 0
+        assert calls(raw, "set") == 1
+
+    def test_a_refused_hold_names_the_holder_and_its_time_left(self, lock: RedisLock) -> None:
+        lock.try_acquire("taken", 10, token="tok-a", fenced=False)
+        refused = lock.try_acquire("taken", 5, token="tok-b", fenced=False)
+        assert isinstance(refused, Contended)
+        assert refused.holder == "tok-a"
+        assert refused.retry_after is not None
+        assert 9 < refused.retry_after <= 10
+
+    def test_the_holders_own_token_is_granted_again(self, lock: RedisLock) -> None:
+        # Both client flavours (bytes and decode_responses) through the lock fixture.
+        assert isinstance(lock.try_acquire("own", 10, token="tok-1", fenced=False), Lease)
+        assert isinstance(lock.try_acquire("own", 10, token="tok-1", fenced=False), Lease)
+        assert isinstance(lock.try_acquire("own", 10, token="tok-2", fenced=False), Contended)
+
+    @pytest.mark.usefixtures("redis7")
+    def test_a_foreign_value_at_the_key_is_answered_by_the_script(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        raw.rpush(lock.keys("list").lock, "not a lock")  # SET ... GET: WRONGTYPE
+        refused = lock.try_acquire("list", 10, fenced=False)
+        assert isinstance(refused, Contended)
+        assert refused.holder == ""
+        assert lock.transport.holds  # a one-off refusal, not an old server
+
+    def test_a_server_without_set_nx_get_is_remembered_and_answered_by_the_script(
+        self, lock: RedisLock, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # NX with XX is a syntax error on every server: the answer Redis < 7.0 gives to
+        # NX with GET.
+        monkeypatch.setattr(transport, "HOLD_OPTIONS", ("NX", "XX", "GET"))
+        lock.try_acquire("warm", 10, fenced=False)  # the first hold: by script
+        raw.config_resetstat()
+        first = lock.try_acquire("old-1", 10, token="tok-a", fenced=False)
+        assert isinstance(first, Lease)
+        assert not lock.transport.holds
+        assert isinstance(lock.try_acquire("old-1", 10, token="tok-b", fenced=False), Contended)
+        assert isinstance(lock.try_acquire("old-2", 10, fenced=False), Lease)
+        assert calls(raw, "evalsha") == 3  # every hold, the first one after its refusal
+        assert raw.get(lock.keys("old-1").lock) == b"tok-a"
+
+    def test_the_connection_stays_in_step_for_later_calls(self, lock: RedisLock) -> None:
+        for n in range(50):
+            pending = lock.begin_try_acquire(f"step-{n % 5}", 10, token=f"t{n}", fenced=False)
+            lease = lock.try_acquire(f"other-{n}", 10)  # borrows a second connection
+            assert isinstance(lease, Lease)
+            outcome = pending.outcome()
+            assert isinstance(outcome, Lease) == (n < 5)
+            assert lock.release(lease).name == "RELEASED"
+
+
+class TestAnswersReadLater:
+    def test_a_release_sent_without_waiting_frees_the_key_at_once(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("later", 10)
+        lock.release_nowait(lease)
+        # Redis runs it with no further call from this lock; only its answer waits.
+        assert gone_soon(raw, lease.key)
+        assert lease.released
+
+    def test_it_frees_the_key_on_a_server_that_forgot_the_script(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        # A restarted or flushed server answers a script's digest with NOSCRIPT; were
+        # that answer read only with the next call, the key would stay held until then.
+        lease = lock.acquire("forgot", 10)
+        raw.script_flush()
+        lock.release_nowait(lease)
+        assert gone_soon(raw, lease.key)
+        assert isinstance(lock.try_acquire("forgot", 10), Lease)
+        assert not lock.transport._owed
+
+    def test_its_answer_is_read_before_the_threads_next_call(
+        self, lock: RedisLock, raw: redis.Redis, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        lease = lock.acquire("later-lost", 10)
+        raw.set(lease.key, "someone else")
+        lock.release_nowait(lease)
+        assert not lease.lost  # not read yet
+        with caplog.at_level("INFO", logger="celery_singleton_lock.lease.base"):
+            assert isinstance(lock.try_acquire("later-next", 10), Lease)
+        assert lease.lost
+        assert "NOT_OWNER" in caplog.text
+        assert raw.get(lease.key) == b"someone else"
+
+    def test_every_connection_goes_back_once_its_answers_are_read(self, lock: RedisLock) -> None:
+        lease = lock.acquire("borrowed", 10)
+        pending = lock.begin_try_acquire("other", 10)  # one connection waits on this answer
+        lock.release_nowait(lease)  # so this takes a second one from the pool
+        assert isinstance(pending.outcome(), Lease)
+        assert isinstance(lock.try_acquire("third", 10), Lease)
+        assert not lock.transport._owed
+        in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
+        assert len(in_use) == 0  # none is kept by a thread
+
+    def test_the_connection_of_an_answer_read_later_serves_the_next_call(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        for n in range(20):  # a task's release, then the next task's acquire, and so on
+            lease = lock.try_acquire(f"task-{n}", 10)
+            assert isinstance(lease, Lease)
+            lock.release_nowait(lease)
+        lock.transport.settle()
+        pool = lock.client.connection_pool
+        assert len(pool._available_connections) == 1  # type: ignore[attr-defined]
+        assert not list(raw.scan_iter("test:{task-*}"))
+
+    def test_a_forked_child_never_reads_its_parents_owed_answers(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("parent", 10)
+        lock.release_nowait(lease)  # owed, on a connection the child inherits
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                ok = isinstance(lock.try_acquire("child", 10), Lease) and not lock.transport._owed
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert answer == b"1"
+        assert lock.transport._owed  # the parent's answer is still the parent's to read
+        lock.transport.settle()
+        assert lease.released
+        assert not lease.lost
+        assert raw.exists(lease.key) == 0
+
+    def test_an_answer_owed_by_a_thread_that_ended_is_read_by_another(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("ended", 10)
+        worker = threading.Thread(target=lock.release_nowait, args=(lease,))
+        worker.start()
+        worker.join(5)
+        assert gone_soon(raw, lease.key)
+        assert lock.transport._owed  # its answer waits, with its connection
+        assert isinstance(lock.try_acquire("next", 10), Lease)  # from this thread
+        assert not lock.transport._owed
+        in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
+        assert len(in_use) == 0
+
+    def test_a_broken_connection_retries_the_release(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        assert isinstance(lock.try_acquire("warm", 10), Lease)
+        raw.client_kill_filter(_type="normal", skipme=True)
+        lease = lock.acquire("later-broken", 10)  # on a fresh connection
+        lock.release_nowait(lease)
+        lock.try_acquire("later-after", 10)
+        assert raw.exists(lease.key) == 0

@@ -1,0 +1,146 @@
+"""Prometheus metrics scraped from a real prefork worker's endpoint after a run with known
+counts, and a producer's own registry."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock.contrib import metrics
+
+from ..conftest import CeleryEnv
+from ..support.servers import free_port
+from ..support.workers import Worker
+from .test_celery_lifecycle import started, wait_for
+
+APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
+
+pytestmark = pytest.mark.slow
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def value(found: dict[Any, float], name: str, **labels: str) -> float:
+    return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture(name="metrics_worker")
+def fixture_metrics_worker(celery_env: CeleryEnv) -> Iterator[tuple[Worker, int]]:
+    port = free_port()
+    worker = Worker(celery_env.env, extra_env={"CSL_METRICS_PORT": str(port)}).start()
+    try:
+        yield worker, port
+    finally:
+        worker.stop()
+
+
+def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
+    cenv: CeleryEnv, metrics_worker: tuple[Worker, int]
+) -> None:
+    worker, port = metrics_worker
+    registry = CollectorRegistry()
+    produced = metrics.install(registry)
+    app = cenv.app_module
+    queue = worker.queue
+    before = samples(_exposition(registry))
+
+    first = app.work.apply_async(("m1", 1.0), queue=queue)
+    for _ in range(2):
+        assert app.work.apply_async(("m1", 1.0), queue=queue).id == first.id  # refused
+    plain = [app.work.apply_async((f"u{i}",), queue=queue) for i in range(4)]
+    assert first.get(timeout=30) == "m1"
+    assert [r.get(timeout=30) for r in plain] == [f"u{i}" for i in range(4)]
+    holder = app.strict.apply_async(("s", 1.0), queue=queue)
+    wait_for(lambda: any(s["item"] == "s" for s in started(cenv)), 20, "strict started")
+    with pytest.raises(DuplicateTaskError):
+        app.strict.apply_async(("s",), queue=queue).get(timeout=30)
+    # A copy of the holder's own message (its task id): dropped, and counted.
+    app.app.send_task(app.strict.name, ("s",), task_id=holder.id, queue=queue)
+    wait_for(lambda: "copy of running task dropped" in worker.output(), 20, "copy dropped")
+    assert holder.get(timeout=30) == "s"
+    app.work.apply_async(("k", 30.0), queue=queue)
+    wait_for(lambda: any(s["item"] == "k" for s in started(cenv)), 20, "k started")
+    [pid] = [s["pid"] for s in started(cenv) if s["item"] == "k"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not cenv.lock_client().exists(*_keys(app, "k")), 10, "dead child release")
+
+    after = samples(_exposition(registry))
+    work = f"{APP}.work"
+    delta = {
+        outcome: value(after, "celery_singleton_lock_dispatches_total", task=work, outcome=outcome)
+        - value(before, "celery_singleton_lock_dispatches_total", task=work, outcome=outcome)
+        for outcome in ("accepted", "refused")
+    }
+    assert delta == {"accepted": 6, "refused": 2}  # m1, u0-u3, k; two m1 duplicates
+    assert produced is metrics.install()  # once per process
+
+    scraped = samples(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    )
+    leases = {
+        (task, event): value(scraped, "celery_singleton_lock_leases_total", task=task, event=event)
+        for task in (work, f"{APP}.strict")
+        for event in ("acquired", "released", "lost")
+    }
+    assert leases == {
+        (work, "acquired"): 6, (work, "released"): 5, (work, "lost"): 0,  # k was killed
+        (f"{APP}.strict", "acquired"): 1, (f"{APP}.strict", "released"): 1,
+        (f"{APP}.strict", "lost"): 0,
+    }  # fmt: skip
+    assert value(
+        scraped, "celery_singleton_lock_contentions_total",
+        task=f"{APP}.strict", decision="fail",
+    ) == 1  # fmt: skip
+    assert value(scraped, "celery_singleton_lock_dead_child_releases_total", task=work) == 1
+    assert (
+        value(
+            scraped,
+            "celery_singleton_lock_copies_dropped_total",
+            task=f"{APP}.strict",
+        )
+        == 1
+    )
+    assert value(scraped, "celery_singleton_lock_hold_seconds_count", task=work) == 5
+    assert value(scraped, "celery_singleton_lock_wait_seconds_count", task=work) == 6
+    # The 1 s task held its lease at least that long: its observation is above 0.5 s.
+    assert value(scraped, "celery_singleton_lock_hold_seconds_bucket", task=work, le="0.5") == 4
+    assert "celery-singleton-lock metrics on http://127.0.0.1:" in worker.output()
+
+
+def _exposition(registry: CollectorRegistry) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry).decode()
+
+
+def _keys(app: Any, item: str) -> list[str]:
+    from celery_singleton_lock.lease import LockKeys
+
+    return [LockKeys.build("t", app.work.singleton_options().key.derive((item,), {})).lock]
+
+
+def test_a_metrics_port_in_use_stops_the_worker_with_one_line(celery_env: CeleryEnv) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = Worker(celery_env.env, extra_env={"CSL_METRICS_PORT": str(port)})
+        with pytest.raises(RuntimeError, match="worker exited") as failed:
+            worker.start()
+    assert "celery-singleton-lock: metrics: [Errno 98] Address already in use" in str(failed.value)
+    assert "Traceback" not in str(failed.value)

@@ -1,0 +1,157 @@
+"""RabbitMQ as the broker: the same promises as on Redis, with real workers.
+
+A private ``rabbitmq-server`` (tests/support/rabbitmq.py) is the broker; the result backend and
+the lock store stay on Redis. The test process publishes through a kombu connection to
+RabbitMQ (``connection=``), so the shared test app needs no second configuration.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import kombu
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import DuplicateTaskError
+
+from ..conftest import CeleryEnv
+from ..support.rabbitmq import RabbitMQServer, rabbitmq_available
+from ..support.workers import Worker
+from .test_celery_lifecycle import lock_keys, runs, started, wait_for
+
+pytestmark = pytest.mark.skipif(
+    not rabbitmq_available(),
+    reason="no rabbitmq-server: `python3 scripts/dev.py test` installs Debian's as root",
+)
+
+
+@pytest.fixture(name="rabbit", scope="module")
+def fixture_rabbit() -> Iterator[RabbitMQServer]:
+    server = RabbitMQServer().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+def _env(cenv: CeleryEnv, rabbit: RabbitMQServer) -> dict[str, str]:
+    return {**cenv.env, "CSL_BROKER_URL": rabbit.url, "CSL_RESULT_URL": cenv.broker.url}
+
+
+@pytest.fixture(name="rworker", scope="module")
+def fixture_rworker(celery_env: CeleryEnv, rabbit: RabbitMQServer) -> Iterator[Worker]:
+    worker = Worker(_env(celery_env, rabbit)).start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(name="amqp")
+def fixture_amqp(rabbit: RabbitMQServer) -> Iterator[kombu.Connection]:
+    with kombu.Connection(rabbit.url) as connection:
+        yield connection
+
+
+def _forget(*results: Any) -> None:
+    del results
+    gc.collect()
+
+
+class TestOnRabbitMQ:
+    def test_a_duplicate_dispatch_is_refused(
+        self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
+    ) -> None:
+        work = cenv.app_module.work
+        first = work.apply_async(("r-dedupe", 0.5), queue=rworker.queue, connection=amqp)
+        second = work.apply_async(("r-dedupe", 0.5), queue=rworker.queue, connection=amqp)
+        assert second.id == first.id
+        assert first.get(timeout=30) == "r-dedupe"
+        assert [r["id"] for r in runs(cenv)] == [first.id]
+        wait_for(lambda: lock_keys(cenv) == [], what="the key given back")
+
+    def test_a_copy_that_bypassed_dispatch_never_overlaps(
+        self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
+    ) -> None:
+        app, strict = cenv.app_module.app, cenv.app_module.strict
+        holder = app.send_task(strict.name, ("r-x", 2.0), queue=rworker.queue, connection=amqp)
+        wait_for(lambda: started(cenv), what="the holder started")
+        copy = app.send_task(strict.name, ("r-x", 0.0), queue=rworker.queue, connection=amqp)
+        with pytest.raises(DuplicateTaskError, match=holder.id):
+            copy.get(timeout=30)
+        assert holder.get(timeout=30) == "r-x"
+        assert [r["id"] for r in runs(cenv)] == [holder.id]
+
+    def test_a_killed_child_runs_again_once_never_overlapping(
+        self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
+    ) -> None:
+        durable = cenv.app_module.durable
+        result = durable.apply_async(("r-child", 2), queue=rworker.queue, connection=amqp)
+        [first] = wait_for(lambda: started(cenv), what="start")
+        os.kill(first["pid"], signal.SIGKILL)
+        # acks_late + reject_on_worker_lost: RabbitMQ hands the message out again.
+        assert result.get(timeout=60) == "r-child"
+        [run] = runs(cenv)
+        assert run["pid"] != first["pid"]
+        wait_for(lambda: not lock_keys(cenv), 3, "release")
+        rworker.settle()
+
+    def test_a_killed_worker_s_message_goes_to_another_which_waits_for_the_ttl(
+        self, cenv: CeleryEnv, rabbit: RabbitMQServer, amqp: kombu.Connection
+    ) -> None:
+        ttl = 3.0
+        env = _env(cenv, rabbit)
+        shared = f"r-shared-{time.monotonic_ns()}"
+        workers = [Worker(env, queue=shared, extra_env={"CSL_TTL": str(ttl)}) for _ in "ab"]
+        try:
+            for worker in workers:
+                worker.start()
+            durable = cenv.app_module.durable
+            result = durable.apply_async(("r-whole", 4), queue=shared, connection=amqp)
+            [first] = wait_for(lambda: started(cenv), what="start")
+            [doomed] = [w for w in workers if first["pid"] in w.children()]
+            doomed.kill()  # the broker hands the unacked message to the other at once
+            killed_at = time.time()
+            assert result.get(timeout=60) == "r-whole"
+            [run] = runs(cenv)
+            delay = run["start"] - killed_at
+            print(f"\nRabbitMQ whole-worker SIGKILL: the copy started {delay:.2f}s after the kill")
+            # It met the dead worker's lease (renewed every ttl/3, so at least 2/3 of the
+            # ttl left) and ran once that expired, never alongside.
+            assert delay > ttl / 3
+            assert run["pid"] != first["pid"]
+        finally:
+            for worker in workers:
+                worker.stop()
+
+    def test_revoking_a_countdown_task_frees_its_key_within_two_seconds(
+        self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
+    ) -> None:
+        work = cenv.app_module.work
+        later = work.apply_async(("r-rev",), countdown=30, queue=rworker.queue, connection=amqp)
+        key = lock_keys(cenv)[0]
+        wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), what="reserved")
+        # Celery publishes control messages through the app's own producer pool whatever
+        # connection= says: revoke from an app whose broker is RabbitMQ, as a user's is.
+        control = Celery("r-control", broker=amqp.as_uri(include_password=True))
+        control.control.revoke(later.id)
+        revoked_at = time.monotonic()
+        again = wait_for(
+            lambda: (
+                (r := work.apply_async(("r-rev",), queue=rworker.queue, connection=amqp)).id
+                != later.id
+                and r
+            ),
+            timeout=5,
+            what="a new dispatch accepted",
+        )
+        assert time.monotonic() - revoked_at < 2.0
+        assert again.get(timeout=30) == "r-rev"
+        assert [r["id"] for r in runs(cenv)] == [again.id]
+        _forget(later, again)

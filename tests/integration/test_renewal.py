@@ -1,0 +1,275 @@
+"""The watchdog: one thread renews every lease, reports losses, forgets them after fork."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import pytest
+import redis
+
+from celery_singleton_lock import (
+    ExtendResult,
+    Lease,
+    LockLostError,
+    RedisLock,
+    ReleaseResult,
+)
+from celery_singleton_lock.lease import Renewer, get_renewer
+from celery_singleton_lock.lease.renewal import next_delay
+
+from ..support.servers import RedisServer
+
+
+def renewer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "celery-singleton-lock-renewer"]
+
+
+class TestRenewal:
+    # Leases that must stay alive use ttl=1.0: renewal is due every third of it, and a
+    # loaded machine (CI) has stalled a test process for 200 ms.
+    def test_renewal_keeps_a_lease_alive_for_three_times_its_ttl(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lease = lock.acquire("job", ttl=1.0, renew=True)
+        time.sleep(3.0)
+        assert raw.get(lease.key) is not None
+        lease.check()
+        assert lock.release(lease) is ReleaseResult.RELEASED
+        assert lease not in lock.renewer
+
+    def test_one_thread_renews_every_lease(self, lock: RedisLock, raw: redis.Redis) -> None:
+        leases = [lock.acquire(f"job-{i}", ttl=1.0, renew=True) for i in range(20)]
+        time.sleep(1.5)
+        assert len(renewer_threads()) == 1
+        assert all(raw.exists(lease.key) for lease in leases)
+        for lease in leases:
+            lock.release(lease)
+
+    def test_lost_lease_is_reported_by_callback_and_check(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        lost = threading.Event()
+        lease = lock.acquire("job", ttl=0.3, renew=True, on_lost=lambda _: lost.set())
+        raw.set(lease.key, "thief", px=10_000)  # someone else took it
+        assert lost.wait(2.0)
+        assert lease.lost
+        with pytest.raises(LockLostError, match="another owner holds it") as caught:
+            lease.check()
+        assert caught.value.key == lease.key
+        assert lease not in lock.renewer
+        assert lock.release(lease) is ReleaseResult.NOT_OWNER
+        assert raw.get(lease.key) == b"thief"
+
+    def test_expired_lease_is_reported(self, lock: RedisLock, raw: redis.Redis) -> None:
+        lost = threading.Event()
+        lease = lock.acquire("job", ttl=0.3, renew=True, on_lost=lambda _: lost.set())
+        raw.delete(lease.key)
+        assert lost.wait(2.0)
+        with pytest.raises(LockLostError, match="expired"):
+            lease.check()
+
+    def test_release_racing_a_renewal_never_reports_a_loss(self, lock: RedisLock) -> None:
+        # Sleep about ttl/3, so the release lands around the renewal. A lease that was
+        # still held at release (RELEASED) must never be reported lost; one that really
+        # expired first (a very slow machine) may be, so it is not counted.
+        spurious = 0
+        for i in range(60):
+            losses: list[Lease] = []
+            lease = lock.acquire("job", ttl=0.06, renew=True, on_lost=losses.append)
+            time.sleep(0.02 + (i % 5) * 0.001)
+            if lock.release(lease) is ReleaseResult.RELEASED:
+                time.sleep(0.005)
+                spurious += len(losses)
+        assert spurious == 0
+
+    def test_unrenewed_lease_fails_check_once_its_ttl_has_passed(self, lock: RedisLock) -> None:
+        lease = lock.acquire("job", ttl=0.5)
+        lease.check()
+        time.sleep(0.6)
+        with pytest.raises(LockLostError, match="ttl ran out"):
+            lease.check()
+
+    def test_renewal_through_an_outage_longer_than_ttl_marks_the_lease_lost(self) -> None:
+        server = RedisServer().start()
+        try:
+            lock = RedisLock(server.client(socket_timeout=0.1), prefix="test")
+            lost = threading.Event()
+            lease = lock.acquire(
+                "job", ttl=0.6, blocking=False, renew=True, on_lost=lambda _: lost.set()
+            )
+            server.pause()
+            try:
+                assert lost.wait(3.0)
+            finally:
+                server.resume()
+            with pytest.raises(LockLostError, match="renewal"):
+                lease.check()
+        finally:
+            server.cleanup()
+
+    def test_renewal_survives_a_short_outage(self) -> None:
+        server = RedisServer().start()
+        try:
+            lock = RedisLock(server.client(socket_timeout=0.1), prefix="test")
+            lease = lock.acquire("job", ttl=1.5, blocking=False, renew=True)
+            time.sleep(0.5)
+            server.pause()
+            time.sleep(0.4)
+            server.resume()
+            time.sleep(1.5)
+            lease.check()
+            assert lock.release(lease) is ReleaseResult.RELEASED
+        finally:
+            server.cleanup()
+
+    def test_stop_ends_the_thread(self, client: redis.Redis) -> None:
+        renewer = Renewer()
+        lock = RedisLock(client, prefix="test", renewer=renewer)
+        lock.acquire("job", ttl=1, renew=True)
+        thread = renewer._thread
+        assert thread is not None
+        assert thread.is_alive()
+        renewer.stop()
+        assert not thread.is_alive()
+        assert len(renewer) == 0
+        with pytest.raises(RuntimeError, match="stopped"):
+            lock.acquire("other", ttl=1, renew=True)
+
+    def test_next_delay_policy(self, lock: RedisLock) -> None:
+        lease = lock.acquire("job", ttl=3)
+        assert next_delay(lease, ExtendResult.EXTENDED) == pytest.approx(1.0)
+        assert next_delay(lease, ExtendResult.EXPIRED) is None
+        retry = next_delay(lease, redis.ConnectionError("down"))
+        assert retry is not None
+        assert 0 < retry <= 0.3 + 1e-9
+
+
+class TestFork:
+    def test_forked_child_forgets_the_parents_leases(self, lock: RedisLock) -> None:
+        lease = lock.acquire("job", ttl=5, renew=True)
+        assert len(get_renewer()) >= 1
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                fresh = get_renewer()
+                ok = len(fresh) == 0 and lease not in fresh and fresh._thread is None
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert answer == b"1"
+        assert lease in get_renewer()  # the parent still renews it
+        lock.release(lease)
+
+
+HOLDER = """
+import sys, time
+from celery_singleton_lock import RedisLock
+lock = RedisLock.from_url(sys.argv[1], prefix="test")
+lock.acquire("job", ttl=float(sys.argv[2]), renew=True)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+class TestHolderDeath:
+    @pytest.mark.slow
+    def test_killed_holder_stops_renewing_and_the_lock_frees_within_ttl(
+        self, redis_server: RedisServer, raw: redis.Redis
+    ) -> None:
+        ttl = 1.0
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, redis_server.url, str(ttl)],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == b"held"
+            key = "test:{job}"
+            time.sleep(3 * ttl)
+            assert raw.exists(key), "renewal did not keep the lease past its ttl"
+            os.kill(holder.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            while raw.exists(key):
+                assert time.monotonic() - killed_at < ttl + 0.5
+                time.sleep(0.005)
+            print(f"\nlock freed {time.monotonic() - killed_at:.3f}s after SIGKILL (ttl {ttl}s)")
+        finally:
+            holder.kill()
+            holder.wait(5)
+            if holder.stdout:
+                holder.stdout.close()
+
+
+class TestLanes:
+    def test_a_stalled_server_does_not_stall_renewal_on_another(self) -> None:
+        stalled, healthy = RedisServer().start(), RedisServer().start()
+        try:
+            # A long socket timeout: the stalled server's renewal blocks for all of it.
+            slow = RedisLock(stalled.client(socket_timeout=5), prefix="test")
+            fine = RedisLock(healthy.client(socket_timeout=5), prefix="test")
+            lost_at: list[float] = []
+            doomed = slow.acquire(
+                "a",
+                ttl=1.2,
+                blocking=False,
+                renew=True,
+                on_lost=lambda _: lost_at.append(time.monotonic()),
+            )
+            expires = doomed.expires_at
+            kept = [fine.acquire(f"b{n}", ttl=1.2, blocking=False, renew=True) for n in range(5)]
+            stalled.pause()
+            try:
+                time.sleep(3.0)
+                for lease in kept:
+                    lease.check()  # renewed all along
+                assert lost_at, "the stalled lease was never reported lost"
+                # Reported when its ttl ran out, not when the client gave up (5 s).
+                assert lost_at[0] <= expires + 0.5
+                with pytest.raises(LockLostError):
+                    doomed.check()
+            finally:
+                stalled.resume()
+            for lease in kept:
+                assert fine.release(lease) is ReleaseResult.RELEASED
+        finally:
+            stalled.cleanup()
+            healthy.cleanup()
+
+    def test_leases_due_together_are_renewed_in_one_round_trip(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        leases = [lock.acquire(f"batch-{n}", ttl=0.9) for n in range(30)]
+        lock.extend(leases[0])  # the script is known to the server from here on
+        raw.config_resetstat()
+        reads = int(raw.info("stats")["total_reads_processed"])
+        results = lock.extend_many(leases)
+        assert results == [ExtendResult.EXTENDED] * 30
+        stats = raw.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 30
+        # All thirty written at once: the server read them in one go (the INFO is one more;
+        # the count is the server's, so other tests' idle connections do not matter).
+        assert int(raw.info("stats")["total_reads_processed"]) - reads - 1 <= 2
+        for lease in leases:
+            lock.release(lease)
+
+    def test_a_batch_on_a_server_that_forgot_the_script_is_renewed_one_by_one(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        leases = [lock.acquire(f"flushed-{n}", ttl=5) for n in range(3)]
+        raw.script_flush()
+        assert lock.extend_many(leases) == [ExtendResult.EXTENDED] * 3
+        for lease in leases:
+            lock.release(lease)

@@ -1,0 +1,262 @@
+"""Passwords, ACL users and TLS work, and no password reaches a log line, repr or error."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import trustme
+from celery import Celery
+
+from celery_singleton_lock import (
+    Contended,
+    Lease,
+    LockNotAcquiredError,
+    LockStoreConfigurationError,
+    LockStoreUnavailableError,
+    RedisLock,
+    ReleaseResult,
+    singleton_task,
+)
+from celery_singleton_lock.config import SingletonConfig
+from celery_singleton_lock.lease.clients import describe as redacted_url
+
+from ..support.servers import RedisServer
+
+SECRET = "s3cr3t-Pa55word"
+# What docs/lease.md tells an ACL user to allow: the calls the lock makes and the commands
+# its scripts run.
+NARROW_COMMANDS = (
+    "+eval", "+evalsha", "+script|load", "+set", "+get", "+pttl", "+blpop",
+    "+del", "+exists", "+pexpire", "+rpush", "+time",
+)  # fmt: skip
+
+
+def exercise(lock: RedisLock) -> None:
+    """Every code path that logs: acquire, contend, extend, lose, release twice."""
+    lost = threading.Event()
+    lease = lock.acquire("job", ttl=1.0, blocking=False, renew=True, on_lost=lambda _: lost.set())
+    with pytest.raises(LockNotAcquiredError) as caught:
+        lock.acquire("job", ttl=1, blocking=False)
+    assert SECRET not in str(caught.value)
+    lock.extend(lease)
+    lock.client.set(lease.key, "thief", px=5000)
+    assert lost.wait(2)
+    assert lock.release(lease) is ReleaseResult.NOT_OWNER
+
+
+@pytest.fixture(name="password_server", scope="module")
+def fixture_password_server() -> Iterator[RedisServer]:
+    server = RedisServer(password=SECRET).start()
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", "locker", "on", f">{SECRET}", "~*", "+@all")
+    admin.close()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+class TestAuth:
+    def test_password_url_works_and_is_never_shown(
+        self, password_server: RedisServer, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.DEBUG, logger="celery_singleton_lock")
+        lock = RedisLock.from_url(password_server.url, prefix="auth")
+        exercise(lock)
+        assert SECRET not in repr(lock)
+        assert "***@" in repr(lock)
+        assert caplog.records, "expected log lines to inspect"
+        assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+    def test_acl_user_url_works_and_is_never_shown(
+        self, password_server: RedisServer, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.DEBUG, logger="celery_singleton_lock")
+        url = f"redis://locker:{SECRET}@127.0.0.1:{password_server.port}/0"
+        lock = RedisLock.from_url(url, prefix="acl")
+        assert lock.client.acl_whoami() in (b"locker", "locker")
+        exercise(lock)
+        assert (
+            repr(lock)
+            == f"RedisLock(redis://locker:***@127.0.0.1:{password_server.port}/0, prefix='acl')"
+        )
+        assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+    def test_an_acl_user_with_only_the_documented_commands_and_keys(
+        self, password_server: RedisServer
+    ) -> None:
+        admin = password_server.client()
+        admin.execute_command(
+            "ACL", "SETUSER", "narrow", "on", f">{SECRET}", "~narrow:*", *NARROW_COMMANDS
+        )
+        admin.close()
+        url = f"redis://narrow:{SECRET}@127.0.0.1:{password_server.port}/0"
+        lock = RedisLock.from_url(url, prefix="narrow")
+        exercise(lock)
+        hold = lock.try_acquire("queued", 10, fenced=False)  # SET NX GET, not a script
+        assert isinstance(hold, Lease)
+        assert isinstance(lock.try_acquire("queued", 10, fenced=False), Contended)
+        lock.release_nowait(hold)
+        with lock.hold("held", ttl=5) as lease:
+            assert lock.holder("held") == lease.token
+            waiter = threading.Thread(target=lambda: lock.acquire("held", 5, timeout=5))
+            waiter.start()
+        waiter.join(5)
+        assert not waiter.is_alive()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            lock.client.set("elsewhere", 1)  # the user is confined to the prefix
+
+    def test_an_acl_user_missing_a_command_is_a_configuration_error_naming_acl(
+        self, password_server: RedisServer
+    ) -> None:
+        admin = password_server.client()
+        missing = tuple(c for c in NARROW_COMMANDS if c not in ("+evalsha", "+eval"))
+        admin.execute_command("ACL", "SETUSER", "scriptless", "on", f">{SECRET}", "~*", *missing)
+        lock = RedisLock.from_url(
+            f"redis://scriptless:{SECRET}@127.0.0.1:{password_server.port}/0", prefix="acl"
+        )
+        with pytest.raises(LockStoreConfigurationError, match="ACL user lacks") as caught:
+            lock.try_acquire("job", ttl=1)  # a fenced acquire: a script
+        assert SECRET not in str(caught.value)
+
+    def test_wrong_password_is_a_configuration_error_that_says_so(
+        self, password_server: RedisServer
+    ) -> None:
+        lock = RedisLock.from_url(f"redis://:wrong@127.0.0.1:{password_server.port}/0")
+        with pytest.raises(LockStoreConfigurationError, match="credentials") as caught:
+            lock.try_acquire("job", ttl=1)
+        assert "wrong" not in str(caught.value)
+        assert caught.value.name == "job"
+        assert caught.value.key == lock.keys("job").lock
+
+
+def test_the_settings_object_never_shows_a_password() -> None:
+    """Error reporters print frame locals: the settings' repr hides every password."""
+    app = Celery("repr", set_as_current=False)
+    app.conf.update(
+        singleton_lock_url=f"sentinel://:{SECRET}@127.0.0.1:26379;sentinel://:{SECRET}@h:26380",
+        singleton_lock_transport_options={
+            "master_name": "mymaster",
+            "sentinel_kwargs": {"password": SECRET},
+            "password": SECRET,
+        },
+    )
+    shown = repr(SingletonConfig.from_app(app))
+    assert SECRET not in shown
+    assert "sentinel://:***@127.0.0.1:26379" in shown
+    assert "'master_name': 'mymaster'" in shown
+
+
+class TestRefusedMidDispatch:
+    """A dispatch the store refuses part of publishes nothing and leaves no hold behind."""
+
+    def dispatch(
+        self,
+        user: str,
+        denied: tuple[str, ...],
+        password_server: RedisServer,
+        broker: RedisServer,
+        items: list[int],
+    ) -> tuple[Any, list[BaseException]]:
+        admin = password_server.client()
+        admin.flushall()
+        allowed = tuple(c for c in NARROW_COMMANDS if c not in denied)
+        admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{SECRET}", "~*", *allowed)
+        app = Celery(f"refused-{user}", set_as_current=False)
+        app.conf.update(
+            broker_url=broker.url,
+            singleton_lock_url=f"redis://{user}:{SECRET}@127.0.0.1:{password_server.port}/0",
+        )
+
+        @singleton_task(app=app, name=f"refused.{user}")
+        def job(item: int) -> int:
+            return item
+
+        errors: list[BaseException] = []
+        for item in items:
+            try:
+                job.apply_async((item,), queue=f"q-{user}")
+            except LockStoreConfigurationError as error:
+                errors.append(error)
+        app.close()
+        return admin, errors
+
+    def test_a_user_without_scripts_is_refused_before_anything_is_written(
+        self, password_server: RedisServer, redis_server: RedisServer
+    ) -> None:
+        broker = redis_server
+        broker.client().flushall()
+        admin, errors = self.dispatch(
+            "nosha", ("+evalsha", "+eval", "+pttl"), password_server, broker, [1]
+        )
+        assert len(errors) == 1
+        assert "ACL user lacks" in str(errors[0])
+        assert SECRET not in str(errors[0])
+        assert admin.keys("*") == []
+        assert broker.client().llen("q-nosha") == 0
+
+    @pytest.mark.usefixtures("redis7")  # SET NX GET; older servers take the script
+    def test_a_hold_written_before_a_refused_pttl_is_given_back(
+        self, password_server: RedisServer, redis_server: RedisServer
+    ) -> None:
+        broker = redis_server
+        broker.client().flushall()
+        admin, errors = self.dispatch("nopttl", ("+pttl",), password_server, broker, [1, 2, 3])
+        # The first hold goes through the script (no PTTL when granted), the next ones
+        # through SET NX GET + PTTL, which the server refuses after the SET.
+        assert len(errors) == 2
+        assert all("ACL user lacks" in str(e) for e in errors)
+        keys = sorted(k.decode() for k in admin.keys("*") if not k.endswith(b":fence"))
+        assert len(keys) == 1, keys  # the one published message's hold, no other
+        assert broker.client().llen("q-nopttl") == 1
+
+
+class TestTLS:
+    def test_rediss_url_with_a_private_ca(self, tmp_path: Path) -> None:
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1")
+        cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+        cert.cert_chain_pems[0].write_to_path(str(cert_file))
+        cert.private_key_pem.write_to_path(str(key_file))
+        ca.cert_pem.write_to_path(str(ca_file))
+        server = RedisServer(
+            "--tls-port",
+            "--tls-cert-file",
+            str(cert_file),
+            "--tls-key-file",
+            str(key_file),
+            "--tls-ca-cert-file",
+            str(ca_file),
+            "--tls-auth-clients",
+            "no",
+            password=SECRET,
+        )
+        try:
+            server.start()
+        except RuntimeError as error:
+            server.cleanup()
+            if "tls" in str(error).lower() and "directive" in str(error).lower():
+                pytest.skip("this redis-server was built without TLS support")
+            raise
+        try:
+            assert server.url.startswith("rediss://")
+            lock = RedisLock.from_url(server.url, prefix="tls", ssl_ca_certs=str(ca_file))
+            lease = lock.acquire("job", ttl=5, blocking=False)
+            assert lock.release(lease) is ReleaseResult.RELEASED
+            assert redacted_url(lock.client).startswith("rediss://***@127.0.0.1")
+            plain = RedisLock.from_url(f"redis://:{SECRET}@127.0.0.1:{server.port}/0")
+            with pytest.raises(LockStoreUnavailableError):
+                plain.try_acquire("job", ttl=1)
+        finally:
+            server.cleanup()
+
+
+def test_redacted_url_for_unix_sockets() -> None:
+    client = redis.Redis(unix_socket_path="/tmp/x.sock", password=SECRET)
+    assert redacted_url(client) == "unix://***@/tmp/x.sock?db=0"

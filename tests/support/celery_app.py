@@ -1,0 +1,416 @@
+"""The Celery app the lifecycle tests run in real worker processes.
+
+Configured from the environment so one module serves every worker the tests start:
+``CSL_BROKER_URL`` (broker, and result backend unless ``CSL_RESULT_URL``),
+``CSL_LOCK_URL`` (the lock store, a separate server so tests can take it down alone),
+``CSL_CHECK_URL`` (where executions are recorded, outside the lock store),
+``CSL_VISIBILITY_TIMEOUT``.
+
+Each execution appends ``{"task", "id", "item", "fence", "pid", "start", "end", ...}``
+to the list ``runs`` on the checker, so tests can assert who ran, when, and whether two
+executions of one key ever overlapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+from celery_singleton_lock import (
+    LockLostError,
+    SingletonTask,
+    fail,
+    requeue,
+    singleton_task,
+    skip,
+    wait,
+)
+
+app = Celery("tests.support.celery_app")
+app.conf.update(
+    task_default_queue=os.environ.get("CSL_QUEUE", "celery"),
+    broker_url=os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
+    result_backend=os.environ.get("CSL_RESULT_URL")
+    or os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
+    # CSL_LOCK_URL="" leaves the lock store to be found from the backend or broker.
+    singleton_lock_url=os.environ.get("CSL_LOCK_URL", "redis://127.0.0.1:6379/0") or None,
+    singleton_lock_prefix="t",
+    # The metrics tests have a worker serve Prometheus metrics (CSL_METRICS_PORT).
+    singleton_lock_metrics_port=int(os.environ["CSL_METRICS_PORT"])
+    if os.environ.get("CSL_METRICS_PORT")
+    else None,
+    singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
+    singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
+    # The version matrix runs the lock store on RESP3 too (CSL_PROTOCOL=3).
+    singleton_lock_transport_options=(
+        {"protocol": int(os.environ["CSL_PROTOCOL"])} if os.environ.get("CSL_PROTOCOL") else {}
+    ),
+    broker_transport_options={
+        "visibility_timeout": float(os.environ.get("CSL_VISIBILITY_TIMEOUT", "3600")),
+        # Sweep for unacked messages every second, so a short visibility timeout really
+        # redelivers during a test (kombu's default sweep is every ~100 s).
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+        # A Sentinel broker (sentinel:// in CSL_BROKER_URL) names its master here.
+        **(
+            {"master_name": os.environ["CSL_MASTER_NAME"]}
+            if "CSL_MASTER_NAME" in os.environ
+            else {}
+        ),
+    },
+    result_backend_transport_options=(
+        {"master_name": os.environ["CSL_MASTER_NAME"]} if "CSL_MASTER_NAME" in os.environ else {}
+    ),
+    worker_prefetch_multiplier=1,
+    task_track_started=True,
+    broker_connection_retry_on_startup=True,
+)
+
+if os.environ.get("CSL_FOREIGN_SETTINGS"):
+    # Settings ported from celery-once and celery-singleton: warned about at worker start.
+    app.conf.ONCE = {"backend": "celery_once.backends.Redis", "settings": {"url": "x"}}
+    app.conf.singleton_key_prefix = "SINGLETONLOCK_"
+    app.conf.singleton_raise_on_duplicate = True
+    app.conf.singleton_backend_url = "redis://:hunter2@127.0.0.1:1/0"
+
+if os.environ.get("CSL_BEAT_TASK"):
+    # For the beat tests: one entry that ticks every CSL_BEAT_EVERY seconds.
+    app.conf.beat_schedule = {
+        "tick": {
+            "task": os.environ["CSL_BEAT_TASK"],
+            "schedule": float(os.environ.get("CSL_BEAT_EVERY", "0.5")),
+            "args": ("tick", float(os.environ.get("CSL_BEAT_SECONDS", "2.0"))),
+            "options": {"queue": os.environ.get("CSL_QUEUE", "celery")},
+        }
+    }
+
+_checker: redis.Redis | None = None
+
+
+def checker() -> redis.Redis:
+    global _checker  # noqa: PLW0603  (one client per process, created after fork)
+    if _checker is None:
+        _checker = redis.Redis.from_url(os.environ.get("CSL_CHECK_URL", "redis://127.0.0.1:6379/1"))
+    return _checker
+
+
+def _record(task: Any, item: object, started: float, **extra: Any) -> None:
+    lease = task.lease
+    checker().rpush(
+        "runs",
+        json.dumps(
+            {
+                "task": task.name,
+                "id": task.request.id,
+                "item": item,
+                "key": lease.name,
+                "fence": lease.fence,
+                "pid": os.getpid(),
+                "retries": task.request.retries,
+                "start": started,
+                "end": time.time(),
+                **extra,
+            }
+        ),
+    )
+
+
+def _begin(task: Any, item: object) -> float:
+    started = time.time()
+    checker().rpush(
+        "started", json.dumps({"id": task.request.id, "item": item, "pid": os.getpid()})
+    )
+    return started
+
+
+def _hold(task: Any, item: Any, seconds: float) -> Any:
+    """The plain execution: hold the key for ``seconds``, record it, return the item."""
+    started = _begin(task, item)
+    time.sleep(seconds)
+    _record(task, item, started)
+    return item
+
+
+def _work(task: Any, item: object, seconds: float, mode: str) -> object:
+    started = _begin(task, item)
+    if mode == "soft":
+        try:
+            time.sleep(seconds)
+        except SoftTimeLimitExceeded:
+            _record(task, item, started, soft_handled=True)
+            return "soft-handled"
+    time.sleep(seconds)
+    if mode == "retry" and task.request.retries == 0:
+        _record(task, item, started, retrying=True)
+        raise task.retry(countdown=1.0, max_retries=1)
+    if mode == "fail":
+        _record(task, item, started, failed=True)
+        raise ValueError(f"failing on purpose for {item}")
+    if mode == "ignore":
+        _record(task, item, started)
+        raise Ignore()
+    if mode == "reject":
+        _record(task, item, started)
+        raise Reject("rejecting on purpose", requeue=False)
+    _record(task, item, started)
+    return item
+
+
+@singleton_task(app=app, bind=True, key=["item"])
+def work(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """Record an execution of ``item``; ``mode`` picks how the execution ends."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(app=app, bind=True, key=["item"], soft_time_limit=0.5, time_limit=1.0)
+def limited(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """Time limits are task options: the soft one raises in the body, the hard one kills."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(app=app, bind=True, key=["item"], acks_late=True, reject_on_worker_lost=True)
+def durable(self: Any, item: object, seconds: float = 0.0) -> object:
+    """acks_late + reject_on_worker_lost: a killed child's message is redelivered."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    autoretry_for=(KeyError,),
+    retry_backoff=False,
+    default_retry_delay=1,
+    max_retries=1,
+)
+def flaky(self: Any, item: object) -> object:
+    """Raises KeyError on its first attempt; autoretry_for re-sends it."""
+    started = _begin(self, item)
+    _record(self, item, started)
+    if self.request.retries == 0:
+        raise KeyError(item)
+    return item
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention="fail", dedupe=False)
+def strict(self: Any, item: object, seconds: float = 0.0) -> object:
+    """Never queued twice is off (dedupe=False); a contended execution fails at once."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention=wait(timeout=20), dedupe=False)
+def patient(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution waits for the push wake-up."""
+    return _hold(self, item, seconds)
+
+
+@app.task(bind=True, base=SingletonTask, singleton={"key": "request:{request_idx}"})
+def process_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
+    """The base-class form, sharing one lock per request with ``callback_request``."""
+    return _hold(self, request_idx, seconds)
+
+
+@singleton_task(app=app, bind=True, key="request:{request_idx}")
+def callback_request(self: Any, request_idx: int, seconds: float = 0.0) -> int:
+    return _hold(self, request_idx, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    on_contention=requeue(max_tries=2, backoff=0.1, cap=0.2),
+    dedupe=False,
+)
+def impatient(self: Any, item: object, seconds: float = 0.0) -> object:
+    """Requeued at most twice while contended, then fails."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention="fail")
+def exclusive_fail(self: Any, item: object, seconds: float = 0.0) -> object:
+    """Deduped at dispatch; a copy that reaches execution anyway fails at once."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention=wait(timeout=0.3, then=fail()))
+def exclusive_wait_fail(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution waits briefly, then fails."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention="skip")
+def exclusive_skip(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution is dropped quietly (IGNORED)."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_contention=wait(timeout=0.3, then=skip()))
+def exclusive_wait_skip(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A contended execution waits briefly, then is dropped quietly."""
+    return _hold(self, item, seconds)
+
+
+@app.task
+def note_error(request: Any, exc: Any, traceback: Any) -> None:
+    """An errback (link_error): records which task id it fired for."""
+    checker().rpush("errbacks", str(request.id))
+
+
+# -- chaos suite ------------------------------------------------------------------------
+
+# A store that refuses a write carrying a fence older than the last it accepted: the
+# "fenced store" of Kleppmann's argument, as one Lua script on the checker's Redis.
+FENCED_WRITE = """
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+def fenced_write(item: object, fence: int) -> bool:
+    return bool(checker().eval(FENCED_WRITE, 1, f"fenced:{item}", fence))
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    dedupe=False,
+    on_contention=requeue(max_tries=1000, backoff=0.02, cap=0.3),
+)
+def swarm(self: Any, item: object, seconds: float = 0.01) -> object:
+    """Many copies of few keys, all through the execution level: they take turns."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    dedupe=False,
+    on_contention=requeue(max_tries=1000, backoff=0.05, cap=0.5),
+)
+def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bool]:
+    """Hold the key for ``seconds`` (in small steps, so a pause lands mid-way), then write
+    through the fenced store and check the lease, recording both outcomes."""
+    started = _begin(self, item)
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        time.sleep(0.02)
+    accepted = fenced_write(item, self.lease.fence)
+    try:
+        self.lease.check()
+        lost = False
+    except LockLostError:
+        lost = True
+    _record(self, item, started, accepted=accepted, lost=lost)
+    return {"accepted": accepted, "lost": lost}
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    lock="until_executing",
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def refresh(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """One running + one pending: a call made while one runs queues the next run."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(
+    app=app, bind=True, key=["item"], lock="until_executing", on_contention=wait(timeout=20)
+)
+def refresh_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
+    """until_executing whose pending execution waits for the running one (push wake-up)."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    throttle=float(os.environ.get("CSL_THROTTLE", "1.5")),
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def throttled(self: Any, item: object, seconds: float = 0.0) -> object:
+    """At most one accepted call per item per window; executions still exclude."""
+    return _hold(self, item, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    limit=3,
+    on_contention=requeue(max_tries=1000, backoff=0.02, cap=0.1),
+)
+def export(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """At most three executions per item at once (a counting lease)."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(app=app, bind=True, key=["item"], limit=3, on_contention=wait(timeout=30))
+def export_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
+    """limit=3 whose fourth execution waits for a slot (push wake-up, first come first served)."""
+    return _hold(self, item, seconds)
+
+
+def _versioned(task: Any, item: object, version: str, seconds: float) -> str:
+    started = _begin(task, item)
+    time.sleep(seconds)
+    _record(task, item, started, version=version)
+    return version
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    lock="until_executing",
+    on_duplicate="replace",
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def latest(self: Any, item: object, version: str, seconds: float = 0.0) -> str:
+    """One running + one pending, and the pending call takes the latest arguments."""
+    return _versioned(self, item, version, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], on_duplicate="replace")
+def latest_queued(self: Any, item: object, version: str, seconds: float = 0.0) -> str:
+    """The default scope with replace: a queued call takes the latest arguments."""
+    return _versioned(self, item, version, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    debounce=0.5,
+    max_wait=1.5,
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def debounced(self: Any, item: object, version: str, seconds: float = 0.0) -> str:
+    """Trailing debounce: one run 0.5 s after a burst's last call, within 1.5 s of its first."""
+    return _versioned(self, item, version, seconds)
+
+
+@singleton_task(app=app, key=["item"], ignore_result=True)
+def noop(item: object) -> None:
+    """The cheapest singleton task: counts itself (the worker-memory benchmark)."""
+    checker().incr("noop")
+
+
+@app.task
+def plain(item: object) -> object:
+    """A plain Celery task: what a pool does without this library, for comparison."""
+    return item

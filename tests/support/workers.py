@@ -1,0 +1,137 @@
+"""Real ``celery worker`` processes (prefork unless asked) for the tests, stopped by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from celery_singleton_lock.worker.childwatch import is_dead
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+_names = itertools.count(1)
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+class Worker:
+    """One ``celery -A <app> worker`` (prefork unless ``pool`` says) on its own queue."""
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        *,
+        concurrency: int = 2,
+        extra_env: Mapping[str, str] | None = None,
+        queue: str | None = None,
+        app: str = "tests.support.celery_app",
+        loglevel: str = "info",
+        pool: str = "prefork",
+    ) -> None:
+        self.pool = pool
+        self.app = app
+        self.loglevel = loglevel
+        number = next(_names)
+        self.name = f"w{number}-{os.getpid()}"
+        self.queue = queue or f"q-{self.name}"
+        self.env = {**os.environ, **env, **(extra_env or {}), "CSL_QUEUE": self.queue}
+        self.concurrency = concurrency
+        self.log = Path(tempfile.mkdtemp(prefix="csl-worker-")) / "worker.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> Worker:
+        args = [
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
+            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+            "-Q", self.queue, "-l", self.loglevel,
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited:\n{self.output()[-3000:]}")
+            if " ready." in self.output():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"worker not ready in {timeout}s:\n{self.output()[-3000:]}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    @property
+    def nodename(self) -> str:
+        """The worker's node name, as remote control commands address it."""
+        return f"{self.name}@{socket.gethostname()}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def children(self) -> list[int]:
+        return children_of(self.pid)
+
+    def settle(self, timeout: float = 15.0) -> None:
+        """Wait until the pool is back to full size after a child died.
+
+        Celery's pool notices a dead child in its maintenance pass (every 5 s) and
+        counts it busy until then, so a test right after a kill would otherwise run on
+        one child where it means two. A dead child stays a zombie until that pass.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            children = self.children()
+            if len(children) == self.concurrency and not any(map(is_dead, children)):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pool not back to {self.concurrency} in {timeout}s")
+            time.sleep(0.05)
+
+    def rss_kib(self) -> int:
+        """Resident memory of the main process."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: main process and pool children at once."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        # Pool children left behind by a warm shutdown that was cut short.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.process = None

@@ -1,0 +1,97 @@
+"""The documentation site builds in strict mode (no broken link, no page left out of the
+navigation), and the configuration page names every setting and task option there is."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock.config import DEFAULTS
+from celery_singleton_lock.options import OPTION_NAMES
+
+from ..support.workers import ROOT
+
+DOCS = ROOT / "docs"
+
+
+@pytest.mark.slow
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert (tmp_path / "operations" / "index.html").exists()
+    assert (tmp_path / "img" / "benchmark-ratios.svg").exists()
+
+
+def test_the_configuration_page_names_every_setting_and_option() -> None:
+    page = (DOCS / "configuration.md").read_text()
+    for setting in DEFAULTS:
+        assert f"`{setting}`" in page, setting
+        assert f"`CELERY_{setting.upper()}`" in page, setting
+    for option in OPTION_NAMES:
+        assert f"`{option}`" in page, option
+
+
+# Pages whose every code block runs here, in order, each in a fresh namespace where
+# `app` is an eager Celery app on the in-memory lock store.
+RUNNABLE_PAGES = ["migration.md"]
+
+
+def code_blocks(page: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), re.S | re.M)
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_every_code_block_of_the_page_runs(page: str) -> None:
+    blocks = code_blocks(page)
+    assert blocks, f"{page} has no python block"
+    fences = (DOCS / page).read_text().count("```") // 2
+    assert fences == len(blocks), f"{page}: every code block must be a runnable python block"
+    for number, block in enumerate(blocks, 1):
+        app = Celery(f"docs-{number}", set_as_current=False)
+        app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+        try:
+            exec(compile(block, f"{page}[{number}]", "exec"), {"app": app, "__name__": "docs"})  # noqa: S102
+        finally:
+            app.close()
+
+
+def test_every_python_block_of_the_readme_runs() -> None:
+    """The front door's example is decorated for real: its options are checked as a
+    user's would be, and its tasks run eagerly on the in-memory store."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    assert blocks, "README.md has no python block"
+    for number, block in enumerate(blocks, 1):
+        namespace: dict[str, object] = {"__name__": "readme"}
+        exec(compile(block, f"README.md[{number}]", "exec"), namespace)  # noqa: S102
+        app = namespace["app"]
+        assert isinstance(app, Celery)
+        try:
+            app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+            charge = namespace["charge"]
+            result = charge.delay(5, 10)  # type: ignore[attr-defined]
+            assert result.get()["order"] == 5
+            assert result.get()["fence"] > 0
+        finally:
+            app.close()
+
+
+def test_the_readme_is_a_front_door() -> None:
+    """Tables live once, in the docs; the README stays short."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 160
+    assert "\n|" not in readme, "a table in README.md: it belongs on its docs page"
+
+
+def test_every_image_a_page_shows_exists() -> None:
+    for page in DOCS.glob("*.md"):
+        for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()):
+            assert (DOCS / image).exists(), f"{page.name} shows {image}, which is missing"
