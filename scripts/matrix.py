@@ -45,7 +45,13 @@ SUBSET = [
 
 # The lowest Celery also runs every worker pool (prefork, threads, gevent, eventlet, solo)
 # and every lock mode.
-POOLS = ["tests/integration/test_pools.py", "tests/integration/test_modes.py"]
+POOLS = [
+    "tests/integration/test_pools.py",
+    "tests/integration/test_modes.py",
+    *sorted(
+        str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "integration").glob("test_mode_*.py")
+    ),
+]
 
 # name -> (pip requirements pinned on top of the package's own, extra environment)
 COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {
