@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from .backend import Store
 from .exceptions import LockStoreUnavailableError, SingletonLockError
 from .lease import Contended, Lease, PendingAcquire
 
@@ -86,16 +87,16 @@ class Refused(BaseException):
 class Gate:
     """The answer to a dispatch's acquire, checked once before its message leaves."""
 
-    __slots__ = ("_key", "_outage", "_pending", "_task", "checked")
+    __slots__ = ("_key", "_outage", "_pending", "_store", "checked")
 
     def __init__(
         self,
-        task: Any,
+        store: Store,
         key: str,
         pending: PendingAcquire,
         outage: Callable[[LockStoreUnavailableError], None],
     ) -> None:
-        self._task = task
+        self._store = store
         self._key = key
         self._pending = pending
         self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
@@ -116,7 +117,7 @@ class Gate:
 
     def give_back(self) -> None:
         """The message was not published: release the hold if one was granted."""
-        store = self._task.singleton_context.store
+        store = self._store
         try:
             outcome = self._pending.outcome()
         except LockStoreUnavailableError:

@@ -28,7 +28,7 @@ from .exceptions import (
     LockNotAcquiredError,
     LockStoreUnavailableError,
 )
-from .holds import Hold
+from .holds import PendingHold
 from .lease import Contended, Lease
 from .modes import Mode, Start
 from .policies import ContentionState, Fail, Requeue, Skip, Wait
@@ -101,14 +101,19 @@ class Execution:
         hold = None
         try:
             if self.role == "pending":
-                hold = Hold(self.task, self.key, "pending", self.queued, self.shape, self.token)
+                hold = PendingHold(
+                    self.task.singleton_context, self.task.request.id, self.key, "pending",
+                    self.queued, self.shape, self.token,
+                )  # fmt: skip
                 if self.mode.replaces:
                     # Claimed before the key, in one step: a later call can no longer
                     # replace this message once it has passed this point.
                     self._unless_replaced(hold.claim())
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
-            outage = outages.at_execution(self.task, self.key, error)
+            outage = outages.at_execution(
+                self.task.singleton_context, self.task.request, self.key, error
+            )
             if isinstance(outage, Lease):
                 return outage
             send_again(self.task, self.key, self.attempt, outage.countdown, outages=outage.outages)
@@ -203,7 +208,7 @@ class Execution:
         )
         raise Ignore(decision.reason)
 
-    def _contend(self, held: Contended, hold: Hold | None) -> Lease:
+    def _contend(self, held: Contended, hold: PendingHold | None) -> Lease:
         task = self.task
         if self._is_copy(held):
             self._drop_copy(held)
@@ -271,7 +276,7 @@ def send_again(
     countdown: float,
     *,
     outages: int | None = None,
-    hold: Hold | None = None,
+    hold: PendingHold | None = None,
 ) -> NoReturn:
     """Send the current message again in ``countdown`` seconds, and end this execution."""
     request = task.request

@@ -10,8 +10,8 @@ pending call: it keeps the hold while it waits, and passes it to its requeued me
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from .context import TaskContext
 from .exceptions import LockStoreUnavailableError
 from .lease import Contended, Lease, companion
 from .tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
@@ -19,19 +19,21 @@ from .tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
 logger = logging.getLogger(__name__)
 
 
-class Hold:
+class PendingHold:
     """The hold of the message being executed: queued at dispatch, or reserved since."""
 
     def __init__(  # noqa: PLR0917  (the message's hold, as the execution knows it)
         self,
-        task: Any,
+        context: TaskContext,
+        task_id: str,
         key: str,
         role: str,
         queued: str | None,
         reserved: tuple[str, str] | None,
         token: str,
     ) -> None:
-        self._task = task
+        self._context = context
+        self._task_id = task_id
         self.role = role
         self.name = companion(key, role)
         self._queued = queued
@@ -44,7 +46,7 @@ class Hold:
         self, ttl: float, token: str, unless_replaced: str | None = None
     ) -> Lease | Contended:
         """The hold under ``token``, taken over from whichever form it has now."""
-        return self._task.singleton_context.store.try_acquire(  # type: ignore[no-any-return]
+        return self._context.store.try_acquire(
             self.name,
             ttl,
             token=token,
@@ -61,9 +63,7 @@ class Hold:
         that replaced this one, or another call once this hold had expired), or that
         this message was replaced (even if its replacement has run since).
         """
-        outcome = self._take(
-            self._task.singleton_context.ttl, self._token, unless_replaced=self._queued
-        )
+        outcome = self._take(self._context.ttl, self._token, unless_replaced=self._queued)
         if isinstance(outcome, Lease):
             self._lease = outcome
             return None
@@ -73,18 +73,18 @@ class Hold:
         """Make the hold this execution's own and renew it while it waits for the key."""
         try:
             if self._lease is None:
-                outcome = self._take(self._task.singleton_context.ttl, self._token)
+                outcome = self._take(self._context.ttl, self._token)
                 self._lease = outcome if isinstance(outcome, Lease) else None
         except LockStoreUnavailableError as error:
             logger.warning("%s: could not keep its pending hold (%s)", self.name, error)
             return
         if self._lease is not None:
-            self._task.singleton_context.store.renew(self._lease)
+            self._context.store.renew(self._lease)
 
     def pass_on(self, ttl: float) -> dict[str, str]:
         """Hand the hold to the requeued message; the headers that message carries."""
-        store = self._task.singleton_context.store
-        token = queued_token(self._task.request.id)
+        store = self._context.store
+        token = queued_token(self._task_id)
         try:
             if self._lease is not None:
                 outcome = store.hand_over(self._lease, ttl, token=token)
@@ -102,7 +102,7 @@ class Hold:
         if self._done:
             return
         self._done = True
-        store = self._task.singleton_context.store
+        store = self._context.store
         try:
             if self._lease is not None:
                 if not self._lease.released:

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from .context import TaskContext
 from .exceptions import LockStoreUnavailableError
 from .lease import Lease
 from .policies import ContentionState, Requeue, requeue
@@ -14,12 +15,12 @@ from .tokens import OUTAGE_HEADER, OUTAGE_MAX_REQUEUES, header
 logger = logging.getLogger(__name__)
 
 
-def at_dispatch(task: Any, key: str, error: LockStoreUnavailableError) -> None:
+def at_dispatch(context: TaskContext, key: str, error: LockStoreUnavailableError) -> None:
     """fail_closed: refuse to publish, with what to set instead; fail_open: log and go on."""
-    where = task.singleton_context.backend.describe()
-    if task.singleton_context.backend.config.on_redis_error == "fail_closed":
+    where = context.backend.describe()
+    if context.backend.config.on_redis_error == "fail_closed":
         raise LockStoreUnavailableError(
-            f"{task.name}: {error}; nothing was published. Set "
+            f"{context.name}: {error}; nothing was published. Set "
             "singleton_lock_on_redis_error='fail_open' to publish without the duplicate "
             "check when Redis is down",
             name=key,
@@ -31,7 +32,7 @@ def at_dispatch(task: Any, key: str, error: LockStoreUnavailableError) -> None:
         "check (fail_open)",
         where,
         type(error).__name__,
-        task.name,
+        context.name,
         key,
     )
 
@@ -44,28 +45,32 @@ class OutageRequeue:
     outages: int
 
 
-def at_execution(task: Any, key: str, error: LockStoreUnavailableError) -> Lease | OutageRequeue:
+def at_execution(
+    context: TaskContext, request: Any, key: str, error: LockStoreUnavailableError
+) -> Lease | OutageRequeue:
     """fail_open: run unlocked (logged); fail_closed: requeue with backoff, a bounded
-    number of times, then fail. The caller sends the requeue: this module decides."""
-    where = task.singleton_context.backend.describe()
-    if task.singleton_context.backend.config.on_redis_error == "fail_open":
+    number of times, then fail. The caller sends the requeue: this module decides.
+
+    ``request`` is Celery's request of the execution (its id and headers)."""
+    where = context.backend.describe()
+    if context.backend.config.on_redis_error == "fail_open":
         logger.warning(
             "lock store at %s unreachable (%s): running %s[%s] for %s UNLOCKED (fail_open)",
             where,
             type(error).__name__,
-            task.name,
-            task.request.id,
+            context.name,
+            request.id,
             key,
         )
         return Lease.unlocked(
             key,
-            task.singleton_context.ttl,
+            context.ttl,
             "running unlocked: the lock store was unreachable (fail_open)",
         )
-    requeues = int(header(task.request, OUTAGE_HEADER) or 0)
+    requeues = int(header(request, OUTAGE_HEADER) or 0)
     if requeues >= OUTAGE_MAX_REQUEUES:
         raise LockStoreUnavailableError(
-            f"{task.name}[{task.request.id}] did not run: {error}, through "
+            f"{context.name}[{request.id}] did not run: {error}, through "
             f"{requeues} requeues; it is not requeued again (fail_closed)",
             name=key,
             key=error.key,
@@ -75,14 +80,14 @@ def at_execution(task: Any, key: str, error: LockStoreUnavailableError) -> Lease
         "lock store at %s unreachable (%s): requeueing %s[%s] (fail_closed, %d of %d)",
         where,
         type(error).__name__,
-        task.name,
-        task.request.id,
+        context.name,
+        request.id,
         requeues + 1,
         OUTAGE_MAX_REQUEUES,
     )
     # Redis being down is not contention: backoff grows with the outage, but the
     # contention attempts (which end in fail) are not spent.
     backoff = requeue(max_tries=OUTAGE_MAX_REQUEUES)
-    decision = backoff(ContentionState(task_name=task.name, key=key, attempt=requeues))
+    decision = backoff(ContentionState(task_name=context.name, key=key, attempt=requeues))
     countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
     return OutageRequeue(countdown, outages=requeues + 1)

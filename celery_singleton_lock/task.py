@@ -164,7 +164,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             self._redis_error_at_dispatch(key, error)
             return publish(task_id, options, {KEY_HEADER: key})
         outage = partial(self._redis_error_at_dispatch, key)
-        gate = Gate(self, key, pending, outage)
+        gate = Gate(context.store, key, pending, outage)
         # On a refusal: the holder's result, or with replace, the queued call's with ours.
         duplicate = partial(self._duplicate, key)
         refused_by: Callable[[Contended], Any] = (
@@ -256,7 +256,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
 
     def _redis_error_at_dispatch(self, key: str, error: LockStoreUnavailableError) -> None:
-        outages.at_dispatch(self, key, error)
+        outages.at_dispatch(self.singleton_context, key, error)
 
     def _send_retry(
         self,

@@ -8,7 +8,7 @@
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
-    python3 scripts/dev.py test --unit [args...]   the same on tests/unit alone (no servers, seconds)
+    python3 scripts/dev.py test --unit [args...]   the same on tests/unit alone (no server)
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
