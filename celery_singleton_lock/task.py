@@ -13,12 +13,13 @@ Tokens and headers are in ``tokens.py``; the gate around publish in ``dispatch.p
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, ClassVar, TypeAlias
 
-from celery import Task
+from celery import Task, states
 from celery.signals import before_task_publish
 from celery.utils import uuid
 
@@ -65,6 +66,10 @@ class SingletonTask(Task):  # type: ignore[misc]
     # logs it at INFO without a traceback, not as an ERROR.
     throws = (DuplicateTaskError,)
     _singleton_options: ClassVar[SingletonOptions | None] = None
+    # Whether STARTED is stored (task_track_started / track_started=True): by the task
+    # once it holds its lease, not by Celery's tracer before the task is called (see
+    # on_bound).
+    singleton_track_started: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -81,6 +86,19 @@ class SingletonTask(Task):  # type: ignore[misc]
         # the first call; class-based tasks without a name yet are checked on first use.
         if "run" in cls.__dict__ and cls.name:
             cls.singleton_options()
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        super().on_bound(app)
+        # Celery's tracer stores STARTED before it calls the task, for every delivery:
+        # also for one this library then drops without a trace (a replaced message, a
+        # copy of the running one, a requeue). Under an id whose run stored SUCCESS a
+        # moment before, that write can win (the backend's check-then-set is not
+        # atomic) and every later AsyncResult(id).get() waits for ever. The task
+        # stores STARTED itself, once it holds its lease (see __call__).
+        if cls.track_started:
+            cls.singleton_track_started = True
+            cls.track_started = False
 
     @classmethod
     def singleton_options(cls) -> SingletonOptions:
@@ -297,6 +315,17 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     # -- execution -----------------------------------------------------------------------
 
+    def _store_started(self, request: Any) -> None:
+        """STARTED, as Celery's tracer would have stored it (same meta, same condition)."""
+        if self.ignore_result or getattr(request, "ignore_result", False):
+            return
+        self.backend.store_result(
+            request.id,
+            {"pid": os.getpid(), "hostname": request.hostname},
+            states.STARTED,
+            request=request,
+        )
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly or request.id is None:
@@ -309,6 +338,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         acquired = time.monotonic()
         request.singleton_lease = lease
         _report_acquired(self, lease, request.id, acquired - began)
+        if self.singleton_track_started and not request.is_eager:
+            self._store_started(request)
         try:
             return self.run(*args, **kwargs)
         finally:

@@ -63,3 +63,27 @@ class TestDebounceInAWorker:
         assert versions == {r["version"] for r in records}
         assert_no_overlap(records)
         wait_for(lambda: not held(cenv), 5, "keys freed")
+
+    def test_a_replaced_message_stores_no_state_under_the_shared_id(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """task_track_started is on in the test app: Celery's tracer would store STARTED
+        for the replaced message when its countdown comes, while the call's one run is
+        still 0.4 s away (and, racing a SUCCESS, could overwrite it for good)."""
+        debounced = cenv.app_module.debounced
+        first = debounced.apply_async(("b3", "v0"), queue=worker.queue)
+        time.sleep(0.4)
+        assert debounced.apply_async(("b3", "v1"), queue=worker.queue).id == first.id
+        seen: list[tuple[float, str]] = []
+        deadline = time.time() + 10
+        while time.time() < deadline and first.state != "SUCCESS":
+            seen.append((time.time(), first.state))
+            time.sleep(0.02)
+        assert first.get(timeout=10) == "v1"
+        [record] = of(runs(cenv), "b3")
+        started = [at for at, state in seen if state == "STARTED"]
+        assert not started or started[0] >= record["start"] - 0.05, (
+            f"STARTED {record['start'] - started[0]:.2f}s before the run began: the "
+            "replaced message stored it"
+        )
+        assert first.state == "SUCCESS"
