@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from celery import Task
@@ -60,7 +61,6 @@ class SingletonOptions:
     ttl: float | None
     queue_ttl: float | None
     dedupe: bool
-    mode: Mode  # the lock type these options choose: what each stage does
 
     @classmethod
     def build(cls, name: str, run: Any, raw: Mapping[str, Any] | None) -> SingletonOptions:
@@ -107,7 +107,6 @@ class SingletonOptions:
                 "of a queued call, and this mode queues every call (or none); use "
                 "lock='until_executing' or the default lock scope with replace"
             )
-        mode = _mode(lock, throttle, limit, debounce, max_wait, on_duplicate)
         return cls(
             key=KeySpec(func, name=name, key=raw.get("key"), bound=bound),
             lock=lock,
@@ -119,8 +118,14 @@ class SingletonOptions:
             on_contention=contention_policy(raw.get("on_contention", "requeue")),
             ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
             queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),
-            dedupe=mode.checks_dispatch,
-            mode=mode,
+            dedupe=lock != "while_executing",
+        )
+
+    @cached_property
+    def mode(self) -> Mode:
+        """The lock type these options choose: what each stage of a call does."""
+        return _mode(
+            self.lock, self.throttle, self.limit, self.debounce, self.max_wait, self.on_duplicate
         )
 
     @property
