@@ -40,30 +40,6 @@ def test_the_configuration_page_names_every_setting_and_option() -> None:
         assert f"`{option}`" in page, option
 
 
-# Pages whose every code block runs here, in order, each in a fresh namespace where
-# `app` is an eager Celery app on the in-memory lock store.
-RUNNABLE_PAGES = ["migration.md"]
-
-
-def code_blocks(page: str) -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), re.S | re.M)
-
-
-@pytest.mark.parametrize("page", RUNNABLE_PAGES)
-def test_every_code_block_of_the_page_runs(page: str) -> None:
-    blocks = code_blocks(page)
-    assert blocks, f"{page} has no python block"
-    fences = (DOCS / page).read_text().count("```") // 2
-    assert fences == len(blocks), f"{page}: every code block must be a runnable python block"
-    for number, block in enumerate(blocks, 1):
-        app = Celery(f"docs-{number}", set_as_current=False)
-        app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
-        try:
-            exec(compile(block, f"{page}[{number}]", "exec"), {"app": app, "__name__": "docs"})  # noqa: S102
-        finally:
-            app.close()
-
-
 def test_every_python_block_of_the_readme_runs() -> None:
     """The front door's example is decorated for real: its options are checked as a
     user's would be, and its tasks run eagerly on the in-memory store."""
