@@ -44,7 +44,7 @@ for i in range(calls):
             ids.append(error.task_id)
     else:
         item = f"bypass-{i % keys}"
-        ids.append(m.app.send_task(f"{APP}.swarm", (item,), queue=queue).id)
+        ids.append(m.app.send_task("tests.support.celery_app.swarm", (item,), queue=queue).id)
 print(json.dumps(ids))
 """
 

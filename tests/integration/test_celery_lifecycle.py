@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -96,9 +97,7 @@ class TestDispatch:
         first = work.apply_async(("d", 1.0), queue=worker.queue)
         original = work.singleton_options()
         try:
-            type(work)._singleton_options = type(original)(
-                **{**original.__dict__, "on_duplicate": "raise"}
-            )
+            type(work)._singleton_options = dataclasses.replace(original, on_duplicate="raise")
             with pytest.raises(DuplicateTaskError) as caught:
                 work.apply_async(("d", 1.0), queue=worker.queue)
         finally:

@@ -383,7 +383,7 @@ from tests.support import celery_app as c
 tag = sys.argv[1]
 first = c.work.apply_async((tag, 1.0))
 second = c.work.apply_async((tag, 1.0))
-copies = [c.app.send_task(f"{APP}.work", (tag + "-copy", 0.3)) for _ in range(3)]
+copies = [c.app.send_task("tests.support.celery_app.work", (tag + "-copy", 0.3)) for _ in range(3)]
 print(json.dumps({
     "same_id": first.id == second.id,
     "results": [first.get(timeout=60)] + [r.get(timeout=60) for r in copies],
