@@ -13,10 +13,13 @@ from typing import Any, TypeAlias
 
 from .config import MEMORY_URL, SingletonConfig
 from .exceptions import ConfigurationError
-from .lease import MemoryLock, RedisLock, client_from_url, describe
+from .lease import LockStore, MemoryLock, RedisLock, client_from_url, describe
 from .lease.clients import STANDALONE_SCHEMES, redact, scheme_of
 
-Store: TypeAlias = RedisLock | MemoryLock
+# What the Celery layer holds: either store, through the interface they share (mypy
+# checks both against it where _build returns them).
+Store: TypeAlias = LockStore
+
 
 _CACHE_ATTRIBUTE = "_singleton_lock_backend"
 _guard = threading.Lock()

@@ -3,6 +3,7 @@
 from .aio import AsyncRedisLock
 from .clients import build as client_from_url
 from .clients import describe
+from .interface import LockStore, SlotStore
 from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
@@ -17,11 +18,13 @@ __all__ = [
     "ExtendResult",
     "Lease",
     "LockKeys",
+    "LockStore",
     "MemoryLock",
     "PendingAcquire",
     "RedisLock",
     "ReleaseResult",
     "Renewer",
+    "SlotStore",
     "client_from_url",
     "companion",
     "describe",

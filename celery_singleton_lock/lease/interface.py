@@ -1,0 +1,109 @@
+"""``LockStore``: the interface ``RedisLock`` and ``MemoryLock`` share for the Celery layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from .base import WaitMode
+from .inventory import Held
+from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
+from .names import LockKeys
+from .pending import PendingAcquire
+
+
+class SlotStore(Protocol):
+    """Counting leases of a store (``store.slots``): up to ``limit`` holders of a name."""
+
+    def try_acquire(
+        self, name: str, limit: int, ttl: object, *, token: str | None = None
+    ) -> Lease | Contended: ...
+
+    def acquire(
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        timeout: object | None = None,
+        token: str | None = None,
+    ) -> Lease: ...
+
+
+class LockStore(Protocol):
+    """What the Celery layer asks of a lock store, on Redis or in memory."""
+
+    prefix: str
+
+    @property
+    def slots(self) -> SlotStore: ...
+
+    def keys(self, name: str) -> LockKeys: ...
+
+    def try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+        unless_replaced: str | None = None,
+    ) -> Lease | Contended: ...
+
+    def begin_try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+        read_late: bool = False,
+    ) -> PendingAcquire: ...
+
+    def acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        blocking: bool = True,
+        timeout: object | None = None,
+        wait: WaitMode = "push",
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        renew: bool = False,
+        on_lost: LostCallback | None = None,
+    ) -> Lease: ...
+
+    def renew(self, lease: Lease) -> None: ...
+
+    def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended: ...
+
+    def swap(
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
+    ) -> Lease | Contended: ...
+
+    def release(self, lease: Lease) -> ReleaseResult: ...
+
+    def release_nowait(self, lease: Lease) -> None: ...
+
+    def release_token(self, name: str, token: str) -> ReleaseResult: ...
+
+    def release_matching(
+        self,
+        name: str,
+        prefix: str,
+        suffix: str = "",
+        *,
+        or_shape: tuple[str, str] | None = None,
+    ) -> ReleaseResult: ...
+
+    def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult: ...
+
+    def holder(self, name: str) -> str | None: ...
+
+    def holdings(self, batch: int = ...) -> Iterator[Held]: ...
