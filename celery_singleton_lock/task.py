@@ -179,9 +179,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         try:
             pending = context.store.begin_try_acquire(hold, ttl, token=token, fenced=False)
         except LockStoreUnavailableError as error:
-            self._redis_error_at_dispatch(key, error)
+            outages.at_dispatch(context, key, error)  # fail_closed raises
             return publish(task_id, options, {KEY_HEADER: key})
-        outage = partial(self._redis_error_at_dispatch, key)
+        outage = partial(outages.at_dispatch, context, key)
         gate = Gate(context.store, key, pending, outage)
         # On a refusal: the holder's result, or with replace, the queued call's with ours.
         duplicate = partial(self._duplicate, key)
@@ -272,9 +272,6 @@ class SingletonTask(Task):  # type: ignore[misc]
             key=held.key,
             task_id=holder,
         )
-
-    def _redis_error_at_dispatch(self, key: str, error: LockStoreUnavailableError) -> None:
-        outages.at_dispatch(self.singleton_context, key, error)
 
     def _send_retry(
         self,
