@@ -1,0 +1,68 @@
+"""Run every Python block of one docs page in order, in one namespace, as a reader would.
+
+    python -m tests.support.docs_runner docs/lease.md
+
+A new interpreter per page: shared tasks another test defined must not meet the page's
+app. ``app`` is an eager Celery app on the in-memory lock store; what an example leaves
+to the reader (your database, your metrics client) is a stand-in that takes any call.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+
+class Anything:
+    """Your database, your metrics client: takes every call, attribute and ``with``."""
+
+    rowcount = 1
+
+    def __getattr__(self, name: str) -> Anything:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Anything:
+        return self
+
+    def __enter__(self) -> Anything:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def stand_ins() -> dict[str, Any]:
+    anything = Anything()
+    return {
+        "db": anything,
+        "statsd": anything,
+        "store": anything,
+        "data": b"",
+        "compute": lambda *args: 0,
+        "batches": lambda *args: [[1, 2]],
+        "write": lambda *args, **kwargs: None,
+    }
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+
+
+def run(page: Path) -> None:
+    app = Celery(f"docs-{page.stem}")
+    app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+    module = "docs_" + page.stem.replace("-", "_")
+    namespace: dict[str, Any] = {"app": app, "__name__": module, **stand_ins()}
+    try:
+        for number, block in enumerate(python_blocks(page), 1):
+            exec(compile(block, f"{page.name}[{number}]", "exec"), namespace)  # noqa: S102
+    finally:
+        app.close()
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))
