@@ -82,7 +82,7 @@ class Execution:
             # Exactly this message's reservation: a replacement of its arguments (same
             # task id, sent later) reserved on this host must never pass for it.
             self.shape = reserved_exact(request.id, self.queued) if self.queued else None
-        context = task.singleton_context
+        self.context = context = task.singleton_context
         self.store: Store = context.store
         self.ttl: float = context.ttl
         # What the mode needs to take the running lease: the key, and the message's own
@@ -102,7 +102,7 @@ class Execution:
         try:
             if self.role == "pending":
                 hold = PendingHold(
-                    self.task.singleton_context, self.task.request.id, self.key, "pending",
+                    self.context, self.task.request.id, self.key, "pending",
                     self.queued, self.shape, self.token,
                 )  # fmt: skip
                 if self.mode.replaces:
@@ -111,9 +111,7 @@ class Execution:
                     self._unless_replaced(hold.claim())
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
-            outage = outages.at_execution(
-                self.task.singleton_context, self.task.request, self.key, error
-            )
+            outage = outages.at_execution(self.context, self.task.request, self.key, error)
             if isinstance(outage, Lease):
                 return outage
             send_again(self.task, self.key, self.attempt, outage.countdown, outages=outage.outages)
@@ -235,8 +233,7 @@ class Execution:
             if hold is not None:
                 hold.keep()  # still the pending call while it waits
             try:
-                waiting = task.singleton_context.waiting
-                return self.mode.wait(self.start, waiting, decision.timeout)
+                return self.mode.wait(self.start, self.context.waiting, decision.timeout)
             except LockNotAcquiredError as error:
                 state = ContentionState(
                     task_name=task.name,

@@ -174,21 +174,22 @@ class SingletonTask(Task):  # type: ignore[misc]
         task_id = task_id or uuid()
         mode.prepare(self.name, options)
         context = self.singleton_context
-        planned = mode.hold(key, mode.token(task_id), context.queue_ttl + delay_of(options))
+        store, queue_ttl = context.store, context.queue_ttl
+        planned = mode.hold(key, mode.token(task_id), queue_ttl + delay_of(options))
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         try:
-            pending = context.store.begin_try_acquire(hold, ttl, token=token, fenced=False)
+            pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False)
         except LockStoreUnavailableError as error:
             outages.at_dispatch(context, key, error)  # fail_closed raises
             return publish(task_id, options, {KEY_HEADER: key})
         outage = partial(outages.at_dispatch, context, key)
-        gate = Gate(context.store, key, pending, outage)
+        gate = Gate(store, key, pending, outage)
         # On a refusal: the holder's result, or with replace, the queued call's with ours.
         duplicate = partial(self._duplicate, key)
         refused_by: Callable[[Contended], Any] = (
             Replacement(
-                mode=mode, task_name=self.name, store=context.store,
-                queue_ttl=context.queue_ttl, result=self.AsyncResult, key=key, hold=hold,
+                mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
+                result=self.AsyncResult, key=key, hold=hold,
                 ttl=ttl, ours=ours, options=dict(options), publish=publish,
                 refused=duplicate, outage=outage,
             )

@@ -213,8 +213,9 @@ def new_call(task: Any, members: list[LockRow]) -> str:  # noqa: PLR0911  (an an
         if running is not None:
             return f"accepted; at execution it meets {running.task_id} ({running.state})"
         return "accepted"
-    hold = by_role.get(opts.hold_role)
-    if opts.hold_role == "throttle":
+    role = opts.mode.hold_role
+    hold = by_role.get(role)
+    if role == "throttle":
         if hold is not None:
             return f"refused for {human(hold.ttl)} more (the window of {hold.task_id})"
         return "accepted"

@@ -47,6 +47,13 @@ class Start:
     role: str | None
     store: Store
 
+    def own(self) -> dict[str, Any]:
+        """What of the key this message may take over: its own queued hold or reservation.
+        A hold beside the key (a role) is not taken over: the lease is taken afresh."""
+        if self.role:
+            return {}
+        return {"replace": self.queued, "replace_shape": self.shape}
+
 
 class Mode:
     """A lock type: one subclass per mode (``modes/<name>.py``), on one shared lock store.
@@ -82,15 +89,16 @@ class Mode:
 
     def hold(self, key: str, token: str, ttl: float) -> PublishHold:
         """The hold of a dispatch of ``key`` for ``ttl`` s (the queue ttl plus any delay)."""
-        if self.hold_role is None:
-            return PublishHold(key, ttl, token, {KEY_HEADER: key, TOKEN_HEADER: token})
-        headers = {KEY_HEADER: key, TOKEN_HEADER: token, HOLD_HEADER: self.hold_role}
-        return PublishHold(companion(key, self.hold_role), ttl, token, headers)
+        headers = {KEY_HEADER: key, TOKEN_HEADER: token}
+        if self.hold_role is not None:
+            headers[HOLD_HEADER] = self.hold_role
+        return PublishHold(self._held_lock(key), ttl, token, headers)
 
     def hold_name(self, key: str) -> str | None:
         """The lock a dispatch of ``key`` holds (None: it holds none)."""
-        if not self.checks_dispatch:
-            return None
+        return self._held_lock(key) if self.checks_dispatch else None
+
+    def _held_lock(self, key: str) -> str:
         return key if self.hold_role is None else companion(key, self.hold_role)
 
     # -- start (the pool child) -----------------------------------------------------------
@@ -98,24 +106,20 @@ class Mode:
     def take(self, start: Start) -> Lease | Contended:
         """Try once for the running lease: the key, taking over the message's own hold
         on it (queued, or reserved by the worker that received it)."""
-        own: dict[str, Any] = {}
-        if not start.role:
-            own = {"replace": start.queued, "replace_shape": start.shape}
         return start.store.try_acquire(
             start.key,
             start.ttl,
             token=start.token,
             # A replaced message must not run even once the key is free again.
             unless_replaced=start.queued if self.replaces and not start.role else None,
-            **own,
+            **start.own(),
         )
 
     def wait(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
         """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
-        own: dict[str, Any] = {}
-        if not start.role:
-            own = {"replace": start.queued, "replace_shape": start.shape}
-        return waiting.acquire(start.key, start.ttl, timeout=timeout, token=start.token, **own)
+        return waiting.acquire(
+            start.key, start.ttl, timeout=timeout, token=start.token, **start.own()
+        )
 
     # -- end --------------------------------------------------------------------------------
 
