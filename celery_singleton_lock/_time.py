@@ -1,4 +1,5 @@
-"""Time arithmetic shared by the lease and the policies: durations in, delays out."""
+"""Time arithmetic shared by the lease, the policies and the modes: durations in, delays and
+readable durations out."""
 
 from __future__ import annotations
 
@@ -66,3 +67,20 @@ def full_jitter(
     """
     ceiling = min(cap, base * (2 ** min(attempt, 62)))
     return float(ceiling * rng())
+
+
+def human(seconds: float | None) -> str:
+    """``42s``, ``5m03s``, ``2h10m``, ``3d04h``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{whole}s"
+    minutes, secs = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"

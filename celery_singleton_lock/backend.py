@@ -9,12 +9,16 @@ any sensible socket timeout. ``memory://`` gives the in-process store for eager 
 from __future__ import annotations
 
 import threading
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .config import MEMORY_URL, SingletonConfig
 from .exceptions import ConfigurationError
 from .lease import LockStore, MemoryLock, RedisLock, client_from_url, describe
 from .lease.clients import STANDALONE_SCHEMES, redact, scheme_of
+
+if TYPE_CHECKING:
+    from celery import Celery
+
 
 # What the Celery layer holds: either store, through the interface they share (mypy
 # checks both against it where _build returns them).
@@ -42,7 +46,7 @@ class Backend:
         self._waiting: Store | None = None
 
     @classmethod
-    def for_app(cls, app: Any) -> Backend:
+    def for_app(cls, app: Celery) -> Backend:
         backend: Backend | None = getattr(app, _CACHE_ATTRIBUTE, None)
         if backend is None:
             with _guard:
@@ -53,7 +57,7 @@ class Backend:
         return backend
 
     @staticmethod
-    def forget(app: Any) -> None:
+    def forget(app: Celery) -> None:
         """Drop the app's cached settings and stores: the next use reads ``app.conf``
         again and connects afresh (a test that changes the lock store's settings)."""
         SingletonConfig.forget(app)

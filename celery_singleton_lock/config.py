@@ -14,7 +14,7 @@ import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 from ._time import to_seconds, ttl_to_ms
@@ -22,9 +22,13 @@ from .exceptions import ConfigurationError
 from .lease import DEFAULT_PREFIX, validate_prefix
 from .lease.clients import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
 
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.app.utils import Settings
+
 OnRedisError: TypeAlias = Literal["fail_closed", "fail_open"]
 
-DEFAULTS: dict[str, Any] = {
+DEFAULTS: dict[str, object] = {
     "singleton_lock_url": None,
     "singleton_lock_prefix": DEFAULT_PREFIX,
     "singleton_lock_ttl": 30.0,
@@ -90,7 +94,7 @@ def _same_server(a: str, b: str) -> bool:
     return same
 
 
-def _options(conf: Any, url: str | None, source: str, explicit: object) -> dict[str, Any]:
+def _options(conf: Settings, url: str | None, source: str, explicit: object) -> dict[str, Any]:
     """Client options for ``url``: those of the broker/backend it shares, then the user's."""
     if explicit is not None and not isinstance(explicit, dict):
         raise ConfigurationError(
@@ -168,7 +172,7 @@ class SingletonConfig:
         return f"SingletonConfig({shown})"
 
     @classmethod
-    def from_app(cls, app: Any) -> SingletonConfig:
+    def from_app(cls, app: Celery) -> SingletonConfig:
         """Read (once) and cache the app's settings."""
         cached: SingletonConfig | None = getattr(app, _CACHE_ATTRIBUTE, None)
         if cached is None:
@@ -177,13 +181,13 @@ class SingletonConfig:
         return cached
 
     @staticmethod
-    def forget(app: Any) -> None:
+    def forget(app: Celery) -> None:
         """Drop the cached settings: the next use reads ``app.conf`` again (tests)."""
         if hasattr(app, _CACHE_ATTRIBUTE):
             delattr(app, _CACHE_ATTRIBUTE)
 
     @classmethod
-    def from_conf(cls, conf: Any) -> SingletonConfig:
+    def from_conf(cls, conf: Settings) -> SingletonConfig:
         try:
             return cls._from_conf(conf)
         except ConfigurationError as error:
@@ -194,10 +198,10 @@ class SingletonConfig:
             raise ConfigurationError(spelt) from None
 
     @classmethod
-    def _from_conf(cls, conf: Any) -> SingletonConfig:
+    def _from_conf(cls, conf: Settings) -> SingletonConfig:
         _refuse_unknown_keys(conf)
 
-        def get(name: str) -> Any:
+        def get(name: str) -> object:
             value = conf.get(name)
             return DEFAULTS[name] if value is None else value
 
@@ -234,7 +238,7 @@ class SingletonConfig:
         )
 
     @staticmethod
-    def _find_url(conf: Any, explicit: object) -> tuple[str | None, str]:
+    def _find_url(conf: Settings, explicit: object) -> tuple[str | None, str]:
         if explicit is not None:
             if explicit == MEMORY_URL:
                 return MEMORY_URL, "singleton_lock_url"
@@ -262,7 +266,7 @@ class SingletonConfig:
         return self.url
 
 
-def _hidden(name: str, value: Any) -> Any:
+def _hidden(name: str, value: object) -> object:
     """``value`` with any password in it replaced by ``***`` (URLs, nested options)."""
     if isinstance(value, dict):
         return {k: _hidden(str(k), v) for k, v in value.items()}
@@ -271,7 +275,7 @@ def _hidden(name: str, value: Any) -> Any:
     return redact(value) if name == "url" and isinstance(value, str) else value
 
 
-def _refuse_unknown_keys(conf: Any) -> None:
+def _refuse_unknown_keys(conf: Settings) -> None:
     # Named as the user wrote them: CELERY_SINGLETON_LOCK_TLL in a Django settings.py
     # (namespace "CELERY"), singleton_lock_tll in a celeryconfig.
     unknown: dict[str, str] = {}  # as written -> our name
@@ -301,7 +305,7 @@ def _refuse_unknown_keys(conf: Any) -> None:
 _OUR_NAME = re.compile(r"(?<![A-Za-z_])singleton_lock_[a-z_]+")
 
 
-def _in_users_words(message: str, conf: Any) -> str:
+def _in_users_words(message: str, conf: Settings) -> str:
     """``message`` with our setting names spelt as the app's settings spell them."""
     like = next(
         (str(k) for k in list(conf.keys()) if str(k).lower().startswith("celery_singleton_lock_")),

@@ -1,17 +1,23 @@
-"""``TaskContext``: the typed view of a singleton task its helpers get (options, stores, ttls).
+"""The typed views of a singleton task its helpers get: ``TaskContext`` and ``Delivery``.
 
 Helpers (the execution, a pending hold, the worker's reservations, the outage policy)
-read what they need of a task through this object instead of the task's private
-members: its options, the app's lock stores and the lease times in force.
+read what they need of a task through these objects instead of the task itself:
+``TaskContext`` is the task's options, the app's lock stores and the lease times in
+force; ``Delivery`` is one message being run (its request, and what may be done with
+it: store a state under its id, send it again). Model: tenacity's ``RetryCallState``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from .backend import Backend, Store
 from .options import SingletonOptions
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 
 class TaskContext:
@@ -20,7 +26,7 @@ class TaskContext:
 
     __slots__ = ("_options", "app", "name")
 
-    def __init__(self, app: Any, name: str, options: Callable[[], SingletonOptions]) -> None:
+    def __init__(self, app: Celery, name: str, options: Callable[[], SingletonOptions]) -> None:
         self.app = app
         self.name = name
         self._options = options
@@ -53,3 +59,38 @@ class TaskContext:
     def queue_ttl(self) -> float:
         """How long a queued hold lasts: the task's own, else the app's."""
         return self.options.queue_ttl or self.backend.config.queue_ttl
+
+
+class Request(Protocol):
+    """What the library reads of Celery's request context (``celery.app.task.Context``,
+    which Celery does not type)."""
+
+    id: str
+    hostname: str | None
+    is_eager: bool
+    headers: Mapping[str, object] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of a singleton task's message, as its execution sees it.
+
+    The task makes one per run (``SingletonTask.__call__``); the execution reads the
+    request through it and acts on the message only through its two callables.
+    """
+
+    context: TaskContext
+    request: Request
+    # The task, as the ``sender`` of the library's signals (receivers filter on it).
+    sender: object
+    # Whether a state stored under this id can be read back (ignore_result off).
+    keeps_results: bool
+    # Store ``meta`` in ``state`` under this delivery's task id.
+    store_state: Callable[[object, str], None]
+    # Send this message again (same id, links and chain) with these headers in
+    # ``countdown`` seconds, and with these options (the library's own bypass).
+    resend: Callable[[float, dict[str, object], dict[str, object]], None]
+
+    @property
+    def name(self) -> str:
+        return self.context.name

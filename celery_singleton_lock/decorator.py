@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, overload
+from typing import TYPE_CHECKING, overload
 
 from celery import shared_task
 
@@ -13,20 +13,23 @@ from .options import OPTION_NAMES, SingletonOptions, refuse_task_options
 from .task import SingletonTask
 from .worker import hooks
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 
 @overload
-def singleton_task(func: Callable[..., Any], /) -> Any: ...
+def singleton_task(func: Callable[..., object], /) -> SingletonTask: ...
 
 
 @overload
 def singleton_task(
-    func: None = None, /, *, app: Any = None, **options: Any
-) -> Callable[[Callable[..., Any]], Any]: ...
+    func: None = None, /, *, app: Celery | None = None, **options: object
+) -> Callable[[Callable[..., object]], SingletonTask]: ...
 
 
 def singleton_task(
-    func: Callable[..., Any] | None = None, /, *, app: Any = None, **options: Any
-) -> Any:
+    func: Callable[..., object] | None = None, /, *, app: Celery | None = None, **options: object
+) -> SingletonTask | Callable[[Callable[..., object]], SingletonTask]:
     """Declare a singleton task: ``@singleton_task`` or ``@singleton_task(key=[...], ...)``.
 
     Singleton options: ``key``, ``lock``, ``throttle``, ``debounce``, ``max_wait``,
@@ -50,12 +53,12 @@ def singleton_task(
         raise ConfigurationError(f"base={base!r} must be SingletonTask or a subclass of it")
     singleton = {name: options.pop(name) for name in OPTION_NAMES if name in options}
 
-    def decorate(fun: Callable[..., Any]) -> Any:
+    def decorate(fun: Callable[..., object]) -> SingletonTask:
         if inspect.iscoroutinefunction(fun):
             raise ConfigurationError(f"{fun.__qualname__}: Celery tasks cannot be async def")
         # Validate before Celery sees the task: Celery registers shared tasks for every
         # app finalized later, and a task that failed here must not fail there again.
-        name = options.get("name") or f"{fun.__module__}.{fun.__name__}"
+        name = str(options.get("name") or f"{fun.__module__}.{fun.__name__}")
         refuse_task_options(name, options)
         # Now, not when Celery makes the class (at finalization, for a shared task):
         # `celery inspect singleton_stats` checks command names before that.
@@ -63,8 +66,11 @@ def singleton_task(
         run = fun if options.get("bind") else staticmethod(fun)
         SingletonOptions.build(name, run, singleton)
         task_options = {"base": base, "singleton": singleton, **options}
-        if app is not None:
-            return app.task(lazy=False, **task_options)(fun)
-        return shared_task(**task_options)(fun)
+        # Celery makes the task class (a subclass of ``base``) and its instance.
+        made = (
+            app.task(lazy=False, **task_options) if app is not None else shared_task(**task_options)
+        )
+        task: SingletonTask = made(fun)
+        return task
 
     return decorate(func) if func is not None else decorate

@@ -6,30 +6,33 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backend import Store
 from .exceptions import LockStoreUnavailableError, SingletonLockError
 from .lease import Contended, Lease, PendingAcquire
 
+if TYPE_CHECKING:
+    from kombu.messaging import Producer
+
 logger = logging.getLogger(__name__)
 
 
-def delay_of(options: Mapping[str, Any]) -> float:
+def delay_of(options: Mapping[str, object]) -> float:
     """Seconds until an ETA/countdown task may run, so its hold outlives the wait."""
     countdown = options.get("countdown")
-    if countdown:
+    if isinstance(countdown, (int, float)) and countdown:
         return max(0.0, float(countdown))
     eta = options.get("eta")
-    if eta is None:
-        return 0.0
     if isinstance(eta, str):
         eta = datetime.fromisoformat(eta)
+    if not isinstance(eta, datetime):
+        return 0.0  # none (or not a time: Celery refuses it as it builds the message)
     now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
     return max(0.0, (eta - now).total_seconds())
 
 
-def in_canvas(link: object, link_error: object, options: Mapping[str, Any]) -> bool:
+def in_canvas(link: object, link_error: object, options: Mapping[str, object]) -> bool:
     # Refusing a message that carries the rest of a chain, a group slot or a chord
     # header would silently drop that work (or leave a GroupResult waiting forever).
     # Such messages skip the queue-level hold; the execution level still keeps them
@@ -142,17 +145,19 @@ class GatedProducer:
 
     __slots__ = ("_gate", "_producer")
 
-    def __init__(self, producer: Any, gate: Gate) -> None:
+    def __init__(self, producer: Producer, gate: Gate) -> None:
         self._producer = producer
         self._gate = gate
 
     def __getattr__(self, name: str) -> Any:
+        # Everything else is Celery's producer's own (a proxy: typed as kombu types it).
         return getattr(self._producer, name)
 
-    def publish(self, *args: Any, **kwargs: Any) -> Any:
+    def publish(self, *args: object, **kwargs: object) -> object:
         if not self._gate.checked:  # Celery may call again to retry a failed publish
             self._gate.check()
-        return self._producer.publish(*args, **kwargs)
+        # kombu leaves Producer.publish untyped.
+        return self._producer.publish(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def quietly(release: Callable[[Lease], object], lease: Lease) -> None:

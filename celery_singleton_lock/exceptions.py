@@ -7,14 +7,12 @@ attributes intact; the base class's ``__reduce__`` takes care of that for all of
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class SingletonLockError(Exception):
     """Base class: ``name`` is the lock's name and ``key`` its Redis key, when known."""
 
     def __init__(
-        self, message: str, *, name: str | None = None, key: str | None = None, **context: Any
+        self, message: str, *, name: str | None = None, key: str | None = None, **context: object
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -23,7 +21,7 @@ class SingletonLockError(Exception):
         for attribute, value in context.items():
             setattr(self, attribute, value)
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[object, ...]:
         # Exception's default reduce replays ``args`` only and would drop ``key`` and
         # the context attributes; celery-singleton's errors crashed workers this way.
         state = dict(self.__dict__)
@@ -35,7 +33,7 @@ class SingletonLockError(Exception):
 
 
 def _rebuild(
-    cls: type[SingletonLockError], message: str, state: dict[str, Any]
+    cls: type[SingletonLockError], message: str, state: dict[str, object]
 ) -> SingletonLockError:
     error = cls.__new__(cls)
     Exception.__init__(error, message)

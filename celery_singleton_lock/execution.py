@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
@@ -21,6 +22,7 @@ from celery.exceptions import Ignore
 from . import outages
 from . import signals as singleton_signals
 from .backend import Store
+from .context import Delivery
 from .contrib.liveness import runs_task
 from .exceptions import (
     ConfigurationError,
@@ -42,6 +44,7 @@ from .tokens import (
     RETRY_OF_HEADER,
     TOKEN_HEADER,
     header,
+    header_count,
     holder_state,
     holder_task_id,
     is_reservation_of,
@@ -60,29 +63,31 @@ HOLDER_ANSWER_TIMEOUT = 1.0
 
 
 class Execution:
-    """The running lease of ``task``'s current request, taken once by ``take()``."""
+    """The running lease of one delivery of a task's message, taken once by ``take()``."""
 
-    def __init__(self, task: Any, args: Any, kwargs: Any) -> None:
-        request = task.request
-        opts = task.singleton_options()
-        self.task = task
+    def __init__(
+        self, delivery: Delivery, args: Sequence[object], kwargs: Mapping[str, object]
+    ) -> None:
+        request = delivery.request
+        self.delivery = delivery
+        self.context = context = delivery.context
+        opts = context.options
         self.key: str = header(request, KEY_HEADER) or opts.key.derive(args, kwargs)
         self.mode: Mode = opts.mode
         self.queued: str | None = header(request, TOKEN_HEADER)
         self.role: str | None = header(request, HOLD_HEADER)
-        self.attempt = int(header(request, ATTEMPT_HEADER) or 0)
+        self.attempt = header_count(request, ATTEMPT_HEADER)
         hostname = request.hostname
         self.token = running_token(request.id, hostname or "eager", os.getpid())
         # The message's own hold: as queued at dispatch, or as reserved by the worker's
         # main process when it received the message.
         self.shape: tuple[str, str] | None
-        if header(request, REDRIVE_HEADER):
+        if header_count(request, REDRIVE_HEADER):
             self.shape = redrive_shape()  # a re-drive has no hold or reservation of its own
         else:
             # Exactly this message's reservation: a replacement of its arguments (same
             # task id, sent later) reserved on this host must never pass for it.
             self.shape = reserved_exact(request.id, self.queued) if self.queued else None
-        self.context = context = task.singleton_context
         self.store: Store = context.store
         self.ttl: float = context.ttl
         # What the mode needs to take the running lease: the key, and the message's own
@@ -102,7 +107,7 @@ class Execution:
         try:
             if self.role == "pending":
                 hold = PendingHold(
-                    self.context, self.task.request.id, self.key, "pending",
+                    self.context, self.delivery.request.id, self.key, "pending",
                     self.queued, self.shape, self.token,
                 )  # fmt: skip
                 if self.mode.replaces:
@@ -111,10 +116,12 @@ class Execution:
                     self._unless_replaced(hold.claim())
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
-            outage = outages.at_execution(self.context, self.task.request, self.key, error)
+            outage = outages.at_execution(self.context, self.delivery.request, self.key, error)
             if isinstance(outage, Lease):
                 return outage
-            send_again(self.task, self.key, self.attempt, outage.countdown, outages=outage.outages)
+            send_again(
+                self.delivery, self.key, self.attempt, outage.countdown, outages=outage.outages
+            )
         if isinstance(outcome, Contended):
             if self.mode.replaces and hold is None:
                 self._unless_replaced(outcome)
@@ -138,7 +145,7 @@ class Execution:
         The store says so (``replaced``, recorded by the swap), or the hold is held by
         another message of this task id.
         """
-        request = self.task.request
+        request = self.delivery.request
         if held is None:
             return
         if not held.replaced:
@@ -151,7 +158,7 @@ class Execution:
                 return
         logger.info(
             "%s[%s] dropped: a later call replaced its arguments for %r",
-            self.task.name,
+            self.delivery.name,
             request.id,
             self.key,
         )
@@ -166,7 +173,7 @@ class Execution:
         free. A retry's message carries the id too, by design: the attempt that sent it
         is named in its headers and is contended with like any other holder.
         """
-        request = self.task.request
+        request = self.delivery.request
         holder = read_token(held.holder)
         if holder.task_id != request.id or holder.state != "running" or request.is_eager:
             return False
@@ -177,42 +184,40 @@ class Execution:
             # task id); the holder's pool child, or this very process, says it directly.
             return holder.pid == os.getpid() or (holder.pid is not None and not is_dead(holder.pid))
         return bool(holder.worker) and runs_task(
-            self.task.app, str(holder.worker), request.id, HOLDER_ANSWER_TIMEOUT
+            self.context.app, str(holder.worker), request.id, HOLDER_ANSWER_TIMEOUT
         )
 
     def _drop_copy(self, held: Contended) -> NoReturn:
         """End this delivery without a trace under its id: Ignore stores no state, fires
         no errback, and acks (Celery's tracer); the original's result stays its own."""
-        task, request = self.task, self.task.request
+        delivery, request = self.delivery, self.delivery.request
         state = holder_state(held)
         singleton_signals.copy_dropped.send(
-            sender=task, key=self.key, task_id=request.id, holder_state=state
+            sender=delivery.sender, key=self.key, task_id=request.id, holder_state=state
         )
         logger.info(
             "copy of %s task dropped: task=%s id=%s lock=%s",
-            state, task.name, request.id, self.key,
+            state, delivery.name, request.id, self.key,
         )  # fmt: skip
         raise Ignore(f"a copy of {request.id}, which holds {self.key!r} ({state})")
 
     def _skip(self, decision: Skip, holder: str | None) -> NoReturn:
         """End quietly in IGNORED, which callers can tell from SUCCESS and FAILURE."""
-        task, request = self.task, self.task.request
-        if not (request.is_eager or getattr(request, "ignore_result", False) or task.ignore_result):
-            task.backend.store_result(
-                request.id, {"skipped": decision.reason}, states.IGNORED, request=request
-            )
+        delivery = self.delivery
+        if delivery.keeps_results:
+            delivery.store_state({"skipped": decision.reason}, states.IGNORED)
         singleton_signals.execution_skipped.send(
-            sender=task, key=self.key, task_id=request.id, holder_id=holder
+            sender=delivery.sender, key=self.key, task_id=delivery.request.id, holder_id=holder
         )
         raise Ignore(decision.reason)
 
     def _contend(self, held: Contended, hold: PendingHold | None) -> Lease:
-        task = self.task
+        delivery = self.delivery
         if self._is_copy(held):
             self._drop_copy(held)
-        policy = task.singleton_options().on_contention
+        policy = self.context.options.on_contention
         state = ContentionState(
-            task_name=task.name,
+            task_name=delivery.name,
             key=self.key,
             attempt=self.attempt,
             holder=holder_task_id(held.holder) or held.holder or None,
@@ -220,13 +225,13 @@ class Execution:
         )
         decision = policy(state)
         singleton_signals.execution_contended.send(
-            sender=task, key=self.key, holder_id=state.holder, decision=decision
+            sender=delivery.sender, key=self.key, holder_id=state.holder, decision=decision
         )
         if logger.isEnabledFor(logging.INFO):
             # One line, stable wording (docs/operations.md): contention is expected work.
             logger.info(
                 "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
-                task.name, task.request.id, self.key, state.holder or "-",
+                delivery.name, delivery.request.id, self.key, state.holder or "-",
                 holder_state(held), _then(decision),
             )  # fmt: skip
         if isinstance(decision, Wait):
@@ -236,7 +241,7 @@ class Execution:
                 return self.mode.wait(self.start, self.context.waiting, decision.timeout)
             except LockNotAcquiredError as error:
                 state = ContentionState(
-                    task_name=task.name,
+                    task_name=delivery.name,
                     key=self.key,
                     attempt=self.attempt,
                     holder=holder_task_id(error.holder) or error.holder,
@@ -245,17 +250,17 @@ class Execution:
                 )
                 decision = policy(state)
         if isinstance(decision, Requeue):
-            send_again(task, self.key, self.attempt + 1, decision.countdown, hold=hold)
+            send_again(delivery, self.key, self.attempt + 1, decision.countdown, hold=hold)
         if isinstance(decision, Skip):
             self._skip(decision, state.holder)
         if isinstance(decision, Fail):
             raise DuplicateTaskError(
-                f"{task.name}[{task.request.id}] did not run: {decision.reason}",
+                f"{delivery.name}[{delivery.request.id}] did not run: {decision.reason}",
                 name=self.key,
                 key=held.key,
                 task_id=state.holder,
             )
-        raise ConfigurationError(f"{task.name}: contention policy returned {decision!r}")
+        raise ConfigurationError(f"{delivery.name}: contention policy returned {decision!r}")
 
 
 def _then(decision: object) -> str:
@@ -267,7 +272,7 @@ def _then(decision: object) -> str:
 
 
 def send_again(
-    task: Any,
+    delivery: Delivery,
     key: str,
     attempt: int,
     countdown: float,
@@ -276,25 +281,27 @@ def send_again(
     hold: PendingHold | None = None,
 ) -> NoReturn:
     """Send the current message again in ``countdown`` seconds, and end this execution."""
-    request = task.request
+    request = delivery.request
     logger.info(
         "%s[%s] requeued in %.2fs for %s (attempt %d)",
-        task.name,
+        delivery.name,
         request.id,
         countdown,
         key,
         attempt,
     )
-    headers = {**(request.headers or {}), KEY_HEADER: key, ATTEMPT_HEADER: attempt}
+    headers: dict[str, object] = {
+        **(request.headers or {}),
+        KEY_HEADER: key,
+        ATTEMPT_HEADER: attempt,
+    }
     headers.pop(TOKEN_HEADER, None)
     headers.pop(HOLD_HEADER, None)
     # The requeued message stays the pending call: its hold goes with it.
-    passed = hold.pass_on(task.singleton_context.queue_ttl + countdown) if hold is not None else {}
+    passed = hold.pass_on(delivery.context.queue_ttl + countdown) if hold is not None else {}
     if outages is not None:
         headers[OUTAGE_HEADER] = outages
     # Same id, links, chain and options as this message (what Celery's retry re-sends),
     # without counting as a retry of the task's own max_retries.
-    task.signature_from_request(request, countdown=countdown, headers=headers).apply_async(
-        **{BYPASS_OPTION: passed or True}
-    )
+    delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
     raise Ignore(f"requeued: {key!r} is held by another execution")

@@ -12,7 +12,11 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery.app.utils import Settings
+
 
 # Task options of celery-singleton and celery-once -> what to write here instead.
 FOREIGN_OPTIONS = {
@@ -56,7 +60,7 @@ def explain_unknown(name: str, ours: Sequence[str]) -> str | None:
     return f"{name}= is not an option; did you mean {close[0]}=?" if close else None
 
 
-def foreign_settings(conf: Any) -> list[str]:
+def foreign_settings(conf: Settings) -> list[str]:
     """Warnings for the incumbents' app settings, each naming the setting to use instead."""
     warnings = []
     for key in list(conf.keys()):

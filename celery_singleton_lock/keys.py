@@ -124,7 +124,7 @@ class _Bound:
 
     __slots__ = ("arguments",)
 
-    def __init__(self, arguments: dict[str, Any]) -> None:
+    def __init__(self, arguments: dict[str, object]) -> None:
         self.arguments = arguments
 
 
@@ -139,16 +139,16 @@ class KeySpec:
 
     def __init__(
         self,
-        func: Callable[..., Any],
+        func: Callable[..., object],
         *,
         name: str,
-        key: KeyOption = None,
+        key: object = None,
         bound: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"task name must be a non-empty str, got {name!r}")
         self.name = name
-        self.key = key
+        self.key: KeyOption = None  # as given, once validated below
         signature = inspect.signature(func)
         params = list(signature.parameters.values())
         if bound:
@@ -167,20 +167,24 @@ class KeySpec:
         self._var_positional = any(p.kind is p.VAR_POSITIONAL for p in params)
         # Plain parameters only (no *args, **kwargs, keyword-only or positional-only):
         # calls bind without inspect, which costs more than the rest of a derivation.
-        self._plain: tuple[tuple[str, Any], ...] | None = None
+        self._plain: tuple[tuple[str, object], ...] | None = None
         if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
             self._plain = tuple((p.name, p.default) for p in params)
         self._fields: tuple[str, ...] = ()
         if callable(key):
             self._check_callable(key)
+            self.key = key
             return
         if key is None:
             return
         if isinstance(key, str):
             self._fields = self._format_fields(key)
+            self.key = key
         elif isinstance(key, Sequence) and all(isinstance(k, str) for k in key):
-            self._check_known(list(key), "key")
-            self._fields = tuple(key)
+            names = [str(k) for k in key]
+            self._check_known(names, "key")
+            self._fields = tuple(names)
+            self.key = names
         else:
             raise ConfigurationError(
                 f"{name}: key must be None (all arguments), a list of parameter names, a "
@@ -251,7 +255,9 @@ class KeySpec:
         self._check_known(fields, f"key {template!r}")
         return tuple(dict.fromkeys(fields))
 
-    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    def _bind(
+        self, args: Sequence[object], kwargs: Mapping[str, object]
+    ) -> _Bound | inspect.BoundArguments:
         plain = self._plain
         if plain is not None and len(args) <= len(plain):
             arguments = {name: value for (name, _), value in zip(plain, args, strict=False)}
@@ -278,10 +284,10 @@ class KeySpec:
         bound.apply_defaults()
         return bound
 
-    def _lookup(self, bound: Any, field: str) -> Any:
+    def _lookup(self, bound: _Bound | inspect.BoundArguments, field: str) -> object:
         if field in bound.arguments:
             return bound.arguments[field]
-        extra = bound.arguments.get(self._var_keyword or "", {})
+        extra = self._extra(bound)
         if field in extra:
             return extra[field]
         raise KeyDerivationError(
@@ -289,7 +295,9 @@ class KeySpec:
             param=field,
         )
 
-    def derive(self, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> str:
+    def derive(
+        self, args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
+    ) -> str:
         """The lock name for one call ``task(*args, **kwargs)``."""
         bound = self._bind(args, kwargs or {})
         key = self.key
@@ -311,16 +319,21 @@ class KeySpec:
         document = [self.name, encoded]
         return f"{self.name[:MAX_READABLE]}:{_digest(document)}"
 
-    def _call(self, key: Callable[..., object], bound: Any) -> object:
+    def _call(self, key: Callable[..., object], bound: _Bound | inspect.BoundArguments) -> object:
         # By name, so `lambda order_id, **_: ...` works whatever the call's positions were;
         # a task taking *args cannot name them, so it gets the call as bound.
-        if self._var_positional:
-            return key(*bound.args, **bound.kwargs)
+        if self._var_positional and isinstance(bound, inspect.BoundArguments):
+            return key(*bound.args, **bound.kwargs)  # never a _Bound: it has no *args
         named = {n: v for n, v in bound.arguments.items() if n != self._var_keyword}
-        return key(**named, **bound.arguments.get(self._var_keyword or "", {}))
+        return key(**named, **self._extra(bound))
 
-    def _formatted(self, template: str, bound: Any) -> str:
-        values: dict[str, Any] = {}
+    def _extra(self, bound: _Bound | inspect.BoundArguments) -> Mapping[str, object]:
+        """The call's arguments gathered by the task's ``**kwargs``, if it takes them."""
+        extra = bound.arguments.get(self._var_keyword or "")
+        return extra if isinstance(extra, Mapping) else {}
+
+    def _formatted(self, template: str, bound: _Bound | inspect.BoundArguments) -> str:
+        values: dict[str, object] = {}
         for field in self._fields:
             value = self._lookup(bound, field)
             if not isinstance(value, _FORMAT_SCALARS):
@@ -356,9 +369,9 @@ class KeySpec:
 
 def derive_key(
     name: str,
-    func: Callable[..., Any],
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
+    func: Callable[..., object],
+    args: Sequence[object] = (),
+    kwargs: Mapping[str, object] | None = None,
     *,
     key: KeyOption = None,
     bound: bool = False,

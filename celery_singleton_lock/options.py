@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 from celery import Task
 
@@ -63,7 +62,12 @@ class SingletonOptions:
     dedupe: bool
 
     @classmethod
-    def build(cls, name: str, run: Any, raw: Mapping[str, Any] | None) -> SingletonOptions:
+    def build(
+        cls,
+        name: str,
+        run: Callable[..., object] | staticmethod[..., object],
+        raw: Mapping[str, object] | None,
+    ) -> SingletonOptions:
         if raw is not None and not isinstance(raw, Mapping):
             raise ConfigurationError(
                 f"{name}: singleton={raw!r} must be a dict of options, e.g. "
@@ -184,7 +188,7 @@ def refuse_task_options(task: str, names: Iterable[str], *, misplaced: bool = Fa
 _NOT_PER_CALL = frozenset({*FOREIGN_OPTIONS, "singleton", *OPTION_NAMES} - {"dedupe"})
 
 
-def refuse_call_options(task: str, options: Mapping[str, Any]) -> None:
+def refuse_call_options(task: str, options: Mapping[str, object]) -> None:
     """Refuse singleton options of one ``apply_async`` call before anything is sent:
     Celery would send them as message properties that do nothing."""
     for name in options:
@@ -205,7 +209,7 @@ def refuse_call_options(task: str, options: Mapping[str, Any]) -> None:
         )
 
 
-def _debounce(name: str, raw: Mapping[str, Any]) -> tuple[float | None, float | None]:
+def _debounce(name: str, raw: Mapping[str, object]) -> tuple[float | None, float | None]:
     """``debounce=`` and ``max_wait=`` in seconds, with what they cannot be combined with."""
     debounce = _seconds(raw.get("debounce"), f"{name}: debounce")
     max_wait = _seconds(raw.get("max_wait"), f"{name}: max_wait")
@@ -233,7 +237,7 @@ def _debounce(name: str, raw: Mapping[str, Any]) -> tuple[float | None, float | 
     return debounce, max_wait
 
 
-def _limit(name: str, raw: Mapping[str, Any]) -> int | None:
+def _limit(name: str, raw: Mapping[str, object]) -> int | None:
     """``limit=N``: N executions per key at once, never refused at dispatch."""
     limit = raw.get("limit")
     if limit is None:
@@ -256,7 +260,7 @@ def _limit(name: str, raw: Mapping[str, Any]) -> int | None:
     return limit
 
 
-def _lock_scope(name: str, raw: Mapping[str, Any]) -> str:
+def _lock_scope(name: str, raw: Mapping[str, object]) -> str:
     """``lock=``, reconciled with the older ``dedupe=`` (False means while_executing)."""
     dedupe = raw.get("dedupe", True)
     if not isinstance(dedupe, bool):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
-from .context import TaskContext
+from .context import Request, TaskContext
 from .exceptions import LockStoreUnavailableError
 from .lease import Lease
 from .policies import ContentionState, Requeue, requeue
-from .tokens import OUTAGE_HEADER, OUTAGE_MAX_REQUEUES, header
+from .tokens import OUTAGE_HEADER, OUTAGE_MAX_REQUEUES, header_count
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class OutageRequeue:
 
 
 def at_execution(
-    context: TaskContext, request: Any, key: str, error: LockStoreUnavailableError
+    context: TaskContext, request: Request, key: str, error: LockStoreUnavailableError
 ) -> Lease | OutageRequeue:
     """fail_open: run unlocked (logged); fail_closed: requeue with backoff, a bounded
     number of times, then fail. The caller sends the requeue: this module decides.
@@ -67,7 +66,7 @@ def at_execution(
             context.ttl,
             "running unlocked: the lock store was unreachable (fail_open)",
         )
-    requeues = int(header(request, OUTAGE_HEADER) or 0)
+    requeues = header_count(request, OUTAGE_HEADER)
     if requeues >= OUTAGE_MAX_REQUEUES:
         raise LockStoreUnavailableError(
             f"{context.name}[{request.id}] did not run: {error}, through "

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, ClassVar
 
 from celery import Task, states
 from celery.signals import before_task_publish
@@ -25,32 +25,40 @@ from celery.utils import uuid
 
 from . import outages
 from . import signals as singleton_signals
-from .context import TaskContext
+from .context import Delivery, TaskContext
 from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
 from .exceptions import (
     DuplicateTaskError,
     LockStoreUnavailableError,
 )
 from .execution import Execution
-from .lease import Contended, Lease, split_role
+from .lease import Contended, Lease
 from .modes import Replace, Replacement
+from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
+from .retries import send_retry
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
     KEY_HEADER,
     REDRIVE_HEADER,
-    RETRY_OF_HEADER,
     TOKEN_HEADER,
     holder_state,
     holder_task_id,
-    queued_token,
 )
 from .worker import hooks
 
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.app.task import Context
+    from celery.result import AsyncResult
+    from kombu.messaging import Producer
+
+
 logger = logging.getLogger(__name__)
 
-_Publish: TypeAlias = Callable[..., Any]
+# Set on a request whose running lease a retry's message took over (retries.py).
+_HANDED_OVER = "singleton_handed_over"
 
 
 class SingletonTask(Task):  # type: ignore[misc]
@@ -60,7 +68,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     singleton={"key": ["order_id"]})``) or as keywords of ``@singleton_task``.
     """
 
-    singleton: ClassVar[Mapping[str, Any] | None] = None
+    singleton: ClassVar[Mapping[str, object] | None] = None
     Request = "celery_singleton_lock.worker.request:SingletonRequest"
     # A duplicate that did not run (on_contention="fail") is an expected outcome: Celery
     # logs it at INFO without a traceback, not as an ERROR.
@@ -71,7 +79,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     # on_bound).
     singleton_track_started: ClassVar[bool] = False
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         cls._singleton_options = None
         hooks.install()  # the worker's receivers, once a singleton task exists
@@ -88,7 +96,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             cls.singleton_options()
 
     @classmethod
-    def on_bound(cls, app: Any) -> None:
+    def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a
@@ -133,15 +141,15 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def apply_async(  # noqa: PLR0917  (Celery's own signature)
         self,
-        args: Any = None,
-        kwargs: Any = None,
+        args: Sequence[object] | None = None,
+        kwargs: Mapping[str, object] | None = None,
         task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
-        shadow: Any = None,
-        **options: Any,
-    ) -> Any:
+        producer: Producer | None = None,
+        link: object = None,
+        link_error: object = None,
+        shadow: str | None = None,
+        **options: object,
+    ) -> AsyncResult:
         # dedupe=False per call: publish without the queue-level check (the execution
         # level still excludes duplicates). For sweeps that re-drive work they believe
         # lost: the hold may belong to a message stuck in a dead worker's prefetch.
@@ -150,9 +158,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         redrive = options.pop("dedupe", True) is False
         # A requeue passes the pending call's hold on (a dict of its headers) or nothing.
         bypass = options.pop(BYPASS_OPTION, False) or redrive
-        producer = producer or options.pop("publisher", None)  # Celery's old alias
+        chosen = producer or options.pop("publisher", None)  # Celery's old alias
         publish = self._publisher(
-            args, kwargs, producer=producer, link=link, link_error=link_error, shadow=shadow
+            args, kwargs, producer=chosen, link=link, link_error=link_error, shadow=shadow
         )
         if task_id is not None:
             request = self.request
@@ -160,12 +168,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             if running is not None and task_id == request.id:
                 # Celery's retry re-sends the running task under the same id: the key
                 # passes from this execution to the retry's message, with no gap.
-                return self._send_retry(running, task_id, options, publish=publish)
+                return send_retry(
+                    self.singleton_context, running, task_id, options,
+                    publish=publish, handed_over=partial(setattr, request, _HANDED_OVER, True),
+                )  # fmt: skip
         opts = self.singleton_options()
         mode = opts.mode
         key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
         if bypass or not mode.checks_dispatch or in_canvas(link, link_error, options):
-            ours: dict[str, Any] = {KEY_HEADER: key}
+            ours: dict[str, object] = {KEY_HEADER: key}
             if isinstance(bypass, dict):
                 ours.update(bypass)
             if redrive:
@@ -186,7 +197,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         gate = Gate(store, key, pending, outage)
         # On a refusal: the holder's result, or with replace, the queued call's with ours.
         duplicate = partial(self._duplicate, key)
-        refused_by: Callable[[Contended], Any] = (
+        refused_by: Callable[[Contended], AsyncResult] = (
             Replacement(
                 mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
                 result=self.AsyncResult, key=key, hold=hold,
@@ -200,7 +211,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             if not refusals.expects(key) and self._can_overlap(options):
                 # The acquire is on its way; Celery builds the message meanwhile and the
                 # gated producer waits for the answer just before anything is published.
-                with self.app.producer_or_acquire(producer) as real:
+                with self.app.producer_or_acquire(chosen) as real:
                     result = publish(task_id, options, ours, via=GatedProducer(real, gate))
             else:
                 gate.check()
@@ -219,7 +230,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         singleton_signals.dispatch_accepted.send(sender=self, key=key, task_id=task_id)
         return result
 
-    def _can_overlap(self, options: Mapping[str, Any]) -> bool:
+    def _can_overlap(self, options: Mapping[str, object]) -> bool:
         # Only while nothing can observe the message before our gate: an eager call
         # runs the task instead of publishing, connection= makes Celery use its own
         # producer, and a before_task_publish receiver (tracing, audit) would be told of
@@ -231,12 +242,25 @@ class SingletonTask(Task):  # type: ignore[misc]
         )
 
     def _publisher(
-        self, args: Any, kwargs: Any, *, producer: Any, link: Any, link_error: Any, shadow: Any
-    ) -> _Publish:
+        self,
+        args: Sequence[object] | None,
+        kwargs: Mapping[str, object] | None,
+        *,
+        producer: object,
+        link: object,
+        link_error: object,
+        shadow: str | None,
+    ) -> Publish:
         def publish(
-            task_id: str | None, options: dict[str, Any], ours: dict[str, Any], via: Any = None
-        ) -> Any:
-            headers = {**(options.pop("headers", None) or {}), **ours}
+            task_id: str | None,
+            options: dict[str, object],
+            ours: dict[str, object],
+            via: object = None,
+        ) -> AsyncResult:
+            given = options.pop("headers", None) or {}
+            if not isinstance(given, Mapping):
+                raise TypeError(f"{self.name}: headers= must be a dict, got {given!r}")
+            headers = {**given, **ours}
             for name in (TOKEN_HEADER, HOLD_HEADER):
                 if name not in ours:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
@@ -254,7 +278,7 @@ class SingletonTask(Task):  # type: ignore[misc]
 
         return publish
 
-    def _duplicate(self, key: str, held: Contended) -> Any:
+    def _duplicate(self, key: str, held: Contended) -> AsyncResult:
         holder = holder_task_id(held.holder)
         singleton_signals.duplicate_refused.send(sender=self, key=key, holder_id=holder)
         opts = self.singleton_options()
@@ -274,46 +298,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             task_id=holder,
         )
 
-    def _send_retry(
-        self,
-        running: Lease,
-        task_id: str,
-        options: dict[str, Any],
-        *,
-        publish: _Publish,
-    ) -> Any:
-        store = self.singleton_context.store
-        token = queued_token(task_id)
-        # A slot of a counting lease (limit=N) is named beside the key: the retry's
-        # message carries the key and which slot it keeps.
-        key, role = split_role(running.name)
-        headers: dict[str, Any] = {KEY_HEADER: key, RETRY_OF_HEADER: running.token}
-        try:
-            outcome = store.hand_over(
-                running, self.singleton_context.queue_ttl + delay_of(options), token=token
-            )
-        except LockStoreUnavailableError as error:
-            # The retry is sent anyway: losing it would be worse. It meets on_contention
-            # at execution if this execution's lease is still there.
-            logger.warning("retry of %s could not keep %s: %s", self.name, running.name, error)
-            outcome = None
-        if isinstance(outcome, Lease):
-            headers[TOKEN_HEADER] = token
-            if role is not None:
-                headers[HOLD_HEADER] = role
-            self.request.singleton_handed_over = True
-        elif isinstance(outcome, Contended):
-            logger.warning("retry of %s: the lease on %s was already lost", self.name, running.name)
-        try:
-            return publish(task_id, options, headers)
-        except BaseException:
-            if isinstance(outcome, Lease):
-                quietly(store.release, outcome)
-            raise
-
     # -- execution -----------------------------------------------------------------------
 
-    def _store_started(self, request: Any) -> None:
+    def _store_started(self, request: Context) -> None:
         """STARTED, as Celery's tracer would have stored it (same meta, same condition)."""
         if self.ignore_result or getattr(request, "ignore_result", False):
             return
@@ -324,7 +311,32 @@ class SingletonTask(Task):  # type: ignore[misc]
             request=request,
         )
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def _delivery(self, request: Context) -> Delivery:
+        """This message as its execution sees it: read through, acted on by two calls."""
+
+        def store_state(meta: object, state: str) -> None:
+            self.backend.store_result(request.id, meta, state, request=request)
+
+        def resend(
+            countdown: float, headers: dict[str, object], options: dict[str, object]
+        ) -> None:
+            # Same id, links, chain and options as this message (what Celery's retry
+            # re-sends), without counting as a retry of the task's own max_retries.
+            signature = self.signature_from_request(request, countdown=countdown, headers=headers)
+            signature.apply_async(**options)
+
+        return Delivery(
+            context=self.singleton_context,
+            request=request,
+            sender=self,
+            keeps_results=not (
+                request.is_eager or getattr(request, "ignore_result", False) or self.ignore_result
+            ),
+            store_state=store_state,
+            resend=resend,
+        )
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
         request = self.request
         if request.called_directly or request.id is None:
             # Called as a plain function: no message, no duplicate to exclude.
@@ -332,7 +344,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         # Celery's Task.__call__ would push a fresh, id-less request over the worker's;
         # the worker's tracer has pushed the real one already, so run the body directly.
         began = time.monotonic()
-        lease = Execution(self, args, kwargs).take()
+        lease = Execution(self._delivery(request), args, kwargs).take()
         acquired = time.monotonic()
         request.singleton_lease = lease
         _report_acquired(self, lease, request.id, acquired - began)
@@ -342,7 +354,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             return self.run(*args, **kwargs)
         finally:
             request.singleton_lease = None
-            if lease.token and not getattr(request, "singleton_handed_over", False):
+            if lease.token and not getattr(request, _HANDED_OVER, False):
                 # In a worker the release is sent now and its answer read at the child's
                 # next lock call: nothing here acts on it, and the child is free for its
                 # next task a round trip sooner. An eager caller may look at the key next.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
 
 KEY_HEADER = "singleton_lock_key"
 TOKEN_HEADER = "singleton_lock_token"  # noqa: S105  (a header name, not a secret)
@@ -170,14 +169,32 @@ def read_token(token: str | None) -> Holder:
     )
 
 
-def header(request: Any, name: str) -> Any:
-    """A custom header of the running request, in the worker and eagerly alike."""
+def _header(request: object, name: str) -> object:
     headers = getattr(request, "headers", None) or {}
     value = headers.get(name)
     return getattr(request, name, None) if value is None else value
 
 
-def holder_state(held: Any) -> str:
+def header(request: object, name: str) -> str | None:
+    """A text header of the running request, in the worker and eagerly alike; None when
+    absent or not text (a message this library did not write)."""
+    value = _header(request, name)
+    return value if isinstance(value, str) else None
+
+
+def header_count(request: object, name: str) -> int:
+    """A count header of the running request (attempts, outages, a re-drive's mark); 0
+    when absent or not a whole number."""
+    value = _header(request, name)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def holder_state(held: object) -> str:
     """The state of a ``Contended``'s holder for log lines: queued, reserved, running,
     throttled (a throttle window), or unknown (a value this library did not write)."""
     if str(getattr(held, "key", "")).endswith(":throttle"):

@@ -9,16 +9,20 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
+from .._time import human
 from ..backend import Backend
 from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
 from .liveness import Liveness
-from .locks import STATES, LockRow, app_rows, human, parse_duration, release
+from .locks import STATES, LockRow, app_rows, parse_duration, release
+
+if TYPE_CHECKING:
+    from ..task import SingletonTask
 
 EXAMPLES = """
 \b
@@ -82,7 +86,7 @@ def singleton() -> None:
     """See, explain and free celery-singleton-lock's locks (``ls`` is ``list``)."""
 
 
-def _command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
+def _command(name: str) -> Callable[[Callable[..., object]], click.Command]:
     return singleton.command(name, cls=CeleryCommand, epilog=EXAMPLES)
 
 
@@ -99,7 +103,7 @@ def _command(name: str) -> Callable[[Callable[..., Any]], click.Command]:
 @_preload
 def list_locks(
     ctx: click.Context, /, *, task_name: str | None, state: str | None, older_than: str | None,
-    as_json: bool, batch: int, **_: Any,
+    as_json: bool, batch: int, **_: object,
 ) -> None:  # fmt: skip
     """Every lock under the prefix (what the store says; no worker is asked).
 
@@ -161,7 +165,7 @@ def _line(cells: list[str]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="A JSON object per lock.")
 @click.pass_context
 @_preload
-def show(ctx: click.Context, /, ref: str, as_json: bool, **_: Any) -> None:
+def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
     """One lock (by name, Redis key or task id): everything known, and what a new call
     would get now."""
     locks = _Locks(ctx)
@@ -197,36 +201,13 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: Any) -> None:
             click.echo(f"    holder {alive}: {verdict.why}")
 
 
-def new_call(task: Any, members: list[LockRow]) -> str:  # noqa: PLR0911  (an answer per mode)
-    """What a new call of ``task`` with these arguments would get now."""
+def new_call(task: SingletonTask | None, members: list[LockRow]) -> str:
+    """What a new call of ``task`` with these arguments would get now (its mode says)."""
     if task is None:
         return "unknown: the lock's task cannot be told from its name"
     opts = task.singleton_options()
-    by_role = {row.role: row for row in members}
-    running = by_role.get(None)
-    if opts.limit:
-        held = sum(1 for row in members if (row.role or "").startswith("slot"))
-        if held >= opts.limit:
-            return f"accepted; runs when one of its {opts.limit} slots frees ({held} held)"
-        return f"accepted; runs at once ({held} of {opts.limit} slots held)"
-    if not opts.dedupe:
-        if running is not None:
-            return f"accepted; at execution it meets {running.task_id} ({running.state})"
-        return "accepted"
-    role = opts.mode.hold_role
-    hold = by_role.get(role)
-    if role == "throttle":
-        if hold is not None:
-            return f"refused for {human(hold.ttl)} more (the window of {hold.task_id})"
-        return "accepted"
-    if hold is not None:
-        if opts.on_duplicate == "replace" and hold.state in ("queued", "reserved"):
-            return f"accepted: replaces the arguments of {hold.task_id} ({hold.state})"
-        outcome = "raises DuplicateTaskError" if opts.on_duplicate == "raise" else "returns it"
-        return f"refused: a duplicate of {hold.task_id} ({hold.state}); {outcome}"
-    if running is not None:
-        return f"accepted; runs after {running.task_id} ({running.state})"
-    return "accepted"
+    answer = "raises DuplicateTaskError" if opts.on_duplicate == "raise" else "returns it"
+    return opts.mode.new_call({row.role: row for row in members}, answer)
 
 
 @_command("release")
@@ -234,7 +215,7 @@ def new_call(task: Any, members: list[LockRow]) -> str:  # noqa: PLR0911  (an an
 @click.option("--force", is_flag=True, help="Release even while the holder is alive.")
 @click.pass_context
 @_preload
-def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: Any) -> None:
+def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> None:
     """Release one lock (by name, Redis key or task id), owner-checked; refused while its
     holder is alive (its worker answers a ping and still has the task) unless --force."""
     locks = _Locks(ctx)
@@ -276,7 +257,9 @@ def _release(locks: _Locks, row: LockRow, *, err: bool = False) -> bool:
 @click.option("-Q", "--queues", help="More queues to search, comma separated.")
 @click.pass_context
 @_preload
-def orphans(ctx: click.Context, /, free: bool, as_json: bool, queues: str | None, **_: Any) -> None:
+def orphans(
+    ctx: click.Context, /, free: bool, as_json: bool, queues: str | None, **_: object
+) -> None:
     """Locks whose holder is gone: its worker does not answer or no longer has the task,
     or (a queued hold) its message is in no queue. Searched without consuming on a Redis
     broker; on RabbitMQ a queued hold counts only when every queue is empty."""

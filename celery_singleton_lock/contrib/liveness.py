@@ -17,14 +17,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .locks import LockRow
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from kombu.connection import Connection
+    from kombu.transport.redis import Channel as RedisChannel
+
 
 BATCH = 1000
 
 
-def runs_task(app: Any, worker: str, task_id: str, timeout: float) -> bool:
+def runs_task(app: Celery, worker: str, task_id: str, timeout: float) -> bool:
     """Whether ``worker`` answers within ``timeout`` that it runs ``task_id`` now.
 
     One broadcast to that worker alone, answered by its main process (the pool may be
@@ -47,7 +53,7 @@ class Verdict:
 
 @dataclass
 class Liveness:
-    app: Any
+    app: Celery
     queues: Iterable[str] = ()
     timeout: float = 1.0
     _alive: set[str] | None = None
@@ -133,11 +139,11 @@ class Liveness:
             else:
                 self._count_amqp(conn, sorted(names))
 
-    def _search_redis(self, channel: Any, names: list[str], wanted: set[str]) -> None:
+    def _search_redis(self, channel: RedisChannel, names: list[str], wanted: set[str]) -> None:
         client = channel.client  # kombu's own client (with its global_keyprefix)
         sep = getattr(channel, "sep", "\x06\x16")
         steps = getattr(channel, "priority_steps", [0, 3, 6, 9])
-        for queue in sorted(set(names) | _bound_queues(channel, client, sep)):
+        for queue in sorted(set(names) | _bound_queues(channel, sep)):
             for step in steps:
                 name = f"{queue}{sep}{step}" if step else queue
                 for start in range(0, int(client.llen(name)), BATCH):
@@ -155,10 +161,11 @@ class Liveness:
         if task_id in wanted and task_id not in self._in_broker:
             self._in_broker[task_id] = where
 
-    def _count_amqp(self, conn: Any, names: list[str]) -> None:
+    def _count_amqp(self, conn: Connection, names: list[str]) -> None:
         waiting = 0
         for queue in names:
-            channel = conn.channel()
+            # kombu leaves Connection.channel untyped.
+            channel = conn.channel()  # type: ignore[no-untyped-call]
             try:
                 _, count, _ = channel.queue_declare(queue=queue, passive=True)
                 waiting += count
@@ -173,9 +180,10 @@ class Liveness:
             )
 
 
-def _bound_queues(channel: Any, client: Any, sep: str) -> set[str]:
+def _bound_queues(channel: RedisChannel, sep: str) -> set[str]:
     """Every queue bound to an exchange on this Redis broker: kombu keeps each exchange's
     bindings in a set (``_kombu.binding.<exchange>``), members ``key<sep>pattern<sep>queue``."""
+    client = channel.client
     pattern = getattr(channel, "keyprefix_queue", "_kombu.binding.%s") % "*"
     queues: set[str] = set()
     for binding in client.scan_iter(match=pattern, count=BATCH):
@@ -185,7 +193,7 @@ def _bound_queues(channel: Any, client: Any, sep: str) -> set[str]:
     return queues
 
 
-def _task_id(raw: Any, *, unacked: bool = False) -> str | None:
+def _task_id(raw: bytes | str, *, unacked: bool = False) -> str | None:
     try:
         message = json.loads(raw)
         if unacked:

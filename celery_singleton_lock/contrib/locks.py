@@ -13,12 +13,17 @@ import string
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ..backend import Store
 from ..lease import ReleaseResult
 from ..lease.inventory import Held
 from ..options import is_singleton
 from ..tokens import read_token
+
+if TYPE_CHECKING:
+    from celery import Celery
+
 
 STATES = ("queued", "reserved", "running", "throttled", "held")
 
@@ -42,13 +47,15 @@ class LockRow:
     role: str | None
     token: str
 
-    def as_json(self) -> dict[str, Any]:
-        fields = ("name", "key", "task", "task_id", "state", "worker", "pid", "age", "ttl")
-        data = {field: getattr(self, field) for field in fields}
-        data.update(fence=self.fence, role=self.role)
-        for field in ("age", "ttl"):
-            if data[field] is not None:
-                data[field] = round(data[field], 3)
+    def as_json(self) -> dict[str, object]:
+        fields = ("name", "key", "task", "task_id", "state", "worker", "pid")
+        data: dict[str, object] = {field: getattr(self, field) for field in fields}
+        data.update(
+            age=None if self.age is None else round(self.age, 3),
+            ttl=None if self.ttl is None else round(self.ttl, 3),
+            fence=self.fence,
+            role=self.role,
+        )
         return data
 
     def matches(self, ref: str) -> bool:
@@ -64,7 +71,7 @@ class TaskNames:
     only when exactly one task's template matches. A callable's names cannot be told.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Celery) -> None:
         self._names: set[str] = set()
         self._templates: list[tuple[re.Pattern[str], str]] = []
         for name, task in sorted(app.tasks.items()):
@@ -118,15 +125,14 @@ def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> It
         )
 
 
-def app_rows(app: Any, store: Any, batch: int = 1000) -> Iterator[LockRow]:
+def app_rows(app: Celery, store: Store, batch: int = 1000) -> Iterator[LockRow]:
     """Every lock of ``app``'s lock store ``store`` as a row (the CLI's and the tests')."""
     return rows(store.holdings(batch=batch), TaskNames(app))
 
 
-def release(store: Any, row: LockRow) -> ReleaseResult:
+def release(store: Store, row: LockRow) -> ReleaseResult:
     """Owner-checked: frees the lock only if ``row``'s holder still holds it."""
-    result: ReleaseResult = store.release_token(row.lock_name, row.token)
-    return result
+    return store.release_token(row.lock_name, row.token)
 
 
 def parse_duration(text: str) -> float:
@@ -143,20 +149,3 @@ def parse_duration(text: str) -> float:
     return sum(
         float(number) * units[unit] for number, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
     )
-
-
-def human(seconds: float | None) -> str:
-    """``42s``, ``5m03s``, ``2h10m``, ``3d04h``; ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    whole = int(seconds)
-    if whole < 60:
-        return f"{seconds:.1f}s" if seconds < 10 else f"{whole}s"
-    minutes, secs = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"

@@ -25,7 +25,8 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Any
+import types
+from typing import TYPE_CHECKING, Union
 
 from ..exceptions import ConfigurationError
 from ..signals import (
@@ -41,10 +42,16 @@ from ..signals import (
 
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 _guard = threading.Lock()
-_installed: dict[str, Any] = {}
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_Metric = Union["Counter", "Histogram"]
+_counters: dict[str, Counter] = {}
+_histograms: dict[str, Histogram] = {}
+_installed: dict[str, _Metric] = {}
 
 
-def _prometheus() -> Any:
+def _prometheus() -> types.ModuleType:
     try:
         import prometheus_client  # noqa: PLC0415  (an optional extra)
     except ImportError:
@@ -54,7 +61,7 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
-def install(registry: Any = None) -> dict[str, Any]:
+def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
     """Create the metrics (once per process) and count the library's signals into them."""
     with _guard:
         if _installed:
@@ -62,13 +69,15 @@ def install(registry: Any = None) -> dict[str, Any]:
         prom = _prometheus()
         kwargs = {} if registry is None else {"registry": registry}
 
-        def counter(name: str, text: str, *labels: str) -> Any:
-            return prom.Counter(name, text, ["task", *labels], **kwargs)
+        def counter(name: str, text: str, *labels: str) -> Counter:
+            made: Counter = prom.Counter(name, text, ["task", *labels], **kwargs)
+            return made
 
-        def histogram(name: str, text: str) -> Any:
-            return prom.Histogram(name, text, ["task"], buckets=BUCKETS, **kwargs)
+        def histogram(name: str, text: str) -> Histogram:
+            made: Histogram = prom.Histogram(name, text, ["task"], buckets=BUCKETS, **kwargs)
+            return made
 
-        _installed.update(
+        _counters.update(
             dispatches=counter("celery_singleton_lock_dispatches", "Dispatches", "outcome"),
             contentions=counter(
                 "celery_singleton_lock_contentions", "Executions contended", "decision"
@@ -80,51 +89,55 @@ def install(registry: Any = None) -> dict[str, Any]:
             dead=counter(
                 "celery_singleton_lock_dead_child_releases", "Leases of dead children released"
             ),
+        )
+        _histograms.update(
             wait=histogram("celery_singleton_lock_wait_seconds", "Time to the running lease"),
             hold=histogram("celery_singleton_lock_hold_seconds", "Time the lease was held"),
         )
+        _installed.update(_counters)
+        _installed.update(_histograms)
         for signal, receiver in _RECEIVERS:
             signal.connect(receiver, weak=False)
         return _installed
 
 
-def _task(sender: Any) -> str:
+def _task(sender: object) -> str:
     return str(getattr(sender, "name", None) or "unknown")
 
 
-def _accepted(sender: Any = None, **_: Any) -> None:
-    _installed["dispatches"].labels(_task(sender), "accepted").inc()
+def _accepted(sender: object = None, **_: object) -> None:
+    _counters["dispatches"].labels(_task(sender), "accepted").inc()
 
 
-def _refused(sender: Any = None, **_: Any) -> None:
-    _installed["dispatches"].labels(_task(sender), "refused").inc()
+def _refused(sender: object = None, **_: object) -> None:
+    _counters["dispatches"].labels(_task(sender), "refused").inc()
 
 
-def _contended(sender: Any = None, decision: Any = None, **_: Any) -> None:
+def _contended(sender: object = None, decision: object = None, **_: object) -> None:
     kind = type(decision).__name__.lower() if decision is not None else "unknown"
-    _installed["contentions"].labels(_task(sender), kind).inc()
+    _counters["contentions"].labels(_task(sender), kind).inc()
 
 
-def _acquired(sender: Any = None, waited: float = 0.0, **_: Any) -> None:
-    _installed["leases"].labels(_task(sender), "acquired").inc()
-    _installed["wait"].labels(_task(sender)).observe(waited)
+def _acquired(sender: object = None, waited: float = 0.0, **_: object) -> None:
+    _counters["leases"].labels(_task(sender), "acquired").inc()
+    _histograms["wait"].labels(_task(sender)).observe(waited)
 
 
-def _released(sender: Any = None, held: float = 0.0, **_: Any) -> None:
-    _installed["leases"].labels(_task(sender), "released").inc()
-    _installed["hold"].labels(_task(sender)).observe(held)
+def _released(sender: object = None, held: float = 0.0, **_: object) -> None:
+    _counters["leases"].labels(_task(sender), "released").inc()
+    _histograms["hold"].labels(_task(sender)).observe(held)
 
 
-def _lost(sender: Any = None, **_: Any) -> None:
-    _installed["leases"].labels(_task(sender), "lost").inc()
+def _lost(sender: object = None, **_: object) -> None:
+    _counters["leases"].labels(_task(sender), "lost").inc()
 
 
-def _copy(sender: Any = None, **_: Any) -> None:
-    _installed["copies"].labels(_task(sender)).inc()
+def _copy(sender: object = None, **_: object) -> None:
+    _counters["copies"].labels(_task(sender)).inc()
 
 
-def _dead(sender: Any = None, **_: Any) -> None:
-    _installed["dead"].labels(_task(sender)).inc()
+def _dead(sender: object = None, **_: object) -> None:
+    _counters["dead"].labels(_task(sender)).inc()
 
 
 _RECEIVERS = (

@@ -13,13 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from ..backend import Backend
 from . import testing
 from .locks import LockRow
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ..task import SingletonTask
+    from .testing import HeldCall
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,10 +39,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 class SingletonLocks:
     """The testing helpers, bound to one app."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Celery) -> None:
         self.app = app
 
-    def hold(self, task: Any, *args: Any, **kwargs: Any) -> AbstractContextManager[Any]:
+    def hold(
+        self, task: SingletonTask, *args: object, **kwargs: object
+    ) -> AbstractContextManager[HeldCall]:
         return testing.hold(task, *args, **kwargs)
 
     def held(self) -> list[LockRow]:
@@ -45,10 +53,10 @@ class SingletonLocks:
     def clear(self) -> int:
         return testing.clear_locks(self.app)
 
-    def assert_refused(self, task: Any, *args: Any, **kwargs: Any) -> None:
+    def assert_refused(self, task: SingletonTask, *args: object, **kwargs: object) -> None:
         testing.assert_refused(task, *args, **kwargs)
 
-    def assert_locked(self, task: Any, *args: Any, **kwargs: Any) -> None:
+    def assert_locked(self, task: SingletonTask, *args: object, **kwargs: object) -> None:
         testing.assert_locked(task, *args, **kwargs)
 
 
@@ -59,7 +67,7 @@ def singleton_lock_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def singleton_app(request: pytest.FixtureRequest) -> Any:
+def singleton_app(request: pytest.FixtureRequest) -> Celery:
     if "celery_app" in request.fixturenames:
         return request.getfixturevalue("celery_app")
     from celery import current_app  # noqa: PLC0415  (the app as the test left it)
@@ -68,7 +76,7 @@ def singleton_app(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def singleton_locks(singleton_app: Any, singleton_lock_url: str) -> Iterator[SingletonLocks]:
+def singleton_locks(singleton_app: Celery, singleton_lock_url: str) -> Iterator[SingletonLocks]:
     app = singleton_app
     saved = app.conf.get("singleton_lock_url")
     Backend.forget(app)

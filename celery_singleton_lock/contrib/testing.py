@@ -17,15 +17,22 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from celery import current_app
 
-from ..backend import Backend
+from ..backend import Backend, Store
 from ..lease import Contended, Lease
 from ..options import is_singleton
 from ..tokens import running_token
 from .locks import LockRow, app_rows, release
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ..options import SingletonOptions
+    from ..task import SingletonTask
+
 
 HOLDER_WORKER = "testing@celery-singleton-lock"
 
@@ -39,11 +46,13 @@ class HeldCall:
     leases: list[Lease] = field(default_factory=list)
 
 
-def _store(app: Any = None) -> Any:
+def _store(app: Celery | None = None) -> Store:
     return Backend.for_app(app or current_app).lock
 
 
-def _call(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str]:
+def _call(
+    task: SingletonTask, args: tuple[object, ...], kwargs: dict[str, object]
+) -> tuple[SingletonOptions, str]:
     if not is_singleton(task):
         raise TypeError(f"{task!r} is not a singleton task (use @singleton_task or SingletonTask)")
     opts = task.singleton_options()
@@ -51,7 +60,7 @@ def _call(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any
 
 
 @contextmanager
-def hold(task: Any, *args: Any, **kwargs: Any) -> Iterator[HeldCall]:
+def hold(task: SingletonTask, *args: object, **kwargs: object) -> Iterator[HeldCall]:
     """Hold the lock of ``task(*args, **kwargs)`` as a running copy on another worker would.
 
     A dispatch of that call is then refused (``lock="until_executed"``, the default,
@@ -76,13 +85,13 @@ def hold(task: Any, *args: Any, **kwargs: Any) -> Iterator[HeldCall]:
             store.release(lease)
 
 
-def held_locks(app: Any = None) -> list[LockRow]:
+def held_locks(app: Celery | None = None) -> list[LockRow]:
     """Every lock held in the app's store, as ``celery singleton list`` shows them."""
     app = app or current_app
     return list(app_rows(app, _store(app)))
 
 
-def clear_locks(app: Any = None) -> int:
+def clear_locks(app: Celery | None = None) -> int:
     """Release every lock in the app's store (owner-checked, one by one); how many."""
     store = _store(app)
     freed = 0
@@ -91,7 +100,7 @@ def clear_locks(app: Any = None) -> int:
     return freed
 
 
-def assert_refused(task: Any, *args: Any, **kwargs: Any) -> None:
+def assert_refused(task: SingletonTask, *args: object, **kwargs: object) -> None:
     """Fail unless a dispatch of ``task(*args, **kwargs)`` would be refused now."""
     opts, name = _call(task, args, kwargs)
     target = opts.mode.hold_name(name)
@@ -104,7 +113,7 @@ def assert_refused(task: Any, *args: Any, **kwargs: Any) -> None:
         )
 
 
-def assert_locked(task: Any, *args: Any, **kwargs: Any) -> None:
+def assert_locked(task: SingletonTask, *args: object, **kwargs: object) -> None:
     """Fail unless the lock of ``task(*args, **kwargs)`` is held now (queued, reserved
     or running; with ``limit=N``, at least one slot)."""
     opts, name = _call(task, args, kwargs)

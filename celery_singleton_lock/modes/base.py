@@ -11,13 +11,48 @@ process). A mode is chosen once, when the task's options are checked
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
 
 from ..backend import Store
 from ..lease import Contended, Lease, companion
 from ..tokens import HOLD_HEADER, KEY_HEADER, TOKEN_HEADER, queued_token
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
+
+
+class Publish(Protocol):
+    """Publish one call's message (Celery's ``apply_async``) under ``task_id`` with the
+    caller's ``options`` and the library's own headers (``ours``), through ``via`` (a
+    producer) when given."""
+
+    def __call__(
+        self,
+        task_id: str | None,
+        options: dict[str, object],
+        ours: dict[str, object],
+        via: object = None,
+    ) -> AsyncResult: ...
+
+
+class Holder(Protocol):
+    """One holder of a call's lock as an operator sees it (``contrib.locks.LockRow``)."""
+
+    @property
+    def task_id(self) -> str | None: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def ttl(self) -> float | None: ...
+
+
+class Own(TypedDict, total=False):
+    """What of the key a message may take over (``Start.own``), as the store's keywords."""
+
+    replace: str | None
+    replace_shape: tuple[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -27,7 +62,7 @@ class PublishHold:
     lock: str  # the lock name held: the key itself, or a companion beside it
     ttl: float
     token: str
-    headers: dict[str, Any]
+    headers: dict[str, object]
 
 
 @dataclass(frozen=True)
@@ -47,7 +82,7 @@ class Start:
     role: str | None
     store: Store
 
-    def own(self) -> dict[str, Any]:
+    def own(self) -> Own:
         """What of the key this message may take over: its own queued hold or reservation.
         A hold beside the key (a role) is not taken over: the lease is taken afresh."""
         if self.role:
@@ -80,7 +115,7 @@ class Mode:
         """Why a duplicate is refused, for its ``DuplicateTaskError``."""
         return "is already queued or running"
 
-    def prepare(self, task: str, options: MutableMapping[str, Any]) -> None:
+    def prepare(self, task: str, options: MutableMapping[str, object]) -> None:
         """Adjust one call's publish options before its hold is planned (debounce)."""
 
     def token(self, task_id: str) -> str:
@@ -89,7 +124,7 @@ class Mode:
 
     def hold(self, key: str, token: str, ttl: float) -> PublishHold:
         """The hold of a dispatch of ``key`` for ``ttl`` s (the queue ttl plus any delay)."""
-        headers = {KEY_HEADER: key, TOKEN_HEADER: token}
+        headers: dict[str, object] = {KEY_HEADER: key, TOKEN_HEADER: token}
         if self.hold_role is not None:
             headers[HOLD_HEADER] = self.hold_role
         return PublishHold(self._held_lock(key), ttl, token, headers)
@@ -130,3 +165,16 @@ class Mode:
     def held_by_a_run(self, key: str) -> list[str]:
         """The locks a running copy holds as another worker would see them (test helpers)."""
         return self.running_names(key)
+
+    # -- what a new call would meet now (``celery singleton show``) ----------------------
+
+    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+        """What a new call would get, given its lock's holders by role (None: the key's
+        own); ``answer`` says how a refused call is answered (``on_duplicate``)."""
+        hold = held.get(self.hold_role)
+        if hold is not None:
+            return f"refused: a duplicate of {hold.task_id} ({hold.state}); {answer}"
+        running = held.get(None)
+        if running is not None:
+            return f"accepted; runs after {running.task_id} ({running.state})"
+        return "accepted"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import MutableMapping
-from typing import Any
 
 from ..exceptions import ConfigurationError
 from ..tokens import burst_began, debounced_token
@@ -29,7 +28,7 @@ class Debounce(Replace):
         self.debounce = debounce
         self.max_wait = max_wait
 
-    def prepare(self, task: str, options: MutableMapping[str, Any]) -> None:
+    def prepare(self, task: str, options: MutableMapping[str, object]) -> None:
         """A burst's first call runs ``debounce`` s from now unless a later call replaces it."""
         if options.get("countdown") is not None or options.get("eta") is not None:
             raise ConfigurationError(
@@ -41,8 +40,8 @@ class Debounce(Replace):
         return debounced_token(task_id, time.time())
 
     def successor(
-        self, queued_id: str, holder: str, options: dict[str, Any], ttl: float, queue_ttl: float
-    ) -> tuple[str, float, dict[str, Any]]:
+        self, queued_id: str, holder: str, options: dict[str, object], ttl: float, queue_ttl: float
+    ) -> tuple[str, float, dict[str, object]]:
         """It runs ``debounce`` s from now, but no later than ``max_wait`` after the burst
         began (kept in the holder's token)."""
         now = time.time()

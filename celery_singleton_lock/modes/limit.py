@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..backend import Store
 from ..lease import Contended, Lease, companion, slot
-from .base import Mode, Start
+from .base import Holder, Mode, Start
 
 
 class Limit(Mode):
@@ -43,3 +45,9 @@ class Limit(Mode):
 
     def running_names(self, key: str) -> list[str]:
         return [slot(key, number) for number in range(1, self.limit + 1)]
+
+    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+        taken = sum(1 for role in held if (role or "").startswith("slot"))
+        if taken >= self.limit:
+            return f"accepted; runs when one of its {self.limit} slots frees ({taken} held)"
+        return f"accepted; runs at once ({taken} of {self.limit} slots held)"

@@ -20,8 +20,8 @@ REVOKED, which Celery's revoke by id would also do to its replacement.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from celery.utils import uuid
 
@@ -29,7 +29,10 @@ from ..backend import Store
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease
 from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token
-from .base import Mode
+from .base import Holder, Mode, Publish
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +56,15 @@ class Replace(Mode):
     def refused_because(self) -> str:
         return "is already queued" if self.hold_role else "is already queued or running"
 
+    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+        hold = held.get(self.hold_role)
+        if hold is not None and hold.state in ("queued", "reserved"):
+            return f"accepted: replaces the arguments of {hold.task_id} ({hold.state})"
+        return super().new_call(held, answer)
+
     def successor(
-        self, queued_id: str, holder: str, options: dict[str, Any], ttl: float, queue_ttl: float
-    ) -> tuple[str, float, dict[str, Any]]:
+        self, queued_id: str, holder: str, options: dict[str, object], ttl: float, queue_ttl: float
+    ) -> tuple[str, float, dict[str, object]]:
         """(token, hold ttl, publish options) of the message replacing ``holder``'s."""
         return queued_token(queued_id), ttl, options
 
@@ -70,14 +79,14 @@ class Replacement:
         task_name: str,
         store: Store,
         queue_ttl: float,
-        result: Callable[[str], Any],
+        result: Callable[[str], AsyncResult],
         key: str,
         hold: str,
         ttl: float,
-        ours: dict[str, Any],
-        options: dict[str, Any],
-        publish: Callable[..., Any],
-        refused: Callable[[Contended], Any],
+        ours: dict[str, object],
+        options: dict[str, object],
+        publish: Publish,
+        refused: Callable[[Contended], AsyncResult],
         outage: Callable[[LockStoreUnavailableError], None],
     ) -> None:
         self._refused = refused  # answer the call as a duplicate of ``held``
@@ -94,7 +103,7 @@ class Replacement:
         self._options = options  # as the caller gave them: the first publish consumed its copy
         self._publish = publish
 
-    def __call__(self, held: Contended) -> Any:
+    def __call__(self, held: Contended) -> AsyncResult:
         for _ in range(ATTEMPTS):
             holder = held.holder
             queued_id = holder_task_id(holder)
@@ -115,7 +124,7 @@ class Replacement:
 
     def _take_place(
         self, holder: str, queued_id: str | None
-    ) -> tuple[Lease | Contended, str, str, float, dict[str, Any]]:
+    ) -> tuple[Lease | Contended, str, str, float, dict[str, object]]:
         """Swap the queued call's hold to a new message of its id; or, if the hold is free
         now (the queued call started), take it for a new call like a fresh dispatch."""
         store = self._store
@@ -138,7 +147,7 @@ class Replacement:
         queued_id: str,
         token: str,
         ttl: float,
-        options: dict[str, Any],
+        options: dict[str, object],
     ) -> None:
         try:
             self._publish(queued_id, options, {**self._ours, TOKEN_HEADER: token})

@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from .._time import human
 from ..lease import companion
 from ..tokens import KEY_HEADER
-from .base import Mode, PublishHold
+from .base import Holder, Mode, PublishHold
 
 
 class Throttle(Mode):
@@ -32,3 +35,9 @@ class Throttle(Mode):
 
     def held_by_a_run(self, key: str) -> list[str]:
         return [key, companion(key, "throttle")]
+
+    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+        window = held.get(self.hold_role)
+        if window is not None:
+            return f"refused for {human(window.ttl)} more (the window of {window.task_id})"
+        return "accepted"

@@ -9,9 +9,17 @@
 
 from __future__ import annotations
 
-from .base import Mode
+from collections.abc import Mapping
+
+from .base import Holder, Mode
 
 
 class WhileExecuting(Mode):
     name = "while_executing"
     checks_dispatch = False
+
+    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+        running = held.get(None)
+        if running is not None:
+            return f"accepted; at execution it meets {running.task_id} ({running.state})"
+        return "accepted"

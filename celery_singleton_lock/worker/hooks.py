@@ -7,11 +7,11 @@ gets no receivers. Each receiver acts only in a worker (the signals are the work
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from celery import signals
+from celery import Task, signals
 from celery.concurrency import get_implementation
 from celery.worker.control import Panel, inspect_command
+from celery.worker.request import Request
 
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
@@ -29,7 +29,7 @@ REVOKE_CHECK_INTERVAL = 0.5
 _serving: list[str] = []
 
 
-def _has_children(pool: Any) -> bool:
+def _has_children(pool: object) -> bool:
     """Whether a pool (class, instance or name) runs tasks in child processes.
 
     Only prefork does; the thread, gevent, eventlet and solo pools report the main
@@ -48,7 +48,7 @@ def _has_children(pool: Any) -> bool:
     return isinstance(pool, type) and issubclass(pool, PreforkPool)
 
 
-def _at_worker_init(sender: Any = None, **_: Any) -> None:
+def _at_worker_init(sender: object = None, **_: object) -> None:
     """Before the worker consumes: stop on bad settings, learn whether it has children."""
     app = getattr(sender, "app", None)
     if app is None:
@@ -67,7 +67,7 @@ def _at_worker_init(sender: Any = None, **_: Any) -> None:
             raise SystemExit(f"celery-singleton-lock: metrics: {error}") from None
 
 
-def _at_worker_ready(sender: Any = None, **_: Any) -> None:
+def _at_worker_ready(sender: object = None, **_: object) -> None:
     app = getattr(sender, "app", None)
     if app is None:
         return
@@ -86,14 +86,17 @@ def _at_worker_ready(sender: Any = None, **_: Any) -> None:
 
 
 def _release_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+    sender: Task | None = None,
+    request: Request | None = None,
+    terminated: bool = False,
+    **_: object,
 ) -> None:
     """A revoked (or expired) message gives its hold back when the worker drops it.
 
     A terminated running task is handled by ``SingletonRequest.on_failure`` once its
     child is gone.
     """
-    if not is_singleton(sender) or request is None or terminated:
+    if sender is None or not is_singleton(sender) or request is None or terminated:
         return
     if reservations.drop(request.id, release=True):
         return  # the reservation had replaced the hold: nothing else to give back
@@ -105,11 +108,11 @@ def _release_revoked(
             logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
 
 
-def _hand_back_at_shutdown(**_: Any) -> None:
+def _hand_back_at_shutdown(**_: object) -> None:
     reservations.hand_back()
 
 
-def singleton_stats(state: Any = None) -> dict[str, Any]:
+def singleton_stats(state: object = None) -> dict[str, object]:
     """What this library keeps in a worker's main process (``celery inspect singleton_stats``).
 
     Nothing grows with the number of tasks run: reservations are messages received and

@@ -15,9 +15,8 @@ lease — never a redelivered copy's, which runs under another pid or host.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from billiard.einfo import ExceptionWithTraceback
+from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
@@ -49,7 +48,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
     one's, so nothing here may rely on it: per-task state lives in Celery's own tables.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self._singleton = is_singleton(self.task)
         self._singleton_released = False
@@ -64,7 +63,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 role=header(context, HOLD_HEADER),
             )
 
-    def on_accepted(self, pid: int, time_accepted: float) -> Any:
+    def on_accepted(self, pid: int, time_accepted: float) -> object:
         result = super().on_accepted(pid, time_accepted)
         if self._singleton:
             # The child takes the reservation over as it starts; renewing it from here
@@ -74,8 +73,8 @@ class SingletonRequest(Request):  # type: ignore[misc]
         return result
 
     def on_failure(
-        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
-    ) -> Any:
+        self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
+    ) -> object:
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..foreign import foreign_settings
 from ..options import is_singleton
 
+if TYPE_CHECKING:
+    from celery import Celery, Task
 
-def singleton_tasks(app: Any) -> list[Any]:
+
+def singleton_tasks(app: Celery) -> list[Task]:
+    """The app's singleton tasks (``SingletonTask`` subclasses, as Celery holds them)."""
     return [task for task in app.tasks.values() if is_singleton(task)]
 
 
-def refuse_bad_settings(app: Any) -> None:
+def refuse_bad_settings(app: Celery) -> None:
     """Raise ``SystemExit`` with one line naming the setting, before the worker consumes.
 
     A worker that started anyway would report ready and then fail every singleton task.
@@ -27,7 +31,7 @@ def refuse_bad_settings(app: Any) -> None:
         raise SystemExit(f"celery-singleton-lock: {error}") from None
 
 
-def check_worker_setup(app: Any) -> list[str]:
+def check_worker_setup(app: Celery) -> list[str]:
     """Settings that can defeat the lock, as warnings (logged once at worker start)."""
     tasks = singleton_tasks(app)
     if not tasks:

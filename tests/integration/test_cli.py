@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from celery_singleton_lock import MemoryLock
-from celery_singleton_lock.contrib.locks import TaskNames, human, parse_duration, rows
+from celery_singleton_lock._time import human
+from celery_singleton_lock.contrib.locks import TaskNames, parse_duration, rows
 from celery_singleton_lock.lease import LockKeys, companion, slot
 from celery_singleton_lock.lease.inventory import parse_key
 from celery_singleton_lock.tokens import queued_token, read_token, running_token

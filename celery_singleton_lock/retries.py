@@ -1,0 +1,63 @@
+"""A retry of the running task: its lease handed to the retry's message as it is sent.
+
+Celery's ``Task.retry`` re-sends the running task under the same id. The running lease
+passes to the retry's message in one step (``hand_over``), so no other call can take
+the key between this execution's end and the retry's start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .context import TaskContext
+from .dispatch import delay_of, quietly
+from .exceptions import LockStoreUnavailableError
+from .lease import Contended, Lease, split_role
+from .modes.base import Publish
+from .tokens import HOLD_HEADER, KEY_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
+
+logger = logging.getLogger(__name__)
+
+
+def send_retry(
+    context: TaskContext,
+    running: Lease,
+    task_id: str,
+    options: dict[str, object],
+    *,
+    publish: Publish,
+    handed_over: Callable[[], None],
+) -> AsyncResult:
+    """Publish the retry's message holding ``running``'s key; ``handed_over()`` once the
+    running lease is the message's (the execution then does not release it)."""
+    store = context.store
+    token = queued_token(task_id)
+    # A slot of a counting lease (limit=N) is named beside the key: the retry's
+    # message carries the key and which slot it keeps.
+    key, role = split_role(running.name)
+    headers: dict[str, object] = {KEY_HEADER: key, RETRY_OF_HEADER: running.token}
+    try:
+        outcome = store.hand_over(running, context.queue_ttl + delay_of(options), token=token)
+    except LockStoreUnavailableError as error:
+        # The retry is sent anyway: losing it would be worse. It meets on_contention
+        # at execution if this execution's lease is still there.
+        logger.warning("retry of %s could not keep %s: %s", context.name, running.name, error)
+        outcome = None
+    if isinstance(outcome, Lease):
+        headers[TOKEN_HEADER] = token
+        if role is not None:
+            headers[HOLD_HEADER] = role
+        handed_over()
+    elif isinstance(outcome, Contended):
+        logger.warning("retry of %s: the lease on %s was already lost", context.name, running.name)
+    try:
+        return publish(task_id, options, headers)
+    except BaseException:
+        if isinstance(outcome, Lease):
+            quietly(store.release, outcome)
+        raise
