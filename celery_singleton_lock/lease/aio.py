@@ -48,7 +48,7 @@ class AsyncRedisLock(LockBase):
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: Any
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: object
     ) -> AsyncRedisLock:
         """Connect to ``url``: any form ``clients.build`` takes (standalone, Sentinel, Cluster)."""
         return cls(build(url, client_options, asyncio=True), prefix=prefix)

@@ -18,6 +18,7 @@ from redis.exceptions import RedisClusterException
 from .._time import full_jitter, to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from . import scripts
+from .calls import Arg
 from .clients import describe, socket_timeout_of
 from .errors import store_error
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
@@ -37,8 +38,8 @@ WaitMode: TypeAlias = Literal["push", "spin"]
 
 
 class ScriptArgs(TypedDict):
-    keys: list[Any]
-    args: list[Any]
+    keys: list[Arg]
+    args: list[Arg]
 
 
 @dataclass(frozen=True)

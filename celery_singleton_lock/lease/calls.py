@@ -1,18 +1,32 @@
 """How each kind of sent call finishes: its replies become the answer, or it goes again
 through redis-py's own path (``fallback``) after a transport error or an error reply it
-knows how to rescue (NOSCRIPT, an old server's syntax error)."""
+knows how to rescue (NOSCRIPT, an old server's syntax error).
+
+Replies are ``Any``: redis-py reads them so (``read_response``, ``ResponseT``), and
+each call's ``convert`` knows the shape its command answers with."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import redis
-from redis.commands.core import Script
+from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
+from .clients import AsyncClient, SyncClient
 
-def run_script(client: Any, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+# A key or argument of a call we send (``transport.pack`` writes exactly these).
+Arg: TypeAlias = "str | bytes | int"
+
+
+def body(script: Script | AsyncScript) -> str:
+    """The script's Lua text (redis-py keeps it as given: ours are str)."""
+    text = script.script
+    return text if isinstance(text, str) else bytes(text).decode()
+
+
+def run_script(client: SyncClient, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
     """``script`` through redis-py's own path: EVALSHA, and EVAL where the node lacks it.
 
     Not ``Script.__call__``: on NOSCRIPT a cluster client loads the script on every
@@ -22,17 +36,17 @@ def run_script(client: Any, script: Script, keys: Sequence[Any], args: Sequence[
     try:
         return client.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
-        return client.eval(script.script, len(keys), *keys, *args)
+        return client.eval(body(script), len(keys), *keys, *args)
 
 
 async def run_script_async(
-    client: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]
+    client: AsyncClient, script: AsyncScript, keys: Sequence[Arg], args: Sequence[Arg]
 ) -> Any:
     """``run_script`` for an asyncio client."""
     try:
         return await client.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
-        return await client.eval(script.script, len(keys), *keys, *args)
+        return await client.eval(body(script), len(keys), *keys, *args)
 
 
 class Exchange:
@@ -81,10 +95,10 @@ class ScriptCall(Exchange):
 
     def __init__(
         self,
-        client: Any,
+        client: SyncClient,
         script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
         *,
         patient: bool,
     ) -> None:
@@ -122,7 +136,7 @@ class Acked(Exchange):
     def fallback(self) -> Any:
         call = self.call
         with call.client.pipeline(transaction=False) as pipe:
-            pipe.eval(call.script.script, len(call.keys), *call.keys, *call.args)
+            pipe.eval(body(call.script), len(call.keys), *call.keys, *call.args)
             pipe.execute_command("WAIT", *self.acks)
             reply, acked = pipe.execute()
         return reply, int(acked)

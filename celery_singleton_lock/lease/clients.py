@@ -19,8 +19,9 @@ URL forms:
 from __future__ import annotations
 
 import re
-from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from collections.abc import Mapping
+from typing import Any, TypeAlias, TypeGuard, TypeVar
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import redis
 import redis.asyncio
@@ -32,6 +33,13 @@ from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
 from ..exceptions import ConfigurationError, LockStoreUnavailableError
+
+# The redis-py clients a lock store takes: standalone (a Sentinel master is one) or
+# Cluster, sync or asyncio.
+SyncClient: TypeAlias = "redis.Redis | RedisCluster"
+AsyncClient: TypeAlias = "redis.asyncio.Redis | AsyncRedisCluster"
+Client: TypeAlias = "SyncClient | AsyncClient"
+_Standalone = TypeVar("_Standalone", redis.Redis, redis.asyncio.Redis)
 
 STANDALONE_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -47,7 +55,7 @@ def scheme_of(url: str) -> str:
 
 def build(
     url: str, options: dict[str, Any] | None = None, *, asyncio: bool = False, bounded: bool = False
-) -> Any:
+) -> Client:
     """A client for ``url``; ``options`` are redis-py keyword arguments (plus Sentinel's).
 
     ``bounded``: a standalone sync client gets a ``BlockingConnectionPool`` (its
@@ -76,8 +84,9 @@ def build(
                 )
                 client.auto_close_connection_pool = True
                 return _checked(client)
-            factory = redis.asyncio.Redis if asyncio else redis.Redis
-            return _checked(factory.from_url(url, **options))
+            if asyncio:
+                return _checked(redis.asyncio.Redis.from_url(url, **options))
+            return _checked(redis.Redis.from_url(url, **options))
     except TypeError as error:
         raise ConfigurationError(
             f"a lock store option is not one redis-py takes ({error}); check the transport "
@@ -93,7 +102,7 @@ def build(
     )
 
 
-def _checked(client: Any) -> Any:
+def _checked(client: _Standalone) -> _Standalone:
     """``client``, once its pool can make a connection from its options.
 
     redis-py makes connections lazily, so an option it does not take would raise a bare
@@ -104,7 +113,7 @@ def _checked(client: Any) -> Any:
     return client
 
 
-def _credentials(part: Any) -> dict[str, Any]:
+def _credentials(part: SplitResult) -> dict[str, str]:
     found = {}
     if part.username:
         found["username"] = unquote(part.username)
@@ -128,7 +137,7 @@ def _host_port(text: str, default_port: int, url: str) -> tuple[str, int]:
         raise ConfigurationError(f"lock store URL {redact(url)}: bad port in {text!r}") from None
 
 
-def _sentinel(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
+def _sentinel(url: str, options: dict[str, Any], *, asyncio: bool) -> Client:
     master_name = options.pop("master_name", None)
     if not master_name:
         raise ConfigurationError(
@@ -159,10 +168,11 @@ def _sentinel(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
     sentinel = sentinel_class(
         nodes, min_other_sentinels=min_other, sentinel_kwargs=sentinel_kwargs, **connection
     )
-    return sentinel.master_for(master_name, redis_class=client_class)
+    master: Client = sentinel.master_for(master_name, redis_class=client_class)
+    return master
 
 
-def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
+def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Client:
     part = urlsplit(url)
     seeds = part.netloc.rpartition("@")[2]
     if part.path.strip("/") not in ("", "0"):
@@ -183,7 +193,7 @@ def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
     cluster_class: Any = AsyncRedisCluster if asyncio else RedisCluster
     try:
         # The sync client asks its seeds for the slot map here, before any call.
-        return cluster_class(startup_nodes=[node_class(*h) for h in hosts], **kwargs)
+        cluster: Client = cluster_class(startup_nodes=[node_class(*h) for h in hosts], **kwargs)
     except RedisClusterException as error:
         if "not enabled" in str(error):
             raise ConfigurationError(
@@ -193,6 +203,7 @@ def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Any:
         raise LockStoreUnavailableError(
             f"lock store at {redact(url)} is unreachable: {error}", url=redact(url)
         ) from error
+    return cluster
 
 
 # A password given as a query parameter (redis-py reads ?password=, Sentinel's too).
@@ -240,7 +251,7 @@ def _db_path(url: str) -> None:
         )
 
 
-def _cluster_kwargs(client: Any) -> dict[str, Any] | None:
+def _cluster_kwargs(client: object) -> dict[str, object] | None:
     manager = getattr(client, "nodes_manager", None)
     if manager is None:
         return None
@@ -250,16 +261,16 @@ def _cluster_kwargs(client: Any) -> dict[str, Any] | None:
     return dict(kwargs or {})
 
 
-def _auth(kwargs: dict[str, Any]) -> str:
+def _auth(kwargs: Mapping[str, object]) -> str:
     user = kwargs.get("username")
     return f"{user}:***@" if user else ("***@" if kwargs.get("password") else "")
 
 
-def describe(client: Any) -> str:
+def describe(client: object) -> str:
     """Where ``client`` connects, for messages and logs: never includes the password."""
     cluster = _cluster_kwargs(client)
     if cluster is not None:
-        manager = client.nodes_manager
+        manager = getattr(client, "nodes_manager", None)
         seeds = getattr(manager, "startup_nodes", {})
         names = (
             sorted(seeds)
@@ -290,23 +301,23 @@ def describe(client: Any) -> str:
     return f"{scheme}://{_auth(kwargs)}{host}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
-def socket_timeout_of(client: Any) -> float | None:
+def socket_timeout_of(client: object) -> float | None:
     """The read timeout of ``client``'s connections, whatever its kind."""
     kwargs = _cluster_kwargs(client)
     if kwargs is None:
         kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
     value = kwargs.get("socket_timeout")
-    return None if value is None else float(value)
+    return float(value) if isinstance(value, (int, float)) else None
 
 
-def is_async(client: Any) -> bool:
+def is_async(client: object) -> TypeGuard[AsyncClient]:
     return isinstance(client, redis.asyncio.Redis | AsyncRedisCluster)
 
 
-def eviction_policy(client: Any) -> str | None:
+def eviction_policy(client: SyncClient) -> str | None:
     """The server's ``maxmemory-policy``; None if CONFIG is refused (ACL, managed Redis)."""
     try:
-        found = client.config_get("maxmemory-policy")
+        found: object = client.config_get("maxmemory-policy")
     except redis.ResponseError:
         return None
     if (

@@ -15,13 +15,14 @@ from typing import Any, Protocol
 from urllib.parse import unquote
 
 from .base import REDIS_ERRORS
+from .clients import SyncClient
 from .errors import store_error
 from .lease import text
 from .names import LockKeys, companion, is_role
 
 
 class _Store(Protocol):  # RedisLock (this module is below it)
-    client: Any
+    client: SyncClient
     prefix: str
     where: str
 

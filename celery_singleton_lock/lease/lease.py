@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from typing import TypeAlias, TypedDict, TypeVar
 
 from ..exceptions import ConfigurationError, LockLostError, LockNotAcquiredError
 
@@ -59,6 +59,14 @@ def text(value: object) -> str:
     return str(value)
 
 
+class _State(TypedDict):
+    """What of a lease's state survives pickling (callbacks do not)."""
+
+    expires_at: float
+    lost_reason: str | None
+    released: bool
+
+
 class _LeaseState:
     """The mutable side of a lease: renewed expiry, lost/released flags, callbacks.
 
@@ -74,14 +82,14 @@ class _LeaseState:
         self.released = False
         self.callbacks: list[LostCallback] = []
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> _State:
         return {
             "expires_at": self.expires_at,
             "lost_reason": self.lost_reason,
             "released": self.released,
         }
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: _State) -> None:
         self.expires_at = state["expires_at"]
         self.lost_reason = state["lost_reason"]
         self.released = state["released"]

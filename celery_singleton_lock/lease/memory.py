@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
@@ -185,7 +184,7 @@ class MemoryLock:
             self._replaced.setdefault(keys.lock, set()).add(record or expected)
             return Lease.granted(name, keys.lock, token, fence=0, ttl=ttl_ms / 1000, sent_at=now)
 
-    def _drop(self, key: str, matches: Any) -> ReleaseResult:
+    def _drop(self, key: str, matches: Callable[[str], bool]) -> ReleaseResult:
         with self.guard:
             entry = self._live(key)
             if entry is None:

@@ -22,7 +22,7 @@ from .lease import Contended, Lease
 logger = logging.getLogger(__name__)
 
 
-def replicas_option(replicas: object, timeout: object, client: Any) -> tuple[int, int] | None:
+def replicas_option(replicas: object, timeout: object, client: object) -> tuple[int, int] | None:
     """``(replicas, timeout in ms)`` for WAIT, or None when no acknowledgement is asked."""
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")

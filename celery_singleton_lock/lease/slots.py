@@ -15,7 +15,7 @@ from typing import Any
 
 from ..exceptions import ConfigurationError
 from . import scripts
-from .base import REDIS_ERRORS, Block, ScriptArgs, Try
+from .base import REDIS_ERRORS, Block, ScriptArgs, Step, Try
 from .lease import Contended, Lease, text
 from .names import MAX_SLOTS, new_token, slot
 
@@ -42,7 +42,7 @@ class Slots:
             "args": [token, ttl_ms, "1" if announce else "0"],
         }
 
-    def _try(self, name: str, argv: ScriptArgs, ttl_ms: int) -> Lease | Contended:
+    def _try(self, name: str, token: str, argv: ScriptArgs, ttl_ms: int) -> Lease | Contended:
         store = self._store
         sent_at = time.monotonic()
         acked: int | None = None
@@ -65,7 +65,7 @@ class Slots:
         lease = Lease.granted(
             held,
             store.keys(held).lock,
-            argv["args"][0],
+            token,
             fence=int(reply[1]),
             ttl=ttl_ms / 1000,
             sent_at=sent_at,
@@ -83,8 +83,9 @@ class Slots:
         """
         limit = check_limit(limit)
         ttl_ms = self._store.ttl_ms(ttl)
-        argv = self._argv(name, limit, new_token(token), ttl_ms, announce=False)
-        return self._try(name, argv, ttl_ms)
+        token = new_token(token)
+        argv = self._argv(name, limit, token, ttl_ms, announce=False)
+        return self._try(name, token, argv, ttl_ms)
 
     def acquire(
         self,
@@ -103,12 +104,12 @@ class Slots:
         ttl_ms = store.ttl_ms(ttl)
         token = new_token(token)
         plan = store.acquire_plan(True, timeout, "push")
-        step: Any = next(plan)
+        step: Step = next(plan)
         try:
             while True:
                 if isinstance(step, Try):
                     argv = self._argv(name, limit, token, ttl_ms, announce=step.announce)
-                    step = plan.send(self._try(name, argv, ttl_ms))
+                    step = plan.send(self._try(name, token, argv, ttl_ms))
                 elif isinstance(step, Block):
                     try:
                         store.client.blpop([store.keys(name).signal], timeout=step.seconds)

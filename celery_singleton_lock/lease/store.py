@@ -8,9 +8,11 @@ from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from redis.commands.core import Script
+
 from ..exceptions import ConfigurationError, SingletonLockError
-from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
-from .calls import run_script
+from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
+from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
 from .errors import store_error
 from .inventory import BATCH, Held, scan
@@ -64,7 +66,7 @@ class RedisLock(LockBase):
 
     @classmethod
     def from_url(
-        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: Any
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: object
     ) -> RedisLock:
         """Connect to ``url``: any form ``clients.build`` takes (standalone, Sentinel, Cluster)."""
         return cls(build(url, client_options), prefix=prefix)
@@ -277,7 +279,7 @@ class RedisLock(LockBase):
         argv = self._release_matching_argv(name, prefix, suffix, or_shape)
         return self._call_decoded(name, self._release_matching_script, argv)
 
-    def _call_decoded(self, name: str, script: Any, argv: Any) -> ReleaseResult:
+    def _call_decoded(self, name: str, script: Script, argv: ScriptArgs) -> ReleaseResult:
         try:
             return decode(self.transport.call(script, **argv), ReleaseResult)
         except REDIS_ERRORS as error:
@@ -318,7 +320,9 @@ class RedisLock(LockBase):
             return [self._renew_one(lease) for lease in leases]
         calls = [(lease, *self._extend_call(lease, None)) for lease in leases]
         sent_at = time.monotonic()
-        argv = [([keys.lock, keys.fence], [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls]
+        argv: list[tuple[list[Arg], list[Arg]]] = [
+            ([keys.lock, keys.fence], [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls
+        ]
         try:
             replies = self.transport.call_many(self._extend_script, argv)
         except REDIS_ERRORS as error:

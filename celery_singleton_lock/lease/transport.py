@@ -31,12 +31,14 @@ import inspect
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import redis
 from redis.commands.core import Script
+from redis.connection import Connection, ConnectionPool
 
-from .calls import Acked, Batch, Exchange, Hold, ScriptCall
+from .calls import Acked, Arg, Batch, Exchange, Hold, ScriptCall, body
+from .clients import SyncClient
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ HOLD_OPTIONS = ("NX", "GET")
 MAX_OWED = 16
 
 
-def pack(encoding: str, args: Sequence[Any]) -> bytes:
+def pack(encoding: str, args: Sequence[Arg]) -> bytes:
     """One command in RESP, for the str, bytes and int arguments our calls take.
 
     redis-py's own packer handles every argument type there is, and costs as much CPU
@@ -83,13 +85,13 @@ def _count_fork() -> None:
 os.register_at_fork(after_in_child=_count_fork)
 
 
-def _takes_command_name(pool: Any) -> bool:
+def _takes_command_name(pool: ConnectionPool) -> bool:
     # redis-py < 5.3 requires get_connection(command_name); later versions warn on it.
     parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
     return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
-def drivable(client: Any) -> bool:
+def drivable(client: object) -> TypeGuard[redis.Redis]:
     """Whether ``client`` is a pooled sync client whose connections we may drive ourselves."""
     pool = getattr(client, "connection_pool", None)
     return (
@@ -115,11 +117,11 @@ class Transport:
         "proven",
     )
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: SyncClient) -> None:
         self.client = client
         self.direct = drivable(client)
-        self._pool: Any = client.connection_pool if self.direct else None
-        self._named = self.direct and _takes_command_name(self._pool)
+        self._pool: ConnectionPool | None = client.connection_pool if drivable(client) else None
+        self._named = self._pool is not None and _takes_command_name(self._pool)
         kwargs = getattr(self._pool, "connection_kwargs", {})
         self._encoding = kwargs.get("encoding", "utf-8")
         # Whether the server takes SET with both NX and GET (Redis >= 7.0); learnt from
@@ -136,7 +138,7 @@ class Transport:
 
     # -- connections -------------------------------------------------------------------
 
-    def _checkout(self) -> Any:
+    def _checkout(self) -> Connection:
         if self._owed:
             # The connection of the answer read last serves this call: it is as free
             # as the pool would make it, a pool round (about 20 us on redis-py 8) sooner.
@@ -144,16 +146,20 @@ class Transport:
             if kept is not None:
                 return kept
         pool = self._pool
+        if pool is None:
+            raise _not_direct()
         return pool.get_connection("EVALSHA") if self._named else pool.get_connection()
 
-    def checkin(self, conn: Any) -> None:
+    def checkin(self, conn: Connection) -> None:
+        if self._pool is None:
+            raise _not_direct()
         self._pool.release(conn)
 
     def settle(self) -> None:
         """Read every owed answer now (their connections go back to the pool)."""
         self._settle(keep=False)
 
-    def _settle(self, *, keep: bool) -> Any:
+    def _settle(self, *, keep: bool) -> Connection | None:
         """Read every owed answer; with ``keep``, return the last one's connection
         instead of putting it back (None if there is none to hand over)."""
         if self._generation != _forks[0]:
@@ -161,7 +167,7 @@ class Transport:
             self._owed.clear()
             self._generation = _forks[0]
             return None
-        kept: list[Any] = []
+        kept: list[Connection] = []
         while True:
             try:
                 reply, then = self._owed.popleft()
@@ -191,8 +197,8 @@ class Transport:
     def send(
         self,
         script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
         *,
         whole: bool = False,
         patient: bool = True,
@@ -209,8 +215,8 @@ class Transport:
         same connection; the answer is then ``(reply, replicas that acknowledged)``.
         """
         exchange: Exchange = ScriptCall(self.client, script, keys, args, patient=patient)
-        head = ("EVAL", script.script) if whole else ("EVALSHA", script.sha)
-        commands: list[Sequence[Any]] = [(*head, len(keys), *keys, *args)]
+        head = ("EVAL", body(script)) if whole else ("EVALSHA", script.sha)
+        commands: list[Sequence[Arg]] = [(*head, len(keys), *keys, *args)]
         if acks is not None:
             exchange = Acked(exchange, acks)  # type: ignore[arg-type]
             commands.append(("WAIT", *acks))
@@ -239,8 +245,8 @@ class Transport:
     def call(
         self,
         script: Script,
-        keys: Sequence[Any],
-        args: Sequence[Any],
+        keys: Sequence[Arg],
+        args: Sequence[Arg],
         *,
         patient: bool = True,
         acks: tuple[int, int] | None = None,
@@ -249,7 +255,7 @@ class Transport:
         return self.send(script, keys, args, patient=patient, acks=acks).get()
 
     def call_many(
-        self, script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+        self, script: Script, calls: Sequence[tuple[Sequence[Arg], Sequence[Arg]]]
     ) -> list[Any]:
         """``script`` once per (keys, args), pipelined in one round trip, never retried.
 
@@ -260,29 +266,36 @@ class Transport:
         result: list[Any] = self._send(commands, Batch()).get()
         return result
 
-    def _send(self, commands: Sequence[Sequence[Any]], exchange: Exchange) -> Reply:
+    def _send(self, commands: Sequence[Sequence[Arg]], exchange: Exchange) -> Reply:
+        # redis-py leaves Connection's methods untyped (the ignores here and in _read).
         conn = self._checkout()
         try:
             # Connects (with redis-py's handshake) if needed, and health-checks first.
-            conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])
+            conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])  # type: ignore[no-untyped-call]
         except _TRANSPORT as error:
             self.checkin(conn)  # redis-py has disconnected it
             return Reply(exchange.after_transport_error(error))
         except BaseException:
-            conn.disconnect()
+            conn.disconnect()  # type: ignore[no-untyped-call]
             self.checkin(conn)
             raise
         return Reply(pending=(self, conn, len(commands), exchange))
 
 
-def _answer(reply: Reply, then: Callable[[Any], object], keep: list[Any] | None = None) -> None:
+def _not_direct() -> TypeError:
+    return TypeError("this client takes redis-py's own path for every call (Transport.direct)")
+
+
+def _answer(
+    reply: Reply, then: Callable[[Any], object], keep: list[Connection] | None = None
+) -> None:
     try:
         then(reply.get(keep))
     except Exception as error:  # the caller is long gone: say so, raise nothing
         logger.warning("a call whose answer was read later failed: %s", error)
 
 
-_Pending = tuple[Transport, Any, int, Exchange]
+_Pending = tuple[Transport, Connection, int, Exchange]
 
 
 class Reply:
@@ -300,7 +313,7 @@ class Reply:
         """Whether the answer is in (read already, or known when it was made)."""
         return self._pending is None
 
-    def get(self, keep: list[Any] | None = None) -> Any:
+    def get(self, keep: list[Connection] | None = None) -> Any:
         """The call's answer, or what it raised (every time it is asked).
 
         ``keep``: a list that takes the connection once its replies are read, instead of
@@ -318,7 +331,7 @@ class Reply:
         return self._value
 
 
-def _read(pending: _Pending, keep: list[Any] | None = None) -> Any:
+def _read(pending: _Pending, keep: list[Connection] | None = None) -> Any:
     # Every way out checks the connection back in exactly once, and only after all of
     # the call's replies were read: an error reply in the middle leaves the rest on the
     # wire, which the next user of the connection would take for its own.
@@ -335,7 +348,7 @@ def _read(pending: _Pending, keep: list[Any] | None = None) -> Any:
         return exchange.after_transport_error(failed)
     except BaseException:
         # Interrupted mid-read: the connection's state is unknown, never reuse it.
-        conn.disconnect()
+        conn.disconnect()  # type: ignore[no-untyped-call]
         transport.checkin(conn)
         raise
     if keep is None:
