@@ -59,17 +59,17 @@ class RecentRefusals:
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
 
-    def expects(self, key: str) -> bool:
-        until = self._until.get(key)
+    def expects(self, lock_name: str) -> bool:
+        until = self._until.get(lock_name)
         return until is not None and until > time.monotonic()
 
-    def note(self, key: str, retry_after: float | None) -> None:
+    def note(self, lock_name: str, retry_after: float | None) -> None:
         if len(self._until) >= self.LIMIT:
             self._until.clear()  # cheaper than an LRU; a forgotten key costs one overlap
-        self._until[key] = time.monotonic() + (1.0 if retry_after is None else retry_after)
+        self._until[lock_name] = time.monotonic() + (1.0 if retry_after is None else retry_after)
 
-    def forget(self, key: str) -> None:
-        self._until.pop(key, None)
+    def forget(self, lock_name: str) -> None:
+        self._until.pop(lock_name, None)
 
 
 refusals = RecentRefusals()
@@ -95,12 +95,12 @@ class Gate:
     def __init__(
         self,
         store: Store,
-        key: str,
+        lock_name: str,
         pending: PendingAcquire,
         outage: Callable[[LockStoreUnavailableError], None],
     ) -> None:
         self._store = store
-        self._key = key
+        self._key = lock_name
         self._pending = pending
         self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self.checked = False

@@ -38,7 +38,7 @@ from .tokens import (
     ATTEMPT_HEADER,
     BYPASS_OPTION,
     HOLD_HEADER,
-    KEY_HEADER,
+    NAME_HEADER,
     OUTAGE_HEADER,
     REDRIVE_HEADER,
     RETRY_OF_HEADER,
@@ -72,7 +72,7 @@ class Execution:
         self.delivery = delivery
         self.context = context = delivery.context
         opts = context.options
-        self.key: str = header(request, KEY_HEADER) or opts.key.derive(args, kwargs)
+        self.lock_name: str = header(request, NAME_HEADER) or opts.key.derive(args, kwargs)
         self.mode: Mode = opts.mode
         self.queued: str | None = header(request, TOKEN_HEADER)
         self.role: str | None = header(request, HOLD_HEADER)
@@ -93,7 +93,7 @@ class Execution:
         # What the mode needs to take the running lease: the key, and the message's own
         # hold on it (taken over) or beside it (role; the lease is then taken afresh).
         self.start = Start(
-            key=self.key,
+            name=self.lock_name,
             token=self.token,
             ttl=self.ttl,
             queued=self.queued,
@@ -107,7 +107,7 @@ class Execution:
         try:
             if self.role == "pending":
                 hold = PendingHold(
-                    self.context, self.delivery.request.id, self.key, "pending",
+                    self.context, self.delivery.request.id, self.lock_name, "pending",
                     self.queued, self.shape, self.token,
                 )  # fmt: skip
                 if self.mode.replaces:
@@ -116,11 +116,17 @@ class Execution:
                     self._unless_replaced(hold.claim())
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
-            outage = outages.at_execution(self.context, self.delivery.request, self.key, error)
+            outage = outages.at_execution(
+                self.context, self.delivery.request, self.lock_name, error
+            )
             if isinstance(outage, Lease):
                 return outage
             send_again(
-                self.delivery, self.key, self.attempt, outage.countdown, outages=outage.outages
+                self.delivery,
+                self.lock_name,
+                self.attempt,
+                outage.countdown,
+                outages=outage.outages,
             )
         if isinstance(outcome, Contended):
             if self.mode.replaces and hold is None:
@@ -160,7 +166,7 @@ class Execution:
             "%s[%s] dropped: a later call replaced its arguments for %r",
             self.delivery.name,
             request.id,
-            self.key,
+            self.lock_name,
         )
         raise Ignore("replaced by a later call under the same task id")
 
@@ -192,22 +198,30 @@ class Execution:
         no errback, and acks (Celery's tracer); the original's result stays its own."""
         delivery, request = self.delivery, self.delivery.request
         state = holder_state(held)
-        singleton_signals.copy_dropped.send(
-            sender=delivery.sender, key=self.key, task_id=request.id, holder_state=state
+        singleton_signals.send(
+            singleton_signals.copy_dropped,
+            delivery.sender,
+            self.lock_name,
+            task_id=request.id,
+            holder_state=state,
         )
         logger.info(
             "copy of %s task dropped: task=%s id=%s lock=%s",
-            state, delivery.name, request.id, self.key,
+            state, delivery.name, request.id, self.lock_name,
         )  # fmt: skip
-        raise Ignore(f"a copy of {request.id}, which holds {self.key!r} ({state})")
+        raise Ignore(f"a copy of {request.id}, which holds {self.lock_name!r} ({state})")
 
     def _skip(self, decision: Skip, holder: str | None) -> NoReturn:
         """End quietly in IGNORED, which callers can tell from SUCCESS and FAILURE."""
         delivery = self.delivery
         if delivery.keeps_results:
             delivery.store_state({"skipped": decision.reason}, states.IGNORED)
-        singleton_signals.execution_skipped.send(
-            sender=delivery.sender, key=self.key, task_id=delivery.request.id, holder_id=holder
+        singleton_signals.send(
+            singleton_signals.execution_skipped,
+            delivery.sender,
+            self.lock_name,
+            task_id=delivery.request.id,
+            holder_id=holder,
         )
         raise Ignore(decision.reason)
 
@@ -218,31 +232,35 @@ class Execution:
         policy = self.context.options.on_contention
         state = ContentionState(
             task_name=delivery.name,
-            key=self.key,
+            name=self.lock_name,
             attempt=self.attempt,
             holder=holder_task_id(held.holder) or held.holder or None,
             retry_after=held.retry_after,
         )
         decision = policy(state)
-        singleton_signals.execution_contended.send(
-            sender=delivery.sender, key=self.key, holder_id=state.holder, decision=decision
+        singleton_signals.send(
+            singleton_signals.execution_contended,
+            delivery.sender,
+            self.lock_name,
+            holder_id=state.holder,
+            decision=decision,
         )
         if logger.isEnabledFor(logging.INFO):
             # One line, stable wording (docs/operations.md): contention is expected work.
             logger.info(
                 "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
-                delivery.name, delivery.request.id, self.key, state.holder or "-",
+                delivery.name, delivery.request.id, self.lock_name, state.holder or "-",
                 holder_state(held), _then(decision),
             )  # fmt: skip
         if isinstance(decision, Wait):
             if hold is not None:
                 hold.keep()  # still the pending call while it waits
             try:
-                return self.mode.wait(self.start, self.context.waiting, decision.timeout)
+                return self.mode.take_waiting(self.start, self.context.waiting, decision.timeout)
             except LockNotAcquiredError as error:
                 state = ContentionState(
                     task_name=delivery.name,
-                    key=self.key,
+                    name=self.lock_name,
                     attempt=self.attempt,
                     holder=holder_task_id(error.holder) or error.holder,
                     retry_after=error.retry_after,
@@ -250,13 +268,13 @@ class Execution:
                 )
                 decision = policy(state)
         if isinstance(decision, Requeue):
-            send_again(delivery, self.key, self.attempt + 1, decision.countdown, hold=hold)
+            send_again(delivery, self.lock_name, self.attempt + 1, decision.countdown, hold=hold)
         if isinstance(decision, Skip):
             self._skip(decision, state.holder)
         if isinstance(decision, Fail):
             raise DuplicateTaskError(
                 f"{delivery.name}[{delivery.request.id}] did not run: {decision.reason}",
-                name=self.key,
+                name=self.lock_name,
                 key=held.key,
                 task_id=state.holder,
             )
@@ -273,7 +291,7 @@ def _then(decision: object) -> str:
 
 def send_again(
     delivery: Delivery,
-    key: str,
+    lock_name: str,
     attempt: int,
     countdown: float,
     *,
@@ -287,12 +305,12 @@ def send_again(
         delivery.name,
         request.id,
         countdown,
-        key,
+        lock_name,
         attempt,
     )
     headers: dict[str, object] = {
         **(request.headers or {}),
-        KEY_HEADER: key,
+        NAME_HEADER: lock_name,
         ATTEMPT_HEADER: attempt,
     }
     headers.pop(TOKEN_HEADER, None)
@@ -304,4 +322,4 @@ def send_again(
     # Same id, links, chain and options as this message (what Celery's retry re-sends),
     # without counting as a retry of the task's own max_retries.
     delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
-    raise Ignore(f"requeued: {key!r} is held by another execution")
+    raise Ignore(f"requeued: {lock_name!r} is held by another execution")

@@ -26,7 +26,7 @@ class PendingHold:
         self,
         context: TaskContext,
         task_id: str,
-        key: str,
+        lock_name: str,
         role: str,
         queued: str | None,
         reserved: tuple[str, str] | None,
@@ -35,7 +35,7 @@ class PendingHold:
         self._context = context
         self._task_id = task_id
         self.role = role
-        self.name = companion(key, role)
+        self.name = companion(lock_name, role)
         self._queued = queued
         self._reserved = reserved  # the worker's reservation's shape; None when eager
         self._token = token  # the execution's running token

@@ -14,7 +14,7 @@ from .tokens import OUTAGE_HEADER, OUTAGE_MAX_REQUEUES, header_count
 logger = logging.getLogger(__name__)
 
 
-def at_dispatch(context: TaskContext, key: str, error: LockStoreUnavailableError) -> None:
+def at_dispatch(context: TaskContext, lock_name: str, error: LockStoreUnavailableError) -> None:
     """fail_closed: refuse to publish, with what to set instead; fail_open: log and go on."""
     where = context.backend.describe()
     if context.backend.config.on_redis_error == "fail_closed":
@@ -22,7 +22,7 @@ def at_dispatch(context: TaskContext, key: str, error: LockStoreUnavailableError
             f"{context.name}: {error}; nothing was published. Set "
             "singleton_lock_on_redis_error='fail_open' to publish without the duplicate "
             "check when Redis is down",
-            name=key,
+            name=lock_name,
             key=error.key,
             url=where,
         ) from error
@@ -32,7 +32,7 @@ def at_dispatch(context: TaskContext, key: str, error: LockStoreUnavailableError
         where,
         type(error).__name__,
         context.name,
-        key,
+        lock_name,
     )
 
 
@@ -45,7 +45,7 @@ class OutageRequeue:
 
 
 def at_execution(
-    context: TaskContext, request: Request, key: str, error: LockStoreUnavailableError
+    context: TaskContext, request: Request, lock_name: str, error: LockStoreUnavailableError
 ) -> Lease | OutageRequeue:
     """fail_open: run unlocked (logged); fail_closed: requeue with backoff, a bounded
     number of times, then fail. The caller sends the requeue: this module decides.
@@ -59,10 +59,10 @@ def at_execution(
             type(error).__name__,
             context.name,
             request.id,
-            key,
+            lock_name,
         )
         return Lease.unlocked(
-            key,
+            lock_name,
             context.ttl,
             "running unlocked: the lock store was unreachable (fail_open)",
         )
@@ -71,7 +71,7 @@ def at_execution(
         raise LockStoreUnavailableError(
             f"{context.name}[{request.id}] did not run: {error}, through "
             f"{requeues} requeues; it is not requeued again (fail_closed)",
-            name=key,
+            name=lock_name,
             key=error.key,
             url=where,
         ) from error
@@ -87,6 +87,6 @@ def at_execution(
     # Redis being down is not contention: backoff grows with the outage, but the
     # contention attempts (which end in fail) are not spent.
     backoff = requeue(max_tries=OUTAGE_MAX_REQUEUES)
-    decision = backoff(ContentionState(task_name=context.name, key=key, attempt=requeues))
+    decision = backoff(ContentionState(task_name=context.name, name=lock_name, attempt=requeues))
     countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
     return OutageRequeue(countdown, outages=requeues + 1)

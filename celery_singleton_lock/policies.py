@@ -15,6 +15,7 @@ the way tenacity tests its ``stop``/``wait`` policies.
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
@@ -26,16 +27,50 @@ OnDuplicate: TypeAlias = Literal["return", "raise", "replace"]
 ON_DUPLICATE: tuple[OnDuplicate, ...] = ("return", "raise", "replace")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ContentionState:
-    """What a policy knows when an execution finds its key held by someone else."""
+    """What a policy knows when an execution finds its lock held by someone else."""
 
     task_name: str
-    key: str
-    attempt: int  # how many times this execution was already requeued for this key (0 first)
-    holder: str | None = None  # the holder's token, when known
+    name: str  # the lock's name (its Redis key is another thing: the exceptions carry both)
+    attempt: int  # how many times this execution was already requeued for this lock (0 first)
+    holder: str | None = None  # the holder's task id (its token when there is none)
     retry_after: float | None = None  # seconds the holder's lease has left, when known
     waited: bool = False  # True once a wait for this attempt has timed out
+
+    def __init__(  # noqa: PLR0917  (the fields, as the dataclass took them, and key= of 0.1)
+        self,
+        task_name: str,
+        name: str | None = None,
+        attempt: int = 0,
+        holder: str | None = None,
+        retry_after: float | None = None,
+        waited: bool = False,
+        *,
+        key: str | None = None,
+    ) -> None:
+        if key is not None:
+            warnings.warn(_KEY_RENAMED, DeprecationWarning, stacklevel=2)
+            name = name or key
+        if name is None:
+            raise TypeError("ContentionState() needs name=, the lock's name")
+        for field_name, value in (
+            ("task_name", task_name), ("name", name), ("attempt", attempt), ("holder", holder),
+            ("retry_after", retry_after), ("waited", waited),
+        ):  # fmt: skip
+            object.__setattr__(self, field_name, value)
+
+    @property
+    def key(self) -> str:
+        """Deprecated: the lock's name, under its 0.1 spelling; read ``name``."""
+        warnings.warn(_KEY_RENAMED, DeprecationWarning, stacklevel=2)
+        return self.name
+
+
+_KEY_RENAMED = (
+    "ContentionState.key is the lock's name, now spelt ContentionState.name (key= and .key "
+    "go in the next release)"
+)
 
 
 @dataclass(frozen=True)
@@ -74,7 +109,7 @@ class ContentionPolicy(Protocol):
 
 
 def _held_by(state: ContentionState) -> str:
-    return f"{state.key!r} is held by {state.holder or 'another execution'}"
+    return f"{state.name!r} is held by {state.holder or 'another execution'}"
 
 
 @dataclass(frozen=True)

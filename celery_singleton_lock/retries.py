@@ -16,7 +16,7 @@ from .dispatch import delay_of, quietly
 from .exceptions import LockStoreUnavailableError
 from .lease import Contended, Lease, split_role
 from .modes.base import Publish
-from .tokens import HOLD_HEADER, KEY_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
+from .tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -39,8 +39,8 @@ def send_retry(
     token = queued_token(task_id)
     # A slot of a counting lease (limit=N) is named beside the key: the retry's
     # message carries the key and which slot it keeps.
-    key, role = split_role(running.name)
-    headers: dict[str, object] = {KEY_HEADER: key, RETRY_OF_HEADER: running.token}
+    lock_name, role = split_role(running.name)
+    headers: dict[str, object] = {NAME_HEADER: lock_name, RETRY_OF_HEADER: running.token}
     try:
         outcome = store.hand_over(running, context.queue_ttl + delay_of(options), token=token)
     except LockStoreUnavailableError as error:

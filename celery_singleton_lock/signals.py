@@ -2,25 +2,26 @@
 
 Sent synchronously in the process where the event happens; a receiver that raises is
 logged and ignored (Celery's ``Signal.send`` semantics), so a metrics bug never stops a
-task.
+task. ``name`` is the lock's name; receivers get it as ``key`` too, its 0.1 spelling,
+for one more release.
 
-- ``dispatch_accepted(sender=task, key, task_id)``: at dispatch, the call took its hold
+- ``dispatch_accepted(sender=task, name, task_id)``: at dispatch, the call took its hold
   and was published.
-- ``duplicate_refused(sender=task, key, holder_id)``: at dispatch, a duplicate was refused.
-- ``execution_contended(sender=task, key, holder_id, decision)``: at execution, the key was
+- ``duplicate_refused(sender=task, name, holder_id)``: at dispatch, a duplicate was refused.
+- ``execution_contended(sender=task, name, holder_id, decision)``: at execution, the key was
   held by someone else; ``decision`` is the policy's ``Fail``, ``Requeue`` or ``Wait``.
-- ``execution_skipped(sender=task, key, task_id, holder_id)``: at execution, the
+- ``execution_skipped(sender=task, name, task_id, holder_id)``: at execution, the
   contention policy said ``skip``: the call ended quietly (state ``IGNORED``).
-- ``copy_dropped(sender=task, key, task_id, holder_state)``: at execution, a message
+- ``copy_dropped(sender=task, name, task_id, holder_state)``: at execution, a message
   carrying the task id of the lock's holder (a redelivery, a same-id ``send_task``) was
   dropped without storing anything under that id.
-- ``lease_acquired(sender=task, key, task_id, fence, waited)``: an execution took its
+- ``lease_acquired(sender=task, name, task_id, fence, waited)``: an execution took its
   running lease, ``waited`` seconds after it started trying (contention included).
-- ``lease_released(sender=task, key, task_id, held)``: it gave the lease back after
+- ``lease_released(sender=task, name, task_id, held)``: it gave the lease back after
   ``held`` seconds (sent as the release is sent).
-- ``lease_lost(sender=task, key, task_id)``: renewal found the lease gone while the task
+- ``lease_lost(sender=task, name, task_id)``: renewal found the lease gone while the task
   ran (connected receivers only: nothing is registered per task otherwise).
-- ``dead_child_released(sender=task, key, task_id, pid)``: the worker's main process
+- ``dead_child_released(sender=task, name, task_id, pid)``: the worker's main process
   released the lease of a pool child that died.
 """
 
@@ -28,17 +29,31 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-dispatch_accepted = Signal(name="dispatch_accepted", providing_args={"key", "task_id"})
-duplicate_refused = Signal(name="duplicate_refused", providing_args={"key", "holder_id"})
+# Receivers get the lock's name as ``name``, and as ``key`` too: its 0.1 spelling, kept
+# for one release (it is the lock's name, not its Redis key; read ``name``).
+_ARGS = {"name", "key"}
+
+dispatch_accepted = Signal(name="dispatch_accepted", providing_args=_ARGS | {"task_id"})
+duplicate_refused = Signal(name="duplicate_refused", providing_args=_ARGS | {"holder_id"})
 execution_contended = Signal(
-    name="execution_contended", providing_args={"key", "holder_id", "decision"}
+    name="execution_contended", providing_args=_ARGS | {"holder_id", "decision"}
 )
-execution_skipped = Signal(name="execution_skipped", providing_args={"key", "task_id", "holder_id"})
-copy_dropped = Signal(name="copy_dropped", providing_args={"key", "task_id", "holder_state"})
-dead_child_released = Signal(name="dead_child_released", providing_args={"key", "task_id", "pid"})
-lease_acquired = Signal(name="lease_acquired", providing_args={"key", "task_id", "fence", "waited"})
-lease_released = Signal(name="lease_released", providing_args={"key", "task_id", "held"})
-lease_lost = Signal(name="lease_lost", providing_args={"key", "task_id"})
+execution_skipped = Signal(
+    name="execution_skipped", providing_args=_ARGS | {"task_id", "holder_id"}
+)
+copy_dropped = Signal(name="copy_dropped", providing_args=_ARGS | {"task_id", "holder_state"})
+dead_child_released = Signal(name="dead_child_released", providing_args=_ARGS | {"task_id", "pid"})
+lease_acquired = Signal(
+    name="lease_acquired", providing_args=_ARGS | {"task_id", "fence", "waited"}
+)
+lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
+lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id"})
+
+
+def send(signal: Signal, sender: object, name: str, **fields: object) -> None:
+    """Send ``signal`` about the lock ``name`` (as ``name``, and as the deprecated ``key``)."""
+    signal.send(sender=sender, name=name, key=name, **fields)
+
 
 __all__ = [
     "copy_dropped",

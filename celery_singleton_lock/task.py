@@ -40,7 +40,7 @@ from .retries import send_retry
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
-    KEY_HEADER,
+    NAME_HEADER,
     REDRIVE_HEADER,
     TOKEN_HEADER,
     holder_state,
@@ -174,9 +174,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                 )  # fmt: skip
         opts = self.singleton_options()
         mode = opts.mode
-        key = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
+        lock_name = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
         if bypass or not mode.checks_dispatch or in_canvas(link, link_error, options):
-            ours: dict[str, object] = {KEY_HEADER: key}
+            ours: dict[str, object] = {NAME_HEADER: lock_name}
             if isinstance(bypass, dict):
                 ours.update(bypass)
             if redrive:
@@ -186,21 +186,21 @@ class SingletonTask(Task):  # type: ignore[misc]
         mode.prepare(self.name, options)
         context = self.singleton_context
         store, queue_ttl = context.store, context.queue_ttl
-        planned = mode.hold(key, mode.token(task_id), queue_ttl + delay_of(options))
+        planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         try:
             pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False)
         except LockStoreUnavailableError as error:
-            outages.at_dispatch(context, key, error)  # fail_closed raises
-            return publish(task_id, options, {KEY_HEADER: key})
-        outage = partial(outages.at_dispatch, context, key)
-        gate = Gate(store, key, pending, outage)
+            outages.at_dispatch(context, lock_name, error)  # fail_closed raises
+            return publish(task_id, options, {NAME_HEADER: lock_name})
+        outage = partial(outages.at_dispatch, context, lock_name)
+        gate = Gate(store, lock_name, pending, outage)
         # On a refusal: the holder's result, or with replace, the queued call's with ours.
-        duplicate = partial(self._duplicate, key)
+        duplicate = partial(self._duplicate, lock_name)
         refused_by: Callable[[Contended], AsyncResult] = (
             Replacement(
                 mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
-                result=self.AsyncResult, key=key, hold=hold,
+                result=self.AsyncResult, name=lock_name, hold=hold,
                 ttl=ttl, ours=ours, options=dict(options), publish=publish,
                 refused=duplicate, outage=outage,
             )
@@ -208,7 +208,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             else duplicate
         )  # fmt: skip
         try:
-            if not refusals.expects(key) and self._can_overlap(options):
+            if not refusals.expects(lock_name) and self._can_overlap(options):
                 # The acquire is on its way; Celery builds the message meanwhile and the
                 # gated producer waits for the answer just before anything is published.
                 with self.app.producer_or_acquire(chosen) as real:
@@ -217,7 +217,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 gate.check()
                 result = publish(task_id, options, ours)
         except Refused as refused:
-            refusals.note(key, refused.held.retry_after)
+            refusals.note(lock_name, refused.held.retry_after)
             return refused_by(refused.held)
         except BaseException:
             # Whatever stopped the message (Celery's own validation, the broker), the
@@ -226,8 +226,10 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise
         if not gate.checked:  # Celery returned without publishing through the gate
             gate.give_back()
-        refusals.forget(key)
-        singleton_signals.dispatch_accepted.send(sender=self, key=key, task_id=task_id)
+        refusals.forget(lock_name)
+        singleton_signals.send(
+            singleton_signals.dispatch_accepted, self, lock_name, task_id=task_id
+        )
         return result
 
     def _can_overlap(self, options: Mapping[str, object]) -> bool:
@@ -278,22 +280,24 @@ class SingletonTask(Task):  # type: ignore[misc]
 
         return publish
 
-    def _duplicate(self, key: str, held: Contended) -> AsyncResult:
+    def _duplicate(self, lock_name: str, held: Contended) -> AsyncResult:
         holder = holder_task_id(held.holder)
-        singleton_signals.duplicate_refused.send(sender=self, key=key, holder_id=holder)
+        singleton_signals.send(
+            singleton_signals.duplicate_refused, self, lock_name, holder_id=holder
+        )
         opts = self.singleton_options()
         if logger.isEnabledFor(logging.INFO):
             # One line, stable wording (docs/operations.md): why this call was not sent.
             logger.info(
                 "refused at dispatch: task=%s lock=%s holder=%s state=%s",
-                self.name, key, holder or "-", holder_state(held),
+                self.name, lock_name, holder or "-", holder_state(held),
             )  # fmt: skip
         if opts.on_duplicate != "raise" and holder is not None:
             return self.AsyncResult(holder)
         raise DuplicateTaskError(
-            f"{self.name} {opts.mode.refused_because()} for {key!r}"
+            f"{self.name} {opts.mode.refused_because()} for {lock_name!r}"
             + (f" as task {holder}" if holder else " (holder unknown)"),
-            name=key,
+            name=lock_name,
             key=held.key,
             task_id=holder,
         )
@@ -360,20 +364,25 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # next task a round trip sooner. An eager caller may look at the key next.
                 store = self.singleton_context.store
                 quietly(store.release if request.is_eager else store.release_nowait, lease)
-                singleton_signals.lease_released.send(
-                    sender=self, key=lease.name, task_id=request.id,
-                    held=time.monotonic() - acquired,
+                singleton_signals.send(
+                    singleton_signals.lease_released, self, lease.name,
+                    task_id=request.id, held=time.monotonic() - acquired,
                 )  # fmt: skip
 
 
 def _report_acquired(task: SingletonTask, lease: Lease, task_id: str, waited: float) -> None:
-    singleton_signals.lease_acquired.send(
-        sender=task, key=lease.name, task_id=task_id, fence=lease.fence, waited=waited
+    singleton_signals.send(
+        singleton_signals.lease_acquired,
+        task,
+        lease.name,
+        task_id=task_id,
+        fence=lease.fence,
+        waited=waited,
     )
     if singleton_signals.lease_lost.receivers:  # nothing registered per task otherwise
         lease.on_lost(
-            lambda lost: singleton_signals.lease_lost.send(
-                sender=task, key=lost.name, task_id=task_id
+            lambda lost: singleton_signals.send(
+                singleton_signals.lease_lost, task, lost.name, task_id=task_id
             )
         )
 

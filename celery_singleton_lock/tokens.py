@@ -16,7 +16,9 @@ import random
 import time
 from dataclasses import dataclass
 
-KEY_HEADER = "singleton_lock_key"
+# The lock's name (its wire spelling is older than the name: messages in flight across
+# an upgrade keep it).
+NAME_HEADER = "singleton_lock_key"
 TOKEN_HEADER = "singleton_lock_token"  # noqa: S105  (a header name, not a secret)
 ATTEMPT_HEADER = "singleton_lock_attempt"
 OUTAGE_HEADER = "singleton_lock_outages"  # requeues so far because the store was unreachable

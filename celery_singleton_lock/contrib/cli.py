@@ -48,13 +48,13 @@ class _Locks:
             self.backend = Backend.for_app(self.app)
             self.store = self.backend.lock
         except SingletonLockError as error:
-            fail(str(error))
+            exit_with(str(error))
 
     def rows(self, batch: int = 1000) -> Iterator[LockRow]:
         try:
             yield from app_rows(self.app, self.store, batch)
         except SingletonLockError as error:
-            fail(str(error))  # the store's messages name it without its password
+            exit_with(str(error))  # the store's messages name it without its password
 
     def where(self) -> str:
         return f"{self.backend.describe()} under prefix {self.store.prefix!r}"
@@ -68,7 +68,7 @@ def _preload(command: _F) -> _F:
     return cast(_F, handle_preload_options(command))
 
 
-def fail(message: str, code: int = 1) -> NoReturn:
+def exit_with(message: str, code: int = 1) -> NoReturn:
     click.echo(f"Error: {message}", err=True)
     sys.exit(code)
 
@@ -114,7 +114,7 @@ def list_locks(
     try:
         min_age = None if older_than is None else parse_duration(older_than)
     except ValueError as error:
-        fail(str(error), 2)
+        exit_with(str(error), 2)
     locks = _Locks(ctx)
 
     def wanted(row: LockRow) -> bool:
@@ -171,7 +171,7 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
     locks = _Locks(ctx)
     found = [row for row in locks.rows() if row.matches(ref)]
     if not found:
-        fail(f"no lock matches {ref!r} at {locks.where()}")
+        exit_with(f"no lock matches {ref!r} at {locks.where()}")
     bases = {row.base_name for row in found}
     family = [row for row in locks.rows() if row.base_name in bases]
     liveness = Liveness(locks.app)
@@ -221,10 +221,10 @@ def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> N
     locks = _Locks(ctx)
     found = [row for row in locks.rows() if row.matches(ref)]
     if not found:
-        fail(f"no lock matches {ref!r} at {locks.where()}")
+        exit_with(f"no lock matches {ref!r} at {locks.where()}")
     if len(found) > 1:
         keys = "\n  ".join(row.key for row in found)
-        fail(f"{ref!r} matches {len(found)} locks; name one by its key:\n  {keys}")
+        exit_with(f"{ref!r} matches {len(found)} locks; name one by its key:\n  {keys}")
     [row] = found
     if not force:
         liveness = Liveness(locks.app)
@@ -232,7 +232,7 @@ def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> N
         verdict = liveness.verdict(row)
         if verdict.alive or (verdict.alive is None and row.state != "throttled"):
             what = "is alive" if verdict.alive else "may be alive"
-            fail(f"not released: the holder of {row.name} {what} ({verdict.why}); --force "
+            exit_with(f"not released: the holder of {row.name} {what} ({verdict.why}); --force "
                  "releases it anyway")  # fmt: skip
     _release(locks, row)
 
@@ -241,7 +241,7 @@ def _release(locks: _Locks, row: LockRow, *, err: bool = False) -> bool:
     try:
         result = release(locks.store, row)
     except SingletonLockError as error:
-        fail(str(error))
+        exit_with(str(error))
     if result is ReleaseResult.RELEASED:
         click.echo(
             f"released {row.name} ({row.state}, task {row.task_id or '-'}, key {row.key})", err=err

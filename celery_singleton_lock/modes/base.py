@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
 
 from ..backend import Store
 from ..lease import Contended, Lease, companion
-from ..tokens import HOLD_HEADER, KEY_HEADER, TOKEN_HEADER, queued_token
+from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, queued_token
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -74,7 +74,7 @@ class Start:
     (None: on the key; ``"pending"`` beside it; ``"slotN"`` a retry's slot).
     """
 
-    key: str
+    name: str  # the lock's name
     token: str  # the running lease's token
     ttl: float
     queued: str | None
@@ -122,19 +122,19 @@ class Mode:
         """The token of a new queued hold for ``task_id``."""
         return queued_token(task_id)
 
-    def hold(self, key: str, token: str, ttl: float) -> PublishHold:
-        """The hold of a dispatch of ``key`` for ``ttl`` s (the queue ttl plus any delay)."""
-        headers: dict[str, object] = {KEY_HEADER: key, TOKEN_HEADER: token}
+    def hold(self, name: str, token: str, ttl: float) -> PublishHold:
+        """The hold of a dispatch of lock ``name`` for ``ttl`` s (the queue ttl plus any delay)."""
+        headers: dict[str, object] = {NAME_HEADER: name, TOKEN_HEADER: token}
         if self.hold_role is not None:
             headers[HOLD_HEADER] = self.hold_role
-        return PublishHold(self._held_lock(key), ttl, token, headers)
+        return PublishHold(self._held_lock(name), ttl, token, headers)
 
-    def hold_name(self, key: str) -> str | None:
-        """The lock a dispatch of ``key`` holds (None: it holds none)."""
-        return self._held_lock(key) if self.checks_dispatch else None
+    def hold_name(self, name: str) -> str | None:
+        """The lock a dispatch of ``name`` holds (None: it holds none)."""
+        return self._held_lock(name) if self.checks_dispatch else None
 
-    def _held_lock(self, key: str) -> str:
-        return key if self.hold_role is None else companion(key, self.hold_role)
+    def _held_lock(self, name: str) -> str:
+        return name if self.hold_role is None else companion(name, self.hold_role)
 
     # -- start (the pool child) -----------------------------------------------------------
 
@@ -142,7 +142,7 @@ class Mode:
         """Try once for the running lease: the key, taking over the message's own hold
         on it (queued, or reserved by the worker that received it)."""
         return start.store.try_acquire(
-            start.key,
+            start.name,
             start.ttl,
             token=start.token,
             # A replaced message must not run even once the key is free again.
@@ -150,21 +150,21 @@ class Mode:
             **start.own(),
         )
 
-    def wait(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
+    def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
         """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
         return waiting.acquire(
-            start.key, start.ttl, timeout=timeout, token=start.token, **start.own()
+            start.name, start.ttl, timeout=timeout, token=start.token, **start.own()
         )
 
     # -- end --------------------------------------------------------------------------------
 
-    def running_names(self, key: str) -> list[str]:
-        """Every lock a run of ``key`` may hold (the key; a counting lease's slots)."""
-        return [key]
+    def running_names(self, name: str) -> list[str]:
+        """Every lock a run of ``name`` may hold (itself; a counting lease's slots)."""
+        return [name]
 
-    def held_by_a_run(self, key: str) -> list[str]:
+    def held_by_a_run(self, name: str) -> list[str]:
         """The locks a running copy holds as another worker would see them (test helpers)."""
-        return self.running_names(key)
+        return self.running_names(name)
 
     # -- what a new call would meet now (``celery singleton show``) ----------------------
 

@@ -28,7 +28,7 @@ class Limit(Mode):
         if start.role and start.role.startswith("slot"):
             # A retry's message holds the slot its first attempt ran in: take it back.
             own = start.store.try_acquire(
-                companion(start.key, start.role),
+                companion(start.name, start.role),
                 start.ttl,
                 token=start.token,
                 replace=start.queued,
@@ -36,15 +36,15 @@ class Limit(Mode):
             )
             if isinstance(own, Lease):
                 return own
-        return start.store.slots.try_acquire(start.key, self.limit, start.ttl, token=start.token)
+        return start.store.slots.try_acquire(start.name, self.limit, start.ttl, token=start.token)
 
-    def wait(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
+    def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
         return waiting.slots.acquire(
-            start.key, self.limit, start.ttl, timeout=timeout, token=start.token
+            start.name, self.limit, start.ttl, timeout=timeout, token=start.token
         )
 
-    def running_names(self, key: str) -> list[str]:
-        return [slot(key, number) for number in range(1, self.limit + 1)]
+    def running_names(self, name: str) -> list[str]:
+        return [slot(name, number) for number in range(1, self.limit + 1)]
 
     def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
         taken = sum(1 for role in held if (role or "").startswith("slot"))

@@ -80,7 +80,7 @@ class Replacement:
         store: Store,
         queue_ttl: float,
         result: Callable[[str], AsyncResult],
-        key: str,
+        name: str,
         hold: str,
         ttl: float,
         ours: dict[str, object],
@@ -96,7 +96,7 @@ class Replacement:
         self._store = store
         self._queue_ttl = queue_ttl
         self._result = result  # the task's AsyncResult for a task id
-        self._key = key
+        self._name = name  # the lock's
         self._hold = hold
         self._ttl = ttl
         self._ours = ours
@@ -161,7 +161,7 @@ class Replacement:
                 "%s: queued call %s takes a later call's arguments for %r",
                 self._task_name,
                 queued_id,
-                self._key,
+                self._name,
             )
 
     def _give_back(self, place: Lease, holder: str, ttl: float) -> None:
@@ -173,5 +173,5 @@ class Replacement:
                 store.release(place)
         except LockStoreUnavailableError as error:
             logger.warning(
-                "%s: the replaced call's hold could not be restored (%s)", self._key, error
+                "%s: the replaced call's hold could not be restored (%s)", self._name, error
             )

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from .._time import human
 from ..lease import companion
-from ..tokens import KEY_HEADER
+from ..tokens import NAME_HEADER
 from .base import Holder, Mode, PublishHold
 
 
@@ -29,12 +29,12 @@ class Throttle(Mode):
     def refused_because(self) -> str:
         return f"was accepted less than {self.window:g}s ago"
 
-    def hold(self, key: str, token: str, ttl: float) -> PublishHold:
+    def hold(self, name: str, token: str, ttl: float) -> PublishHold:
         # The window, not the queue ttl: it is nobody's to take over or give back.
-        return PublishHold(companion(key, "throttle"), self.window, token, {KEY_HEADER: key})
+        return PublishHold(companion(name, "throttle"), self.window, token, {NAME_HEADER: name})
 
-    def held_by_a_run(self, key: str) -> list[str]:
-        return [key, companion(key, "throttle")]
+    def held_by_a_run(self, name: str) -> list[str]:
+        return [name, companion(name, "throttle")]
 
     def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
         window = held.get(self.hold_role)

@@ -15,7 +15,7 @@ from celery.worker.request import Request
 
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
-from ..tokens import KEY_HEADER, TOKEN_HEADER, header
+from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from .childwatch import child_watch
 from .reservations import reservations
 from .setupchecks import check_worker_setup, refuse_bad_settings
@@ -100,12 +100,12 @@ def _release_revoked(
         return
     if reservations.drop(request.id, release=True):
         return  # the reservation had replaced the hold: nothing else to give back
-    key, token = header(request, KEY_HEADER), header(request, TOKEN_HEADER)
-    if key and token:
+    lock_name, token = header(request, NAME_HEADER), header(request, TOKEN_HEADER)
+    if lock_name and token:
         try:
-            sender.singleton_context.store.release_token(key, token)
+            sender.singleton_context.store.release_token(lock_name, token)
         except SingletonLockError as error:
-            logger.warning("revoked %s: release of %s failed (%s)", sender.name, key, error)
+            logger.warning("revoked %s: release of %s failed (%s)", sender.name, lock_name, error)
 
 
 def _hand_back_at_shutdown(**_: object) -> None:

@@ -24,9 +24,10 @@ from ..exceptions import KeyDerivationError, SingletonLockError
 from ..lease import ReleaseResult, companion
 from ..options import is_singleton
 from ..signals import dead_child_released
+from ..signals import send as send_signal
 from ..tokens import (
     HOLD_HEADER,
-    KEY_HEADER,
+    NAME_HEADER,
     TOKEN_HEADER,
     header,
     reserved_shape,
@@ -58,7 +59,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 self.task.singleton_context,
                 self.id,
                 self.hostname,
-                key=header(context, KEY_HEADER),
+                lock_name=header(context, NAME_HEADER),
                 queued=header(context, TOKEN_HEADER),
                 role=header(context, HOLD_HEADER),
             )
@@ -92,34 +93,34 @@ class SingletonRequest(Request):  # type: ignore[misc]
             return
         self._singleton_released = True
         task = self.task
-        key = header(self._context, KEY_HEADER)
-        if key is None:
+        lock_name = header(self._context, NAME_HEADER)
+        if lock_name is None:
             try:
-                key = task.singleton_options().key.derive(self.args, self.kwargs)
+                lock_name = task.singleton_options().key.derive(self.args, self.kwargs)
             except KeyDerivationError:
                 return
         store = task.singleton_context.store
         pid = self.worker_pid
         role = header(self._context, HOLD_HEADER)
         # The message's own hold: on the key, or beside it (lock="until_executing").
-        hold = companion(key, role) if role else key
+        hold = companion(lock_name, role) if role else lock_name
         try:
             if pid and child_watch.enabled:
                 if kill:
                     kill_and_wait(pid)
                 # The key, or with limit=N whichever slot of it the child held.
-                for name in task.singleton_options().mode.running_names(key):
+                for name in task.singleton_options().mode.running_names(lock_name):
                     result = store.release_matching(
                         name, running_prefix(self.hostname, pid), f"|{self.id}"
                     )
                     if result is ReleaseResult.RELEASED:
-                        dead_child_released.send(sender=task, key=key, task_id=self.id, pid=pid)
+                        send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
                         break
                 if role == "pending":  # a child that died waiting kept the hold meanwhile
                     store.release_matching(hold, running_prefix(self.hostname, pid), f"|{self.id}")
                 logger.info(
                     "released %s for %s[%s] after its pool child %d died: %s",
-                    key,
+                    lock_name,
                     task.name,
                     self.id,
                     pid,
@@ -134,4 +135,4 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 or_shape=(queued, "") if queued else None,
             )
         except SingletonLockError as error:
-            logger.warning("release of %s after its child died failed (%s)", key, error)
+            logger.warning("release of %s after its child died failed (%s)", lock_name, error)

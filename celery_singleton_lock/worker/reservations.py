@@ -45,7 +45,7 @@ class Reservations:
         task_id: str,
         hostname: str,
         *,
-        key: str | None,
+        lock_name: str | None,
         queued: str | None,
         role: str | None,
     ) -> None:
@@ -59,9 +59,9 @@ class Reservations:
         sent whole (the script's body), so a server that lost its scripts applies it at
         once rather than when the answer is read.
         """
-        if not key or not queued:
+        if not lock_name or not queued:
             return  # sent without a hold (send_task, canvas): nothing to reserve
-        name = companion(key, role) if role else key
+        name = companion(lock_name, role) if role else lock_name
         self.settle()
         store = context.store
         token = reserved_token(task_id, hostname, queued)
@@ -70,7 +70,7 @@ class Reservations:
                 name, context.ttl, token=token, replace=queued, fenced=False, read_late=True
             )
         except SingletonLockError as error:
-            logger.warning("could not reserve %s for %s: %s", key, task_id, error)
+            logger.warning("could not reserve %s for %s: %s", lock_name, task_id, error)
             return
         lease = pending.presumed()
         if lease is None:

@@ -214,10 +214,10 @@ class TestSignals:
     def test_refusals_and_contention_are_signalled(self, app: Celery) -> None:
         seen: list[tuple[str, Any]] = []
 
-        def on_refused(sender: Any, key: str, holder_id: str | None, **_: Any) -> None:
+        def on_refused(sender: Any, name: str, holder_id: str | None, **_: Any) -> None:
             seen.append(("refused", holder_id))
 
-        def on_contended(sender: Any, key: str, decision: Any, **_: Any) -> None:
+        def on_contended(sender: Any, name: str, decision: Any, **_: Any) -> None:
             seen.append(("contended", type(decision).__name__))
 
         signals.duplicate_refused.connect(on_refused, weak=False)

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -45,7 +46,11 @@ def cli(
         from click.testing import CliRunner
 
         done = CliRunner().invoke(celery_command, ["-A", APP, "singleton", *args])
-        return subprocess.CompletedProcess(args, done.exit_code, done.stdout, done.stderr)
+        stderr = done.stderr
+        if done.exc_info is not None and not isinstance(done.exception, SystemExit):
+            # An exception the command let out: say which, or a failure reads as empty.
+            stderr += "".join(traceback.format_exception(*done.exc_info))
+        return subprocess.CompletedProcess(args, done.exit_code, done.stdout, stderr)
     runner = ["tests.support.cli_probe"] if probe else ["celery"]
     return subprocess.run(
         [sys.executable, "-m", *runner, "-A", APP, "singleton", *args],

@@ -19,7 +19,7 @@ from celery.signals import before_task_publish
 
 from celery_singleton_lock import Contended, Lease, RedisLock
 from celery_singleton_lock.lease import transport
-from celery_singleton_lock.tokens import KEY_HEADER, TOKEN_HEADER
+from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
 
 from ..conftest import CeleryEnv
 
@@ -89,7 +89,7 @@ class TestOverlappedDispatch:
         work.apply_async(("p4",), queue=QUEUE)
         message = queue.lrange(QUEUE, 0, -1)[0]
         headers = json.loads(message)["headers"]
-        key = headers[KEY_HEADER]
+        key = headers[NAME_HEADER]
         assert cenv.lock_client().get(f"t:{{{key}}}").decode() == headers[TOKEN_HEADER]
 
     def test_concurrent_dispatchers_publish_one_message_per_key(

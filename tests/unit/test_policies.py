@@ -24,7 +24,7 @@ from celery_singleton_lock.policies import (
 
 def state(attempt: int = 0, *, waited: bool = False) -> ContentionState:
     return ContentionState(
-        task_name="t", key="p:{k}", attempt=attempt, holder="tok", retry_after=3, waited=waited
+        task_name="t", name="p:{k}", attempt=attempt, holder="tok", retry_after=3, waited=waited
     )
 
 
@@ -114,3 +114,19 @@ class TestOptions:
     def test_policies_pickle(self) -> None:
         policy = wait(timeout=3, then=requeue(max_tries=2))
         assert pickle.loads(pickle.dumps(policy)).timeout == 3
+
+
+class TestContentionStateNames:
+    def test_the_lock_is_named_name(self) -> None:
+        assert state().name == "p:{k}"
+
+    def test_key_of_0_1_still_builds_and_reads_with_a_warning(self) -> None:
+        with pytest.warns(DeprecationWarning, match="ContentionState.name"):
+            old = ContentionState(task_name="t", key="p:1", attempt=0)
+        assert old.name == "p:1"
+        with pytest.warns(DeprecationWarning, match="ContentionState.name"):
+            assert old.key == "p:1"
+
+    def test_a_state_needs_a_lock_name(self) -> None:
+        with pytest.raises(TypeError, match="name="):
+            ContentionState(task_name="t")
