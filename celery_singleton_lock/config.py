@@ -41,6 +41,9 @@ DEFAULTS: dict[str, object] = {
     # A worker serves Prometheus metrics on this port (celery_singleton_lock.contrib.metrics).
     "singleton_lock_metrics_port": None,
     "singleton_lock_metrics_addr": "127.0.0.1",
+    # On a redis:// broker, publish through broker.RedisTransport: a dispatch's hold is
+    # taken by the script that pushes its message (when the lock store is that server).
+    "singleton_lock_ride_broker": True,
 }
 # Settings of celery-singleton that happen to share our prefix: an app migrating from it
 # (or running both) must not be refused for them.
@@ -214,6 +217,12 @@ class SingletonConfig:
             raise ConfigurationError(
                 f"singleton_lock_on_redis_error={policy!r}: use 'fail_closed' (refuse to run "
                 "unlocked when Redis is unreachable) or 'fail_open' (run unlocked and log it)"
+            )
+        ride = get("singleton_lock_ride_broker")
+        if not isinstance(ride, bool):
+            raise ConfigurationError(
+                f"singleton_lock_ride_broker={ride!r}: use True (a dispatch's hold rides its "
+                "message's push on a redis:// broker) or False (kombu's own transport)"
             )
         try:
             prefix = validate_prefix(get("singleton_lock_prefix"))

@@ -5,14 +5,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .backend import Store
+from .broker import folding
 from .exceptions import LockStoreUnavailableError, SingletonLockError
-from .lease import Contended, Lease, PendingAcquire
+from .lease import Contended, Lease, PendingAcquire, Push, PushStore, Server
+from .modes.base import Publish
+from .tokens import NAME_HEADER
 
 if TYPE_CHECKING:
+    from celery.result import AsyncResult
     from kombu.messaging import Producer
 
 logger = logging.getLogger(__name__)
@@ -138,6 +143,108 @@ class Gate:
             return
         if isinstance(outcome, Lease):
             quietly(store.release, outcome)
+
+
+class PushedHold:
+    """A dispatch's hold, taken by the channel as it puts the message (``broker.Fold``).
+
+    On the lock store's server the hold and the push are one script; elsewhere (a queue
+    on another server) the hold is taken first and the channel then pushes. A duplicate
+    raises ``Refused`` from inside the publish: nothing is pushed.
+    """
+
+    __slots__ = (
+        "_name", "_pushes", "_store", "_token", "_ttl", "outage", "pushed", "taken", "task_id",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        store: Store,
+        pushes: PushStore,
+        lock_name: str,
+        ttl: float,
+        *,
+        token: str,
+        task_id: str,
+        outage: Callable[[LockStoreUnavailableError], None],
+    ) -> None:
+        self._store, self._pushes = store, pushes
+        self.outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
+        self._name, self._ttl, self._token = lock_name, ttl, token
+        self.task_id = task_id
+        self.taken: Lease | None = None
+        self.pushed = False
+
+    def put(self, server: Server | None, push: Push | None) -> bool:
+        store = self._store
+        if push is not None and server is not None and server.same_server(self._pushes.server):
+            outcome = self._pushes.hold_and_push(self._name, self._ttl, push, token=self._token)
+            pushed = True
+        else:
+            outcome = store.try_acquire(self._name, self._ttl, token=self._token, fenced=False)
+            pushed = False
+        if isinstance(outcome, Contended):
+            raise Refused(outcome)
+        self.taken, self.pushed = outcome, pushed
+        return pushed
+
+    def give_back(self) -> None:
+        """The publish failed: a hold taken without its message pushed is released."""
+        if self.taken is not None and not self.pushed:
+            quietly(self._store.release, self.taken)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One held dispatch: what it publishes, and how it answers a refusal or success."""
+
+    lock_name: str
+    task_id: str
+    options: dict[str, object]
+    ours: dict[str, object]  # the library's headers
+    publish: Publish
+    refused_by: Callable[[Contended], AsyncResult]  # the holder's result, or a replace
+    accepted: Callable[[], None]  # the dispatch_accepted signal
+
+
+def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
+    """Publish with the hold taken as the channel puts the message (``broker.folding``)."""
+    try:
+        with folding(fold):
+            result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
+    except Refused as refused:
+        return sent.refused_by(refused.held)
+    except LockStoreUnavailableError as error:
+        # Nothing was taken or pushed: fail_closed raises, fail_open publishes plainly.
+        fold.outage(error)
+        return sent.publish(sent.task_id, sent.options, {NAME_HEADER: sent.lock_name})
+    except BaseException:
+        fold.give_back()  # a hold whose message was not pushed
+        raise
+    sent.accepted()
+    return result
+
+
+def send_gated(gate: Gate, sent: Sent, *, via: object = None) -> AsyncResult:
+    """Publish once the gate says the hold was taken (at once, or ``via`` the gated
+    producer, which asks just before the message leaves)."""
+    try:
+        if via is None:
+            gate.check()
+        result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
+    except Refused as refused:
+        refusals.note(sent.lock_name, refused.held.retry_after)
+        return sent.refused_by(refused.held)
+    except BaseException:
+        # Whatever stopped the message (Celery's own validation, the broker), the
+        # caller may try again: a hold granted to a message never sent is given back.
+        gate.give_back()
+        raise
+    if not gate.checked:  # Celery returned without publishing through the gate
+        gate.give_back()
+    refusals.forget(sent.lock_name)
+    sent.accepted()
+    return result
 
 
 class GatedProducer:

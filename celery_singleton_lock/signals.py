@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
+from .lease import Lease
+
 # Receivers get the lock's name as ``name``, and as ``key`` too: its 0.1 spelling, kept
 # for one release (it is the lock's name, not its Redis key; read ``name``).
 _ARGS = {"name", "key"}
@@ -53,6 +55,14 @@ lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id"})
 def send(signal: Signal, sender: object, name: str, **fields: object) -> None:
     """Send ``signal`` about the lock ``name`` (as ``name``, and as the deprecated ``key``)."""
     signal.send(sender=sender, name=name, key=name, **fields)
+
+
+def lease_taken(sender: object, lease: Lease, task_id: str, waited: float) -> None:
+    """``lease_acquired`` now, and ``lease_lost`` if renewal later finds it gone (only
+    with receivers connected: nothing is registered per task otherwise)."""
+    send(lease_acquired, sender, lease.name, task_id=task_id, fence=lease.fence, waited=waited)
+    if lease_lost.receivers:
+        lease.on_lost(lambda lost: send(lease_lost, sender, lost.name, task_id=task_id))
 
 
 __all__ = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
@@ -25,8 +25,20 @@ from celery.utils import uuid
 
 from . import outages
 from . import signals as singleton_signals
+from .broker import ride, rides
 from .context import Delivery, TaskContext
-from .dispatch import Gate, GatedProducer, Refused, delay_of, in_canvas, quietly, refusals
+from .dispatch import (
+    Gate,
+    GatedProducer,
+    PushedHold,
+    Sent,
+    delay_of,
+    in_canvas,
+    quietly,
+    refusals,
+    send_gated,
+    send_pushed,
+)
 from .exceptions import (
     DuplicateTaskError,
     LockStoreUnavailableError,
@@ -98,6 +110,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
+        ride(app)  # a dispatch's hold rides its message's push on a Redis broker
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a
         # copy of the running one, a requeue). Under an id whose run stored SUCCESS a
@@ -183,54 +196,64 @@ class SingletonTask(Task):  # type: ignore[misc]
                 ours[REDRIVE_HEADER] = 1
             return publish(task_id, options, ours)
         task_id = task_id or uuid()
+        return self._send_held(lock_name, task_id, options, publish, chosen)
+
+    def _send_held(
+        self,
+        lock_name: str,
+        task_id: str,
+        options: dict[str, object],
+        publish: Publish,
+        producer: object,
+    ) -> AsyncResult:
+        """Publish a call that holds its lock first; a duplicate is answered, not sent."""
+        mode = self.singleton_options().mode
         mode.prepare(self.name, options)
         context = self.singleton_context
         store, queue_ttl = context.store, context.queue_ttl
         planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
-        try:
-            pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False)
-        except LockStoreUnavailableError as error:
-            outages.at_dispatch(context, lock_name, error)  # fail_closed raises
-            return publish(task_id, options, {NAME_HEADER: lock_name})
         outage = partial(outages.at_dispatch, context, lock_name)
-        gate = Gate(store, lock_name, pending, outage)
-        # On a refusal: the holder's result, or with replace, the queued call's with ours.
         duplicate = partial(self._duplicate, lock_name)
-        refused_by: Callable[[Contended], AsyncResult] = (
-            Replacement(
+        sent = Sent(
+            lock_name, task_id, options, ours, publish,
+            # On a refusal: the holder's result, or with replace, the queued call's with ours.
+            refused_by=Replacement(
                 mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
                 result=self.AsyncResult, name=lock_name, hold=hold,
                 ttl=ttl, ours=ours, options=dict(options), publish=publish,
                 refused=duplicate, outage=outage,
-            )
-            if isinstance(mode, Replace)
-            else duplicate
+            ) if isinstance(mode, Replace) else duplicate,
+            accepted=partial(
+                singleton_signals.send, singleton_signals.dispatch_accepted, self, lock_name,
+                task_id=task_id,
+            ),
         )  # fmt: skip
+        pushes = store.pushes if self._can_ride(options) else None
+        if pushes is not None:
+            with self.app.producer_or_acquire(producer) as real:
+                if rides(real.channel, pushes.server):
+                    # The hold is taken by the script that pushes the message.
+                    fold = PushedHold(
+                        store, pushes, hold, ttl, token=token, task_id=task_id, outage=outage
+                    )
+                    return send_pushed(fold, sent, via=real)
         try:
-            if not refusals.expects(lock_name) and self._can_overlap(options):
-                # The acquire is on its way; Celery builds the message meanwhile and the
-                # gated producer waits for the answer just before anything is published.
-                with self.app.producer_or_acquire(chosen) as real:
-                    result = publish(task_id, options, ours, via=GatedProducer(real, gate))
-            else:
-                gate.check()
-                result = publish(task_id, options, ours)
-        except Refused as refused:
-            refusals.note(lock_name, refused.held.retry_after)
-            return refused_by(refused.held)
-        except BaseException:
-            # Whatever stopped the message (Celery's own validation, the broker), the
-            # caller may try again: a hold granted to a message never sent is given back.
-            gate.give_back()
-            raise
-        if not gate.checked:  # Celery returned without publishing through the gate
-            gate.give_back()
-        refusals.forget(lock_name)
-        singleton_signals.send(
-            singleton_signals.dispatch_accepted, self, lock_name, task_id=task_id
-        )
-        return result
+            pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False)
+        except LockStoreUnavailableError as error:
+            outage(error)  # fail_closed raises
+            return publish(task_id, options, {NAME_HEADER: lock_name})
+        gate = Gate(store, lock_name, pending, outage)
+        if refusals.expects(lock_name) or not self._can_overlap(options):
+            return send_gated(gate, sent)
+        # The acquire is on its way; Celery builds the message meanwhile and the gated
+        # producer waits for the answer just before anything is published.
+        with self.app.producer_or_acquire(producer) as real:
+            return send_gated(gate, sent, via=GatedProducer(real, gate))
+
+    def _can_ride(self, options: Mapping[str, object]) -> bool:
+        # Eagerly nothing is published; connection= makes Celery use its own producer.
+        return not (self.app.conf.task_always_eager or options.get("connection") is not None)
 
     def _can_overlap(self, options: Mapping[str, object]) -> bool:
         # Only while nothing can observe the message before our gate: an eager call
@@ -351,7 +374,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         lease = Execution(self._delivery(request), args, kwargs).take()
         acquired = time.monotonic()
         request.singleton_lease = lease
-        _report_acquired(self, lease, request.id, acquired - began)
+        singleton_signals.lease_taken(self, lease, request.id, acquired - began)
         if self.singleton_track_started and not request.is_eager:
             self._store_started(request)
         try:
@@ -368,23 +391,6 @@ class SingletonTask(Task):  # type: ignore[misc]
                     singleton_signals.lease_released, self, lease.name,
                     task_id=request.id, held=time.monotonic() - acquired,
                 )  # fmt: skip
-
-
-def _report_acquired(task: SingletonTask, lease: Lease, task_id: str, waited: float) -> None:
-    singleton_signals.send(
-        singleton_signals.lease_acquired,
-        task,
-        lease.name,
-        task_id=task_id,
-        fence=lease.fence,
-        waited=waited,
-    )
-    if singleton_signals.lease_lost.receivers:  # nothing registered per task otherwise
-        lease.on_lost(
-            lambda lost: singleton_signals.send(
-                singleton_signals.lease_lost, task, lost.name, task_id=task_id
-            )
-        )
 
 
 __all__ = ["SingletonOptions", "SingletonTask"]

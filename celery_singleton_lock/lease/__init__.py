@@ -1,13 +1,14 @@
 """The Redis lease: owner-checked, fenced, renewed locks on any redis-py client; no Celery."""
 
 from .aio import AsyncRedisLock
+from .clients import Server, describe, server_of
 from .clients import build as client_from_url
-from .clients import describe
-from .interface import LockStore, SlotStore
+from .interface import LockStore, PushStore, SlotStore
 from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .pending import PendingAcquire
+from .pushes import Push
 from .renewal import Renewer, get_renewer
 from .store import RedisLock
 
@@ -21,14 +22,18 @@ __all__ = [
     "LockStore",
     "MemoryLock",
     "PendingAcquire",
+    "Push",
+    "PushStore",
     "RedisLock",
     "ReleaseResult",
     "Renewer",
+    "Server",
     "SlotStore",
     "client_from_url",
     "companion",
     "describe",
     "get_renewer",
+    "server_of",
     "slot",
     "split_role",
     "validate_prefix",

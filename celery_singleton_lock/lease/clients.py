@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeGuard, TypeVar
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
@@ -332,3 +333,34 @@ def eviction_policy(client: SyncClient) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where a standalone client connects: its address and database (not its password)."""
+
+    address: tuple[str, int] | str  # (host, port), or a unix socket's path
+    db: int
+
+    def same_server(self, other: Server) -> bool:
+        """Whether both are one Redis server (their databases may differ)."""
+        return self.address == other.address
+
+
+def server_of(client: object) -> Server | None:
+    """The server a standalone sync client connects to; None for any other (Cluster, a
+    Sentinel-managed master, whose address can change under it)."""
+    if not isinstance(client, redis.Redis) or getattr(client, "nodes_manager", None):
+        return None
+    pool = client.connection_pool
+    if getattr(pool, "service_name", None) is not None:
+        return None  # Sentinel: the master's address is looked up per connection
+    kwargs: Mapping[str, object] = getattr(pool, "connection_kwargs", {})
+    db = kwargs.get("db") or 0
+    if not isinstance(db, int):
+        db = int(str(db))
+    path = kwargs.get("path")
+    if isinstance(path, str):
+        return Server(path, db)
+    host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
+    return Server((str(host), int(str(port))), db)

@@ -6,10 +6,12 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from .base import WaitMode
+from .clients import Server
 from .inventory import Held
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import LockKeys
 from .pending import PendingAcquire
+from .pushes import Push
 
 
 class SlotStore(Protocol):
@@ -30,6 +32,16 @@ class SlotStore(Protocol):
     ) -> Lease: ...
 
 
+class PushStore(Protocol):
+    """A hold taken with its message's push, on the store's own server."""
+
+    server: Server
+
+    def hold_and_push(
+        self, name: str, ttl: object, push: Push, *, token: str
+    ) -> Lease | Contended: ...
+
+
 class LockStore(Protocol):
     """What the Celery layer asks of a lock store, on Redis or in memory."""
 
@@ -37,6 +49,9 @@ class LockStore(Protocol):
 
     @property
     def slots(self) -> SlotStore: ...
+
+    @property
+    def pushes(self) -> PushStore | None: ...
 
     def keys(self, name: str) -> LockKeys: ...
 

@@ -52,6 +52,11 @@ class MemoryLock:
     def slots(self) -> MemorySlots:
         return MemorySlots(self)
 
+    @property
+    def pushes(self) -> None:
+        """Nothing to push to: a broker never shares this store's server."""
+        return None
+
     def keys(self, name: str) -> LockKeys:
         return LockKeys.build(self.prefix, validate_name(name))
 

@@ -103,6 +103,32 @@ return {1, fence}
 """
 )
 
+# A hold taken in the same step as the push of the message it holds for (a broker's
+# queue on the same server): there is never a hold without its message, nor the
+# message without its hold.
+# KEYS[1] hold (lock) key  KEYS[2] the list to push to  KEYS[3..] lists to expire too
+# ARGV[1] owner token      ARGV[2] ttl in milliseconds  ARGV[3] the payload
+# ARGV[4] the list's database ('' for the lock's own)  ARGV[5] expiry ms ('' for none)
+# returns {1, 0}               held and pushed; or held by this very token already (a
+#                              retry whose reply was lost: pushed then, not again)
+#         {0, holder, pttl}    held by `holder` ('' when foreign); nothing pushed
+# SELECT inside a script switches only the script's database (Redis >= 2.8.12).
+HOLD_AND_PUSH = """
+local taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+if not taken then
+  local current = redis.pcall('GET', KEYS[1])
+  if current == ARGV[1] then return {1, 0} end
+  if type(current) ~= 'string' then current = '' end
+  return {0, current, redis.call('PTTL', KEYS[1])}
+end
+if ARGV[4] ~= '' then redis.call('SELECT', ARGV[4]) end
+redis.call('LPUSH', KEYS[2], ARGV[3])
+if ARGV[5] ~= '' then
+  for i = 3, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+end
+return {1, 0}
+"""
+
 # A counting lease: the first free slot of several (names.slot), in one step.
 # KEYS[1] fence key    KEYS[2] waiters key   KEYS[3..] the slots' lock keys, in order
 # ARGV[1] owner token  ARGV[2] ttl in milliseconds

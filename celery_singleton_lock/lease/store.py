@@ -13,12 +13,13 @@ from redis.commands.core import Script
 from ..exceptions import ConfigurationError, SingletonLockError
 from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
-from .clients import build, eviction_policy, is_async
+from .clients import build, eviction_policy, is_async, server_of
 from .errors import store_error
 from .inventory import BATCH, Held, scan
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX
 from .pending import PendingAcquire
+from .pushes import Pushes
 from .renewal import Renewer, get_renewer
 from .replicas import acknowledged, replicas_option, with_acks
 from .slots import Slots
@@ -61,6 +62,7 @@ class RedisLock(LockBase):
         )  # fmt: skip
         self._renewer = renewer
         self._slots: Slots | None = None
+        self._pushes: Pushes | None = None
         self.transport = Transport(client)
         self.cluster = hasattr(client, "get_node_from_key")
 
@@ -362,6 +364,15 @@ class RedisLock(LockBase):
         if self._slots is None:
             self._slots = Slots(self)
         return self._slots
+
+    @property
+    def pushes(self) -> Pushes | None:
+        """Holds taken with their message's push, for a broker on this server (None: no
+        standalone server, or replicas asked for: a shortfall gives a hold back)."""
+        if self._pushes is None and self.replicas is None:
+            server = server_of(self.client)
+            self._pushes = None if server is None else Pushes(self, server)
+        return self._pushes
 
     def holder(self, name: str) -> str | None:
         """The token currently holding ``name`` (None when free)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..broker import missed_ride
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..foreign import foreign_settings
 from ..options import is_singleton
@@ -50,6 +51,10 @@ def check_worker_setup(app: Celery) -> list[str]:
             "pressure Redis may evict lock keys and let a duplicate run. Set maxmemory-policy "
             "noeviction there, or give the locks a Redis of their own (singleton_lock_url)"
         )
+    pushes = tasks[0].singleton_context.store.pushes
+    missed = None if pushes is None else missed_ride(app, pushes.server)
+    if missed:
+        warnings.append(missed)
     transport = app.conf.broker_transport_options or {}
     visibility = transport.get("visibility_timeout")
     for task in tasks:

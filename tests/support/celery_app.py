@@ -4,7 +4,8 @@ Configured from the environment so one module serves every worker the tests star
 ``CSL_BROKER_URL`` (broker, and result backend unless ``CSL_RESULT_URL``),
 ``CSL_LOCK_URL`` (the lock store, a separate server so tests can take it down alone),
 ``CSL_CHECK_URL`` (where executions are recorded, outside the lock store),
-``CSL_VISIBILITY_TIMEOUT``.
+``CSL_VISIBILITY_TIMEOUT``, ``CSL_RIDE`` (0: kombu's own transport), ``CSL_KEYPREFIX``
+(kombu's ``global_keyprefix``).
 
 Each execution appends ``{"task", "id", "item", "fence", "pid", "start", "end", ...}``
 to the list ``runs`` on the checker, so tests can assert who ran, when, and whether two
@@ -46,6 +47,8 @@ app.conf.update(
     if os.environ.get("CSL_METRICS_PORT")
     else None,
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
+    # CSL_RIDE=0: kombu's own transport even where the hold could ride the push.
+    singleton_lock_ride_broker=os.environ.get("CSL_RIDE", "1") != "0",
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
     # The version matrix runs the lock store on RESP3 too (CSL_PROTOCOL=3).
     singleton_lock_transport_options=(
@@ -57,6 +60,12 @@ app.conf.update(
         # redelivers during a test (kombu's default sweep is every ~100 s).
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # kombu's global_keyprefix for every broker key (CSL_KEYPREFIX).
+        **(
+            {"global_keyprefix": os.environ["CSL_KEYPREFIX"]}
+            if os.environ.get("CSL_KEYPREFIX")
+            else {}
+        ),
         # A Sentinel broker (sentinel:// in CSL_BROKER_URL) names its master here.
         **(
             {"master_name": os.environ["CSL_MASTER_NAME"]}

@@ -114,6 +114,7 @@ class TestBadValues:
             ({"singleton_lock_prefix": "a{b"}, "singleton_lock_prefix"),
             ({"singleton_lock_url": "amqp://x"}, "singleton_lock_url must be a redis://"),
             ({"singleton_lock_tll": 5}, "did you mean singleton_lock_ttl"),
+            ({"singleton_lock_ride_broker": "no"}, "singleton_lock_ride_broker='no': use True"),
         ],
     )
     def test_bad_setting_is_refused_naming_it(self, settings: dict[str, Any], message: str) -> None:
@@ -200,3 +201,41 @@ class TestReceivers:
             [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
         )
         assert out.stdout.split() == ["0", "4"]
+
+
+class TestRidingTheBroker:
+    """On a redis:// broker the app publishes through the library's transport."""
+
+    def test_a_redis_broker_gets_the_transport_once_configured(self) -> None:
+        from celery_singleton_lock.broker import TRANSPORT, ride
+
+        app = app_with(broker_url="redis://127.0.0.1:1/0")
+        ride(app)
+        assert app.conf.broker_transport == TRANSPORT
+
+    @pytest.mark.parametrize(
+        "settings",
+        [
+            {"broker_url": "amqp://guest@127.0.0.1//"},
+            {"broker_url": "redis://127.0.0.1:1/0", "singleton_lock_ride_broker": False},
+            {"broker_url": "redis://127.0.0.1:1/0", "broker_transport": "my.transport:T"},
+            {"broker_url": "sentinel://127.0.0.1:26379"},
+        ],
+        ids=["rabbitmq", "off", "the-apps-own", "sentinel"],
+    )
+    def test_otherwise_the_transport_is_left_alone(self, settings: dict[str, Any]) -> None:
+        from celery_singleton_lock.broker import ride
+
+        app = app_with(**settings)
+        before = app.conf.broker_transport
+        ride(app)
+        assert app.conf.broker_transport == before
+
+    def test_before_configuration_it_waits_for_it(self) -> None:
+        from celery_singleton_lock.broker import TRANSPORT, ride
+
+        app = Celery("ride-later", set_as_current=False)
+        ride(app)
+        assert not app.configured
+        app.config_from_object({"broker_url": "redis://127.0.0.1:1/0"})
+        assert app.conf.broker_transport == TRANSPORT

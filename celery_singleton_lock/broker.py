@@ -1,0 +1,186 @@
+"""kombu's Redis transport with a singleton dispatch's hold taken in its message's push.
+
+A unique dispatch costs what plain Celery's does: one round trip, a script that takes the
+hold and pushes the message together (``lease.pushes``), or pushes nothing when the call
+is a duplicate. There is no moment with a hold and no message (a producer killed between
+the two would leave one for ``queue_ttl``), nor a message and no hold.
+
+An app on a ``redis://`` broker publishes through ``RedisTransport`` once its first
+singleton task is bound (``ride``) unless it names a transport of its own or sets
+``singleton_lock_ride_broker = False``. Every message that carries no hold to take
+(other tasks, canvas, fanout, a lock store on another server) is put as kombu puts it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps
+
+from .lease import Push, Server, server_of
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+logger = logging.getLogger(__name__)
+
+TRANSPORT = "celery_singleton_lock.broker:RedisTransport"
+# Broker URL schemes whose transport this one extends (kombu's plain Redis transport).
+RIDES = ("redis",)
+
+
+class Fold(Protocol):
+    """A dispatch's hold, handed to the channel that puts the message it holds for."""
+
+    task_id: str
+
+    def put(self, server: Server | None, push: Push | None) -> bool:
+        """Take the hold: with ``push`` in the same step when ``server`` is the lock
+        store's (True: pushed), or alone (False: the channel pushes). Raises to refuse
+        the message, which is then not pushed."""
+
+
+_pending: ContextVar[Fold | None] = ContextVar("celery_singleton_lock_fold", default=None)
+
+
+@contextmanager
+def folding(fold: Fold) -> Iterator[None]:
+    """While publishing: the message of ``fold.task_id`` takes its hold as it is put."""
+    token = _pending.set(fold)
+    try:
+        yield
+    finally:
+        _pending.reset(token)
+
+
+def _claim(message: Mapping[str, object]) -> Fold | None:
+    fold = _pending.get()
+    if fold is None:
+        return None
+    headers = message.get("headers")
+    if not isinstance(headers, Mapping) or headers.get("id") != fold.task_id:
+        return None
+    # Once: a second queue bound to the same routing key gets the message as kombu puts
+    # it, and so does a publish kombu retries after the hold was taken.
+    _pending.set(None)
+    return fold
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel; a message with a hold to take is pushed by the hold's script."""
+
+    _singleton_server: Server | None = None
+
+    def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
+        fold = None if kwargs.get("_publish_batch") is not None else _claim(message)
+        if fold is None:
+            super()._put(queue, message, **kwargs)
+            return
+        prefix = self.global_keyprefix or ""
+        priority = self._get_message_priority(message, reverse=False)
+        expire = None
+        # Queues declared with x-expires (kombu >= 5.5 keeps them here): pushed and
+        # expired in one step, as kombu's own put does in its pipeline.
+        expires: Mapping[str, int] = getattr(self, "_expires", None) or {}
+        if queue in expires:
+            steps = tuple(prefix + self._q_for_pri(queue, step) for step in self.priority_steps)
+            expire = (steps, int(expires[queue]))
+        server = self.server()
+        push = Push(
+            prefix + self._q_for_pri(queue, priority),
+            dumps(message),
+            db=None if server is None else server.db,
+            expire=expire,
+        )
+        if not fold.put(server, push):
+            super()._put(queue, message, **kwargs)
+
+    def _put_fanout(
+        self, exchange: str, message: dict[str, object], routing_key: str, **kwargs: object
+    ) -> None:
+        fold = _claim(message)
+        if fold is not None:
+            fold.put(None, None)  # published to subscribers, not pushed: the hold alone
+        super()._put_fanout(exchange, message, routing_key, **kwargs)
+
+    def server(self) -> Server | None:
+        """Where this channel pushes (None: not one standalone server)."""
+        if self._singleton_server is None:
+            self._singleton_server = server_of(self.client)
+        return self._singleton_server
+
+
+class RedisTransport(kombu_redis.Transport):
+    """kombu's Redis transport with ``Channel``: ``broker_transport`` names it."""
+
+    Channel = Channel
+
+
+def rides(channel: object, server: Server) -> bool:
+    """Whether a message published on ``channel`` can take its hold, on ``server``, in
+    the script that pushes it: the channel is this transport's, on that very server."""
+    if not isinstance(channel, Channel):
+        return False
+    own = channel.server()
+    return own is not None and own.same_server(server)
+
+
+def ride(app: Celery) -> None:
+    """Have ``app`` publish through ``RedisTransport`` once its settings are read."""
+    if app.configured:
+        _ride(app)
+    else:
+        app.on_after_configure.connect(
+            _after_configure, sender=app, weak=False, dispatch_uid=f"csl-ride-{id(app)}"
+        )
+
+
+def _after_configure(sender: Celery, **_: object) -> None:
+    _ride(sender)
+
+
+def _ride(app: Celery) -> None:
+    conf = app.conf
+    if conf.get("singleton_lock_ride_broker", True) is False or conf.broker_transport:
+        return  # the app's own choice
+    if _broker_url(app).partition("://")[0].lower() in RIDES:
+        conf.broker_transport = TRANSPORT
+
+
+def _broker_url(app: Celery) -> str:
+    url = app.conf.broker_write_url or app.conf.broker_url
+    return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
+
+
+def missed_ride(app: Celery, store: Server) -> str | None:
+    """Why a dispatch of ``app`` takes its hold apart from its message's push although
+    the lock store (at ``store``) is the broker's server; None when it rides or cannot."""
+    broker = urlsplit(_broker_url(app))
+    try:
+        address = (broker.hostname or "localhost", broker.port or 6379)
+    except ValueError:
+        return None
+    if address != store.address or app.conf.broker_transport in (TRANSPORT, RedisTransport):
+        return None
+    if broker.scheme.lower() not in RIDES:
+        return None  # rediss, sentinel, socket: not folded yet (docs/design.md)
+    how = (
+        "singleton_lock_ride_broker is False"
+        if app.conf.get("singleton_lock_ride_broker", True) is False
+        else f"broker_transport is {app.conf.broker_transport!r}"
+    )
+    return (
+        f"the lock store is the broker's Redis but {how}: each dispatch takes its hold in a "
+        "round trip of its own, and a producer killed between hold and push leaves a hold "
+        f"with no message for queue_ttl. Use broker_transport = {TRANSPORT!r} (or a "
+        "subclass of it), or leave singleton_lock_ride_broker at True"
+    )
+
+
+__all__ = ["TRANSPORT", "Channel", "Fold", "RedisTransport", "folding", "ride", "rides"]
