@@ -1,8 +1,10 @@
 """One Celery app with the same no-op task four ways: plain Celery, celery-singleton,
 celery-once and celery-singleton-lock. Configured from the environment by run.py.
 
-Every system keeps its locks in the same dedicated Redis (``BENCH_LOCK_URL``), apart
-from the broker, so round trips to the lock store can be counted per system.
+Two configurations (``run.py --config``): every system keeps its locks in a dedicated
+Redis (``BENCH_LOCK_URL``) apart from the broker, results ignored; or (``default``) the
+locks go where each library puts them by default on a Redis broker, the result backend
+(``BENCH_RESULT_URL``, another database of the broker's server), and results are stored.
 Executions mark themselves in the broker's Redis (``started:<system>`` and
 ``marks:<system>``) so the harness can time starts and ends.
 """
@@ -21,15 +23,17 @@ from celery_singleton import Singleton
 from celery_singleton_lock import requeue, singleton_task, wait
 
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
-LOCKS = os.environ.get("BENCH_LOCK_URL", "redis://127.0.0.1:6379/1")
+RESULTS = os.environ.get("BENCH_RESULT_URL") or BROKER
+# Empty: this project finds its lock store itself (the result backend's Redis).
+LOCKS = os.environ.get("BENCH_LOCK_URL") or RESULTS
 
-app = Celery("bench", broker=BROKER, backend=BROKER)
+app = Celery("bench", broker=BROKER, backend=RESULTS)
 app.conf.update(
-    task_ignore_result=True,
+    task_ignore_result=os.environ.get("BENCH_RESULTS") != "1",
     worker_prefetch_multiplier=4,
     broker_connection_retry_on_startup=True,
     # celery-singleton-lock
-    singleton_lock_url=LOCKS,
+    singleton_lock_url=os.environ.get("BENCH_LOCK_URL") or None,
     singleton_lock_prefix="csl",
     singleton_lock_ttl=float(os.environ.get("BENCH_TTL", "30")),
     # celery-singleton 0.3.1: keys never expire by default; 60 s as the issue measured

@@ -1,11 +1,13 @@
 """Plain Celery, celery-singleton 0.3.1, celery-once 3.0.1 and this project, side by side.
 
-    python3 scripts/dev.py bench [--rounds 5] [--dispatches 2000] [--tasks 1000]
+    python3 scripts/dev.py bench [--config default separate] [--rounds 5] [--dispatches 2000]
 
-Starts two private redis-servers (broker; lock store), interleaves the systems in every
-round, repeats, and reports medians and ratios against plain Celery measured in the same
-run. Writes benchmarks/results.json and docs/benchmarks.md. Numbers are only what the
-run measured; machines are noisy, so read ratios, not absolute times.
+Two configurations, each in a process of its own: ``default`` (one redis-server: the
+broker in db 0, results stored in db 1, where every system puts its locks by default)
+and ``separate`` (broker and a dedicated lock server, results ignored). Interleaves the
+systems in every round, repeats, and reports medians and ratios against plain Celery
+measured in the same run. Writes benchmarks/results.json and docs/benchmarks.md. Numbers
+are only what the run measured; machines are noisy, so read ratios, not absolute times.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -61,28 +65,43 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
 
 
+CONFIGS = {
+    "default": "locks on the broker's Redis (the result backend's database), results stored",
+    "separate": "a separate lock server, results ignored",
+}
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.broker = RedisServer().start()
-        self.locks = RedisServer().start()
-        self.env = {
-            "BENCH_BROKER_URL": self.broker.url,
-            "BENCH_LOCK_URL": self.locks.url,
-            "BENCH_TTL": "30",
-        }
+        base = self.broker.url.rsplit("/", 1)[0]
+        if args.config == "default":
+            self.locks = self.broker
+            self.env = {
+                "BENCH_BROKER_URL": f"{base}/0",
+                "BENCH_RESULT_URL": f"{base}/1",
+                "BENCH_LOCK_URL": "",
+                "BENCH_RESULTS": "1",
+            }
+            self.lr = redis.Redis.from_url(f"{base}/1")
+        else:
+            self.locks = RedisServer().start()
+            self.env = {"BENCH_BROKER_URL": f"{base}/0", "BENCH_LOCK_URL": self.locks.url}
+            self.lr = self.locks.client()
+        self.env["BENCH_TTL"] = "30"
         os.environ.update(self.env)
         import benchmarks.bench_app as bench  # noqa: PLC0415  (after the environment)
 
         self.bench = bench
         self.r = self.broker.client()
-        self.lr = self.locks.client()
         self.results: dict[str, Any] = {}
         self.rng = random.Random(1)
 
     def close(self) -> None:
         self.broker.cleanup()
-        self.locks.cleanup()
+        if self.locks is not self.broker:
+            self.locks.cleanup()
 
     def order(self, systems: tuple[str, ...] = ALL) -> list[str]:
         shuffled = list(systems)
@@ -90,7 +109,7 @@ class Bench:
         return shuffled
 
     def reset(self, *queues: str) -> None:
-        self.lr.flushall()
+        self.lr.flushdb()  # the locks (and, by default, the results): never the queues
         for key in self.r.scan_iter("marks:*"):
             self.r.delete(key)
         for key in self.r.scan_iter("started:*"):
@@ -220,7 +239,11 @@ class Bench:
                     self.wait_marks(system, n, 300)
                     rates[system].append(n / (time.perf_counter() - began))
                     time.sleep(0.2)  # releases land after the body's last mark
-                    keys = [k for k in self.lr.scan_iter("*") if not k.endswith(b":fence")]
+                    keys = [
+                        k
+                        for k in self.lr.scan_iter("*")
+                        if not k.endswith(b":fence") and not k.startswith(b"celery-task-meta-")
+                    ]
                     leftover[system] = len(keys)
         finally:
             worker.stop()
@@ -335,7 +358,7 @@ class Bench:
         out: dict[str, dict[str, float]] = {}
         worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=idle).start()
         try:
-            for system in ALL[1:]:
+            for system in ALL:
                 task = self.bench.SYSTEMS[system]
                 queue = f"bench-rtt-{system}"
                 self.reset()
@@ -405,6 +428,27 @@ def machine() -> str:
 
 
 def render(results: dict[str, Any], command: str) -> str:
+    out = [
+        "# Benchmarks",
+        "",
+        "Plain Celery, celery-singleton 0.3.1, celery-once 3.0.1 and this project in one run on "
+        "one machine, systems interleaved in every round; medians; ratios against plain Celery "
+        "measured in the same run and configuration. Regenerate with the command below; every "
+        "number is one the run printed.",
+        "",
+        f"- command: `{command}`",
+        f"- date: {results['date']}",
+        f"- machine: {results['machine']}",
+        f"- rounds: {results['rounds']}",
+        "",
+    ]
+    for config, part in results["configs"].items():
+        out += [f"# Configuration `{config}`: {CONFIGS[config]}", ""]
+        out += _sections(part["results"], config)
+    return "\n".join(out)
+
+
+def _sections(r: dict[str, Any], config: str) -> list[str]:
     def table(title: str, rows: dict[str, dict[str, Any]], note: str) -> list[str]:
         columns = list(next(iter(rows.values())).keys())
         lines = [f"## {title}", "", note, "", "| system | " + " | ".join(columns) + " |"]
@@ -413,21 +457,7 @@ def render(results: dict[str, Any], command: str) -> str:
             lines.append(f"| {system} | " + " | ".join(str(row[c]) for c in columns) + " |")
         return [*lines, ""]
 
-    r = results["results"]
-    out = [
-        "# Benchmarks",
-        "",
-        "Plain Celery, celery-singleton 0.3.1, celery-once 3.0.1 and this project in one run on "
-        "one machine, systems interleaved in every round; medians; ratios against plain Celery "
-        "measured in the same run. Regenerate with the command below; every number is one "
-        "the run printed.",
-        "",
-        f"- command: `{command}`",
-        f"- date: {results['date']}",
-        f"- machine: {results['machine']}",
-        f"- rounds: {results['rounds']}",
-        "",
-    ]
+    out: list[str] = []
     notes = {
         "dispatch_unique": (
             "1. Dispatch, unique arguments",
@@ -460,7 +490,14 @@ def render(results: dict[str, Any], command: str) -> str:
         ),
         "round_trips": (
             "6. Redis round trips",
-            "Round trips to the lock store per dispatch and per execution: the reads it "
+            (
+                "Round trips to the one Redis server (broker, results and locks) per "
+                "dispatch and per execution, plain Celery's included: the reads it processed "
+                "(`INFO stats` total_reads_processed), so commands written together count "
+                "once, 100 tasks each."
+            )
+            if config == "default"
+            else "Round trips to the lock store per dispatch and per execution: the reads it "
             "processed (`INFO stats` total_reads_processed), so commands written together "
             "count once, 100 tasks each.",
         ),
@@ -477,7 +514,7 @@ def render(results: dict[str, Any], command: str) -> str:
     }
     if all(k in r for k in CHARTED):
         out += [
-            "![Ratios to plain Celery, side by side](img/benchmark-ratios.svg)",
+            f"![Ratios to plain Celery, side by side](img/benchmark-ratios-{config}.svg)",
             "",
             "Drawn from this run by the same command (lower is better for dispatch, "
             "higher for throughput).",
@@ -486,7 +523,7 @@ def render(results: dict[str, Any], command: str) -> str:
     for key, (title, note) in notes.items():
         if key in r:
             out += table(title, r[key], note)
-    return "\n".join(out)
+    return out
 
 
 # (chart group, results key, ratio field)
@@ -497,9 +534,8 @@ CHARTED = {
 }
 
 
-def chart(results: dict[str, Any]) -> str:
+def chart(r: dict[str, Any], config: str) -> str:
     """The three headline ratios of every system, side by side."""
-    r = results["results"]
     values = {
         (group, system): float(r[key][system][field])
         for key, (group, field) in CHARTED.items()
@@ -510,7 +546,7 @@ def chart(results: dict[str, Any]) -> str:
              "celery_once": "celery-once", "this": "celery-singleton-lock"}  # fmt: skip
     shown = {(group, names[system]): value for (group, system), value in values.items()}
     return grouped_bars(
-        "Ratios to plain Celery, same run",
+        f"Ratios to plain Celery, same run ({config})",
         [g for g, _ in CHARTED.values()],
         [names[s] for s in ALL],
         shown,
@@ -520,30 +556,16 @@ def chart(results: dict[str, Any]) -> str:
 def write_pages(results: dict[str, Any], output: Path) -> None:
     command = str(results.get("command") or "python3 scripts/dev.py bench")
     output.write_text(render(results, command))
-    if all(k in results["results"] for k in CHARTED):
-        image = output.parent / "img" / "benchmark-ratios.svg"
-        image.parent.mkdir(parents=True, exist_ok=True)
-        image.write_text(chart(results))
+    for config, part in results["configs"].items():
+        if all(k in part["results"] for k in CHARTED):
+            image = output.parent / "img" / f"benchmark-ratios-{config}.svg"
+            image.parent.mkdir(parents=True, exist_ok=True)
+            image.write_text(chart(part["results"], config))
     print(f"wrote {output}")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dispatches", type=int, default=2000)
-    parser.add_argument("--tasks", type=int, default=1000)
-    parser.add_argument("--handoffs", type=int, default=50)
-    parser.add_argument("--crash-cap", type=float, default=35.0)
-    parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
-    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
-    parser.add_argument(
-        "--render-only", action="store_true", help="redraw the page from benchmarks/results.json"
-    )
-    args = parser.parse_args()
-    if args.render_only:
-        saved = json.loads((ROOT / "benchmarks" / "results.json").read_text())
-        write_pages(saved, Path(args.output))
-        return 0
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """One configuration's scenarios, in this process (its app is configured at import)."""
     bench = Bench(args)
     scenarios: dict[str, Callable[[], None]] = {
         "dispatch": bench.dispatch,
@@ -556,19 +578,58 @@ def main() -> int:
     try:
         for name, scenario in scenarios.items():
             if not args.only or name in args.only:
-                print(f"[bench] {name} ...", flush=True)
+                print(f"[bench] {args.config}: {name} ...", flush=True)
                 scenario()
                 print(json.dumps({k: bench.results[k] for k in bench.results}, indent=1)[-1500:])
     finally:
         bench.close()
+    return bench.results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", nargs="*", choices=sorted(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dispatches", type=int, default=2000)
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--handoffs", type=int, default=50)
+    parser.add_argument("--crash-cap", type=float, default=35.0)
+    parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # a child's results file
+    parser.add_argument(
+        "--render-only", action="store_true", help="redraw the page from benchmarks/results.json"
+    )
+    args = parser.parse_args()
+    saved_path = ROOT / "benchmarks" / "results.json"
+    if args.render_only:
+        write_pages(json.loads(saved_path.read_text()), Path(args.output))
+        return 0
+    if args.part:
+        [args.config] = args.config
+        Path(args.part).write_text(json.dumps(measure(args)))
+        return 0
+    configs: dict[str, Any] = {}
+    for config in args.config:
+        # A process per configuration: the bench app reads its servers at import.
+        part = ROOT / "benchmarks" / f".part-{config}.json"
+        child = [a for a in sys.argv[1:] if a != "--config" and a not in CONFIGS]
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.run", *child, "--config", config, "--part", part],
+            cwd=ROOT, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            return done.returncode
+        configs[config] = {"results": json.loads(part.read_text())}
+        part.unlink()
     results = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
         "rounds": args.rounds,
         "command": ("python3 scripts/dev.py bench " + " ".join(sys.argv[1:])).strip(),
-        "results": bench.results,
+        "configs": configs,
     }
-    (ROOT / "benchmarks" / "results.json").write_text(json.dumps(results, indent=2))
+    saved_path.write_text(json.dumps(results, indent=2))
     write_pages(results, Path(args.output))
     return 0
 

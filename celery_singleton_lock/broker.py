@@ -5,10 +5,12 @@ hold and pushes the message together (``lease.pushes``), or pushes nothing when 
 is a duplicate. There is no moment with a hold and no message (a producer killed between
 the two would leave one for ``queue_ttl``), nor a message and no hold.
 
-An app on a ``redis://`` broker publishes through ``RedisTransport`` once its first
-singleton task is bound (``ride``) unless it names a transport of its own or sets
-``singleton_lock_ride_broker = False``. Every message that carries no hold to take
-(other tasks, canvas, fanout, a lock store on another server) is put as kombu puts it.
+Once a singleton task is bound (``ride``), kombu resolves ``redis://`` and ``rediss://``
+to ``RedisTransport``, which behaves exactly as kombu's own for any message without a
+hold to take. ``singleton_lock_ride_broker = False`` turns the ride off (the hold is then
+a round trip of its own); a transport the app names (``broker_transport``) is kept. Every
+message that carries no hold to take (other tasks, canvas, fanout, a lock store on
+another server) is put as kombu puts it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
@@ -31,8 +34,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TRANSPORT = "celery_singleton_lock.broker:RedisTransport"
-# Broker URL schemes whose transport this one extends (kombu's plain Redis transport).
-RIDES = ("redis",)
 
 
 class Fold(Protocol):
@@ -131,26 +132,23 @@ def rides(channel: object, server: Server) -> bool:
     return own is not None and own.same_server(server)
 
 
+# kombu's own Redis transport, as its alias table names it for redis:// and rediss://.
+KOMBU_REDIS = "kombu.transport.redis:Transport"
+
+
 def ride(app: Celery) -> None:
-    """Have ``app`` publish through ``RedisTransport`` once its settings are read."""
-    if app.configured:
-        _ride(app)
-    else:
-        app.on_after_configure.connect(
-            _after_configure, sender=app, weak=False, dispatch_uid=f"csl-ride-{id(app)}"
-        )
+    """From now on kombu resolves ``redis://`` and ``rediss://`` to ``RedisTransport``.
 
-
-def _after_configure(sender: Celery, **_: object) -> None:
-    _ride(sender)
-
-
-def _ride(app: Celery) -> None:
-    conf = app.conf
-    if conf.get("singleton_lock_ride_broker", True) is False or conf.broker_transport:
-        return  # the app's own choice
-    if _broker_url(app).partition("://")[0].lower() in RIDES:
-        conf.broker_transport = TRANSPORT
+    Through kombu's alias table (``kombu.transport.TRANSPORT_ALIASES``), which it reads
+    for every connection, pooled ones included, so a broker URL changed after
+    configuration (``memory://`` in tests) is honoured. A transport the app names
+    itself (``broker_transport``) is kept; a scheme kombu already resolved in this
+    process keeps what it resolved to (``check_worker_setup`` says so). ``app`` is the
+    app whose first singleton task was bound: no receiver of another app is touched.
+    """
+    for scheme in ("redis", "rediss"):
+        if TRANSPORT_ALIASES.get(scheme) == KOMBU_REDIS:
+            TRANSPORT_ALIASES[scheme] = TRANSPORT
 
 
 def _broker_url(app: Celery) -> str:
@@ -158,29 +156,40 @@ def _broker_url(app: Celery) -> str:
     return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
 
 
-def missed_ride(app: Celery, store: Server) -> str | None:
+def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
     """Why a dispatch of ``app`` takes its hold apart from its message's push although
-    the lock store (at ``store``) is the broker's server; None when it rides or cannot."""
+    the lock store (at ``store``) is the broker's server; None when it rides or cannot
+    be compared (``enabled``: ``singleton_lock_ride_broker``)."""
     broker = urlsplit(_broker_url(app))
     try:
         address = (broker.hostname or "localhost", broker.port or 6379)
     except ValueError:
         return None
-    if address != store.address or app.conf.broker_transport in (TRANSPORT, RedisTransport):
+    if address != store.address:
         return None
-    if broker.scheme.lower() not in RIDES:
-        return None  # rediss, sentinel, socket: not folded yet (docs/design.md)
+    with app.connection_for_write() as connection:  # no I/O: the class it would use
+        transport = connection.get_transport_cls()
+    if enabled and issubclass(transport, RedisTransport):
+        return None
     how = (
         "singleton_lock_ride_broker is False"
-        if app.conf.get("singleton_lock_ride_broker", True) is False
-        else f"broker_transport is {app.conf.broker_transport!r}"
+        if not enabled
+        else f"its broker transport is {transport.__module__}.{transport.__qualname__}"
     )
     return (
         f"the lock store is the broker's Redis but {how}: each dispatch takes its hold in a "
         "round trip of its own, and a producer killed between hold and push leaves a hold "
         f"with no message for queue_ttl. Use broker_transport = {TRANSPORT!r} (or a "
-        "subclass of it), or leave singleton_lock_ride_broker at True"
+        "subclass of it) and leave singleton_lock_ride_broker at True"
     )
 
 
-__all__ = ["TRANSPORT", "Channel", "Fold", "RedisTransport", "folding", "ride", "rides"]
+__all__ = [
+    "TRANSPORT",
+    "Channel",
+    "Fold",
+    "RedisTransport",
+    "folding",
+    "ride",
+    "rides",
+]

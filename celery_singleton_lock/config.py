@@ -41,8 +41,8 @@ DEFAULTS: dict[str, object] = {
     # A worker serves Prometheus metrics on this port (celery_singleton_lock.contrib.metrics).
     "singleton_lock_metrics_port": None,
     "singleton_lock_metrics_addr": "127.0.0.1",
-    # On a redis:// broker, publish through broker.RedisTransport: a dispatch's hold is
-    # taken by the script that pushes its message (when the lock store is that server).
+    # A dispatch's hold is taken by the script that pushes its message (broker.py), when
+    # the lock store is the broker's Redis server.
     "singleton_lock_ride_broker": True,
 }
 # Settings of celery-singleton that happen to share our prefix: an app migrating from it
@@ -163,6 +163,8 @@ class SingletonConfig:
     transport_options: dict[str, Any] = field(default_factory=dict)
     # Builds the client itself (any redis-py client); wins over the URL.
     client_factory: Callable[[], Any] | None = None
+    # A dispatch's hold rides its message's push where the broker is the store's server.
+    ride_broker: bool = True
     # Replicas that must acknowledge (WAIT) each acquire and renewal, and for how long.
     replicas: int = 0
     replica_timeout: float = 0.5
@@ -240,6 +242,7 @@ class SingletonConfig:
                 conf, url, source, conf.get("singleton_lock_transport_options")
             ),
             client_factory=factory,
+            ride_broker=ride,
             replicas=_replicas(get("singleton_lock_replicas")),
             replica_timeout=to_seconds(
                 get("singleton_lock_replica_timeout"), what="singleton_lock_replica_timeout"

@@ -253,7 +253,9 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def _can_ride(self, options: Mapping[str, object]) -> bool:
         # Eagerly nothing is published; connection= makes Celery use its own producer.
-        return not (self.app.conf.task_always_eager or options.get("connection") is not None)
+        return self.singleton_context.backend.config.ride_broker and not (
+            self.app.conf.task_always_eager or options.get("connection") is not None
+        )
 
     def _can_overlap(self, options: Mapping[str, object]) -> bool:
         # Only while nothing can observe the message before our gate: an eager call

@@ -32,6 +32,7 @@ SUBSET = [
     "tests/integration/test_swap.py",
     "tests/integration/test_inventory.py",
     "tests/integration/test_dispatch_path.py",
+    "tests/integration/test_broker_ride.py",
     "tests/integration/test_renewal.py",
     "tests/integration/test_security.py",
     "tests/integration/test_async.py",

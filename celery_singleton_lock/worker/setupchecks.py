@@ -52,7 +52,8 @@ def check_worker_setup(app: Celery) -> list[str]:
             "noeviction there, or give the locks a Redis of their own (singleton_lock_url)"
         )
     pushes = tasks[0].singleton_context.store.pushes
-    missed = None if pushes is None else missed_ride(app, pushes.server)
+    ride = tasks[0].singleton_context.backend.config.ride_broker
+    missed = None if pushes is None else missed_ride(app, pushes.server, enabled=ride)
     if missed:
         warnings.append(missed)
     transport = app.conf.broker_transport_options or {}

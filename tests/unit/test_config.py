@@ -204,38 +204,44 @@ class TestReceivers:
 
 
 class TestRidingTheBroker:
-    """On a redis:// broker the app publishes through the library's transport."""
+    """Once a singleton task is bound, kombu resolves redis:// and rediss:// to the
+    riding transport (its alias table, read for every connection)."""
 
-    def test_a_redis_broker_gets_the_transport_once_configured(self) -> None:
-        from celery_singleton_lock.broker import TRANSPORT, ride
+    @pytest.mark.parametrize(
+        ("scheme", "expected"),
+        [
+            ("redis", "celery_singleton_lock.broker.RedisTransport"),
+            ("rediss", "celery_singleton_lock.broker.RedisTransport"),
+            ("memory", "kombu.transport.memory.Transport"),
+            ("amqp", "kombu.transport.pyamqp.Transport"),
+            ("sentinel", "kombu.transport.redis.SentinelTransport"),
+        ],
+    )
+    def test_kombu_resolves_the_redis_schemes_to_it(self, scheme: str, expected: str) -> None:
+        from kombu.transport import resolve_transport
+
+        from celery_singleton_lock.broker import ride
+
+        ride(app_with(broker_url="redis://127.0.0.1:1/0"))
+        found = resolve_transport(scheme)
+        assert found is not None
+        assert f"{found.__module__}.{found.__qualname__}" == expected
+
+    def test_a_transport_the_app_names_is_kept(self) -> None:
+        from celery_singleton_lock.broker import ride
+
+        app = app_with(
+            broker_url="redis://127.0.0.1:1/0", broker_transport="kombu.transport.redis:Transport"
+        )
+        ride(app)
+        with app.connection_for_write() as connection:
+            assert connection.get_transport_cls().__module__ == "kombu.transport.redis"
+
+    def test_a_broker_url_changed_after_configuration_is_honoured(self) -> None:
+        from celery_singleton_lock.broker import ride
 
         app = app_with(broker_url="redis://127.0.0.1:1/0")
         ride(app)
-        assert app.conf.broker_transport == TRANSPORT
-
-    @pytest.mark.parametrize(
-        "settings",
-        [
-            {"broker_url": "amqp://guest@127.0.0.1//"},
-            {"broker_url": "redis://127.0.0.1:1/0", "singleton_lock_ride_broker": False},
-            {"broker_url": "redis://127.0.0.1:1/0", "broker_transport": "my.transport:T"},
-            {"broker_url": "sentinel://127.0.0.1:26379"},
-        ],
-        ids=["rabbitmq", "off", "the-apps-own", "sentinel"],
-    )
-    def test_otherwise_the_transport_is_left_alone(self, settings: dict[str, Any]) -> None:
-        from celery_singleton_lock.broker import ride
-
-        app = app_with(**settings)
-        before = app.conf.broker_transport
-        ride(app)
-        assert app.conf.broker_transport == before
-
-    def test_before_configuration_it_waits_for_it(self) -> None:
-        from celery_singleton_lock.broker import TRANSPORT, ride
-
-        app = Celery("ride-later", set_as_current=False)
-        ride(app)
-        assert not app.configured
-        app.config_from_object({"broker_url": "redis://127.0.0.1:1/0"})
-        assert app.conf.broker_transport == TRANSPORT
+        app.conf.broker_url = "memory://"  # as a project's test settings do
+        with app.connection_for_write() as connection:
+            assert connection.get_transport_cls().__module__ == "kombu.transport.memory"
