@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .backend import Store
 from .broker import folding
 from .exceptions import LockStoreUnavailableError, SingletonLockError
-from .lease import Contended, Lease, PendingAcquire, Push, PushStore, Server
+from .lease import Contended, Lease, PendingAcquire, Push, PushRefused, PushStore, Server
 from .modes.base import Publish
 from .tokens import NAME_HEADER
 
@@ -177,12 +177,20 @@ class PushedHold:
 
     def put(self, server: Server | None, push: Push | None) -> bool:
         store = self._store
-        if push is not None and server is not None and server.same_server(self._pushes.server):
-            outcome = self._pushes.hold_and_push(self._name, self._ttl, push, token=self._token)
-            pushed = True
-        else:
+        pushes = self._pushes
+        outcome: Lease | Contended | None = None
+        pushed = False
+        if push is not None and server is not None and server.same_server(pushes.server):
+            try:
+                outcome = pushes.hold_and_push(self._name, self._ttl, push, token=self._token)
+                pushed = True
+            except PushRefused as refused:
+                logger.warning(
+                    "the lock store's user may not push to the broker's queue (%s): holds "
+                    "are taken apart from their messages from now on", refused,
+                )  # fmt: skip
+        if outcome is None:
             outcome = store.try_acquire(self._name, self._ttl, token=self._token, fenced=False)
-            pushed = False
         if isinstance(outcome, Contended):
             raise Refused(outcome)
         self.taken, self.pushed = outcome, pushed

@@ -8,7 +8,7 @@ from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .pending import PendingAcquire
-from .pushes import Push
+from .pushes import Push, PushRefused
 from .renewal import Renewer, get_renewer
 from .store import RedisLock
 
@@ -23,6 +23,7 @@ __all__ = [
     "MemoryLock",
     "PendingAcquire",
     "Push",
+    "PushRefused",
     "PushStore",
     "RedisLock",
     "ReleaseResult",

@@ -66,6 +66,20 @@ _CLASS_CODES: tuple[tuple[type[Exception], str], ...] = (
 )
 
 
+def is_refusal(error: Exception, code: str) -> bool:
+    """Whether ``error`` is the server refusing with this error code (``NOPERM``, ...),
+    also from inside a script, where the code may follow the script's own words."""
+    if not isinstance(error, redis.ResponseError):
+        return False
+    message = str(error)
+    found = str(getattr(error, "status_code", None) or message.split(" ", 1)[0])
+    for kind, known in _CLASS_CODES:
+        if isinstance(error, kind):
+            found = known
+            break
+    return found == code or code in message
+
+
 def _matches(mark: str, code: str, message: str) -> bool:
     if mark.isupper():  # an error code: the reply's first word
         return code == mark or message.startswith(mark)

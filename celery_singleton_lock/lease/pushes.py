@@ -17,6 +17,7 @@ from . import scripts
 from .base import REDIS_ERRORS, Call
 from .calls import Arg
 from .clients import Server, SyncClient
+from .errors import is_refusal
 from .lease import Contended, Lease
 from .names import LockKeys, new_token
 from .transport import Transport
@@ -46,12 +47,17 @@ class Push:
     expire: tuple[tuple[str, ...], int] | None = None
 
 
+class PushRefused(Exception):
+    """The server refused the push (nothing was written): push the message apart."""
+
+
 class Pushes:
     """Holds taken with their message's push on one ``RedisLock`` (``lock.pushes``)."""
 
     def __init__(self, store: _Store, server: Server) -> None:
         self._store = store
         self.server = server  # where the store is: a push must go to the same server
+        self.usable = True  # False once the server refused a push (ACL)
         self._script: Script = store.client.register_script(scripts.HOLD_AND_PUSH)
 
     def hold_and_push(self, name: str, ttl: object, push: Push, *, token: str) -> Lease | Contended:
@@ -78,11 +84,17 @@ class Pushes:
             push.payload,
             self._db(push),
             expire_ms,
+            self.server.db,
         ]
         sent_at = time.monotonic()
         try:
             reply = store.transport.call(self._script, keys, args)
         except REDIS_ERRORS as error:
+            if is_refusal(error, "NOPERM"):
+                # This user may hold locks but not push to the broker's queue: nothing
+                # was written; from now on the hold goes alone and kombu pushes.
+                self.usable = False
+                raise PushRefused(str(error)) from None
             store.unavailable(error, name)
         return store.acquired(call, sent_at=sent_at, reply=reply)
 

@@ -109,14 +109,16 @@ return {1, fence}
 # KEYS[1] hold (lock) key  KEYS[2] the list to push to  KEYS[3..] lists to expire too
 # ARGV[1] owner token      ARGV[2] ttl in milliseconds  ARGV[3] the payload
 # ARGV[4] the list's database ('' for the lock's own)  ARGV[5] expiry ms ('' for none)
+# ARGV[6] the lock's database (to come back to after the push)
 # returns {1, 0}               held and pushed; or held by this very token already (a
 #                              retry whose reply was lost: pushed then, not again)
 #         {0, holder, pttl}    held by `holder` ('' when foreign); nothing pushed
+# The push goes first: a script is not rolled back when a command fails, so a push the
+# server refuses (an ACL user without the queue's keys) must find nothing written yet.
 # SELECT inside a script switches only the script's database (Redis >= 2.8.12).
 HOLD_AND_PUSH = """
-local taken = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
-if not taken then
-  local current = redis.pcall('GET', KEYS[1])
+local current = redis.pcall('GET', KEYS[1])
+if current then
   if current == ARGV[1] then return {1, 0} end
   if type(current) ~= 'string' then current = '' end
   return {0, current, redis.call('PTTL', KEYS[1])}
@@ -126,6 +128,8 @@ redis.call('LPUSH', KEYS[2], ARGV[3])
 if ARGV[5] ~= '' then
   for i = 3, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
 end
+if ARGV[4] ~= '' then redis.call('SELECT', ARGV[6]) end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, 0}
 """
 

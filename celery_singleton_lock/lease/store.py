@@ -372,7 +372,7 @@ class RedisLock(LockBase):
         if self._pushes is None and self.replicas is None:
             server = server_of(self.client)
             self._pushes = None if server is None else Pushes(self, server)
-        return self._pushes
+        return self._pushes if self._pushes is not None and self._pushes.usable else None
 
     def holder(self, name: str) -> str | None:
         """The token currently holding ``name`` (None when free)."""

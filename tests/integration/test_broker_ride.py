@@ -229,6 +229,32 @@ class TestConfiguration:
             riding.stop()
         assert "ride_broker" not in riding.output()
 
+    def test_a_lock_store_user_that_may_not_push_holds_apart_and_nothing_is_lost(
+        self, shared: RedisServer, cenv: CeleryEnv
+    ) -> None:
+        env = same_server_env(shared, cenv)
+        admin = at(shared, 0)
+        admin.acl_setuser(
+            "locks", enabled=True, passwords=["+lockpw"], keys=["t:*"], commands=["+@all"]
+        )
+        base = shared.url.rsplit("/", 1)[0].replace("redis://", "redis://locks:lockpw@")
+        try:
+            ids = produce(
+                {**env, "CSL_LOCK_URL": f"{base}/1"},
+                "import json\nfrom tests.support.celery_app import work\n"
+                "print(json.dumps([work.apply_async((i,), queue='ride').id "
+                "for i in ('a', 'b', 'a')]))\n",
+            )
+        finally:
+            admin.acl_deluser("locks")
+        assert ids[2] == ids[0]
+        sent = messages(at(shared, 0), QUEUE)
+        assert sorted(m["headers"]["id"] for m in sent) == sorted(ids[:2])
+        held = holds(at(shared, 1))
+        for message in sent:  # pushed by kombu, each after its hold
+            assert held[message["headers"][NAME_HEADER]] == message["headers"][TOKEN_HEADER]
+        assert len(held) == 2
+
     def test_a_lock_store_on_another_server_takes_the_hold_before_the_push(
         self, shared: RedisServer, cenv: CeleryEnv
     ) -> None:
