@@ -64,8 +64,13 @@ def _claim(message: Mapping[str, object]) -> Fold | None:
     fold = _pending.get()
     if fold is None:
         return None
-    headers = message.get("headers")
-    if not isinstance(headers, Mapping) or headers.get("id") != fold.task_id:
+    headers, properties = message.get("headers"), message.get("properties")
+    # Celery's task protocol 2 names the task in the headers, protocol 1 only in the
+    # correlation id.
+    task_id = (headers.get("id") if isinstance(headers, Mapping) else None) or (
+        properties.get("correlation_id") if isinstance(properties, Mapping) else None
+    )
+    if task_id != fold.task_id:
         return None
     # Once: a second queue bound to the same routing key gets the message as kombu puts
     # it, and so does a publish kombu retries after the hold was taken.

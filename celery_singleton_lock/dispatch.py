@@ -229,6 +229,15 @@ def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
     except BaseException:
         fold.give_back()  # a hold whose message was not pushed
         raise
+    if fold.taken is None:
+        # The message left by a way no channel of ours saw (another greenlet's publish
+        # took the slot): its hold comes after it, as a dispatch's did before the ride.
+        try:
+            fold.put(None, None)
+        except Refused:
+            logger.info("%s: published before its hold, which another call holds", sent.lock_name)
+        except LockStoreUnavailableError as error:
+            fold.outage(error)
     sent.accepted()
     return result
 

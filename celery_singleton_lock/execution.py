@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from celery import states
 from celery.exceptions import Ignore
+from celery.utils.dispatch import Signal
 
 from . import outages
 from . import signals as singleton_signals
@@ -193,18 +194,15 @@ class Execution:
             self.context.app, str(holder.worker), request.id, HOLDER_ANSWER_TIMEOUT
         )
 
+    def _signal(self, signal: Signal, **fields: object) -> None:
+        singleton_signals.send(signal, self.delivery.sender, self.lock_name, **fields)
+
     def _drop_copy(self, held: Contended) -> NoReturn:
         """End this delivery without a trace under its id: Ignore stores no state, fires
         no errback, and acks (Celery's tracer); the original's result stays its own."""
         delivery, request = self.delivery, self.delivery.request
         state = holder_state(held)
-        singleton_signals.send(
-            singleton_signals.copy_dropped,
-            delivery.sender,
-            self.lock_name,
-            task_id=request.id,
-            holder_state=state,
-        )
+        self._signal(singleton_signals.copy_dropped, task_id=request.id, holder_state=state)
         logger.info(
             "copy of %s task dropped: task=%s id=%s lock=%s",
             state, delivery.name, request.id, self.lock_name,
@@ -216,12 +214,8 @@ class Execution:
         delivery = self.delivery
         if delivery.keeps_results:
             delivery.store_state({"skipped": decision.reason}, states.IGNORED)
-        singleton_signals.send(
-            singleton_signals.execution_skipped,
-            delivery.sender,
-            self.lock_name,
-            task_id=delivery.request.id,
-            holder_id=holder,
+        self._signal(
+            singleton_signals.execution_skipped, task_id=delivery.request.id, holder_id=holder
         )
         raise Ignore(decision.reason)
 
@@ -238,12 +232,8 @@ class Execution:
             retry_after=held.retry_after,
         )
         decision = policy(state)
-        singleton_signals.send(
-            singleton_signals.execution_contended,
-            delivery.sender,
-            self.lock_name,
-            holder_id=state.holder,
-            decision=decision,
+        self._signal(
+            singleton_signals.execution_contended, holder_id=state.holder, decision=decision
         )
         if logger.isEnabledFor(logging.INFO):
             # One line, stable wording (docs/operations.md): contention is expected work.
