@@ -215,12 +215,29 @@ class Sent:
     accepted: Callable[[], None]  # the dispatch_accepted signal
 
 
+def answered_early(store: Store, hold: str, sent: Sent) -> AsyncResult | None:
+    """A name refused a moment ago is likely refused again (a storm of duplicates): ask
+    who holds ``hold`` with a read that writes nothing, and answer a duplicate before
+    Celery builds its message. None: it is free (or unknown) now; dispatch as usual."""
+    if not refusals.expects(sent.lock_name):
+        return None
+    try:
+        holder = store.holder(hold)
+    except LockStoreUnavailableError:
+        return None  # the dispatch itself meets the outage and its policy
+    if not holder:
+        return None
+    refusals.note(sent.lock_name, None)
+    return sent.refused_by(Contended(hold, store.keys(hold).lock, holder, None))
+
+
 def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
     """Publish with the hold taken as the channel puts the message (``broker.folding``)."""
     try:
         with folding(fold):
             result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
     except Refused as refused:
+        refusals.note(sent.lock_name, refused.held.retry_after)
         return sent.refused_by(refused.held)
     except LockStoreUnavailableError as error:
         # Nothing was taken or pushed: fail_closed raises, fail_open publishes plainly.
@@ -238,6 +255,7 @@ def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
             logger.info("%s: published before its hold, which another call holds", sent.lock_name)
         except LockStoreUnavailableError as error:
             fold.outage(error)
+    refusals.forget(sent.lock_name)
     sent.accepted()
     return result
 

@@ -32,6 +32,7 @@ from .dispatch import (
     GatedProducer,
     PushedHold,
     Sent,
+    answered_early,
     delay_of,
     in_canvas,
     quietly,
@@ -231,6 +232,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         )  # fmt: skip
         pushes = store.pushes if self._can_ride(options) else None
         if pushes is not None:
+            early = answered_early(store, hold, sent)
+            if early is not None:
+                return early
             with self.app.producer_or_acquire(producer) as real:
                 if rides(real.channel, pushes.server):
                     # The hold is taken by the script that pushes the message.

@@ -27,7 +27,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     )  # fmt: skip
     assert built.returncode == 0, built.stdout + built.stderr
     assert (tmp_path / "operations" / "index.html").exists()
-    assert (tmp_path / "img" / "benchmark-ratios.svg").exists()
+    for config in ("default", "separate"):
+        assert (tmp_path / "img" / f"benchmark-ratios-{config}.svg").exists()
 
 
 def test_the_configuration_page_names_every_setting_and_option() -> None:
