@@ -112,6 +112,8 @@ print(json.dumps({
     "plain": per_call(lambda i: app.send_task(work.name, (f"p-{i}",), queue="ride")),
     "duplicate": per_call(lambda i: work.apply_async((f"u-{i}",), queue="ride")),
     "storm": per_call(lambda i: work.apply_async(("u-0",), queue="ride")),
+    # What handing back an AsyncResult costs by itself (Celery 5.3's subscribes to it).
+    "answer": per_call(lambda i: work.AsyncResult("an-id")),
     "pushed_by_duplicates": server.llen("ride") - before - 80,
 }))
 """
@@ -127,9 +129,9 @@ class TestSameServer:
         # and not one more: the hold is in the push's script.
         assert counted["unique"] == pytest.approx(counted["plain"], abs=0.05), counted
         assert counted["duplicate"] <= counted["plain"], counted
-        # A storm of one call's duplicates: each after the first is answered by one read,
-        # before Celery builds (or subscribes to the result of) a message.
-        assert counted["storm"] == pytest.approx(1, abs=0.05), counted
+        # A storm of one call's duplicates: each after the first is answered by one read
+        # (and the holder's AsyncResult), before Celery builds a message.
+        assert counted["storm"] == pytest.approx(1 + counted["answer"], abs=0.05), counted
         assert counted["pushed_by_duplicates"] == 0, counted
 
     def test_hold_and_message_land_together_in_their_databases_priorities_and_prefix(
