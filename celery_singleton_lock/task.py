@@ -40,10 +40,7 @@ from .dispatch import (
     send_gated,
     send_pushed,
 )
-from .exceptions import (
-    DuplicateTaskError,
-    LockStoreUnavailableError,
-)
+from .exceptions import DuplicateTaskError, LockStoreUnavailableError
 from .execution import Execution
 from .lease import Contended, Lease
 from .modes import Replace, Replacement
