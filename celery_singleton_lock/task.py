@@ -227,7 +227,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 task_id=task_id,
             ),
         )  # fmt: skip
-        pushes = store.pushes if self._can_ride(options) else None
+        pushes = store.pushes if self._can_ride(context, options) else None
         if pushes is not None:
             early = answered_early(store, hold, sent)
             if early is not None:
@@ -252,9 +252,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         with self.app.producer_or_acquire(producer) as real:
             return send_gated(gate, sent, via=GatedProducer(real, gate))
 
-    def _can_ride(self, options: Mapping[str, object]) -> bool:
+    def _can_ride(self, context: TaskContext, options: Mapping[str, object]) -> bool:
         # Eagerly nothing is published; connection= makes Celery use its own producer.
-        return self.singleton_context.backend.config.ride_broker and not (
+        return context.backend.config.ride_broker and not (
             self.app.conf.task_always_eager or options.get("connection") is not None
         )
 
@@ -285,7 +285,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             ours: dict[str, object],
             via: object = None,
         ) -> AsyncResult:
-            given = options.pop("headers", None) or {}
+            # Read, not popped: a publish again (fail_open, an outage) keeps them too.
+            given = options.get("headers") or {}
             if not isinstance(given, Mapping):
                 raise TypeError(f"{self.name}: headers= must be a dict, got {given!r}")
             headers = {**given, **ours}
@@ -301,7 +302,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 link_error=link_error,
                 shadow=shadow,
                 headers=headers,
-                **options,
+                **{name: value for name, value in options.items() if name != "headers"},
             )
 
         return publish
