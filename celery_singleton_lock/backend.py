@@ -44,6 +44,7 @@ class Backend:
         self.config = config
         self._lock: Store | None = None
         self._waiting: Store | None = None
+        self._building = threading.Lock()
 
     @classmethod
     def for_app(cls, app: Celery) -> Backend:
@@ -106,8 +107,12 @@ class Backend:
 
     @property
     def lock(self) -> Store:
+        # Many threads may dispatch their first call at once: each built store has its own
+        # connection pool, so all but one built here would open connections past the bound.
         if self._lock is None:
-            self._lock = self._build(waiting=False)
+            with self._building:
+                if self._lock is None:
+                    self._lock = self._build(waiting=False)
         return self._lock
 
     @property
@@ -116,7 +121,9 @@ class Backend:
             if self.config.client_factory is not None:
                 self._waiting = self.lock  # the user's client: its timeouts are theirs
             else:
-                self._waiting = self._build(waiting=True)
+                with self._building:
+                    if self._waiting is None:
+                        self._waiting = self._build(waiting=True)
         return self._waiting
 
     def eviction_policy(self) -> str | None:

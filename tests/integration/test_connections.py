@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 
 from celery_singleton_lock import Lease, LockStoreConfigurationError, RedisLock
+from celery_singleton_lock.backend import Backend
 
 from ..conftest import CeleryEnv
 from ..support.servers import RedisServer
@@ -93,6 +95,28 @@ class TestOneProcess:
         assert len(pool._in_use_connections) == 0  # type: ignore[attr-defined]
         # At most one per thread running at once (50), never one per thread ever (250).
         assert len(pool._available_connections) <= 50  # type: ignore[attr-defined]
+
+    def test_threads_dispatching_their_first_call_at_once_share_one_store(
+        self, redis_server: RedisServer
+    ) -> None:
+        # Each store has its own connection pool: two built at once would double the bound.
+        app = Celery("first-use", set_as_current=False)
+        app.conf.singleton_lock_url = redis_server.url
+        backend = Backend.for_app(app)
+        start = threading.Barrier(30)
+        seen: list[object] = []
+
+        def first() -> None:
+            start.wait(10)
+            seen.append(backend.lock)
+
+        threads = [threading.Thread(target=first) for _ in range(30)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert len(seen) == 30
+        assert len({id(store) for store in seen}) == 1
 
     def test_a_full_client_pool_is_a_configuration_error(self, raw: redis.Redis) -> None:
         kwargs = raw.connection_pool.connection_kwargs
