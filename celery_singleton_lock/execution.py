@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
@@ -44,6 +45,7 @@ from .tokens import (
     REDRIVE_HEADER,
     RETRY_OF_HEADER,
     TOKEN_HEADER,
+    HandedLease,
     header,
     header_count,
     holder_state,
@@ -89,6 +91,11 @@ class Execution:
             # Exactly this message's reservation: a replacement of its arguments (same
             # task id, sent later) reserved on this host must never pass for it.
             self.shape = reserved_exact(request.id, self.queued) if self.queued else None
+        # The running lease the worker took for this message as it arrived, if it did.
+        self.handed = None if request.is_eager else HandedLease.take(request, request.id)
+        if self.handed is not None and self.handed.fence is None:
+            # Taken, but its answer is unknown: take the key over from it, as from a hold.
+            self.shape = (self.handed.token, "")
         self.store: Store = context.store
         self.ttl: float = context.ttl
         # What the mode needs to take the running lease: the key, and the message's own
@@ -104,6 +111,15 @@ class Execution:
         )
 
     def take(self) -> Lease:
+        handed = self.handed
+        if handed is not None and handed.fence is not None and handed.name == self.lock_name:
+            # No round trip: the worker's main process took it, fenced, for this message.
+            lease = Lease.granted(
+                handed.name, handed.key, handed.token, fence=handed.fence, ttl=handed.ttl,
+                sent_at=time.monotonic() - (handed.ttl - handed.remaining),
+            )  # fmt: skip
+            self.store.renew(lease)
+            return lease
         hold = None
         try:
             if self.role == "pending":

@@ -4,8 +4,10 @@ Tokens say who holds a key, so that another process can act for the holder:
 ``q|<nonce>|<task id>`` for a queued hold, ``r|<host>|<nonce>|<task id>`` once a
 worker has received the message (its main process renews that reservation, so a
 worker that dies with prefetched messages frees their keys within ``ttl``, see
-``worker.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. The worker's
-main process releases a dead child's lease by that shape (see
+``worker.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. Where the
+mode allows, the main process takes the running lease itself as the message arrives
+(under its own pid) and hands it to the run (``LEASE_HEADER``) instead of reserving.
+The worker's main process releases a dead child's lease by its shape (see
 ``worker.SingletonRequest``); a redelivered copy of the same task id is a different
 execution with a different token, so it can never pass for the owner.
 """
@@ -40,6 +42,64 @@ RETRY_OF_HEADER = "singleton_lock_retry_of"
 # role, e.g. "pending" for lock="until_executing"): at execution the message takes the
 # key's running lease afresh and then lets its hold go, so the next call can queue.
 HOLD_HEADER = "singleton_lock_hold"
+# Put by the worker's main process on the request it hands to its pool (never read
+# from a message: the main process drops any a producer sent): the running lease it
+# took when the message arrived, for the run to start under without a round trip.
+LEASE_HEADER = "singleton_lock_lease"
+
+
+@dataclass(frozen=True)
+class HandedLease:
+    """The running lease a worker's main process took for a message, as handed to the run.
+
+    ``fence`` is None when the main process could not read its answer: the run then takes
+    the key over from ``token`` itself (one round trip), whoever holds it now.
+    """
+
+    name: str
+    key: str
+    token: str
+    fence: int | None
+    ttl: float
+    remaining: float  # seconds left when it was handed
+
+    def wire(self) -> dict[str, object]:
+        return {
+            "name": self.name, "key": self.key, "token": self.token, "fence": self.fence,
+            "ttl": self.ttl, "remaining": self.remaining,
+        }  # fmt: skip
+
+    @classmethod
+    def take(cls, request: object, task_id: str) -> HandedLease | None:
+        """The lease handed with the running request, if any and if it is this task's;
+        taken out of the request, so that nothing sent from it (a retry, a requeue,
+        which copy the request's headers) carries it on.
+
+        A pool in the worker's own process gets the main process's ``Handoff`` itself
+        (``worker/request.py``), read now; a child process gets what it was when the
+        request was pickled for it.
+        """
+        value = getattr(request, LEASE_HEADER, None)
+        headers = getattr(request, "headers", None)
+        if isinstance(headers, dict):
+            headers.pop(LEASE_HEADER, None)
+        if value is not None:
+            setattr(request, LEASE_HEADER, None)
+        resolve = getattr(value, "resolve", None)
+        if callable(resolve):
+            value = resolve()
+        if not isinstance(value, dict) or not value:
+            return None
+        try:
+            fence = value["fence"]
+            handed = cls(
+                name=str(value["name"]), key=str(value["key"]), token=str(value["token"]),
+                fence=None if fence is None else int(fence), ttl=float(value["ttl"]),
+                remaining=float(value["remaining"]),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            return None
+        return handed if read_token(handed.token).task_id == task_id else None
 
 
 def _nonce() -> str:

@@ -58,6 +58,8 @@ class Liveness:
     timeout: float = 1.0
     _alive: set[str] | None = None
     _tasks: dict[str, set[str]] = field(default_factory=dict)
+    # Where a worker has each task: active (started), reserved or scheduled (not yet).
+    _where: dict[str, str] = field(default_factory=dict)
     _in_broker: dict[str, str] = field(default_factory=dict)
     _searched: set[str] = field(default_factory=set)
     _broker_note: str | None = None
@@ -80,7 +82,8 @@ class Liveness:
             if row.worker not in alive:
                 return Verdict(False, f"worker {row.worker} does not answer a ping")
             if row.task_id in tasks.get(row.worker, set()):
-                return Verdict(True, f"{row.worker} has the task active, reserved or scheduled")
+                where = self._where.get(row.task_id, "active, reserved or scheduled")
+                return Verdict(True, f"{row.worker} has the task {where}")
             return Verdict(False, f"{row.worker} answers but no longer has the task")
         if row.task_id not in self._searched:
             self._search_broker({row.task_id})
@@ -106,16 +109,23 @@ class Liveness:
         replies = control.ping(timeout=self.timeout) or []
         self._alive = {name for reply in replies for name in reply}
         self._tasks = {}
+        self._where = {}
         if not self._alive:
             return
         inspect = control.inspect(destination=sorted(self._alive), timeout=self.timeout)
-        for listing in (inspect.active(), inspect.reserved(), inspect.scheduled()):
+        listings = {
+            "active": inspect.active(),
+            "reserved (not started)": inspect.reserved(),
+            "scheduled (waiting for its ETA)": inspect.scheduled(),
+        }
+        for where, listing in listings.items():
             for worker, entries in (listing or {}).items():
                 ids = self._tasks.setdefault(worker, set())
                 for entry in entries or ():
                     request = entry.get("request", entry)  # scheduled wraps its request
                     if request.get("id"):
                         ids.add(request["id"])
+                        self._where.setdefault(request["id"], where)
 
     def worker_queues(self) -> set[str]:
         """The queues the live workers consume from (``inspect active_queues``)."""

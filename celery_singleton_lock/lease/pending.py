@@ -67,16 +67,14 @@ class PendingAcquire:
     def presumed(self) -> Lease | None:
         """The lease this grants if the answer is yes, before it is read: to renew at once.
 
-        None when the answer is known to be no. Unfenced acquires only (a fence comes
-        from the answer). Renewing a presumed lease that was refused is harmless: its
-        extend is owner-checked.
+        None when the answer is known to be no. A fenced acquire's fence comes with the
+        answer: until then the presumed lease's ``fence`` is 0, good for renewing it, not
+        for guarding a write (``outcome()`` has the fence). Renewing a presumed lease that
+        was refused is harmless: its extend is owner-checked.
         """
         if self._outcome is not None:
             return self._outcome if isinstance(self._outcome, Lease) else None
-        call = self._sent()[1]
-        if call.fenced:
-            raise RuntimeError("presumed() needs an unfenced acquire whose answer is unread")
-        return call.lease(fence=0, sent_at=self._sent_at)
+        return self._sent()[1].lease(fence=0, sent_at=self._sent_at)
 
     def outcome(self) -> Lease | Contended:
         if self._outcome is None:

@@ -136,6 +136,16 @@ class Mode:
     def _held_lock(self, name: str) -> str:
         return name if self.hold_role is None else companion(name, self.hold_role)
 
+    # -- receipt (the worker's main process) ----------------------------------------------
+
+    @property
+    def starts_at_receipt(self) -> bool:
+        """Whether the worker may take the running lease as the message arrives and hand
+        it to the run, which then starts without a round trip of its own: a start that
+        takes over the message's hold on the key and looks at nothing else. A replaced
+        message, a hold beside the key, or a slot must be looked at when the run starts."""
+        return self.checks_dispatch and self.hold_role is None and not self.replaces
+
     # -- start (the pool child) -----------------------------------------------------------
 
     def take(self, start: Start) -> Lease | Contended:

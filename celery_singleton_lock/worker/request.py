@@ -20,6 +20,7 @@ from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 
+from ..backend import Store
 from ..exceptions import KeyDerivationError, SingletonLockError
 from ..lease import ReleaseResult, companion
 from ..options import is_singleton
@@ -27,6 +28,7 @@ from ..signals import dead_child_released
 from ..signals import send as send_signal
 from ..tokens import (
     HOLD_HEADER,
+    LEASE_HEADER,
     NAME_HEADER,
     TOKEN_HEADER,
     header,
@@ -42,6 +44,36 @@ logger = logging.getLogger(__name__)
 CHILD_GONE = (WorkerLostError, Terminated, TimeLimitExceeded, SystemExit, KeyboardInterrupt)
 
 
+class Handoff:
+    """The running lease the main process took for a request, read as the run starts.
+
+    It rides in the request Celery hands to its pool (``request_dict``, which Celery's
+    generated request class passes as it is): a pool in this process reads it when the
+    run starts; a prefork child gets what it was when the request was pickled for it,
+    which is as the request leaves for the child. Either way after the answer of the
+    take was read, never before the message was received.
+    """
+
+    __slots__ = ("task_id", "token", "wire")
+
+    def __init__(self, task_id: str) -> None:
+        self.task_id = task_id
+        self.token: str | None = None  # once handed: what a dead run leaves held
+        self.wire: dict[str, object] | None = None
+
+    def resolve(self) -> dict[str, object]:
+        """Read once: by the pickling for a child, by ``on_accepted`` (which a pool in
+        this process calls before the run starts), or by the run, whichever is first."""
+        if self.wire is None:
+            handed = reservations.handed(self.task_id)
+            self.token = handed.token if handed is not None else None
+            self.wire = handed.wire() if handed is not None else {}
+        return self.wire
+
+    def __reduce__(self) -> tuple[type[dict[str, object]], tuple[dict[str, object]]]:
+        return dict, (self.resolve(),)
+
+
 class SingletonRequest(Request):  # type: ignore[misc]
     """Celery's Request, plus reservations and the release of a dead child's lease.
 
@@ -53,8 +85,11 @@ class SingletonRequest(Request):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self._singleton = is_singleton(self.task)
         self._singleton_released = False
+        # Only the main process hands a lease to a run: a producer's header is not one.
+        self.request_dict.pop(LEASE_HEADER, None)
         if self._singleton:
             context = self._context
+            self.request_dict[LEASE_HEADER] = Handoff(self.id)
             reservations.take(
                 self.task.singleton_context,
                 self.id,
@@ -67,8 +102,12 @@ class SingletonRequest(Request):  # type: ignore[misc]
     def on_accepted(self, pid: int, time_accepted: float) -> object:
         result = super().on_accepted(pid, time_accepted)
         if self._singleton:
-            # The child takes the reservation over as it starts; renewing it from here
-            # would only find it gone.
+            # The child takes the reservation over as it starts (or runs under the
+            # lease taken here, handed before it is forgotten); renewing it from here
+            # would only find it gone (or renew what the child renews).
+            handoff = self.request_dict.get(LEASE_HEADER)
+            if isinstance(handoff, Handoff):
+                handoff.resolve()
             reservations.drop(self.id, release=False)
             child_watch.watch(pid)
         return result
@@ -86,6 +125,24 @@ class SingletonRequest(Request):  # type: ignore[misc]
         return super().on_failure(
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
+
+    def _release_running(self, store: Store, lock_name: str, pid: int) -> ReleaseResult:
+        """Release the running lease a dead child held: the one this process took for it
+        as the message arrived, or the one the child took itself (by its pid)."""
+        task = self.task
+        handoff = self.request_dict.get(LEASE_HEADER)
+        if isinstance(handoff, Handoff) and handoff.token:
+            result = store.release_token(lock_name, handoff.token)
+            if result is ReleaseResult.RELEASED:
+                send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
+                return result
+        # The key, or with limit=N whichever slot of it the child held.
+        for name in task.singleton_options().mode.running_names(lock_name):
+            result = store.release_matching(name, running_prefix(self.hostname, pid), f"|{self.id}")
+            if result is ReleaseResult.RELEASED:
+                send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
+                break
+        return result
 
     def release_for_dead_child(self, *, kill: bool) -> None:
         """Release what this request's pool child held; once, whoever notices first."""
@@ -108,14 +165,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
             if pid and child_watch.enabled:
                 if kill:
                     kill_and_wait(pid)
-                # The key, or with limit=N whichever slot of it the child held.
-                for name in task.singleton_options().mode.running_names(lock_name):
-                    result = store.release_matching(
-                        name, running_prefix(self.hostname, pid), f"|{self.id}"
-                    )
-                    if result is ReleaseResult.RELEASED:
-                        send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
-                        break
+                result = self._release_running(store, lock_name, pid)
                 if role == "pending":  # a child that died waiting kept the hold meanwhile
                     store.release_matching(hold, running_prefix(self.hostname, pid), f"|{self.id}")
                 logger.info(
@@ -127,7 +177,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                     result.name,
                 )
             # A child that died before taking over leaves the reservation or the hold.
-            reservations.drop(self.id, release=False)
+            reservations.drop(self.id, release=True)
             queued = header(self._context, TOKEN_HEADER)
             store.release_matching(
                 hold,

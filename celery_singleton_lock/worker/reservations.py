@@ -3,36 +3,53 @@
 A received message's queued hold (``queue_ttl`` long, taken at dispatch) becomes a
 *reservation* of this worker (``ttl`` long, renewed by its main process) in one step.
 A worker killed with prefetched or ETA messages then frees their keys within ``ttl``
-instead of ``queue_ttl``; the messages come back from the broker in time and run. The
-pool child takes the reservation over when it starts the task; a revoked message gives
-it back at once (``drop_revoked``), not when its ETA comes.
+instead of ``queue_ttl``; the messages come back from the broker in time and run. A
+revoked message gives it back at once (``drop_revoked``), not when its ETA comes.
+
+Where the mode allows (``Mode.starts_at_receipt``), that one step takes the running
+lease itself, fenced: the main process hands it to the run with the request
+(``handed``), and the run starts without a round trip of its own. Otherwise the run
+takes the reservation over as it starts.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from dataclasses import dataclass
 
 from celery.worker import state as worker_state
 
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
 from ..lease import Lease, PendingAcquire, RedisLock, companion
-from ..tokens import reserved_token
+from ..tokens import HandedLease, reserved_token, running_token
 
 logger = logging.getLogger(__name__)
 
 
-class Reservations:
-    """This worker's reservations: task id -> (task context, reserved lease, queued token).
+@dataclass
+class Reservation:
+    """One received message's hold, as this worker holds it until its run starts."""
 
-    Entries live from the message's receipt until its child takes over, it is revoked
+    context: TaskContext
+    lease: Lease  # as sent (renewed from here); its fence is 0 until the answer is read
+    queued: str  # the hold's token at dispatch, to give the key back to at shutdown
+    running: bool  # taken as the running lease, to hand to the run
+    fence: int | None = None  # the running lease's, once its answer is read
+
+
+class Reservations:
+    """This worker's reservations by task id.
+
+    Entries live from the message's receipt until its run starts, it is revoked
     or expires, or the worker shuts down: nothing outlives the message.
     """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._held: dict[str, tuple[TaskContext, Lease, str]] = {}
+        self._held: dict[str, Reservation] = {}
         # Reservations sent whose answers are not read yet, oldest first.
         self._unread: list[tuple[str, PendingAcquire]] = []
 
@@ -54,7 +71,7 @@ class Reservations:
 
         ``key``, ``queued`` (the hold's token) and ``role`` are the message's headers.
         The reservation is renewed from the start as the lease it would grant; its
-        answer is read with the next message or when the child starts, and a refusal
+        answer is read with the next message or when the run starts, and a refusal
         only stops that renewal (an extend would have found it not ours anyway). It is
         sent whole (the script's body), so a server that lost its scripts applies it at
         once rather than when the answer is read.
@@ -64,20 +81,28 @@ class Reservations:
         name = companion(lock_name, role) if role else lock_name
         self.settle()
         store = context.store
-        token = reserved_token(task_id, hostname, queued)
+        # The running lease (under this process's pid: it renews it until the run
+        # starts, and releases it if the run's child dies), or a reservation the run
+        # takes over. Either is new to this delivery: a redelivered copy of the message
+        # received meanwhile cannot take it for its own.
+        running = role is None and context.options.mode.starts_at_receipt
+        if running:
+            token = running_token(task_id, hostname, os.getpid())
+        else:
+            token = reserved_token(task_id, hostname, queued)
         try:
             pending = store.begin_try_acquire(
-                name, context.ttl, token=token, replace=queued, fenced=False, read_late=True
+                name, context.ttl, token=token, replace=queued, fenced=running, read_late=True
             )
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", lock_name, task_id, error)
             return
         lease = pending.presumed()
         if lease is None:
-            return  # the hold is gone or taken (a redelivery): the child will contend
+            return  # the hold is gone or taken (a redelivery): the run will contend
         store.renew(lease)
         with self._guard:
-            self._held[task_id] = (context, lease, queued)
+            self._held[task_id] = Reservation(context, lease, queued, running)
             self._unread.append((task_id, pending))
 
     def settle(self, task_id: str | None = None) -> None:
@@ -94,17 +119,40 @@ class Reservations:
             except SingletonLockError as error:
                 logger.warning("could not reserve %s for %s: %s", pending.name, reserved_id, error)
                 outcome = None
-            if not isinstance(outcome, Lease):
-                # The hold was gone or taken (a redelivery): the child will contend.
+            with self._guard:
+                entry = self._held.get(reserved_id)
+            if entry is None:
+                continue
+            if isinstance(outcome, Lease):
+                entry.fence = outcome.fence
+            elif outcome is None and entry.running:
+                # Its answer was lost, so it may be held: kept (no longer renewed) for the
+                # run to take the key over from its token, not meet it as a stranger's.
+                _stop_renewing(entry)
+            else:
+                # The hold was gone or taken (a redelivery): the run will contend.
                 self._forget(reserved_id)
 
-    def _forget(self, task_id: str) -> tuple[TaskContext, Lease, str] | None:
+    def handed(self, task_id: str) -> HandedLease | None:
+        """The running lease taken for ``task_id`` as its run is handed to the pool: the
+        run starts under it, or (answer unknown) takes the key over from its token."""
+        self.settle(task_id)
+        with self._guard:
+            entry = self._held.get(task_id)
+        if entry is None or not entry.running:
+            return None
+        lease = entry.lease
+        fence = entry.fence if not lease.lost else None
+        return HandedLease(
+            name=lease.name, key=lease.key, token=lease.token, fence=fence, ttl=lease.ttl,
+            remaining=lease.remaining(),
+        )  # fmt: skip
+
+    def _forget(self, task_id: str) -> Reservation | None:
         with self._guard:
             entry = self._held.pop(task_id, None)
         if entry is not None:
-            store = entry[0].store
-            if isinstance(store, RedisLock):
-                store.renewer.discard(entry[1])
+            _stop_renewing(entry)
         return entry
 
     def drop(self, task_id: str, *, release: bool) -> bool:
@@ -116,7 +164,7 @@ class Reservations:
         entry = self._forget(task_id)
         if entry is None:
             return False
-        context, lease, _ = entry
+        context, lease = entry.context, entry.lease
         if release:
             try:
                 context.store.release(lease)
@@ -142,11 +190,18 @@ class Reservations:
         self.settle()
         with self._guard:
             held, self._held = self._held, {}
-        for context, lease, queued in held.values():
+        for entry in held.values():
+            context, lease = entry.context, entry.lease
             try:
-                context.store.hand_over(lease, context.queue_ttl, token=queued)
+                context.store.hand_over(lease, context.queue_ttl, token=entry.queued)
             except SingletonLockError as error:
                 logger.warning("could not hand %s back at shutdown: %s", lease.key, error)
+
+
+def _stop_renewing(entry: Reservation) -> None:
+    store = entry.context.store
+    if isinstance(store, RedisLock):
+        store.renewer.discard(entry.lease)
 
 
 reservations = Reservations()

@@ -64,8 +64,8 @@ class TestWorkerDeath:
             wait_for(lambda: started(cenv), what="start")
             waiting = work.apply_async(("prefetched",), queue=doomed.queue)
             key = "t:{" + work.singleton_options().key.derive(("prefetched",), {}) + "}"
-            # Received by the worker: its main process now holds (and renews) the key.
-            wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), 10, "reserve")
+            # Received by the worker: its main process now holds (and renews) the lease.
+            wait_for(lambda: doomed.took(cenv.lock_client().get(key)), 10, "reserve")
             doomed.kill()
             killed_at = time.monotonic()
             wait_for(lambda: not cenv.lock_client().exists(key), ttl + 1.0, "free within ttl")
@@ -88,7 +88,7 @@ class TestWorkerDeath:
             work = cenv.app_module.work
             later = work.apply_async(("lone",), countdown=60, queue=doomed.queue)
             key = "t:{" + work.singleton_options().key.derive(("lone",), {}) + "}"
-            wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), 10, "reserve")
+            wait_for(lambda: doomed.took(cenv.lock_client().get(key)), 10, "reserve")
             assert cenv.lock_client().pttl(key) <= ttl * 1000
             doomed.kill()
             wait_for(lambda: not cenv.lock_client().exists(key), ttl + 1.0, "free within ttl")

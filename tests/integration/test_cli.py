@@ -101,7 +101,10 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     app = cenv.app_module
     queue = holding_worker.queue
     running = app.work.apply_async(("running", 30.0), queue=queue)
-    reserved = app.work.apply_async(("reserved",), countdown=60, queue=queue)
+    # A mode that looks at the store when its run starts reserves a received message;
+    # the default takes the running lease as the message arrives (under the main pid).
+    reserved = app.latest_queued.apply_async(("reserved", "v1"), countdown=60, queue=queue)
+    prefetched = app.work.apply_async(("prefetched",), countdown=60, queue=queue)
     queued = app.work.apply_async(("queued",), queue=f"parked-{uuid.uuid4().hex}")
     slots = [app.export.apply_async(("e", 30.0), queue=queue) for _ in range(2)]
     # A window longer than the test takes (the task's own is 1.5 s).
@@ -115,15 +118,17 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     assert running.id in entries, (running.id, entries)
     assert entries[running.id]["state"] == "running"
     assert entries[reserved.id]["state"] == "reserved"
+    assert entries[prefetched.id]["state"] == "running"
+    assert entries[prefetched.id]["pid"] == holding_worker.pid
     assert entries[queued.id]["state"] == "queued"
     assert entries[throttled.id]["state"] == "throttled"
     assert {entries[s.id]["role"] for s in slots} == {"slot1", "slot2"}
     assert {entries[s.id]["state"] for s in slots} == {"running"}
-    assert len(entries) == 6  # the throttled task ran and freed its key: only its window
+    assert len(entries) == 7  # the throttled task ran and freed its key: only its window
     run = entries[running.id]
     assert run["task"] == "tests.support.celery_app.work"
     assert run["worker"] == holding_worker.nodename
-    assert run["pid"] in holding_worker.children()
+    assert run["pid"] == holding_worker.pid  # taken by its main process as it arrived
     assert run["fence"] > 0
     assert 0 <= run["age"] < 30
     assert 0 < run["ttl"] <= 10
@@ -137,6 +142,7 @@ def test_every_state_is_listed_with_its_holder_and_explained(
 
     assert set(by_task_id(listed(cenv, "--state", "running"))) == {
         running.id,
+        prefetched.id,
         *(s.id for s in slots),
     }
     assert set(by_task_id(listed(cenv, "--task", "tests.support.celery_app.export"))) == {
@@ -145,18 +151,21 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     assert listed(cenv, "--older-than", "1h") == []
     aliased = cli(cenv, "ls", "--json")
     assert {e["task_id"] for e in json.loads(aliased.stdout)} == set(entries)
-    assert len(listed(cenv, "--older-than", "0s")) == 6
+    assert len(listed(cenv, "--older-than", "0s")) == 7
 
     table = cli(cenv, "list", process=True)  # found through the celery.commands entry point
     assert table.returncode == 0
     lines = table.stdout.splitlines()
     assert lines[0].split()[:3] == ["STATE", "AGE", "TTL"]
-    assert lines[-1] == "6 lock(s): 1 queued, 1 reserved, 3 running, 1 throttled."
+    assert lines[-1] == "7 lock(s): 1 queued, 1 reserved, 4 running, 1 throttled."
 
     shown = cli(cenv, "show", running.id)
     assert shown.returncode == 0, shown.stderr
     assert f"new call: refused: a duplicate of {running.id} (running); returns it" in shown.stdout
     assert f"holder alive: {holding_worker.nodename} has the task" in shown.stdout
+    shown = cli(cenv, "show", prefetched.id)
+    assert shown.returncode == 0, shown.stderr
+    assert "has the task scheduled (waiting for its ETA)" in shown.stdout  # running, not started
     shown = cli(cenv, "show", throttled.id)
     assert "new call: refused for" in shown.stdout
     assert "holder cannot tell: a throttle window" in shown.stdout

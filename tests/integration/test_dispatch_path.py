@@ -174,11 +174,19 @@ class TestLeanCalls:
         assert lock.release(lease).name == "RELEASED"
         assert raw.exists(lease.key) == 0
 
-    def test_presumed_needs_an_unfenced_acquire(self, lock: RedisLock) -> None:
+    def test_presumed_lease_of_a_fenced_acquire_has_its_fence_once_read(
+        self, lock: RedisLock
+    ) -> None:
         pending = lock.begin_try_acquire("fenced", 10)
-        with pytest.raises(RuntimeError):
-            pending.presumed()
-        pending.outcome()
+        presumed = pending.presumed()
+        assert presumed is not None
+        assert presumed.fence == 0  # not known before the answer
+        assert lock.extend(presumed).name == "EXTENDED"  # renewable meanwhile
+        outcome = pending.outcome()
+        assert isinstance(outcome, Lease)
+        assert outcome.fence > 0
+        assert outcome.token == presumed.token
+        assert pending.presumed() is outcome
 
 
 def gone_soon(raw: redis.Redis, key: str, timeout: float = 2.0) -> bool:

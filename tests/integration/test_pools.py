@@ -196,7 +196,7 @@ class TestRevoke:
         work = cenv.app_module.work
         later = work.apply_async(("revoked",), countdown=30, queue=pool_worker.queue)
         key = lock_keys(cenv)[0]
-        wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), what="reserved")
+        wait_for(lambda: pool_worker.took(cenv.lock_client().get(key)), what="reserved")
         cenv.app_module.app.control.revoke(later.id)
         revoked_at = time.monotonic()
         again = wait_for(

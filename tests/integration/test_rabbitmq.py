@@ -136,7 +136,7 @@ class TestOnRabbitMQ:
         work = cenv.app_module.work
         later = work.apply_async(("r-rev",), countdown=30, queue=rworker.queue, connection=amqp)
         key = lock_keys(cenv)[0]
-        wait_for(lambda: (cenv.lock_client().get(key) or b"").startswith(b"r|"), what="reserved")
+        wait_for(lambda: rworker.took(cenv.lock_client().get(key)), what="reserved")
         # Celery publishes control messages through the app's own producer pool whatever
         # connection= says: revoke from an app whose broker is RabbitMQ, as a user's is.
         control = Celery("r-control", broker=amqp.as_uri(include_password=True))

@@ -88,6 +88,11 @@ class Worker:
         assert self.process is not None
         return self.process.pid
 
+    def took(self, token: bytes | None) -> bool:
+        """Whether ``token`` is a running lease this worker's main process took as the
+        message arrived (the default mode's lease of a received message)."""
+        return (token or b"").startswith(f"x|{self.nodename}|{self.pid}|".encode())
+
     def children(self) -> list[int]:
         return children_of(self.pid)
 
