@@ -16,20 +16,21 @@ another server) is put as kombu puts it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from .lease import Push, Server, server_of
+from .lease import Push, RidingTake, Server, server_of
 
 if TYPE_CHECKING:
     from celery import Celery
+    from kombu.message import Message
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,98 @@ def _claim(message: Mapping[str, object]) -> Fold | None:
     return fold
 
 
-class Channel(kombu_redis.Channel):
-    """kombu's Redis channel; a message with a hold to take is pushed by the hold's script."""
+# -- receipt: a received message's take rides the pipeline that records it as unacked --
 
+Receipts: TypeAlias = Callable[[Mapping[str, object], Server], "RidingTake | None"]
+_receipts: list[Receipts] = []  # the worker's, once it consumes
+_riding: ContextVar[RidingTake | None] = ContextVar("celery_singleton_lock_take", default=None)
+
+
+def on_receipt(receipts: Receipts | None) -> None:
+    """Have each message this process receives on this transport offer its take, given
+    its headers and the broker's server, to ride kombu's unacked bookkeeping (the
+    worker's main process; None: no more)."""
+    _receipts[:] = [] if receipts is None else [receipts]
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis acknowledgement emulation; a received singleton message's take is
+    sent in the same pipeline as the unacked bookkeeping kombu sends for it anyway."""
+
+    def append(self, message: Message, delivery_tag: object) -> None:
+        take = None
+        server = self.channel.server() if _receipts else None
+        headers = getattr(message, "headers", None)
+        if server is not None and isinstance(headers, Mapping):
+            take = _receipts[0](headers, server)
+        if take is None:
+            super().append(message, delivery_tag)
+            return
+        token = _riding.set(take)
+        try:
+            super().append(message, delivery_tag)
+        finally:
+            _riding.reset(token)
+
+    @contextmanager
+    def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
+        with super().pipe_or_acquire(pipe, client) as acquired:
+            take = _riding.get() if pipe is None else None
+            server = self.channel.server()
+            if take is None or server is None:
+                yield acquired
+                return
+            _riding.set(None)  # once: the unacked bookkeeping's own pipeline
+            yield _RidingPipeline(acquired, take, server.db)
+
+
+class _RidingPipeline:
+    """kombu's pipeline with a take sent first: kombu's own commands, replies and
+    errors are as they would be without it."""
+
+    def __init__(self, pipe: Any, take: RidingTake, db: int) -> None:
+        self._pipe = pipe
+        self._take = take
+        self._calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+        take.add(pipe, db)
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._pipe, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: object, **kwargs: object) -> object:
+            self._calls.append((name, args, kwargs))
+            result = attr(*args, **kwargs)
+            return self if result is self._pipe else result  # chained as kombu chains
+
+        return call
+
+    def execute(self, raise_on_error: bool = True) -> list[object]:
+        try:
+            replies: list[object] = self._pipe.execute(raise_on_error=False)
+        except Exception as error:
+            if not self._take.refused(error):
+                raise
+            # The server refused the take as it was queued (an ACL user without the
+            # lock's keys), which aborts the transaction: kombu's commands alone.
+            for name, args, kwargs in self._calls:
+                getattr(self._pipe, name)(*args, **kwargs)
+            return list(self._pipe.execute(raise_on_error=raise_on_error))
+        self._take.read(replies[0])
+        own = replies[1:]
+        if raise_on_error:
+            for reply in own:
+                if isinstance(reply, Exception):
+                    raise reply
+        return own
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel; a message with a hold to take is pushed by the hold's script,
+    and a received one's take rides its unacked bookkeeping (``QoS``)."""
+
+    QoS = QoS
     _singleton_server: Server | None = None
 
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
@@ -193,8 +283,10 @@ __all__ = [
     "TRANSPORT",
     "Channel",
     "Fold",
+    "QoS",
     "RedisTransport",
     "folding",
+    "on_receipt",
     "ride",
     "rides",
 ]

@@ -82,8 +82,8 @@ class Liveness:
             if row.worker not in alive:
                 return Verdict(False, f"worker {row.worker} does not answer a ping")
             if row.task_id in tasks.get(row.worker, set()):
-                where = self._where.get(row.task_id, "active, reserved or scheduled")
-                return Verdict(True, f"{row.worker} has the task {where}")
+                found = self._where.get(row.task_id, "active, reserved or scheduled")
+                return Verdict(True, f"{row.worker} has the task {found}")
             return Verdict(False, f"{row.worker} answers but no longer has the task")
         if row.task_id not in self._searched:
             self._search_broker({row.task_id})

@@ -204,6 +204,14 @@ class LockBase:
             unless_replaced=unless_replaced or "",
         )
 
+    def acquire_request(
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
+    ) -> tuple[Call, ScriptArgs]:
+        """A try to be sent on another client's round trip (``pushes.RidingTake``): the
+        validated call and the acquire script's keys and arguments."""
+        call = self._acquire_call(name, ttl, token, replace, fenced=fenced)
+        return call, self._acquire_argv(call, Try(announce=False))
+
     @staticmethod
     def _acquire_argv(call: Call, step: Try) -> ScriptArgs:
         keys = call.keys

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeGuard, TypeVar
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
@@ -341,10 +341,16 @@ class Server:
 
     address: tuple[str, int] | str  # (host, port), or a unix socket's path
     db: int
+    user: str | None = field(default=None, compare=False)  # the ACL user (None: default)
 
     def same_server(self, other: Server) -> bool:
         """Whether both are one Redis server (their databases may differ)."""
         return self.address == other.address
+
+    def same_user(self, other: Server) -> bool:
+        """Whether both are one server as one ACL user: what one client may do to the
+        other's keys is what the other may do."""
+        return self.same_server(other) and (self.user or "default") == (other.user or "default")
 
 
 def server_of(client: object) -> Server | None:
@@ -359,8 +365,10 @@ def server_of(client: object) -> Server | None:
     db = kwargs.get("db") or 0
     if not isinstance(db, int):
         db = int(str(db))
+    user = kwargs.get("username")
+    user = user if isinstance(user, str) and user else None
     path = kwargs.get("path")
     if isinstance(path, str):
-        return Server(path, db)
+        return Server(path, db, user)
     host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
-    return Server((str(host), int(str(port))), db)
+    return Server((str(host), int(str(port))), db, user)

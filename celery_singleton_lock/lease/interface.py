@@ -11,7 +11,7 @@ from .inventory import Held
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import LockKeys
 from .pending import PendingAcquire
-from .pushes import Push
+from .pushes import Push, RidingTake
 
 
 class SlotStore(Protocol):
@@ -33,13 +33,17 @@ class SlotStore(Protocol):
 
 
 class PushStore(Protocol):
-    """A hold taken with its message's push, on the store's own server."""
+    """Lock operations riding a broker's round trips on the store's own server."""
 
     server: Server
 
     def hold_and_push(
         self, name: str, ttl: object, push: Push, *, token: str
     ) -> Lease | Contended: ...
+
+    def riding_take(
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
+    ) -> RidingTake | None: ...
 
 
 class LockStore(Protocol):

@@ -1,21 +1,25 @@
-"""A hold and the push of the message it holds for, in one script and one round trip.
+"""Lock operations riding a broker's round trips on the lock store's own server.
 
-For a broker whose queues live on the lock store's own Redis server (kombu's Redis
-transport): the message is pushed only if the hold is taken, in the same step, so
-there is no moment with a hold and no message, or a message and no hold.
+For a broker whose queues live on the lock store's Redis server (kombu's Redis
+transport): a hold and the push of its message in one script and one round trip (the
+message is pushed only if the hold is taken, so there is no moment with a hold and no
+message, or a message and no hold); and a received message's take, added to the
+pipeline the broker sends to record the message as unacked (``RidingTake``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from . import scripts
-from .base import REDIS_ERRORS, Call
-from .calls import Arg
+from .base import REDIS_ERRORS, Call, ScriptArgs
+from .calls import Arg, body
 from .clients import Server, SyncClient
 from .errors import is_refusal
 from .lease import Contended, Lease
@@ -30,6 +34,10 @@ class _Store(Protocol):
     transport: Transport
 
     def keys(self, name: str) -> LockKeys: ...
+    def acquire_request(
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
+    ) -> tuple[Call, ScriptArgs]: ...
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
     def ttl_ms(self, ttl: object) -> int: ...
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
     @staticmethod
@@ -47,6 +55,59 @@ class Push:
     expire: tuple[tuple[str, ...], int] | None = None
 
 
+class Pipeline(Protocol):
+    """The part of a redis-py pipeline a riding take is added to."""
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Arg) -> object: ...
+
+
+class RidingTake:
+    """One try for a lock, sent in another client's pipeline to the lock store's server.
+
+    ``add`` puts it on the pipeline (EVALSHA of the acquire script wrapped to switch to
+    the lock's database); ``read`` takes the pipeline's reply for it. ``outcome`` is then
+    the ``Lease`` or ``Contended``, or None when it could not ride (the script was not
+    loaded yet, or the server refused it): the caller tries on its own round trip.
+    """
+
+    __slots__ = ("_argv", "_call", "_owner", "_sent_at", "outcome")
+
+    def __init__(self, owner: Pushes, call: Call, argv: ScriptArgs) -> None:
+        self._owner = owner
+        self._call = call
+        self._argv = argv
+        self._sent_at = 0.0
+        self.outcome: Lease | Contended | None = None
+
+    @property
+    def token(self) -> str:
+        return self._call.token
+
+    def add(self, pipe: Pipeline, db: int) -> None:
+        """Put the try on ``pipe``, a pipeline of a client of database ``db``."""
+        owner = self._owner
+        keys, args = self._argv["keys"], list(self._argv["args"])
+        args.extend([""] * (8 - len(args)))  # ARGV[8]: the script's optional one, given
+        own = owner.server.db
+        args.extend(["" if own == db else own, db])
+        self._sent_at = time.monotonic()
+        pipe.evalsha(owner.riding_sha, len(keys), *keys, *args)
+
+    def refused(self, error: Exception) -> bool:
+        """Whether ``error`` (raised by the pipeline) is the server refusing this take as
+        it was queued; riding then stops for good."""
+        if is_refusal(error, "NOPERM") or is_refusal(error, "EXECABORT"):
+            self._owner.takes_ride = False
+            return True
+        return False
+
+    def read(self, reply: object) -> None:
+        if isinstance(reply, Exception):
+            self._owner.not_ridden(reply)
+            return
+        self.outcome = self._owner.outcome_of(self._call, sent_at=self._sent_at, reply=reply)
+
+
 class PushRefused(Exception):
     """The server refused the push (nothing was written): push the message apart."""
 
@@ -59,6 +120,34 @@ class Pushes:
         self.server = server  # where the store is: a push must go to the same server
         self.usable = True  # False once the server refused a push (ACL)
         self._script: Script = store.client.register_script(scripts.HOLD_AND_PUSH)
+        self._riding: Script = store.client.register_script(scripts.RIDING_ACQUIRE)
+        self.riding_sha = self._riding.sha
+        self.takes_ride = True  # False once the server refused a riding take
+
+    def riding_take(
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
+    ) -> RidingTake | None:
+        """A try for ``name`` to ride a pipeline of another client of this server; None
+        once the server refused one (the caller tries on its own round trip)."""
+        if not self.takes_ride:
+            return None
+        call, argv = self._store.acquire_request(
+            name, ttl, token=token, replace=replace, fenced=fenced
+        )
+        return RidingTake(self, call, argv)
+
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+        return self._store.outcome_of(call, sent_at=sent_at, reply=reply)
+
+    def not_ridden(self, error: Exception) -> None:
+        """A riding take's error reply: load the script (the server lost or never had
+        it), or stop riding (refused: an ACL user without the lock's keys)."""
+        if isinstance(error, NoScriptError):
+            # On failure the next take's own round trip will say what is wrong.
+            with contextlib.suppress(*REDIS_ERRORS):
+                self._store.client.script_load(body(self._riding))
+            return
+        self.takes_ride = False
 
     def hold_and_push(self, name: str, ttl: object, push: Push, *, token: str) -> Lease | Contended:
         """Hold ``name`` for ``ttl`` (unfenced, like a dispatch's hold) and push ``push``;

@@ -133,6 +133,22 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, 0}
 """
 
+# ACQUIRE, run on another client's connection to the lock store's server (the broker's,
+# in the pipeline that records a received message as unacked): it switches to the
+# lock's database and back. The arguments are ACQUIRE's with ARGV[8] always given ('' for
+# none), then ARGV[9] the lock's database ('' when it is the caller's) and ARGV[10] the
+# caller's database. SELECT inside a script switches only the script's database.
+RIDING_ACQUIRE = (
+    "local function acquire()\n"
+    + ACQUIRE
+    + """end
+if ARGV[9] ~= '' then redis.call('SELECT', ARGV[9]) end
+local reply = acquire()
+if ARGV[9] ~= '' then redis.call('SELECT', ARGV[10]) end
+return reply
+"""
+)
+
 # A counting lease: the first free slot of several (names.slot), in one step.
 # KEYS[1] fence key    KEYS[2] waiters key   KEYS[3..] the slots' lock keys, in order
 # ARGV[1] owner token  ARGV[2] ttl in milliseconds

@@ -6,6 +6,7 @@ gets no receivers. Each receiver acts only in a worker (the signals are the work
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from celery import Task, signals
@@ -13,6 +14,8 @@ from celery.concurrency import get_implementation
 from celery.worker.control import Panel, inspect_command
 from celery.worker.request import Request
 
+from ..backend import Backend
+from ..broker import on_receipt
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
@@ -55,6 +58,10 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
         return
     refuse_bad_settings(app)
     child_watch.enabled = _has_children(getattr(sender, "pool_cls", None))
+    hostname = getattr(sender, "hostname", None)
+    if isinstance(hostname, str) and Backend.for_app(app).config.ride_broker:
+        # A received message's take rides kombu's unacked bookkeeping where it can.
+        on_receipt(functools.partial(reservations.ride, app, hostname))
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.
@@ -109,6 +116,7 @@ def _release_revoked(
 
 
 def _hand_back_at_shutdown(**_: object) -> None:
+    on_receipt(None)
     reservations.hand_back()
 
 

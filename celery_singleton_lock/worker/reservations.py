@@ -17,14 +17,27 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from celery.worker import state as worker_state
 
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
-from ..lease import Lease, PendingAcquire, RedisLock, companion
-from ..tokens import HandedLease, reserved_token, running_token
+from ..lease import Lease, PendingAcquire, RedisLock, RidingTake, Server, companion
+from ..options import is_singleton
+from ..tokens import (
+    HOLD_HEADER,
+    NAME_HEADER,
+    TOKEN_HEADER,
+    HandedLease,
+    reserved_token,
+    running_token,
+)
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +65,8 @@ class Reservations:
         self._held: dict[str, Reservation] = {}
         # Reservations sent whose answers are not read yet, oldest first.
         self._unread: list[tuple[str, PendingAcquire]] = []
+        # The take that rode the last received message's unacked bookkeeping.
+        self._ridden: tuple[str, RidingTake] | None = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -76,23 +91,32 @@ class Reservations:
         sent whole (the script's body), so a server that lost its scripts applies it at
         once rather than when the answer is read.
         """
-        if not lock_name or not queued:
+        plan = _plan(context, task_id, hostname, lock_name=lock_name, queued=queued, role=role)
+        if plan is None:
             return  # sent without a hold (send_task, canvas): nothing to reserve
-        name = companion(lock_name, role) if role else lock_name
         self.settle()
         store = context.store
-        # The running lease (under this process's pid: it renews it until the run
-        # starts, and releases it if the run's child dies), or a reservation the run
-        # takes over. Either is new to this delivery: a redelivered copy of the message
-        # received meanwhile cannot take it for its own.
-        running = role is None and context.options.mode.starts_at_receipt
-        if running:
-            token = running_token(task_id, hostname, os.getpid())
-        else:
-            token = reserved_token(task_id, hostname, queued)
+        ridden = self._claim_ridden(task_id)
+        if ridden is not None and ridden.outcome is not None:
+            # Taken already, in the pipeline that recorded the message as unacked.
+            outcome = ridden.outcome
+            if isinstance(outcome, Lease):
+                store.renew(outcome)
+                with self._guard:
+                    self._held[task_id] = Reservation(
+                        context, outcome, plan.queued, plan.running, fence=outcome.fence
+                    )
+            return
         try:
             pending = store.begin_try_acquire(
-                name, context.ttl, token=token, replace=queued, fenced=running, read_late=True
+                plan.name,
+                context.ttl,
+                # A take that rode but whose answer was lost may have been applied:
+                # the same token counts as free, so this one gets the same answer.
+                token=ridden.token if ridden is not None else plan.token,
+                replace=plan.queued,
+                fenced=plan.running,
+                read_late=True,
             )
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", lock_name, task_id, error)
@@ -102,8 +126,43 @@ class Reservations:
             return  # the hold is gone or taken (a redelivery): the run will contend
         store.renew(lease)
         with self._guard:
-            self._held[task_id] = Reservation(context, lease, queued, running)
+            self._held[task_id] = Reservation(context, lease, plan.queued, plan.running)
             self._unread.append((task_id, pending))
+
+    def ride(
+        self, app: Celery, hostname: str, headers: Mapping[str, object], server: Server
+    ) -> RidingTake | None:
+        """The take of a message being received, to ride the pipeline the broker (on
+        ``server``) sends to record it as unacked; None when it cannot ride (another
+        task, no hold, a lock store elsewhere or as another user). ``take`` finds its
+        answer when the message's request is made, right after, on this thread."""
+        task_name, task_id = headers.get("task"), headers.get("id")
+        task = app.tasks.get(task_name) if isinstance(task_name, str) else None
+        if task is None or not is_singleton(task) or not isinstance(task_id, str):
+            return None
+        context: TaskContext = task.singleton_context
+        plan = _plan(
+            context, task_id, hostname, lock_name=_text(headers, NAME_HEADER),
+            queued=_text(headers, TOKEN_HEADER), role=_text(headers, HOLD_HEADER),
+        )  # fmt: skip
+        pushes = context.store.pushes
+        if plan is None or pushes is None or not pushes.server.same_user(server):
+            return None
+        try:
+            take = pushes.riding_take(
+                plan.name, context.ttl, token=plan.token, replace=plan.queued,
+                fenced=plan.running,
+            )  # fmt: skip
+        except SingletonLockError:
+            return None  # the take on its own round trip will say what is wrong
+        with self._guard:
+            self._ridden = (task_id, take) if take is not None else None
+        return take
+
+    def _claim_ridden(self, task_id: str) -> RidingTake | None:
+        with self._guard:
+            ridden, self._ridden = self._ridden, None
+        return ridden[1] if ridden is not None and ridden[0] == task_id else None
 
     def settle(self, task_id: str | None = None) -> None:
         """Read the answers of reservations sent so far (or of ``task_id``'s alone)."""
@@ -196,6 +255,42 @@ class Reservations:
                 context.store.hand_over(lease, context.queue_ttl, token=entry.queued)
             except SingletonLockError as error:
                 logger.warning("could not hand %s back at shutdown: %s", lease.key, error)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a received message's take is: which lock, under which token, as what."""
+
+    name: str
+    token: str
+    queued: str
+    running: bool  # the running lease, fenced (else a reservation the run takes over)
+
+
+def _plan(
+    context: TaskContext,
+    task_id: str,
+    hostname: str,
+    *,
+    lock_name: str | None,
+    queued: str | None,
+    role: str | None,
+) -> _Plan | None:
+    if not lock_name or not queued:
+        return None  # sent without a hold (send_task, canvas): nothing to take
+    name = companion(lock_name, role) if role else lock_name
+    # The running lease (under this process's pid: it renews it until the run starts,
+    # and releases it if the run's child dies), or a reservation the run takes over.
+    # The running lease's token is new to this delivery: a redelivered copy of the
+    # message received meanwhile cannot take it for its own.
+    if role is None and context.options.mode.starts_at_receipt:
+        return _Plan(name, running_token(task_id, hostname, os.getpid()), queued, True)
+    return _Plan(name, reserved_token(task_id, hostname, queued), queued, False)
+
+
+def _text(headers: Mapping[str, object], name: str) -> str | None:
+    value = headers.get(name)
+    return value if isinstance(value, str) else None
 
 
 def _stop_renewing(entry: Reservation) -> None:

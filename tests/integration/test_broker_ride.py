@@ -203,6 +203,49 @@ class TestSameServer:
         assert broker.llen(QUEUE) == 1
 
 
+LIFECYCLE = """
+import json, time, redis
+from tests.support.celery_app import app, plain, work
+server = redis.Redis.from_url(app.conf.broker_url)
+
+def reads():
+    return int(server.info("stats")["total_reads_processed"])
+
+def per_task(task, n=30):
+    start = reads()
+    for i in range(n):
+        task.apply_async((f"{task.name[-5:]}-{i}",), queue="ride").get(timeout=20)
+    time.sleep(0.3)  # the last release is read after the task reports success
+    return (reads() - start) / n
+
+for i in range(3):  # scripts loaded, pools open, the children warm
+    work.apply_async((f"warm-{i}",), queue="ride").get(timeout=20)
+    plain.apply_async((f"warm-{i}",), queue="ride").get(timeout=20)
+print(json.dumps({"plain": per_task(plain), "unique": per_task(work), "again": per_task(plain)}))
+"""
+
+
+class TestWorkerRides:
+    @pytest.mark.parametrize("pool", ["prefork", "threads"])
+    def test_a_task_lifecycle_makes_one_round_trip_more_than_plain_celery(
+        self, shared: RedisServer, cenv: CeleryEnv, pool: str
+    ) -> None:
+        """Dispatch (the hold in the push), receipt (the running lease in the pipeline
+        that records the message as unacked), start (none: the lease is handed to the
+        run), end (the release: the one round trip of its own)."""
+        env = same_server_env(shared, cenv)
+        worker = Worker(env, queue=QUEUE, pool=pool).start()
+        try:
+            counted = produce(env, LIFECYCLE, timeout=120)
+        finally:
+            worker.stop()
+        print(counted)
+        plain = (counted["plain"] + counted["again"]) / 2
+        # The release, and the worker's idle wake-ups over the longer run (BRPOP).
+        assert counted["unique"] - plain <= 1.35, counted
+        assert holds(at(shared, 1)) == {}
+
+
 class TestConfiguration:
     def test_off_the_hold_is_a_round_trip_of_its_own_before_the_push(
         self, shared: RedisServer, cenv: CeleryEnv

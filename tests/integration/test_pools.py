@@ -162,9 +162,10 @@ class TestEveryPool:
         lines = pool_worker.output().splitlines()[log_before:]
         ours = [line for line in lines if "received" not in line and "succeeded" not in line]
         print({"pool": pool_worker.pool, "lock_store_calls_per_task": spent / tasks})
-        # The dispatch's hold, the worker's reservation, the execution's acquire and its
-        # release; renewals of a 1.5 s lease hardly fall due in tasks this short.
-        assert spent / tasks <= 4.25
+        # The dispatch's hold (the lock store is not the broker's server here), the
+        # running lease the worker takes as the message arrives (the run starts under
+        # it), and the release; renewals hardly fall due in tasks this short.
+        assert spent / tasks <= 3.1
         assert ours == [], ours[:5]
         assert lock_keys(cenv) == []
         # Only prefork has pool children to watch; nothing is kept per task.
