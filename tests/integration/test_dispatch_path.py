@@ -21,7 +21,7 @@ from celery_singleton_lock import Contended, Lease, RedisLock
 from celery_singleton_lock.lease import transport
 from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
 
-from ..conftest import CeleryEnv
+from ..conftest import SAME_SERVER, CeleryEnv
 
 QUEUE = "dispatch-path"
 
@@ -51,6 +51,9 @@ class TestOverlappedDispatch:
         assert holder is not None
         assert holder.decode().endswith(first.id)
 
+    @pytest.mark.skipif(
+        SAME_SERVER, reason="on the ridden path a receiver hears a duplicate (docs/design.md)"
+    )
     def test_a_before_task_publish_receiver_never_hears_of_a_refused_duplicate(
         self, cenv: CeleryEnv, queue: redis.Redis
     ) -> None:

@@ -20,7 +20,7 @@ from celery_singleton_lock import ConfigurationError, DuplicateTaskError, single
 from celery_singleton_lock.lease import LockKeys, companion, slot, split_role
 from celery_singleton_lock.tokens import HOLD_HEADER, TOKEN_HEADER
 
-from ..conftest import CeleryEnv
+from ..conftest import CeleryEnv, separate_lock_server
 from ..support.modes import (
     QUEUE,
     concurrency,
@@ -126,6 +126,7 @@ class TestCompanionKeys:
 
 
 class TestDispatch:
+    @separate_lock_server
     def test_until_executing_holds_beside_the_key_in_one_round_trip(
         self, cenv: CeleryEnv, queue: redis.Redis
     ) -> None:
@@ -166,6 +167,7 @@ class TestDispatch:
             strict.apply_async(("d3",), queue=QUEUE)
         assert caught.value.task_id == first.id
 
+    @separate_lock_server
     def test_throttle_accepts_one_call_per_window(
         self, cenv: CeleryEnv, queue: redis.Redis
     ) -> None:

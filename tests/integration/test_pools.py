@@ -164,8 +164,9 @@ class TestEveryPool:
         print({"pool": pool_worker.pool, "lock_store_calls_per_task": spent / tasks})
         # The dispatch's hold (the lock store is not the broker's server here), the
         # running lease the worker takes as the message arrives (the run starts under
-        # it), and the release; renewals hardly fall due in tasks this short.
-        assert spent / tasks <= 3.1
+        # it), and the release; renewals hardly fall due in tasks this short, and the
+        # first calls after the test's script flush load their scripts.
+        assert spent / tasks <= 3.2
         assert ours == [], ours[:5]
         assert lock_keys(cenv) == []
         # Only prefork has pool children to watch; nothing is kept per task.

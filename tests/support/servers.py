@@ -147,3 +147,28 @@ class RedisServer:
     def cleanup(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class DbView:
+    """Database ``db`` of another ``RedisServer``: a lock store on the broker's own Redis
+    (``CSL_SAME_SERVER=1`` runs the Celery tests so). Starting or stopping it is the
+    server's; flushing it flushes its database alone."""
+
+    def __init__(self, server: RedisServer, db: int) -> None:
+        self.server = server
+        self.db = db
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.server, name)  # port, pid, process, start, stop, kill, ...
+
+    @property
+    def url(self) -> str:
+        return f"{self.server.url.rsplit('/', 1)[0]}/{self.db}"
+
+    def client(self, **options: object) -> redis.Redis:
+        if os.environ.get("CSL_PROTOCOL"):
+            options.setdefault("protocol", int(os.environ["CSL_PROTOCOL"]))
+        return redis.Redis.from_url(self.url, **options)  # type: ignore[arg-type]
+
+    def cleanup(self) -> None:
+        """The server's owner cleans it up."""
