@@ -102,7 +102,11 @@ class QoS(kombu_redis.QoS):
         server = self.channel.server() if _receipts else None
         headers = getattr(message, "headers", None)
         if server is not None and isinstance(headers, Mapping):
-            take = _receipts[0](headers, server)
+            try:
+                take = _receipts[0](headers, server)
+            except Exception:
+                # Never in the way of kombu's bookkeeping: the take goes alone.
+                logger.exception("celery-singleton-lock: a received message's take cannot ride")
         if take is None:
             super().append(message, delivery_tag)
             return

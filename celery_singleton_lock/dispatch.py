@@ -10,11 +10,9 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from .backend import Store
-from .broker import folding
 from .exceptions import LockStoreUnavailableError, SingletonLockError
-from .lease import Contended, Lease, PendingAcquire, Push, PushRefused, PushStore, Server
+from .lease import Contended, Lease, PendingAcquire
 from .modes.base import Publish
-from .tokens import NAME_HEADER
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -63,6 +61,21 @@ class RecentRefusals:
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        # The hold this process last put in a queued call's place (on_duplicate="replace"),
+        # by lock: the next replacing call guesses it still holds, and its swap checks.
+        self._placed: dict[str, str] = {}
+
+    def placed(self, hold: str, token: str | None) -> None:
+        """This process's replacement now holds ``hold`` as ``token`` (None: forget)."""
+        if token is None:
+            self._placed.pop(hold, None)
+            return
+        if len(self._placed) >= self.LIMIT:
+            self._placed.clear()
+        self._placed[hold] = token
+
+    def holder_guess(self, hold: str) -> str | None:
+        return self._placed.get(hold)
 
     def expects(self, lock_name: str) -> bool:
         until = self._until.get(lock_name)
@@ -145,63 +158,6 @@ class Gate:
             quietly(store.release, outcome)
 
 
-class PushedHold:
-    """A dispatch's hold, taken by the channel as it puts the message (``broker.Fold``).
-
-    On the lock store's server the hold and the push are one script; elsewhere (a queue
-    on another server) the hold is taken first and the channel then pushes. A duplicate
-    raises ``Refused`` from inside the publish: nothing is pushed.
-    """
-
-    __slots__ = (
-        "_name", "_pushes", "_store", "_token", "_ttl", "outage", "pushed", "taken", "task_id",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        store: Store,
-        pushes: PushStore,
-        lock_name: str,
-        ttl: float,
-        *,
-        token: str,
-        task_id: str,
-        outage: Callable[[LockStoreUnavailableError], None],
-    ) -> None:
-        self._store, self._pushes = store, pushes
-        self.outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
-        self._name, self._ttl, self._token = lock_name, ttl, token
-        self.task_id = task_id
-        self.taken: Lease | None = None
-        self.pushed = False
-
-    def put(self, server: Server | None, push: Push | None) -> bool:
-        store = self._store
-        pushes = self._pushes
-        outcome: Lease | Contended | None = None
-        pushed = False
-        if push is not None and server is not None and server.same_server(pushes.server):
-            try:
-                outcome = pushes.hold_and_push(self._name, self._ttl, push, token=self._token)
-                pushed = True
-            except PushRefused as refused:
-                logger.warning(
-                    "the lock store's user may not push to the broker's queue (%s): holds "
-                    "are taken apart from their messages from now on", refused,
-                )  # fmt: skip
-        if outcome is None:
-            outcome = store.try_acquire(self._name, self._ttl, token=self._token, fenced=False)
-        if isinstance(outcome, Contended):
-            raise Refused(outcome)
-        self.taken, self.pushed = outcome, pushed
-        return pushed
-
-    def give_back(self) -> None:
-        """The publish failed: a hold taken without its message pushed is released."""
-        if self.taken is not None and not self.pushed:
-            quietly(self._store.release, self.taken)
-
-
 @dataclass(frozen=True)
 class Sent:
     """One held dispatch: what it publishes, and how it answers a refusal or success."""
@@ -213,51 +169,6 @@ class Sent:
     publish: Publish
     refused_by: Callable[[Contended], AsyncResult]  # the holder's result, or a replace
     accepted: Callable[[], None]  # the dispatch_accepted signal
-
-
-def answered_early(store: Store, hold: str, sent: Sent) -> AsyncResult | None:
-    """A name refused a moment ago is likely refused again (a storm of duplicates): ask
-    who holds ``hold`` with a read that writes nothing, and answer a duplicate before
-    Celery builds its message. None: it is free (or unknown) now; dispatch as usual."""
-    if not refusals.expects(sent.lock_name):
-        return None
-    try:
-        holder = store.holder(hold)
-    except LockStoreUnavailableError:
-        return None  # the dispatch itself meets the outage and its policy
-    if not holder:
-        return None
-    refusals.note(sent.lock_name, None)
-    return sent.refused_by(Contended(hold, store.keys(hold).lock, holder, None))
-
-
-def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
-    """Publish with the hold taken as the channel puts the message (``broker.folding``)."""
-    try:
-        with folding(fold):
-            result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
-    except Refused as refused:
-        refusals.note(sent.lock_name, refused.held.retry_after)
-        return sent.refused_by(refused.held)
-    except LockStoreUnavailableError as error:
-        # Nothing was taken or pushed: fail_closed raises, fail_open publishes plainly.
-        fold.outage(error)
-        return sent.publish(sent.task_id, sent.options, {NAME_HEADER: sent.lock_name})
-    except BaseException:
-        fold.give_back()  # a hold whose message was not pushed
-        raise
-    if fold.taken is None:
-        # The message left by a way no channel of ours saw (another greenlet's publish
-        # took the slot): its hold comes after it, as a dispatch's did before the ride.
-        try:
-            fold.put(None, None)
-        except Refused:
-            logger.info("%s: published before its hold, which another call holds", sent.lock_name)
-        except LockStoreUnavailableError as error:
-            fold.outage(error)
-    refusals.forget(sent.lock_name)
-    sent.accepted()
-    return result
 
 
 def send_gated(gate: Gate, sent: Sent, *, via: object = None) -> AsyncResult:

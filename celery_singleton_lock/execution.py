@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
@@ -116,7 +115,7 @@ class Execution:
             # No round trip: the worker's main process took it, fenced, for this message.
             lease = Lease.granted(
                 handed.name, handed.key, handed.token, fence=handed.fence, ttl=handed.ttl,
-                sent_at=time.monotonic() - (handed.ttl - handed.remaining),
+                sent_at=handed.expires_at - handed.ttl,
             )  # fmt: skip
             self.store.renew(lease)
             return lease

@@ -25,20 +25,17 @@ from celery.utils import uuid
 
 from . import outages
 from . import signals as singleton_signals
-from .broker import ride, rides
+from .broker import ride
 from .context import Delivery, TaskContext
 from .dispatch import (
     Gate,
     GatedProducer,
-    PushedHold,
     Sent,
-    answered_early,
     delay_of,
     in_canvas,
     quietly,
     refusals,
     send_gated,
-    send_pushed,
 )
 from .exceptions import DuplicateTaskError, LockStoreUnavailableError
 from .execution import Execution
@@ -47,6 +44,7 @@ from .modes import Replace, Replacement
 from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .retries import send_retry
+from .riding import Ride
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -213,6 +211,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         outage = partial(outages.at_dispatch, context, lock_name)
         duplicate = partial(self._duplicate, lock_name)
+        pushes = store.pushes if self._can_ride(context, options) else None
+        ride = None if pushes is None else Ride(
+            store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
+            replaces=mode.replaces,
+        )  # fmt: skip
         sent = Sent(
             lock_name, task_id, options, ours, publish,
             # On a refusal: the holder's result, or with replace, the queued call's with ours.
@@ -220,25 +223,17 @@ class SingletonTask(Task):  # type: ignore[misc]
                 mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
                 result=self.AsyncResult, name=lock_name, hold=hold,
                 ttl=ttl, ours=ours, options=dict(options), publish=publish,
-                refused=duplicate, outage=outage,
+                refused=duplicate, outage=outage, ride=None if ride is None else ride.replace,
             ) if isinstance(mode, Replace) else duplicate,
             accepted=partial(
                 singleton_signals.send, singleton_signals.dispatch_accepted, self, lock_name,
                 task_id=task_id,
             ),
         )  # fmt: skip
-        pushes = store.pushes if self._can_ride(context, options) else None
-        if pushes is not None:
-            early = answered_early(store, hold, sent)
-            if early is not None:
-                return early
-            with self.app.producer_or_acquire(producer) as real:
-                if rides(real.channel, pushes.server):
-                    # The hold is taken by the script that pushes the message.
-                    fold = PushedHold(
-                        store, pushes, hold, ttl, token=token, task_id=task_id, outage=outage
-                    )
-                    return send_pushed(fold, sent, via=real)
+        if ride is not None:
+            result = ride.send(sent, ttl, token)  # the hold in the push's script
+            if result is not None:
+                return result
         try:
             pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False)
         except LockStoreUnavailableError as error:

@@ -61,12 +61,14 @@ class HandedLease:
     token: str
     fence: int | None
     ttl: float
-    remaining: float  # seconds left when it was handed
+    # When it expires unless renewed, on time.monotonic()'s clock: one clock for every
+    # process of the host (CLOCK_MONOTONIC), so a pool child reads it as it was meant.
+    expires_at: float
 
     def wire(self) -> dict[str, object]:
         return {
             "name": self.name, "key": self.key, "token": self.token, "fence": self.fence,
-            "ttl": self.ttl, "remaining": self.remaining,
+            "ttl": self.ttl, "expires_at": self.expires_at,
         }  # fmt: skip
 
     @classmethod
@@ -95,7 +97,7 @@ class HandedLease:
             handed = cls(
                 name=str(value["name"]), key=str(value["key"]), token=str(value["token"]),
                 fence=None if fence is None else int(fence), ttl=float(value["ttl"]),
-                remaining=float(value["remaining"]),
+                expires_at=float(value["expires_at"]),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError):
             return None

@@ -41,6 +41,10 @@ class PushStore(Protocol):
         self, name: str, ttl: object, push: Push, *, token: str
     ) -> Lease | Contended: ...
 
+    def swap_and_push(
+        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str
+    ) -> Lease | Contended: ...
+
     def riding_take(
         self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
     ) -> RidingTake | None: ...

@@ -120,6 +120,7 @@ class Pushes:
         self.server = server  # where the store is: a push must go to the same server
         self.usable = True  # False once the server refused a push (ACL)
         self._script: Script = store.client.register_script(scripts.HOLD_AND_PUSH)
+        self._swap: Script = store.client.register_script(scripts.SWAP_AND_PUSH)
         self._riding: Script = store.client.register_script(scripts.RIDING_ACQUIRE)
         self.riding_sha = self._riding.sha
         self.takes_ride = True  # False once the server refused a riding take
@@ -141,13 +142,14 @@ class Pushes:
 
     def not_ridden(self, error: Exception) -> None:
         """A riding take's error reply: load the script (the server lost or never had
-        it), or stop riding (refused: an ACL user without the lock's keys)."""
+        it), or stop riding (refused: an ACL user without the lock's keys). Any other
+        error is the take's own round trip's to meet and report."""
         if isinstance(error, NoScriptError):
             # On failure the next take's own round trip will say what is wrong.
             with contextlib.suppress(*REDIS_ERRORS):
                 self._store.client.script_load(body(self._riding))
-            return
-        self.takes_ride = False
+        elif is_refusal(error, "NOPERM"):
+            self.takes_ride = False
 
     def hold_and_push(self, name: str, ttl: object, push: Push, *, token: str) -> Lease | Contended:
         """Hold ``name`` for ``ttl`` (unfenced, like a dispatch's hold) and push ``push``;
@@ -163,28 +165,49 @@ class Pushes:
             fenced=False,
         )
         keys: list[Arg] = [call.keys.lock, push.key]
+        return self._run(self._script, call, keys, [call.token, call.ttl_ms, push.payload], push)
+
+    def swap_and_push(
+        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str
+    ) -> Lease | Contended:
+        """Pass ``name`` from ``expected`` to ``token`` (``RedisLock.swap``, recording
+        ``record`` as replaced) and push ``push``, the replacing message; or ``Contended``
+        naming the holder, with nothing pushed. One round trip."""
+        store = self._store
+        call = Call(
+            name=name,
+            keys=store.keys(name),
+            token=new_token(token),
+            ttl_ms=store.ttl_ms(ttl),
+            replace=expected,
+            shape=("", ""),
+            fenced=False,
+        )
+        keys: list[Arg] = [call.keys.lock, call.keys.replaced, push.key]
+        args: list[Arg] = [expected, call.token, call.ttl_ms, record, push.payload]
+        return self._run(self._swap, call, keys, args, push)
+
+    def _run(
+        self, script: Script, call: Call, keys: list[Arg], args: list[Arg], push: Push
+    ) -> Lease | Contended:
+        """Run a push script: the push's expiry and databases appended to its keys and
+        arguments. A push the server refuses (ACL) writes nothing: ``PushRefused``."""
+        store = self._store
         expire_ms = ""
         if push.expire is not None:
             keys.extend(push.expire[0])
             expire_ms = str(push.expire[1])
-        args: list[Arg] = [
-            call.token,
-            call.ttl_ms,
-            push.payload,
-            self._db(push),
-            expire_ms,
-            self.server.db,
-        ]
+        args.extend([self._db(push), expire_ms, self.server.db])
         sent_at = time.monotonic()
         try:
-            reply = store.transport.call(self._script, keys, args)
+            reply = store.transport.call(script, keys, args)
         except REDIS_ERRORS as error:
             if is_refusal(error, "NOPERM"):
                 # This user may hold locks but not push to the broker's queue: nothing
                 # was written; from now on the hold goes alone and kombu pushes.
                 self.usable = False
                 raise PushRefused(str(error)) from None
-            store.unavailable(error, name)
+            store.unavailable(error, call.name)
         return store.acquired(call, sent_at=sent_at, reply=reply)
 
     def _db(self, push: Push) -> int | str:

@@ -216,6 +216,36 @@ if type(current) ~= 'string' then current = '' end
 return {0, current, redis.call('PTTL', KEYS[1])}
 """
 
+# SWAP and the push of the replacing message in one step (a broker's queue on the lock
+# store's server): the message is pushed only if the hold passes to it.
+# KEYS[1] lock key     KEYS[2] its replaced set   KEYS[3] the list to push to
+# KEYS[4..] lists to expire too
+# ARGV[1] expected holder   ARGV[2] new token   ARGV[3] ttl in ms   ARGV[4] record
+# ARGV[5] the payload  ARGV[6] the list's database ('' for the lock's own)
+# ARGV[7] expiry ms ('' for none)  ARGV[8] the lock's database
+# returns as SWAP; {1, 0} too when the new token holds it already (a retry whose reply
+# was lost: pushed then, not again). The push goes first, as in HOLD_AND_PUSH.
+SWAP_AND_PUSH = """
+local current = redis.pcall('GET', KEYS[1])
+if current == ARGV[2] then return {1, 0} end
+if current ~= ARGV[1] then
+  if type(current) ~= 'string' then current = '' end
+  return {0, current, redis.call('PTTL', KEYS[1])}
+end
+if ARGV[6] ~= '' then redis.call('SELECT', ARGV[6]) end
+redis.call('LPUSH', KEYS[3], ARGV[5])
+if ARGV[7] ~= '' then
+  for i = 4, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[7]) end
+end
+if ARGV[6] ~= '' then redis.call('SELECT', ARGV[8]) end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[4])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+return {1, 0}
+"""
+
 # KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
 # ARGV[1] owner token  ARGV[2] signal ttl in milliseconds
 # returns 1 released   0 already expired (nobody holds it)   -1 not owner (someone else does)

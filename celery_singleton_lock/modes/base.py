@@ -66,6 +66,20 @@ class PublishHold:
 
 
 @dataclass(frozen=True)
+class Replacing:
+    """A replacing call's message (``on_duplicate="replace"``): sent under the queued
+    call's task id, with the hold passing to it from that call's holder."""
+
+    holder: str  # the queued call's hold, as it is now
+    record: str  # what the replaced message will ask by (its queued hold's token)
+    task_id: str
+    token: str  # the new hold's
+    ttl: float
+    options: dict[str, object]
+    headers: dict[str, object]  # the library's own
+
+
+@dataclass(frozen=True)
 class Start:
     """What one execution knows when it starts, for its mode to take the running lease.
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from celery.utils import uuid
 
@@ -29,7 +29,7 @@ from ..backend import Store
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease
 from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token
-from .base import Holder, Mode, Publish
+from .base import Holder, Mode, Publish, Replacing
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -41,6 +41,14 @@ REPLACEABLE = ("q|", "r|")
 # Tries against a hold that keeps changing under a storm of replacing calls, after
 # which the call is answered as a duplicate of the latest holder.
 ATTEMPTS = 5
+
+
+class RidingReplace(Protocol):
+    """Send a replacing call's message with the swap in its push's round trip: the
+    ``Lease`` of the new hold, ``Contended`` (the queued call changed; nothing sent), or
+    None when it cannot ride (the swap is then a round trip of its own)."""
+
+    def __call__(self, replacing: Replacing, publish: Publish) -> Lease | Contended | None: ...
 
 
 class Replace(Mode):
@@ -88,7 +96,9 @@ class Replacement:
         publish: Publish,
         refused: Callable[[Contended], AsyncResult],
         outage: Callable[[LockStoreUnavailableError], None],
+        ride: RidingReplace | None = None,
     ) -> None:
+        self._ride = ride  # the swap in the push's round trip, where the broker allows
         self._refused = refused  # answer the call as a duplicate of ``held``
         self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self._mode = mode
@@ -110,6 +120,13 @@ class Replacement:
             if holder and (queued_id is None or not holder.startswith(REPLACEABLE)):
                 return self._refused(held)  # running: its result covers this call
             try:
+                ridden = self._ridden(holder, queued_id) if queued_id is not None else None
+                if ridden is not None and queued_id is not None:
+                    if isinstance(ridden, Lease):
+                        self._log(holder, queued_id)
+                        return self._result(queued_id)
+                    held = ridden
+                    continue
                 outcome, queued_id, token, ttl, options = self._take_place(holder, queued_id)
             except LockStoreUnavailableError as error:
                 self._outage(error)  # fail_open: as a duplicate
@@ -121,6 +138,28 @@ class Replacement:
             # started): try again against whoever holds it now.
             held = outcome
         return self._refused(held)
+
+    def _ridden(self, holder: str, queued_id: str) -> Lease | Contended | None:
+        """The swap and the new message's push in one round trip (None: cannot ride)."""
+        if self._ride is None or not holder:
+            return None
+        token, ttl, options = self._mode.successor(
+            queued_id, holder, self._options, self._ttl, self._queue_ttl
+        )
+        replacing = Replacing(
+            holder=holder, record=queued_form(holder), task_id=queued_id, token=token, ttl=ttl,
+            options=dict(options), headers={**self._ours, TOKEN_HEADER: token},
+        )  # fmt: skip
+        return self._ride(replacing, self._publish)
+
+    def _log(self, holder: str, queued_id: str) -> None:
+        if holder:
+            logger.info(
+                "%s: queued call %s takes a later call's arguments for %r",
+                self._task_name,
+                queued_id,
+                self._name,
+            )
 
     def _take_place(
         self, holder: str, queued_id: str | None
@@ -156,13 +195,7 @@ class Replacement:
             # dropped as replaced by a message that was never sent.
             self._give_back(place, holder, ttl)
             raise
-        if holder:
-            logger.info(
-                "%s: queued call %s takes a later call's arguments for %r",
-                self._task_name,
-                queued_id,
-                self._name,
-            )
+        self._log(holder, queued_id)
 
     def _give_back(self, place: Lease, holder: str, ttl: float) -> None:
         store = self._store

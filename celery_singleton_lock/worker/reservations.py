@@ -204,7 +204,7 @@ class Reservations:
         fence = entry.fence if not lease.lost else None
         return HandedLease(
             name=lease.name, key=lease.key, token=lease.token, fence=fence, ttl=lease.ttl,
-            remaining=lease.remaining(),
+            expires_at=lease.expires_at,
         )  # fmt: skip
 
     def _forget(self, task_id: str) -> Reservation | None:

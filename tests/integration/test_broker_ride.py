@@ -204,6 +204,40 @@ class TestSameServer:
         assert broker.llen(QUEUE) == 1
 
 
+REPLACING = """
+import json, redis
+from tests.support.celery_app import app, debounced, latest_queued, work
+server = redis.Redis.from_url(app.conf.broker_url)
+
+def reads():
+    return int(server.info("stats")["total_reads_processed"])
+
+def per_call(call, n=40):
+    start = reads()
+    for i in range(n):
+        call(i)
+    return (reads() - start - 1) / n
+
+for i in range(5):  # scripts loaded, pools open (a replacement's too), the queue declared
+    latest_queued.apply_async(("warm", f"v{i}"), queue="ride")
+    app.send_task(work.name, (f"warm-plain-{i}",), queue="ride")
+first = latest_queued.apply_async(("k", "v0"), queue="ride").id
+latest_queued.apply_async(("k", "v0"), queue="ride")
+ids = set()
+
+def replacing(i):
+    ids.add(latest_queued.apply_async(("k", f"v{i}"), queue="ride").id)
+
+print(json.dumps({
+    "plain": per_call(lambda i: app.send_task(work.name, (f"p-{i}",), queue="ride")),
+    "replacing": per_call(replacing),
+    "debounced": per_call(lambda i: debounced.apply_async(("d", f"v{i}"), queue="ride")),
+    "answer": per_call(lambda i: work.AsyncResult("an-id")),
+    "ids": sorted(ids), "first": first,
+}))
+"""
+
+
 LIFECYCLE = """
 import json, time, redis
 from tests.support.celery_app import app, plain, work
@@ -224,6 +258,27 @@ for i in range(3):  # scripts loaded, pools open, the children warm
     plain.apply_async((f"warm-{i}",), queue="ride").get(timeout=20)
 print(json.dumps({"plain": per_task(plain), "unique": per_task(work), "again": per_task(plain)}))
 """
+
+
+class TestReplacingRides:
+    def test_a_replacing_call_swaps_and_pushes_in_one_round_trip(
+        self, shared: RedisServer, cenv: CeleryEnv
+    ) -> None:
+        """In a storm of replacing calls from one process, each after the first swaps
+        the hold from the last one's and pushes its message in one script: the round
+        trips of a plain send_task."""
+        counted = produce(same_server_env(shared, cenv), REPLACING)
+        print(counted)
+        assert counted["ids"] == [counted["first"]]  # every call joined the queued one
+        assert counted["replacing"] == pytest.approx(counted["plain"], abs=0.1), counted
+        assert counted["debounced"] == pytest.approx(counted["plain"], abs=0.1), counted
+        broker = at(shared, 0)
+        pushed = messages(broker, QUEUE)
+        replaced = [m for m in pushed if m["headers"]["id"] == counted["first"]]
+        assert len(replaced) == 42  # the first call's message and its replacements
+        held = holds(at(shared, 1))
+        latest = replaced[0]["headers"]  # LPUSH: the newest first
+        assert held[latest[NAME_HEADER]] == latest[TOKEN_HEADER]  # the last one holds it
 
 
 class TestWorkerRides:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from celery import chain, group
 
 from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock.tokens import LEASE_HEADER
 
 from ..conftest import CeleryEnv
 from ..support.workers import Worker
@@ -62,6 +64,26 @@ class TestEnds:
         wait_for(lambda: not lock_keys(cenv), 2, "release")
         [run] = runs(cenv)
         assert run["fence"] > 0
+
+    def test_a_lease_handed_in_a_producers_headers_is_not_taken(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """Only the worker's main process hands a run its lease: one a message carries
+        (forged, or copied by hand) is dropped before the run sees the request."""
+        work = cenv.app_module.work
+        task_id = str(uuid.uuid4())
+        name = work.singleton_options().key.derive(("forged",), {})
+        forged = {
+            "name": name, "key": "t:{" + name + "}", "token": f"x|forged|1|n|{task_id}",
+            "fence": 7, "ttl": 10.0, "expires_at": time.monotonic() + 3600,
+        }  # fmt: skip
+        result = work.apply_async(
+            ("forged",), queue=worker.queue, task_id=task_id, headers={LEASE_HEADER: forged}
+        )
+        assert result.get(timeout=20) == "forged"
+        [run] = runs(cenv)
+        assert run["fence"] > 10**12  # the worker's own fenced take, not the forged 7
+        wait_for(lambda: not lock_keys(cenv), 2, "release")
 
     @pytest.mark.parametrize("mode", ["fail", "ignore", "reject"])
     def test_failure_ignore_and_reject_release(

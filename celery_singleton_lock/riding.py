@@ -1,0 +1,233 @@
+"""A dispatch's lock operations riding its message's push: the hold, or a replacing
+call's swap, taken by the script that pushes the message (``broker.folding``).
+
+For a lock store that is the broker's Redis server (``store.pushes``): one round trip,
+the one plain Celery makes; a duplicate pushes nothing, and there is never a hold
+without its message. Elsewhere the hold is taken just before the channel pushes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .backend import Store
+from .broker import folding, rides
+from .dispatch import Refused, Sent, quietly, refusals
+from .exceptions import LockStoreUnavailableError
+from .lease import Contended, Lease, Push, PushRefused, PushStore, Server
+from .modes.base import Publish, Replacing
+from .tokens import NAME_HEADER
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
+    from kombu.messaging import Producer
+
+logger = logging.getLogger(__name__)
+
+
+class PushedHold:
+    """A dispatch's hold, taken by the channel as it puts the message (``broker.Fold``).
+
+    On the lock store's server the hold and the push are one script; elsewhere (a queue
+    on another server) the hold is taken first and the channel then pushes. A duplicate
+    raises ``Refused`` from inside the publish: nothing is pushed.
+    """
+
+    __slots__ = (
+        "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "outage", "pushed",
+        "taken", "task_id",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        store: Store,
+        pushes: PushStore,
+        lock_name: str,
+        ttl: float,
+        *,
+        token: str,
+        task_id: str,
+        outage: Callable[[LockStoreUnavailableError], None],
+        replacing: tuple[str, str] | None = None,
+    ) -> None:
+        self._store, self._pushes = store, pushes
+        # (holder, what to record as replaced): the hold passes from the queued call it
+        # replaces (on_duplicate="replace"), never from nobody.
+        self._replacing = replacing
+        self.outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
+        self._name, self._ttl, self._token = lock_name, ttl, token
+        self.task_id = task_id
+        self.taken: Lease | None = None
+        self.pushed = False
+
+    def put(self, server: Server | None, push: Push | None) -> bool:
+        pushes = self._pushes
+        outcome: Lease | Contended | None = None
+        pushed = False
+        if push is not None and server is not None and server.same_server(pushes.server):
+            try:
+                outcome = self._take_and_push(push)
+                pushed = True
+            except PushRefused as refused:
+                logger.warning(
+                    "the lock store's user may not push to the broker's queue (%s): holds "
+                    "are taken apart from their messages from now on", refused,
+                )  # fmt: skip
+        if outcome is None:
+            outcome = self._take()
+        if isinstance(outcome, Contended):
+            raise Refused(outcome)
+        self.taken, self.pushed = outcome, pushed
+        return pushed
+
+    def _take_and_push(self, push: Push) -> Lease | Contended:
+        if self._replacing is None:
+            return self._pushes.hold_and_push(self._name, self._ttl, push, token=self._token)
+        holder, record = self._replacing
+        return self._pushes.swap_and_push(
+            self._name, holder, self._ttl, push, token=self._token, record=record
+        )
+
+    def _take(self) -> Lease | Contended:
+        if self._replacing is None:
+            return self._store.try_acquire(self._name, self._ttl, token=self._token, fenced=False)
+        holder, record = self._replacing
+        return self._store.swap(self._name, holder, self._ttl, token=self._token, record=record)
+
+    def give_back(self) -> None:
+        """The publish failed: a hold taken without its message pushed is released (or
+        passed back to the queued call it was to replace, whose message is still there)."""
+        if self.taken is None or self.pushed:
+            return
+        if self._replacing is None:
+            quietly(self._store.release, self.taken)
+        else:
+            holder, taken = self._replacing[0], self.taken.token
+            quietly(
+                lambda _: self._store.swap(self._name, taken, self._ttl, token=holder), self.taken
+            )
+
+
+def answered_early(store: Store, hold: str, sent: Sent) -> AsyncResult | None:
+    """A name refused a moment ago is likely refused again (a storm of duplicates): ask
+    who holds ``hold`` with a read that writes nothing, and answer a duplicate before
+    Celery builds its message. None: it is free (or unknown) now; dispatch as usual."""
+    if not refusals.expects(sent.lock_name):
+        return None
+    try:
+        holder = store.holder(hold)
+    except LockStoreUnavailableError:
+        return None  # the dispatch itself meets the outage and its policy
+    if not holder:
+        return None
+    refusals.note(sent.lock_name, None)
+    return sent.refused_by(Contended(hold, store.keys(hold).lock, holder, None))
+
+
+@dataclass(frozen=True)
+class Ride:
+    """A dispatch's lock operations riding its message's push, the lock store being a
+    server a broker channel may push to (``store.pushes``)."""
+
+    store: Store
+    pushes: PushStore
+    hold: str  # the lock the dispatch holds
+    outage: Callable[[LockStoreUnavailableError], None]
+    producers: Callable[[], AbstractContextManager[Producer]]  # the app's producer_or_acquire
+    replaces: bool = False  # on_duplicate="replace": a refused call replaces the queued one
+
+    def send(self, sent: Sent, ttl: float, token: str) -> AsyncResult | None:
+        """The hold taken in the push's script; None when the producer's channel cannot
+        push there (the caller holds apart)."""
+        guess = refusals.holder_guess(self.hold) if self.replaces else None
+        if guess is not None:
+            # A storm of replacing calls from this process: the last replacement likely
+            # still holds it, and the swap that follows checks (and pushes) in one step.
+            return sent.refused_by(
+                Contended(self.hold, self.store.keys(self.hold).lock, guess, None)
+            )
+        early = answered_early(self.store, self.hold, sent)
+        if early is not None:
+            return early
+        with self.producers() as real:
+            if not rides(real.channel, self.pushes.server):
+                return None
+            fold = PushedHold(
+                self.store, self.pushes, self.hold, ttl, token=token, task_id=sent.task_id,
+                outage=self.outage,
+            )  # fmt: skip
+            return send_pushed(fold, sent, via=real)
+
+    def replace(self, replacing: Replacing, publish: Publish) -> Lease | Contended | None:
+        """A replacing call's message sent with the swap in its push (``RidingReplace``)."""
+        with self.producers() as real:
+            if not rides(real.channel, self.pushes.server):
+                return None
+            fold = PushedHold(
+                self.store, self.pushes, self.hold, replacing.ttl, token=replacing.token,
+                task_id=replacing.task_id, outage=self.outage,
+                replacing=(replacing.holder, replacing.record),
+            )  # fmt: skip
+            outcome = send_replacing(fold, publish, replacing, via=real)
+        refusals.placed(self.hold, outcome.token if isinstance(outcome, Lease) else None)
+        return outcome
+
+
+def send_replacing(
+    fold: PushedHold, publish: Publish, replacing: Replacing, *, via: object
+) -> Lease | Contended:
+    """Publish a replacing call's message under the queued call's id with the hold passed
+    to it as the channel puts it (``PushedHold`` with ``replacing``): the swap and the
+    push in one round trip. ``Contended``: the queued call changed meanwhile, nothing
+    was sent."""
+    try:
+        with folding(fold):
+            publish(fold.task_id, replacing.options, replacing.headers, via=via)
+    except Refused as refused:
+        return refused.held
+    except BaseException:
+        fold.give_back()
+        raise
+    if fold.taken is None:
+        # The message left by a way no channel of ours saw (another greenlet's publish
+        # took the slot): the hold passes after it, as it did before the ride.
+        try:
+            fold.put(None, None)
+        except Refused as refused:
+            logger.info("%s: replaced before its hold passed, which changed", fold.task_id)
+            return refused.held
+    assert fold.taken is not None  # noqa: S101  (put took it or raised)
+    return fold.taken
+
+
+def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
+    """Publish with the hold taken as the channel puts the message (``broker.folding``)."""
+    try:
+        with folding(fold):
+            result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
+    except Refused as refused:
+        refusals.note(sent.lock_name, refused.held.retry_after)
+        return sent.refused_by(refused.held)
+    except LockStoreUnavailableError as error:
+        # Nothing was taken or pushed: fail_closed raises, fail_open publishes plainly.
+        fold.outage(error)
+        return sent.publish(sent.task_id, sent.options, {NAME_HEADER: sent.lock_name})
+    except BaseException:
+        fold.give_back()  # a hold whose message was not pushed
+        raise
+    if fold.taken is None:
+        # The message left by a way no channel of ours saw (another greenlet's publish
+        # took the slot): its hold comes after it, as a dispatch's did before the ride.
+        try:
+            fold.put(None, None)
+        except Refused:
+            logger.info("%s: published before its hold, which another call holds", sent.lock_name)
+        except LockStoreUnavailableError as error:
+            fold.outage(error)
+    refusals.forget(sent.lock_name)
+    sent.accepted()
+    return result
