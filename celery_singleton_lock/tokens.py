@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # The lock's name (its wire spelling is older than the name: messages in flight across
@@ -234,14 +235,17 @@ def read_token(token: str | None) -> Holder:
 
 
 def _header(request: object, name: str) -> object:
+    if isinstance(request, Mapping):  # a message's headers themselves
+        return request.get(name)
     headers = getattr(request, "headers", None) or {}
     value = headers.get(name)
     return getattr(request, name, None) if value is None else value
 
 
 def header(request: object, name: str) -> str | None:
-    """A text header of the running request, in the worker and eagerly alike; None when
-    absent or not text (a message this library did not write)."""
+    """A text header of the running request (or of a message's headers), in the worker
+    and eagerly alike; None when absent or not text (a message this library did not
+    write)."""
     value = _header(request, name)
     return value if isinstance(value, str) else None
 

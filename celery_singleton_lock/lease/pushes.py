@@ -154,16 +154,7 @@ class Pushes:
     def hold_and_push(self, name: str, ttl: object, push: Push, *, token: str) -> Lease | Contended:
         """Hold ``name`` for ``ttl`` (unfenced, like a dispatch's hold) and push ``push``;
         or ``Contended`` naming the holder, with nothing pushed. One round trip."""
-        store = self._store
-        call = Call(
-            name=name,
-            keys=store.keys(name),
-            token=new_token(token),
-            ttl_ms=store.ttl_ms(ttl),
-            replace="",
-            shape=("", ""),
-            fenced=False,
-        )
+        call = self._call(name, ttl, token, replace="")
         keys: list[Arg] = [call.keys.lock, push.key]
         return self._run(self._script, call, keys, [call.token, call.ttl_ms, push.payload], push)
 
@@ -173,19 +164,18 @@ class Pushes:
         """Pass ``name`` from ``expected`` to ``token`` (``RedisLock.swap``, recording
         ``record`` as replaced) and push ``push``, the replacing message; or ``Contended``
         naming the holder, with nothing pushed. One round trip."""
-        store = self._store
-        call = Call(
-            name=name,
-            keys=store.keys(name),
-            token=new_token(token),
-            ttl_ms=store.ttl_ms(ttl),
-            replace=expected,
-            shape=("", ""),
-            fenced=False,
-        )
+        call = self._call(name, ttl, token, replace=expected)
         keys: list[Arg] = [call.keys.lock, call.keys.replaced, push.key]
         args: list[Arg] = [expected, call.token, call.ttl_ms, record, push.payload]
         return self._run(self._swap, call, keys, args, push)
+
+    def _call(self, name: str, ttl: object, token: str, *, replace: str) -> Call:
+        """An unfenced hold of ``name`` for ``token`` (a queued message's)."""
+        store = self._store
+        return Call(
+            name=name, keys=store.keys(name), token=new_token(token), ttl_ms=store.ttl_ms(ttl),
+            replace=replace, shape=("", ""), fenced=False,
+        )  # fmt: skip
 
     def _run(
         self, script: Script, call: Call, keys: list[Arg], args: list[Arg], push: Push

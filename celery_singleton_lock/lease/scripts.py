@@ -103,6 +103,20 @@ return {1, fence}
 """
 )
 
+# Push a message to the list KEYS[list] (in database `list_db`, '' for the lock's own;
+# back to `lock_db` after), then PEXPIRE each key after it by `expire_ms` ('' for none):
+# a queue that expires unused. Shared by the push scripts below; not a script itself.
+_PUSH = """
+local function push(list, payload, list_db, expire_ms, lock_db)
+  if list_db ~= '' then redis.call('SELECT', list_db) end
+  redis.call('LPUSH', KEYS[list], payload)
+  if expire_ms ~= '' then
+    for i = list + 1, #KEYS do redis.call('PEXPIRE', KEYS[i], expire_ms) end
+  end
+  if list_db ~= '' then redis.call('SELECT', lock_db) end
+end
+"""
+
 # A hold taken in the same step as the push of the message it holds for (a broker's
 # queue on the same server): there is never a hold without its message, nor the
 # message without its hold.
@@ -116,22 +130,20 @@ return {1, fence}
 # The push goes first: a script is not rolled back when a command fails, so a push the
 # server refuses (an ACL user without the queue's keys) must find nothing written yet.
 # SELECT inside a script switches only the script's database (Redis >= 2.8.12).
-HOLD_AND_PUSH = """
+HOLD_AND_PUSH = (
+    _PUSH
+    + """
 local current = redis.pcall('GET', KEYS[1])
 if current then
   if current == ARGV[1] then return {1, 0} end
   if type(current) ~= 'string' then current = '' end
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
-if ARGV[4] ~= '' then redis.call('SELECT', ARGV[4]) end
-redis.call('LPUSH', KEYS[2], ARGV[3])
-if ARGV[5] ~= '' then
-  for i = 3, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
-end
-if ARGV[4] ~= '' then redis.call('SELECT', ARGV[6]) end
+push(2, ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, 0}
 """
+)
 
 # ACQUIRE, run on another client's connection to the lock store's server (the broker's,
 # in the pipeline that records a received message as unacked): it switches to the
@@ -194,6 +206,18 @@ end
 return {0, holder, soonest or -1}
 """
 
+# Pass the lock KEYS[1] to `token` for `ttl` ms, recording `record` in its replaced set
+# KEYS[2] for at least as long. Shared by the swap scripts below; not a script itself.
+_HAND_ON = """
+local function pass_to(token, ttl, record)
+  redis.call('SET', KEYS[1], token, 'PX', ttl)
+  redis.call('SADD', KEYS[2], record)
+  if redis.call('PTTL', KEYS[2]) < tonumber(ttl) then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  end
+end
+"""
+
 # Hand a lock from one holder to another, only if that holder has it now (never when
 # it is free): a queued message's hold passed to the message that replaces it.
 # KEYS[1] lock key     KEYS[2] its replaced set (see ACQUIRE's ARGV[8])
@@ -202,19 +226,18 @@ return {0, holder, soonest or -1}
 # returns {1, 0}                swapped (unfenced); ARGV[4] recorded as replaced for as
 #                               long as the new holder's ttl at least
 #         {0, holder, pttl}     held by another ('' when free; pttl -2 then)
-SWAP = """
+SWAP = (
+    _HAND_ON
+    + """
 local current = redis.pcall('GET', KEYS[1])
 if current == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  redis.call('SADD', KEYS[2], ARGV[4])
-  if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
-    redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  end
+  pass_to(ARGV[2], ARGV[3], ARGV[4])
   return {1, 0}
 end
 if type(current) ~= 'string' then current = '' end
 return {0, current, redis.call('PTTL', KEYS[1])}
 """
+)
 
 # SWAP and the push of the replacing message in one step (a broker's queue on the lock
 # store's server): the message is pushed only if the hold passes to it.
@@ -225,26 +248,21 @@ return {0, current, redis.call('PTTL', KEYS[1])}
 # ARGV[7] expiry ms ('' for none)  ARGV[8] the lock's database
 # returns as SWAP; {1, 0} too when the new token holds it already (a retry whose reply
 # was lost: pushed then, not again). The push goes first, as in HOLD_AND_PUSH.
-SWAP_AND_PUSH = """
+SWAP_AND_PUSH = (
+    _PUSH
+    + _HAND_ON
+    + """
 local current = redis.pcall('GET', KEYS[1])
 if current == ARGV[2] then return {1, 0} end
 if current ~= ARGV[1] then
   if type(current) ~= 'string' then current = '' end
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
-if ARGV[6] ~= '' then redis.call('SELECT', ARGV[6]) end
-redis.call('LPUSH', KEYS[3], ARGV[5])
-if ARGV[7] ~= '' then
-  for i = 4, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[7]) end
-end
-if ARGV[6] ~= '' then redis.call('SELECT', ARGV[8]) end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('SADD', KEYS[2], ARGV[4])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-end
+push(3, ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+pass_to(ARGV[2], ARGV[3], ARGV[4])
 return {1, 0}
 """
+)
 
 # KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
 # ARGV[1] owner token  ARGV[2] signal ttl in milliseconds

@@ -90,14 +90,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
         if self._singleton:
             context = self._context
             self.request_dict[LEASE_HEADER] = Handoff(self.id)
-            reservations.take(
-                self.task.singleton_context,
-                self.id,
-                self.hostname,
-                lock_name=header(context, NAME_HEADER),
-                queued=header(context, TOKEN_HEADER),
-                role=header(context, HOLD_HEADER),
-            )
+            reservations.take(self.task.singleton_context, self.id, self.hostname, context)
 
     def on_accepted(self, pid: int, time_accepted: float) -> object:
         result = super().on_accepted(pid, time_accepted)

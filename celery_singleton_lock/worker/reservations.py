@@ -32,6 +32,7 @@ from ..tokens import (
     NAME_HEADER,
     TOKEN_HEADER,
     HandedLease,
+    header,
     reserved_token,
     running_token,
 )
@@ -71,27 +72,20 @@ class Reservations:
     def __len__(self) -> int:
         return len(self._held)
 
-    def take(
-        self,
-        context: TaskContext,
-        task_id: str,
-        hostname: str,
-        *,
-        lock_name: str | None,
-        queued: str | None,
-        role: str | None,
-    ) -> None:
+    def take(self, context: TaskContext, task_id: str, hostname: str, headers: object) -> None:
         """Reserve a received message's hold without waiting: the consumer loop is the
         worker's bottleneck.
 
-        ``key``, ``queued`` (the hold's token) and ``role`` are the message's headers.
+        ``headers``: the message's (a request, or the headers themselves): its lock,
+        its hold's token, and where the hold lives (``Received``).
         The reservation is renewed from the start as the lease it would grant; its
         answer is read with the next message or when the run starts, and a refusal
         only stops that renewal (an extend would have found it not ours anyway). It is
         sent whole (the script's body), so a server that lost its scripts applies it at
         once rather than when the answer is read.
         """
-        plan = _plan(context, task_id, hostname, lock_name=lock_name, queued=queued, role=role)
+        received = Received.of(headers)
+        plan = _plan(context, task_id, hostname, received)
         if plan is None:
             return  # sent without a hold (send_task, canvas): nothing to reserve
         self.settle()
@@ -119,7 +113,7 @@ class Reservations:
                 read_late=True,
             )
         except SingletonLockError as error:
-            logger.warning("could not reserve %s for %s: %s", lock_name, task_id, error)
+            logger.warning("could not reserve %s for %s: %s", received.lock_name, task_id, error)
             return
         lease = pending.presumed()
         if lease is None:
@@ -141,10 +135,7 @@ class Reservations:
         if task is None or not is_singleton(task) or not isinstance(task_id, str):
             return None
         context: TaskContext = task.singleton_context
-        plan = _plan(
-            context, task_id, hostname, lock_name=_text(headers, NAME_HEADER),
-            queued=_text(headers, TOKEN_HEADER), role=_text(headers, HOLD_HEADER),
-        )  # fmt: skip
+        plan = _plan(context, task_id, hostname, Received.of(headers))
         pushes = context.store.pushes
         if plan is None or pushes is None or not pushes.server.same_user(server):
             return None
@@ -267,15 +258,26 @@ class _Plan:
     running: bool  # the running lease, fenced (else a reservation the run takes over)
 
 
-def _plan(
-    context: TaskContext,
-    task_id: str,
-    hostname: str,
-    *,
-    lock_name: str | None,
-    queued: str | None,
-    role: str | None,
-) -> _Plan | None:
+@dataclass(frozen=True)
+class Received:
+    """What a received message says of its hold: its lock's name, the hold's token, and
+    where the hold lives (None: on the key; a role: beside it)."""
+
+    lock_name: str | None
+    queued: str | None
+    role: str | None
+
+    @classmethod
+    def of(cls, headers: object) -> Received:
+        """From a request, or from a message's headers themselves."""
+        return cls(
+            header(headers, NAME_HEADER), header(headers, TOKEN_HEADER),
+            header(headers, HOLD_HEADER),
+        )  # fmt: skip
+
+
+def _plan(context: TaskContext, task_id: str, hostname: str, received: Received) -> _Plan | None:
+    lock_name, queued, role = received.lock_name, received.queued, received.role
     if not lock_name or not queued:
         return None  # sent without a hold (send_task, canvas): nothing to take
     name = companion(lock_name, role) if role else lock_name
@@ -286,11 +288,6 @@ def _plan(
     if role is None and context.options.mode.starts_at_receipt:
         return _Plan(name, running_token(task_id, hostname, os.getpid()), queued, True)
     return _Plan(name, reserved_token(task_id, hostname, queued), queued, False)
-
-
-def _text(headers: Mapping[str, object], name: str) -> str | None:
-    value = headers.get(name)
-    return value if isinstance(value, str) else None
 
 
 def _stop_renewing(entry: Reservation) -> None:

@@ -86,9 +86,10 @@ def holds(locks: redis.Redis) -> dict[str, str]:
     return found
 
 
-READS = """
+# What a producer snippet counts round trips with: the server's reads, per call.
+COUNTING = """
 import json, redis
-from tests.support.celery_app import app, work
+from tests.support.celery_app import app, debounced, latest_queued, work
 server = redis.Redis.from_url(app.conf.broker_url)
 
 def reads():
@@ -99,7 +100,11 @@ def per_call(call, n=40):
     for i in range(n):
         call(i)
     return (reads() - start - 1) / n
+"""
 
+READS = (
+    COUNTING
+    + """
 for i in range(5):  # scripts loaded, pools open, the queue declared
     work.apply_async((f"warm-{i}",), queue="ride")
     app.send_task(work.name, (f"warm-plain-{i}",), queue="ride")
@@ -117,6 +122,7 @@ print(json.dumps({
     "pushed_by_duplicates": server.llen("ride") - before - 80,
 }))
 """
+)
 
 
 class TestSameServer:
@@ -204,20 +210,9 @@ class TestSameServer:
         assert broker.llen(QUEUE) == 1
 
 
-REPLACING = """
-import json, redis
-from tests.support.celery_app import app, debounced, latest_queued, work
-server = redis.Redis.from_url(app.conf.broker_url)
-
-def reads():
-    return int(server.info("stats")["total_reads_processed"])
-
-def per_call(call, n=40):
-    start = reads()
-    for i in range(n):
-        call(i)
-    return (reads() - start - 1) / n
-
+REPLACING = (
+    COUNTING
+    + """
 for i in range(5):  # scripts loaded, pools open (a replacement's too), the queue declared
     latest_queued.apply_async(("warm", f"v{i}"), queue="ride")
     app.send_task(work.name, (f"warm-plain-{i}",), queue="ride")
@@ -236,15 +231,14 @@ print(json.dumps({
     "ids": sorted(ids), "first": first,
 }))
 """
+)
 
 
-LIFECYCLE = """
-import json, time, redis
-from tests.support.celery_app import app, plain, work
-server = redis.Redis.from_url(app.conf.broker_url)
-
-def reads():
-    return int(server.info("stats")["total_reads_processed"])
+LIFECYCLE = (
+    COUNTING
+    + """
+import time
+from tests.support.celery_app import plain
 
 def per_task(task, n=30):
     start = reads()
@@ -258,6 +252,7 @@ for i in range(3):  # scripts loaded, pools open, the children warm
     plain.apply_async((f"warm-{i}",), queue="ride").get(timeout=20)
 print(json.dumps({"plain": per_task(plain), "unique": per_task(work), "again": per_task(plain)}))
 """
+)
 
 
 class TestReplacingRides:
