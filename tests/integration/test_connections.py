@@ -23,7 +23,7 @@ from celery import Celery
 from celery_singleton_lock import Lease, LockStoreConfigurationError, RedisLock
 from celery_singleton_lock.backend import Backend
 
-from ..conftest import CeleryEnv
+from ..conftest import CeleryEnv, separate_lock_server
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 
@@ -129,6 +129,7 @@ class TestOneProcess:
 
 
 @pytest.mark.slow
+@separate_lock_server  # on the broker's server, CLIENT LIST counts Celery's connections too
 @pytest.mark.parametrize("pool", ["prefork", "threads", "gevent", "eventlet", "solo"])
 def test_a_worker_keeps_its_lock_store_connections_bounded_over_many_tasks(
     pool: str, cenv: CeleryEnv
