@@ -67,7 +67,7 @@ class Reservations:
         # Reservations sent whose answers are not read yet, oldest first.
         self._unread: list[tuple[str, PendingAcquire]] = []
         # The take that rode the last received message's unacked bookkeeping.
-        self._ridden: tuple[str, RidingTake] | None = None
+        self._ridden: tuple[str, _Plan, RidingTake] | None = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -84,13 +84,13 @@ class Reservations:
         sent whole (the script's body), so a server that lost its scripts applies it at
         once rather than when the answer is read.
         """
-        received = Received.of(headers)
-        plan = _plan(context, task_id, hostname, received)
+        # Planned already when its take rode the unacked bookkeeping, right before.
+        planned = self._claim_ridden(task_id)
+        plan, ridden = planned or (_plan(context, task_id, hostname, Received.of(headers)), None)
         if plan is None:
             return  # sent without a hold (send_task, canvas): nothing to reserve
         self.settle()
         store = context.store
-        ridden = self._claim_ridden(task_id)
         if ridden is not None and ridden.outcome is not None:
             # Taken already, in the pipeline that recorded the message as unacked.
             outcome = ridden.outcome
@@ -107,13 +107,15 @@ class Reservations:
                 context.ttl,
                 # A take that rode but whose answer was lost may have been applied:
                 # the same token counts as free, so this one gets the same answer.
-                token=ridden.token if ridden is not None else plan.token,
+                # The ridden take's token when it rode but its answer was lost: it may
+                # have been applied, and the same token counts as free.
+                token=plan.token,
                 replace=plan.queued,
                 fenced=plan.running,
                 read_late=True,
             )
         except SingletonLockError as error:
-            logger.warning("could not reserve %s for %s: %s", received.lock_name, task_id, error)
+            logger.warning("could not reserve %s for %s: %s", plan.name, task_id, error)
             return
         lease = pending.presumed()
         if lease is None:
@@ -147,13 +149,13 @@ class Reservations:
         except SingletonLockError:
             return None  # the take on its own round trip will say what is wrong
         with self._guard:
-            self._ridden = (task_id, take) if take is not None else None
+            self._ridden = (task_id, plan, take) if take is not None else None
         return take
 
-    def _claim_ridden(self, task_id: str) -> RidingTake | None:
+    def _claim_ridden(self, task_id: str) -> tuple[_Plan, RidingTake] | None:
         with self._guard:
             ridden, self._ridden = self._ridden, None
-        return ridden[1] if ridden is not None and ridden[0] == task_id else None
+        return ridden[1:] if ridden is not None and ridden[0] == task_id else None
 
     def settle(self, task_id: str | None = None) -> None:
         """Read the answers of reservations sent so far (or of ``task_id``'s alone)."""
