@@ -245,17 +245,27 @@ LIFECYCLE = (
 import time
 from tests.support.celery_app import plain
 
-def per_task(task, n=30):
+def idle_per_second(seconds=2.0):  # what the idle worker reads by itself (BRPOP wake-ups)
     start = reads()
+    time.sleep(seconds)
+    return (reads() - start) / seconds
+
+def per_task(task, idle, n=30):
+    start, began = reads(), time.monotonic()
     for i in range(n):
         task.apply_async((f"{task.name[-5:]}-{i}",), queue="ride").get(timeout=20)
     time.sleep(0.3)  # the last release is read after the task reports success
-    return (reads() - start) / n
+    # A slower run wakes the idle worker more often: those reads are not the task's.
+    return (reads() - start - idle * (time.monotonic() - began)) / n
 
 for i in range(3):  # scripts loaded, pools open, the children warm
     work.apply_async((f"warm-{i}",), queue="ride").get(timeout=20)
     plain.apply_async((f"warm-{i}",), queue="ride").get(timeout=20)
-print(json.dumps({"plain": per_task(plain), "unique": per_task(work), "again": per_task(plain)}))
+idle = idle_per_second()
+print(json.dumps({
+    "idle": idle, "plain": per_task(plain, idle), "unique": per_task(work, idle),
+    "again": per_task(plain, idle),
+}))
 """
 )
 
@@ -297,8 +307,8 @@ class TestWorkerRides:
             worker.stop()
         print(counted)
         plain = (counted["plain"] + counted["again"]) / 2
-        # The release, and the worker's idle wake-ups over the longer run (BRPOP).
-        assert counted["unique"] - plain <= 1.35 + RESULT_NOISE, counted
+        # The release, and a margin for wake-ups the idle rate does not predict.
+        assert counted["unique"] - plain <= 1.25 + RESULT_NOISE, counted
         assert holds(at(shared, 1)) == {}
 
 
