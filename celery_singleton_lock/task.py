@@ -23,7 +23,7 @@ from celery import Task, states
 from celery.signals import before_task_publish
 from celery.utils import uuid
 
-from . import outages
+from . import outages, results
 from . import signals as singleton_signals
 from .broker import ride
 from .context import Delivery, TaskContext
@@ -107,6 +107,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
         ride(app)  # a dispatch's hold rides its message's push on a Redis broker
+        results.ride(app)  # a run's release rides its result's write there
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a
         # copy of the running one, a requeue). Under an id whose run stored SUCCESS a
@@ -381,11 +382,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         finally:
             request.singleton_lease = None
             if lease.token and not getattr(request, _HANDED_OVER, False):
-                # In a worker the release is sent now and its answer read at the child's
-                # next lock call: nothing here acts on it, and the child is free for its
-                # next task a round trip sooner. An eager caller may look at the key next.
+                # The release rides the result's write on the lock store's server, or is
+                # sent now, its answer read at the next lock call; an eager caller waits.
                 store = self.singleton_context.store
-                quietly(store.release if request.is_eager else store.release_nowait, lease)
+                if request.is_eager:
+                    quietly(store.release, lease)
+                elif not results.release_with_result(self, request, self.singleton_context, lease):
+                    quietly(store.release_nowait, lease)
                 singleton_signals.send(
                     singleton_signals.lease_released, self, lease.name,
                     task_id=request.id, held=time.monotonic() - acquired,

@@ -8,7 +8,7 @@ from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .pending import PendingAcquire
-from .pushes import Push, PushRefused, RidingTake
+from .pushes import Push, PushRefused, RidingRelease, RidingTake
 from .renewal import Renewer, get_renewer
 from .store import RedisLock
 
@@ -28,6 +28,7 @@ __all__ = [
     "RedisLock",
     "ReleaseResult",
     "Renewer",
+    "RidingRelease",
     "RidingTake",
     "Server",
     "SlotStore",

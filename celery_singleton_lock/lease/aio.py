@@ -128,7 +128,7 @@ class AsyncRedisLock(LockBase):
 
     async def release(self, lease: Lease) -> ReleaseResult:
         """See ``RedisLock.release``."""
-        argv = self._release_argv(Lease.require(lease, "release").name, lease.token)
+        argv = self.release_argv(Lease.require(lease, "release").name, lease.token)
         renewal = self._renewals.pop(lease.token, None)
         if renewal is not None:
             renewal.cancel()
@@ -137,7 +137,7 @@ class AsyncRedisLock(LockBase):
                 reply = await run_script_async(self.client, self._release_script, **argv)
             except REDIS_ERRORS as error:
                 self.unavailable(error, lease.name)
-        return self._released(lease, reply, again=again)
+        return self.release_answer(lease, reply, again=again)
 
     async def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
         """See ``RedisLock.extend``."""

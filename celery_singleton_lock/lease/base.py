@@ -261,7 +261,7 @@ class LockBase:
             outcome.on_lost(on_lost)
         return outcome
 
-    def _release_argv(self, name: str, token: str) -> ScriptArgs:
+    def release_argv(self, name: str, token: str) -> ScriptArgs:
         keys = self.keys(name)
         return {"keys": [keys.lock, keys.signal, keys.waiters], "args": [token, SIGNAL_TTL_MS]}
 
@@ -286,7 +286,7 @@ class LockBase:
         return result
 
     @staticmethod
-    def _released(lease: Lease, reply: Any, *, again: bool = False) -> ReleaseResult:
+    def release_answer(lease: Lease, reply: Any, *, again: bool = False) -> ReleaseResult:
         """What a release found; ``again``: the lease had been released already, so
         finding it gone is no loss."""
         result = decode(reply, ReleaseResult)

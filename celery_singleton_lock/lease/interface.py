@@ -11,7 +11,7 @@ from .inventory import Held
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import LockKeys
 from .pending import PendingAcquire
-from .pushes import Push, RidingTake
+from .pushes import Push, RidingRelease, RidingTake
 
 
 class SlotStore(Protocol):
@@ -48,6 +48,8 @@ class PushStore(Protocol):
     def riding_take(
         self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
     ) -> RidingTake | None: ...
+
+    def riding_release(self, lease: Lease) -> RidingRelease | None: ...
 
 
 class LockStore(Protocol):

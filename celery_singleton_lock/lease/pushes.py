@@ -3,14 +3,16 @@
 For a broker whose queues live on the lock store's Redis server (kombu's Redis
 transport): a hold and the push of its message in one script and one round trip (the
 message is pushed only if the hold is taken, so there is no moment with a hold and no
-message, or a message and no hold); and a received message's take, added to the
-pipeline the broker sends to record the message as unacked (``RidingTake``).
+message, or a message and no hold); a received message's take, added to the
+pipeline the broker sends to record the message as unacked (``RidingTake``); and a
+finished run's release, added to the pipeline that stores its result (``RidingRelease``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol
 
@@ -22,7 +24,7 @@ from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
 from .clients import Server, SyncClient
 from .errors import is_refusal
-from .lease import Contended, Lease
+from .lease import Contended, Lease, ReleaseResult
 from .names import LockKeys, new_token
 from .transport import Transport
 
@@ -40,6 +42,11 @@ class _Store(Protocol):
     def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
     def ttl_ms(self, ttl: object) -> int: ...
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
+    def release_nowait(self, lease: Lease) -> None: ...
+    def release_argv(self, name: str, token: str) -> ScriptArgs: ...
+    def stop_renewing(self, lease: Lease) -> None: ...
+    @staticmethod
+    def release_answer(lease: Lease, reply: Any, *, again: bool = False) -> ReleaseResult: ...
     @staticmethod
     def acquired(call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
 
@@ -56,9 +63,10 @@ class Push:
 
 
 class Pipeline(Protocol):
-    """The part of a redis-py pipeline a riding take is added to."""
+    """The part of a redis-py pipeline a riding take or release is added to."""
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Arg) -> object: ...
+    def eval(self, script: str, numkeys: int, *keys_and_args: Arg) -> object: ...
 
 
 class RidingTake:
@@ -108,6 +116,69 @@ class RidingTake:
         self.outcome = self._owner.outcome_of(self._call, sent_at=self._sent_at, reply=reply)
 
 
+class RidingRelease:
+    """A finished run's release, sent in another client's pipeline to the lock store's
+    server (the result backend's, storing the run's result).
+
+    ``add`` puts it on the pipeline: renewal stops and the lease counts as released
+    while the release is in flight (``Lease.releasing``); ``read`` takes the pipeline's
+    reply for it. A release that could not ride (``unsent``: the pipeline never reached
+    the server; an error reply) is sent on its own round trip, so it is never lost.
+    """
+
+    __slots__ = ("_again", "_argv", "_lease", "_owner", "_releasing")
+
+    def __init__(self, owner: Pushes, lease: Lease) -> None:
+        self._owner = owner
+        self._lease = lease
+        self._argv = owner.store.release_argv(lease.name, lease.token)
+        self._releasing = ExitStack()
+        self._again = False
+
+    @property
+    def lease(self) -> Lease:
+        return self._lease
+
+    def add(self, pipe: Pipeline, db: int) -> None:
+        """Put the release on ``pipe``, a pipeline of a client of database ``db``."""
+        owner, lease = self._owner, self._lease
+        keys, args = self._argv["keys"], list(self._argv["args"])
+        own = owner.server.db
+        args.extend(["" if own == db else own, db])
+        owner.store.stop_renewing(lease)  # a renewal racing the release is no loss
+        self._again = self._releasing.enter_context(lease.releasing())
+        # The body, not the digest: nothing to load first, nothing lost to NOSCRIPT.
+        pipe.eval(scripts.RIDING_RELEASE, len(keys), *keys, *args)
+
+    def read(self, reply: object) -> None:
+        """The pipeline's reply for this release."""
+        self._releasing.close()
+        if isinstance(reply, Exception):
+            if is_refusal(reply, "NOPERM"):
+                self._owner.releases_ride = False
+            self._owner.store.release_nowait(self._lease)
+            return
+        self._owner.store.release_answer(self._lease, reply, again=self._again)
+
+    def unsent(self, error: BaseException) -> bool:
+        """The pipeline failed before an answer: the lease is as before ``add``, to ride
+        again (False: its transport failed) or go alone (True: the server refused the
+        transaction as it was queued, an ACL user without the lock's keys; riding
+        releases stops for good, and whatever else the pipeline held did not run)."""
+        self._releasing.__exit__(type(error), error, error.__traceback__)
+        self._releasing = ExitStack()
+        if isinstance(error, Exception) and (
+            is_refusal(error, "NOPERM") or is_refusal(error, "EXECABORT")
+        ):
+            self._owner.releases_ride = False
+            return True
+        return False
+
+    def alone(self) -> None:
+        """Release on its own round trip (the result write did not carry it)."""
+        self._owner.store.release_nowait(self._lease)
+
+
 class PushRefused(Exception):
     """The server refused the push (nothing was written): push the message apart."""
 
@@ -124,6 +195,18 @@ class Pushes:
         self._riding: Script = store.client.register_script(scripts.RIDING_ACQUIRE)
         self.riding_sha = self._riding.sha
         self.takes_ride = True  # False once the server refused a riding take
+        self.releases_ride = True  # False once the server refused a riding release
+
+    @property
+    def store(self) -> _Store:
+        return self._store
+
+    def riding_release(self, lease: Lease) -> RidingRelease | None:
+        """``lease``'s release, to ride a pipeline of another client of this server;
+        None once the server refused one (the caller releases on its own round trip)."""
+        if not self.releases_ride or lease.released or not lease.token:
+            return None
+        return RidingRelease(self, lease)
 
     def riding_take(
         self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool

@@ -282,6 +282,23 @@ return 1
 """
 )
 
+# RELEASE sent in the pipeline of another client of the same server (the result
+# backend's, which stores the task's result in the same round trip).
+# KEYS, ARGV[1..2] as RELEASE
+# ARGV[3] the lock's database ('' when it is the pipeline's own)
+# ARGV[4] the pipeline's database, selected again before returning
+# returns as RELEASE
+RIDING_RELEASE = (
+    "local function release()\n"
+    + RELEASE
+    + """end
+if ARGV[3] ~= '' then redis.call('SELECT', ARGV[3]) end
+local reply = release()
+if ARGV[3] ~= '' then redis.call('SELECT', ARGV[4]) end
+return reply
+"""
+)
+
 # KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
 # ARGV[1] token prefix ARGV[2] token suffix  ARGV[3] signal ttl in milliseconds
 # ARGV[4] ARGV[5] optional: a second (prefix, suffix) that matches too

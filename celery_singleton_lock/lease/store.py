@@ -237,7 +237,7 @@ class RedisLock(LockBase):
                 reply = self._send_release(lease).get()
             except REDIS_ERRORS as error:
                 self.unavailable(error, lease.name)
-        return self._released(lease, reply, again=again)
+        return self.release_answer(lease, reply, again=again)
 
     def release_nowait(self, lease: Lease) -> None:
         """``release`` without waiting for the answer: it is read before the next call of
@@ -252,17 +252,19 @@ class RedisLock(LockBase):
                 reply = self._send_release(lease, whole=True)
             except REDIS_ERRORS as error:
                 self.unavailable(error, lease.name)
-        self.transport.defer(reply, lambda answer: self._released(lease, answer, again=again))
+        self.transport.defer(reply, lambda answer: self.release_answer(lease, answer, again=again))
+
+    def stop_renewing(self, lease: Lease) -> None:  # before a release: a racing renewal is no loss
+        self.renewer.discard(lease)
 
     def _send_release(self, lease: Lease, *, whole: bool = False) -> Reply:
-        argv = self._release_argv(lease.name, lease.token)
-        # Stop renewing first: a renewal racing the release must not report a loss.
-        self.renewer.discard(lease)
+        argv = self.release_argv(lease.name, lease.token)
+        self.stop_renewing(lease)
         return self.transport.send(self._release_script, **argv, whole=whole)
 
     def release_token(self, name: str, token: str) -> ReleaseResult:
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
-        return self._call_decoded(name, self._release_script, self._release_argv(name, token))
+        return self._call_decoded(name, self._release_script, self.release_argv(name, token))
 
     def release_matching(
         self,

@@ -18,6 +18,7 @@ from ..backend import Backend
 from ..broker import on_receipt
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
+from ..results import settle
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from .childwatch import child_watch
 from .reservations import reservations
@@ -115,6 +116,12 @@ def _release_revoked(
             logger.warning("revoked %s: release of %s failed (%s)", sender.name, lock_name, error)
 
 
+def _release_unwritten(sender: object = None, task_id: str | None = None, **_: object) -> None:
+    """A run's release that was to ride its result's write, when none was written."""
+    if isinstance(sender, Task) and task_id is not None:
+        settle(sender, task_id)
+
+
 def _hand_back_at_shutdown(**_: object) -> None:
     on_receipt(None)
     reservations.hand_back()
@@ -137,6 +144,7 @@ _RECEIVERS = (
     (signals.worker_init, _at_worker_init),
     (signals.worker_ready, _at_worker_ready),
     (signals.task_revoked, _release_revoked),
+    (signals.task_postrun, _release_unwritten),
     (signals.worker_shutdown, _hand_back_at_shutdown),
 )
 

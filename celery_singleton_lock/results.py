@@ -1,0 +1,173 @@
+"""Celery's Redis result backend, sending a finished run's release with its result.
+
+A run that ends with its result stored in the lock store's Redis server (the default
+shape: broker, results and locks on one server) has its release added to the pipeline
+Celery sends to store the result (``SET`` + ``PUBLISH``, in a transaction): the lock is
+free in the same step as the result is visible, and the task costs no round trip of its
+own. Any run whose result is not written (ignored results, ``Ignore``, ``Reject``, a
+result already stored) is released on its own round trip when the task's tracer is
+done (``task_postrun``), so a release is never lost.
+
+Once a singleton task is bound (``ride``), the app resolves ``redis://`` and
+``rediss://`` result backends to ``RedisBackend``, through Celery's per-app table of
+backend aliases (``app.loader.override_backends``); a backend the app names by class
+is kept. It behaves exactly as Celery's own for every write that carries no release.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from celery.backends.redis import RedisBackend as CeleryRedisBackend
+
+from .lease import RidingRelease, Server, server_of
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+    from celery.app.task import Context
+
+    from .context import TaskContext
+    from .lease import Lease
+
+logger = logging.getLogger(__name__)
+
+BACKEND = "celery_singleton_lock.results:RedisBackend"
+CELERY_REDIS = ("redis", "rediss")
+
+# Results larger than this go as Celery sends them, the release on its own: Celery
+# checks the size limit of a value before sending, and a huge value is no common case.
+RIDING_LIMIT = 1 << 20
+
+
+# result key -> the release its write carries, and the lock store's database; per
+# process, filled by a run as its body ends and emptied by the write of its result (or,
+# failing that, at task_postrun).
+_pending: dict[str, tuple[RidingRelease, int]] = {}
+
+
+def _text(key: object) -> str:
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyped
+    """Celery's Redis result backend; a result write with a release pending for its
+    task (``release_with_result``) sends the release in the same transaction."""
+
+    _singleton_server: Server | None = None
+
+    def server(self) -> Server | None:
+        """Where this backend stores results (None: not one standalone server)."""
+        if self._singleton_server is None:
+            self._singleton_server = server_of(self.client)
+        return self._singleton_server
+
+    def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
+        pending = _pending.pop(_text(key), None)
+        if pending is None:
+            return super().set(key, value, *args, **kwargs)
+        if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
+            pending[0].alone()
+            return super().set(key, value, *args, **kwargs)
+        # Celery >= 5.4 passes the result's own expiry (None: the backend's); 5.3 none.
+        expires = args[0] if args else kwargs.pop("expires", None)
+        return self.ensure(self._set_releasing, (key, value, expires, pending), **kwargs)
+
+    def _set_releasing(
+        self, key: object, value: object, expires: object, pending: tuple[RidingRelease, int]
+    ) -> None:
+        if expires is None:
+            expires = self.expires
+        release = pending[0]
+        try:
+            replies = self._write(key, value, expires, pending)
+        except BaseException as error:
+            if not release.unsent(error):
+                # Nothing was run (the connection broke): Celery's retry policy sends
+                # the write again, the release on it.
+                _pending[_text(key)] = pending
+                raise
+            # The server refused the release as it was queued (an ACL user without the
+            # lock's keys), which aborted the transaction: the result alone.
+            self._write(key, value, expires, None)
+            release.alone()
+            return
+        release.read(replies[0])
+        for reply in replies[1:]:
+            if isinstance(reply, Exception):
+                raise reply
+
+    def _write(
+        self, key: object, value: object, expires: object, pending: tuple[RidingRelease, int] | None
+    ) -> list[object]:
+        """Celery's own write (``SETEX`` or ``SET``, then ``PUBLISH``, one transaction),
+        with the pending release first in it."""
+        with self.client.pipeline() as pipe:
+            if pending is not None:
+                pending[0].add(pipe, pending[1])
+            if expires:
+                pipe.setex(key, expires, value)
+            else:
+                pipe.set(key, value)
+            pipe.publish(key, value)
+            replies: list[object] = pipe.execute(raise_on_error=pending is None)
+            return replies
+
+
+def release_with_result(task: Task, request: Context, context: TaskContext, lease: Lease) -> bool:
+    """Whether ``lease``'s release will ride the write of ``request``'s result (True:
+    pending until that write, or ``task_postrun``); False: release it now.
+
+    Rides when the result will be stored by this module's backend, on the lock store's
+    server as its own ACL user, and nothing runs before that write that could want the
+    lock free: a run with callbacks or a chain sends them before its result is stored.
+    """
+    backend, pushes = task.backend, context.store.pushes
+    if (
+        not context.backend.config.ride_broker
+        or request.is_eager
+        or request.callbacks
+        or request.chain
+        or request.chord
+        or task.ignore_result
+        or getattr(request, "ignore_result", False)
+        or not isinstance(backend, RedisBackend)
+        or pushes is None
+    ):
+        return False
+    server = backend.server()
+    if server is None or not pushes.server.same_user(server):
+        return False
+    release = pushes.riding_release(lease)
+    if release is None:
+        return False
+    _pending[_text(backend.get_key_for_task(request.id))] = (release, server.db)
+    return True
+
+
+def settle(task: Task, task_id: str) -> None:
+    """At the end of ``task_id``'s trace: a release its result write did not carry (no
+    result written) is sent on its own round trip."""
+    if not _pending:
+        return
+    pending = _pending.pop(_text(task.backend.get_key_for_task(task_id)), None)
+    if pending is not None:
+        try:
+            pending[0].alone()
+        except Exception as error:  # the store's outage: the lease's ttl frees the key
+            logger.warning("celery-singleton-lock: release of %s failed: %s", task_id, error)
+
+
+def ride(app: Celery) -> None:
+    """From now on ``app`` resolves ``redis://`` and ``rediss://`` result backends to
+    ``RedisBackend`` (a backend made before keeps its class; one the app names by class,
+    or another alias the app's loader overrides, is kept)."""
+    loader = app.loader
+    overrides = dict(getattr(loader, "override_backends", None) or {})
+    if any(scheme in overrides for scheme in CELERY_REDIS):
+        return
+    overrides.update(dict.fromkeys(CELERY_REDIS, BACKEND))
+    loader.override_backends = overrides
+
+
+__all__ = ["BACKEND", "RedisBackend", "release_with_result", "ride", "settle"]
