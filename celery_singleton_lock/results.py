@@ -158,6 +158,24 @@ def settle(task: Task, task_id: str) -> None:
             logger.warning("celery-singleton-lock: release of %s failed: %s", task_id, error)
 
 
+def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
+    """Why a run of ``app`` releases on a round trip of its own although its results are
+    stored on the lock store's server (at ``store``) as its user; None when it rides, is
+    turned off, or the backend is another class (Sentinel, the app's own)."""
+    backend = app.backend
+    if not enabled or type(backend) is not CeleryRedisBackend:
+        return None
+    server = server_of(backend.client)
+    if server is None or not server.same_user(store):
+        return None
+    return (
+        "the result backend is the lock store's Redis but was made before a singleton task "
+        "was bound (app.backend read first): each run's release is a round trip of its own "
+        "instead of riding the result's write. Define or import the singleton tasks "
+        "before anything reads app.backend"
+    )
+
+
 def ride(app: Celery) -> None:
     """From now on ``app`` resolves ``redis://`` and ``rediss://`` result backends to
     ``RedisBackend`` (a backend made before keeps its class; one the app names by class,
@@ -170,4 +188,4 @@ def ride(app: Celery) -> None:
     loader.override_backends = overrides
 
 
-__all__ = ["BACKEND", "RedisBackend", "release_with_result", "ride", "settle"]
+__all__ = ["BACKEND", "RedisBackend", "missed_ride", "release_with_result", "ride", "settle"]

@@ -8,6 +8,7 @@ from ..broker import missed_ride
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..foreign import foreign_settings
 from ..options import is_singleton
+from ..results import missed_ride as missed_result_ride
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -53,9 +54,10 @@ def check_worker_setup(app: Celery) -> list[str]:
         )
     pushes = tasks[0].singleton_context.store.pushes
     ride = tasks[0].singleton_context.backend.config.ride_broker
-    missed = None if pushes is None else missed_ride(app, pushes.server, enabled=ride)
-    if missed:
-        warnings.append(missed)
+    for missed_by in (missed_ride, missed_result_ride):
+        missed = None if pushes is None else missed_by(app, pushes.server, enabled=ride)
+        if missed:
+            warnings.append(missed)
     transport = app.conf.broker_transport_options or {}
     visibility = transport.get("visibility_timeout")
     for task in tasks:

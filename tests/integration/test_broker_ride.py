@@ -21,8 +21,11 @@ from typing import Any
 import celery
 import pytest
 import redis
+from celery import Celery
 
+from celery_singleton_lock import singleton_task
 from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER, read_token
+from celery_singleton_lock.worker.setupchecks import check_worker_setup
 
 from ..conftest import CeleryEnv
 from ..support.servers import RedisServer
@@ -365,6 +368,10 @@ class TestWorkerRides:
         assert holds(at(shared, 1)) == {}
 
 
+def echo(item: object) -> object:
+    return item
+
+
 class TestConfiguration:
     def test_off_the_hold_is_a_round_trip_of_its_own_before_the_push(
         self, shared: RedisServer, cenv: CeleryEnv
@@ -396,6 +403,29 @@ class TestConfiguration:
         finally:
             riding.stop()
         assert "ride_broker" not in riding.output()
+
+    def test_a_worker_says_when_the_release_could_ride_the_result_write_and_does_not(
+        self, shared: RedisServer
+    ) -> None:
+        """A result backend made before the first singleton task was bound is Celery's
+        own class: the check at worker start says so and what to do."""
+        base = shared.url.rsplit("/", 1)[0]
+        said = {}
+        for order in ("backend first", "tasks first"):
+            app = Celery(order.replace(" ", "_"), set_as_current=False)
+            app.conf.update(
+                broker_url=f"{base}/0", result_backend=f"{base}/0", singleton_lock_url=f"{base}/1"
+            )
+            try:
+                if order == "backend first":
+                    app.backend  # noqa: B018  (read before any singleton task is bound)
+                singleton_task(app=app, name=f"{app.main}.job", shared=False)(echo)
+                said[order] = [w for w in check_worker_setup(app) if "result" in w]
+            finally:
+                app.close()
+        assert len(said["backend first"]) == 1, said
+        assert "made before a singleton task was bound" in said["backend first"][0]
+        assert said["tasks first"] == []
 
     def test_a_lock_store_user_that_may_not_push_holds_apart_and_nothing_is_lost(
         self, shared: RedisServer, cenv: CeleryEnv
