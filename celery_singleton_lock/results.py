@@ -16,11 +16,11 @@ is kept. It behaves exactly as Celery's own for every write that carries no rele
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 
+from .dispatch import quietly
 from .lease import RidingRelease, Server, server_of
 
 if TYPE_CHECKING:
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
     from .context import TaskContext
     from .lease import Lease
-
-logger = logging.getLogger(__name__)
 
 BACKEND = "celery_singleton_lock.results:RedisBackend"
 CELERY_REDIS = ("redis", "rediss")
@@ -63,37 +61,38 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         return self._singleton_server
 
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
-        pending = _pending.pop(_text(key), None)
-        if pending is None:
+        if _text(key) not in _pending:
             return super().set(key, value, *args, **kwargs)
         if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
-            pending[0].alone()
+            settle_key(key)
             return super().set(key, value, *args, **kwargs)
         # Celery >= 5.4 passes the result's own expiry (None: the backend's); 5.3 none.
         expires = args[0] if args else kwargs.pop("expires", None)
-        return self.ensure(self._set_releasing, (key, value, expires, pending), **kwargs)
+        return self.ensure(self._set_releasing, (key, value, expires), **kwargs)
 
-    def _set_releasing(
-        self, key: object, value: object, expires: object, pending: tuple[RidingRelease, int]
-    ) -> None:
+    def _set_releasing(self, key: object, value: object, expires: object) -> None:
         if expires is None:
             expires = self.expires
-        release = pending[0]
+        pending = _pending.pop(_text(key), None)
         try:
             replies = self._write(key, value, expires, pending)
         except BaseException as error:
-            if not release.unsent(error):
+            if pending is None or not pending[0].unsent(error):
                 # Nothing was run (the connection broke): Celery's retry policy sends
-                # the write again, the release on it.
-                _pending[_text(key)] = pending
+                # the write again, the release on it; if it gives up, task_postrun
+                # releases on a round trip of its own.
+                if pending is not None:
+                    _pending[_text(key)] = pending
                 raise
             # The server refused the release as it was queued (an ACL user without the
             # lock's keys), which aborted the transaction: the result alone.
             self._write(key, value, expires, None)
-            release.alone()
+            pending[0].alone()
             return
-        release.read(replies[0])
-        for reply in replies[1:]:
+        if pending is not None:
+            pending[0].read(replies[0])
+            replies = replies[1:]
+        for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
 
@@ -106,7 +105,9 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             if pending is not None:
                 pending[0].add(pipe, pending[1])
             if expires:
-                pipe.setex(key, expires, value)
+                # SETEX as Celery sends it (redis-py 8 warns on its setex method).
+                seconds = getattr(expires, "total_seconds", None)
+                pipe.execute_command("SETEX", key, int(seconds()) if seconds else expires, value)
             else:
                 pipe.set(key, value)
             pipe.publish(key, value)
@@ -148,14 +149,16 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
 def settle(task: Task, task_id: str) -> None:
     """At the end of ``task_id``'s trace: a release its result write did not carry (no
     result written) is sent on its own round trip."""
-    if not _pending:
-        return
-    pending = _pending.pop(_text(task.backend.get_key_for_task(task_id)), None)
+    if _pending:
+        settle_key(task.backend.get_key_for_task(task_id))
+
+
+def settle_key(key: object) -> None:
+    """The release pending for the result at ``key``, sent on its own round trip."""
+    pending = _pending.pop(_text(key), None)
     if pending is not None:
-        try:
-            pending[0].alone()
-        except Exception as error:  # the store's outage: the lease's ttl frees the key
-            logger.warning("celery-singleton-lock: release of %s failed: %s", task_id, error)
+        release = pending[0]
+        quietly(lambda _: release.alone(), release.lease)
 
 
 def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
