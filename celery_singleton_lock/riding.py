@@ -19,7 +19,7 @@ from .broker import folding, rides
 from .dispatch import Refused, Sent, quietly, refusals
 from .exceptions import LockStoreUnavailableError
 from .lease import Contended, Lease, Push, PushRefused, PushStore, Server
-from .modes.base import Publish, Replacing
+from .modes.base import Mode, Publish, Replacing
 from .tokens import NAME_HEADER
 
 if TYPE_CHECKING:
@@ -112,11 +112,13 @@ class PushedHold:
             )
 
 
-def answered_early(store: Store, hold: str, sent: Sent) -> AsyncResult | None:
+def answered_early(
+    store: Store, hold: str, lock_name: str, refused: Callable[[Contended], AsyncResult]
+) -> AsyncResult | None:
     """A name refused a moment ago is likely refused again (a storm of duplicates): ask
     who holds ``hold`` with a read that writes nothing, and answer a duplicate before
     Celery builds its message. None: it is free (or unknown) now; dispatch as usual."""
-    if not refusals.expects(sent.lock_name):
+    if not refusals.expects(lock_name):
         return None
     try:
         holder = store.holder(hold)
@@ -124,8 +126,17 @@ def answered_early(store: Store, hold: str, sent: Sent) -> AsyncResult | None:
         return None  # the dispatch itself meets the outage and its policy
     if not holder:
         return None
-    refusals.note(sent.lock_name, None)
-    return sent.refused_by(Contended(hold, store.keys(hold).lock, holder, None))
+    refusals.note(lock_name, None)
+    return refused(Contended(hold, store.keys(hold).lock, holder, None))
+
+
+def duplicate_answered(
+    mode: Mode, store: Store, lock_name: str, refused: Callable[[Contended], AsyncResult]
+) -> AsyncResult | None:
+    """``answered_early`` for a dispatch of ``mode`` before anything else of it is built;
+    None for a mode whose answer to a duplicate is a swap (``Ride.send`` asks then)."""
+    held = None if mode.replaces else mode.hold_name(lock_name)
+    return None if held is None else answered_early(store, held, lock_name, refused)
 
 
 @dataclass(frozen=True)
@@ -150,7 +161,12 @@ class Ride:
             return sent.refused_by(
                 Contended(self.hold, self.store.keys(self.hold).lock, guess, None)
             )
-        early = answered_early(self.store, self.hold, sent)
+        # Any other mode's duplicate was answered early before the dispatch was built.
+        early = (
+            answered_early(self.store, self.hold, sent.lock_name, sent.refused_by)
+            if self.replaces
+            else None
+        )
         if early is not None:
             return early
         with self.producers() as real:

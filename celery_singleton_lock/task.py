@@ -44,7 +44,7 @@ from .modes import Replace, Replacement
 from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .retries import send_retry
-from .riding import Ride
+from .riding import Ride, duplicate_answered
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -82,9 +82,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     # logs it at INFO without a traceback, not as an ERROR.
     throws = (DuplicateTaskError,)
     _singleton_options: ClassVar[SingletonOptions | None] = None
-    # Whether STARTED is stored (task_track_started / track_started=True): by the task
-    # once it holds its lease, not by Celery's tracer before the task is called (see
-    # on_bound).
+    # Whether STARTED is stored (track_started): by the task once it holds its lease,
+    # not by Celery's tracer before the task is called (see on_bound).
     singleton_track_started: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
@@ -192,22 +191,26 @@ class SingletonTask(Task):  # type: ignore[misc]
             if redrive:
                 ours[REDRIVE_HEADER] = 1
             return publish(task_id, options, ours)
-        task_id = task_id or uuid()
         return self._send_held(lock_name, task_id, options, publish, chosen)
 
     def _send_held(
         self,
         lock_name: str,
-        task_id: str,
+        task_id: str | None,
         options: dict[str, object],
         publish: Publish,
         producer: object,
     ) -> AsyncResult:
         """Publish a call that holds its lock first; a duplicate is answered, not sent."""
         mode = self.singleton_options().mode
-        mode.prepare(self.name, options)
         context = self.singleton_context
         store, queue_ttl = context.store, context.queue_ttl
+        # A storm of one call's duplicates: one read answers it before anything is built.
+        early = duplicate_answered(mode, store, lock_name, partial(self._duplicate, lock_name))
+        if early is not None:
+            return early
+        task_id = task_id or uuid()
+        mode.prepare(self.name, options)
         planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         outage = partial(outages.at_dispatch, context, lock_name)
@@ -382,8 +385,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         finally:
             request.singleton_lease = None
             if lease.token and not getattr(request, _HANDED_OVER, False):
-                # The release rides the result's write on the lock store's server, or is
-                # sent now, its answer read at the next lock call; an eager caller waits.
+                # Rides the result's write (results.py), or is sent now; eagerly, waited for.
                 store = self.singleton_context.store
                 if request.is_eager:
                     quietly(store.release, lease)
