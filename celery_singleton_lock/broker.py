@@ -15,6 +15,7 @@ another server) is put as kombu puts it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -250,6 +251,24 @@ def ride(app: Celery) -> None:
             TRANSPORT_ALIASES[scheme] = TRANSPORT
 
 
+def may_ride(app: Celery, server: Server) -> bool:
+    """Whether ``app``'s broker URL names ``server`` (the lock store's): a look that costs
+    no producer, before the channel that would push is asked (``rides``). True when the
+    URL cannot say (the channel decides)."""
+    return _names_server(_broker_url(app), server.address)
+
+
+@functools.lru_cache(maxsize=64)
+def _names_server(url: str, address: tuple[str, int] | str) -> bool:
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return parts.scheme == "redis+socket" and parts.path == address
+    try:
+        return (parts.hostname or "localhost", parts.port or 6379) == address
+    except ValueError:
+        return True
+
+
 def _broker_url(app: Celery) -> str:
     url = app.conf.broker_write_url or app.conf.broker_url
     return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
@@ -290,6 +309,7 @@ __all__ = [
     "QoS",
     "RedisTransport",
     "folding",
+    "may_ride",
     "on_receipt",
     "ride",
     "rides",

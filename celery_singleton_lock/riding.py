@@ -9,13 +9,13 @@ without its message. Elsewhere the hold is taken just before the channel pushes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .backend import Store
-from .broker import folding, rides
+from .broker import folding, may_ride, rides
 from .dispatch import Refused, Sent, quietly, refusals
 from .exceptions import LockStoreUnavailableError
 from .lease import Contended, Lease, Push, PushRefused, PushStore, Server
@@ -23,8 +23,11 @@ from .modes.base import Mode, Publish, Replacing
 from .tokens import NAME_HEADER
 
 if TYPE_CHECKING:
+    from celery import Celery
     from celery.result import AsyncResult
     from kombu.messaging import Producer
+
+    from .context import TaskContext
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +131,19 @@ def answered_early(
         return None
     refusals.note(lock_name, None)
     return refused(Contended(hold, store.keys(hold).lock, holder, None))
+
+
+def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) -> PushStore | None:
+    """The pushes a dispatch of ``context``'s task with ``options`` may ride; None: it
+    holds apart. Eagerly nothing is published; ``connection=`` makes Celery use its own
+    producer; a broker on another server pushes no hold (said by its URL, before a
+    producer is taken to ask its channel)."""
+    pushes = context.store.pushes
+    if pushes is None or not context.backend.config.ride_broker:
+        return None
+    if app.conf.task_always_eager or options.get("connection") is not None:
+        return None
+    return pushes if may_ride(app, pushes.server) else None
 
 
 def duplicate_answered(

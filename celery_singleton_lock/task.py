@@ -44,7 +44,7 @@ from .modes import Replace, Replacement
 from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .retries import send_retry
-from .riding import Ride, duplicate_answered
+from .riding import Ride, duplicate_answered, ridden_by
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -215,7 +215,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         outage = partial(outages.at_dispatch, context, lock_name)
         duplicate = partial(self._duplicate, lock_name)
-        pushes = store.pushes if self._can_ride(context, options) else None
+        pushes = ridden_by(self.app, context, options)
         ride = None if pushes is None else Ride(
             store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
             replaces=mode.replaces,
@@ -250,12 +250,6 @@ class SingletonTask(Task):  # type: ignore[misc]
         # producer waits for the answer just before anything is published.
         with self.app.producer_or_acquire(producer) as real:
             return send_gated(gate, sent, via=GatedProducer(real, gate))
-
-    def _can_ride(self, context: TaskContext, options: Mapping[str, object]) -> bool:
-        # Eagerly nothing is published; connection= makes Celery use its own producer.
-        return context.backend.config.ride_broker and not (
-            self.app.conf.task_always_eager or options.get("connection") is not None
-        )
 
     def _can_overlap(self, options: Mapping[str, object]) -> bool:
         # Only while nothing can observe the message before our gate: an eager call
