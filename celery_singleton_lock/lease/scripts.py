@@ -145,21 +145,26 @@ return {1, 0}
 """
 )
 
+
 # ACQUIRE, run on another client's connection to the lock store's server (the broker's,
 # in the pipeline that records a received message as unacked): it switches to the
 # lock's database and back. The arguments are ACQUIRE's with ARGV[8] always given ('' for
 # none), then ARGV[9] the lock's database ('' when it is the caller's) and ARGV[10] the
 # caller's database. SELECT inside a script switches only the script's database.
-RIDING_ACQUIRE = (
-    "local function acquire()\n"
-    + ACQUIRE
-    + """end
-if ARGV[9] ~= '' then redis.call('SELECT', ARGV[9]) end
-local reply = acquire()
-if ARGV[9] ~= '' then redis.call('SELECT', ARGV[10]) end
+def _in_lock_db(script: str, db: int) -> str:
+    """``script`` run on another client's connection to the lock store's server:
+    ARGV[db] is the lock's database ('' when it is the caller's), ARGV[db + 1] the
+    caller's, selected again before returning."""
+    return f"""local function run()
+{script}end
+if ARGV[{db}] ~= '' then redis.call('SELECT', ARGV[{db}]) end
+local reply = run()
+if ARGV[{db}] ~= '' then redis.call('SELECT', ARGV[{db + 1}]) end
 return reply
 """
-)
+
+
+RIDING_ACQUIRE = _in_lock_db(ACQUIRE, 9)
 
 # A counting lease: the first free slot of several (names.slot), in one step.
 # KEYS[1] fence key    KEYS[2] waiters key   KEYS[3..] the slots' lock keys, in order
@@ -288,16 +293,7 @@ return 1
 # ARGV[3] the lock's database ('' when it is the pipeline's own)
 # ARGV[4] the pipeline's database, selected again before returning
 # returns as RELEASE
-RIDING_RELEASE = (
-    "local function release()\n"
-    + RELEASE
-    + """end
-if ARGV[3] ~= '' then redis.call('SELECT', ARGV[3]) end
-local reply = release()
-if ARGV[3] ~= '' then redis.call('SELECT', ARGV[4]) end
-return reply
-"""
-)
+RIDING_RELEASE = _in_lock_db(RELEASE, 3)
 
 # KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
 # ARGV[1] token prefix ARGV[2] token suffix  ARGV[3] signal ttl in milliseconds

@@ -77,6 +77,15 @@ def produce(env: dict[str, str], code: str, timeout: float = 60) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def produce_with_worker(env: dict[str, str], code: str, pool: str) -> Any:
+    """``produce`` while a worker of ``pool`` consumes the queue."""
+    worker = Worker(env, queue=QUEUE, pool=pool).start()
+    try:
+        return produce(env, code, timeout=120)
+    finally:
+        worker.stop()
+
+
 def messages(broker: redis.Redis, *keys: str) -> list[dict[str, Any]]:
     found = []
     for key in keys:
@@ -313,12 +322,7 @@ class TestReleaseRides:
         """A stored result (success, failure) carries the release: the key is free as
         the result shows. A run with no result written (ignore_result, Ignore, Reject)
         or with a chain to send first releases on its own round trip."""
-        env = same_server_env(shared, cenv)
-        worker = Worker(env, queue=QUEUE, pool=pool).start()
-        try:
-            found = produce(env, ENDINGS, timeout=120)
-        finally:
-            worker.stop()
+        found = produce_with_worker(same_server_env(shared, cenv), ENDINGS, pool)
         assert found == {
             "success": [], "failure": [], "ignore_result": [], "ignore": [], "reject": [],
             "chain": "c", "after_chain": [],
@@ -355,12 +359,7 @@ class TestWorkerRides:
         """Dispatch (the hold in the push), receipt (the running lease in the pipeline
         that records the message as unacked), start (none: the lease is handed to the
         run), end (the release, in the transaction that stores the result)."""
-        env = same_server_env(shared, cenv)
-        worker = Worker(env, queue=QUEUE, pool=pool).start()
-        try:
-            counted = produce(env, LIFECYCLE, timeout=120)
-        finally:
-            worker.stop()
+        counted = produce_with_worker(same_server_env(shared, cenv), LIFECYCLE, pool)
         print(counted)
         plain = (counted["plain"] + counted["again"]) / 2
         # A margin for wake-ups the idle rate does not predict (measured: 0.1).

@@ -12,6 +12,7 @@ from celery import Celery
 from celery.app.task import Context
 
 from celery_singleton_lock import Lease, RedisLock, results, singleton_task
+from celery_singleton_lock.lease import RidingRelease
 from celery_singleton_lock.results import RedisBackend
 
 from ..support.servers import RedisServer
@@ -34,15 +35,21 @@ def taken(store: RedisLock, name: str) -> Lease:
     return lease
 
 
+def riding(store: RedisLock, name: str) -> tuple[Lease, RidingRelease]:
+    """A lease on ``name`` and its release, to ride another client's pipeline."""
+    lease = taken(store, name)
+    pushes = store.pushes
+    assert pushes is not None
+    release = pushes.riding_release(lease)
+    assert release is not None
+    return lease, release
+
+
 class TestRidingRelease:
     def test_released_in_another_databases_transaction_which_keeps_its_own(
         self, store: RedisLock, redis_server: RedisServer
     ) -> None:
-        lease = taken(store, "a")
-        pushes = store.pushes
-        assert pushes is not None
-        release = pushes.riding_release(lease)
-        assert release is not None
+        lease, release = riding(store, "a")
         results = at(redis_server, 0)
         with results.pipeline() as pipe:
             release.add(pipe, 0)
@@ -60,11 +67,7 @@ class TestRidingRelease:
     def test_a_pipeline_that_never_ran_leaves_the_lease_to_ride_again(
         self, store: RedisLock, redis_server: RedisServer
     ) -> None:
-        lease = taken(store, "b")
-        pushes = store.pushes
-        assert pushes is not None
-        release = pushes.riding_release(lease)
-        assert release is not None
+        lease, release = riding(store, "b")
         with at(redis_server, 0).pipeline() as pipe:
             release.add(pipe, 0)
         assert release.unsent(redis.ConnectionError("the connection broke")) is False
@@ -78,29 +81,25 @@ class TestRidingRelease:
     def test_a_refused_transaction_stops_the_riding_and_the_release_goes_alone(
         self, store: RedisLock, redis_server: RedisServer
     ) -> None:
-        lease = taken(store, "c")
+        lease, release = riding(store, "c")
         pushes = store.pushes
         assert pushes is not None
-        release = pushes.riding_release(lease)
-        assert release is not None
         refused = redis.exceptions.ExecAbortError(
             "EXECABORT Transaction discarded because of previous errors."
         )
         assert release.unsent(refused) is True
+        assert not lease.released
         assert pushes.riding_release(taken(store, "other")) is None  # for good
         release.alone()
         store.transport.settle()
         assert store.holder("c") is None
 
     def test_an_error_reply_releases_on_a_round_trip_of_its_own(self, store: RedisLock) -> None:
-        lease = taken(store, "d")
-        pushes = store.pushes
-        assert pushes is not None
-        release = pushes.riding_release(lease)
-        assert release is not None
+        lease, release = riding(store, "d")
         release.read(redis.ResponseError("an error in its place"))
         store.transport.settle()
         assert store.holder("d") is None
+        assert lease.released
 
 
 class TestBackend:
