@@ -117,6 +117,14 @@ def per_call(call, n=40):
     for i in range(n):
         call(i)
     return (reads() - start - 1) / n
+
+def median_call(call, n=41):  # each call alone: a read two commands shared is no bias
+    seen = []
+    for i in range(n):
+        start = reads()
+        call(i)
+        seen.append(reads() - start - 1)
+    return sorted(seen)[n // 2]
 """
 
 READS = (
@@ -137,6 +145,8 @@ print(json.dumps({
     # What handing back an AsyncResult costs by itself (Celery 5.3's subscribes to it).
     "answer": per_call(lambda i: work.AsyncResult("an-id")),
     "pushed_by_duplicates": server.llen("ride") - before - 80,
+    "unique_median": median_call(lambda i: work.apply_async((f"m-{i}",), queue="ride")),
+    "plain_median": median_call(lambda i: app.send_task(work.name, (f"n-{i}",), queue="ride")),
 }))
 """
 )
@@ -149,8 +159,10 @@ class TestSameServer:
         counted = produce(same_server_env(shared, cenv), READS)
         assert counted["channel"] == "celery_singleton_lock.broker.Channel"
         # Every round trip a plain send_task makes (the push, the result backend's),
-        # and not one more: the hold is in the push's script.
-        assert counted["unique"] == pytest.approx(counted["plain"], abs=0.05), counted
+        # and not one more: the hold is in the push's script. Call by call (medians), and
+        # on average: the server now and then reads two commands in one go.
+        assert counted["unique_median"] == counted["plain_median"], counted
+        assert counted["unique"] == pytest.approx(counted["plain"], abs=0.25), counted
         # (one stray read in forty: a pool's health check on Celery 5.3)
         assert counted["duplicate"] <= counted["plain"] + 0.05, counted
         # A storm of one call's duplicates: each after the first is answered by one read
@@ -376,7 +388,9 @@ class TestConfiguration:
         self, shared: RedisServer, cenv: CeleryEnv
     ) -> None:
         counted = produce(same_server_env(shared, cenv, CSL_RIDE="0"), READS)
-        assert counted["unique"] == pytest.approx(counted["plain"] + 1, abs=0.05), counted
+        # Call by call: the server reads two commands in one go now and then (seen on
+        # Redis 6.2: plain 2.55 reads a call on average), whatever the lock does.
+        assert counted["unique_median"] == counted["plain_median"] + 1, counted
         assert counted["pushed_by_duplicates"] == 0, counted
         messages_ = messages(at(shared, 0), QUEUE)
         held = holds(at(shared, 1))
