@@ -278,12 +278,7 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
     """Why a dispatch of ``app`` takes its hold apart from its message's push although
     the lock store (at ``store``) is the broker's server; None when it rides or cannot
     be compared (``enabled``: ``singleton_lock_ride_broker``)."""
-    broker = urlsplit(_broker_url(app))
-    try:
-        address = (broker.hostname or "localhost", broker.port or 6379)
-    except ValueError:
-        return None
-    if address != store.address:
+    if not may_ride(app, store):
         return None
     with app.connection_for_write() as connection:  # no I/O: the class it would use
         transport = connection.get_transport_cls()

@@ -205,8 +205,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         mode = self.singleton_options().mode
         context = self.singleton_context
         store, queue_ttl = context.store, context.queue_ttl
+        duplicate = partial(self._duplicate, lock_name)
         # A storm of one call's duplicates: one read answers it before anything is built.
-        early = duplicate_answered(mode, store, lock_name, partial(self._duplicate, lock_name))
+        early = duplicate_answered(mode, store, lock_name, duplicate)
         if early is not None:
             return early
         task_id = task_id or uuid()
@@ -214,7 +215,6 @@ class SingletonTask(Task):  # type: ignore[misc]
         planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         outage = partial(outages.at_dispatch, context, lock_name)
-        duplicate = partial(self._duplicate, lock_name)
         pushes = ridden_by(self.app, context, options)
         ride = None if pushes is None else Ride(
             store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),

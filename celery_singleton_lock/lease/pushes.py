@@ -96,8 +96,7 @@ class RidingTake:
         owner = self._owner
         keys, args = self._argv["keys"], list(self._argv["args"])
         args.extend([""] * (8 - len(args)))  # ARGV[8]: the script's optional one, given
-        own = owner.server.db
-        args.extend(["" if own == db else own, db])
+        args.extend(owner.databases(db))
         self._sent_at = time.monotonic()
         pipe.evalsha(owner.riding_sha, len(keys), *keys, *args)
 
@@ -143,8 +142,7 @@ class RidingRelease:
         """Put the release on ``pipe``, a pipeline of a client of database ``db``."""
         owner, lease = self._owner, self._lease
         keys, args = self._argv["keys"], list(self._argv["args"])
-        own = owner.server.db
-        args.extend(["" if own == db else own, db])
+        args.extend(owner.databases(db))
         owner.store.stop_renewing(lease)  # a renewal racing the release is no loss
         self._again = self._releasing.enter_context(lease.releasing())
         # The body, not the digest: nothing to load first, nothing lost to NOSCRIPT.
@@ -200,6 +198,12 @@ class Pushes:
     @property
     def store(self) -> _Store:
         return self._store
+
+    def databases(self, db: int) -> list[Arg]:
+        """A riding script's last two arguments for a pipeline of database ``db``: the
+        lock's database ('' when the same) and the pipeline's, selected again after."""
+        own = self.server.db
+        return ["" if own == db else own, db]
 
     def riding_release(self, lease: Lease) -> RidingRelease | None:
         """``lease``'s release, to ride a pipeline of another client of this server;
