@@ -57,11 +57,13 @@ POOLS = [
 
 # With the locks in database 1 of the broker's server (the default shape on a Redis
 # broker: the hold rides the push, the running lease the unacked bookkeeping), the
-# lifecycle, copies and faults run too.
+# lifecycle, copies, faults and the chaos suite run too (there a lock-store restart
+# is a broker restart).
 SAME_SERVER = [
     "tests/integration/test_celery_lifecycle.py",
     "tests/integration/test_copies.py",
     "tests/integration/test_celery_faults.py",
+    "tests/chaos/test_chaos.py",
 ]
 
 # name -> (pip requirements pinned on top of the package's own, extra environment)

@@ -88,9 +88,11 @@ class SingletonRequest(Request):  # type: ignore[misc]
         # Only the main process hands a lease to a run: a producer's header is not one.
         self.request_dict.pop(LEASE_HEADER, None)
         if self._singleton:
-            context = self._context
-            self.request_dict[LEASE_HEADER] = Handoff(self.id)
-            reservations.take(self.task.singleton_context, self.id, self.hostname, context)
+            # The message's headers as Celery copied them (not ``_context``, a Context
+            # Celery would build per message here only for this).
+            headers = self.request_dict
+            reservations.take(self.task.singleton_context, self.id, self.hostname, headers)
+            headers[LEASE_HEADER] = Handoff(self.id)
 
     def on_accepted(self, pid: int, time_accepted: float) -> object:
         result = super().on_accepted(pid, time_accepted)
@@ -143,7 +145,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
             return
         self._singleton_released = True
         task = self.task
-        lock_name = header(self._context, NAME_HEADER)
+        lock_name = header(self.request_dict, NAME_HEADER)
         if lock_name is None:
             try:
                 lock_name = task.singleton_options().key.derive(self.args, self.kwargs)
@@ -151,7 +153,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 return
         store = task.singleton_context.store
         pid = self.worker_pid
-        role = header(self._context, HOLD_HEADER)
+        role = header(self.request_dict, HOLD_HEADER)
         # The message's own hold: on the key, or beside it (lock="until_executing").
         hold = companion(lock_name, role) if role else lock_name
         try:
@@ -171,7 +173,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 )
             # A child that died before taking over leaves the reservation or the hold.
             reservations.drop(self.id, release=True)
-            queued = header(self._context, TOKEN_HEADER)
+            queued = header(self.request_dict, TOKEN_HEADER)
             store.release_matching(
                 hold,
                 *reserved_shape(self.hostname, self.id),
