@@ -388,6 +388,80 @@ class Bench:
             worker.stop()
         self.results["round_trips"] = out
 
+    # -- 8: where the time goes ---------------------------------------------------------
+
+    def cost(self) -> None:
+        """CPU time per task of every process a task passes through, end to end as in 3:
+        this producer, the worker's main process, its pool children, each Redis server,
+        and the servers' time in scripts (``INFO commandstats``: EVAL and EVALSHA)."""
+        n, queue = self.args.tasks, "bench-cost"
+        worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=queue).start()
+        servers = {"redis": self.broker}
+        if self.locks is not self.broker:
+            servers = {"broker": self.broker, "locks": self.locks}
+        spent: dict[str, dict[str, list[float]]] = {s: {} for s in ALL}
+        try:
+            for round_no in range(self.args.rounds):
+                for system in self.order():
+                    task = self.bench.SYSTEMS[system]
+                    self.reset()
+                    for server in servers.values():
+                        server.client().config_resetstat()
+                    before = cpu_seconds(worker.pid, servers)
+                    for i in range(n):
+                        task.apply_async((f"c-{round_no}-{i}",), queue=queue)
+                    self.wait_marks(system, n, 300)
+                    time.sleep(0.2)  # releases land after the body's last mark
+                    after = cpu_seconds(worker.pid, servers)
+                    row = {k: (after[k] - before[k]) / n * 1e6 for k in before}
+                    row["total"] = sum(row.values())
+                    for name, server in servers.items():
+                        stats = server.client().info("commandstats")
+                        row[f"{name}_scripts"] = (
+                            sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in SCRIPTS)
+                            / n
+                        )
+                    for key, value in row.items():
+                        spent[system].setdefault(key, []).append(value)
+        finally:
+            worker.stop()
+        self.results["cost"] = {
+            s: {f"{k}_us": round(median(v)) for k, v in spent[s].items()} for s in ALL
+        }
+
+
+SCRIPTS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall")
+
+
+def _stat_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(worker: int, servers: dict[str, RedisServer]) -> dict[str, float]:
+    """CPU seconds used so far (user + system) by this process (the producer), the worker's
+    main process, its children together, and each server."""
+    children = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _parent(entry) == worker
+    ]
+    found = {
+        "producer": time.process_time(),
+        "worker_main": _stat_cpu(worker),
+        "pool_children": sum(_stat_cpu(pid) for pid in children),
+    }
+    for name, server in servers.items():
+        found[name] = _stat_cpu(server.pid)
+    return found
+
+
+def _parent(entry: Path) -> int | None:
+    try:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 class RoundTrips:
     """Counts the round trips clients make to a Redis: the reads it processed (INFO stats
@@ -511,6 +585,13 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "under the queued call's id (a swap and a message); while_executing and limit "
             "do no dispatch check: every call is published.",
         ),
+        "cost": (
+            "8. Where the time goes",
+            "CPU microseconds per task of each process, end to end as in 3 (1 producer, "
+            "the worker's main process, its 2 pool children, the Redis server(s)), and the "
+            "servers' time inside scripts (`INFO commandstats`); medians of the rounds. "
+            "The machine has 2 cores: throughput follows the total.",
+        ),
     }
     if all(k in r for k in CHARTED):
         out += [
@@ -574,6 +655,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "crash": bench.crash,
         "round_trips": bench.round_trips,
         "modes": bench.modes,
+        "cost": bench.cost,
     }
     try:
         for name, scenario in scenarios.items():

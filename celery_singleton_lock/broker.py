@@ -223,6 +223,18 @@ class RedisTransport(kombu_redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its master looked up through the sentinels), with the
+    hold and the take riding as on ``Channel``: a lock store on the same master (same
+    service, same sentinels) shares its round trips."""
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with ``SentinelChannel``."""
+
+    Channel = SentinelChannel
+
+
 def rides(channel: object, server: Server) -> bool:
     """Whether a message published on ``channel`` can take its hold, on ``server``, in
     the script that pushes it: the channel is this transport's, on that very server."""
@@ -232,12 +244,20 @@ def rides(channel: object, server: Server) -> bool:
     return own is not None and own.same_server(server)
 
 
-# kombu's own Redis transport, as its alias table names it for redis:// and rediss://.
+# kombu's own Redis transports, as its alias table names them, and what replaces them.
 KOMBU_REDIS = "kombu.transport.redis:Transport"
+KOMBU_SENTINEL = "kombu.transport.redis:SentinelTransport"
+SENTINEL_TRANSPORT = "celery_singleton_lock.broker:SentinelTransport"
+_REPLACED = {
+    "redis": (KOMBU_REDIS, TRANSPORT),
+    "rediss": (KOMBU_REDIS, TRANSPORT),
+    "sentinel": (KOMBU_SENTINEL, SENTINEL_TRANSPORT),
+}
 
 
 def ride(app: Celery) -> None:
-    """From now on kombu resolves ``redis://`` and ``rediss://`` to ``RedisTransport``.
+    """From now on kombu resolves ``redis://`` and ``rediss://`` to ``RedisTransport``,
+    ``sentinel://`` to ``SentinelTransport``.
 
     Through kombu's alias table (``kombu.transport.TRANSPORT_ALIASES``), which it reads
     for every connection, pooled ones included, so a broker URL changed after
@@ -246,9 +266,9 @@ def ride(app: Celery) -> None:
     process keeps what it resolved to (``check_worker_setup`` says so). ``app`` is the
     app whose first singleton task was bound: no receiver of another app is touched.
     """
-    for scheme in ("redis", "rediss"):
-        if TRANSPORT_ALIASES.get(scheme) == KOMBU_REDIS:
-            TRANSPORT_ALIASES[scheme] = TRANSPORT
+    for scheme, (kombus, ours) in _REPLACED.items():
+        if TRANSPORT_ALIASES.get(scheme) == kombus:
+            TRANSPORT_ALIASES[scheme] = ours
 
 
 def may_ride(app: Celery, server: Server) -> bool:
@@ -261,6 +281,8 @@ def may_ride(app: Celery, server: Server) -> bool:
 @functools.lru_cache(maxsize=64)
 def _names_server(url: str, address: tuple[str, int] | str) -> bool:
     parts = urlsplit(url)
+    if parts.scheme == "sentinel":
+        return True  # a master found through its sentinels: the channel compares
     if parts.scheme not in ("redis", "rediss"):
         return parts.scheme == "redis+socket" and parts.path == address
     try:
@@ -282,7 +304,7 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
         return None
     with app.connection_for_write() as connection:  # no I/O: the class it would use
         transport = connection.get_transport_cls()
-    if enabled and issubclass(transport, RedisTransport):
+    if enabled and issubclass(transport, RedisTransport | SentinelTransport):
         return None
     how = (
         "singleton_lock_ride_broker is False"
@@ -292,8 +314,9 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
     return (
         f"the lock store is the broker's Redis but {how}: each dispatch takes its hold in a "
         "round trip of its own, and a producer killed between hold and push leaves a hold "
-        f"with no message for queue_ttl. Use broker_transport = {TRANSPORT!r} (or a "
-        "subclass of it) and leave singleton_lock_ride_broker at True"
+        f"with no message for queue_ttl. Use broker_transport = {TRANSPORT!r} "
+        f"({SENTINEL_TRANSPORT!r} for a Sentinel broker), or a subclass of it, and leave "
+        "singleton_lock_ride_broker at True"
     )
 
 
@@ -303,6 +326,8 @@ __all__ = [
     "Fold",
     "QoS",
     "RedisTransport",
+    "SentinelChannel",
+    "SentinelTransport",
     "folding",
     "may_ride",
     "on_receipt",

@@ -9,9 +9,10 @@ result already stored) is released on its own round trip when the task's tracer 
 done (``task_postrun``), so a release is never lost.
 
 Once a singleton task is bound (``ride``), the app resolves ``redis://`` and
-``rediss://`` result backends to ``RedisBackend``, through Celery's per-app table of
-backend aliases (``app.loader.override_backends``); a backend the app names by class
-is kept. It behaves exactly as Celery's own for every write that carries no release.
+``rediss://`` result backends to ``RedisBackend`` and ``sentinel://`` to
+``SentinelBackend``, through Celery's per-app table of backend aliases
+(``app.loader.override_backends``); a backend the app names by class is kept. It
+behaves exactly as Celery's own for every write that carries no release.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
 from .dispatch import quietly
 from .lease import RidingRelease, Server, server_of
@@ -31,7 +33,9 @@ if TYPE_CHECKING:
     from .lease import Lease
 
 BACKEND = "celery_singleton_lock.results:RedisBackend"
-CELERY_REDIS = ("redis", "rediss")
+SENTINEL_BACKEND = "celery_singleton_lock.results:SentinelBackend"
+# Celery's backend alias -> this module's backend for it.
+_REPLACED = {"redis": BACKEND, "rediss": BACKEND, "sentinel": SENTINEL_BACKEND}
 
 # Results larger than this go as Celery sends them, the release on its own: Celery
 # checks the size limit of a value before sending, and a huge value is no common case.
@@ -115,6 +119,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             return replies
 
 
+class SentinelBackend(RedisBackend, CelerySentinelBackend):  # type: ignore[misc]
+    """Celery's Sentinel result backend (the master found through its sentinels), with
+    the release riding as on ``RedisBackend``: the lock store on the same master."""
+
+
 def release_with_result(task: Task, request: Context, context: TaskContext, lease: Lease) -> bool:
     """Whether ``lease``'s release will ride the write of ``request``'s result (True:
     pending until that write, or ``task_postrun``); False: release it now.
@@ -164,9 +173,9 @@ def settle_key(key: object) -> None:
 def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
     """Why a run of ``app`` releases on a round trip of its own although its results are
     stored on the lock store's server (at ``store``) as its user; None when it rides, is
-    turned off, or the backend is another class (Sentinel, the app's own)."""
+    turned off, or the backend is another class (the app's own)."""
     backend = app.backend
-    if not enabled or type(backend) is not CeleryRedisBackend:
+    if not enabled or type(backend) not in (CeleryRedisBackend, CelerySentinelBackend):
         return None
     server = server_of(backend.client)
     if server is None or not server.same_user(store):
@@ -181,14 +190,23 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
 
 def ride(app: Celery) -> None:
     """From now on ``app`` resolves ``redis://`` and ``rediss://`` result backends to
-    ``RedisBackend`` (a backend made before keeps its class; one the app names by class,
-    or another alias the app's loader overrides, is kept)."""
+    ``RedisBackend``, ``sentinel://`` to ``SentinelBackend`` (a backend made before keeps
+    its class; one the app names by class, or an alias the app's loader overrides
+    itself, is kept)."""
     loader = app.loader
     overrides = dict(getattr(loader, "override_backends", None) or {})
-    if any(scheme in overrides for scheme in CELERY_REDIS):
-        return
-    overrides.update(dict.fromkeys(CELERY_REDIS, BACKEND))
-    loader.override_backends = overrides
+    missing = {alias: ours for alias, ours in _REPLACED.items() if alias not in overrides}
+    if missing:
+        loader.override_backends = {**overrides, **missing}
 
 
-__all__ = ["BACKEND", "RedisBackend", "missed_ride", "release_with_result", "ride", "settle"]
+__all__ = [
+    "BACKEND",
+    "SENTINEL_BACKEND",
+    "RedisBackend",
+    "SentinelBackend",
+    "missed_ride",
+    "release_with_result",
+    "ride",
+    "settle",
+]

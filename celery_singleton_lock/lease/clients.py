@@ -3,7 +3,8 @@
 URL forms:
 
 - ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path?db=N``:
-  redis-py's own ``from_url``.
+  redis-py's own ``from_url``; ``redis+socket:///path?virtual_host=N``, kombu's form of a
+  socket (a broker's, found as the default lock store), is read as ``unix://``.
 - ``sentinel://[[user]:password@]host:26379;sentinel://host2:26379/0`` with
   ``master_name`` (and optionally ``sentinel_kwargs``, ``min_other_sentinels``) in the
   options: kombu's form for a Sentinel broker. The password is the master's; the
@@ -22,7 +23,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeGuard, TypeVar
-from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio
@@ -75,6 +76,8 @@ def build(
         if scheme in STANDALONE_SCHEMES:
             if scheme in ("redis", "rediss"):
                 _db_path(url)
+            if scheme == "redis+socket":
+                url = _unix_url(url)
             for name in _SENTINEL_OPTIONS:
                 options.pop(name, None)  # a broker's Sentinel options, not for this URL
             if bounded and not asyncio:
@@ -101,6 +104,16 @@ def build(
         f"lock store URL {redact(url)} has scheme {scheme!r}; use one of "
         f"{', '.join(s + '://' for s in SCHEMES)}"
     )
+
+
+def _unix_url(url: str) -> str:
+    """kombu's ``redis+socket:///path?virtual_host=N`` as redis-py's ``unix:///path?db=N``
+    (kombu names the database ``virtual_host``; redis-py takes ``db``)."""
+    part = urlsplit(url)
+    query = [("db" if k == "virtual_host" else k, v) for k, v in parse_qsl(part.query)]
+    rest = urlencode(query)
+    auth = url[len("redis+socket://") :].split("/", 1)[0]
+    return f"unix://{auth}{part.path}" + (f"?{rest}" if rest else "")
 
 
 def _checked(client: _Standalone) -> _Standalone:
@@ -339,7 +352,9 @@ def eviction_policy(client: SyncClient) -> str | None:
 class Server:
     """Where a standalone client connects: its address and database (not its password)."""
 
-    address: tuple[str, int] | str  # (host, port), or a unix socket's path
+    # (host, port), a unix socket's path, or "sentinel:<service>@<sentinels>" for the
+    # master a Sentinel group names (whichever server that is at the moment)
+    address: tuple[str, int] | str
     db: int
     user: str | None = field(default=None, compare=False)  # the ACL user (None: default)
 
@@ -354,21 +369,40 @@ class Server:
 
 
 def server_of(client: object) -> Server | None:
-    """The server a standalone sync client connects to; None for any other (Cluster, a
-    Sentinel-managed master, whose address can change under it)."""
+    """The server a standalone sync client connects to, or the Sentinel-managed master
+    (named by its service and its sentinels: its address can change under it); None for
+    any other (Cluster, asyncio)."""
     if not isinstance(client, redis.Redis) or getattr(client, "nodes_manager", None):
         return None
     pool = client.connection_pool
-    if getattr(pool, "service_name", None) is not None:
-        return None  # Sentinel: the master's address is looked up per connection
     kwargs: Mapping[str, object] = getattr(pool, "connection_kwargs", {})
+    service = getattr(pool, "service_name", None)
+    address: tuple[str, int] | str | None = None
+    if service is not None:
+        address = _sentinel_master(str(service), getattr(pool, "sentinel_manager", None))
+        if address is None:
+            return None
     db = kwargs.get("db") or 0
     if not isinstance(db, int):
         db = int(str(db))
     user = kwargs.get("username")
     user = user if isinstance(user, str) and user else None
+    if address is not None:
+        return Server(address, db, user)
     path = kwargs.get("path")
     if isinstance(path, str):
         return Server(path, db, user)
     host, port = kwargs.get("host", "localhost"), kwargs.get("port", 6379)
     return Server((str(host), int(str(port))), db, user)
+
+
+def _sentinel_master(service: str, manager: object) -> str | None:
+    """One name for a master whichever client asks its sentinels: the service and the
+    sentinels' addresses, in order (None when they cannot be read)."""
+    nodes = []
+    for node in getattr(manager, "sentinels", None) or ():
+        found = getattr(getattr(node, "connection_pool", None), "connection_kwargs", {})
+        if "host" not in found:
+            return None
+        nodes.append(f"{found['host']}:{found.get('port', 26379)}")
+    return f"sentinel:{service}@{','.join(sorted(nodes))}" if nodes else None

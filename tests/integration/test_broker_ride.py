@@ -29,6 +29,7 @@ from celery_singleton_lock.worker.setupchecks import check_worker_setup
 
 from ..conftest import CeleryEnv
 from ..support.servers import RedisServer
+from ..support.topologies import SentinelGroup
 from ..support.workers import ROOT, Worker
 
 QUEUE = "ride"
@@ -105,9 +106,10 @@ def holds(locks: redis.Redis) -> dict[str, str]:
 
 # What a producer snippet counts round trips with: the server's reads, per call.
 COUNTING = """
-import json, redis
+import json, os, redis
 from tests.support.celery_app import app, debounced, latest_queued, work
-server = redis.Redis.from_url(app.conf.broker_url)
+# CSL_COUNT_URL: the broker's server as redis-py names it (kombu's redis+socket:// is not).
+server = redis.Redis.from_url(os.environ.get("CSL_COUNT_URL") or app.conf.broker_url)
 
 def reads():
     return int(server.info("stats")["total_reads_processed"])
@@ -377,6 +379,71 @@ class TestWorkerRides:
         # A margin for wake-ups the idle rate does not predict (measured: 0.1).
         assert counted["unique"] - plain <= 0.3 + RESULT_NOISE, counted
         assert holds(at(shared, 1)) == {}
+
+
+class TestUnixSocket:
+    def test_a_socket_broker_is_the_default_lock_store_and_carries_every_lock_operation(
+        self, cenv: CeleryEnv
+    ) -> None:
+        """kombu's ``redis+socket://`` broker (the results there too, no lock store
+        named): the lock store is found on it and rides as on a TCP one."""
+        server = RedisServer("--unixsocket", "SOCKET", "--unixsocketperm", "700")
+        path = server.dir / "redis.sock"
+        server.extra_args = [str(path) if a == "SOCKET" else a for a in server.extra_args]
+        server.start()
+        try:
+            env = {
+                **cenv.env,
+                "CSL_BROKER_URL": f"redis+socket://{path}",
+                "CSL_LOCK_URL": "",  # found: the result backend's, the broker's socket
+                "CSL_COUNT_URL": f"unix://{path}",
+                "CSL_QUEUE": QUEUE,
+            }
+            counted = produce(env, READS)
+            lifecycle = produce_with_worker(env, LIFECYCLE, "prefork")
+            left = holds(redis.Redis(unix_socket_path=str(path)))
+        finally:
+            server.cleanup()
+        print(counted, lifecycle)
+        assert counted["channel"] == "celery_singleton_lock.broker.Channel"
+        assert counted["unique_median"] == counted["plain_median"], counted
+        assert counted["pushed_by_duplicates"] == 0, counted
+        plain = (lifecycle["plain"] + lifecycle["again"]) / 2
+        assert lifecycle["unique"] - plain <= 0.3 + RESULT_NOISE, lifecycle
+        assert left == {}
+
+
+class TestSentinel:
+    def test_a_sentinel_broker_and_its_master_as_lock_store_share_round_trips(
+        self, cenv: CeleryEnv
+    ) -> None:
+        """Broker, results and the lock store from one ``sentinel://`` URL: the hold
+        rides the push, the running lease the unacked bookkeeping and the release the
+        result's write, on the master."""
+        group = SentinelGroup().start()
+        try:
+            master = group.server_on(group.master_port())
+            env = {
+                **cenv.env,
+                "CSL_BROKER_URL": group.url,
+                "CSL_RESULT_URL": group.url,
+                "CSL_LOCK_URL": "",
+                "CSL_MASTER_NAME": group.MASTER_NAME,
+                "CSL_COUNT_URL": master.url,
+                "CSL_QUEUE": QUEUE,
+            }
+            counted = produce(env, READS)
+            lifecycle = produce_with_worker(env, LIFECYCLE, "prefork")
+            left = holds(master.client())
+        finally:
+            group.cleanup()
+        print(counted, lifecycle)
+        assert counted["channel"] == "celery_singleton_lock.broker.SentinelChannel"
+        assert counted["unique_median"] == counted["plain_median"], counted
+        assert counted["pushed_by_duplicates"] == 0, counted
+        plain = (lifecycle["plain"] + lifecycle["again"]) / 2
+        assert lifecycle["unique"] - plain <= 0.3 + RESULT_NOISE, lifecycle
+        assert left == {}
 
 
 def echo(item: object) -> object:

@@ -204,8 +204,8 @@ class TestReceivers:
 
 
 class TestRidingTheBroker:
-    """Once a singleton task is bound, kombu resolves redis:// and rediss:// to the
-    riding transport (its alias table, read for every connection)."""
+    """Once a singleton task is bound, kombu resolves redis://, rediss:// and sentinel://
+    to the riding transports (its alias table, read for every connection)."""
 
     @pytest.mark.parametrize(
         ("scheme", "expected"),
@@ -214,7 +214,7 @@ class TestRidingTheBroker:
             ("rediss", "celery_singleton_lock.broker.RedisTransport"),
             ("memory", "kombu.transport.memory.Transport"),
             ("amqp", "kombu.transport.pyamqp.Transport"),
-            ("sentinel", "kombu.transport.redis.SentinelTransport"),
+            ("sentinel", "celery_singleton_lock.broker.SentinelTransport"),
         ],
     )
     def test_kombu_resolves_the_redis_schemes_to_it(self, scheme: str, expected: str) -> None:
