@@ -18,6 +18,7 @@ import atexit
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -158,6 +159,9 @@ class Renewer:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # When the thread will wake by itself (inf: only when told): a lease due later
+        # needs no wake-up, which would cost the process a thread switch per task.
+        self._asleep_until = math.inf
 
     def __len__(self) -> int:
         with self._cond:
@@ -175,10 +179,8 @@ class Renewer:
                 raise RuntimeError("the renewer was stopped; leases can no longer be renewed")
             self._leases[lease.token] = (store, lease, False)
             due = time.monotonic() + lease.ttl / 3
-            # The thread sleeps until the earliest due lease; wake it only if this one is
-            # earlier still. Most leases (one ttl for a task) are not, and a wake-up per
-            # task would cost the process a thread switch per task.
-            wake = not self._heap or due < self._heap[0][0]
+            # Most leases (one ttl for a task) are due after the thread wakes anyway.
+            wake = due < self._asleep_until
             self._schedule(lease.token, due)
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -192,6 +194,15 @@ class Renewer:
         """Stop renewing ``lease`` (no-op if it was not registered)."""
         with self._cond:
             self._leases.pop(lease.token, None)
+            # Its entry goes now when it is the earliest (leases mostly end in the order
+            # they began), and the heap is rebuilt when mostly stale: otherwise the thread
+            # would wake at each gone lease's due time, once per task.
+            heap = self._heap
+            while heap and heap[0][2] not in self._leases:
+                heapq.heappop(heap)
+            if len(heap) > 2 * len(self._leases) + 64:
+                heap[:] = [entry for entry in heap if entry[2] in self._leases]
+                heapq.heapify(heap)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread; registered leases are no longer renewed (they expire by TTL)."""
@@ -213,11 +224,13 @@ class Renewer:
                 while self._heap and self._heap[0][2] not in self._leases:
                     heapq.heappop(self._heap)
                 if not self._heap:
+                    self._asleep_until = math.inf
                     self._cond.wait()
                     continue
                 due, _, token, deadline = self._heap[0]
                 delay = due - time.monotonic()
                 if delay > 0:
+                    self._asleep_until = due
                     self._cond.wait(delay)
                     continue
                 heapq.heappop(self._heap)
@@ -274,7 +287,7 @@ class Renewer:
                 due = time.monotonic() + delay
                 # The scheduler sleeps until its earliest entry (often this lease's
                 # deadline): a sooner retry must wake it.
-                if not self._heap or due < self._heap[0][0]:
+                if due < self._asleep_until:
                     self._cond.notify()
                 self._schedule(lease.token, due)
 

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import redis
@@ -28,6 +29,12 @@ from ..support.servers import RedisServer
 
 def renewer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "celery-singleton-lock-renewer"]
+
+
+def context_switches(thread_id: int) -> int:
+    """How often a thread of this process has given up the CPU (slept, waited)."""
+    status = Path(f"/proc/self/task/{thread_id}/status").read_text()
+    return sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
 
 
 class TestRenewal:
@@ -140,6 +147,28 @@ class TestRenewal:
         assert len(renewer) == 0
         with pytest.raises(RuntimeError, match="stopped"):
             lock.acquire("other", ttl=1, renew=True)
+
+    def test_leases_that_end_before_their_renewal_do_not_wake_the_thread(
+        self, client: redis.Redis
+    ) -> None:
+        """Most task leases end before their first renewal: the thread sleeps through
+        them instead of waking per lease (a thread switch per task)."""
+        renewer = Renewer()
+        lock = RedisLock(client, prefix="test", renewer=renewer)
+        lock.acquire("long", ttl=0.3, renew=True)  # renewed every 0.1 s throughout
+        thread = renewer._thread
+        assert thread is not None
+        assert thread.native_id is not None
+        before = context_switches(thread.native_id)
+        for i in range(300):
+            lease = lock.acquire(f"short-{i}", ttl=0.3, renew=True)
+            time.sleep(0.001)
+            lock.release(lease)
+        time.sleep(0.3)
+        woke = context_switches(thread.native_id) - before
+        renewer.stop()
+        # About 0.8 s: a wake-up per renewal of "long" (and its lane's answer), not 300.
+        assert woke < 60, woke
 
     def test_next_delay_policy(self, lock: RedisLock) -> None:
         lease = lock.acquire("job", ttl=3)
