@@ -425,9 +425,16 @@ class Bench:
                         spent[system].setdefault(key, []).append(value)
         finally:
             worker.stop()
-        self.results["cost"] = {
-            s: {f"{k}_us": round(median(v)) for k, v in spent[s].items()} for s in ALL
-        }
+        cost = {s: {f"{k}_us": round(median(v)) for k, v in spent[s].items()} for s in ALL}
+        plain = cost["plain"]["total_us"]
+        for row in cost.values():
+            scripts = sum(v for k, v in row.items() if k.endswith("_scripts_us"))
+            # Throughput follows total CPU on this machine: plain's total over each
+            # system's, and what that ratio would be if the servers' time in scripts
+            # were all a system added (its clients costing nothing): the floor.
+            row["cpu_ratio"] = round(plain / row["total_us"], 2)
+            row["floor_ratio"] = round(plain / (plain + scripts), 2)
+        self.results["cost"] = cost
 
 
 SCRIPTS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall")
@@ -590,7 +597,9 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "CPU microseconds per task of each process, end to end as in 3 (1 producer, "
             "the worker's main process, its 2 pool children, the Redis server(s)), and the "
             "servers' time inside scripts (`INFO commandstats`); medians of the rounds. "
-            "The machine has 2 cores: throughput follows the total.",
+            "The machine has 2 cores, so throughput follows the total: `cpu_ratio` is "
+            "plain's total over the system's; `floor_ratio` what it would be if the lock "
+            "work in the servers' scripts were all the system added (clients free).",
         ),
     }
     if all(k in r for k in CHARTED):
