@@ -17,14 +17,15 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from celery import states
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 from celery.utils.dispatch import Signal
 
 from . import outages
 from . import signals as singleton_signals
 from .backend import Store
-from .context import Delivery
+from .context import Delivery, TaskContext
 from .contrib.liveness import runs_task
+from .dispatch import quietly
 from .exceptions import (
     ConfigurationError,
     DuplicateTaskError,
@@ -328,3 +329,12 @@ def send_again(
     # without counting as a retry of the task's own max_retries.
     delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
     raise Ignore(f"requeued: {lock_name!r} is held by another execution")
+
+
+def failed_run(context: TaskContext, request: object, error: Exception, lease: Lease) -> None:
+    """A run that raised (a retry's attempt included): a mode that reopens after a
+    failure (``reopen_on``) lets the next call in now. ``Ignore`` and ``Reject`` are
+    ends the task chose, not failures."""
+    if not isinstance(error, Ignore | Reject):
+        store = context.store
+        quietly(lambda _: context.options.mode.ended("failure", store, request), lease)

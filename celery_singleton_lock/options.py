@@ -37,7 +37,10 @@ OPTION_NAMES = (
     "ttl",
     "queue_ttl",
     "dedupe",
+    "reopen_on",
 )
+# The ends of a run after which its key takes the next call at once (``reopen_on``).
+REOPEN_ENDS = ("failure", "revoked")
 # How long a call keeps its duplicates out (sidekiq-unique-jobs' lock types):
 # until_executed: while queued and while running (the default); until_executing: while
 # queued only, so one may run and one wait (a call made during a run runs after it);
@@ -60,6 +63,7 @@ class SingletonOptions:
     ttl: float | None
     queue_ttl: float | None
     dedupe: bool
+    reopen_on: frozenset[str] = frozenset()
 
     @classmethod
     def build(
@@ -123,14 +127,17 @@ class SingletonOptions:
             ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
             queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),
             dedupe=lock != "while_executing",
+            reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
         )
 
     @cached_property
     def mode(self) -> Mode:
         """The lock type these options choose: what each stage of a call does."""
-        return _mode(
+        mode = _mode(
             self.lock, self.throttle, self.limit, self.debounce, self.max_wait, self.on_duplicate
         )
+        mode.reopen_on = self.reopen_on
+        return mode
 
     @property
     def hold_role(self) -> str | None:
@@ -158,6 +165,31 @@ def _mode(  # noqa: PLR0917  (the options that choose a mode, already reconciled
     if lock == "until_executing":
         return UntilExecuting()
     return WhileExecuting() if lock == "while_executing" else UntilExecuted()
+
+
+def _reopen_on(
+    name: str, raw: Mapping[str, object], lock: str, throttle: float | None, on_duplicate: str
+) -> frozenset[str]:
+    value = raw.get("reopen_on", ())
+    ends = (value,) if isinstance(value, str) else value
+    if not isinstance(ends, Iterable) or not all(isinstance(e, str) for e in ends):
+        raise ConfigurationError(
+            f"{name}: reopen_on={value!r} must name run ends, e.g. reopen_on=('failure',)"
+        )
+    chosen = frozenset(ends)
+    unknown = sorted(chosen - set(REOPEN_ENDS))
+    if unknown:
+        raise ConfigurationError(
+            f"{name}: reopen_on={value!r}: {unknown} is not a run end; choose from "
+            f"{list(REOPEN_ENDS)}"
+        )
+    if chosen and throttle is None and (lock != "until_executed" or on_duplicate == "replace"):
+        raise ConfigurationError(
+            f"{name}: reopen_on={value!r} applies to throttle=... and to the default "
+            "lock='until_executed' (which holds the key through a failed run's retry); the "
+            "other modes free the key as a run starts or ends already: drop reopen_on"
+        )
+    return chosen
 
 
 # Celery's own task attributes (read from the classes: hasattr() on a deprecated one warns).

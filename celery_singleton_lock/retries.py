@@ -2,7 +2,8 @@
 
 Celery's ``Task.retry`` re-sends the running task under the same id. The running lease
 passes to the retry's message in one step (``hand_over``), so no other call can take
-the key between this execution's end and the retry's start.
+the key between this execution's end and the retry's start; unless the mode reopens
+after a failure (``reopen_on``), when the retry is sent holding nothing.
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def send_retry(
     # message carries the key and which slot it keeps.
     lock_name, role = split_role(running.name)
     headers: dict[str, object] = {NAME_HEADER: lock_name, RETRY_OF_HEADER: running.token}
+    if not context.options.mode.retry_keeps_key:
+        # reopen_on=("failure",): the key is free at the failure (this run releases it
+        # as it ends); the retry contends when it comes, behind any call let in since.
+        return publish(task_id, options, headers)
     try:
         outcome = store.hand_over(running, context.queue_ttl + delay_of(options), token=token)
     except LockStoreUnavailableError as error:

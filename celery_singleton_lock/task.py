@@ -38,7 +38,7 @@ from .dispatch import (
     send_gated,
 )
 from .exceptions import DuplicateTaskError, LockStoreUnavailableError
-from .execution import Execution
+from .execution import Execution, failed_run
 from .lease import Contended, Lease
 from .modes import Replace, Replacement
 from .modes.base import Publish
@@ -376,6 +376,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             self._store_started(request)
         try:
             return self.run(*args, **kwargs)
+        except Exception as error:
+            failed_run(self.singleton_context, request, error, lease)
+            raise
         finally:
             request.singleton_lease = None
             if lease.token and not getattr(request, _HANDED_OVER, False):

@@ -43,6 +43,9 @@ RETRY_OF_HEADER = "singleton_lock_retry_of"
 # role, e.g. "pending" for lock="until_executing"): at execution the message takes the
 # key's running lease afresh and then lets its hold go, so the next call can queue.
 HOLD_HEADER = "singleton_lock_hold"
+# A throttled call's window token (with ``reopen_on``): the run that fails or is revoked
+# gives its window back, and only its own.
+WINDOW_HEADER = "singleton_lock_window"
 # Put by the worker's main process on the request it hands to its pool (never read
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.

@@ -1,8 +1,8 @@
 """The Redis lease: owner-checked, fenced, renewed locks on any redis-py client; no Celery."""
 
 from .aio import AsyncRedisLock
-from .clients import Server, describe, server_of
 from .clients import build as client_from_url
+from .clients import describe
 from .interface import LockStore, PushStore, SlotStore
 from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
@@ -10,6 +10,7 @@ from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, valida
 from .pending import PendingAcquire
 from .pushes import Push, PushRefused, RidingRelease, RidingTake
 from .renewal import Renewer, get_renewer
+from .servers import Server, server_of
 from .store import RedisLock
 
 __all__ = [

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from .base import WaitMode
-from .clients import Server
 from .inventory import Held
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import LockKeys
 from .pending import PendingAcquire
 from .pushes import Push, RidingRelease, RidingTake
+from .servers import Server
 
 
 class SlotStore(Protocol):

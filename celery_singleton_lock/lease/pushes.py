@@ -22,10 +22,11 @@ from redis.exceptions import NoScriptError
 from . import scripts
 from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
-from .clients import Server, SyncClient
+from .clients import SyncClient
 from .errors import is_refusal
 from .lease import Contended, Lease, ReleaseResult
 from .names import LockKeys, new_token
+from .servers import Server
 from .transport import Transport
 
 

@@ -13,7 +13,7 @@ from redis.commands.core import Script
 from ..exceptions import ConfigurationError, SingletonLockError
 from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
-from .clients import build, eviction_policy, is_async, server_of
+from .clients import build, eviction_policy, is_async
 from .errors import store_error
 from .inventory import BATCH, Held, scan
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
@@ -22,6 +22,7 @@ from .pending import PendingAcquire
 from .pushes import Pushes
 from .renewal import Renewer, get_renewer
 from .replicas import acknowledged, replicas_option, with_acks
+from .servers import server_of
 from .slots import Slots
 from .transport import Reply, Transport
 
@@ -369,11 +370,10 @@ class RedisLock(LockBase):
 
     @property
     def pushes(self) -> Pushes | None:
-        """Holds taken with their message's push, for a broker on this server (None: no
-        standalone server, or replicas asked for: a shortfall gives a hold back)."""
+        """Holds pushed with their message, for a broker here (None: Cluster, or replicas)."""
         if self._pushes is None and self.replicas is None:
             server = server_of(self.client)
-            self._pushes = None if server is None else Pushes(self, server)
+            self._pushes = Pushes(self, server) if server else None
         return self._pushes if self._pushes is not None and self._pushes.usable else None
 
     def holder(self, name: str) -> str | None:

@@ -119,6 +119,9 @@ class Mode:
     # publish: a refused call replaces the queued call's arguments (``replace.py``);
     # start: a replaced message is dropped quietly
     replaces: bool = False
+    # end: the ends of a run ("failure", "revoked") after which the key takes the next
+    # call at once (``reopen_on``; the options allow it where it changes something)
+    reopen_on: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
         return f"<mode {self.name}>"
@@ -181,6 +184,23 @@ class Mode:
         )
 
     # -- end --------------------------------------------------------------------------------
+
+    @property
+    def retry_keeps_key(self) -> bool:
+        """Whether a failed run's retry holds the key until it runs (its message takes
+        the running lease over); else the key is free at the failure and the retry
+        contends when it comes, like a copy."""
+        return "failure" not in self.reopen_on
+
+    def ended(self, end: str, store: Store, request: object) -> None:
+        """A run of ``request`` (its headers) ended so (``"failure"``, ``"revoked"``):
+        when ``reopen_on`` names it, let the next call in now (``reopen``)."""
+        if end in self.reopen_on:
+            self.reopen(store, request)
+
+    def reopen(self, store: Store, request: object) -> None:
+        """Free what still keeps the next call out after the run's own lease is gone
+        (nothing here: the key is free once the run ends)."""
 
     def running_names(self, name: str) -> list[str]:
         """Every lock a run of ``name`` may hold (itself; a counting lease's slots)."""

@@ -6,7 +6,9 @@
 - receipt: nothing to reserve (the window is not the message's).
 - start: the running lease on the key, as ``while_executing``: two accepted calls of
   consecutive windows never run at once.
-- end: the running lease is released; the window runs out on its own.
+- end: the running lease is released; the window runs out on its own, or with
+  ``reopen_on`` is given back when the run fails or is revoked (owner-checked: the
+  window's token rides in the message), so the next call is accepted at once.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .._time import human
+from ..backend import Store
 from ..lease import companion
-from ..tokens import NAME_HEADER
+from ..tokens import NAME_HEADER, WINDOW_HEADER, header
 from .base import Holder, Mode, PublishHold
 
 
@@ -30,8 +33,17 @@ class Throttle(Mode):
         return f"was accepted less than {self.window:g}s ago"
 
     def hold(self, name: str, token: str, ttl: float) -> PublishHold:
-        # The window, not the queue ttl: it is nobody's to take over or give back.
-        return PublishHold(companion(name, "throttle"), self.window, token, {NAME_HEADER: name})
+        # The window, not the queue ttl: it is nobody's to take over; given back only
+        # by a run that ends as reopen_on names, which carries its token for that.
+        headers: dict[str, object] = {NAME_HEADER: name}
+        if self.reopen_on:
+            headers[WINDOW_HEADER] = token
+        return PublishHold(companion(name, "throttle"), self.window, token, headers)
+
+    def reopen(self, store: Store, request: object) -> None:
+        name, token = header(request, NAME_HEADER), header(request, WINDOW_HEADER)
+        if name and token:  # a message of this window (a copy or a retry has none)
+            store.release_token(companion(name, "throttle"), token)
 
     def held_by_a_run(self, name: str) -> list[str]:
         return [name, companion(name, "throttle")]

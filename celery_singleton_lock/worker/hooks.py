@@ -106,14 +106,17 @@ def _release_revoked(
     """
     if sender is None or not is_singleton(sender) or request is None or terminated:
         return
-    if reservations.drop(request.id, release=True):
-        return  # the reservation had replaced the hold: nothing else to give back
+    store = sender.singleton_context.store
     lock_name, token = header(request, NAME_HEADER), header(request, TOKEN_HEADER)
-    if lock_name and token:
-        try:
-            sender.singleton_context.store.release_token(lock_name, token)
-        except SingletonLockError as error:
-            logger.warning("revoked %s: release of %s failed (%s)", sender.name, lock_name, error)
+    try:
+        # An expired message did no work either: a revoke for reopen_on.
+        sender.singleton_options().mode.ended("revoked", store, request)
+        if reservations.drop(request.id, release=True):
+            return  # the reservation had replaced the hold: nothing else to give back
+        if lock_name and token:
+            store.release_token(lock_name, token)
+    except SingletonLockError as error:
+        logger.warning("revoked %s: release of %s failed (%s)", sender.name, lock_name, error)
 
 
 def _release_unwritten(sender: object = None, task_id: str | None = None, **_: object) -> None:

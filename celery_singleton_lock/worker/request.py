@@ -18,6 +18,7 @@ import logging
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
 from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
+from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from ..backend import Store
@@ -179,5 +180,8 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 *reserved_shape(self.hostname, self.id),
                 or_shape=(queued, "") if queued else None,
             )
+            # A revoke with terminate=True, or a crash or time limit: a failure.
+            end = "revoked" if self.id in worker_state.revoked else "failure"
+            task.singleton_options().mode.ended(end, store, self.request_dict)
         except SingletonLockError as error:
             logger.warning("release of %s after its child died failed (%s)", lock_name, error)

@@ -423,3 +423,40 @@ def noop(item: object) -> None:
 def plain(item: object) -> object:
     """A plain Celery task: what a pool does without this library, for comparison."""
     return item
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    throttle=30,
+    reopen_on=("failure", "revoked"),
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def throttled_reopen(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """A 30 s window per item that a failed or revoked run gives back at once."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    throttle=30,
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def throttled_closed(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """The same window without reopen_on: a failed run keeps it to its end."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    reopen_on="failure",
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def reopened(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """until_executed whose failed run frees the key even while its retry waits."""
+    return _work(self, item, seconds, mode)
