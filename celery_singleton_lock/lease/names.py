@@ -84,6 +84,11 @@ class LockKeys:
         """The tokens ``swap`` took this lock from (a set that expires with the hold)."""
         return f"{self.lock}:replaced"
 
+    @property
+    def rate(self) -> str:
+        """The lock's rate limit (``rates``): its next call's theoretical arrival time."""
+        return f"{self.lock}:rate"
+
     @classmethod
     def build(cls, prefix: str, name: str) -> LockKeys:
         name, role = split_role(name) if ROLE_MARK in name else (name, None)

@@ -1,0 +1,218 @@
+"""Per-name rate limits: GCRA in one script per call, a slot now or the next one reserved.
+
+GCRA (the generic cell rate algorithm: redis-cell's and Stripe's) keeps one number per
+name, the theoretical arrival time (TAT) of the next call, in a key beside the name's
+lock (``LockKeys.rate``: bookkeeping, not a lock the inventory lists) that
+expires once the TAT has passed: O(1) memory,
+nothing left behind. It is exact: with ``limit`` calls per ``period`` and a ``burst`` of
+B, calls start no closer than ``period / limit`` apart once the burst is spent, and no
+window of length W holds more than B - 1 + W * limit / period of them (with B = 1, at
+most ``limit`` in any window of ``period``). A sliding-window counter is approximate and
+a sliding log costs a list entry per call; GCRA needs neither.
+
+Three ways to ask (``how``): ``take`` a slot now or be refused (``retry_after``);
+``reserve`` a slot now or the next free one, counted at once, so calls deferred in turn
+keep their order and never share a slot; ``peek`` at the budget without taking.
+
+The clock is the server's (``TIME``), one for every worker; the in-memory store uses
+its own process's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import weakref
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+from ..exceptions import ConfigurationError
+from .base import REDIS_ERRORS
+from .memory import MemoryLock
+
+How = Literal["take", "reserve", "peek"]
+
+# KEYS[1] the name's rate key
+# ARGV[1] the interval between calls in microseconds (period / limit)
+# ARGV[2] the burst tolerance in microseconds ((burst - 1) * interval)
+# ARGV[3] 'take', 'reserve' or 'peek'
+# returns {state, slot, wait, remaining}: state 1 now, 2 a later slot reserved, 0
+# refused (take) or not free now (peek); slot the slot's server time in microseconds;
+# wait microseconds until it; remaining the calls that may start now after this one.
+RATE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local slot = math.max(now, tat - tolerance)
+local function remaining(next_tat)
+  if now + tolerance < next_tat then return 0 end
+  return math.floor((now + tolerance - next_tat) / interval) + 1
+end
+if ARGV[3] == 'peek' or (ARGV[3] == 'take' and slot > now) then
+  local state = slot > now and 0 or 1
+  return {state, slot, slot - now, remaining(tat)}
+end
+local next_tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX',
+  math.ceil((next_tat - now) / 1000) + 1)
+return {slot > now and 2 or 1, slot, slot - now, remaining(next_tat)}
+"""
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_CELERY_FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """``limit`` calls per ``period`` seconds, up to ``burst`` of them back to back."""
+
+    limit: int
+    period: float
+    burst: int = 1
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two calls once the burst is spent."""
+        return self.period / self.limit
+
+    def __str__(self) -> str:
+        burst = f" (burst {self.burst})" if self.burst > 1 else ""
+        return f"{self.limit}/{self.period:g}s{burst}"
+
+
+def parse_rate(value: object, burst: object = 1, *, what: str = "rate") -> Rate:
+    """A ``Rate`` from Celery's ``rate_limit`` forms (``"100/m"``, ``"10/s"``, ``"5/h"``; a
+    number: per second), ``"100/5m"``, ``(100, timedelta(minutes=1))`` or
+    ``(100, 60.0)``, or a ``Rate``; ``burst`` calls may start back to back."""
+    if isinstance(value, Rate):
+        return value if burst == 1 else Rate(value.limit, value.period, _burst(burst, what))
+    limit: object
+    period: object
+    if isinstance(value, str):
+        match = _CELERY_FORM.match(value)
+        if match is None:
+            raise ConfigurationError(
+                f"{what}={value!r}: write calls per period the way Celery's rate_limit does, "
+                "e.g. '100/m', '10/s', '5/h', or '100/5m'"
+            )
+        limit = float(match.group(1))
+        period = float(match.group(2) or 1) * _UNITS[match.group(3)]
+    elif isinstance(value, tuple) and len(value) == 2:
+        limit, period = value
+        if isinstance(period, timedelta):
+            period = period.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        limit, period = value, 1.0
+    else:
+        raise ConfigurationError(
+            f"{what}={value!r}: write '100/m' (Celery's rate_limit form), a number per "
+            "second, or (calls, timedelta(...))"
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0:
+        raise ConfigurationError(f"{what}={value!r}: the number of calls must be positive")
+    if not isinstance(period, int | float) or isinstance(period, bool) or period <= 0:
+        raise ConfigurationError(f"{what}={value!r}: the period must be positive")
+    if limit != int(limit):  # "0.5/s" is one call every two seconds
+        return Rate(1, float(period) / float(limit), _burst(burst, what))
+    return Rate(int(limit), float(period), _burst(burst, what))
+
+
+def _burst(burst: object, what: str) -> int:
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ConfigurationError(f"{what}: burst={burst!r} must be a whole number of calls >= 1")
+    return burst
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One answer of a rate: when the call may start, and the budget left after it."""
+
+    state: Literal["now", "reserved", "refused"]
+    at: float  # the slot, in the rate's clock's seconds (the server's for Redis)
+    wait: float  # seconds from now until the slot (0 when now)
+    remaining: int  # calls that may start now after this one
+
+    @property
+    def now(self) -> bool:
+        return self.state == "now"
+
+
+_STATES: dict[int, Literal["now", "reserved", "refused"]] = {
+    1: "now",
+    2: "reserved",
+    0: "refused",
+}
+
+
+class Rates:
+    """The rate limits of one lock store: ``rates_of(store).ask(name, rate, how)``."""
+
+    def __init__(self, store: Any) -> None:
+        # A RedisLock (not imported: the lease layer keeps no cycle).
+        self._store = store
+        self._script = store.client.register_script(RATE)
+
+    def key(self, name: str) -> str:
+        return str(self._store.keys(name).rate)
+
+    def ask(self, name: str, rate: Rate, how: How = "take") -> Slot:
+        """One script, one round trip (see the module's docstring)."""
+        interval = max(1, round(rate.interval * 1e6))
+        try:
+            reply = self._store.transport.call(
+                self._script, [self.key(name)], [interval, (rate.burst - 1) * interval, how]
+            )
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, name)
+        state, at, wait, remaining = (int(part) for part in reply)
+        return Slot(_STATES[state], at / 1e6, wait / 1e6, remaining)
+
+
+class MemoryRates:
+    """``Rates`` over a ``MemoryLock`` (eager tests), on this process's clock."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._tats: dict[str, float] = {}
+
+    def key(self, name: str) -> str:
+        return str(self._store.keys(name).rate)
+
+    def ask(self, name: str, rate: Rate, how: How = "take") -> Slot:
+        interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
+        with self._store.guard:
+            now = time.time_ns() / 1e9
+            key = self.key(name)
+            tat = max(self._tats.get(key, now), now)
+            slot = max(now, tat - tolerance)
+            if how == "peek" or (how == "take" and slot > now):
+                state = "refused" if slot > now else "now"
+                return Slot(state, slot, slot - now, _remaining(now, tolerance, tat, interval))
+            self._tats[key] = tat + interval
+            state = "reserved" if slot > now else "now"
+            left = _remaining(now, tolerance, tat + interval, interval)
+            return Slot(state, slot, slot - now, left)
+
+
+def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int:
+    if now + tolerance < tat:
+        return 0
+    return math.floor((now + tolerance - tat) / interval + 1e-9) + 1
+
+
+_made: weakref.WeakKeyDictionary[Any, Rates | MemoryRates] = weakref.WeakKeyDictionary()
+
+
+def rates_of(store: Any) -> Rates | MemoryRates:
+    """The rates of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once per store."""
+    found = _made.get(store)
+    if found is None:
+        found = _made[store] = MemoryRates(store) if isinstance(store, MemoryLock) else Rates(store)
+    return found
+
+
+__all__ = ["RATE", "MemoryRates", "Rate", "Rates", "Slot", "parse_rate", "rates_of"]
