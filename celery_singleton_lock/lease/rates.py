@@ -186,16 +186,17 @@ class MemoryRates:
         interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
         with self._store.guard:
             now = time.time_ns() / 1e9
+            if len(self._tats) > 1000:  # names whose next call is due hold nothing
+                self._tats = {k: t for k, t in self._tats.items() if t > now}
             key = self.key(name)
             tat = max(self._tats.get(key, now), now)
             slot = max(now, tat - tolerance)
             if how == "peek" or (how == "take" and slot > now):
-                state = "refused" if slot > now else "now"
-                return Slot(state, slot, slot - now, _remaining(now, tolerance, tat, interval))
+                left = _remaining(now, tolerance, tat, interval)
+                return Slot(_STATES[0 if slot > now else 1], slot, slot - now, left)
             self._tats[key] = tat + interval
-            state = "reserved" if slot > now else "now"
             left = _remaining(now, tolerance, tat + interval, interval)
-            return Slot(state, slot, slot - now, left)
+            return Slot(_STATES[2 if slot > now else 1], slot, slot - now, left)
 
 
 def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int:
