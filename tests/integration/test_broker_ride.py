@@ -381,6 +381,16 @@ class TestWorkerRides:
         assert holds(at(shared, 1)) == {}
 
 
+def assert_rides(counted: dict[str, Any], lifecycle: dict[str, Any], channel: str) -> None:
+    """A dispatch and a task lifecycle make the round trips plain Celery's make."""
+    print(counted, lifecycle)
+    assert counted["channel"] == f"celery_singleton_lock.broker.{channel}"
+    assert counted["unique_median"] == counted["plain_median"], counted
+    assert counted["pushed_by_duplicates"] == 0, counted
+    plain = (lifecycle["plain"] + lifecycle["again"]) / 2
+    assert lifecycle["unique"] - plain <= 0.3 + RESULT_NOISE, lifecycle
+
+
 class TestUnixSocket:
     def test_a_socket_broker_is_the_default_lock_store_and_carries_every_lock_operation(
         self, cenv: CeleryEnv
@@ -404,12 +414,7 @@ class TestUnixSocket:
             left = holds(redis.Redis(unix_socket_path=str(path)))
         finally:
             server.cleanup()
-        print(counted, lifecycle)
-        assert counted["channel"] == "celery_singleton_lock.broker.Channel"
-        assert counted["unique_median"] == counted["plain_median"], counted
-        assert counted["pushed_by_duplicates"] == 0, counted
-        plain = (lifecycle["plain"] + lifecycle["again"]) / 2
-        assert lifecycle["unique"] - plain <= 0.3 + RESULT_NOISE, lifecycle
+        assert_rides(counted, lifecycle, "Channel")
         assert left == {}
 
 
@@ -437,12 +442,7 @@ class TestSentinel:
             left = holds(master.client())
         finally:
             group.cleanup()
-        print(counted, lifecycle)
-        assert counted["channel"] == "celery_singleton_lock.broker.SentinelChannel"
-        assert counted["unique_median"] == counted["plain_median"], counted
-        assert counted["pushed_by_duplicates"] == 0, counted
-        plain = (lifecycle["plain"] + lifecycle["again"]) / 2
-        assert lifecycle["unique"] - plain <= 0.3 + RESULT_NOISE, lifecycle
+        assert_rides(counted, lifecycle, "SentinelChannel")
         assert left == {}
 
 

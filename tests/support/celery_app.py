@@ -425,29 +425,31 @@ def plain(item: object) -> object:
     return item
 
 
-@singleton_task(
-    app=app,
-    bind=True,
-    key=["item"],
-    throttle=30,
+def _throttled_30s(name: str, doc: str, **reopen: Any) -> Any:
+    @singleton_task(
+        app=app,
+        bind=True,
+        name=f"{__name__}.{name}",
+        key=["item"],
+        throttle=30,
+        on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+        **reopen,
+    )
+    def throttled(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+        return _work(self, item, seconds, mode)
+
+    throttled.__doc__ = doc
+    return throttled
+
+
+throttled_reopen = _throttled_30s(
+    "throttled_reopen",
+    "A 30 s window per item that a failed or revoked run gives back at once.",
     reopen_on=("failure", "revoked"),
-    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
 )
-def throttled_reopen(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
-    """A 30 s window per item that a failed or revoked run gives back at once."""
-    return _work(self, item, seconds, mode)
-
-
-@singleton_task(
-    app=app,
-    bind=True,
-    key=["item"],
-    throttle=30,
-    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+throttled_closed = _throttled_30s(
+    "throttled_closed", "The same window without reopen_on: a failed run keeps it to its end."
 )
-def throttled_closed(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
-    """The same window without reopen_on: a failed run keeps it to its end."""
-    return _work(self, item, seconds, mode)
 
 
 @singleton_task(
