@@ -1,14 +1,14 @@
 """Per-name rate limits: GCRA in one script per call, a slot now or the next one reserved.
 
-GCRA (the generic cell rate algorithm: redis-cell's and Stripe's) keeps one number per
-name, the theoretical arrival time (TAT) of the next call, in a key beside the name's
-lock (``LockKeys.rate``: bookkeeping, not a lock the inventory lists) that
-expires once the TAT has passed: O(1) memory,
-nothing left behind. It is exact: with ``limit`` calls per ``period`` and a ``burst`` of
-B, calls start no closer than ``period / limit`` apart once the burst is spent, and no
-window of length W holds more than B - 1 + W * limit / period of them (with B = 1, at
-most ``limit`` in any window of ``period``). A sliding-window counter is approximate and
-a sliding log costs a list entry per call; GCRA needs neither.
+GCRA (the generic cell rate algorithm: redis-cell's and Stripe's, ``scripts.RATE``)
+keeps one number per name, the theoretical arrival time (TAT) of the next call, in a
+key beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the inventory
+lists) that expires once the TAT has passed: O(1) memory, nothing left behind. It is
+exact: with ``limit`` calls per ``period`` and a ``burst`` of B, calls start no closer
+than ``period / limit`` apart once the burst is spent, and no window of length W holds
+more than B - 1 + W * limit / period of them (with B = 1, at most ``limit`` in any
+window of ``period``). A sliding-window counter is approximate and a sliding log costs
+a list entry per call; GCRA needs neither.
 
 Three ways to ask (``how``): ``take`` a slot now or be refused (``retry_after``);
 ``reserve`` a slot now or the next free one, counted at once, so calls deferred in turn
@@ -29,38 +29,11 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from ..exceptions import ConfigurationError
+from . import scripts
 from .base import REDIS_ERRORS
 from .memory import MemoryLock
 
 How = Literal["take", "reserve", "peek"]
-
-# KEYS[1] the name's rate key
-# ARGV[1] the interval between calls in microseconds (period / limit)
-# ARGV[2] the burst tolerance in microseconds ((burst - 1) * interval)
-# ARGV[3] 'take', 'reserve' or 'peek'
-# returns {state, slot, wait, remaining}: state 1 now, 2 a later slot reserved, 0
-# refused (take) or not free now (peek); slot the slot's server time in microseconds;
-# wait microseconds until it; remaining the calls that may start now after this one.
-RATE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1])) or now
-if tat < now then tat = now end
-local slot = math.max(now, tat - tolerance)
-local function remaining(next_tat)
-  if now + tolerance < next_tat then return 0 end
-  return math.floor((now + tolerance - next_tat) / interval) + 1
-end
-if ARGV[3] == 'peek' or (ARGV[3] == 'take' and slot > now) then
-  local state = slot > now and 0 or 1
-  return {state, slot, slot - now, remaining(tat)}
-end
-local next_tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX',
-  math.ceil((next_tat - now) / 1000) + 1)
-return {slot > now and 2 or 1, slot, slot - now, remaining(next_tat)}
-"""
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _CELERY_FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
@@ -154,7 +127,7 @@ class Rates:
     def __init__(self, store: Any) -> None:
         # A RedisLock (not imported: the lease layer keeps no cycle).
         self._store = store
-        self._script = store.client.register_script(RATE)
+        self._script = store.client.register_script(scripts.RATE)
 
     def key(self, name: str) -> str:
         return str(self._store.keys(name).rate)
@@ -216,4 +189,4 @@ def rates_of(store: Any) -> Rates | MemoryRates:
     return found
 
 
-__all__ = ["RATE", "MemoryRates", "Rate", "Rates", "Slot", "parse_rate", "rates_of"]
+__all__ = ["MemoryRates", "Rate", "Rates", "Slot", "parse_rate", "rates_of"]

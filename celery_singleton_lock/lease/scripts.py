@@ -335,3 +335,33 @@ if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
 end
 return 1
 """
+
+# A per-name rate limit by GCRA (``rates``): one number, the next call's theoretical
+# arrival time, on the server's clock.
+# KEYS[1] the name's rate key
+# ARGV[1] the interval between calls in microseconds (period / limit)
+# ARGV[2] the burst tolerance in microseconds ((burst - 1) * interval)
+# ARGV[3] 'take', 'reserve' or 'peek'
+# returns {state, slot, wait, remaining}: state 1 now, 2 a later slot reserved, 0
+# refused (take) or not free now (peek); slot the slot's server time in microseconds;
+# wait microseconds until it; remaining the calls that may start now after this one.
+RATE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1])) or now
+if tat < now then tat = now end
+local slot = math.max(now, tat - tolerance)
+local function remaining(next_tat)
+  if now + tolerance < next_tat then return 0 end
+  return math.floor((now + tolerance - next_tat) / interval) + 1
+end
+if ARGV[3] == 'peek' or (ARGV[3] == 'take' and slot > now) then
+  local state = slot > now and 0 or 1
+  return {state, slot, slot - now, remaining(tat)}
+end
+local next_tat = tat + interval
+redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX',
+  math.ceil((next_tat - now) / 1000) + 1)
+return {slot > now and 2 or 1, slot, slot - now, remaining(next_tat)}
+"""
