@@ -6,7 +6,7 @@ key beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the inven
 lists) that expires once the TAT has passed: O(1) memory, nothing left behind. It is
 exact: with ``limit`` calls per ``period`` and a ``burst`` of B, calls start no closer
 than ``period / limit`` apart once the burst is spent, and no window of length W holds
-more than B - 1 + W * limit / period of them (with B = 1, at most ``limit`` in any
+more than B - 1 + ceil(W * limit / period) of them (with B = 1, at most ``limit`` in any
 window of ``period``). A sliding-window counter is approximate and a sliding log costs
 a list entry per call; GCRA needs neither.
 
