@@ -205,8 +205,10 @@ class SentinelGroup:
         return True
 
     def master_port(self) -> int:
-        host_port = self.sentinel(self.sentinel_ports[0]).sentinel_get_master_addr_by_name(
-            self.MASTER_NAME
+        # The raw command: redis-py 6.4's sentinel_get_master_addr_by_name passes its
+        # parser an option it does not take (TypeError: ... 'once').
+        host_port = self.sentinel(self.sentinel_ports[0]).execute_command(
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER_NAME
         )
         return int(host_port[1])
 
