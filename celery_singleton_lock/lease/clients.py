@@ -77,6 +77,8 @@ def build(
                 _db_path(url)
             if scheme == "redis+socket":
                 url = _unix_url(url)
+            if scheme in ("unix", "redis+socket") and not asyncio:
+                _socket_options(options)
             for name in _SENTINEL_OPTIONS:
                 options.pop(name, None)  # a broker's Sentinel options, not for this URL
             if bounded and not asyncio:
@@ -113,6 +115,17 @@ def _unix_url(url: str) -> str:
     rest = urlencode(query)
     auth = url[len("redis+socket://") :].split("/", 1)[0]
     return f"unix://{auth}{part.path}" + (f"?{rest}" if rest else "")
+
+
+def _socket_options(options: dict[str, Any]) -> None:
+    """redis-py 7 and 8 turn maintenance notifications on for RESP3 connections, then
+    refuse to connect a unix socket (it has no host to name): off for a socket, unless
+    the options say otherwise. Older redis-py has no such thing."""
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig  # noqa: PLC0415
+    except ImportError:
+        return
+    options.setdefault("maint_notifications_config", MaintNotificationsConfig(enabled=False))
 
 
 def _checked(client: _Standalone) -> _Standalone:

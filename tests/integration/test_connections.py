@@ -160,3 +160,23 @@ def test_a_worker_keeps_its_lock_store_connections_bounded_over_many_tasks(
         assert len(clients) <= 12
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+@pytest.mark.parametrize("form", ["unix://{path}?db=1", "redis+socket://{path}?virtual_host=1"])
+def test_a_unix_socket_lock_store_connects_in_either_form_and_protocol(
+    form: str, protocol: int
+) -> None:
+    """redis-py's own form and kombu's; RESP3 included (redis-py 7 and 8 would refuse a
+    socket's connection for want of a host to send maintenance notifications to)."""
+    server = RedisServer("--unixsocket", "SOCKET", "--unixsocketperm", "700")
+    path = server.dir / "redis.sock"
+    server.extra_args = [str(path) if a == "SOCKET" else a for a in server.extra_args]
+    server.start()
+    try:
+        lock = RedisLock.from_url(form.format(path=path), prefix="sock", protocol=protocol)
+        lease = lock.acquire("job", ttl=5)
+        assert redis.Redis(unix_socket_path=str(path), db=1).exists(lease.key)
+        lock.release(lease)
+    finally:
+        server.cleanup()
