@@ -40,6 +40,7 @@ SUBSET = [
     "tests/integration/test_wait.py",
     "tests/integration/test_contention.py",
     "tests/integration/test_connections.py",
+    "tests/integration/test_rates.py",
     "tests/integration/test_celery_lifecycle.py::TestEnds::test_success_releases_right_away",
     "tests/integration/test_celery_lifecycle.py::TestDispatch",
     "tests/integration/test_celery_lifecycle.py::TestBypass::test_send_task_duplicates_never_overlap_and_all_run",
@@ -50,6 +51,7 @@ SUBSET = [
 POOLS = [
     "tests/integration/test_pools.py",
     "tests/integration/test_modes.py",
+    "tests/integration/test_reopen.py",
     *sorted(
         str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "integration").glob("test_mode_*.py")
     ),

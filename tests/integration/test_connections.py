@@ -22,6 +22,7 @@ from celery import Celery
 
 from celery_singleton_lock import Lease, LockStoreConfigurationError, RedisLock
 from celery_singleton_lock.backend import Backend
+from celery_singleton_lock.lease import client_from_url
 
 from ..conftest import CeleryEnv, separate_lock_server
 from ..support.servers import RedisServer
@@ -174,7 +175,11 @@ def test_a_unix_socket_lock_store_connects_in_either_form_and_protocol(
     server.extra_args = [str(path) if a == "SOCKET" else a for a in server.extra_args]
     server.start()
     try:
-        lock = RedisLock.from_url(form.format(path=path), prefix="sock", protocol=protocol)
+        url = form.format(path=path)
+        # As a task's lock store is built (a bounded pool), and as RedisLock.from_url does.
+        bounded = RedisLock(client_from_url(url, {"protocol": protocol}, bounded=True), prefix="s")
+        bounded.release(bounded.acquire("job", ttl=5))
+        lock = RedisLock.from_url(url, prefix="sock", protocol=protocol)
         lease = lock.acquire("job", ttl=5)
         assert redis.Redis(unix_socket_path=str(path), db=1).exists(lease.key)
         lock.release(lease)
