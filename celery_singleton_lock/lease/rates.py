@@ -52,10 +52,6 @@ class Rate:
         """Seconds between two calls once the burst is spent."""
         return self.period / self.limit
 
-    def __str__(self) -> str:
-        burst = f" (burst {self.burst})" if self.burst > 1 else ""
-        return f"{self.limit}/{self.period:g}s{burst}"
-
 
 def parse_rate(value: object, burst: object = 1, *, what: str = "rate") -> Rate:
     """A ``Rate`` from Celery's ``rate_limit`` forms (``"100/m"``, ``"10/s"``, ``"5/h"``; a
@@ -121,16 +117,23 @@ _STATES: dict[int, Literal["now", "reserved", "refused"]] = {
 }
 
 
-class Rates:
+class _RatesOf:
     """The rate limits of one lock store: ``rates_of(store).ask(name, rate, how)``."""
 
     def __init__(self, store: Any) -> None:
-        # A RedisLock (not imported: the lease layer keeps no cycle).
         self._store = store
-        self._script = store.client.register_script(scripts.RATE)
 
     def key(self, name: str) -> str:
+        """The Redis key of ``name``'s rate (``LockKeys.rate``)."""
         return str(self._store.keys(name).rate)
+
+
+class Rates(_RatesOf):
+    """On a ``RedisLock`` (not imported: the lease layer keeps no cycle)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self._script = store.client.register_script(scripts.RATE)
 
     def ask(self, name: str, rate: Rate, how: How = "take") -> Slot:
         """One script, one round trip (see the module's docstring)."""
@@ -145,15 +148,12 @@ class Rates:
         return Slot(_STATES[state], at / 1e6, wait / 1e6, remaining)
 
 
-class MemoryRates:
+class MemoryRates(_RatesOf):
     """``Rates`` over a ``MemoryLock`` (eager tests), on this process's clock."""
 
     def __init__(self, store: Any) -> None:
-        self._store = store
+        super().__init__(store)
         self._tats: dict[str, float] = {}
-
-    def key(self, name: str) -> str:
-        return str(self._store.keys(name).rate)
 
     def ask(self, name: str, rate: Rate, how: How = "take") -> Slot:
         interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval

@@ -41,19 +41,15 @@ def server_of(client: object) -> Server | None:
         return None
     pool = client.connection_pool
     kwargs: Mapping[str, object] = getattr(pool, "connection_kwargs", {})
-    service = getattr(pool, "service_name", None)
-    address: tuple[str, int] | str | None = None
-    if service is not None:
-        address = _sentinel_master(str(service), getattr(pool, "sentinel_manager", None))
-        if address is None:
-            return None
     db = kwargs.get("db") or 0
     if not isinstance(db, int):
         db = int(str(db))
     user = kwargs.get("username")
     user = user if isinstance(user, str) and user else None
-    if address is not None:
-        return Server(address, db, user)
+    service = getattr(pool, "service_name", None)
+    if service is not None:
+        master = _sentinel_master(str(service), getattr(pool, "sentinel_manager", None))
+        return None if master is None else Server(master, db, user)
     path = kwargs.get("path")
     if isinstance(path, str):
         return Server(path, db, user)
