@@ -14,6 +14,7 @@ from .exceptions import (
     LockNotAcquiredError,
     LockStoreConfigurationError,
     LockStoreUnavailableError,
+    RateLimitedError,
     SingletonLockError,
 )
 from .keys import KeySpec, derive_key
@@ -59,6 +60,7 @@ __all__ = [
     "LockStoreConfigurationError",
     "LockStoreUnavailableError",
     "MemoryLock",
+    "RateLimitedError",
     "RedisLock",
     "ReleaseResult",
     "Requeue",

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from celery.signals import before_task_publish
+
+from . import outages
 from .backend import Store
 from .exceptions import LockStoreUnavailableError, SingletonLockError
 from .lease import Contended, Lease, PendingAcquire
 from .modes.base import Publish
+from .tokens import RATE_SLOT_HEADER
 
 if TYPE_CHECKING:
+    from celery import Celery
     from celery.result import AsyncResult
     from kombu.messaging import Producer
+
+    from .context import TaskContext
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +40,36 @@ def delay_of(options: Mapping[str, object]) -> float:
         return 0.0  # none (or not a time: Celery refuses it as it builds the message)
     now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
     return max(0.0, (eta - now).total_seconds())
+
+
+def slot_at_publish(
+    context: TaskContext,
+    lock_name: str,
+    call: tuple[Sequence[object], Mapping[str, object]],
+    options: MutableMapping[str, object],
+) -> dict[str, object]:
+    """A rate's slot for a call about to be sent (``on_limited="delay"`` or ``"raise"``),
+    as the header it rides in; none without one, or when the store is unreachable and
+    fail_open sends the call anyway (its execution then asks)."""
+    try:
+        slot = context.options.mode.slot_at_publish(context.store, lock_name, call, options)
+    except LockStoreUnavailableError as error:
+        outages.at_dispatch(context, lock_name, error)  # fail_closed raises
+        return {}
+    return {} if slot is None else {RATE_SLOT_HEADER: f"{slot.at:.6f}"}
+
+
+def can_overlap(app: Celery, options: Mapping[str, object]) -> bool:
+    """Whether a dispatch's hold may be taken while Celery builds the message."""
+    # Only while nothing can observe the message before our gate: an eager call runs
+    # the task instead of publishing, connection= makes Celery use its own producer, and
+    # a before_task_publish receiver (tracing, audit) would be told of a duplicate that
+    # is then never published.
+    return not (
+        app.conf.task_always_eager
+        or options.get("connection") is not None
+        or before_task_publish.receivers
+    )
 
 
 def in_canvas(link: object, link_error: object, options: Mapping[str, object]) -> bool:

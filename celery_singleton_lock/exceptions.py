@@ -86,6 +86,13 @@ class LockLostError(SingletonLockError):
     reason: str
 
 
+class RateLimitedError(SingletonLockError):
+    """A call is over its key's rate (``on_limited="raise"``); ``retry_after`` seconds
+    until the key's next free slot."""
+
+    retry_after: float
+
+
 class DuplicateTaskError(SingletonLockError):
     """A task with the same lock key is already queued or running; ``task_id`` is that task."""
 

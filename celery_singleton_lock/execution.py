@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
@@ -23,7 +24,7 @@ from celery.utils.dispatch import Signal
 from . import outages
 from . import signals as singleton_signals
 from .backend import Store
-from .context import Delivery, TaskContext
+from .context import Delivery, Request, TaskContext
 from .contrib.liveness import runs_task
 from .dispatch import quietly
 from .exceptions import (
@@ -33,7 +34,7 @@ from .exceptions import (
     LockStoreUnavailableError,
 )
 from .holds import PendingHold
-from .lease import Contended, Lease
+from .lease import Contended, Lease, Slot
 from .modes import Mode, Start
 from .policies import ContentionState, Fail, Requeue, Skip, Wait
 from .tokens import (
@@ -42,6 +43,7 @@ from .tokens import (
     HOLD_HEADER,
     NAME_HEADER,
     OUTAGE_HEADER,
+    RATE_SLOT_HEADER,
     REDRIVE_HEADER,
     RETRY_OF_HEADER,
     TOKEN_HEADER,
@@ -76,6 +78,7 @@ class Execution:
         self.context = context = delivery.context
         opts = context.options
         self.lock_name: str = header(request, NAME_HEADER) or opts.key.derive(args, kwargs)
+        self.call = (args, kwargs)
         self.mode: Mode = opts.mode
         self.queued: str | None = header(request, TOKEN_HEADER)
         self.role: str | None = header(request, HOLD_HEADER)
@@ -122,6 +125,7 @@ class Execution:
             return lease
         hold = None
         try:
+            self._admit()
             if self.role == "pending":
                 hold = PendingHold(
                     self.context, self.delivery.request.id, self.lock_name, "pending",
@@ -158,6 +162,21 @@ class Execution:
             hold.let_go()
         self.store.renew(outcome)
         return outcome
+
+    def _admit(self) -> None:
+        """A rate's slot before the running lease (``modes/rate.py``): a run with no slot
+        free now is sent again to arrive on the one reserved for it."""
+        request = self.delivery.request
+        carried = header(request, RATE_SLOT_HEADER)
+        slot = self.mode.admit(self.start, self.call, None if carried is None else float(carried))
+        if slot is None:
+            return
+        if not slot.now:
+            if not request.is_eager:
+                defer(self.delivery, self.lock_name, slot)
+            time.sleep(slot.wait)  # eagerly, the caller waits for the slot reserved for it
+        # The slot this run started on, in the lock store's clock (seconds since the epoch).
+        setattr(request, "singleton_rate_slot", slot.at)  # noqa: B010  (Celery's Context)
 
     def _unless_replaced(self, held: Contended | None) -> None:
         """Drop this message quietly if a later one of the same task id took its place.
@@ -314,13 +333,7 @@ def send_again(
         lock_name,
         attempt,
     )
-    headers: dict[str, object] = {
-        **(request.headers or {}),
-        NAME_HEADER: lock_name,
-        ATTEMPT_HEADER: attempt,
-    }
-    headers.pop(TOKEN_HEADER, None)
-    headers.pop(HOLD_HEADER, None)
+    headers = _again(request, lock_name, ATTEMPT_HEADER, attempt)
     # The requeued message stays the pending call: its hold goes with it.
     passed = hold.pass_on(delivery.context.queue_ttl + countdown) if hold is not None else {}
     if outages is not None:
@@ -329,6 +342,32 @@ def send_again(
     # without counting as a retry of the task's own max_retries.
     delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
     raise Ignore(f"requeued: {lock_name!r} is held by another execution")
+
+
+def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
+    """Send the current message again to arrive on ``slot`` of its key's rate (reserved
+    for it), keeping its task id, and end this execution."""
+    request = delivery.request
+    logger.info(
+        "%s[%s] deferred %.3fs to its slot of %s's rate",
+        delivery.name, request.id, slot.wait, lock_name,
+    )  # fmt: skip
+    at = f"{slot.at:.6f}"
+    # Passed as the library's own header: a copy of a request's headers (a retry's)
+    # drops any slot, which only the deferral that reserved it may send.
+    headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
+    delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at}})
+    raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
+
+
+def _again(request: Request, lock_name: str, name: str, value: object) -> dict[str, object]:
+    """The headers of this message sent again: its key, ``name``, and no hold or slot of
+    its own (a slot it could not start on is spent)."""
+    headers: dict[str, object] = {**(request.headers or {}), NAME_HEADER: lock_name}
+    for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
+        headers.pop(own, None)
+    headers[name] = value
+    return headers
 
 
 def failed_run(context: TaskContext, request: object, error: Exception, lease: Lease) -> None:

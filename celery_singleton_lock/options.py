@@ -17,6 +17,8 @@ from .modes import (
     Debounce,
     Limit,
     Mode,
+    Rated,
+    RateSpec,
     Replace,
     Throttle,
     UntilExecuted,
@@ -38,6 +40,9 @@ OPTION_NAMES = (
     "queue_ttl",
     "dedupe",
     "reopen_on",
+    "rate",
+    "burst",
+    "on_limited",
 )
 # The ends of a run after which its key takes the next call at once (``reopen_on``).
 REOPEN_ENDS = ("failure", "revoked")
@@ -64,6 +69,7 @@ class SingletonOptions:
     queue_ttl: float | None
     dedupe: bool
     reopen_on: frozenset[str] = frozenset()
+    rate: RateSpec | None = None  # runs started per key per period, across workers
 
     @classmethod
     def build(
@@ -91,8 +97,12 @@ class SingletonOptions:
         else:
             func, bound = run, True
         limit = _limit(name, raw)
+        rate = _rate(name, raw)
         debounce, max_wait = _debounce(name, raw)
-        lock = "while_executing" if limit is not None else _lock_scope(name, raw)
+        if limit is not None or rate is not None:
+            lock = "while_executing"  # every call is sent; the runs are what is limited
+        else:
+            lock = _lock_scope(name, raw)
         if debounce is not None:
             lock = "until_executing"  # a run starts a new burst: the next call queues
         throttle = raw.get("throttle")
@@ -128,6 +138,7 @@ class SingletonOptions:
             queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),
             dedupe=lock != "while_executing",
             reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
+            rate=rate,
         )
 
     @cached_property
@@ -137,7 +148,7 @@ class SingletonOptions:
             self.lock, self.throttle, self.limit, self.debounce, self.max_wait, self.on_duplicate
         )
         mode.reopen_on = self.reopen_on
-        return mode
+        return mode if self.rate is None else Rated(mode, self.rate)
 
     @property
     def hold_role(self) -> str | None:
@@ -278,11 +289,7 @@ def _limit(name: str, raw: Mapping[str, object]) -> int | None:
         raise ConfigurationError(
             f"{name}: limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}"
         )
-    clashes = [option for option in ("throttle", "on_duplicate", "debounce") if option in raw]
-    if raw.get("lock", "while_executing") != "while_executing":
-        clashes.append(f"lock={raw['lock']!r}")
-    if raw.get("dedupe") is True:
-        clashes.append("dedupe=True")
+    clashes = _dispatch_options(raw)
     if clashes:
         raise ConfigurationError(
             f"{name}: limit={limit} with {', '.join(clashes)}: a limit never refuses a "
@@ -290,6 +297,37 @@ def _limit(name: str, raw: Mapping[str, object]) -> int | None:
             f"{', '.join(clashes)}, or use a lock scope without limit"
         )
     return limit
+
+
+def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:
+    """``rate=``: runs started per key per period; every call is sent and none refused."""
+    if raw.get("rate") is None:
+        given = [option for option in ("burst", "on_limited") if option in raw]
+        if given:
+            raise ConfigurationError(
+                f"{name}: {', '.join(given)} without rate: they shape a rate limit; write "
+                "rate='100/m' (or a callable of the task's arguments) with them"
+            )
+        return None
+    clashes = _dispatch_options(raw)
+    if clashes:
+        raise ConfigurationError(
+            f"{name}: rate with {', '.join(clashes)}: a rate never refuses a call at "
+            "dispatch (every call is sent and each run waits for its slot); drop "
+            f"{', '.join(clashes)}, or use throttle=... for one call per window"
+        )
+    return RateSpec.build(name, raw["rate"], raw.get("burst", 1), raw.get("on_limited", "defer"))
+
+
+def _dispatch_options(raw: Mapping[str, object]) -> list[str]:
+    """The options given that decide a call at dispatch: none apply where every call is
+    sent (``limit=``, ``rate=``)."""
+    clashes = [option for option in ("throttle", "on_duplicate", "debounce") if option in raw]
+    if raw.get("lock", "while_executing") != "while_executing":
+        clashes.append(f"lock={raw['lock']!r}")
+    if raw.get("dedupe") is True:
+        clashes.append("dedupe=True")
+    return clashes
 
 
 def _lock_scope(name: str, raw: Mapping[str, object]) -> str:

@@ -20,7 +20,6 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from celery import Task, states
-from celery.signals import before_task_publish
 from celery.utils import uuid
 
 from . import outages, results
@@ -31,11 +30,13 @@ from .dispatch import (
     Gate,
     GatedProducer,
     Sent,
+    can_overlap,
     delay_of,
     in_canvas,
     quietly,
     refusals,
     send_gated,
+    slot_at_publish,
 )
 from .exceptions import DuplicateTaskError, LockStoreUnavailableError
 from .execution import Execution, failed_run
@@ -49,6 +50,7 @@ from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
     NAME_HEADER,
+    RATE_SLOT_HEADER,
     REDRIVE_HEADER,
     TOKEN_HEADER,
     holder_state,
@@ -184,12 +186,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         opts = self.singleton_options()
         mode = opts.mode
         lock_name = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
-        if bypass or not mode.checks_dispatch or in_canvas(link, link_error, options):
+        canvas = in_canvas(link, link_error, options)
+        if bypass or not mode.checks_dispatch or canvas:
             ours: dict[str, object] = {NAME_HEADER: lock_name}
             if isinstance(bypass, dict):
                 ours.update(bypass)
             if redrive:
                 ours[REDRIVE_HEADER] = 1
+            elif not (bypass or canvas):  # a rate's slot, when it is taken at dispatch
+                call = (args or (), kwargs or {})
+                ours.update(slot_at_publish(self.singleton_context, lock_name, call, options))
             return publish(task_id, options, ours)
         return self._send_held(lock_name, task_id, options, publish, chosen)
 
@@ -244,23 +250,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             outage(error)  # fail_closed raises
             return publish(task_id, options, {NAME_HEADER: lock_name})
         gate = Gate(store, lock_name, pending, outage)
-        if refusals.expects(lock_name) or not self._can_overlap(options):
+        if refusals.expects(lock_name) or not can_overlap(self.app, options):
             return send_gated(gate, sent)
         # The acquire is on its way; Celery builds the message meanwhile and the gated
         # producer waits for the answer just before anything is published.
         with self.app.producer_or_acquire(producer) as real:
             return send_gated(gate, sent, via=GatedProducer(real, gate))
-
-    def _can_overlap(self, options: Mapping[str, object]) -> bool:
-        # Only while nothing can observe the message before our gate: an eager call
-        # runs the task instead of publishing, connection= makes Celery use its own
-        # producer, and a before_task_publish receiver (tracing, audit) would be told of
-        # a duplicate that is then never published.
-        return not (
-            self.app.conf.task_always_eager
-            or options.get("connection") is not None
-            or before_task_publish.receivers
-        )
 
     def _publisher(
         self,
@@ -283,7 +278,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             if not isinstance(given, Mapping):
                 raise TypeError(f"{self.name}: headers= must be a dict, got {given!r}")
             headers = {**given, **ours}
-            for name in (TOKEN_HEADER, HOLD_HEADER):
+            for name in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
                 if name not in ours:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
             return super(SingletonTask, self).apply_async(

@@ -46,6 +46,10 @@ HOLD_HEADER = "singleton_lock_hold"
 # A throttled call's window token (with ``reopen_on``): the run that fails or is revoked
 # gives its window back, and only its own.
 WINDOW_HEADER = "singleton_lock_window"
+# A rate-limited call's slot (``rate=``), in the lock store's clock's seconds: counted when
+# it was reserved (at dispatch, or by the execution that deferred the message), so the
+# run only checks it is due and counts nothing again.
+RATE_SLOT_HEADER = "singleton_lock_rate_slot"
 # Put by the worker's main process on the request it hands to its pool (never read
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.

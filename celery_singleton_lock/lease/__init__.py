@@ -9,6 +9,7 @@ from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .pending import PendingAcquire
 from .pushes import Push, PushRefused, RidingRelease, RidingTake
+from .rates import Rate, Slot, parse_rate, rates_of
 from .renewal import Renewer, get_renewer
 from .servers import Server, server_of
 from .store import RedisLock
@@ -26,17 +27,21 @@ __all__ = [
     "Push",
     "PushRefused",
     "PushStore",
+    "Rate",
     "RedisLock",
     "ReleaseResult",
     "Renewer",
     "RidingRelease",
     "RidingTake",
     "Server",
+    "Slot",
     "SlotStore",
     "client_from_url",
     "companion",
     "describe",
     "get_renewer",
+    "parse_rate",
+    "rates_of",
     "server_of",
     "slot",
     "split_role",

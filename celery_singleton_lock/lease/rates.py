@@ -10,9 +10,10 @@ more than B - 1 + ceil(W * limit / period) of them (with B = 1, at most ``limit`
 window of ``period``). A sliding-window counter is approximate and a sliding log costs
 a list entry per call; GCRA needs neither.
 
-Three ways to ask (``how``): ``take`` a slot now or be refused (``retry_after``);
+Four ways to ask (``how``): ``take`` a slot now or be refused (``retry_after``);
 ``reserve`` a slot now or the next free one, counted at once, so calls deferred in turn
-keep their order and never share a slot; ``peek`` at the budget without taking.
+keep their order and never share a slot; ``peek`` at the budget without taking; and
+whether a slot reserved earlier is ``due`` yet (on the same clock, counting nothing).
 
 The clock is the server's (``TIME``), one for every worker; the in-memory store uses
 its own process's.
@@ -33,7 +34,7 @@ from . import scripts
 from .base import REDIS_ERRORS
 from .memory import MemoryLock
 
-How = Literal["take", "reserve", "peek"]
+How = Literal["take", "reserve", "peek", "due"]
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _CELERY_FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
@@ -104,6 +105,13 @@ class Slot:
     at: float  # the slot, in the rate's clock's seconds (the server's for Redis)
     wait: float  # seconds from now until the slot (0 when now)
     remaining: int  # calls that may start now after this one
+    clock: float  # the rate's clock as it answered
+    free: float  # the earliest slot of the next call, on that clock
+
+    @property
+    def late(self) -> float:
+        """Seconds the slot had passed when it was asked about (``due``)."""
+        return max(0.0, self.clock - self.at)
 
     @property
     def now(self) -> bool:
@@ -135,17 +143,19 @@ class Rates(_RatesOf):
         super().__init__(store)
         self._script = store.client.register_script(scripts.RATE)
 
-    def ask(self, name: str, rate: Rate, how: How = "take") -> Slot:
-        """One script, one round trip (see the module's docstring)."""
+    def ask(self, name: str, rate: Rate, how: How = "take", at: float = 0.0) -> Slot:
+        """One script, one round trip (see the module's docstring); ``at`` is the slot
+        a ``due`` asks about."""
         interval = max(1, round(rate.interval * 1e6))
+        args: list[int | str] = [interval, (rate.burst - 1) * interval, how]
+        if how == "due":
+            args.append(round(at * 1e6))
         try:
-            reply = self._store.transport.call(
-                self._script, [self.key(name)], [interval, (rate.burst - 1) * interval, how]
-            )
+            reply = self._store.transport.call(self._script, [self.key(name)], args)
         except REDIS_ERRORS as error:
             self._store.unavailable(error, name)
-        state, at, wait, remaining = (int(part) for part in reply)
-        return Slot(_STATES[state], at / 1e6, wait / 1e6, remaining)
+        state, at, wait, remaining, clock, free = (int(part) for part in reply)
+        return Slot(_STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6)
 
 
 class MemoryRates(_RatesOf):
@@ -155,7 +165,7 @@ class MemoryRates(_RatesOf):
         super().__init__(store)
         self._tats: dict[str, float] = {}
 
-    def ask(self, name: str, rate: Rate, how: How = "take") -> Slot:
+    def ask(self, name: str, rate: Rate, how: How = "take", at: float = 0.0) -> Slot:
         interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
         with self._store.guard:
             now = time.time_ns() / 1e9
@@ -163,13 +173,19 @@ class MemoryRates(_RatesOf):
                 self._tats = {k: t for k, t in self._tats.items() if t > now}
             key = self.key(name)
             tat = max(self._tats.get(key, now), now)
+
+            def answer(state: int, slot: float, next_tat: float) -> Slot:
+                left = _remaining(now, tolerance, next_tat, interval)
+                free = max(now, next_tat - tolerance)
+                return Slot(_STATES[state], slot, max(0.0, slot - now), left, now, free)
+
+            if how == "due":
+                return answer(2 if at > now else 1, at, tat)
             slot = max(now, tat - tolerance)
             if how == "peek" or (how == "take" and slot > now):
-                left = _remaining(now, tolerance, tat, interval)
-                return Slot(_STATES[0 if slot > now else 1], slot, slot - now, left)
+                return answer(0 if slot > now else 1, slot, tat)
             self._tats[key] = tat + interval
-            left = _remaining(now, tolerance, tat + interval, interval)
-            return Slot(_STATES[2 if slot > now else 1], slot, slot - now, left)
+            return answer(2 if slot > now else 1, slot, tat + interval)
 
 
 def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int:

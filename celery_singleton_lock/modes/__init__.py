@@ -3,6 +3,7 @@
 from .base import Mode, PublishHold, Start
 from .debounce import Debounce
 from .limit import Limit
+from .rate import Rated, RateSpec
 from .replace import Replace, Replacement
 from .throttle import Throttle
 from .until_executed import UntilExecuted
@@ -14,6 +15,8 @@ __all__ = [
     "Limit",
     "Mode",
     "PublishHold",
+    "RateSpec",
+    "Rated",
     "Replace",
     "Replacement",
     "Start",

@@ -11,12 +11,12 @@ process). A mode is chosen once, when the task's options are checked
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
 
 from ..backend import Store
-from ..lease import Contended, Lease, companion
+from ..lease import Contended, Lease, Slot, companion
 from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, queued_token
 
 if TYPE_CHECKING:
@@ -146,6 +146,16 @@ class Mode:
             headers[HOLD_HEADER] = self.hold_role
         return PublishHold(self._held_lock(name), ttl, token, headers)
 
+    def slot_at_publish(
+        self,
+        store: Store,
+        name: str,
+        call: tuple[Sequence[object], Mapping[str, object]],
+        options: MutableMapping[str, object],
+    ) -> Slot | None:
+        """A rate's slot for a call about to be sent (``rate.py``); None: none taken."""
+        return None
+
     def hold_name(self, name: str) -> str | None:
         """The lock a dispatch of ``name`` holds (None: it holds none)."""
         return self._held_lock(name) if self.checks_dispatch else None
@@ -164,6 +174,13 @@ class Mode:
         return self.checks_dispatch and self.hold_role is None and not self.replaces
 
     # -- start (the pool child) -----------------------------------------------------------
+
+    def admit(
+        self, start: Start, call: tuple[Sequence[object], Mapping[str, object]], slot: float | None
+    ) -> Slot | None:
+        """Before the running lease: a rate's slot for this run (``rate.py``), now or a
+        later one reserved for it; ``slot`` is one the message carries. None: no rate."""
+        return None
 
     def take(self, start: Start) -> Lease | Contended:
         """Try once for the running lease: the key, taking over the message's own hold

@@ -87,6 +87,22 @@ class TestAnswers:
         assert rates.ask("p", rate, "peek").remaining == 2
         assert rates.ask("p", rate).remaining == 1
 
+    def test_a_reserved_slot_is_due_on_the_same_clock_and_counts_nothing(self, store: Any) -> None:
+        rates, rate = rates_of(store), Rate(5, 1.0)
+        first, later = (rates.ask("d", rate, "reserve") for _ in range(2))
+        assert first.now
+        assert later.state == "reserved"
+        early = rates.ask("d", rate, "due", at=later.at)
+        assert early.state == "reserved"
+        assert 0.1 < early.wait <= 0.2 + 1e-6
+        time.sleep(early.wait + 0.01)
+        due = rates.ask("d", rate, "due", at=later.at)
+        assert due.now
+        assert due.wait == 0
+        assert due.at == pytest.approx(later.at)
+        # Asking counted nothing: the next reservation is the one after ``later``.
+        assert rates.ask("d", rate, "reserve").at == pytest.approx(later.at + 0.2, abs=1e-6)
+
 
 class TestRedis:
     def test_many_clients_never_exceed_the_rate_in_any_window(self, client: redis.Redis) -> None:

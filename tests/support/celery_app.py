@@ -462,3 +462,69 @@ throttled_closed = _throttled_30s(
 def reopened(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
     """until_executed whose failed run frees the key even while its retry waits."""
     return _work(self, item, seconds, mode)
+
+
+def _rated(task: Any, item: str, n: int, seconds: float) -> int:
+    """Record a rate-limited run: its slot (the lock store's clock) and when it began."""
+    started = time.time()
+    time.sleep(seconds)
+    checker().rpush(
+        "rated",
+        json.dumps(
+            {
+                "task": task.name,
+                "id": task.request.id,
+                "item": item,
+                "n": n,
+                "slot": task.request.singleton_rate_slot,
+                "start": started,
+                "end": time.time(),
+                "fence": task.lease.fence,
+                "pid": os.getpid(),
+            }
+        ),
+    )
+    return n
+
+
+@singleton_task(
+    app=app, bind=True, key=["item"], rate="20/s", acks_late=True, reject_on_worker_lost=True
+)
+def rated(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """20 runs a second per item, across every worker; a killed worker's messages return."""
+    return _rated(self, item, n, seconds)
+
+
+def tenant_plan(item: str, n: int = 0, seconds: float = 0.0) -> str:
+    """A per-tenant plan: the paying tenants get four times the rate."""
+    return "20/s" if item.startswith("gold") else "5/s"
+
+
+@singleton_task(app=app, bind=True, key=["item"], rate=tenant_plan)
+def planned(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    return _rated(self, item, n, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], rate="10/s", on_limited="delay")
+def delayed(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """Sent with the countdown to its slot, reserved at dispatch."""
+    return _rated(self, item, n, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], rate="10/s", burst=2, on_limited="raise")
+def rate_checked(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """Refused with RateLimitedError at dispatch over 10/s (two back to back)."""
+    return _rated(self, item, n, seconds)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    rate="10/s",
+    limit=2,
+    on_contention=requeue(max_tries=500, backoff=0.05, cap=0.2),
+)
+def rated_pair(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """10 runs a second per item, and at most two at once."""
+    return _rated(self, item, n, seconds)
