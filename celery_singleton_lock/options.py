@@ -305,8 +305,9 @@ def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:
         given = [option for option in ("burst", "on_limited") if option in raw]
         if given:
             raise ConfigurationError(
-                f"{name}: {', '.join(given)} without rate: they shape a rate limit; write "
-                "rate='100/m' (or a callable of the task's arguments) with them"
+                f"{name}: {' and '.join(given)} without rate: {' and '.join(given)} shape a "
+                "rate limit and do nothing alone; write rate='100/m' (or a callable of "
+                "the task's arguments) with them, or drop them"
             )
         return None
     clashes = _dispatch_options(raw)
@@ -314,7 +315,7 @@ def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:
         raise ConfigurationError(
             f"{name}: rate with {', '.join(clashes)}: a rate never refuses a call at "
             "dispatch (every call is sent and each run waits for its slot); drop "
-            f"{', '.join(clashes)}, or use throttle=... for one call per window"
+            f"{', '.join(clashes)}, or drop rate (throttle=... accepts one call per window)"
         )
     return RateSpec.build(name, raw["rate"], raw.get("burst", 1), raw.get("on_limited", "defer"))
 

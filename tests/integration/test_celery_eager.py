@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import time
 from typing import Any, ClassVar
 
 import pytest
@@ -13,6 +15,7 @@ from celery_singleton_lock import (
     DuplicateTaskError,
     KeyDerivationError,
     LockLostError,
+    RateLimitedError,
     SingletonTask,
     signals,
     singleton_task,
@@ -84,6 +87,38 @@ class TestEager:
         assert flaky.delay(3).get() == 3
         assert attempts == [0, 1, 2]
         assert flaky.delay(3).get() == 3
+
+    def test_a_rate_makes_the_caller_wait_for_each_slot(self, app: Celery) -> None:
+        slots: list[float] = []
+
+        @singleton_task(app=app, bind=True, name=f"{app.main}.rated", key=["n"], rate="20/s")
+        def rated(self: Any, n: int) -> int:
+            slots.append(self.request.singleton_rate_slot)
+            return n
+
+        began = time.monotonic()
+        assert [rated.delay(1).get() for _ in range(4)] == [1] * 4
+        assert time.monotonic() - began >= 0.15 - 0.005  # three waits of 1/20 s
+        gaps = [b - a for a, b in itertools.pairwise(slots)]
+        assert gaps == pytest.approx([0.05] * 3, abs=1e-3)
+        assert rated.delay(2).get() == 2  # another key has a budget of its own
+
+    def test_a_rate_plan_and_raise_at_dispatch(self, app: Celery) -> None:
+        @singleton_task(
+            app=app,
+            name=f"{app.main}.sms",
+            key=["user"],
+            rate=lambda user: None if user == "ops" else "1/m",
+            on_limited="raise",
+        )
+        def sms(user: str) -> str:
+            return user
+
+        assert sms.delay("ann").get() == "ann"
+        with pytest.raises(RateLimitedError, match="over its rate of 1 per 60s") as refused:
+            sms.delay("ann")
+        assert 59 < refused.value.retry_after <= 60
+        assert [sms.delay("ops").get() for _ in range(3)] == ["ops"] * 3  # not limited
 
     def test_calling_the_task_as_a_function_takes_no_lock(self, app: Celery) -> None:
         @singleton_task(app=app, bind=True, name=f"{app.main}.plain")

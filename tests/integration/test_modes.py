@@ -17,7 +17,7 @@ from celery import Celery
 from redis.crc import key_slot
 
 from celery_singleton_lock import ConfigurationError, DuplicateTaskError, singleton_task
-from celery_singleton_lock.lease import LockKeys, companion, slot, split_role
+from celery_singleton_lock.lease import LockKeys, Rate, companion, slot, split_role
 from celery_singleton_lock.tokens import HOLD_HEADER, TOKEN_HEADER
 
 from ..conftest import CeleryEnv, separate_lock_server
@@ -80,11 +80,31 @@ class TestOptions:
             ({"debounce": 5, "max_wait": 2}, r"max_wait=2 is below debounce=5"),
             ({"max_wait": 60}, r"max_wait without debounce"),
             ({"debounce": 0}, r"debounce must be positive"),
+            ({"rate": "ten/s"}, r"rate='ten/s': write calls per period the way Celery"),
+            ({"rate": "0/s"}, r"the number of calls must be positive"),
+            ({"rate": "5/s", "burst": 0}, r"burst=0 must be a whole number of calls >= 1"),
+            ({"rate": "5/s", "throttle": 5}, r"rate with throttle: a rate never refuses"),
+            ({"rate": "5/s", "lock": "until_executed"}, r"rate with lock='until_executed'"),
+            ({"rate": "5/s", "on_duplicate": "raise"}, r"rate with on_duplicate"),
+            ({"rate": "5/s", "debounce": 5}, r"rate with debounce"),
+            ({"rate": "5/s", "on_limited": "drop"}, r"on_limited='drop': choose 'defer'"),
+            ({"burst": 3}, r"burst without rate"),
+            ({"on_limited": "raise"}, r"on_limited without rate"),
+            ({"rate": lambda item: "1/s", "burst": -1}, r"burst=-1"),
         ],
     )
     def test_contradictions_fail_at_decoration(self, options: dict[str, Any], says: str) -> None:
         with pytest.raises(ConfigurationError, match=says):
             define(**options)
+
+    def test_rate(self) -> None:
+        opts = define(rate="100/5m", burst=3).singleton_options()
+        assert opts.lock == "while_executing"
+        assert opts.rate is not None
+        assert opts.rate.fixed == Rate(100, 300.0, burst=3)
+        assert repr(opts.mode) == "<mode rate over while_executing>"
+        paired = define(rate=(10, timedelta(seconds=1)), limit=2).singleton_options()
+        assert repr(paired.mode) == "<mode rate over limit>"
 
     def test_limit(self) -> None:
         opts = define(limit=3).singleton_options()

@@ -31,12 +31,13 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.backend import Backend
 from celery_singleton_lock.config import SingletonConfig
-from celery_singleton_lock.lease import LockKeys
+from celery_singleton_lock.lease import LockKeys, Rate, rates_of
 
 from ..conftest import CeleryEnv
 from ..support.topologies import Cluster, SentinelGroup
 from ..support.workers import ROOT, Worker
 from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
+from .test_mode_rate import check_rate, rated_runs
 
 APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
 
@@ -106,6 +107,16 @@ class TestCluster:
         finally:
             for lease in leases:
                 lock.release(lease)
+
+    def test_rates_keep_their_order_on_every_master(self, cluster: Cluster) -> None:
+        lock = RedisLock.from_url(cluster.url, prefix="rates")
+        rates, rate = rates_of(lock), Rate(10, 1.0)
+        names = [f"r{i}" for i in range(12)]
+        assert len({cluster.master_of(rates.key(n)).port for n in names}) == 3
+        for name in names:
+            slots = [rates.ask(name, rate, "reserve") for _ in range(3)]
+            assert [s.state for s in slots] == ["now", "reserved", "reserved"]
+            assert slots[2].at - slots[0].at == pytest.approx(0.2, abs=1e-6)
 
     def test_a_cluster_node_given_as_a_plain_url_says_to_use_the_cluster_form(
         self, cluster: Cluster
@@ -227,6 +238,12 @@ def test_celery_end_to_end_on_a_cluster(cluster_env: CeleryEnv, cluster: Cluster
         records = [r for r in runs(cluster_env) if r["item"] == "o"]
         assert len(records) == 3
         assert_no_overlap(records)  # excluded at execution, fences increasing
+        # A rate on the cluster: deferred runs on slots 1/20 s apart, none early.
+        rated = [
+            cluster_env.app_module.rated.apply_async(("c", n), queue=worker.queue) for n in range(6)
+        ]
+        assert [r.get(timeout=30) for r in rated] == list(range(6))
+        check_rate(rated_runs(cluster_env), 20, 1.0)
         client = redis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
         # Fence keys are bookkeeping that expires with the lease; the locks must be gone.
         wait_for(

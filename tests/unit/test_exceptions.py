@@ -13,6 +13,7 @@ from celery_singleton_lock import (
     LockLostError,
     LockNotAcquiredError,
     LockStoreUnavailableError,
+    RateLimitedError,
     SingletonLockError,
 )
 
@@ -24,6 +25,7 @@ ERRORS = [
     LockLostError("lost", key="p:{k}", reason="it expired"),
     DuplicateTaskError("dup", key="p:{k}", task_id="abc-123"),
     LockStoreUnavailableError("down", key="p:{k}", url="redis://***@h:6379/0"),
+    RateLimitedError("over its rate", name="t:k", retry_after=0.25),
 ]
 
 
