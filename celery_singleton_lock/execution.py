@@ -171,6 +171,10 @@ class Execution:
         slot = self.mode.admit(self.start, self.call, None if carried is None else float(carried))
         if slot is None:
             return
+        self._signal(
+            singleton_signals.rate_asked, task_id=request.id, slot=slot.at,
+            deferred=not slot.now, remaining=slot.remaining, next_slot=slot.free,
+        )  # fmt: skip
         if not slot.now:
             if not request.is_eager:
                 defer(self.delivery, self.lock_name, slot)

@@ -23,6 +23,11 @@ for one more release.
   ran (connected receivers only: nothing is registered per task otherwise).
 - ``dead_child_released(sender=task, name, task_id, pid)``: the worker's main process
   released the lease of a pool child that died.
+- ``rate_asked(sender=task, name, task_id, slot, deferred, remaining, next_slot)``: at
+  execution, a run of a ``rate=`` task was given its slot (seconds since the epoch, the
+  lock store's clock); ``deferred``: not yet, its message was sent again to arrive on
+  it. ``remaining`` runs of the key may start now after it; the next may start at
+  ``next_slot``.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ copy_dropped = Signal(name="copy_dropped", providing_args=_ARGS | {"task_id", "h
 dead_child_released = Signal(name="dead_child_released", providing_args=_ARGS | {"task_id", "pid"})
 lease_acquired = Signal(
     name="lease_acquired", providing_args=_ARGS | {"task_id", "fence", "waited"}
+)
+rate_asked = Signal(
+    name="rate_asked",
+    providing_args=_ARGS | {"task_id", "slot", "deferred", "remaining", "next_slot"},
 )
 lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
 lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id"})
@@ -75,4 +84,5 @@ __all__ = [
     "lease_acquired",
     "lease_lost",
     "lease_released",
+    "rate_asked",
 ]

@@ -108,7 +108,8 @@ def list_locks(
     """Every lock under the prefix (what the store says; no worker is asked).
 
     States: queued (message in the broker), reserved (a worker has it, not started),
-    running, throttled (a throttle window), held (a value this library did not write).
+    running, throttled (a throttle window), limited (a rate's schedule: the runs that
+    may start now and when the next may), held (a value this library did not write).
     A limit=N key shows one row per slot held.
     """
     try:
@@ -148,8 +149,11 @@ def _cells(row: LockRow) -> list[str]:
     def text(value: object) -> str:
         return "-" if value is None else str(value)
 
+    name = row.name
+    if row.state == "limited":
+        name += f" ({text(row.remaining)} may start now, next in {human(row.next_slot)})"
     return [row.state, human(row.age), human(row.ttl), text(row.fence), text(row.task_id),
-            text(row.worker), text(row.pid), text(row.task), row.name]  # fmt: skip
+            text(row.worker), text(row.pid), text(row.task), name]  # fmt: skip
 
 
 def _line(cells: list[str]) -> str:
@@ -226,6 +230,9 @@ def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> N
         keys = "\n  ".join(row.key for row in found)
         exit_with(f"{ref!r} matches {len(found)} locks; name one by its key:\n  {keys}")
     [row] = found
+    if row.state == "limited":
+        exit_with(f"not released: {row.name} is a rate's schedule, not a lock; it frees "
+                  f"itself as its slots pass (the next in {human(row.next_slot)})")  # fmt: skip
     if not force:
         liveness = Liveness(locks.app)
         liveness.prepare([row])

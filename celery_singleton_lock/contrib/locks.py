@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..backend import Store
 from ..lease import ReleaseResult
 from ..lease.inventory import Held
+from ..modes import RateSpec
 from ..options import is_singleton
 from ..tokens import read_token
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
 
-STATES = ("queued", "reserved", "running", "throttled", "held")
+STATES = ("queued", "reserved", "running", "throttled", "limited", "held")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class LockRow:
     base_name: str  # the lock this row belongs to (a companion's or slot's owner)
     role: str | None
     token: str
+    # A rate's row (state "limited"): the runs that may start now, and in how many
+    # seconds the next may (None where the task's rate cannot be told).
+    remaining: int | None = None
+    next_slot: float | None = None
 
     def as_json(self) -> dict[str, object]:
         fields = ("name", "key", "task", "task_id", "state", "worker", "pid")
@@ -56,6 +61,11 @@ class LockRow:
             fence=self.fence,
             role=self.role,
         )
+        if self.state == "limited":
+            data.update(
+                remaining=self.remaining,
+                next_slot=None if self.next_slot is None else round(self.next_slot, 3),
+            )
         return data
 
     def matches(self, ref: str) -> bool:
@@ -74,11 +84,15 @@ class TaskNames:
     def __init__(self, app: Celery) -> None:
         self._names: set[str] = set()
         self._templates: list[tuple[re.Pattern[str], str]] = []
+        self._rates: dict[str, RateSpec] = {}
         for name, task in sorted(app.tasks.items()):
             if not is_singleton(task):
                 continue
             self._names.add(name[:128])
-            key = task.singleton_options().key.key
+            options = task.singleton_options()
+            if options.rate is not None:
+                self._rates[name] = options.rate
+            key = options.key.key
             if isinstance(key, str):
                 self._templates.append((_template(key), name))
 
@@ -88,6 +102,20 @@ class TaskNames:
             return head
         found = {task for pattern, task in self._templates if pattern.fullmatch(lock_name)}
         return found.pop() if len(found) == 1 else None
+
+    def budget(self, task: str | None, ahead: float | None) -> tuple[int | None, float | None]:
+        """(runs that may start now, seconds until the next may) of a rate of ``task``
+        whose schedule runs ``ahead`` seconds ahead of now (its key's time to live)."""
+        spec = self._rates.get(task or "")
+        if spec is None or ahead is None:
+            return None, None
+        rate = spec.fixed
+        if rate is None:  # a plan: its answer for the key is not known here
+            return (0, ahead) if spec.burst == 1 else (None, None)
+        tolerance = (rate.burst - 1) * rate.interval
+        if ahead > tolerance:
+            return 0, ahead - tolerance
+        return int((tolerance - ahead) / rate.interval + 1e-9) + 1, 0.0
 
 
 def _template(key: str) -> re.Pattern[str]:
@@ -102,16 +130,21 @@ def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> It
     for item in held:
         holder = read_token(item.token)
         state = holder.state or "held"
+        task = names.of(item.name)
+        remaining = next_slot = None
         if item.role == "throttle":
             state = "throttled"
+        elif item.role == "rate":
+            state = "limited"
+            remaining, next_slot = names.budget(task, item.ttl)
         elif item.role == "pending" and state == "running":
             state = "reserved"  # an execution waiting for the key keeps its call's place
         shown = item.name if item.role is None else f"{item.name} [{item.role}]"
         yield LockRow(
             name=shown,
             key=item.key,
-            task=names.of(item.name),
-            task_id=holder.task_id,
+            task=task,
+            task_id=None if item.role == "rate" else holder.task_id,
             state=state,
             worker=holder.worker,
             pid=holder.pid,
@@ -122,6 +155,8 @@ def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> It
             base_name=item.name,
             role=item.role,
             token=item.token,
+            remaining=remaining,
+            next_slot=next_slot,
         )
 
 

@@ -17,6 +17,13 @@ Metrics, each labelled by task name:
 - ``celery_singleton_lock_wait_seconds`` (histogram): from an execution's start to its
   lease, contention included
 - ``celery_singleton_lock_hold_seconds`` (histogram): how long executions held the lease
+- ``celery_singleton_lock_rate_deferrals_total``: runs of a ``rate=`` task deferred to a
+  later slot
+- ``celery_singleton_lock_rate_remaining{key=...}`` and
+  ``celery_singleton_lock_rate_next_slot_timestamp_seconds{key=...}`` (gauges, the most
+  recent answer of any process): for each limited key, the runs that may start now and
+  when the next may (the lock store's clock). One series per key: a rate keyed per
+  tenant has a series per tenant
 """
 
 from __future__ import annotations
@@ -38,16 +45,18 @@ from ..signals import (
     lease_acquired,
     lease_lost,
     lease_released,
+    rate_asked,
 )
 
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 _guard = threading.Lock()
 if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-_Metric = Union["Counter", "Histogram"]
+_Metric = Union["Counter", "Histogram", "Gauge"]
 _counters: dict[str, Counter] = {}
 _histograms: dict[str, Histogram] = {}
+_gauges: dict[str, Gauge] = {}
 _installed: dict[str, _Metric] = {}
 
 
@@ -94,8 +103,24 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
             wait=histogram("celery_singleton_lock_wait_seconds", "Time to the running lease"),
             hold=histogram("celery_singleton_lock_hold_seconds", "Time the lease was held"),
         )
+        _counters["deferrals"] = counter(
+            "celery_singleton_lock_rate_deferrals", "Runs deferred to a later slot of a rate"
+        )
+        for short, name, text in (
+            ("remaining", "celery_singleton_lock_rate_remaining", "Runs that may start now"),
+            (
+                "next_slot",
+                "celery_singleton_lock_rate_next_slot_timestamp_seconds",
+                "When the next run may start",
+            ),
+        ):
+            # The most recent answer wins across a worker's pool children.
+            _gauges[short] = prom.Gauge(
+                name, text, ["task", "key"], multiprocess_mode="mostrecent", **kwargs
+            )
         _installed.update(_counters)
         _installed.update(_histograms)
+        _installed.update(_gauges)
         for signal, receiver in _RECEIVERS:
             signal.connect(receiver, weak=False)
         return _installed
@@ -140,6 +165,21 @@ def _dead(sender: object = None, **_: object) -> None:
     _counters["dead"].labels(_task(sender)).inc()
 
 
+def _rate(
+    sender: object = None,
+    name: str = "",
+    deferred: bool = False,
+    remaining: int = 0,
+    next_slot: float = 0.0,
+    **_: object,
+) -> None:
+    task = _task(sender)
+    if deferred:
+        _counters["deferrals"].labels(task).inc()
+    _gauges["remaining"].labels(task, name).set(remaining)
+    _gauges["next_slot"].labels(task, name).set(next_slot)
+
+
 _RECEIVERS = (
     (dispatch_accepted, _accepted),
     (duplicate_refused, _refused),
@@ -149,6 +189,7 @@ _RECEIVERS = (
     (lease_lost, _lost),
     (copy_dropped, _copy),
     (dead_child_released, _dead),
+    (rate_asked, _rate),
 )
 
 

@@ -4,7 +4,8 @@ Reading only: SCAN (never KEYS) over the prefix, on a Cluster over every master 
 cluster client scans each primary), then one pipelined round trip per batch for the
 batch's holders, time left and fences. Memory is bounded by the batch, whatever the count.
 Bookkeeping keys (fences, wake-up signals, waiter lists, replaced-token sets) are not
-locks and are not listed.
+locks and are not listed; a name's rate (``rates``) is, as role ``"rate"`` with its
+schedule (the next call's theoretical arrival time) for a token.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Held:
     """One held lock: a lock's own key, or a companion of it (its role says which)."""
 
     name: str  # the lock's name, as the caller gave it (a companion's base name)
-    role: str | None  # None, "pending", "throttle" or "slot<N>"
+    role: str | None  # None, "pending", "throttle", "slot<N>" or "rate"
     key: str  # the Redis key
     token: str  # the holder's token
     ttl: float | None  # seconds left; None when the key has no expiry
@@ -45,8 +46,9 @@ class Held:
 
     @property
     def full_name(self) -> str:
-        """The name the store's calls take (``companion(name, role)`` for a companion)."""
-        return self.name if self.role is None else companion(self.name, self.role)
+        """The name the store's calls take (``companion(name, role)`` for a companion;
+        a rate's is its name's: it is no lock of its own)."""
+        return self.name if self.role in (None, "rate") else companion(self.name, self.role)
 
 
 def parse_key(prefix: str, key: str) -> tuple[str, str | None] | None:
@@ -74,7 +76,7 @@ def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:
     try:
         for raw in client.scan_iter(match=f"{prefix}:{{*", count=batch):
             key = text(raw)
-            parsed = parse_key(prefix, key)
+            parsed = parse_key(prefix, key) or _rate_key(prefix, key)
             if parsed is not None:
                 pending.append((key, *parsed))
             if len(pending) >= batch:
@@ -83,6 +85,14 @@ def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:
         yield from _read(lock, pending)
     except REDIS_ERRORS as error:
         raise store_error(error, where=lock.where) from error
+
+
+def _rate_key(prefix: str, key: str) -> tuple[str, str | None] | None:
+    """(name, "rate") of a name's rate key (``LockKeys.rate``); None for anything else."""
+    if not key.endswith(":rate"):
+        return None
+    parsed = parse_key(prefix, key[: -len(":rate")])
+    return None if parsed is None or parsed[1] is not None else (parsed[0], "rate")
 
 
 def _read(lock: _Store, found: list[tuple[str, str, str | None]]) -> Iterator[Held]:

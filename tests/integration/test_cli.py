@@ -20,7 +20,7 @@ import pytest
 from celery_singleton_lock import MemoryLock
 from celery_singleton_lock._time import human
 from celery_singleton_lock.contrib.locks import TaskNames, parse_duration, rows
-from celery_singleton_lock.lease import LockKeys, companion, slot
+from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of, slot
 from celery_singleton_lock.lease.inventory import parse_key
 from celery_singleton_lock.tokens import queued_token, read_token, running_token
 
@@ -176,6 +176,36 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     assert all(hold["alive"] is True for hold in lock["holds"])
     # A Redis key names the lock as well as a task id does.
     assert cli(cenv, "show", entries[queued.id]["key"]).returncode == 0
+
+
+def test_a_rate_shows_what_may_start_now_and_when_the_next_may(cenv: CeleryEnv) -> None:
+    rated, planned = cenv.app_module.rated, cenv.app_module.planned
+    store = rated.singleton_context.store
+    name = rated.singleton_options().key.derive(("k",), {})
+    for _ in range(4):  # 20/s: one now, three reserved 50 ms apart
+        rates_of(store).ask(name, Rate(20, 1.0), "reserve")
+    rates_of(store).ask(planned.singleton_options().key.derive(("gold",), {}), Rate(2, 1.0))
+    rows = {r["task"]: r for r in listed(cenv, "--state", "limited")}
+    assert set(rows) == {rated.name, planned.name}
+    row = rows[rated.name]
+    assert (row["state"], row["role"], row["task_id"], row["remaining"]) == (
+        "limited",
+        "rate",
+        None,
+        0,
+    )
+    assert 0 < row["next_slot"] <= 0.2
+    assert row["key"].endswith(":rate")
+    assert rows[planned.name]["remaining"] == 0  # a plan's rate is not known here, its burst is
+    assert 0 < rows[planned.name]["next_slot"] <= 0.5
+    table = cli(cenv, "list").stdout
+    assert "may start now, next in" in table
+    assert table.splitlines()[-1] == "2 lock(s): 2 limited."
+    refused = cli(cenv, "release", row["key"])
+    assert refused.returncode == 1
+    assert "is a rate's schedule, not a lock" in refused.stderr
+    time.sleep(0.5)
+    assert listed(cenv, "--state", "limited") == []  # nothing left once the slots passed
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ counts, and a producer's own registry."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -120,6 +121,27 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
     # The 1 s task held its lease at least that long: its observation is above 0.5 s.
     assert value(scraped, "celery_singleton_lock_hold_seconds_bucket", task=work, le="0.5") == 4
     assert "celery-singleton-lock metrics on http://127.0.0.1:" in worker.output()
+
+
+def test_a_rate_shows_each_keys_budget_and_next_slot(
+    cenv: CeleryEnv, metrics_worker: tuple[Worker, int]
+) -> None:
+    worker, port = metrics_worker
+    rated = cenv.app_module.rated
+    results = [rated.apply_async(("mk", n), queue=worker.queue) for n in range(5)]
+    assert [r.get(timeout=30) for r in results] == list(range(5))
+    scraped = samples(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    )
+    task, key = rated.name, rated.singleton_options().key.derive(("mk",), {})
+    deferred = value(scraped, "celery_singleton_lock_rate_deferrals_total", task=task)
+    assert deferred >= 1  # all five reached the worker at once: some waited for a slot
+    assert value(scraped, "celery_singleton_lock_rate_remaining", task=task, key=key) == 0
+    next_slot = value(
+        scraped, "celery_singleton_lock_rate_next_slot_timestamp_seconds", task=task, key=key
+    )
+    slots = sorted(json.loads(r)["slot"] for r in cenv.checker_client().lrange("rated", 0, -1))
+    assert next_slot == pytest.approx(slots[-1] + 0.05, abs=0.01)  # the one after the last run
 
 
 def _exposition(registry: CollectorRegistry) -> str:
