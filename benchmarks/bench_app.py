@@ -131,6 +131,16 @@ def this_limit(item: str, seconds: float = 0.0) -> str:
     return _run("this_limit", item, seconds)
 
 
+@singleton_task(app=app, name="bench.this_rate", rate="100/s")
+def this_rate(item: str, seconds: float = 0.0) -> str:
+    return _run("this_rate", item, seconds)
+
+
+@singleton_task(app=app, name="bench.this_rate_delay", rate="100/s", on_limited="delay")
+def this_rate_delay(item: str, seconds: float = 0.0) -> str:
+    return _run("this_rate_delay", item, seconds)
+
+
 SYSTEMS: dict[str, Any] = {
     "plain": plain,
     "celery_singleton": celery_singleton,
@@ -142,4 +152,6 @@ SYSTEMS: dict[str, Any] = {
     "this_replace": this_replace,
     "this_debounce": this_debounce,
     "this_limit": this_limit,
+    "this_rate": this_rate,
+    "this_rate_delay": this_rate_delay,
 }

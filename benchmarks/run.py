@@ -48,6 +48,8 @@ MODES = (
     "this_debounce",
     "this_while_executing",
     "this_limit",
+    "this_rate",
+    "this_rate_delay",
 )
 
 
@@ -521,8 +523,10 @@ def render(results: dict[str, Any], command: str) -> str:
         f"- date: {results['date']}",
         f"- machine: {results['machine']}",
         f"- rounds: {results['rounds']}",
-        "",
     ]
+    for update in results.get("updates", []):
+        out.append(f"- then `{update['command']}` at {update['date']} (its sections only)")
+    out.append("")
     for config, part in results["configs"].items():
         out += [f"# Configuration `{config}`: {CONFIGS[config]}", ""]
         out += _sections(part["results"], config)
@@ -589,8 +593,9 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "the rounds' ratios to a plain unique dispatch), messages that reached the "
             "broker for 1 + dispatches duplicate calls, and lock-store round trips per "
             "unique dispatch. A replace or debounce duplicate publishes the new arguments "
-            "under the queued call's id (a swap and a message); while_executing and limit "
-            "do no dispatch check: every call is published.",
+            "under the queued call's id (a swap and a message); while_executing, limit "
+            "and rate do no dispatch check: every call is published (rate_delay reserves "
+            "each call's slot first and sends it with the countdown to it).",
         ),
         "cost": (
             "8. Where the time goes",
@@ -713,13 +718,24 @@ def main() -> int:
             return done.returncode
         configs[config] = {"results": json.loads(part.read_text())}
         part.unlink()
-    results = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": machine(),
-        "rounds": args.rounds,
-        "command": ("python3 scripts/dev.py bench " + " ".join(sys.argv[1:])).strip(),
-        "configs": configs,
-    }
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = ("python3 scripts/dev.py bench " + " ".join(sys.argv[1:])).strip()
+    if args.only and saved_path.exists():
+        # Some scenarios only: they replace theirs in the last full run's page, and the
+        # page says which were measured when.
+        results = json.loads(saved_path.read_text())
+        for config, part in configs.items():
+            kept = results["configs"].setdefault(config, {"results": {}})["results"]
+            kept.update(part["results"])
+        results.setdefault("updates", []).append({"date": date, "command": command})
+    else:
+        results = {
+            "date": date,
+            "machine": machine(),
+            "rounds": args.rounds,
+            "command": command,
+            "configs": configs,
+        }
     saved_path.write_text(json.dumps(results, indent=2))
     write_pages(results, Path(args.output))
     return 0

@@ -13,11 +13,12 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+import redis
 
 from celery_singleton_lock import RateLimitedError
 
-from ..conftest import CeleryEnv
-from ..support.modes import concurrency
+from ..conftest import CeleryEnv, separate_lock_server
+from ..support.modes import QUEUE, concurrency, reads
 from ..support.workers import Worker
 from .test_celery_lifecycle import wait_for
 
@@ -137,6 +138,21 @@ class TestAcrossWorkers:
 
 
 class TestDispatch:
+    @separate_lock_server
+    def test_round_trips_per_dispatch_next_to_plain_celery(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        app, lock = cenv.app_module, cenv.lock_client()
+        counted = {}
+        for task in (app.plain, app.rated, app.delayed, app.rate_checked):
+            task.apply_async(("warm",), queue=QUEUE)  # scripts and connections in place
+            before = reads(lock)
+            task.apply_async((f"rt-{task.name}",), queue=QUEUE)
+            counted[task.name.rpartition(".")[2]] = reads(lock) - before - 1  # minus INFO
+        print(f"\nlock-store round trips per dispatch: {counted}")
+        # defer: nothing at dispatch; delay and raise: the slot's one script.
+        assert counted == {"plain": 0, "rated": 0, "delayed": 1, "rate_checked": 1}
+
     def test_delay_sends_with_the_countdown_to_a_slot_reserved_at_dispatch(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
