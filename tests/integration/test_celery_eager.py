@@ -103,6 +103,21 @@ class TestEager:
         assert gaps == pytest.approx([0.05] * 3, abs=1e-3)
         assert rated.delay(2).get() == 2  # another key has a budget of its own
 
+    def test_tasks_sharing_a_key_template_share_its_rate(self, app: Celery) -> None:
+        slots: list[float] = []
+
+        def body(self: Any, tenant: str, n: int) -> int:
+            slots.append(self.request.singleton_rate_slot)
+            return n
+
+        options = {"bind": True, "key": "tenant:{tenant}", "rate": "10/s", "on_limited": "raise"}
+        pull = singleton_task(app=app, name=f"{app.main}.pull", **options)(body)
+        push = singleton_task(app=app, name=f"{app.main}.push", **options)(body)
+        assert pull.delay("acme", 1).get() == 1
+        with pytest.raises(RateLimitedError, match="'tenant:acme' is over its rate"):
+            push.delay("acme", 2)  # the other task's call spent the key's slot
+        assert push.delay("other", 3).get() == 3
+
     def test_a_rate_plan_and_raise_at_dispatch(self, app: Celery) -> None:
         @singleton_task(
             app=app,

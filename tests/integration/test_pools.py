@@ -2,8 +2,9 @@
 
 One real ``celery worker -P <pool>`` per pool (module-scoped), on the shared broker and
 lock store. Each test runs in every pool: dispatch dedupe, execution exclusion for
-``send_task`` copies under each contention policy, renewal past 3x the ttl, the key
-given back however a task ends, and no per-task extra commands or log lines.
+``send_task`` copies under each contention policy, a rate's deferrals, renewal past 3x
+the ttl, the key given back however a task ends, and no per-task extra commands or log
+lines.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from celery_singleton_lock import DuplicateTaskError
 from ..conftest import CeleryEnv
 from ..support.workers import Worker
 from .test_celery_lifecycle import assert_no_overlap, lock_keys, runs, started, wait_for
+from .test_mode_rate import check_rate, rated_runs
 
 POOLS = ["prefork", "threads", "gevent", "eventlet", "solo"]
 TTL = 1.5  # the workers' lease ttl: short, so renewal is exercised within a test
@@ -61,6 +63,15 @@ class TestEveryPool:
         assert first.get(timeout=20) == "dedupe"
         assert [r["id"] for r in runs(cenv)] == [first.id]
         wait_for(lambda: lock_keys(cenv) == [], what="the key given back")
+
+    def test_a_rate_defers_runs_to_their_slots_and_loses_none(
+        self, cenv: CeleryEnv, pool_worker: Worker
+    ) -> None:
+        rated = cenv.app_module.rated
+        results = [rated.apply_async(("pool", n), queue=pool_worker.queue) for n in range(8)]
+        assert [r.get(timeout=30) for r in results] == list(range(8))
+        check_rate(rated_runs(cenv), 20, 1.0)
+        _settle_results(*results)
 
     def test_copies_under_requeue_run_one_after_the_other(
         self, cenv: CeleryEnv, pool_worker: Worker

@@ -24,6 +24,7 @@ from ..conftest import CeleryEnv
 from ..support.rabbitmq import RabbitMQServer, rabbitmq_available
 from ..support.workers import Worker
 from .test_celery_lifecycle import lock_keys, runs, started, wait_for
+from .test_mode_rate import check_rate, rated_runs
 
 pytestmark = pytest.mark.skipif(
     not rabbitmq_available(),
@@ -75,6 +76,17 @@ class TestOnRabbitMQ:
         assert first.get(timeout=30) == "r-dedupe"
         assert [r["id"] for r in runs(cenv)] == [first.id]
         wait_for(lambda: lock_keys(cenv) == [], what="the key given back")
+
+    def test_a_rate_defers_runs_to_their_slots_through_rabbitmq(
+        self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
+    ) -> None:
+        rated = cenv.app_module.rated
+        results = [
+            rated.apply_async(("r-rate", n), queue=rworker.queue, connection=amqp) for n in range(6)
+        ]
+        assert [r.get(timeout=30) for r in results] == list(range(6))
+        check_rate(rated_runs(cenv), 20, 1.0)
+        _forget(*results)
 
     def test_a_copy_that_bypassed_dispatch_never_overlaps(
         self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
