@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -15,7 +15,7 @@ from . import outages
 from .backend import Store
 from .exceptions import LockStoreUnavailableError, SingletonLockError
 from .lease import Contended, Lease, PendingAcquire
-from .modes.base import Publish
+from .modes.base import Call, Publish
 from .tokens import RATE_SLOT_HEADER
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def delay_of(options: Mapping[str, object]) -> float:
 def slot_at_publish(
     context: TaskContext,
     lock_name: str,
-    call: tuple[Sequence[object], Mapping[str, object]],
+    call: Call,
     options: MutableMapping[str, object],
 ) -> dict[str, object]:
     """A rate's slot for a call about to be sent (``on_limited="delay"`` or ``"raise"``),

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from celery.result import AsyncResult
 
 
+# One call's arguments: positional and keyword, as the task receives them.
+Call = tuple[Sequence[object], Mapping[str, object]]
+
+
 class Publish(Protocol):
     """Publish one call's message (Celery's ``apply_async``) under ``task_id`` with the
     caller's ``options`` and the library's own headers (``ours``), through ``via`` (a
@@ -150,7 +154,7 @@ class Mode:
         self,
         store: Store,
         name: str,
-        call: tuple[Sequence[object], Mapping[str, object]],
+        call: Call,
         options: MutableMapping[str, object],
     ) -> Slot | None:
         """A rate's slot for a call about to be sent (``rate.py``); None: none taken."""
@@ -175,9 +179,7 @@ class Mode:
 
     # -- start (the pool child) -----------------------------------------------------------
 
-    def admit(
-        self, start: Start, call: tuple[Sequence[object], Mapping[str, object]], slot: float | None
-    ) -> Slot | None:
+    def admit(self, start: Start, call: Call, slot: float | None) -> Slot | None:
         """Before the running lease: a rate's slot for this run (``rate.py``), now or a
         later one reserved for it; ``slot`` is one the message carries. None: no rate."""
         return None

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ..backend import Store
 from ..exceptions import ConfigurationError, RateLimitedError
 from ..lease import Contended, Lease, Rate, Slot, parse_rate, rates_of
-from .base import Holder, Mode, Start
+from .base import Call, Holder, Mode, Start
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
 # change reaches every worker within this, and a hot key costs no call per run.
@@ -103,7 +103,7 @@ class Rated(Mode):
         self,
         store: Store,
         name: str,
-        call: tuple[Sequence[object], Mapping[str, object]],
+        call: Call,
         options: MutableMapping[str, object],
     ) -> Slot | None:
         """``on_limited="delay"``: reserve the call's slot and set the countdown to it;
@@ -129,9 +129,7 @@ class Rated(Mode):
 
     # -- start ------------------------------------------------------------------------
 
-    def admit(
-        self, start: Start, call: tuple[Sequence[object], Mapping[str, object]], slot: float | None
-    ) -> Slot | None:
+    def admit(self, start: Start, call: Call, slot: float | None) -> Slot | None:
         rate = self.spec.for_call(start.name, *call)
         if rate is None:
             return None
