@@ -16,6 +16,7 @@ from .exceptions import (
     LockStoreUnavailableError,
     RateLimitedError,
     SingletonLockError,
+    TaskCancelledError,
 )
 from .keys import KeySpec, derive_key
 from .lease import (
@@ -67,6 +68,7 @@ __all__ = [
     "SingletonLockError",
     "SingletonTask",
     "Skip",
+    "TaskCancelledError",
     "Wait",
     "check_worker_setup",
     "derive_key",

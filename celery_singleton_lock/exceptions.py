@@ -93,6 +93,11 @@ class RateLimitedError(SingletonLockError):
     retry_after: float
 
 
+class TaskCancelledError(LockLostError):
+    """The run was cancelled by a newer call for its key (``on_duplicate="cancel"``): its
+    lease is still held until it ends, and the newer run starts once it has."""
+
+
 class DuplicateTaskError(SingletonLockError):
     """A task with the same lock key is already queued or running; ``task_id`` is that task."""
 

@@ -12,7 +12,7 @@ from .calls import run_script_async
 from .clients import build, is_async
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, text
 from .names import DEFAULT_PREFIX
-from .renewal import next_delay
+from .renewal import cadence, next_delay
 
 
 class AsyncRedisLock(LockBase):
@@ -113,7 +113,7 @@ class AsyncRedisLock(LockBase):
         return lease
 
     async def _renew(self, lease: Lease) -> None:
-        delay: float | None = lease.ttl / 3
+        delay: float | None = cadence(lease)
         while delay is not None:
             await asyncio.sleep(delay)
             try:
@@ -145,7 +145,7 @@ class AsyncRedisLock(LockBase):
         sent_at = time.monotonic()
         try:
             reply = await run_script_async(
-                self.client, self._extend_script, [keys.lock, keys.fence], [lease.token, ttl_ms]
+                self.client, self._extend_script, keys, [lease.token, ttl_ms]
             )
         except REDIS_ERRORS as error:
             self.unavailable(error, lease.name)

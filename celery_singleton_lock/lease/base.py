@@ -21,7 +21,17 @@ from . import scripts
 from .calls import Arg
 from .clients import describe, socket_timeout_of
 from .errors import store_error
-from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
+from .lease import (
+    LOSS,
+    YIELDED,
+    Contended,
+    ExtendResult,
+    Lease,
+    LostCallback,
+    ReleaseResult,
+    decode,
+    text,
+)
 from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
 
 logger = logging.getLogger(__name__)
@@ -248,9 +258,15 @@ class LockBase:
             retry_after=None if pttl < 0 else pttl / 1000,
         )
 
-    def _extend_call(self, lease: Lease, ttl: object | None) -> tuple[LockKeys, int]:
+    def _extend_call(self, lease: Lease, ttl: object | None) -> tuple[list[str], int]:
+        """The extend script's keys for ``lease`` (with the lock it yields to, if any)
+        and its ttl in milliseconds."""
         Lease.require(lease, "extend")
-        return self.keys(lease.name), self.ttl_ms(lease.ttl if ttl is None else ttl)
+        keys = self.keys(lease.name)
+        chosen = [keys.lock, keys.fence]
+        if lease.yields_to is not None:
+            chosen.append(self.keys(lease.yields_to[0]).lock)
+        return chosen, self.ttl_ms(lease.ttl if ttl is None else ttl)
 
     @staticmethod
     def granted(outcome: Lease | Contended, on_lost: LostCallback | None) -> Lease:
@@ -279,8 +295,10 @@ class LockBase:
     @staticmethod
     def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
         result = decode(reply, ExtendResult)
-        if result is ExtendResult.EXTENDED:
+        if result in (ExtendResult.EXTENDED, ExtendResult.CANCELLED):
             lease.renewed(sent_at + ttl_ms / 1000)
+            if result is ExtendResult.CANCELLED:
+                lease.mark_cancelled(YIELDED)
         else:
             lease.mark_lost(LOSS[result])
         return result

@@ -10,7 +10,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeAlias, TypedDict, TypeVar
 
-from ..exceptions import ConfigurationError, LockLostError, LockNotAcquiredError
+from ..exceptions import (
+    ConfigurationError,
+    LockLostError,
+    LockNotAcquiredError,
+    TaskCancelledError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +34,7 @@ class ExtendResult(enum.IntEnum):
     """What ``extend`` found; the values are the extend script's return codes."""
 
     EXTENDED = 1
+    CANCELLED = 2  # extended, and the lock it yields to is held: its holder should stop
     EXPIRED = 0
     NOT_OWNER = -1
 
@@ -52,6 +58,10 @@ LOSS = {
 }
 
 
+# Why a lease yielding to another lock was cancelled (``Lease.yield_to``).
+YIELDED = "a newer call is waiting for its key"
+
+
 def text(value: object) -> str:
     """Replies are bytes or str depending on the client's decode_responses."""
     if isinstance(value, bytes):
@@ -65,6 +75,8 @@ class _State(TypedDict):
     expires_at: float
     lost_reason: str | None
     released: bool
+    cancel_reason: str | None
+    yields_to: tuple[str, float] | None
 
 
 class _LeaseState:
@@ -74,26 +86,42 @@ class _LeaseState:
     callbacks (a lease sent to another process carries its identity, not its hooks).
     """
 
-    __slots__ = ("callbacks", "expires_at", "lost_reason", "released")
+    __slots__ = (
+        "callbacks",
+        "cancel_callbacks",
+        "cancel_reason",
+        "expires_at",
+        "lost_reason",
+        "released",
+        "yields_to",
+    )
 
     def __init__(self, expires_at: float) -> None:
         self.expires_at = expires_at
         self.lost_reason: str | None = None
         self.released = False
         self.callbacks: list[LostCallback] = []
+        self.cancel_reason: str | None = None
+        self.cancel_callbacks: list[LostCallback] = []
+        self.yields_to: tuple[str, float] | None = None
 
     def __getstate__(self) -> _State:
         return {
             "expires_at": self.expires_at,
             "lost_reason": self.lost_reason,
             "released": self.released,
+            "cancel_reason": self.cancel_reason,
+            "yields_to": self.yields_to,
         }
 
     def __setstate__(self, state: _State) -> None:
         self.expires_at = state["expires_at"]
         self.lost_reason = state["lost_reason"]
         self.released = state["released"]
+        self.cancel_reason = state.get("cancel_reason")
+        self.yields_to = state.get("yields_to")
         self.callbacks = []
+        self.cancel_callbacks = []
 
 
 @dataclass(frozen=True)
@@ -159,8 +187,27 @@ class Lease:
         """Seconds until the lease expires unless renewed (0 when already past)."""
         return max(0.0, self._state.expires_at - time.monotonic())
 
+    @property
+    def cancelled(self) -> bool:
+        """True once the renewal found the lock this lease yields to held (``yield_to``):
+        the lease is still held and renewed; its holder is asked to stop."""
+        return self._state.cancel_reason is not None
+
+    @property
+    def yields_to(self) -> tuple[str, float] | None:
+        """(the lock's name, how often it is looked at) set by ``yield_to``, or None."""
+        return self._state.yields_to
+
+    def yield_to(self, name: str, every: float) -> None:
+        """Cancel this lease once lock ``name`` is held by anyone: its renewal looks every
+        ``every`` seconds (sooner than ttl/3 when shorter), in the same round trip."""
+        if every <= 0:
+            raise ConfigurationError(f"yield_to: every must be positive, got {every!r}")
+        self._state.yields_to = (name, every)
+
     def check(self) -> None:
-        """Raise ``LockLostError`` if this lease can no longer be trusted to be held.
+        """Raise ``LockLostError`` if this lease can no longer be trusted to be held, and
+        ``TaskCancelledError`` (a ``LockLostError``) once it is cancelled.
 
         Call it before a side effect that must not happen twice; pair it with the
         ``fence`` where the store can compare fences, since a check can pass just
@@ -178,10 +225,22 @@ class Lease:
                 key=self.key,
                 reason=reason,
             )
+        cancelled = self._state.cancel_reason
+        if cancelled is not None:
+            raise TaskCancelledError(
+                f"the run holding {self.name!r} (fence {self.fence}) was cancelled: {cancelled}",
+                name=self.name,
+                key=self.key,
+                reason=cancelled,
+            )
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` (from the renewal thread) when the lease is found lost."""
         self._state.callbacks.append(callback)
+
+    def on_cancel(self, callback: LostCallback) -> None:
+        """Call ``callback(lease)`` (from the renewal thread) when the lease is cancelled."""
+        self._state.cancel_callbacks.append(callback)
 
     # -- what a lock store records on the handle (RedisLock, MemoryLock, the renewer) ---
     # Public so that the stores need no reach into the handle; task code has no use
@@ -207,6 +266,20 @@ class Lease:
                 callback(self)
             except Exception:
                 logger.exception("lost-lease callback for %s raised", self.key)
+
+    def mark_cancelled(self, reason: str) -> None:
+        """Record a cancellation and report it: a log line and every ``on_cancel``
+        callback, once. The lease stays held (renewed) until its holder lets go."""
+        state = self._state
+        if state.cancel_reason is not None or state.released:
+            return
+        state.cancel_reason = reason
+        logger.info("cancelled %s (fence %d): %s", self.key, self.fence, reason)
+        for callback in list(state.cancel_callbacks):
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("cancel callback for %s raised", self.key)
 
     def mark_released(self) -> None:
         """Released: renewal stops reporting it, ``check()`` no longer raises for its ttl."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from .inventory import Held, parse_key
-from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult
+from .lease import LOSS, YIELDED, Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
 from .pending import PendingAcquire
 from .slots import check_limit
@@ -244,10 +244,14 @@ class MemoryLock:
             else:
                 entry.expires_at = time.monotonic() + ttl_ms / 1000
                 lease.renewed(entry.expires_at)
-                return ExtendResult.EXTENDED
-        lease.mark_lost(
-            "it expired" if result is ExtendResult.EXPIRED else "another owner holds it"
-        )
+                yields = lease.yields_to
+                held = yields is not None and self._live(self.keys(yields[0]).lock) is not None
+                result = ExtendResult.CANCELLED if held else ExtendResult.EXTENDED
+        # Outside the guard: the callbacks may call back into this store.
+        if result is ExtendResult.CANCELLED:
+            lease.mark_cancelled(YIELDED)
+        elif result is not ExtendResult.EXTENDED:
+            lease.mark_lost(LOSS[result])
         return result
 
     def holder(self, name: str) -> str | None:

@@ -84,9 +84,16 @@ def next_delay(lease: Lease, result: ExtendResult | BaseException) -> float | No
             return None
         logger.warning("renewal of %s failed, retrying: %s", lease.key, result)
         return max(MIN_RETRY, min(lease.ttl * RETRY_SHARE, left / 2))
-    if result is ExtendResult.EXTENDED:
-        return lease.ttl / 3
+    if result in (ExtendResult.EXTENDED, ExtendResult.CANCELLED):
+        return cadence(lease)
     return None  # expired or taken: extend() has already marked it lost
+
+
+def cadence(lease: Lease) -> float:
+    """How often ``lease`` is renewed: every ttl/3, or as often as it looks at the lock
+    it yields to (``Lease.yield_to``) when that is sooner."""
+    yields = lease.yields_to
+    return lease.ttl / 3 if yields is None else min(lease.ttl / 3, yields[1])
 
 
 class _Lane:
@@ -178,7 +185,7 @@ class Renewer:
             if self._stopping:
                 raise RuntimeError("the renewer was stopped; leases can no longer be renewed")
             self._leases[lease.token] = (store, lease, False)
-            due = time.monotonic() + lease.ttl / 3
+            due = time.monotonic() + cadence(lease)
             # Most leases (one ttl for a task) are due after the thread wakes anyway.
             wake = due < self._asleep_until
             self._schedule(lease.token, due)

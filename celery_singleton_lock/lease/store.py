@@ -302,7 +302,7 @@ class RedisLock(LockBase):
         sent_at = time.monotonic()
         try:
             reply = self.transport.call(
-                self._extend_script, keys=[keys.lock, keys.fence], args=[lease.token, ttl_ms],
+                self._extend_script, keys=keys, args=[lease.token, ttl_ms],
                 patient=patient, acks=self.replicas,
             )  # fmt: skip
         except REDIS_ERRORS as error:
@@ -326,7 +326,7 @@ class RedisLock(LockBase):
         calls = [(lease, *self._extend_call(lease, None)) for lease in leases]
         sent_at = time.monotonic()
         argv: list[tuple[list[Arg], list[Arg]]] = [
-            ([keys.lock, keys.fence], [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls
+            (list(keys), [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls
         ]
         try:
             replies = self.transport.call_many(self._extend_script, argv)

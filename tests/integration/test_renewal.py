@@ -20,6 +20,7 @@ from celery_singleton_lock import (
     LockLostError,
     RedisLock,
     ReleaseResult,
+    TaskCancelledError,
 )
 from celery_singleton_lock.lease import Renewer, get_renewer
 from celery_singleton_lock.lease.renewal import next_delay
@@ -72,6 +73,34 @@ class TestRenewal:
         assert lease not in lock.renewer
         assert lock.release(lease) is ReleaseResult.NOT_OWNER
         assert raw.get(lease.key) == b"thief"
+
+    def test_a_lease_yielding_to_a_lock_is_cancelled_once_it_is_held_and_stays_held(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        told: list[float] = []
+        lease = lock.acquire("job", ttl=30.0)
+        lease.yield_to("job-next", every=0.1)
+        lease.on_cancel(lambda _: told.append(time.monotonic()))
+        lock.renew(lease)
+        time.sleep(0.3)
+        lease.check()  # nothing is waiting yet
+        asked = time.monotonic()
+        waiting = lock.acquire("job-next", ttl=30.0)
+        deadline = time.monotonic() + 2.0
+        while not lease.cancelled and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert lease.cancelled
+        assert len(told) == 1
+        assert told[0] - asked <= 0.1 + 0.05  # one look, and its round trip
+        with pytest.raises(TaskCancelledError, match="was cancelled: a newer call") as caught:
+            lease.check()
+        assert isinstance(caught.value, LockLostError)
+        time.sleep(0.3)
+        assert len(told) == 1  # reported once
+        assert not lease.lost
+        assert raw.pttl(lease.key) > 29_000  # still renewed: held until its holder lets go
+        assert lock.release(lease) is ReleaseResult.RELEASED
+        lock.release(waiting)
 
     def test_expired_lease_is_reported(self, lock: RedisLock, raw: redis.Redis) -> None:
         lost = threading.Event()

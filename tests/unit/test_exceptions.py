@@ -15,6 +15,7 @@ from celery_singleton_lock import (
     LockStoreUnavailableError,
     RateLimitedError,
     SingletonLockError,
+    TaskCancelledError,
 )
 
 ERRORS = [
@@ -26,6 +27,7 @@ ERRORS = [
     DuplicateTaskError("dup", key="p:{k}", task_id="abc-123"),
     LockStoreUnavailableError("down", key="p:{k}", url="redis://***@h:6379/0"),
     RateLimitedError("over its rate", name="t:k", retry_after=0.25),
+    TaskCancelledError("cancelled", key="p:{k}", reason="a newer call is waiting for its key"),
 ]
 
 
