@@ -160,6 +160,7 @@ class Execution:
         elif hold is not None:
             # The run has the key: the next call may queue (and will see this run's data).
             hold.let_go()
+        self.mode.running(outcome, self.start)
         self.store.renew(outcome)
         return outcome
 

@@ -14,6 +14,7 @@ from .foreign import FOREIGN_OPTIONS, explain_unknown
 from .keys import KeySpec
 from .lease.names import MAX_SLOTS
 from .modes import (
+    Cancel,
     Debounce,
     Limit,
     Mode,
@@ -43,6 +44,7 @@ OPTION_NAMES = (
     "rate",
     "burst",
     "on_limited",
+    "terminate_on_cancel",
 )
 # The ends of a run after which its key takes the next call at once (``reopen_on``).
 REOPEN_ENDS = ("failure", "revoked")
@@ -70,6 +72,7 @@ class SingletonOptions:
     dedupe: bool
     reopen_on: frozenset[str] = frozenset()
     rate: RateSpec | None = None  # runs started per key per period, across workers
+    terminate_on_cancel: bool = False  # a cancelled run's prefork child is terminated
 
     @classmethod
     def build(
@@ -118,6 +121,9 @@ class SingletonOptions:
         on_duplicate = on_duplicate_option(raw.get("on_duplicate", "return"))
         if debounce is not None:
             on_duplicate = "replace"  # the latest arguments of a burst win
+        terminate = _cancel(name, raw, on_duplicate)
+        if on_duplicate == "cancel":
+            lock = "until_executing"  # the newest call waits, pending, for the one it cancels
         if on_duplicate == "replace" and (lock == "while_executing" or throttle is not None):
             given = "throttle" if throttle is not None else "lock='while_executing'"
             raise ConfigurationError(
@@ -139,11 +145,14 @@ class SingletonOptions:
             dedupe=lock != "while_executing",
             reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
             rate=rate,
+            terminate_on_cancel=terminate,
         )
 
     @cached_property
     def mode(self) -> Mode:
         """The lock type these options choose: what each stage of a call does."""
+        if self.on_duplicate == "cancel":
+            return Cancel(terminate=self.terminate_on_cancel)
         mode = _mode(
             self.lock, self.throttle, self.limit, self.debounce, self.max_wait, self.on_duplicate
         )
@@ -297,6 +306,33 @@ def _limit(name: str, raw: Mapping[str, object]) -> int | None:
             f"{', '.join(clashes)}, or use a lock scope without limit"
         )
     return limit
+
+
+def _cancel(name: str, raw: Mapping[str, object], on_duplicate: str) -> bool:
+    """``on_duplicate="cancel"`` and what it cannot be combined with; whether a cancelled
+    run's prefork child is terminated (``terminate_on_cancel``)."""
+    terminate = raw.get("terminate_on_cancel", False)
+    if not isinstance(terminate, bool):
+        raise ConfigurationError(f"{name}: terminate_on_cancel={terminate!r} must be True or False")
+    if on_duplicate != "cancel":
+        if terminate:
+            raise ConfigurationError(
+                f"{name}: terminate_on_cancel without on_duplicate='cancel': nothing cancels "
+                "a run; write on_duplicate='cancel' with it, or drop it"
+            )
+        return False
+    clashes = [option for option in ("throttle", "reopen_on") if option in raw]
+    if raw.get("lock", "until_executing") != "until_executing":
+        clashes.append(f"lock={raw['lock']!r}")
+    if raw.get("dedupe", True) is not True:
+        clashes.append(f"dedupe={raw['dedupe']!r}")
+    if clashes:
+        raise ConfigurationError(
+            f"{name}: on_duplicate='cancel' with {', '.join(clashes)}: cancel keeps one run "
+            "and one pending call per key (the pending call cancels the run); drop "
+            f"{', '.join(clashes)}"
+        )
+    return terminate
 
 
 def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:

@@ -23,8 +23,8 @@ from typing import Literal, Protocol, TypeAlias
 from ._time import full_jitter, to_seconds
 from .exceptions import ConfigurationError
 
-OnDuplicate: TypeAlias = Literal["return", "raise", "replace"]
-ON_DUPLICATE: tuple[OnDuplicate, ...] = ("return", "raise", "replace")
+OnDuplicate: TypeAlias = Literal["return", "raise", "replace", "cancel"]
+ON_DUPLICATE: tuple[OnDuplicate, ...] = ("return", "raise", "replace", "cancel")
 
 
 @dataclass(frozen=True, init=False)

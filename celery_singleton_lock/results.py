@@ -12,13 +12,16 @@ Once a singleton task is bound (``ride``), the app resolves ``redis://`` and
 ``rediss://`` result backends to ``RedisBackend`` and ``sentinel://`` to
 ``SentinelBackend``, through Celery's per-app table of backend aliases
 (``app.loader.override_backends``); a backend the app names by class is kept. It
-behaves exactly as Celery's own for every write that carries no release.
+behaves exactly as Celery's own for every write that carries no release. A singleton
+task's STARTED is stored here too, once the run holds its lease.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
+from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
@@ -153,6 +156,17 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
         return False
     _pending[_text(backend.get_key_for_task(request.id))] = (release, server.db)
     return True
+
+
+def store_started(task: Task, request: Context) -> None:
+    """STARTED, as Celery's tracer would have stored it (same meta, same condition), by
+    a singleton task once it holds its lease (``SingletonTask.on_bound`` says why)."""
+    if task.ignore_result or getattr(request, "ignore_result", False):
+        return
+    task.backend.store_result(
+        request.id, {"pid": os.getpid(), "hostname": request.hostname}, states.STARTED,
+        request=request,
+    )  # fmt: skip
 
 
 def settle(task: Task, task_id: str) -> None:

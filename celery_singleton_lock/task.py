@@ -13,16 +13,15 @@ Tokens and headers are in ``tokens.py``; the gate around publish in ``dispatch.p
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
-from celery import Task, states
+from celery import Task
 from celery.utils import uuid
 
-from . import outages, results
+from . import cancels, outages, results
 from . import signals as singleton_signals
 from .broker import ride
 from .context import Delivery, TaskContext
@@ -319,16 +318,9 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     # -- execution -----------------------------------------------------------------------
 
-    def _store_started(self, request: Context) -> None:
-        """STARTED, as Celery's tracer would have stored it (same meta, same condition)."""
-        if self.ignore_result or getattr(request, "ignore_result", False):
-            return
-        self.backend.store_result(
-            request.id,
-            {"pid": os.getpid(), "hostname": request.hostname},
-            states.STARTED,
-            request=request,
-        )
+    def on_cancel(self, task_id: str, lease: Lease) -> None:
+        """Called from the renewal thread when a newer call cancels this run
+        (``on_duplicate="cancel"``); ``self.lease.check()`` raises from then on."""
 
     def _delivery(self, request: Context) -> Delivery:
         """This message as its execution sees it: read through, acted on by two calls."""
@@ -368,10 +360,12 @@ class SingletonTask(Task):  # type: ignore[misc]
         request.singleton_lease = lease
         singleton_signals.lease_taken(self, lease, request.id, acquired - began)
         if self.singleton_track_started and not request.is_eager:
-            self._store_started(request)
+            results.store_started(self, request)
+        cancels.watch(self, request, lease)
         try:
             return self.run(*args, **kwargs)
         except Exception as error:
+            cancels.ended(self, request, error, lease)  # REVOKED, if it was cancelled
             failed_run(self.singleton_context, request, error, lease)
             raise
         finally:

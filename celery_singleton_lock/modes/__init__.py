@@ -1,6 +1,7 @@
 """The lock types, one module each: what a mode does at publish, receipt, start and end."""
 
 from .base import Mode, PublishHold, Start
+from .cancel import Cancel
 from .debounce import Debounce
 from .limit import Limit
 from .rate import Rated, RateSpec
@@ -11,6 +12,7 @@ from .until_executing import UntilExecuting
 from .while_executing import WhileExecuting
 
 __all__ = [
+    "Cancel",
     "Debounce",
     "Limit",
     "Mode",

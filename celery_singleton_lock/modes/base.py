@@ -196,6 +196,10 @@ class Mode:
             **start.own(),
         )
 
+    def running(self, lease: Lease, start: Start) -> None:
+        """The run holds ``lease`` (its own hold let go), before its renewal starts: what
+        the lease watches for while the run goes on (``cancel.py``)."""
+
     def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
         """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
         return waiting.acquire(

@@ -26,6 +26,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 from celery_singleton_lock import (
     LockLostError,
     SingletonTask,
+    TaskCancelledError,
     fail,
     requeue,
     singleton_task,
@@ -528,3 +529,52 @@ def rate_checked(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
 def rated_pair(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
     """10 runs a second per item, and at most two at once."""
     return _rated(self, item, n, seconds)
+
+
+class CancelHooked(SingletonTask):
+    """Records when ``on_cancel`` is called (from the renewal thread)."""
+
+    def on_cancel(self, task_id: str, lease: Any) -> None:
+        checker().rpush("cancel_hooks", json.dumps({"id": task_id, "at": time.time()}))
+
+
+def _preview(task: Any, item: str, version: str, seconds: float, obey: bool) -> str:
+    """Work for ``seconds``, checking the lease every 20 ms unless told not to obey."""
+    started = _begin(task, item)
+    deadline = time.time() + seconds
+    try:
+        while time.time() < deadline:
+            if obey:
+                task.lease.check()
+            time.sleep(0.02)
+    except TaskCancelledError:
+        _record(task, item, started, version=version, cancelled=True)
+        raise
+    _record(task, item, started, version=version, cancelled=task.lease.cancelled)
+    return version
+
+
+@singleton_task(
+    app=app,
+    base=CancelHooked,
+    bind=True,
+    key=["item"],
+    on_duplicate="cancel",
+    on_contention=wait(timeout=60),
+)
+def preview(self: Any, item: str, version: str, seconds: float = 0.0, obey: bool = True) -> str:
+    """Re-render a preview: a newer call cancels the render in progress."""
+    return _preview(self, item, version, seconds, obey)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    on_duplicate="cancel",
+    terminate_on_cancel=True,
+    on_contention=wait(timeout=60),
+)
+def preview_hard(self: Any, item: str, version: str, seconds: float = 0.0) -> str:
+    """The same, ignoring the cancel: its prefork child is terminated instead."""
+    return _preview(self, item, version, seconds, obey=False)
