@@ -141,6 +141,11 @@ def this_rate_delay(item: str, seconds: float = 0.0) -> str:
     return _run("this_rate_delay", item, seconds)
 
 
+@singleton_task(app=app, name="bench.this_cancel", on_duplicate="cancel")
+def this_cancel(item: str, seconds: float = 0.0) -> str:
+    return _run("this_cancel", item, seconds)
+
+
 SYSTEMS: dict[str, Any] = {
     "plain": plain,
     "celery_singleton": celery_singleton,
@@ -154,4 +159,5 @@ SYSTEMS: dict[str, Any] = {
     "this_limit": this_limit,
     "this_rate": this_rate,
     "this_rate_delay": this_rate_delay,
+    "this_cancel": this_cancel,
 }

@@ -50,6 +50,7 @@ MODES = (
     "this_limit",
     "this_rate",
     "this_rate_delay",
+    "this_cancel",
 )
 
 
@@ -592,8 +593,8 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "microseconds per unique dispatch and per duplicate (ratios: the median of "
             "the rounds' ratios to a plain unique dispatch), messages that reached the "
             "broker for 1 + dispatches duplicate calls, and lock-store round trips per "
-            "unique dispatch. A replace or debounce duplicate publishes the new arguments "
-            "under the queued call's id (a swap and a message); while_executing, limit "
+            "unique dispatch. A replace, debounce or cancel duplicate publishes the new "
+            "arguments under the queued call's id (a swap and a message); while_executing, limit "
             "and rate do no dispatch check: every call is published (rate_delay reserves "
             "each call's slot first and sends it with the countdown to it).",
         ),

@@ -11,14 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery.exceptions import TaskRevokedError
 
 from celery_singleton_lock import ConfigurationError
 from celery_singleton_lock.modes.cancel import CANCEL_CHECK
 from celery_singleton_lock.worker.childwatch import is_dead
 
-from ..conftest import CeleryEnv
-from ..support.modes import define
+from ..conftest import CeleryEnv, separate_lock_server
+from ..support.modes import QUEUE, define, reads
 from ..support.workers import Worker
 from .test_celery_lifecycle import assert_no_overlap, runs, started, wait_for
 
@@ -107,6 +108,23 @@ class TestPendingCall:
             old.get(timeout=20)
         versions = sorted(r["version"] for r in runs(cenv) if r["item"] == "r")
         assert versions == ["v1", "v4"]
+
+
+class TestDispatch:
+    @separate_lock_server
+    def test_round_trips_per_dispatch_next_to_plain_celery(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        app, lock = cenv.app_module, cenv.lock_client()
+        counted = {}
+        for task, more in ((app.plain, ()), (app.preview, ("v1",))):
+            task.apply_async(("warm", *more), queue=QUEUE)  # scripts and connections in place
+            before = reads(lock)
+            task.apply_async(("rt", *more), queue=QUEUE)
+            counted[task.name.rpartition(".")[2]] = reads(lock) - before - 1  # minus INFO
+        print(f"\nlock-store round trips per dispatch: {counted}")
+        # The pending hold, as until_executing takes it; it is also what cancels a run.
+        assert counted == {"plain": 0, "preview": 1}
 
 
 class TestHardStop:

@@ -108,7 +108,7 @@ class TestOptions:
 
     def test_on_duplicate_values(self) -> None:
         assert on_duplicate_option("raise") == "raise"
-        with pytest.raises(ConfigurationError, match=r"\['return', 'raise', 'replace'\]"):
+        with pytest.raises(ConfigurationError, match=r"\['return', 'raise', 'replace', 'cancel'\]"):
             on_duplicate_option("ignore")
 
     def test_policies_pickle(self) -> None:
