@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject
 
 from .exceptions import TaskCancelledError
 from .lease import Lease
@@ -62,7 +62,11 @@ def watch(task: Cancellable, request: Context, lease: Lease) -> None:
 
 def ended(task: Cancellable, request: Context, error: Exception, lease: Lease) -> None:
     """A run that raised: its own lease's ``TaskCancelledError`` ends it in REVOKED (raises
-    ``Ignore`` so that Celery stores nothing over it); anything else is left as it is."""
+    ``Ignore`` so that Celery stores nothing over it), also when it came from a retry
+    the task tried (``autoretry_for``), which a cancelled run does not send
+    (``SingletonTask.apply_async``); anything else is left as it is."""
+    if isinstance(error, Reject) and isinstance(error.reason, TaskCancelledError):
+        error = error.reason  # Celery's retry wraps what refusing to send the retry raised
     if not isinstance(error, TaskCancelledError) or error.key != lease.key or not lease.cancelled:
         return
     logger.info("%s[%s] stopped: %s", task.name, request.id, error)

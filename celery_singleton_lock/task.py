@@ -176,6 +176,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             request = self.request
             running: Lease | None = getattr(request, "singleton_lease", None)
             if running is not None and task_id == request.id:
+                # A cancelled run is not retried (autoretry_for included): it ends REVOKED.
+                if running.cancelled:
+                    running.check()
                 # Celery's retry re-sends the running task under the same id: the key
                 # passes from this execution to the retry's message, with no gap.
                 return send_retry(

@@ -109,6 +109,19 @@ class TestPendingCall:
         versions = sorted(r["version"] for r in runs(cenv) if r["item"] == "r")
         assert versions == ["v1", "v4"]
 
+    def test_a_cancelled_run_is_not_retried_by_autoretry_for(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        retrying, queue = cenv.app_module.preview_retrying, worker.queue
+        old = retrying.apply_async(("a", "v1", 10.0), queue=queue)
+        began(cenv, "a")
+        new = retrying.apply_async(("a", "v2", 0.1), queue=queue)
+        assert new.get(timeout=20) == "v2"
+        with pytest.raises(TaskRevokedError):
+            old.get(timeout=20)
+        assert sorted(r["version"] for r in runs(cenv) if r["item"] == "a") == ["v1", "v2"]
+        assert len(began(cenv, "a", 2)) == 2  # v1 once, never again
+
 
 class TestDispatch:
     @separate_lock_server

@@ -17,6 +17,7 @@ from typing import Any
 import kombu
 import pytest
 from celery import Celery
+from celery.exceptions import TaskRevokedError
 
 from celery_singleton_lock import DuplicateTaskError
 
@@ -87,6 +88,22 @@ class TestOnRabbitMQ:
         assert [r.get(timeout=30) for r in results] == list(range(6))
         check_rate(rated_runs(cenv), 20, 1.0)
         _forget(*results)
+
+    def test_a_newer_call_cancels_the_run_in_progress_through_rabbitmq(
+        self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
+    ) -> None:
+        preview = cenv.app_module.preview
+        old = preview.apply_async(("r-cancel", "v1", 10.0), queue=rworker.queue, connection=amqp)
+        wait_for(lambda: started(cenv), what="the first run started")
+        new = preview.apply_async(("r-cancel", "v2", 0.1), queue=rworker.queue, connection=amqp)
+        assert new.get(timeout=30) == "v2"
+        with pytest.raises(TaskRevokedError):
+            old.get(timeout=30)
+        records = runs(cenv)
+        assert [r["version"] for r in records] == ["v1", "v2"]
+        assert records[0]["cancelled"] is True
+        assert records[1]["fence"] > records[0]["fence"]
+        _forget(old, new)
 
     def test_a_copy_that_bypassed_dispatch_never_overlaps(
         self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection

@@ -31,7 +31,7 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.backend import Backend
 from celery_singleton_lock.config import SingletonConfig
-from celery_singleton_lock.lease import LockKeys, Rate, rates_of
+from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of
 
 from ..conftest import CeleryEnv
 from ..support.topologies import Cluster, SentinelGroup
@@ -117,6 +117,19 @@ class TestCluster:
             slots = [rates.ask(name, rate, "reserve") for _ in range(3)]
             assert [s.state for s in slots] == ["now", "reserved", "reserved"]
             assert slots[2].at - slots[0].at == pytest.approx(0.2, abs=1e-6)
+
+    def test_a_lease_yields_to_its_pending_companion_on_the_cluster(self, cluster: Cluster) -> None:
+        lock = RedisLock.from_url(cluster.url, prefix="yield")
+        leases = [held(lock.try_acquire(f"y{i}", 30)) for i in range(6)]
+        for lease in leases:
+            lease.yield_to(companion(lease.name, "pending"), every=0.05)
+            lock.renew(lease)
+        waiting = held(lock.try_acquire(companion("y3", "pending"), 30))
+        wait_for(lambda: leases[3].cancelled, 3, "the lease cancelled")
+        time.sleep(0.2)
+        assert [lease.cancelled for lease in leases] == [False, False, False, True, False, False]
+        for lease in [*leases, waiting]:
+            assert lock.release(lease) is ReleaseResult.RELEASED
 
     def test_a_cluster_node_given_as_a_plain_url_says_to_use_the_cluster_form(
         self, cluster: Cluster

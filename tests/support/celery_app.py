@@ -578,3 +578,18 @@ def preview(self: Any, item: str, version: str, seconds: float = 0.0, obey: bool
 def preview_hard(self: Any, item: str, version: str, seconds: float = 0.0) -> str:
     """The same, ignoring the cancel: its prefork child is terminated instead."""
     return _preview(self, item, version, seconds, obey=False)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    on_duplicate="cancel",
+    on_contention=wait(timeout=60),
+    autoretry_for=(Exception,),
+    max_retries=3,
+    default_retry_delay=0,
+)
+def preview_retrying(self: Any, item: str, version: str, seconds: float = 0.0) -> str:
+    """Retries whatever it raises: a cancel still ends it, in REVOKED."""
+    return _preview(self, item, version, seconds, obey=True)
