@@ -728,7 +728,9 @@ def main() -> int:
         for config, part in configs.items():
             kept = results["configs"].setdefault(config, {"results": {}})["results"]
             kept.update(part["results"])
-        results.setdefault("updates", []).append({"date": date, "command": command})
+        # The same scenarios measured again replace their earlier update.
+        updates = [u for u in results.get("updates", []) if u["command"] != command]
+        results["updates"] = [*updates, {"date": date, "command": command}]
     else:
         results = {
             "date": date,
