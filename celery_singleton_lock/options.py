@@ -25,6 +25,7 @@ from .modes import (
     UntilExecuted,
     UntilExecuting,
     WhileExecuting,
+    cancel_options,
 )
 from .policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
 
@@ -121,7 +122,7 @@ class SingletonOptions:
         on_duplicate = on_duplicate_option(raw.get("on_duplicate", "return"))
         if debounce is not None:
             on_duplicate = "replace"  # the latest arguments of a burst win
-        terminate = _cancel(name, raw, on_duplicate)
+        terminate = cancel_options(name, raw, on_duplicate)
         if on_duplicate == "cancel":
             lock = "until_executing"  # the newest call waits, pending, for the one it cancels
         if on_duplicate == "replace" and (lock == "while_executing" or throttle is not None):
@@ -151,11 +152,11 @@ class SingletonOptions:
     @cached_property
     def mode(self) -> Mode:
         """The lock type these options choose: what each stage of a call does."""
-        if self.on_duplicate == "cancel":
-            return Cancel(terminate=self.terminate_on_cancel)
         mode = _mode(
             self.lock, self.throttle, self.limit, self.debounce, self.max_wait, self.on_duplicate
         )
+        if isinstance(mode, Cancel):
+            mode.terminate = self.terminate_on_cancel
         mode.reopen_on = self.reopen_on
         return mode if self.rate is None else Rated(mode, self.rate)
 
@@ -165,7 +166,7 @@ class SingletonOptions:
         return self.mode.hold_role
 
 
-def _mode(  # noqa: PLR0917  (the options that choose a mode, already reconciled)
+def _mode(  # noqa: PLR0911, PLR0917  (one return per lock type, chosen by reconciled options)
     lock: str,
     throttle: float | None,
     limit: int | None,
@@ -180,6 +181,8 @@ def _mode(  # noqa: PLR0917  (the options that choose a mode, already reconciled
         return Throttle(throttle)
     if debounce is not None:
         return Debounce(debounce, max_wait)
+    if on_duplicate == "cancel":
+        return Cancel(terminate=False)
     if on_duplicate == "replace":
         return Replace(pending=lock == "until_executing")
     if lock == "until_executing":
@@ -306,33 +309,6 @@ def _limit(name: str, raw: Mapping[str, object]) -> int | None:
             f"{', '.join(clashes)}, or use a lock scope without limit"
         )
     return limit
-
-
-def _cancel(name: str, raw: Mapping[str, object], on_duplicate: str) -> bool:
-    """``on_duplicate="cancel"`` and what it cannot be combined with; whether a cancelled
-    run's prefork child is terminated (``terminate_on_cancel``)."""
-    terminate = raw.get("terminate_on_cancel", False)
-    if not isinstance(terminate, bool):
-        raise ConfigurationError(f"{name}: terminate_on_cancel={terminate!r} must be True or False")
-    if on_duplicate != "cancel":
-        if terminate:
-            raise ConfigurationError(
-                f"{name}: terminate_on_cancel without on_duplicate='cancel': nothing cancels "
-                "a run; write on_duplicate='cancel' with it, or drop it"
-            )
-        return False
-    clashes = [option for option in ("throttle", "reopen_on") if option in raw]
-    if raw.get("lock", "until_executing") != "until_executing":
-        clashes.append(f"lock={raw['lock']!r}")
-    if raw.get("dedupe", True) is not True:
-        clashes.append(f"dedupe={raw['dedupe']!r}")
-    if clashes:
-        raise ConfigurationError(
-            f"{name}: on_duplicate='cancel' with {', '.join(clashes)}: cancel keeps one run "
-            "and one pending call per key (the pending call cancels the run); drop "
-            f"{', '.join(clashes)}"
-        )
-    return terminate
 
 
 def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:

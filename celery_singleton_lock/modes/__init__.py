@@ -1,7 +1,7 @@
 """The lock types, one module each: what a mode does at publish, receipt, start and end."""
 
 from .base import Mode, PublishHold, Start
-from .cancel import Cancel
+from .cancel import Cancel, cancel_options
 from .debounce import Debounce
 from .limit import Limit
 from .rate import Rated, RateSpec
@@ -26,4 +26,5 @@ __all__ = [
     "UntilExecuted",
     "UntilExecuting",
     "WhileExecuting",
+    "cancel_options",
 ]

@@ -203,7 +203,7 @@ class TestBadInput:
         cases = [
             ({"key": ["no_such_param"]}, "not parameters"),
             ({"on_contention": "retry"}, "['fail', 'requeue', 'skip', 'wait']"),
-            ({"on_duplicate": "ignore"}, "['return', 'raise', 'replace']"),
+            ({"on_duplicate": "ignore"}, "['return', 'raise', 'replace', 'cancel']"),
             ({"ttl": 0}, "ttl must be positive"),
             ({"queue_ttl": "1h"}, "queue_ttl must be a number"),
             ({"dedupe": "yes"}, "dedupe must be True or False"),
