@@ -135,6 +135,16 @@ class TestEager:
         assert 59 < refused.value.retry_after <= 60
         assert [sms.delay("ops").get() for _ in range(3)] == ["ops"] * 3  # not limited
 
+    def test_cancel_mode_runs_eagerly_with_a_lease_that_is_never_cancelled(
+        self, app: Celery
+    ) -> None:
+        @singleton_task(app=app, bind=True, name=f"{app.main}.render", on_duplicate="cancel")
+        def render(self: Any, doc: str) -> bool:
+            self.lease.check()
+            return self.lease.cancelled
+
+        assert [render.delay("d").get() for _ in range(2)] == [False, False]
+
     def test_calling_the_task_as_a_function_takes_no_lock(self, app: Celery) -> None:
         @singleton_task(app=app, bind=True, name=f"{app.main}.plain")
         def plain(self: Any, n: int) -> int:

@@ -328,6 +328,23 @@ class TestSentinel:
         assert lock.release(lease) is ReleaseResult.RELEASED
         assert Backend.for_app(app).describe().startswith("sentinel://127.0.0.1:")
 
+    def test_rates_and_cancels_on_a_sentinel_master(self, sentinels: SentinelGroup) -> None:
+        app = app_with(
+            singleton_lock_url=sentinels.url,
+            singleton_lock_transport_options={"master_name": sentinels.MASTER_NAME},
+        )
+        lock = Backend.for_app(app).lock
+        slots = [rates_of(lock).ask("sr", Rate(10, 1.0), "reserve") for _ in range(3)]
+        assert [s.state for s in slots] == ["now", "reserved", "reserved"]
+        assert slots[2].at - slots[0].at == pytest.approx(0.2, abs=1e-6)
+        lease = held(lock.try_acquire("sc", 30))
+        lease.yield_to(companion("sc", "pending"), every=0.05)
+        lock.renew(lease)
+        waiting = held(lock.try_acquire(companion("sc", "pending"), 30))
+        wait_for(lambda: lease.cancelled, 3, "the lease cancelled")
+        for each in (lease, waiting):
+            assert lock.release(each) is ReleaseResult.RELEASED
+
     def test_found_from_a_sentinel_broker_with_its_transport_options(
         self, sentinels: SentinelGroup
     ) -> None:
