@@ -1,7 +1,8 @@
 """A run cancelled by a newer call (``on_duplicate="cancel"``): its hook, its hard stop, its end.
 
 The lease learns it (``Lease.yield_to``: the renewal finds the key's pending call).
-Then the task's ``on_cancel(task_id, lease)`` is called from the renewal thread, and
+Then the task's ``on_cancel(task_id, lease)`` is called, on a thread of its own so that
+a slow hook never holds up the renewal of other leases, and
 with ``terminate_on_cancel`` the worker is asked, through Celery's remote control, to
 terminate the run (``revoke(terminate=True)``: prefork; the worker's main process
 stores REVOKED and releases the dead child's lease, as for any terminated run). A run
@@ -12,6 +13,7 @@ not FAILURE, not retried, and not SUCCESS with half its work done.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Protocol
 
 from celery.exceptions import Ignore, Reject
@@ -57,7 +59,10 @@ def watch(task: Cancellable, request: Context, lease: Lease) -> None:
                 logger.info("terminating %s[%s]: cancelled by a newer call", task.name, task_id)
                 task.app.control.revoke(task_id, terminate=True, destination=[hostname])
 
-    lease.on_cancel(cancelled)
+    # Not on the renewal thread that noticed: a hook that blocks must not delay renewals.
+    lease.on_cancel(
+        lambda _: threading.Thread(target=cancelled, args=(lease,), daemon=True).start()
+    )
 
 
 def ended(task: Cancellable, request: Context, error: Exception, lease: Lease) -> None:

@@ -322,7 +322,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     # -- execution -----------------------------------------------------------------------
 
     def on_cancel(self, task_id: str, lease: Lease) -> None:
-        """Called from the renewal thread when a newer call cancels this run
+        """Called (on a thread of its own) when a newer call cancels this run
         (``on_duplicate="cancel"``); ``self.lease.check()`` raises from then on."""
 
     def _delivery(self, request: Context) -> Delivery:

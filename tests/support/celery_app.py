@@ -532,7 +532,7 @@ def rated_pair(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
 
 
 class CancelHooked(SingletonTask):
-    """Records when ``on_cancel`` is called (from the renewal thread)."""
+    """Records when ``on_cancel`` is called (on a thread of its own)."""
 
     def on_cancel(self, task_id: str, lease: Any) -> None:
         checker().rpush("cancel_hooks", json.dumps({"id": task_id, "at": time.time()}))
