@@ -19,7 +19,7 @@ from celery_singleton_lock.modes.cancel import CANCEL_CHECK
 from celery_singleton_lock.worker.childwatch import is_dead
 
 from ..conftest import CeleryEnv, separate_lock_server
-from ..support.modes import QUEUE, define, reads
+from ..support.modes import define, dispatch_round_trips
 from ..support.workers import Worker
 from .test_celery_lifecycle import assert_no_overlap, runs, started, wait_for
 
@@ -128,14 +128,11 @@ class TestDispatch:
     def test_round_trips_per_dispatch_next_to_plain_celery(
         self, cenv: CeleryEnv, queue: redis.Redis
     ) -> None:
-        app, lock = cenv.app_module, cenv.lock_client()
-        counted = {}
-        for task, more in ((app.plain, ()), (app.preview, ("v1",))):
-            task.apply_async(("warm", *more), queue=QUEUE)  # scripts and connections in place
-            before = reads(lock)
-            task.apply_async(("rt", *more), queue=QUEUE)
-            counted[task.name.rpartition(".")[2]] = reads(lock) - before - 1  # minus INFO
-        print(f"\nlock-store round trips per dispatch: {counted}")
+        app = cenv.app_module
+        counted = dispatch_round_trips(
+            cenv.lock_client(),
+            {"plain": (app.plain, ("rt",)), "preview": (app.preview, ("rt", "v1"))},
+        )
         # The pending hold, as until_executing takes it; it is also what cancels a run.
         assert counted == {"plain": 0, "preview": 1}
 

@@ -18,7 +18,7 @@ import redis
 from celery_singleton_lock import RateLimitedError
 
 from ..conftest import CeleryEnv, separate_lock_server
-from ..support.modes import QUEUE, concurrency, reads
+from ..support.modes import concurrency, dispatch_round_trips
 from ..support.workers import Worker
 from .test_celery_lifecycle import wait_for
 
@@ -150,14 +150,12 @@ class TestDispatch:
     def test_round_trips_per_dispatch_next_to_plain_celery(
         self, cenv: CeleryEnv, queue: redis.Redis
     ) -> None:
-        app, lock = cenv.app_module, cenv.lock_client()
-        counted = {}
-        for task in (app.plain, app.rated, app.delayed, app.rate_checked):
-            task.apply_async(("warm",), queue=QUEUE)  # scripts and connections in place
-            before = reads(lock)
-            task.apply_async((f"rt-{task.name}",), queue=QUEUE)
-            counted[task.name.rpartition(".")[2]] = reads(lock) - before - 1  # minus INFO
-        print(f"\nlock-store round trips per dispatch: {counted}")
+        app = cenv.app_module
+        tasks = {"plain": app.plain, "rated": app.rated, "delayed": app.delayed}
+        tasks["rate_checked"] = app.rate_checked
+        counted = dispatch_round_trips(
+            cenv.lock_client(), {name: (task, (f"rt-{name}",)) for name, task in tasks.items()}
+        )
         # defer: nothing at dispatch; delay and raise: the slot's one script.
         assert counted == {"plain": 0, "rated": 0, "delayed": 1, "rate_checked": 1}
 

@@ -41,6 +41,22 @@ def reads(client: redis.Redis) -> int:
     return int(client.info("stats")["total_reads_processed"])
 
 
+def dispatch_round_trips(
+    lock: redis.Redis, calls: dict[str, tuple[Any, tuple[Any, ...]]]
+) -> dict[str, int]:
+    """Lock-store round trips of one dispatch of each task (name -> (task, args)), after
+    one call that puts its scripts and connections in place; printed, to read next to
+    plain Celery's."""
+    counted = {}
+    for name, (task, args) in calls.items():
+        task.apply_async(("warm", *args[1:]), queue=QUEUE)  # another key than the one counted
+        before = reads(lock)
+        task.apply_async(args, queue=QUEUE)
+        counted[name] = reads(lock) - before - 1  # minus the INFO read itself
+    print(f"\nlock-store round trips per dispatch: {counted}")
+    return counted
+
+
 def _storm(  # noqa: PLR0917  (a process target's arguments)
     task_name: str, item: str, calls: int, barrier: Any, out: Any, extra: tuple[Any, ...] = ()
 ) -> None:
