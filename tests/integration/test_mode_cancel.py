@@ -100,7 +100,9 @@ class TestPendingCall:
         preview, queue = cenv.app_module.preview, worker.queue
         old = preview.apply_async(("r", "v1", 10.0), queue=queue)
         began(cenv, "r")
-        pending = preview.apply_async(("r", "v2", 0.1), queue=queue)
+        # Queued (its countdown not yet up): later calls replace its arguments. (Once a
+        # worker has started it, waiting for the key, they get its result instead.)
+        pending = preview.apply_async(("r", "v2", 0.1), queue=queue, countdown=1.0)
         later = [preview.apply_async(("r", f"v{n}", 0.1), queue=queue) for n in (3, 4)]
         assert {r.id for r in later} == {pending.id}
         assert pending.get(timeout=20) == "v4"  # the newest arguments, one run
