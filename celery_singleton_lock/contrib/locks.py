@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..backend import Store
 from ..lease import ReleaseResult
 from ..lease.inventory import Held
+from ..lease.rates import budget
 from ..modes import RateSpec
 from ..options import is_singleton
 from ..tokens import read_token
@@ -109,13 +110,9 @@ class TaskNames:
         spec = self._rates.get(task or "")
         if spec is None or ahead is None:
             return None, None
-        rate = spec.fixed
-        if rate is None:  # a plan: its answer for the key is not known here
+        if spec.fixed is None:  # a plan: its answer for the key is not known here
             return (0, ahead) if spec.burst == 1 else (None, None)
-        tolerance = (rate.burst - 1) * rate.interval
-        if ahead > tolerance:
-            return 0, ahead - tolerance
-        return int((tolerance - ahead) / rate.interval + 1e-9) + 1, 0.0
+        return budget(spec.fixed, ahead)
 
 
 def _template(key: str) -> re.Pattern[str]:

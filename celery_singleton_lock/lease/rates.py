@@ -188,6 +188,13 @@ class MemoryRates(_RatesOf):
             return answer(2 if slot > now else 1, slot, tat + interval)
 
 
+def budget(rate: Rate, ahead: float) -> tuple[int, float]:
+    """(calls that may start now, seconds until the next may) of ``rate`` when its
+    schedule (the next call's theoretical arrival time) is ``ahead`` seconds from now."""
+    tolerance = (rate.burst - 1) * rate.interval
+    return _remaining(0.0, tolerance, ahead, rate.interval), max(0.0, ahead - tolerance)
+
+
 def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int:
     if now + tolerance < tat:
         return 0
@@ -205,4 +212,4 @@ def rates_of(store: Any) -> Rates | MemoryRates:
     return found
 
 
-__all__ = ["MemoryRates", "Rate", "Rates", "Slot", "parse_rate", "rates_of"]
+__all__ = ["MemoryRates", "Rate", "Rates", "Slot", "budget", "parse_rate", "rates_of"]
