@@ -117,6 +117,13 @@ class ScriptCall(Exchange):
         # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
         return isinstance(error, NoScriptError)
 
+    def finish(self, replies: list[Any]) -> Any:
+        if isinstance(replies[0], NoScriptError):
+            # Straight to EVAL, which runs it and caches it on that node: the fallback's
+            # EVALSHA would only be refused again, a round trip for nothing.
+            return self.client.eval(body(self.script), len(self.keys), *self.keys, *self.args)
+        return super().finish(replies)
+
     def convert(self, replies: list[Any]) -> Any:
         return replies[0]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,6 +61,12 @@ LOSS = {
 
 # Why a lease yielding to another lock was cancelled (``Lease.yield_to``).
 YIELDED = "a newer call is waiting for its key"
+# Why a lease whose expiry estimate passed with no renewal answered is lost.
+RAN_OUT = "its ttl ran out without a renewal"
+
+# The renewal thread and the holder's check() can find one loss at the same moment:
+# each loss (and cancel) is reported once, whoever finds it first.
+_reporting = threading.Lock()
 
 
 def text(value: object) -> str:
@@ -213,11 +220,13 @@ class Lease:
         ``fence`` where the store can compare fences, since a check can pass just
         before a pause that outlives the lease.
         """
+        if self._state.lost_reason is None and not self._state.released and self.remaining() <= 0:
+            # Reported here too, not only by the renewal thread's deadline a moment
+            # later: on_lost has then run before the first check() that raises.
+            self.mark_lost(RAN_OUT)
         reason = self._state.lost_reason
         if reason is None and self._state.released:
             reason = "its holder released it"
-        if reason is None and self.remaining() <= 0:
-            reason = "its ttl ran out without a renewal"
         if reason is not None:
             raise LockLostError(
                 f"lease on {self.name!r} (fence {self.fence}) was lost: {reason}",
@@ -235,7 +244,8 @@ class Lease:
             )
 
     def on_lost(self, callback: LostCallback) -> None:
-        """Call ``callback(lease)`` (from the renewal thread) when the lease is found lost."""
+        """Call ``callback(lease)`` once, when the lease is found lost: from the renewal
+        thread, or from the thread whose ``check()`` found its ttl run out first."""
         self._state.callbacks.append(callback)
 
     def on_cancel(self, callback: LostCallback) -> None:
@@ -257,9 +267,10 @@ class Lease:
     def mark_lost(self, reason: str) -> None:
         """Record a loss and report it: a warning and every ``on_lost`` callback, once."""
         state = self._state
-        if state.released or state.lost_reason is not None:
-            return
-        state.lost_reason = reason
+        with _reporting:
+            if state.released or state.lost_reason is not None:
+                return
+            state.lost_reason = reason
         logger.warning("lost %s (fence %d): %s", self.key, self.fence, reason)
         for callback in list(state.callbacks):
             try:
@@ -271,9 +282,10 @@ class Lease:
         """Record a cancellation and report it: a log line and every ``on_cancel``
         callback, once. The lease stays held (renewed) until its holder lets go."""
         state = self._state
-        if state.cancel_reason is not None or state.released:
-            return
-        state.cancel_reason = reason
+        with _reporting:
+            if state.cancel_reason is not None or state.released:
+                return
+            state.cancel_reason = reason
         logger.info("cancelled %s (fence %d): %s", self.key, self.fence, reason)
         for callback in list(state.cancel_callbacks):
             try:

@@ -185,7 +185,12 @@ class Renewer:
             if self._stopping:
                 raise RuntimeError("the renewer was stopped; leases can no longer be renewed")
             self._leases[lease.token] = (store, lease, False)
-            due = time.monotonic() + cadence(lease)
+            # Due a cadence after it was granted, not after it was registered: a lease
+            # handed over from another process (the worker's main process takes it as
+            # the message arrives) may have spent much of its ttl on the way, over a slow
+            # link more than a cadence, and would run out before a first renewal.
+            every = cadence(lease)
+            due = min(time.monotonic() + every, lease.expires_at - lease.ttl + every)
             # Most leases (one ttl for a task) are due after the thread wakes anyway.
             wake = due < self._asleep_until
             self._schedule(lease.token, due)

@@ -141,7 +141,7 @@ class RedisLock(LockBase):
                 )
         except REDIS_ERRORS as error:
             self.unavailable(error, call.name)
-        return PendingAcquire(self, call, sent_at, reply)
+        return PendingAcquire(self, call, reply.sent_at or sent_at, reply)
 
     def acquire(
         self,
@@ -301,10 +301,12 @@ class RedisLock(LockBase):
         keys, ttl_ms = self._extend_call(lease, ttl)
         sent_at = time.monotonic()
         try:
-            reply = self.transport.call(
+            sent = self.transport.send(
                 self._extend_script, keys=keys, args=[lease.token, ttl_ms],
                 patient=patient, acks=self.replicas,
             )  # fmt: skip
+            sent_at = sent.sent_at or sent_at
+            reply = sent.get()
         except REDIS_ERRORS as error:
             self.unavailable(error, lease.name)
         if self.replicas is not None:

@@ -30,6 +30,7 @@ import collections
 import inspect
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
@@ -270,7 +271,11 @@ class Transport:
         # redis-py leaves Connection's methods untyped (the ignores here and in _read).
         conn = self._checkout()
         try:
-            # Connects (with redis-py's handshake) if needed, and health-checks first.
+            # A new connection's handshake first (several round trips with redis-py's
+            # HELLO and CLIENT SETINFO): a lease's ttl counts from the send, after it.
+            conn.connect()  # type: ignore[no-untyped-call]
+            sent_at = time.monotonic()
+            # Health-checks first when the connection has been idle long.
             conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])  # type: ignore[no-untyped-call]
         except _TRANSPORT as error:
             self.checkin(conn)  # redis-py has disconnected it
@@ -279,7 +284,7 @@ class Transport:
             conn.disconnect()  # type: ignore[no-untyped-call]
             self.checkin(conn)
             raise
-        return Reply(pending=(self, conn, len(commands), exchange))
+        return Reply(pending=(self, conn, len(commands), exchange), sent_at=sent_at)
 
 
 def _not_direct() -> TypeError:
@@ -301,12 +306,17 @@ _Pending = tuple[Transport, Connection, int, Exchange]
 class Reply:
     """The answer to a sent call, read from its connection on first ``get()``."""
 
-    __slots__ = ("_error", "_pending", "_value")
+    __slots__ = ("_error", "_pending", "_value", "sent_at")
 
-    def __init__(self, value: Any = None, *, pending: _Pending | None = None) -> None:
+    def __init__(
+        self, value: Any = None, *, pending: _Pending | None = None, sent_at: float | None = None
+    ) -> None:
         self._value = value
         self._error: BaseException | None = None
         self._pending = pending  # (transport, connection, replies due, exchange) until read
+        # When the call was written to a connected socket (monotonic); None when it went
+        # redis-py's own way, whose connecting the caller's own clock reading covers.
+        self.sent_at = sent_at
 
     @property
     def answered(self) -> bool:

@@ -52,9 +52,18 @@ app.conf.update(
     singleton_lock_ride_broker=os.environ.get("CSL_RIDE", "1") != "0",
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
     # The version matrix runs the lock store on RESP3 too (CSL_PROTOCOL=3).
-    singleton_lock_transport_options=(
-        {"protocol": int(os.environ["CSL_PROTOCOL"])} if os.environ.get("CSL_PROTOCOL") else {}
-    ),
+    singleton_lock_transport_options={
+        **({"protocol": int(os.environ["CSL_PROTOCOL"])} if os.environ.get("CSL_PROTOCOL") else {}),
+        # The partition tests shorten the lock store's timeouts (CSL_SOCKET_TIMEOUT).
+        **(
+            {
+                "socket_timeout": float(os.environ["CSL_SOCKET_TIMEOUT"]),
+                "socket_connect_timeout": float(os.environ["CSL_SOCKET_TIMEOUT"]),
+            }
+            if os.environ.get("CSL_SOCKET_TIMEOUT")
+            else {}
+        ),
+    },
     broker_transport_options={
         "visibility_timeout": float(os.environ.get("CSL_VISIBILITY_TIMEOUT", "3600")),
         # Sweep for unacked messages every second, so a short visibility timeout really
@@ -323,6 +332,39 @@ def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bo
         lost = True
     _record(self, item, started, accepted=accepted, lost=lost)
     return {"accepted": accepted, "lost": lost}
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    dedupe=False,
+    on_contention=requeue(max_tries=1000, backoff=0.05, cap=0.5),
+)
+def cut_off_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, Any]:
+    """``fenced_writer`` that also records when it learned of a loss: the ``on_lost``
+    callback's time, and the first time ``check()`` raised (polled every 10 ms)."""
+    lost_at: list[float] = []
+    self.lease.on_lost(lambda _: lost_at.append(time.time()))
+    started = _begin(self, item)
+    raised_at = None
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if raised_at is None:
+            try:
+                self.lease.check()
+            except LockLostError:
+                raised_at = time.time()
+        time.sleep(0.01)
+    accepted = fenced_write(item, self.lease.fence)
+    outcome = {
+        "accepted": accepted,
+        "lost": raised_at is not None,
+        "lost_at": lost_at[0] if lost_at else None,
+        "check_raised_at": raised_at,
+    }
+    _record(self, item, started, **outcome)
+    return outcome
 
 
 @singleton_task(

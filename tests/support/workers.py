@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from celery_singleton_lock.worker.childwatch import is_dead
@@ -41,8 +41,10 @@ class Worker:
         app: str = "tests.support.celery_app",
         loglevel: str = "info",
         pool: str = "prefork",
+        prefix: Sequence[str] = (),
     ) -> None:
         self.pool = pool
+        self.prefix = list(prefix)  # e.g. ``ip netns exec NAME``: run it in a namespace
         self.app = app
         self.loglevel = loglevel
         number = next(_names)
@@ -55,7 +57,7 @@ class Worker:
 
     def start(self, timeout: float = 30.0) -> Worker:
         args = [
-            sys.executable, "-m", "celery", "-A", self.app, "worker",
+            *self.prefix, sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
             "-Q", self.queue, "-l", self.loglevel,
             "--without-gossip", "--without-mingle", "--without-heartbeat",
