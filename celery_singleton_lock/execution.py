@@ -137,18 +137,7 @@ class Execution:
                     self._unless_replaced(hold.claim())
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
-            outage = outages.at_execution(
-                self.context, self.delivery.request, self.lock_name, error
-            )
-            if isinstance(outage, Lease):
-                return outage
-            send_again(
-                self.delivery,
-                self.lock_name,
-                self.attempt,
-                outage.countdown,
-                outages=outage.outages,
-            )
+            return self._unreachable(error)
         if isinstance(outcome, Contended):
             if self.mode.replaces and hold is None:
                 self._unless_replaced(outcome)
@@ -163,6 +152,16 @@ class Execution:
         self.mode.running(outcome, self.start)
         self.store.renew(outcome)
         return outcome
+
+    def _unreachable(self, error: LockStoreUnavailableError) -> Lease:
+        """The lock store did not answer: run unlocked (fail_open) or go again later."""
+        outage = outages.at_execution(self.context, self.delivery.request, self.lock_name, error)
+        if not isinstance(outage, Lease):
+            send_again(
+                self.delivery, self.lock_name, self.attempt, outage.countdown,
+                outages=outage.outages,
+            )  # fmt: skip
+        return outage
 
     def _admit(self) -> None:
         """A rate's slot before the running lease (``modes/rate.py``): a run with no slot
@@ -287,6 +286,10 @@ class Execution:
                 hold.keep()  # still the pending call while it waits
             try:
                 return self.mode.take_waiting(self.start, self.context.waiting, decision.timeout)
+            except LockStoreUnavailableError as error:
+                # Cut off mid-wait (the wait ends by its timeout plus a grace): the
+                # outage policy, as for the first try.
+                return self._unreachable(error)
             except LockNotAcquiredError as error:
                 state = ContentionState(
                     task_name=delivery.name,

@@ -13,6 +13,7 @@ from .clients import build, is_async
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult, text
 from .names import DEFAULT_PREFIX
 from .renewal import cadence, next_delay
+from .waits import pop_within_async
 
 
 class AsyncRedisLock(LockBase):
@@ -99,7 +100,7 @@ class AsyncRedisLock(LockBase):
                     step = plan.send(await self._try(call, step))
                 elif isinstance(step, Block):
                     try:
-                        await self.client.blpop([call.keys.signal], timeout=step.seconds)
+                        await pop_within_async(self.client, call.keys.signal, step.seconds)
                     except REDIS_ERRORS as error:
                         self.unavailable(error, name)
                     step = next(plan)

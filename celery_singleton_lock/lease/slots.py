@@ -18,6 +18,7 @@ from . import scripts
 from .base import REDIS_ERRORS, Block, ScriptArgs, Step, Try
 from .lease import Contended, Lease, text
 from .names import MAX_SLOTS, new_token, slot
+from .waits import pop_within
 
 
 def check_limit(limit: object) -> int:
@@ -112,7 +113,7 @@ class Slots:
                     step = plan.send(self._try(name, token, argv, ttl_ms))
                 elif isinstance(step, Block):
                     try:
-                        store.client.blpop([store.keys(name).signal], timeout=step.seconds)
+                        pop_within(store.client, store.keys(name).signal, step.seconds)
                     except REDIS_ERRORS as error:
                         store.unavailable(error, name)
                     step = next(plan)

@@ -25,6 +25,7 @@ from .replicas import acknowledged, replicas_option, with_acks
 from .servers import server_of
 from .slots import Slots
 from .transport import Reply, Transport
+from .waits import pop_within
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class RedisLock(LockBase):
                     continue
                 if isinstance(step, Block):
                     try:
-                        self.client.blpop([call.keys.signal], timeout=step.seconds)
+                        pop_within(self.client, call.keys.signal, step.seconds)
                     except REDIS_ERRORS as error:
                         self.unavailable(error, name)
                 else:

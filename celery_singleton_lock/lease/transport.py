@@ -86,7 +86,7 @@ def _count_fork() -> None:
 os.register_at_fork(after_in_child=_count_fork)
 
 
-def _takes_command_name(pool: ConnectionPool) -> bool:
+def takes_command_name(pool: ConnectionPool) -> bool:
     # redis-py < 5.3 requires get_connection(command_name); later versions warn on it.
     parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
     return parameter is not None and parameter.default is inspect.Parameter.empty
@@ -122,7 +122,7 @@ class Transport:
         self.client = client
         self.direct = drivable(client)
         self._pool: ConnectionPool | None = client.connection_pool if drivable(client) else None
-        self._named = self._pool is not None and _takes_command_name(self._pool)
+        self._named = self._pool is not None and takes_command_name(self._pool)
         kwargs = getattr(self._pool, "connection_kwargs", {})
         self._encoding = kwargs.get("encoding", "utf-8")
         # Whether the server takes SET with both NX and GET (Redis >= 7.0); learnt from

@@ -319,3 +319,42 @@ class TestSlowLink:
         assert all(o["accepted"] and not o["lost"] for o in outcomes)
         assert verdict.ok, verdict.summary()
         assert left == []
+
+
+class TestWaiterCutOff:
+    def test_a_waiting_run_cut_off_ends_its_wait_and_runs_after_the_heal(
+        self, net: Net, figures: Figures
+    ) -> None:
+        """A run waiting for its key (``on_contention=wait``, a BLPOP with no socket
+        timeout) when the link drops: the wait ends by its own timeout plus a grace as
+        an outage (fail_closed: sent again later), not never; after the heal it runs
+        once, after the holder, never beside it."""
+        ttl = 2.0
+        inner = net.worker(ttl, inside=True, concurrency=1)
+        outer = net.worker(ttl, inside=False, concurrency=1)
+        try:
+            holder = net.send("w", 3 * ttl, outer.queue, task="patient")
+            wait_for(lambda: started(net.host), 20, "the holder to start")
+            waiter = net.send("w", 0.0, inner.queue, task="patient")
+            time.sleep(0.5)  # the waiter is in its BLPOP
+            net.ns.cut(net.lock.port)
+            cut_at = time.time()
+            wait_for(lambda: "unreachable" in inner.output(), 3 * ttl + 5, "the wait to end")
+            ended_after = time.time() - cut_at
+            net.ns.heal()
+            holder.get(timeout=30)
+            waiter.get(timeout=60)
+            left = keys_left(net, ttl)
+        finally:
+            inner.stop()
+            outer.stop()
+        verdict = check(runs(net.host), submitted=[holder.id, waiter.id], exactly_once=True)
+        figures.record(
+            "partition_waiter",
+            ttl_s=ttl,
+            wait_ended_after_cut_s=round(ended_after, 2),
+            executions=verdict.executions,
+            overlaps=len(verdict.overlaps),
+        )
+        assert verdict.ok, verdict.summary()
+        assert left == []

@@ -148,3 +148,56 @@ class TestSpin:
         with pytest.raises(LockNotAcquiredError):
             lock.acquire("job", ttl=5, timeout=0.3, wait="spin")
         assert time.monotonic() - started < 1.5
+
+
+class TestFrozenServer:
+    """A server that stops answering mid-wait (SIGSTOP here; a partition drops the
+    answer the same way): the waiting client has no socket timeout, yet every kind of
+    push wait ends by its own timeout plus ``GRACE`` as an outage, never for ever."""
+
+    @pytest.mark.parametrize("kind", ["lock", "slots", "asyncio"])
+    def test_a_wait_ends_when_the_server_freezes(self, kind: str) -> None:
+        import asyncio
+
+        from celery_singleton_lock import LockStoreUnavailableError
+        from celery_singleton_lock.lease import client_from_url
+        from celery_singleton_lock.lease.waits import GRACE
+
+        from ..support.servers import RedisServer
+
+        server = RedisServer().start()
+        try:
+            holder = RedisLock(server.client(), prefix="t")
+            holder.acquire("job", ttl=30, blocking=False)
+            holder.slots.try_acquire("job-n", 1, 30)
+            waiting = client_from_url(server.url, {"socket_timeout": None})
+            freezer = threading.Timer(0.3, server.pause)
+            freezer.start()
+            began = time.monotonic()
+            waits: dict[str, Callable[[], object]] = {
+                "lock": lambda: RedisLock(waiting, prefix="t").acquire("job", 30, timeout=1.0),
+                "slots": lambda: RedisLock(waiting, prefix="t").slots.acquire(
+                    "job-n", 1, 30, timeout=1.0
+                ),
+                "asyncio": lambda: asyncio.run(self._wait_async(server.url)),
+            }
+            with pytest.raises(LockStoreUnavailableError, match="unanswered"):
+                waits[kind]()
+            took = time.monotonic() - began
+        finally:
+            freezer.cancel()
+            server.resume()
+            server.cleanup()
+        assert took <= 1.0 + GRACE + 0.5
+
+    @staticmethod
+    async def _wait_async(url: str) -> None:
+        import redis.asyncio
+
+        from celery_singleton_lock.lease import AsyncRedisLock
+
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            await AsyncRedisLock(client, prefix="t").acquire("job", ttl=30, timeout=1.0)
+        finally:
+            await client.aclose()

@@ -1,0 +1,64 @@
+"""A BLPOP wait for a wake-up that ends by its timeout plus a grace, whatever the server does.
+
+The waiting client has no socket timeout, since a BLPOP may rightly block longer than
+any sensible one; so a frozen server, or one cut off by a partition, would hold
+redis-py's ``blpop`` for ever (TCP never says a silent peer is gone). Here the wait
+reads its answer with a deadline instead: past ``seconds + GRACE`` the connection is
+dropped and the store counts as unreachable (the caller's outage policy applies). A
+wake-up popped on the server just then is lost with it; the waiters it would have
+woken still wake by their own timeouts, which never outlast the holder's ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis
+
+from .transport import takes_command_name
+
+# Past its own timeout, how long a BLPOP's answer may take to arrive (a busy server, a
+# slow link) before the server counts as unreachable.
+GRACE = 2.0
+
+
+def pop_within(client: Any, key: str, seconds: float) -> Any:
+    """``BLPOP key seconds``: its answer, or ``redis.TimeoutError`` once ``seconds +
+    GRACE`` have passed without one. None also when a cluster has moved the key (the
+    next try follows it the client's own way)."""
+    if hasattr(client, "get_node_from_key"):  # a cluster: the node that serves the key
+        client = client.get_redis_connection(client.get_node_from_key(key))
+    pool = client.connection_pool
+    conn = pool.get_connection("BLPOP") if takes_command_name(pool) else pool.get_connection()
+    try:
+        conn.send_command("BLPOP", key, seconds)
+        answered = conn.can_read(timeout=seconds + GRACE)
+        reply = conn.read_response() if answered else None
+    except redis.ResponseError as error:
+        pool.release(conn)
+        if str(error).startswith(("MOVED", "ASK")):
+            return None
+        raise
+    except BaseException:
+        conn.disconnect()  # an answer may still come: it must not be read as another's
+        pool.release(conn)
+        raise
+    if not answered:
+        conn.disconnect()
+    pool.release(conn)
+    if not answered:
+        raise unanswered(seconds)
+    return reply
+
+
+def unanswered(seconds: float) -> redis.TimeoutError:
+    return redis.TimeoutError(f"BLPOP of {seconds:g}s unanswered after {GRACE:g}s more")
+
+
+async def pop_within_async(client: Any, key: str, seconds: float) -> Any:
+    """``pop_within`` for an asyncio client (cancelling the read drops its connection)."""
+    try:
+        return await asyncio.wait_for(client.blpop([key], timeout=seconds), seconds + GRACE)
+    except asyncio.TimeoutError:
+        raise unanswered(seconds) from None
