@@ -120,6 +120,25 @@ def ensure_rabbitmq_server() -> bool:
     return RABBITMQ_SERVER.exists()
 
 
+# What the fault tests use to cut a worker off (a network namespace the test makes, nft
+# rules inside it) and to move its clock (libfaketime); Debian's, installed as root.
+FAULT_TOOLS = {"nft": "nftables", "ip": "iproute2", "faketime": "faketime"}
+
+
+def ensure_fault_tools() -> None:
+    missing = [package for tool, package in FAULT_TOOLS.items() if not shutil.which(tool)]
+    if not missing:
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say(f"no {', '.join(missing)} and no root: the partition and clock tests are skipped")
+        return
+    say(f"installing Debian's {' '.join(missing)} for the partition and clock tests")
+    try:
+        apt_install(*missing)
+    except subprocess.CalledProcessError as error:
+        say(f"apt-get failed ({error}): the partition and clock tests are skipped")
+
+
 def test(pytest_args: list[str]) -> int:
     if "--unit" in pytest_args:
         # The inner loop: tests that need no server (tests/unit), in seconds.
@@ -128,6 +147,7 @@ def test(pytest_args: list[str]) -> int:
     env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
     say(f"redis-server: {env['REDIS_SERVER_BIN']}")
     ensure_rabbitmq_server()
+    ensure_fault_tools()
     say("ruff")
     run(BIN / "ruff", "check", ".", env=env)
     run(BIN / "ruff", "format", "--check", ".", env=env)
@@ -164,6 +184,7 @@ def chaos(args: list[str]) -> int:
     full = "--full" in args
     results = ROOT / ".venv" / "chaos-results.json"
     results.unlink(missing_ok=True)
+    ensure_fault_tools()
     env = dict(
         os.environ,
         REDIS_SERVER_BIN=ensure_redis_server(),

@@ -39,6 +39,40 @@ SCENARIOS: list[tuple[str, str, str]] = [
     ("pause", "6. Pause (SIGSTOP) longer than ttl",
      "Another execution takes over; the resumed holder's fenced write is rejected and its "
      "`check()` raises."),
+    ("partition_both", "7a. Partition: a holder cut off from the lock store",
+     "A worker in its own network namespace loses its link to the lock store (nft drops "
+     "both ways) while a run holds a renewed lease: the run learns it lost the lease "
+     "(`on_lost`, then `check()` raises) before a worker outside takes the key with a "
+     "greater fence, its late write is refused by the fenced store, and once healed the "
+     "same worker renews leases again. No key is left."),
+    ("partition_out", "7b. One-way partition: requests dropped",
+     "As 7a with only the worker's packets to the lock store dropped."),
+    ("partition_in", "7c. One-way partition: answers dropped",
+     "As 7a with only the answers dropped: the renewals still land, so the key lives on "
+     "until a ttl after the last one, and the successor starts later; the holder still "
+     "learns first."),
+    ("partition_short", "7d. Partition shorter than the lease",
+     "Cut off for a third of the ttl: renewal fails, then resumes when the link heals; "
+     "the run never lost its lease."),
+    ("partition_waiter", "7e. A waiting run cut off",
+     "A run waiting for its key (`on_contention=wait`, a BLPOP with no socket timeout) "
+     "when the link drops: the wait ends by its own timeout plus a grace as an outage, "
+     "fail_closed sends it again, and after the heal it runs once, never beside the "
+     "holder."),
+    ("partition_worker_fail_closed", "7f. Messages reach a cut-off worker, fail_closed",
+     "None runs until the link heals; each runs once after."),
+    ("partition_worker_fail_open", "7g. Messages reach a cut-off worker, fail_open",
+     "Each runs unlocked at once and the log says so; none twice."),
+    ("partition_dispatch_fail_closed", "7h. A producer cut off, fail_closed",
+     "The producer reaches the broker but not the lock store (timeouts set to 1 s): each "
+     "call is refused and publishes nothing; once healed the first call publishes and "
+     "the rest get its result."),
+    ("partition_dispatch_fail_open", "7i. A producer cut off, fail_open",
+     "Each call publishes without the duplicate check; once healed the first call takes "
+     "the key again; no message is published twice and the copies run one at a time."),
+    ("partition_slow_link", "7j. A slow link",
+     "The lock store 100 ms away each way (a relay; this kernel has no netem): leases "
+     "of ten round trips hold while renewed, contending copies take turns."),
     ("soak", "8. Soak",
      "Mixed dispatch and `send_task` load on 20 keys with random child kills: no overlap, "
      "no fence regression, no key left after the drain, worker memory flat."),
@@ -97,14 +131,6 @@ def render(data: dict[str, Any], command: str, charts: dict[str, str] | None = N
                 label="executions ended per second", mark="a kill",
             )  # fmt: skip
             lines += [f"![{title}: executions per second and kills]({image})", ""]
-    lines += [
-        "## 7. Partition",
-        "",
-        "_Not run._ A worker in its own network namespace needs `ip netns` and veth pairs;",
-        "the pause scenario covers the same guarantee (a holder cut off past its `ttl` is",
-        "fenced off and told), since to the lock a partition and a pause look alike.",
-        "",
-    ]
     return "\n".join(lines)
 
 

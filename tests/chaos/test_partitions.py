@@ -283,6 +283,49 @@ class TestProducerCutOff:
         assert verdict.ok, verdict.summary()
 
 
+class TestWorkerCutOff:
+    @pytest.mark.parametrize("policy", ["fail_closed", "fail_open"])
+    def test_runs_arriving_during_a_partition_follow_the_policy(
+        self, net: Net, figures: Figures, policy: str
+    ) -> None:
+        """Messages reach a worker that cannot reach the lock store: fail_closed runs
+        none of them until the link heals (each is sent again later), fail_open runs
+        them unlocked and says so; either way each runs once, and nothing is left."""
+        ttl, timeout = 2.0, 1.0
+        inner = net.worker(ttl, inside=True, extra_env=timeouts(policy, timeout))
+        try:
+            net.ns.cut(net.lock.port)
+            sent = [
+                net.sender.send_task(f"{APP}.swarm", (f"cut-{i}",), queue=inner.queue).id
+                for i in range(size("outage_tasks"))
+            ]
+            time.sleep(4 * timeout)
+            ran_during = len(runs(net.host))
+            net.ns.heal()
+            wait_for(lambda: len(runs(net.host)) >= len(sent), 90, "every run")
+            log = inner.output()
+            left = keys_left(net, ttl)
+        finally:
+            inner.stop()
+        verdict = check(runs(net.host), submitted=sent, exactly_once=True)
+        figures.record(
+            f"partition_worker_{policy}",
+            tasks=len(sent),
+            ran_while_cut_off=ran_during,
+            ran_unlocked=verdict.unlocked,
+            lost=len(verdict.missing),
+            duplicated=len(verdict.duplicated),
+        )
+        assert verdict.ok, verdict.summary()
+        assert left == []
+        if policy == "fail_closed":
+            assert ran_during == 0
+            assert verdict.unlocked == 0
+        else:
+            assert ran_during == len(sent)
+            assert "UNLOCKED (fail_open)" in log
+
+
 class TestSlowLink:
     def test_leases_hold_over_a_slow_link(self, net: Net, figures: Figures) -> None:
         """The lock store 2 x 100 ms away (a relay: this kernel has no netem): leases of
