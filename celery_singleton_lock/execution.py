@@ -117,9 +117,9 @@ class Execution:
         handed = self.handed
         if handed is not None and handed.fence is not None and handed.name == self.lock_name:
             # No round trip: the worker's main process took it, fenced, for this message.
-            lease = Lease.granted(
+            lease = Lease.handed(
                 handed.name, handed.key, handed.token, fence=handed.fence, ttl=handed.ttl,
-                sent_at=handed.expires_at - handed.ttl,
+                expires_at=handed.expires_at,
             )  # fmt: skip
             self.store.renew(lease)
             return lease

@@ -31,6 +31,7 @@ from .lease import (
     ReleaseResult,
     decode,
     text,
+    valid_until,
 )
 from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
 
@@ -296,7 +297,7 @@ class LockBase:
     def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
         result = decode(reply, ExtendResult)
         if result in (ExtendResult.EXTENDED, ExtendResult.CANCELLED):
-            lease.renewed(sent_at + ttl_ms / 1000)
+            lease.renewed(valid_until(sent_at, ttl_ms / 1000))
             if result is ExtendResult.CANCELLED:
                 lease.mark_cancelled(YIELDED)
         else:

@@ -64,6 +64,20 @@ YIELDED = "a newer call is waiting for its key"
 # Why a lease whose expiry estimate passed with no renewal answered is lost.
 RAN_OUT = "its ttl ran out without a renewal"
 
+# This process's clock may run slower than the server's: a lease is taken as ended this
+# share of its ttl early, plus a fixed margin (Redlock's clock drift factor and its 2 ms),
+# so it never outlives the server's key on a clock up to 1% slow. Real oscillators are
+# off by a few hundred parts per million at worst.
+CLOCK_DRIFT = 0.01
+DRIFT_MARGIN = 0.002
+
+
+def valid_until(sent_at: float, ttl: float) -> float:
+    """When a lease that a request sent at ``sent_at`` (monotonic) granted or renewed for
+    ``ttl`` seconds must be taken as ended here: never after the server's key expires."""
+    return sent_at + ttl * (1 - CLOCK_DRIFT) - DRIFT_MARGIN
+
+
 # The renewal thread and the holder's check() can find one loss at the same moment:
 # each loss (and cancel) is reported once, whoever finds it first.
 _reporting = threading.Lock()
@@ -137,8 +151,9 @@ class Lease:
 
     Immutable and free of thread-local state: any thread or process holding this
     handle (it pickles) can release or extend it. ``expires_at`` is on this process's
-    ``time.monotonic()`` clock: the server's TTL minus the round trip that set it, so
-    it errs early, never late.
+    ``time.monotonic()`` clock: the server's TTL counted from before the request that
+    set it, less an allowance for a slow clock (``valid_until``), so it errs early, never
+    late.
     """
 
     name: str
@@ -153,7 +168,15 @@ class Lease:
         cls, name: str, key: str, token: str, *, fence: int, ttl: float, sent_at: float
     ) -> Lease:
         """A lease granted by a request sent at ``sent_at``: its TTL counts from then."""
-        return cls(name, key, token, fence, ttl, _LeaseState(expires_at=sent_at + ttl))
+        return cls(name, key, token, fence, ttl, _LeaseState(valid_until(sent_at, ttl)))
+
+    @classmethod
+    def handed(
+        cls, name: str, key: str, token: str, *, fence: int, ttl: float, expires_at: float
+    ) -> Lease:
+        """A lease another process of this machine was granted, with its estimate of the
+        end (``expires_at``: the monotonic clock is the machine's)."""
+        return cls(name, key, token, fence, ttl, _LeaseState(expires_at))
 
     @classmethod
     def unlocked(cls, name: str, ttl: float, reason: str) -> Lease:
