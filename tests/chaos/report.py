@@ -73,6 +73,24 @@ SCENARIOS: list[tuple[str, str, str]] = [
     ("partition_slow_link", "7j. A slow link",
      "The lock store 100 ms away each way (a relay; this kernel has no netem): leases "
      "of ten round trips hold while renewed, contending copies take turns."),
+    ("clock_worker_step_+1h", "7k. A worker's wall clock steps forward an hour",
+     "libfaketime moves the worker's wall clock mid-run (an NTP step): its renewed lease "
+     "is kept (leases are timed on the monotonic clock), a run waiting for its key "
+     "starts as the holder lets go, a 0.3 s wait still gives up in seconds, fences rise."),
+    ("clock_worker_step_-1h", "7l. A worker's wall clock steps back an hour",
+     "As 7k, an hour back."),
+    ("clock_worker_slow", "7m. A worker's clock runs 0.5 % slow",
+     "Every clock of the worker at 0.995 of real speed (libfaketime's rate) when it is "
+     "cut off holding a lease: it still takes the lease as lost, by real time, before "
+     "the server expires the key (leases end 1 % + 2 ms early on the local clock)."),
+    ("clock_server_step_forward", "7n. The lock server's clock steps forward an hour",
+     "Redis keeps absolute expiry times: every lease ends at once. The holder learns it "
+     "at its next renewal (ttl/3) and the next holder's fence is still greater."),
+    ("clock_server_step_back", "7o. The lock server's clock steps back an hour",
+     "Every key lives an hour longer: a dead holder's lease blocks its key for an hour "
+     "instead of `ttl` (until the clock is restored), and a holder that comes after "
+     "an ended lease can get a smaller fence. Keep the server's clock slewed, never "
+     "stepped (docs/topologies.md)."),
     ("soak", "8. Soak",
      "Mixed dispatch and `send_task` load on 20 keys with random child kills: no overlap, "
      "no fence regression, no key left after the drain, worker memory flat."),
