@@ -168,7 +168,7 @@ class MemoryLock:
 
     def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
         lease.mark_released()
-        outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
+        outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token, fenced=False)
         if isinstance(outcome, Contended):
             lease.note_loss("another owner holds it")
         return outcome

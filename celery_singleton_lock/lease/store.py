@@ -202,11 +202,15 @@ class RedisLock(LockBase):
         """Pass the lock from ``lease`` to ``token`` in one step (e.g. to a retry's message).
 
         Stops renewing ``lease``; on success it counts as released. ``Contended`` means
-        ``lease`` had already lost the lock to someone else.
+        ``lease`` had already lost the lock to someone else. Unfenced: what it passes to
+        is a queued message's hold, and the run that takes that over is fenced then (a
+        fence here would leave its bookkeeping key for the whole queue ttl).
         """
         self.renewer.discard(lease)
         with lease.releasing():
-            outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token)
+            outcome = self.try_acquire(
+                lease.name, ttl, token=token, replace=lease.token, fenced=False
+            )
         if isinstance(outcome, Contended):
             lease.note_loss(LOSS[ReleaseResult.NOT_OWNER])
         return outcome

@@ -26,14 +26,14 @@ SIZES: dict[str, dict[str, float]] = {
         "bypass_processes": 4, "bypass_calls": 15, "bypass_keys": 5,
         "child_kills": 8, "worker_kills": 2,
         "restart_keys": 3, "outage_tasks": 6,
-        "soak_seconds": 20,
+        "soak_seconds": 20, "mode_soak_seconds": 20,
     },
     "full": {
         "storm_processes": 8, "storm_calls": 250,
         "bypass_processes": 8, "bypass_calls": 50, "bypass_keys": 10,
         "child_kills": 50, "worker_kills": 20,
         "restart_keys": 10, "outage_tasks": 30,
-        "soak_seconds": 600,
+        "soak_seconds": 600, "mode_soak_seconds": 300,
     },
 }  # fmt: skip
 

@@ -98,6 +98,13 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "The same load on two gevent workers, each SIGKILLed whole and replaced at random: "
      "tasks a killed worker held are lost (at most once), none ever overlap, no key is left "
      "after the drain."),
+    ("mode_soak_prefork", "8c. Every mode under kills",
+     "A task of each mode (until_executing, replace, debounce, throttle, limit=2, "
+     "rate=10/s, cancel), acks_late, on two prefork workers whose pool children are "
+     "SIGKILLed every 1-3 s and a whole worker every 10 s: every accepted call ran, no "
+     "two runs of a key at once (`limit`: never more than 2), fences rise, a rate's slots "
+     "never above 10 in any second, no key left (a replaced call's record stays for "
+     "`queue_ttl`, as its message may still be queued)."),
     ("bad_input", "9. Bad input sweep",
      "Each case refused with an error naming the problem; nothing published, nothing left "
      "in Redis."),

@@ -70,6 +70,9 @@ app.conf.update(
         # redelivers during a test (kombu's default sweep is every ~100 s).
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # The sweep holds a mutex in the broker; a worker SIGKILLed while holding it
+        # stops every sweep until the mutex expires (kombu's default: 300 s).
+        "unacked_mutex_expire": 10,
         # kombu's global_keyprefix for every broker key (CSL_KEYPREFIX).
         **(
             {"global_keyprefix": os.environ["CSL_KEYPREFIX"]}
@@ -643,3 +646,39 @@ def preview_hard(self: Any, item: str, version: str, seconds: float = 0.0) -> st
 def preview_retrying(self: Any, item: str, version: str, seconds: float = 0.0) -> str:
     """Retries whatever it raises: a cancel still ends it, in REVOKED."""
     return _preview(self, item, version, seconds, obey=True)
+
+
+# The mode soak (tests/chaos/test_mode_soak.py): one task per mode, every one on the
+# same workers, as a production app's task types share them.
+_SOAK_CONTENTION = requeue(max_tries=2000, backoff=0.05, cap=0.3)
+SOAK_MODES: dict[str, dict[str, Any]] = {
+    "until_executing": {"lock": "until_executing", "on_contention": _SOAK_CONTENTION},
+    "replace": {
+        "lock": "until_executing", "on_duplicate": "replace", "on_contention": _SOAK_CONTENTION
+    },
+    "debounce": {"debounce": 0.2, "on_contention": _SOAK_CONTENTION},
+    "throttle": {"throttle": 0.3, "on_contention": _SOAK_CONTENTION},
+    "limit": {"limit": 2, "on_contention": _SOAK_CONTENTION},
+    "rate": {"rate": "10/s"},
+    "cancel": {"on_duplicate": "cancel", "on_contention": wait(timeout=60)},
+}  # fmt: skip
+SOAK_LIMIT, SOAK_RATE = 2, 10
+
+
+def _soak(self: Any, item: str, seconds: float = 0.0) -> str:
+    """Hold the key for ``seconds``, recording the run (and a rate's slot)."""
+    started = _begin(self, item)
+    time.sleep(seconds)
+    _record(self, item, started, slot=getattr(self.request, "singleton_rate_slot", None))
+    return item
+
+
+# acks_late with reject_on_worker_lost: a run killed with its pool child (or its whole
+# worker) comes back, so every accepted call runs at least once through the kills.
+soak_tasks = {
+    mode: singleton_task(
+        app=app, bind=True, key=["item"], name=f"{__name__}.soak_{mode}",
+        acks_late=True, reject_on_worker_lost=True, **options,
+    )(_soak)
+    for mode, options in SOAK_MODES.items()
+}  # fmt: skip

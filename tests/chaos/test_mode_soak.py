@@ -1,0 +1,229 @@
+"""Every mode under faults: one fleet runs a task of each mode while its workers are
+SIGKILLed at random, pool children every 1-3 s and a whole worker every 10 s.
+
+Open: the same on a gevent fleet (whole workers killed every 3-5 s) ends with a few
+accepted calls that never ran, so it is not in the suite yet.
+
+Each mode keeps its own promise through it: never two runs of a key at once (``limit``:
+never more than N), fences rising per key, a rate's slots never above the rate in any
+window, every accepted call started (a killed worker's prefetched messages come back
+after the visibility timeout), and no key left once the load has drained.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock import DuplicateTaskError
+
+from ..conftest import CeleryEnv
+from ..integration.test_celery_lifecycle import runs, started, wait_for
+from ..integration.test_mode_rate import most_in_a_window
+from ..support.workers import Worker
+from .checker import check
+from .conftest import Figures, per_second, size
+
+pytestmark = pytest.mark.slow
+
+KEYS_PER_MODE = 4
+MODES = [m for m in os.environ.get("CSL_SOAK_MODES", "").split(",") if m]  # to look at one
+
+
+# What a mode's judgement counts that must be 0.
+BROKEN = ("overlaps", "fence_regressions", "over_limit", "fences_repeated", "over_rate",
+          "started_before_slot")  # fmt: skip
+
+
+def slots(records: list[dict[str, Any]]) -> list[float]:
+    """The rate's slots the runs began on. A run killed and sent back (acks_late) may run
+    again on the slot it was given: a slot counts once, however often its call ran."""
+    return [slot for _, slot in {(r["id"], r["slot"]) for r in records}]
+
+
+def lock_keys(store: Any) -> list[bytes]:
+    return [k for k in store.scan_iter("t:*") if not k.endswith(b":replaced")]
+
+
+def most_at_once(records: list[dict[str, Any]]) -> int:
+    """The most runs of one key in progress at one moment."""
+    edges = sorted(
+        itertools.chain.from_iterable(((r["start"], 1), (r["end"], -1)) for r in records),
+        key=lambda edge: (edge[0], edge[1]),  # an end before a start at the same instant
+    )
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def judge(mode: str, records: list[dict[str, Any]], limit: int, rate: int) -> dict[str, int]:
+    """What the mode promises, checked on its runs: the figures, and 0 where promised."""
+    by_key: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_key[record["key"]].append(record)
+    if mode == "limit":
+        at_once = max((most_at_once(rs) for rs in by_key.values()), default=0)
+        fences = [r["fence"] for r in records]
+        return {"most_at_once": at_once, "over_limit": max(0, at_once - limit),
+                "fences_repeated": len(fences) - len(set(fences))}  # fmt: skip
+    verdict = check(records, allow_unlocked=False)
+    figures = {
+        "overlaps": len(verdict.overlaps),
+        "fence_regressions": len(verdict.fence_regressions),
+    }
+    if mode == "rate":
+        busiest = max((most_in_a_window(slots(rs), 1.0) for rs in by_key.values()), default=0)
+        early = sum(r["start"] < r["slot"] - 0.002 for r in records)
+        figures |= {"busiest_second_of_slots": busiest, "over_rate": max(0, busiest - rate),
+                    "started_before_slot": early}  # fmt: skip
+    return figures
+
+
+class Fleet:
+    """Two workers on one queue, SIGKILLed at random and replaced: pool children every
+    1-3 s and a whole worker every 10 s (prefork), a whole worker every 3-5 s (gevent)."""
+
+    def __init__(self, cenv: CeleryEnv, pool: str, env: dict[str, str], rng: random.Random):
+        self.cenv, self.pool, self.env, self.rng = cenv, pool, env, rng
+        self.queue = f"soak-modes-{pool}"
+        self.every: list[Worker] = []
+        self.workers = [self.start(), self.start()]
+        self.child_kills = self.worker_kills = 0
+        self.killed_at: list[float] = []
+        self.began = time.time()
+        now = time.monotonic()
+        self.next_child = now + 2.0
+        self.next_worker = now + (8.0 if pool == "prefork" else 4.0)
+
+    def start(self) -> Worker:
+        concurrency = 3 if self.pool == "prefork" else 20
+        worker = Worker(
+            self.cenv.env, pool=self.pool, concurrency=concurrency,
+            extra_env=self.env, queue=self.queue,
+        ).start()  # fmt: skip
+        self.every.append(worker)
+        return worker
+
+    def strike(self) -> None:
+        """Kill what is due: a random pool child, or a whole worker (then a new one,
+        which restores the messages the killed one had taken off the queue)."""
+        now = time.monotonic()
+        if self.pool == "prefork" and now >= self.next_child:
+            children = [c for w in self.workers for c in w.children()]
+            if children:
+                os.kill(self.rng.choice(children), signal.SIGKILL)
+                self.child_kills += 1
+                self.killed_at.append(round(time.time() - self.began, 2))
+            self.next_child = now + self.rng.uniform(1.0, 3.0)
+        if now >= self.next_worker:
+            victim = self.workers.pop(self.rng.randrange(len(self.workers)))
+            victim.kill()
+            victim.stop()
+            self.worker_kills += 1
+            self.killed_at.append(round(time.time() - self.began, 2))
+            self.workers.append(self.start())
+            pause = 10.0 if self.pool == "prefork" else self.rng.uniform(3.0, 5.0)
+            self.next_worker = now + pause
+
+    def lines_about(self, task_ids: set[str]) -> list[str]:
+        return [
+            line for w in self.every for line in w.output().splitlines()
+            if any(task_id in line for task_id in task_ids)
+        ]  # fmt: skip
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+
+def soak(cenv: CeleryEnv, figures: Figures, pool: str, seed: int) -> None:
+    app = cenv.app_module
+    ttl, seconds, visibility = 2.0, size("mode_soak_seconds"), 6.0
+    rng = random.Random(seed)
+    modes = MODES or list(app.SOAK_MODES)
+    accepted: dict[str, set[str]] = defaultdict(set)
+    refused: Counter[str] = Counter()
+    fleet = Fleet(cenv, pool, {"CSL_TTL": str(ttl), "CSL_VISIBILITY_TIMEOUT": str(visibility)}, rng)
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            mode = rng.choice(modes)
+            item = f"{mode}-{rng.randrange(KEYS_PER_MODE)}"
+            task = app.soak_tasks[mode]
+            try:
+                accepted[mode].add(
+                    task.apply_async((item, rng.uniform(0, 0.1)), queue=fleet.queue).id
+                )
+            except DuplicateTaskError:
+                refused[mode] += 1
+            fleet.strike()
+            time.sleep(rng.uniform(0, 0.02))
+        every = set().union(*accepted.values())
+
+        def not_started() -> set[str]:
+            return every - {s["id"] for s in started(cenv)}
+
+        try:
+            wait_for(lambda: not not_started(), 180, "every accepted call to start")
+        except AssertionError:
+            print(*fleet.lines_about(not_started()), sep="\n")  # what became of them
+            raise
+        store = cenv.lock_client()
+
+        try:
+            wait_for(lambda: not lock_keys(store), 3 * ttl + visibility + 10, "every key free")
+        except AssertionError:
+            for key in lock_keys(store):  # what holds them, for the failure report
+                kind = store.type(key)
+                shown = store.get(key) if kind == b"string" else kind
+                print(key, store.pttl(key), shown)
+            raise
+        # A replaced call's record stays for queue_ttl: its message may still be queued.
+        replaced_records = [k for k in store.scan_iter("t:*") if k.endswith(b":replaced")]
+    finally:
+        fleet.stop()
+    records = runs(cenv)
+    per_mode: dict[str, dict[str, int]] = {}
+    for mode in modes:
+        mine = [r for r in records if r["task"].endswith(f".soak_{mode}")]
+        per_mode[mode] = {
+            "accepted": len(accepted[mode]), "refused": refused[mode], "runs": len(mine),
+            **judge(mode, mine, app.SOAK_LIMIT, app.SOAK_RATE),
+        }  # fmt: skip
+    figures.record(
+        f"mode_soak_{pool}",
+        seconds=seconds,
+        child_kills=fleet.child_kills,
+        worker_kills=fleet.worker_kills,
+        accepted_calls=len(every),
+        lost=len(not_started()),
+        keys_left=0,
+        replaced_records_left=len(replaced_records),
+        **per_mode,
+        timeline={
+            "per_second": per_second(records, fleet.began, seconds),
+            "kills": fleet.killed_at,
+        },
+    )
+    broken = {
+        mode: {k: v for k, v in shown.items() if k in BROKEN and v}
+        for mode, shown in per_mode.items()
+    }
+    assert not any(broken.values()), broken
+    assert all(shown["runs"] for shown in per_mode.values()), per_mode
+
+
+class TestModeSoak:
+    def test_every_mode_under_random_child_and_worker_kills(
+        self, cenv: CeleryEnv, figures: Figures
+    ) -> None:
+        soak(cenv, figures, "prefork", seed=23)
