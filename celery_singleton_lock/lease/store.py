@@ -202,9 +202,7 @@ class RedisLock(LockBase):
         """Pass the lock from ``lease`` to ``token`` in one step (e.g. to a retry's message).
 
         Stops renewing ``lease``; on success it counts as released. ``Contended`` means
-        ``lease`` had already lost the lock to someone else. Unfenced: what it passes to
-        is a queued message's hold, and the run that takes that over is fenced then (a
-        fence here would leave its bookkeeping key for the whole queue ttl).
+        ``lease`` had already lost the lock. Unfenced: a queued message's hold takes it.
         """
         self.renewer.discard(lease)
         with lease.releasing():
@@ -304,14 +302,9 @@ class RedisLock(LockBase):
         renewer retries on its own schedule, within the lease's time).
         """
         keys, ttl_ms = self._extend_call(lease, ttl)
-        sent_at = time.monotonic()
         try:
-            sent = self.transport.send(
-                self._extend_script, keys=keys, args=[lease.token, ttl_ms],
-                patient=patient, acks=self.replicas,
-            )  # fmt: skip
-            sent_at = sent.sent_at or sent_at
-            reply = sent.get()
+            reply, sent_at = self.transport.timed(self._extend_script, keys, [lease.token, ttl_ms],
+                                                  patient=patient, acks=self.replicas)  # fmt: skip
         except REDIS_ERRORS as error:
             self.unavailable(error, lease.name)
         if self.replicas is not None:

@@ -255,6 +255,14 @@ class Transport:
         """One script call, one round trip."""
         return self.send(script, keys, args, patient=patient, acks=acks).get()
 
+    def timed(
+        self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], **options: Any
+    ) -> tuple[Any, float]:
+        """``call``, and when it was written (after any connecting): a ttl counts from then."""
+        sent_at = time.monotonic()
+        reply = self.send(script, keys, args, **options)
+        return reply.get(), reply.sent_at or sent_at
+
     def call_many(
         self, script: Script, calls: Sequence[tuple[Sequence[Arg], Sequence[Arg]]]
     ) -> list[Any]:
