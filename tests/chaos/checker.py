@@ -82,3 +82,25 @@ def check(
         if (exactly_once or at_most_once) and count > 1:
             verdict.duplicated.append(task_id)
     return verdict
+
+
+def outage_figures(verdict: Verdict, sent: list[str], ran_during: int) -> dict[str, int]:
+    """What a run of ``sent`` across a lock store outage shows (``assert_outage``)."""
+    return {
+        "tasks": len(sent), "ran_during": ran_during, "ran_unlocked": verdict.unlocked,
+        "lost": len(verdict.missing), "duplicated": len(verdict.duplicated),
+    }  # fmt: skip
+
+
+def assert_outage(
+    verdict: Verdict, policy: str, sent: list[str], ran_during: int, log: str
+) -> None:
+    """Each ran once; fail_closed ran none while the store was out of reach and none
+    unlocked, fail_open ran every one at once and its worker's log said so."""
+    assert verdict.ok, verdict.summary()
+    if policy == "fail_closed":
+        assert ran_during == 0
+        assert verdict.unlocked == 0
+    else:
+        assert ran_during == len(sent)
+        assert "UNLOCKED (fail_open)" in log

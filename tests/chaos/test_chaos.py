@@ -20,7 +20,7 @@ import pytest
 from ..conftest import CeleryEnv
 from ..integration.test_celery_lifecycle import lock_keys, runs, started, wait_for
 from ..support.workers import ROOT, Worker
-from .checker import check
+from .checker import assert_outage, check, outage_figures
 from .conftest import Figures, distribution, per_second, size
 
 APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
@@ -229,21 +229,8 @@ class TestLockStoreFaults:
             store.cleanup()
         records = runs(cenv)
         verdict = check(records, submitted=sent, exactly_once=True)
-        figures.record(
-            f"redis_down_{policy}",
-            tasks=len(sent),
-            ran_while_down=ran_during,
-            ran_unlocked=verdict.unlocked,
-            lost=len(verdict.missing),
-            duplicated=len(verdict.duplicated),
-        )
-        assert verdict.ok, verdict.summary()
-        if policy == "fail_closed":
-            assert ran_during == 0
-            assert verdict.unlocked == 0
-        else:
-            assert ran_during == len(sent)
-            assert "UNLOCKED (fail_open)" in log
+        figures.record(f"redis_down_{policy}", **outage_figures(verdict, sent, ran_during))
+        assert_outage(verdict, policy, sent, ran_during, log)
 
     def test_paused_holder_is_fenced_off_and_told(self, cenv: CeleryEnv, figures: Figures) -> None:
         ttl = 1.0

@@ -319,13 +319,14 @@ def swarm(self: Any, item: object, seconds: float = 0.01) -> object:
     return _hold(self, item, seconds)
 
 
-@singleton_task(
-    app=app,
-    bind=True,
-    key=["item"],
-    dedupe=False,
-    on_contention=requeue(max_tries=1000, backoff=0.05, cap=0.5),
-)
+# The fenced writers: a copy waits its turn at execution (no dedupe at dispatch).
+WRITER: dict[str, Any] = {
+    "app": app, "bind": True, "key": ["item"], "dedupe": False,
+    "on_contention": requeue(max_tries=1000, backoff=0.05, cap=0.5),
+}  # fmt: skip
+
+
+@singleton_task(**WRITER)
 def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bool]:
     """Hold the key for ``seconds`` (in small steps, so a pause lands mid-way), then write
     through the fenced store and check the lease, recording both outcomes."""
@@ -343,13 +344,7 @@ def fenced_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, bo
     return {"accepted": accepted, "lost": lost}
 
 
-@singleton_task(
-    app=app,
-    bind=True,
-    key=["item"],
-    dedupe=False,
-    on_contention=requeue(max_tries=1000, backoff=0.05, cap=0.5),
-)
+@singleton_task(**WRITER)
 def cut_off_writer(self: Any, item: object, seconds: float = 0.0) -> dict[str, Any]:
     """``fenced_writer`` that also records when it learned of a loss: the ``on_lost``
     callback's time (by this process's clock, and by the checker's, which no test
