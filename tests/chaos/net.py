@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
+from celery.states import READY_STATES
 
 from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import lock_keys, runs
+from ..integration.test_celery_lifecycle import lock_keys, runs, wait_for
 from ..support.netns import Namespace
 from ..support.servers import RedisServer
 from ..support.workers import Worker
@@ -37,6 +38,19 @@ class Net:
 
     def send(self, item: str, seconds: float, queue: str, task: str = "cut_off_writer") -> Any:
         return self.sender.send_task(f"{APP}.{task}", (item, seconds), queue=queue)
+
+    def result(self, call: Any, timeout: float = 30.0) -> Any:
+        """The call's result, polled from the backend: ``AsyncResult.get`` subscribes, and
+        the subscription would outlive these servers (the session's end stops them)."""
+        meta = wait_for(
+            lambda: (
+                (m := self.sender.backend.get_task_meta(call.id))["status"] in READY_STATES and m
+            ),
+            timeout,
+            f"the result of {call.id}",
+        )
+        assert meta["status"] == "SUCCESS", meta
+        return meta["result"]
 
     def worker(self, ttl: float, *, inside: bool, **options: Any) -> Worker:
         env = self.inside if inside else self.host.env
@@ -95,5 +109,6 @@ def record_of(net: Net, task_id: str) -> dict[str, Any]:
 
 
 def keys_left(net: Net, ttl: float) -> list[bytes]:
-    time.sleep(ttl + 0.5)  # fence bookkeeping expires with the leases
+    # Fence bookkeeping expires with the leases, a waiter's announcement a second later.
+    time.sleep(ttl + 1.5)
     return lock_keys(net.host) + list(net.lock.client().scan_iter("t:*"))

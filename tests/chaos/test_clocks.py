@@ -106,7 +106,7 @@ class TestSlowClock:
             seconds, micros = net.host.checker.client().time()
             gone_at = seconds + micros / 1e6
             net.ns.heal()
-            late = result.get(timeout=30)
+            late = net.result(result, 30)
         finally:
             inner.stop()
             clock.cleanup()

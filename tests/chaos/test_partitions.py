@@ -49,10 +49,10 @@ class TestCutOffHolder:
             cut_at = time.time()
             time.sleep(ttl)  # the lease can only have run out on the server after this
             successor = net.send("p", 0.0, outer.queue)
-            took_over = successor.get(timeout=30)
+            took_over = net.result(successor, 30)
             net.ns.heal()
-            late = cut_off.get(timeout=30)
-            after = net.send("p2", 2 * ttl, inner.queue).get(timeout=30)  # renewal resumed
+            late = net.result(cut_off, 30)
+            after = net.result(net.send("p2", 2 * ttl, inner.queue), 30)  # renewal resumed
             left = keys_left(net, ttl)
         finally:
             inner.stop()
@@ -92,7 +92,7 @@ class TestCutOffHolder:
             net.ns.cut(net.lock.port)
             time.sleep(ttl / 3)
             net.ns.heal()
-            outcome = result.get(timeout=30)
+            outcome = net.result(result, 30)
             left = keys_left(net, ttl)
         finally:
             inner.stop()
@@ -249,9 +249,9 @@ class TestSlowLink:
                 net.sender.send_task(f"{APP}.swarm", ("slow-swarm", 0.05), queue=inner.queue)
                 for _ in range(size("outage_tasks"))
             ]
-            outcomes = [r.get(timeout=60) for r in held]
+            outcomes = [net.result(r, 60) for r in held]
             for r in swarm:
-                r.get(timeout=60)
+                net.result(r, 60)
             left = keys_left(net, ttl)
         finally:
             inner.stop()
@@ -291,8 +291,8 @@ class TestWaiterCutOff:
             wait_for(lambda: "unreachable" in inner.output(), 3 * ttl + 5, "the wait to end")
             ended_after = time.time() - cut_at
             net.ns.heal()
-            holder.get(timeout=30)
-            waiter.get(timeout=60)
+            net.result(holder, 30)
+            net.result(waiter, 60)
             left = keys_left(net, ttl)
         finally:
             inner.stop()
