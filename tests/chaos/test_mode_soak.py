@@ -31,7 +31,7 @@ from ..support.workers import Worker
 from .checker import check
 from .conftest import Figures, per_second, size
 
-# Open: now and then (1 run in 4 here) a call requeued or deferred just before its
+# Open: now and then (1 of the last 3 runs here) a call requeued or deferred just before its
 # worker was killed never comes back, so this soak runs with the chaos command
 # (``dev.py chaos``) until that is found, not in the default suite.
 pytestmark = [
