@@ -29,6 +29,8 @@ app = Celery("tests.support.django_style_app")
 app.config_from_object(settings, namespace="CELERY")
 
 
-@singleton_task(app=app, name="tests.support.django_style_app.job")
+# shared=False: the tests reload this module, and a shared task would be offered to
+# every app finalized after that twice, under one name (DuplicateTaskNameWarning).
+@singleton_task(app=app, name="tests.support.django_style_app.job", shared=False)
 def job(x: int) -> int:
     return x
