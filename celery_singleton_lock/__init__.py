@@ -26,6 +26,7 @@ from .lease import (
     Lease,
     MemoryLock,
     RedisLock,
+    Redlock,
     ReleaseResult,
 )
 from .policies import (
@@ -63,6 +64,7 @@ __all__ = [
     "MemoryLock",
     "RateLimitedError",
     "RedisLock",
+    "Redlock",
     "ReleaseResult",
     "Requeue",
     "SingletonLockError",

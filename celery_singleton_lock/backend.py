@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .config import MEMORY_URL, SingletonConfig
 from .exceptions import ConfigurationError
-from .lease import LockStore, MemoryLock, RedisLock, client_from_url, describe
-from .lease.clients import STANDALONE_SCHEMES, redact, scheme_of
+from .lease import LockStore, MemoryLock, RedisLock, Redlock, client_from_url, describe
+from .lease.clients import REDLOCK_SCHEMES, STANDALONE_SCHEMES, redact, redlock_masters, scheme_of
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -81,12 +81,13 @@ class Backend:
             **config.transport_options,
         }
         url = config.require_url()
+        if scheme_of(url) in REDLOCK_SCHEMES:
+            return [_bounded(one, options) for one in redlock_masters(url)]
         if waiting:
             options["socket_timeout"] = None  # a BLPOP waits as long as it was asked to
             return client_from_url(url, options)
         if scheme_of(url) in STANDALONE_SCHEMES:
-            options.setdefault("max_connections", MAX_CONNECTIONS)
-            options.setdefault("timeout", SOCKET_TIMEOUT)  # the wait for a free connection
+            return _bounded(url, options)
         return client_from_url(url, options, bounded=True)
 
     def _build(self, *, waiting: bool) -> Store:
@@ -97,6 +98,15 @@ class Backend:
         # Long holds are allowed here because queue holds stretch to cover an ETA; the
         # user-facing ttl and queue_ttl were already validated against the one-day cap.
         client = self._client(waiting=waiting)
+        if isinstance(client, list):
+            if self.config.replicas:
+                raise ConfigurationError(
+                    "singleton_lock_replicas waits for each master's replicas; a Redlock's "
+                    "majority of masters stands in for them: remove singleton_lock_replicas"
+                )
+            return Redlock(
+                [RedisLock(one, prefix=self.config.prefix, allow_long_ttl=True) for one in client]
+            )
         return RedisLock(
             client,
             prefix=self.config.prefix,
@@ -118,8 +128,9 @@ class Backend:
     @property
     def waiting(self) -> Store:
         if self._waiting is None:
-            if self.config.client_factory is not None:
-                self._waiting = self.lock  # the user's client: its timeouts are theirs
+            if self.config.client_factory is not None or isinstance(self.lock, Redlock):
+                # the user's client: its timeouts are theirs; a Redlock's waits poll
+                self._waiting = self.lock
             else:
                 with self._building:
                     if self._waiting is None:
@@ -138,3 +149,9 @@ class Backend:
         if isinstance(self._lock, RedisLock):
             return describe(self._lock.client)
         return redact(self.config.require_url())
+
+
+def _bounded(url: str, options: dict[str, Any]) -> Any:
+    """A standalone server's client with at most ``max_connections`` connections."""
+    options = {"max_connections": MAX_CONNECTIONS, "timeout": SOCKET_TIMEOUT, **options}
+    return client_from_url(url, options, bounded=True)  # timeout: the wait for a connection

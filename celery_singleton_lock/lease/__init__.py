@@ -12,6 +12,7 @@ from .pushes import Push, PushRefused, RidingRelease, RidingTake
 from .rates import Rate, Slot, parse_rate, rates_of
 from .renewal import Renewer, get_renewer
 from .servers import Server, server_of
+from .redlock import Redlock
 from .store import RedisLock
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "PushStore",
     "Rate",
     "RedisLock",
+    "Redlock",
     "ReleaseResult",
     "Renewer",
     "RidingRelease",

@@ -45,7 +45,8 @@ _Standalone = TypeVar("_Standalone", redis.Redis, redis.asyncio.Redis)
 STANDALONE_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("sentinel", "sentinels")
-SCHEMES = STANDALONE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES
+REDLOCK_SCHEMES = ("redlock", "redlocks")
+SCHEMES = STANDALONE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES + REDLOCK_SCHEMES
 # Options that configure how Sentinel is asked, not the connection to the master.
 _SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs", "min_other_sentinels")
 
@@ -101,10 +102,32 @@ def build(
         if isinstance(error, ConfigurationError):
             raise
         raise ConfigurationError(f"lock store URL {redact(url)} is not valid: {error}") from None
+    if scheme in REDLOCK_SCHEMES:
+        raise ConfigurationError(
+            f"lock store URL {redact(url)} names several masters: Redlock.from_url takes it"
+        )
     raise ConfigurationError(
         f"lock store URL {redact(url)} has scheme {scheme!r}; use one of "
         f"{', '.join(s + '://' for s in SCHEMES)}"
     )
+
+
+def redlock_masters(url: str) -> list[str]:
+    """``redlock://[[user]:password@]host1:port1,host2:port2,...[/db][?query]`` as one
+    ``redis://`` URL per master (``redlocks://``: ``rediss://``, TLS); the credentials,
+    database and query apply to every master."""
+    _check_userinfo(url)
+    scheme, _, rest = url.partition("://")
+    userinfo, at, located = rest.rpartition("@")
+    hosts = re.split(r"[/?]", located, maxsplit=1)[0]
+    tail = located[len(hosts) :]
+    redis_scheme = "rediss" if scheme.lower() == "redlocks" else "redis"
+    found = []
+    for text in hosts.split(","):
+        host, port = _host_port(text.strip(), 6379, url)
+        shown = f"[{host}]" if ":" in host else host
+        found.append(f"{redis_scheme}://{userinfo}{at}{shown}:{port}{tail}")
+    return found
 
 
 def _unix_url(url: str) -> str:

@@ -6,7 +6,8 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TypeAlias, TypedDict, TypeVar
@@ -178,6 +179,15 @@ class Lease:
         end (``expires_at``: the monotonic clock is the machine's)."""
         return cls(name, key, token, fence, ttl, _LeaseState(expires_at))
 
+    def copy(self, ttl: float) -> Lease:
+        """A handle of its own on the same hold (one Redlock master's view): what is
+        marked on it (lost on that master) stays on it."""
+        copy = Lease.handed(self.name, self.key, self.token, fence=self.fence, ttl=ttl,
+                            expires_at=self.expires_at)  # fmt: skip
+        if self.yields_to is not None:
+            copy.yield_to(*self.yields_to)
+        return copy
+
     @classmethod
     def unlocked(cls, name: str, ttl: float, reason: str) -> Lease:
         """A stand-in for a lease that could not be taken (``fail_open``): never held.
@@ -347,6 +357,16 @@ class Contended:
     holder: str
     retry_after: float | None  # seconds; None when the holder's key has no TTL
     replaced: bool = False  # the caller's token was replaced (``RedisLock.swap``)
+
+    @classmethod
+    def combined(cls, name: str, key: str, each: Sequence[Contended], ttl_ms: int) -> Contended:
+        """A failed try on several masters: the holder most name, the soonest retry (the
+        ttl when none was held: the try failed for want of answers or time)."""
+        holders = Counter(one.holder for one in each).most_common(1)
+        waits = [one.retry_after for one in each if one.retry_after is not None]
+        retry = min(waits) if waits else (None if each else ttl_ms / 1000)
+        replaced = any(one.replaced for one in each)
+        return cls(name, key, holders[0][0] if holders else "", retry, replaced=replaced)
 
     def error(self) -> LockNotAcquiredError:
         wait = "no ttl" if self.retry_after is None else f"{self.retry_after:.3f}s left"

@@ -33,6 +33,7 @@ from ..exceptions import ConfigurationError
 from . import scripts
 from .base import REDIS_ERRORS
 from .memory import MemoryLock
+from .redlock import Redlock
 
 How = Literal["take", "reserve", "peek", "due"]
 
@@ -207,6 +208,12 @@ _made: weakref.WeakKeyDictionary[Any, Rates | MemoryRates] = weakref.WeakKeyDict
 def rates_of(store: Any) -> Rates | MemoryRates:
     """The rates of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once per store."""
     found = _made.get(store)
+    if found is None and isinstance(store, Redlock):
+        raise ConfigurationError(
+            f"rate limits need one lock store; {store.where} is a Redlock of several masters, "
+            "which cannot keep one counter: use a standalone, Sentinel or Cluster lock store "
+            "for rate-limited tasks"
+        )
     if found is None:
         found = _made[store] = MemoryRates(store) if isinstance(store, MemoryLock) else Rates(store)
     return found

@@ -6,6 +6,8 @@ by shape for a dead holder with the scripts every lock uses. Only taking one dif
 name's own fence key, so fences increase across slots, and a release of any slot wakes
 the oldest waiter (the slots share the name's signal and waiters keys; BLPOP serves its
 waiters first come, first served).
+
+On a Redlock (``QuorumSlots``) slot N is a Redlock lease of its own, taken in order.
 """
 
 from __future__ import annotations
@@ -119,4 +121,48 @@ class Slots:
                     step = next(plan)
         except StopIteration as done:
             lease: Lease = store.granted(done.value, None)
+            return lease
+
+
+class QuorumSlots:
+    """Up to ``limit`` holders of a name on a Redlock: slot N is a Redlock lease of its own,
+    so no two holders share a slot on a majority (per-master counting would allow more)."""
+
+    def __init__(self, store: Any) -> None:  # a Redlock (which builds this)
+        self.store = store
+
+    def try_acquire(
+        self, name: str, limit: int, ttl: object, *, token: str | None = None
+    ) -> Lease | Contended:
+        limit = check_limit(limit)
+        token, busy = new_token(token), []
+        for number in range(1, limit + 1):
+            outcome = self.store.try_acquire(slot(name, number), ttl, token=token)
+            if isinstance(outcome, Lease):
+                return outcome
+            busy.append(outcome)
+        soonest = min(busy, key=lambda one: one.retry_after or float("inf"))
+        return Contended(name, self.store.keys(name).lock, soonest.holder, soonest.retry_after)
+
+    def acquire(
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        timeout: object | None = None,
+        token: str | None = None,
+    ) -> Lease:
+        token = new_token(token)
+        plan = self.store.nodes[0].acquire_plan(True, timeout, "spin")
+        next(plan)
+        try:
+            while True:
+                step = plan.send(self.try_acquire(name, limit, ttl, token=token))
+                time.sleep(getattr(step, "seconds", 0.0))
+                next(plan)
+        except StopIteration as done:
+            if isinstance(done.value, Contended):
+                raise done.value.error() from None
+            lease: Lease = done.value
             return lease

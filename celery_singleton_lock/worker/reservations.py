@@ -25,7 +25,7 @@ from celery.worker import state as worker_state
 
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
-from ..lease import Lease, PendingAcquire, RedisLock, RidingTake, Server, companion
+from ..lease import Lease, PendingAcquire, RedisLock, Redlock, RidingTake, Server, companion
 from ..options import is_singleton
 from ..tokens import (
     HOLD_HEADER,
@@ -294,7 +294,7 @@ def _plan(context: TaskContext, task_id: str, hostname: str, received: Received)
 
 def _stop_renewing(entry: Reservation) -> None:
     store = entry.context.store
-    if isinstance(store, RedisLock):
+    if isinstance(store, RedisLock | Redlock):
         store.renewer.discard(entry.lease)
 
 

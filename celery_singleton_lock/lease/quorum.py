@@ -1,0 +1,118 @@
+"""``Quorum``: one call on every Redlock master at once, read until a majority settles it.
+
+Each master has a small thread pool of its own, so a frozen master only backs up its own
+queue (a call that waited past its deadline is dropped unsent), and a decision never waits
+for it once the others have settled the answer. Fork-safe: a pool child makes its own
+pools on first use (threads do not survive a fork). Under gevent the pools' threads are
+greenlets, as Celery's patched ``threading`` makes them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# Calls in flight per master: a few callers at once; more queue (and are dropped unsent
+# when their deadline passes first).
+THREADS_PER_MASTER = 4
+
+
+class NoAnswer(TimeoutError):
+    """A master that did not answer within the call's deadline."""
+
+
+@dataclass(frozen=True)
+class Answers(Generic[T]):
+    """What each master said (in the masters' order): a value, an error, or ``NoAnswer``."""
+
+    each: list[T | Exception]
+
+    def values(self) -> list[T]:
+        return [one for one in self.each if not isinstance(one, Exception)]
+
+    def errors(self) -> list[Exception]:
+        return [one for one in self.each if isinstance(one, Exception)]
+
+    def count(self, accept: Callable[[T], bool]) -> int:
+        return sum(1 for one in self.values() if accept(one))
+
+
+class Quorum:
+    """A fan-out over ``count`` masters; ``needed`` (a majority) must agree."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.needed = count // 2 + 1
+        self._pools: list[ThreadPoolExecutor] = []
+        self._pid = 0
+        self._guard = threading.Lock()
+
+    def _executors(self) -> list[ThreadPoolExecutor]:
+        if self._pid != os.getpid():
+            with self._guard:
+                if self._pid != os.getpid():
+                    self._pools = [
+                        ThreadPoolExecutor(
+                            THREADS_PER_MASTER, thread_name_prefix=f"celery-singleton-lock-redlock{i}"
+                        )
+                        for i in range(self.count)
+                    ]
+                    self._pid = os.getpid()
+        return self._pools
+
+    def ask(
+        self,
+        calls: Sequence[Callable[[], T]],
+        *,
+        timeout: float,
+        settled: Callable[[Answers[T]], bool] | None = None,
+    ) -> Answers[T]:
+        """Run ``calls[i]`` on master ``i``'s pool; return once all answered, ``settled``
+        says the answers so far decide it, or ``timeout`` seconds passed. Masters that have
+        not answered by then count as ``NoAnswer`` (their call may still land later)."""
+        deadline = time.monotonic() + timeout
+        try:
+            futures: list[Future[T]] = [
+                pool.submit(_before, deadline, call)
+                for pool, call in zip(self._executors(), calls, strict=True)
+            ]
+        except RuntimeError as error:  # the interpreter is exiting: its pools are shut
+            return Answers([NoAnswer(f"not sent: {error}") for _ in calls])
+        pending = set(futures)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+            if settled is not None and pending and settled(_read(futures)):
+                break
+        return _read(futures)
+
+
+def _before(deadline: float, call: Callable[[], T]) -> T:
+    if time.monotonic() >= deadline:
+        raise NoAnswer("its turn came after the deadline; not sent")
+    return call()
+
+
+def _read(futures: Sequence[Future[T]]) -> Answers[T]:
+    each: list[T | Exception] = []
+    for future in futures:
+        if not future.done():
+            each.append(NoAnswer("no answer within the deadline"))
+            continue
+        error = future.exception()
+        if error is None:
+            each.append(future.result())
+        elif isinstance(error, Exception):
+            each.append(error)
+        else:
+            raise error
+    return Answers(each)

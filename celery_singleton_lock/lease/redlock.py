@@ -1,0 +1,425 @@
+"""``Redlock``: leases held on a majority of independent Redis masters, fenced across holders.
+
+antirez's algorithm (redis.io, "Distributed Locks with Redis"): one token set on every
+master at once; held when a majority granted it, for ``ttl × 0.99 − 2 ms`` from before the
+first send (``lease.valid_until``), else given back on every master. Renewal keeps it while
+a majority confirms; release goes to every master. The fence is the greatest a majority
+gave, raised on every master and confirmed by a majority still holding our token: why
+fences then increase across holders, and what that assumes, docs/topologies.md "Redlock".
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from functools import partial
+from typing import NoReturn, TypeVar
+
+from ..exceptions import ConfigurationError, LockStoreUnavailableError, SingletonLockError
+from . import scripts
+from .inventory import BATCH, Held
+from .lease import LOSS, YIELDED, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, valid_until
+from .clients import redlock_masters
+from .names import DEFAULT_PREFIX, LockKeys, new_token
+from .pending import PendingAcquire
+from .quorum import Answers, NoAnswer, Quorum
+from .slots import QuorumSlots
+from .renewal import Renewer, get_renewer
+from .store import RedisLock
+
+T = TypeVar("T")
+
+# A try waits for the masters' answers at most this share of its ttl (antirez: a small
+# timeout next to the ttl, so a dead master cannot eat the validity), and never longer
+# than ANSWER_WAIT; calls without a ttl (release, holder) wait up to ANSWER_WAIT.
+TRY_SHARE = 0.25
+ANSWER_WAIT = 5.0
+MIN_MASTERS = 3
+
+
+class Redlock:
+    """Leases on a majority of ``nodes`` (one ``RedisLock`` per independent master).
+
+    The same interface as ``RedisLock`` (``LockStore``); waits poll with jittered
+    backoff (the masters share no wake-up), and nothing rides a broker's round trips.
+    Rate limits are refused: a rate is one counter, which N masters cannot keep as one.
+    """
+
+    def __init__(self, nodes: Sequence[RedisLock], *, renewer: Renewer | None = None) -> None:
+        if len(nodes) < MIN_MASTERS:
+            raise ConfigurationError(
+                f"Redlock needs at least {MIN_MASTERS} independent masters (5 is usual), got "
+                f"{len(nodes)}: list them as redlock://host1:6379,host2:6379,host3:6379"
+            )
+        if len({node.prefix for node in nodes}) != 1:
+            raise ConfigurationError("every Redlock master must use the same key prefix")
+        self.nodes = list(nodes)
+        self.prefix = self.nodes[0].prefix
+        self.quorum = Quorum(len(self.nodes))
+        self.where = f"redlock({', '.join(node.where for node in self.nodes)})"
+        self._renewer = renewer
+        self._raise = [node.client.register_script(scripts.RAISE_FENCE) for node in self.nodes]
+        self._slots: QuorumSlots | None = None
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: object
+    ) -> Redlock:
+        """Connect to every master a ``redlock://host1,host2,host3`` URL names."""
+        return cls([RedisLock.from_url(one, prefix=prefix, **client_options)
+                    for one in redlock_masters(url)])  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"Redlock({self.where}, prefix={self.prefix!r})"
+
+    @property
+    def renewer(self) -> Renewer:
+        return self._renewer if self._renewer is not None else get_renewer()
+
+    @property
+    def slots(self) -> QuorumSlots:
+        if self._slots is None:
+            self._slots = QuorumSlots(self)
+        return self._slots
+
+    @property
+    def pushes(self) -> None:
+        return None  # no broker shares N masters
+
+    def keys(self, name: str) -> LockKeys:
+        return self.nodes[0].keys(name)
+
+    def ttl_ms(self, ttl: object) -> int:
+        return self.nodes[0].ttl_ms(ttl)
+
+    def unavailable(self, error: Exception, name: str | None = None) -> NoReturn:
+        key = None if name is None else self.keys(name).lock
+        if isinstance(error, SingletonLockError):
+            raise error
+        raise LockStoreUnavailableError(
+            f"the lock store at {self.where} is unreachable ({type(error).__name__}: {error})",
+            name=name, key=key, url=self.where,
+        ) from error  # fmt: skip
+
+    # -- taking ---------------------------------------------------------------------
+
+    def try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+        unless_replaced: str | None = None,
+    ) -> Lease | Contended:
+        """One try on every master at once: a ``Lease`` held on a majority, or ``Contended``."""
+        key, ttl_ms, token = self.keys(name).lock, self.ttl_ms(ttl), new_token(token)
+        sent_at = time.monotonic()
+        answers = self.quorum.ask(
+            [
+                partial(node.try_acquire, name, ttl_ms / 1000, token=token, replace=replace,
+                        replace_shape=replace_shape, fenced=fenced,
+                        unless_replaced=unless_replaced)  # fmt: skip
+                for node in self.nodes
+            ],
+            timeout=self._try_wait(ttl_ms),
+            settled=self._decided,
+        )
+        leases = [one for one in answers.values() if isinstance(one, Lease)]
+        if len(leases) >= self.quorum.needed:
+            fence = max(lease.fence for lease in leases) if fenced else 0
+            if not fenced or self._raise_fence(name, token, fence, ttl_ms):
+                lease = Lease.granted(
+                    name, key, token, fence=fence, ttl=ttl_ms / 1000, sent_at=sent_at
+                )
+                if lease.remaining() > 0:
+                    return lease
+        self._give_back(name, token)
+        self._judge(name, answers)
+        contended = [one for one in answers.values() if isinstance(one, Contended)]
+        return Contended.combined(name, key, contended, ttl_ms)
+
+    def _decided(self, answers: Answers[Lease | Contended]) -> bool:
+        # Errors decide nothing: a store error is an outage only if too few answer.
+        return self._settles(answers, lambda one: isinstance(one, Lease))
+
+    def _heard(self, answers: Answers[T]) -> bool:
+        """A majority answered: a frozen master does not hold up a release or a read."""
+        return len(answers.values()) >= self.quorum.needed
+
+    def _try_wait(self, ttl_ms: int) -> float:
+        return min(ANSWER_WAIT, ttl_ms / 1000 * TRY_SHARE)
+
+    def _raise_fence(self, name: str, token: str, fence: int, ttl_ms: int) -> bool:
+        keys = self.keys(name)
+        answers = self.quorum.ask(
+            [
+                partial(node.transport.call, script, [keys.lock, keys.fence], [token, fence, ttl_ms])
+                for node, script in zip(self.nodes, self._raise, strict=True)
+            ],
+            timeout=self._try_wait(ttl_ms),
+            settled=lambda so_far: self._settles(so_far, lambda held: int(held) == 1),
+        )
+        return answers.count(lambda held: int(held) == 1) >= self.quorum.needed
+
+    def _settles(self, answers: Answers[T], yes: Callable[[T], bool]) -> bool:
+        """Whether the answers so far decide a majority vote, either way."""
+        ayes = answers.count(yes)
+        noes = len(answers.values()) - ayes
+        return ayes >= self.quorum.needed or noes > self.quorum.count - self.quorum.needed
+
+    def _give_back(self, name: str, token: str) -> None:
+        """Release ``token`` on every master (those that granted, and any whose grant
+        is still on its way): a failed try leaves nothing behind for the ttl."""
+        self.quorum.ask([partial(node.release_token, name, token) for node in self.nodes],
+                        timeout=ANSWER_WAIT, settled=self._heard)  # fmt: skip
+
+    def _judge(self, name: str, answers: Answers[T]) -> None:
+        """Raise what the errors mean when too few masters answered to decide anything:
+        a configuration error first (no retry helps), else the outage."""
+        for error in answers.errors():
+            if isinstance(error, ConfigurationError):
+                raise error
+        if len(answers.values()) < self.quorum.needed:
+            errors = sorted(answers.errors(), key=lambda error: isinstance(error, NoAnswer))
+            raise LockStoreUnavailableError(
+                f"the lock store at {self.where} has too few masters answering: "
+                f"{len(answers.values())} of {self.quorum.count}, {self.quorum.needed} needed "
+                f"({type(errors[0]).__name__}: {errors[0]})",
+                name=name, key=self.keys(name).lock, url=self.where,
+            )  # fmt: skip
+
+    def begin_try_acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        fenced: bool = True,
+        read_late: bool = False,
+    ) -> PendingAcquire:
+        """``try_acquire``, already answered (the masters' round trips overlap each other,
+        not the caller's work)."""
+        outcome = self.try_acquire(
+            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced
+        )
+        return PendingAcquire.settled(outcome)
+
+    def acquire(
+        self,
+        name: str,
+        ttl: object,
+        *,
+        blocking: bool = True,
+        timeout: object | None = None,
+        wait: object = "spin",
+        token: str | None = None,
+        replace: str | None = None,
+        replace_shape: tuple[str, str] | None = None,
+        renew: bool = False,
+        on_lost: LostCallback | None = None,
+    ) -> Lease:
+        """Take the lock, retrying with jittered backoff up to ``timeout`` (either
+        ``wait``: no master can wake a waiter for all of them)."""
+        token = new_token(token)
+        plan = self.nodes[0].acquire_plan(blocking, timeout, "spin")
+        step = next(plan)
+        try:
+            while True:
+                outcome = self.try_acquire(
+                    name, ttl, token=token, replace=replace, replace_shape=replace_shape
+                )
+                step = plan.send(outcome)
+                time.sleep(getattr(step, "seconds", 0.0))
+                step = next(plan)
+        except StopIteration as done:
+            lease = RedisLock.granted(done.value, on_lost)
+        if renew:
+            self.renewer.add(self, lease)
+        return lease
+
+    def swap(
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
+    ) -> Lease | Contended:
+        """Pass ``name`` from ``expected`` to ``token`` on a majority (see ``RedisLock.swap``)."""
+        key, ttl_ms = self.keys(name).lock, self.ttl_ms(ttl)
+        sent_at = time.monotonic()
+        answers = self.quorum.ask(
+            [partial(node.swap, name, expected, ttl_ms / 1000, token=token, record=record)
+             for node in self.nodes],
+            timeout=self._try_wait(ttl_ms), settled=self._decided,
+        )  # fmt: skip
+        if answers.count(lambda one: isinstance(one, Lease)) >= self.quorum.needed:
+            lease = Lease.granted(name, key, token, fence=0, ttl=ttl_ms / 1000, sent_at=sent_at)
+            if lease.remaining() > 0:
+                return lease
+        self._give_back(name, token)
+        self._judge(name, answers)
+        contended = [one for one in answers.values() if isinstance(one, Contended)]
+        return Contended.combined(name, key, contended, ttl_ms)
+
+    def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
+        """Pass the lock from ``lease`` to ``token`` (see ``RedisLock.hand_over``)."""
+        self.renewer.discard(lease)
+        with lease.releasing():
+            outcome = self.try_acquire(
+                lease.name, ttl, token=token, replace=lease.token, fenced=False
+            )
+        if isinstance(outcome, Contended):
+            lease.note_loss(LOSS[ReleaseResult.NOT_OWNER])
+        return outcome
+
+    # -- keeping --------------------------------------------------------------------
+
+    def renew(self, lease: Lease) -> None:
+        self.renewer.add(self, lease)
+
+    def stop_renewing(self, lease: Lease) -> None:
+        self.renewer.discard(lease)
+
+    def lane(self, lease: Lease) -> Hashable:
+        return None  # every renewal goes to every master: one lane
+
+    def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult:
+        """Reset the lease's ttl on every master still holding it; kept while a majority does."""
+        result = self.extend_many([lease], ttl)[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def extend_many(
+        self, leases: Sequence[Lease], ttl: object | None = None
+    ) -> list[ExtendResult | Exception]:
+        """``extend`` each lease, one pipelined round trip per master, all masters at once."""
+        ttls = [self.ttl_ms(lease.ttl if ttl is None else ttl) for lease in leases]
+        sent_at = time.monotonic()
+        answers = self.quorum.ask(
+            [partial(node.extend_many, [lease.copy(ms / 1000) for lease, ms in zip(leases, ttls)])
+             for node in self.nodes],
+            timeout=self._try_wait(min(ttls)),
+            settled=lambda so_far: all(self._settles(_column(so_far, index), _kept)
+                                       for index in range(len(leases))),
+        )  # fmt: skip
+        results: list[ExtendResult | Exception] = []
+        for index, (lease, ttl_ms) in enumerate(zip(leases, ttls, strict=True)):
+            results.append(self._extended(lease, ttl_ms, sent_at, _column(answers, index)))
+        return results
+
+    def _extended(
+        self, lease: Lease, ttl_ms: int, sent_at: float, answers: Answers[ExtendResult]
+    ) -> ExtendResult | Exception:
+        if answers.count(_kept) >= self.quorum.needed:
+            lease.renewed(valid_until(sent_at, ttl_ms / 1000))
+            if answers.count(lambda one: one is ExtendResult.CANCELLED):
+                lease.mark_cancelled(YIELDED)
+                return ExtendResult.CANCELLED
+            return ExtendResult.EXTENDED
+        gone = [one for one in answers.values() if not _kept(one)]
+        if len(gone) > self.quorum.count - self.quorum.needed:
+            result = Counter(gone).most_common(1)[0][0]
+            lease.mark_lost(LOSS[result] + f" on {len(gone)} of {self.quorum.count} masters")
+            return result
+        # A majority may still hold it: a failed renewal, tried again within its time.
+        for error in answers.errors():
+            if isinstance(error, ConfigurationError):
+                return error
+        confirmed = answers.count(_kept)
+        return LockStoreUnavailableError(
+            f"renewal of {lease.key} confirmed by {confirmed} of {self.quorum.count} masters "
+            f"of {self.where}, {self.quorum.needed} needed",
+            name=lease.name, key=lease.key, url=self.where,
+        )  # fmt: skip
+
+    # -- letting go -----------------------------------------------------------------
+
+    def release(self, lease: Lease) -> ReleaseResult:
+        """Release ``lease`` on every master (see ``RedisLock.release``)."""
+        with Lease.require(lease, "release").releasing() as again:
+            self.stop_renewing(lease)
+            result = self._release(lease.name, partial(_release_token, token=lease.token))
+        return RedisLock.release_answer(lease, int(result), again=again)
+
+    def release_nowait(self, lease: Lease) -> None:
+        self.release(lease)  # the masters answer in parallel: one round trip's wait
+
+    def release_token(self, name: str, token: str) -> ReleaseResult:
+        return self._release(name, partial(_release_token, token=token))
+
+    def release_matching(
+        self,
+        name: str,
+        prefix: str,
+        suffix: str = "",
+        *,
+        or_shape: tuple[str, str] | None = None,
+    ) -> ReleaseResult:
+        def matching(node: RedisLock, name: str) -> ReleaseResult:
+            return node.release_matching(name, prefix, suffix, or_shape=or_shape)
+
+        return self._release(name, matching)
+
+    def _release(
+        self, name: str, how: Callable[[RedisLock, str], ReleaseResult]
+    ) -> ReleaseResult:
+        answers = self.quorum.ask([partial(how, node, name) for node in self.nodes],
+                                  timeout=ANSWER_WAIT, settled=self._heard)  # fmt: skip
+        self._judge(name, answers)
+        released = answers.count(lambda one: one is ReleaseResult.RELEASED)
+        # A master that did not answer may have released too: counted for the holder.
+        if released + _unanswered(answers) >= self.quorum.needed:
+            return ReleaseResult.RELEASED
+        return Counter(answers.values()).most_common(1)[0][0]
+
+    # -- reading --------------------------------------------------------------------
+
+    def holder(self, name: str) -> str | None:
+        """The token holding ``name`` on a majority of masters (None when none does)."""
+        answers = self.quorum.ask(
+            [partial(node.holder, name) for node in self.nodes],
+            timeout=ANSWER_WAIT, settled=self._heard,
+        )  # fmt: skip
+        self._judge(name, answers)
+        held = Counter(one for one in answers.values() if one is not None).most_common(1)
+        return held[0][0] if held and held[0][1] >= self.quorum.needed else None
+
+    def holdings(self, batch: int = BATCH) -> Iterator[Held]:
+        """Every lock held on a majority of masters, by the same token."""
+        seen: dict[tuple[str, str], list[Held]] = {}
+        answered = 0
+        for node in self.nodes:
+            try:
+                for held in node.holdings(batch):
+                    seen.setdefault((held.key, held.token), []).append(held)
+            except LockStoreUnavailableError:
+                continue
+            answered += 1
+        if answered < self.quorum.needed:
+            raise LockStoreUnavailableError(
+                f"the lock store at {self.where} has too few masters answering to list its "
+                f"locks: {answered} of {self.quorum.count}", url=self.where,
+            )  # fmt: skip
+        for found in seen.values():
+            if len(found) >= self.quorum.needed:
+                yield min(found, key=lambda held: held.ttl or 0.0)
+
+
+def _column(answers: Answers[list[T]], index: int) -> Answers[T]:
+    """Each master's answer for the ``index``-th of several calls it answered at once."""
+    return Answers([one if isinstance(one, Exception) else one[index] for one in answers.each])
+
+
+def _kept(result: ExtendResult) -> bool:
+    return result in (ExtendResult.EXTENDED, ExtendResult.CANCELLED)
+
+
+def _unanswered(answers: Answers[T]) -> int:
+    return sum(1 for one in answers.each if isinstance(one, NoAnswer))
+
+
+def _release_token(node: RedisLock, name: str, *, token: str) -> ReleaseResult:
+    return node.release_token(name, token)

