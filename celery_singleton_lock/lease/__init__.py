@@ -10,9 +10,9 @@ from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, valida
 from .pending import PendingAcquire
 from .pushes import Push, PushRefused, RidingRelease, RidingTake
 from .rates import Rate, Slot, parse_rate, rates_of
+from .redlock import Redlock
 from .renewal import Renewer, get_renewer
 from .servers import Server, server_of
-from .redlock import Redlock
 from .store import RedisLock
 
 __all__ = [

@@ -102,13 +102,10 @@ def build(
         if isinstance(error, ConfigurationError):
             raise
         raise ConfigurationError(f"lock store URL {redact(url)} is not valid: {error}") from None
-    if scheme in REDLOCK_SCHEMES:
-        raise ConfigurationError(
-            f"lock store URL {redact(url)} names several masters: Redlock.from_url takes it"
-        )
     raise ConfigurationError(
         f"lock store URL {redact(url)} has scheme {scheme!r}; use one of "
-        f"{', '.join(s + '://' for s in SCHEMES)}"
+        f"{', '.join(s + '://' for s in SCHEMES if s not in REDLOCK_SCHEMES)}"
+        + (" (several masters: Redlock.from_url)" if scheme in REDLOCK_SCHEMES else "")
     )
 
 

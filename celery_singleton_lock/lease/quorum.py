@@ -17,7 +17,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from ..exceptions import ConfigurationError, LockStoreUnavailableError
+
 T = TypeVar("T")
+U = TypeVar("U")
 
 # Calls in flight per master: a few callers at once; more queue (and are dropped unsent
 # when their deadline passes first).
@@ -43,6 +46,13 @@ class Answers(Generic[T]):
     def count(self, accept: Callable[[T], bool]) -> int:
         return sum(1 for one in self.values() if accept(one))
 
+    def unanswered(self) -> int:
+        return sum(1 for one in self.each if isinstance(one, NoAnswer))
+
+    def column(self: Answers[list[U | Exception]], index: int) -> Answers[U]:
+        """Each master's answer to the ``index``-th of several calls it answered at once."""
+        return Answers([one if isinstance(one, Exception) else one[index] for one in self.each])
+
 
 class Quorum:
     """A fan-out over ``count`` masters; ``needed`` (a majority) must agree."""
@@ -54,13 +64,40 @@ class Quorum:
         self._pid = 0
         self._guard = threading.Lock()
 
+    def settles(self, answers: Answers[T], yes: Callable[[T], bool]) -> bool:
+        """Whether the answers so far decide a majority vote, either way (errors decide
+        nothing: they are waited out)."""
+        ayes = answers.count(yes)
+        noes = len(answers.values()) - ayes
+        return ayes >= self.needed or noes > self.count - self.needed
+
+    def heard(self, answers: Answers[T]) -> bool:
+        """A majority answered (a frozen master does not hold up a release or a read)."""
+        return len(answers.values()) >= self.needed
+
+    def judge(self, answers: Answers[T], where: str, name: str, key: str) -> None:
+        """Raise what the errors mean when too few masters answered to decide anything:
+        a configuration error first (no retry helps), else the outage."""
+        for error in answers.errors():
+            if isinstance(error, ConfigurationError):
+                raise error
+        if len(answers.values()) < self.needed:
+            errors = sorted(answers.errors(), key=lambda error: isinstance(error, NoAnswer))
+            raise LockStoreUnavailableError(
+                f"the lock store at {where} has too few masters answering: "
+                f"{len(answers.values())} of {self.count}, {self.needed} needed "
+                f"({type(errors[0]).__name__}: {errors[0]})",
+                name=name, key=key, url=where,
+            )  # fmt: skip
+
     def _executors(self) -> list[ThreadPoolExecutor]:
         if self._pid != os.getpid():
             with self._guard:
                 if self._pid != os.getpid():
                     self._pools = [
                         ThreadPoolExecutor(
-                            THREADS_PER_MASTER, thread_name_prefix=f"celery-singleton-lock-redlock{i}"
+                            THREADS_PER_MASTER,
+                            thread_name_prefix=f"celery-singleton-lock-redlock{i}",
                         )
                         for i in range(self.count)
                     ]

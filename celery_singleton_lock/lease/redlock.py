@@ -1,7 +1,7 @@
 """``Redlock``: leases held on a majority of independent Redis masters, fenced across holders.
 
 antirez's algorithm (redis.io, "Distributed Locks with Redis"): one token set on every
-master at once; held when a majority granted it, for ``ttl × 0.99 − 2 ms`` from before the
+master at once; held when a majority granted it, for ``ttl * 0.99 - 2 ms`` from before the
 first send (``lease.valid_until``), else given back on every master. Renewal keeps it while
 a majority confirms; release goes to every master. The fence is the greatest a majority
 gave, raised on every master and confirmed by a majority still holding our token: why
@@ -18,14 +18,23 @@ from typing import NoReturn, TypeVar
 
 from ..exceptions import ConfigurationError, LockStoreUnavailableError, SingletonLockError
 from . import scripts
-from .inventory import BATCH, Held
-from .lease import LOSS, YIELDED, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, valid_until
 from .clients import redlock_masters
+from .inventory import BATCH, Held
+from .lease import (
+    LOSS,
+    YIELDED,
+    Contended,
+    ExtendResult,
+    Lease,
+    LostCallback,
+    ReleaseResult,
+    valid_until,
+)
 from .names import DEFAULT_PREFIX, LockKeys, new_token
 from .pending import PendingAcquire
-from .quorum import Answers, NoAnswer, Quorum
-from .slots import QuorumSlots
+from .quorum import Answers, Quorum
 from .renewal import Renewer, get_renewer
+from .slots import QuorumSlots
 from .store import RedisLock
 
 T = TypeVar("T")
@@ -118,13 +127,14 @@ class Redlock:
         """One try on every master at once: a ``Lease`` held on a majority, or ``Contended``."""
         key, ttl_ms, token = self.keys(name).lock, self.ttl_ms(ttl), new_token(token)
         sent_at = time.monotonic()
+
+        def take(node: RedisLock) -> Lease | Contended:
+            return node.try_acquire(name, ttl_ms / 1000, token=token, replace=replace,
+                                    replace_shape=replace_shape, fenced=fenced,
+                                    unless_replaced=unless_replaced)  # fmt: skip
+
         answers = self.quorum.ask(
-            [
-                partial(node.try_acquire, name, ttl_ms / 1000, token=token, replace=replace,
-                        replace_shape=replace_shape, fenced=fenced,
-                        unless_replaced=unless_replaced)  # fmt: skip
-                for node in self.nodes
-            ],
+            [partial(take, node) for node in self.nodes],
             timeout=self._try_wait(ttl_ms),
             settled=self._decided,
         )
@@ -138,17 +148,13 @@ class Redlock:
                 if lease.remaining() > 0:
                     return lease
         self._give_back(name, token)
-        self._judge(name, answers)
+        self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         contended = [one for one in answers.values() if isinstance(one, Contended)]
         return Contended.combined(name, key, contended, ttl_ms)
 
     def _decided(self, answers: Answers[Lease | Contended]) -> bool:
         # Errors decide nothing: a store error is an outage only if too few answer.
-        return self._settles(answers, lambda one: isinstance(one, Lease))
-
-    def _heard(self, answers: Answers[T]) -> bool:
-        """A majority answered: a frozen master does not hold up a release or a read."""
-        return len(answers.values()) >= self.quorum.needed
+        return self.quorum.settles(answers, lambda one: isinstance(one, Lease))
 
     def _try_wait(self, ttl_ms: int) -> float:
         return min(ANSWER_WAIT, ttl_ms / 1000 * TRY_SHARE)
@@ -157,40 +163,21 @@ class Redlock:
         keys = self.keys(name)
         answers = self.quorum.ask(
             [
-                partial(node.transport.call, script, [keys.lock, keys.fence], [token, fence, ttl_ms])
+                partial(
+                    node.transport.call, script, [keys.lock, keys.fence], [token, fence, ttl_ms]
+                )
                 for node, script in zip(self.nodes, self._raise, strict=True)
             ],
             timeout=self._try_wait(ttl_ms),
-            settled=lambda so_far: self._settles(so_far, lambda held: int(held) == 1),
+            settled=lambda so_far: self.quorum.settles(so_far, lambda held: int(held) == 1),
         )
         return answers.count(lambda held: int(held) == 1) >= self.quorum.needed
-
-    def _settles(self, answers: Answers[T], yes: Callable[[T], bool]) -> bool:
-        """Whether the answers so far decide a majority vote, either way."""
-        ayes = answers.count(yes)
-        noes = len(answers.values()) - ayes
-        return ayes >= self.quorum.needed or noes > self.quorum.count - self.quorum.needed
 
     def _give_back(self, name: str, token: str) -> None:
         """Release ``token`` on every master (those that granted, and any whose grant
         is still on its way): a failed try leaves nothing behind for the ttl."""
         self.quorum.ask([partial(node.release_token, name, token) for node in self.nodes],
-                        timeout=ANSWER_WAIT, settled=self._heard)  # fmt: skip
-
-    def _judge(self, name: str, answers: Answers[T]) -> None:
-        """Raise what the errors mean when too few masters answered to decide anything:
-        a configuration error first (no retry helps), else the outage."""
-        for error in answers.errors():
-            if isinstance(error, ConfigurationError):
-                raise error
-        if len(answers.values()) < self.quorum.needed:
-            errors = sorted(answers.errors(), key=lambda error: isinstance(error, NoAnswer))
-            raise LockStoreUnavailableError(
-                f"the lock store at {self.where} has too few masters answering: "
-                f"{len(answers.values())} of {self.quorum.count}, {self.quorum.needed} needed "
-                f"({type(errors[0]).__name__}: {errors[0]})",
-                name=name, key=self.keys(name).lock, url=self.where,
-            )  # fmt: skip
+                        timeout=ANSWER_WAIT, settled=self.quorum.heard)  # fmt: skip
 
     def begin_try_acquire(
         self,
@@ -259,7 +246,7 @@ class Redlock:
             if lease.remaining() > 0:
                 return lease
         self._give_back(name, token)
-        self._judge(name, answers)
+        self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         contended = [one for one in answers.values() if isinstance(one, Contended)]
         return Contended.combined(name, key, contended, ttl_ms)
 
@@ -298,16 +285,16 @@ class Redlock:
         """``extend`` each lease, one pipelined round trip per master, all masters at once."""
         ttls = [self.ttl_ms(lease.ttl if ttl is None else ttl) for lease in leases]
         sent_at = time.monotonic()
+        copies = [lease.copy(ms / 1000) for lease, ms in zip(leases, ttls, strict=True)]
         answers = self.quorum.ask(
-            [partial(node.extend_many, [lease.copy(ms / 1000) for lease, ms in zip(leases, ttls)])
-             for node in self.nodes],
+            [partial(node.extend_many, copies) for node in self.nodes],
             timeout=self._try_wait(min(ttls)),
-            settled=lambda so_far: all(self._settles(_column(so_far, index), _kept)
+            settled=lambda so_far: all(self.quorum.settles(so_far.column(index), _kept)
                                        for index in range(len(leases))),
         )  # fmt: skip
         results: list[ExtendResult | Exception] = []
         for index, (lease, ttl_ms) in enumerate(zip(leases, ttls, strict=True)):
-            results.append(self._extended(lease, ttl_ms, sent_at, _column(answers, index)))
+            results.append(self._extended(lease, ttl_ms, sent_at, answers.column(index)))
         return results
 
     def _extended(
@@ -341,14 +328,16 @@ class Redlock:
         """Release ``lease`` on every master (see ``RedisLock.release``)."""
         with Lease.require(lease, "release").releasing() as again:
             self.stop_renewing(lease)
-            result = self._release(lease.name, partial(_release_token, token=lease.token))
+            result = self._release(
+                lease.name, lambda node, name: node.release_token(name, lease.token)
+            )
         return RedisLock.release_answer(lease, int(result), again=again)
 
     def release_nowait(self, lease: Lease) -> None:
         self.release(lease)  # the masters answer in parallel: one round trip's wait
 
     def release_token(self, name: str, token: str) -> ReleaseResult:
-        return self._release(name, partial(_release_token, token=token))
+        return self._release(name, lambda node, name: node.release_token(name, token))
 
     def release_matching(
         self,
@@ -363,15 +352,13 @@ class Redlock:
 
         return self._release(name, matching)
 
-    def _release(
-        self, name: str, how: Callable[[RedisLock, str], ReleaseResult]
-    ) -> ReleaseResult:
+    def _release(self, name: str, how: Callable[[RedisLock, str], ReleaseResult]) -> ReleaseResult:
         answers = self.quorum.ask([partial(how, node, name) for node in self.nodes],
-                                  timeout=ANSWER_WAIT, settled=self._heard)  # fmt: skip
-        self._judge(name, answers)
+                                  timeout=ANSWER_WAIT, settled=self.quorum.heard)  # fmt: skip
+        self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         released = answers.count(lambda one: one is ReleaseResult.RELEASED)
         # A master that did not answer may have released too: counted for the holder.
-        if released + _unanswered(answers) >= self.quorum.needed:
+        if released + answers.unanswered() >= self.quorum.needed:
             return ReleaseResult.RELEASED
         return Counter(answers.values()).most_common(1)[0][0]
 
@@ -381,9 +368,9 @@ class Redlock:
         """The token holding ``name`` on a majority of masters (None when none does)."""
         answers = self.quorum.ask(
             [partial(node.holder, name) for node in self.nodes],
-            timeout=ANSWER_WAIT, settled=self._heard,
+            timeout=ANSWER_WAIT, settled=self.quorum.heard,
         )  # fmt: skip
-        self._judge(name, answers)
+        self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         held = Counter(one for one in answers.values() if one is not None).most_common(1)
         return held[0][0] if held and held[0][1] >= self.quorum.needed else None
 
@@ -408,18 +395,5 @@ class Redlock:
                 yield min(found, key=lambda held: held.ttl or 0.0)
 
 
-def _column(answers: Answers[list[T]], index: int) -> Answers[T]:
-    """Each master's answer for the ``index``-th of several calls it answered at once."""
-    return Answers([one if isinstance(one, Exception) else one[index] for one in answers.each])
-
-
 def _kept(result: ExtendResult) -> bool:
     return result in (ExtendResult.EXTENDED, ExtendResult.CANCELLED)
-
-
-def _unanswered(answers: Answers[T]) -> int:
-    return sum(1 for one in answers.each if isinstance(one, NoAnswer))
-
-
-def _release_token(node: RedisLock, name: str, *, token: str) -> ReleaseResult:
-    return node.release_token(name, token)

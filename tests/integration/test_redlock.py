@@ -77,7 +77,8 @@ class TestConfiguration:
         ]
         assert redlock_masters("redlocks://a:1,b:2,c:3")[0] == "rediss://a:1"
         lock = Redlock.from_url("redlock://:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
-        assert "s3cret" not in repr(lock) and "s3cret" not in lock.where
+        assert "s3cret" not in repr(lock)
+        assert "s3cret" not in lock.where
 
     def test_too_few_masters_replicas_and_rates_are_refused_with_what_to_write(self) -> None:
         with pytest.raises(ConfigurationError, match=r"at least 3 .*redlock://host1"):
@@ -99,7 +100,8 @@ def test_a_majority_holds_one_lease_and_fences_rise_across_holders(count: int) -
         lock = store(servers)
         first = held(lock.try_acquire("job", 5))
         other = lock.try_acquire("job", 5)
-        assert isinstance(other, Contended) and other.holder == first.token
+        assert isinstance(other, Contended)
+        assert other.holder == first.token
         assert lock.holder("job") == first.token
         assert [h.token for h in lock.holdings()] == [first.token]
         assert 0 < first.remaining() <= 5 * 0.99
@@ -170,7 +172,9 @@ def test_a_majority_lost_is_an_outage_and_the_holder_learns_in_time() -> None:
         assert after.fence > lease.fence
 
 
-def test_a_master_restarted_without_persistence_gives_two_holders_and_the_fence_catches_it() -> None:
+def test_a_master_restarted_without_persistence_gives_two_holders_and_the_fence_catches_it() -> (
+    None
+):
     """The known Redlock hazard (antirez: restart a master no sooner than the ttl, or keep
     AOF with fsync=always): a holder on a bare majority, one of whose masters restarts
     empty, is not alone any more. The second holder's fence is greater, so a fenced store
@@ -252,9 +256,13 @@ def test_celery_end_to_end_on_a_redlock(redlock_env: tuple[CeleryEnv, list[Redis
         for server in servers[1:2]:
             server.start()
         wait_for(
-            lambda: not any(
-                k for s in servers[1:] for k in redis.Redis(port=s.port).scan_iter("t:*")
-                if not k.endswith(b":fence")
+            lambda: (
+                not any(
+                    k
+                    for s in servers[1:]
+                    for k in redis.Redis(port=s.port).scan_iter("t:*")
+                    if not k.endswith(b":fence")
+                )
             ),
             5,
             "every lock released",
