@@ -8,11 +8,12 @@ any sensible socket timeout. ``memory://`` gives the in-process store for eager 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from .config import MEMORY_URL, SingletonConfig
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, SingletonLockError
 from .lease import LockStore, MemoryLock, RedisLock, Redlock, client_from_url, describe
 from .lease.clients import REDLOCK_SCHEMES, STANDALONE_SCHEMES, redact, redlock_masters, scheme_of
 
@@ -140,6 +141,12 @@ class Backend:
     def eviction_policy(self) -> str | None:
         """The lock store's ``maxmemory-policy`` (None for the memory store)."""
         lock = self.lock
+        if isinstance(lock, Redlock):  # every master must keep its keys: the first that won't
+            policies = []
+            for node in lock.nodes:  # one master down at worker start: check the others
+                with contextlib.suppress(SingletonLockError):
+                    policies.append(node.eviction_policy())
+            return next((p for p in policies if p not in (None, "noeviction")), None)
         return lock.eviction_policy() if isinstance(lock, RedisLock) else None
 
     def describe(self) -> str:

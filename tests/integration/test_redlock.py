@@ -94,6 +94,13 @@ class TestConfiguration:
             rates_of(lock)
 
 
+def test_a_master_that_may_evict_keys_is_named_at_worker_start() -> None:
+    with masters(3, RedisServer("--maxmemory-policy", "allkeys-lru")) as servers:
+        servers[1].kill()  # one master down: the others are still checked
+        app = app_with(singleton_lock_url=url_of(servers))
+        assert Backend.for_app(app).eviction_policy() == "allkeys-lru"
+
+
 @pytest.mark.parametrize("count", [3, 5])
 def test_a_majority_holds_one_lease_and_fences_rise_across_holders(count: int) -> None:
     with masters(count) as servers:

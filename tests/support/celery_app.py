@@ -50,6 +50,12 @@ app.conf.update(
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     # CSL_RIDE=0: kombu's own transport even where the hold could ride the push.
     singleton_lock_ride_broker=os.environ.get("CSL_RIDE", "1") != "0",
+    # A transport named here is kept (the soak's control names kombu's own).
+    **(
+        {"broker_transport": os.environ["CSL_BROKER_TRANSPORT"]}
+        if os.environ.get("CSL_BROKER_TRANSPORT")
+        else {}
+    ),
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
     # The version matrix runs the lock store on RESP3 too (CSL_PROTOCOL=3).
     singleton_lock_transport_options={
@@ -665,6 +671,14 @@ def _soak(self: Any, item: str, seconds: float = 0.0) -> str:
     started = _begin(self, item)
     time.sleep(seconds)
     _record(self, item, started, slot=getattr(self.request, "singleton_rate_slot", None))
+    return item
+
+
+@app.task(bind=True, acks_late=True, reject_on_worker_lost=True, name=f"{__name__}.soak_plain")
+def soak_plain(self: Any, item: str, seconds: float = 0.0) -> str:
+    """The soak's control: plain Celery, no lock, under the same kills."""
+    _begin(self, item)
+    time.sleep(seconds)
     return item
 
 
