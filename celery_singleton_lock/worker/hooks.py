@@ -22,6 +22,7 @@ from ..results import settle
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from .childwatch import child_watch
 from .reservations import reservations
+from .restore import stale_restorer
 from .setupchecks import check_worker_setup, refuse_bad_settings
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,14 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
     timer = getattr(sender, "timer", None)
     if timer is not None:
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)
+        # prefork's event loop restores dead workers' unacked messages on a timer; the
+        # other pools only when idle (worker/restore.py).
+        # The sender is the worker's consumer: its hub is the event loop (None without one).
+        restorer = stale_restorer(app) if getattr(sender, "hub", True) is None else None
+        if restorer is not None:
+            logger.info("celery-singleton-lock: restoring dead workers' unacked messages "
+                        "every %gs (a pool without an event loop)", restorer[0])  # fmt: skip
+            timer.call_repeatedly(*restorer)
 
 
 def _release_revoked(
