@@ -100,14 +100,51 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "after the drain."),
     ("mode_soak_prefork", "8c. Every mode under kills",
      "A task of each mode (until_executing, replace, debounce, throttle, limit=2, "
-     "rate=10/s, cancel), acks_late, on two prefork workers whose pool children are "
-     "SIGKILLed every 1-3 s and a whole worker every 10 s: every accepted call ran, no "
-     "two runs of a key at once (`limit`: never more than 2), fences rise, a rate's slots "
-     "never above 10 in any second, no key left (a replaced call's record stays for "
-     "`queue_ttl`, as its message may still be queued)."),
+     "rate=10/s, cancel), acks_late, and a plain task beside them, on two prefork workers "
+     "whose pool children are SIGKILLed every 1-3 s and a whole worker every 10 s: no two "
+     "runs of a key at once (`limit`: never more than 2), fences rise, a rate's slots "
+     "never above 10 in any second, no key left but the holds of calls lost in transit "
+     "(a replaced call's record stays for `queue_ttl`, as its message may still be "
+     "queued). A call is lost only in kombu's window (taken off the queue by a worker "
+     "killed before it recorded it as unacked: fewer receipts than sends in the logs), "
+     "as the plain task's calls are (8e). `stale_unacked`: messages per second older "
+     "than the visibility timeout, not yet put back."),
+    ("mode_soak_gevent", "8d. Every mode on gevent workers killed whole",
+     "As 8c on two gevent workers, one SIGKILLed whole every 3-5 s. A dead worker's "
+     "unacked messages are put back within a second or two of their visibility timeout "
+     "under full load (`stale_unacked`), as on prefork: before, a worker without an event "
+     "loop put them back only when idle, and they piled up with their keys."),
+    ("mode_soak_plain_control", "8e. The control: plain Celery, whole workers killed",
+     "Plain tasks (no lock) on kombu's own transport, a whole prefork worker SIGKILLed "
+     "every 2-4 s: calls are lost in transit the same way (celery/celery#7950)."),
     ("bad_input", "9. Bad input sweep",
      "Each case refused with an error naming the problem; nothing published, nothing left "
      "in Redis."),
+    ("renewal_cost", "10a. What renewal costs, per ttl",
+     "Leases renewed by one process's renewer every ttl/3, batched per node: renewals "
+     "(EVALSHA) and round trips a second, and the CPU share of the client process and "
+     "of redis-server, at 100 and 1,000 concurrent leases."),
+    ("recovery", "10b. A key after its whole worker is SIGKILLed",
+     "A run holds the key on one worker, its copy waits on a second (requeued with "
+     "backoff); the first worker is SIGKILLed whole: seconds until the copy starts "
+     "(promise: at most the ttl; at least two thirds of it, since the last renewal)."),
+    ("redlock_master_lost", "11a. Redlock: a master killed or frozen under renewed leases",
+     "Ten renewed leases (ttl 1.5 s) on 3 or 5 independent masters; a minority killed or "
+     "SIGSTOPped for three ttls: every lease kept, others still refused, releases not "
+     "held up by a frozen master, the next fence greater."),
+    ("redlock_majority_lost", "11b. Redlock: a majority lost",
+     "Two of three masters killed: a try is refused at once as the outage "
+     "(`LockStoreUnavailableError`), the holder learns its lease is lost at its local "
+     "expiry (when `check()` starts raising), and masters restarted empty grant a "
+     "greater fence."),
+    ("redlock_restart", "11c. Redlock: a master restarted without persistence",
+     "The known hazard: a holder on a bare majority, one of whose masters comes back "
+     "empty, is not alone any more (two holders). The second's fence is greater, so the "
+     "fenced store refuses the first's late write, and the first learns at its next "
+     "renewal."),
+    ("redlock_clock_step", "11d. Redlock: one master's clock stepped",
+     "libfaketime steps one master's clock an hour either way under a renewed lease: "
+     "the lease is kept (the other two are a majority) and fences keep rising."),
 ]  # fmt: skip
 
 
@@ -146,7 +183,11 @@ def render(data: dict[str, Any], command: str, charts: dict[str, str] | None = N
             lines += ["_Not run in this run._", ""]
             continue
         lines += ["| figure | value |", "|---|---|"]
-        lines += [f"| {key} | {value} |" for key, value in figures.items() if key != "timeline"]
+        lines += [f"| {key} | {_shown(value)} |" for key, value in figures.items()
+                  if key != "timeline"]  # fmt: skip
+        stale = figures.get("timeline", {}).get("stale_unacked")
+        if stale is not None:
+            lines.append(f"| stale_unacked, per second | {_shown(stale)} |")
         lines.append("")
         if "timeline" in figures and charts is not None:
             image = f"img/{name.replace('_', '-')}-timeline.svg"
@@ -157,6 +198,13 @@ def render(data: dict[str, Any], command: str, charts: dict[str, str] | None = N
             )  # fmt: skip
             lines += [f"![{title}: executions per second and kills]({image})", ""]
     return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    """A figure for a table cell: a dict as ``key value`` pairs."""
+    if isinstance(value, dict):
+        return "; ".join(f"{key} {_shown(inner)}" for key, inner in value.items())
+    return str(value)
 
 
 def main() -> None:

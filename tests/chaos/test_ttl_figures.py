@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,5 +107,5 @@ def test_recovery_after_a_whole_worker_sigkill(
         holder.stop()
         waiter.stop()
     recovery = next(r["start"] for r in runs(cenv) if r["id"] == copy.id) - killed
-    figures.record(f"recovery_ttl_{ttl:g}", ttl_s=ttl, key_blocked_after_kill_s=round(recovery, 2))
+    figures.record("recovery", **{f"ttl {ttl:g} s: blocked after the kill (s)": round(recovery, 2)})
     assert recovery <= ttl + 1.0  # the ttl, and the waiter's backoff (cap 0.3 s)
