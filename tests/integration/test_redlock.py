@@ -171,3 +171,24 @@ def test_celery_end_to_end_on_a_redlock(redlock_env: tuple[CeleryEnv, list[Redis
         )
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet", "threads"])
+def test_every_pool_keeps_copies_apart_on_a_redlock(
+    redlock_env: tuple[CeleryEnv, list[RedisServer]], pool: str
+) -> None:
+    """The masters are asked at once from a thread pool per master: under gevent and
+    eventlet those threads are green, as Celery patches them."""
+    cenv, servers = redlock_env
+    worker = Worker(cenv.env, pool=pool, concurrency=4,
+                    extra_env={"CSL_LOCK_URL": url_of(servers)}).start()  # fmt: skip
+    try:
+        app = cenv.app_module.app
+        copies = [app.send_task(f"{APP}.swarm", (f"p-{pool}", 0.05), queue=worker.queue)
+                  for _ in range(6)]  # fmt: skip
+        assert [r.get(timeout=60) for r in copies] == [f"p-{pool}"] * 6
+        records = [r for r in runs(cenv) if r["item"] == f"p-{pool}"]
+        assert len(records) == 6
+        assert_no_overlap(records)
+    finally:
+        worker.stop()
