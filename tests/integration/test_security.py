@@ -20,6 +20,7 @@ from celery_singleton_lock import (
     LockStoreConfigurationError,
     LockStoreUnavailableError,
     RedisLock,
+    Redlock,
     ReleaseResult,
     singleton_task,
 )
@@ -260,3 +261,38 @@ class TestTLS:
 def test_redacted_url_for_unix_sockets() -> None:
     client = redis.Redis(unix_socket_path="/tmp/x.sock", password=SECRET)
     assert redacted_url(client) == "unix://***@/tmp/x.sock?db=0"
+
+
+def test_redlock_over_tls_with_a_password_never_shows_it(tmp_path: Path) -> None:
+    """``redlocks://:password@h1,h2,h3``: every master over TLS with the same credentials;
+    a wrong password on the masters is a configuration error that names no secret."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    tls = ("--tls-port", "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file),
+           "--tls-ca-cert-file", str(ca_file), "--tls-auth-clients", "no")  # fmt: skip
+    servers = [RedisServer(*tls, password=SECRET) for _ in range(3)]
+    try:
+        try:
+            for server in servers:
+                server.start()
+        except RuntimeError as error:
+            if "tls" in str(error).lower() and "directive" in str(error).lower():
+                pytest.skip("this redis-server was built without TLS support")
+            raise
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
+        lock = Redlock.from_url(f"redlocks://:{SECRET}@{hosts}/0", ssl_ca_certs=str(ca_file))
+        lease = lock.acquire("job", ttl=5, blocking=False)
+        assert lock.release(lease) is ReleaseResult.RELEASED
+        assert SECRET not in repr(lock)
+        wrong = Redlock.from_url(f"redlocks://:nope@{hosts}/0", ssl_ca_certs=str(ca_file))
+        with pytest.raises(LockStoreConfigurationError) as refused:
+            wrong.try_acquire("job", ttl=1)
+        assert SECRET not in str(refused.value)
+        assert "nope" not in str(refused.value)
+    finally:
+        for server in servers:
+            server.cleanup()
