@@ -320,17 +320,28 @@ class TestSoak:
             for before, after in zip(rss_before, rss_after, strict=True)
         )
 
+    @pytest.mark.parametrize(
+        "visibility",
+        [None, pytest.param(10, marks=pytest.mark.skipif(
+            not os.environ.get("CHAOS_RESULTS"), reason="runs with `dev.py chaos`"))],
+    )  # fmt: skip
     def test_mixed_load_with_random_worker_kills_on_a_green_pool(
-        self, cenv: CeleryEnv, figures: Figures
+        self, cenv: CeleryEnv, figures: Figures, visibility: int | None
     ) -> None:
         """gevent: no pool children, so the kills are of whole workers (a replacement
         starts each time). A killed worker's running tasks are lost (acked at start) and
         its prefetched messages wait for the visibility timeout: at most once, never two
-        at a time, and every key free within ttl of the drain."""
+        at a time, and every key free within ttl of the drain. With the test app's
+        visibility timeout (an hour) those messages, and the queued holds on their keys,
+        stay for the whole soak; with 10 s they come back (the second run)."""
         ttl, seconds = 2.0, size("soak_seconds")
         rng = random.Random(9)
-        queue = "soak-green-q"
+        queue = f"soak-green-q{visibility or ''}"
         env = {"CSL_TTL": str(ttl)}
+        if visibility is not None:
+            env["CSL_VISIBILITY_TIMEOUT"] = str(visibility)
+        broker = cenv.broker.client()
+        stuck: list[int] = []  # per second: unacked messages older than 10 s
 
         def start() -> Worker:
             return Worker(
@@ -344,7 +355,11 @@ class TestSoak:
             kills, killed_at, began = 0, [], time.time()
             deadline = time.monotonic() + seconds
             next_kill = time.monotonic() + 3.0
+            sampled = time.monotonic()
             while time.monotonic() < deadline:
+                if time.monotonic() >= sampled:
+                    stuck.append(broker.zcount("unacked_index", "-inf", time.time() - 10))
+                    sampled += 1.0
                 item = f"green-{rng.randrange(20)}"
                 if rng.random() < 0.7:
                     sent.append(work.apply_async((item, rng.uniform(0, 0.05)), queue=queue))
@@ -363,7 +378,10 @@ class TestSoak:
             def drained() -> bool:
                 ready = sum(r.ready() for r in sent)
                 time.sleep(1.0)
-                return ready == sum(r.ready() for r in sent) and not held_by_others()
+                # With a short visibility timeout, a killed worker's messages come back
+                # and run: drained once none is left unacked.
+                back = visibility is None or broker.zcard("unacked_index") == 0
+                return ready == sum(r.ready() for r in sent) and not held_by_others() and back
 
             def unacked_holds() -> list[bytes]:
                 """Queued holds of messages a killed worker took off the queue but never
@@ -393,9 +411,10 @@ class TestSoak:
                 w.stop()
         verdict = check(runs(cenv), submitted={r.id for r in sent}, at_most_once=True)
         figures.record(
-            "soak_green",
+            "soak_green" if visibility is None else f"soak_green_visibility_{visibility}s",
             seconds=seconds,
             pool="gevent",
+            visibility_timeout_s=visibility or 3600,
             dispatches=len(sent),
             executions=verdict.executions,
             worker_kills=kills,
@@ -404,8 +423,9 @@ class TestSoak:
             overlaps=len(verdict.overlaps),
             fence_regressions=len(verdict.fence_regressions),
             keys_leaked=len(leaked),
-            timeline={"per_second": per_second(runs(cenv), began, seconds), "kills": killed_at},
-        )
+            timeline={"per_second": per_second(runs(cenv), began, seconds), "kills": killed_at,
+                      "stuck_unacked": stuck},
+        )  # fmt: skip
         assert verdict.ok, verdict.summary()
         assert leaked == []
         assert kills >= 1
