@@ -5,8 +5,8 @@ acked, and puts back the ones older than ``visibility_timeout`` (their worker di
 A prefork worker does that on its event loop's timer, every ``unacked_restore_interval``
 seconds. A worker without one (gevent, eventlet, threads, solo) only does it when a
 poll of its queues comes back empty, so under steady load a killed worker's messages
-stay unacked, and their queued holds keep their keys, until the load eases: the gevent
-soak's throughput fell by half over ten minutes that way. Here such a worker calls
+stay unacked past their timeout, and their queued holds keep their keys, until the load
+eases (the mode soak's stale unacked count grew all through it). Here such a worker calls
 kombu's own ``QoS.restore_visible`` on its timer as prefork does; kombu's mutex in Redis
 keeps it to one restore at a time across all workers.
 """
