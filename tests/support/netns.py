@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,7 @@ class Namespace:
 
     def create(self) -> Namespace:
         self.destroy()  # one left behind by a test run that was killed
+        sweep_stale()
         run("ip", "netns", "add", self.name)
         try:
             run("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
@@ -129,6 +131,27 @@ class Namespace:
             run("ip", "netns", "del", self.name)
         with contextlib.suppress(subprocess.CalledProcessError):
             run("ip", "link", "del", self.host_if)  # gone with the namespace, normally
+
+
+def sweep_stale() -> None:
+    """Delete the namespaces of test runs that were killed (their pid is gone): their
+    host ends keep 198.18.<index>.1, and a second route to it cuts the new one off."""
+    listed = subprocess.run(
+        ["ip", "netns", "list"], check=False, capture_output=True, text=True, timeout=10
+    ).stdout
+    for line in listed.splitlines():
+        match = re.fullmatch(r"csl(\d+)n(\d+)", line.split(" ", 1)[0])
+        if match is None or int(match.group(1)) == os.getpid() % 100000:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            stale = Namespace.__new__(Namespace)
+            tag = f"{match.group(1)}n{match.group(2)}"
+            stale.name, stale.host_if = f"csl{tag}", f"cslh{tag}"
+            stale.destroy()
+        except PermissionError:
+            continue  # alive, someone else's
 
 
 class DelayRelay:
