@@ -82,6 +82,9 @@ def valid_until(sent_at: float, ttl: float) -> float:
 # The renewal thread and the holder's check() can find one loss at the same moment:
 # each loss (and cancel) is reported once, whoever finds it first.
 _reporting = threading.Lock()
+# Signalled once a lost lease's callbacks have run: check() waits for them (REPORT_WAIT).
+_reported = threading.Condition(_reporting)
+REPORT_WAIT = 1.0
 
 
 def text(value: object) -> str:
@@ -115,6 +118,7 @@ class _LeaseState:
         "expires_at",
         "lost_reason",
         "released",
+        "reporter",
         "yields_to",
     )
 
@@ -126,6 +130,7 @@ class _LeaseState:
         self.cancel_reason: str | None = None
         self.cancel_callbacks: list[LostCallback] = []
         self.yields_to: tuple[str, float] | None = None
+        self.reporter: int | None = None  # the thread running the on_lost callbacks
 
     def __getstate__(self) -> _State:
         return {
@@ -144,6 +149,7 @@ class _LeaseState:
         self.yields_to = state.get("yields_to")
         self.callbacks = []
         self.cancel_callbacks = []
+        self.reporter = None
 
 
 @dataclass(frozen=True)
@@ -180,8 +186,7 @@ class Lease:
         return cls(name, key, token, fence, ttl, _LeaseState(expires_at))
 
     def copy(self, ttl: float) -> Lease:
-        """A handle of its own on the same hold (one Redlock master's view): what is
-        marked on it (lost on that master) stays on it."""
+        """A handle of its own on the same hold (one Redlock master's view)."""
         copy = Lease.handed(self.name, self.key, self.token, fence=self.fence, ttl=ttl,
                             expires_at=self.expires_at)  # fmt: skip
         if self.yields_to is not None:
@@ -257,6 +262,7 @@ class Lease:
             # Reported here too, not only by the renewal thread's deadline a moment
             # later: on_lost has then run before the first check() that raises.
             self.mark_lost(RAN_OUT)
+        self._await_report()
         reason = self._state.lost_reason
         if reason is None and self._state.released:
             reason = "its holder released it"
@@ -275,6 +281,15 @@ class Lease:
                 key=self.key,
                 reason=cancelled,
             )
+
+    def _await_report(self) -> None:
+        """Let another thread that is running the on_lost callbacks finish first: then
+        they have run by the time check() raises, whoever found the loss."""
+        state, deadline = self._state, time.monotonic() + REPORT_WAIT
+        with _reported:
+            while state.reporter not in (None, threading.get_ident()):
+                if not _reported.wait(max(0.0, deadline - time.monotonic())):
+                    return
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once, when the lease is found lost: from the renewal
@@ -304,12 +319,18 @@ class Lease:
             if state.released or state.lost_reason is not None:
                 return
             state.lost_reason = reason
-        logger.warning("lost %s (fence %d): %s", self.key, self.fence, reason)
-        for callback in list(state.callbacks):
-            try:
-                callback(self)
-            except Exception:
-                logger.exception("lost-lease callback for %s raised", self.key)
+            state.reporter = threading.get_ident()
+        try:
+            logger.warning("lost %s (fence %d): %s", self.key, self.fence, reason)
+            for callback in list(state.callbacks):
+                try:
+                    callback(self)
+                except Exception:
+                    logger.exception("lost-lease callback for %s raised", self.key)
+        finally:
+            with _reported:
+                state.reporter = None
+                _reported.notify_all()
 
     def mark_cancelled(self, reason: str) -> None:
         """Record a cancellation and report it: a log line and every ``on_cancel``
