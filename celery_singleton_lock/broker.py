@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
@@ -27,7 +27,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from .lease import Push, RidingTake, Server, server_of
+from .lease import Push, Server, server_of
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -82,36 +82,57 @@ def _claim(message: Mapping[str, object]) -> Fold | None:
 
 # -- receipt: a received message's take rides the pipeline that records it as unacked --
 
-Receipts: TypeAlias = Callable[[Mapping[str, object], Server], "RidingTake | None"]
+
+class Rider(Protocol):
+    """A lock-store command sent first in kombu's unacked pipeline (``lease.RidingTake``,
+    ``lease.ClearNote``)."""
+
+    def add(self, pipe: Any, db: int) -> None: ...
+    def read(self, reply: object) -> None: ...
+    def refused(self, error: Exception) -> bool: ...
+
+
+Receipts: TypeAlias = Callable[[Mapping[str, object], Server, str], Sequence[Rider]]
 _receipts: list[Receipts] = []  # the worker's, once it consumes
-_riding: ContextVar[RidingTake | None] = ContextVar("celery_singleton_lock_take", default=None)
+_riding: ContextVar[Sequence[Rider]] = ContextVar("celery_singleton_lock_take", default=())
 
 
 def on_receipt(receipts: Receipts | None) -> None:
-    """Have each message this process receives on this transport offer its take, given
-    its headers and the broker's server, to ride kombu's unacked bookkeeping (the
-    worker's main process; None: no more)."""
+    """Have each message this process receives on this transport offer what rides
+    kombu's unacked bookkeeping for it, given its headers, the broker's server and its
+    delivery tag (the worker's main process; None: no more)."""
     _receipts[:] = [] if receipts is None else [receipts]
 
 
+Purges: TypeAlias = Callable[[Server, list[str]], None]
+_purges: dict[int, Purges] = {}  # by app
+
+
+def on_purge(app: Celery, purges: Purges) -> None:
+    """Have a purge on this transport tell ``purges`` the broker's server and the lists
+    it emptied (their messages' holds are given up, not kept for ``queue_ttl``)."""
+    _purges[id(app)] = purges
+
+
 class QoS(kombu_redis.QoS):
-    """kombu's Redis acknowledgement emulation; a received singleton message's take is
-    sent in the same pipeline as the unacked bookkeeping kombu sends for it anyway."""
+    """kombu's Redis acknowledgement emulation; a received singleton message's take, and
+    the clearing of its in-transit note, are sent in the same pipeline as the unacked
+    bookkeeping kombu sends for it anyway."""
 
     def append(self, message: Message, delivery_tag: object) -> None:
-        take = None
+        riders: Sequence[Rider] = ()
         server = self.channel.server() if _receipts else None
         headers = getattr(message, "headers", None)
         if server is not None and isinstance(headers, Mapping):
             try:
-                take = _receipts[0](headers, server)
+                riders = _receipts[0](headers, server, str(delivery_tag))
             except Exception:
                 # Never in the way of kombu's bookkeeping: the take goes alone.
                 logger.exception("celery-singleton-lock: a received message's take cannot ride")
-        if take is None:
+        if not riders:
             super().append(message, delivery_tag)
             return
-        token = _riding.set(take)
+        token = _riding.set(riders)
         try:
             super().append(message, delivery_tag)
         finally:
@@ -120,24 +141,25 @@ class QoS(kombu_redis.QoS):
     @contextmanager
     def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
         with super().pipe_or_acquire(pipe, client) as acquired:
-            take = _riding.get() if pipe is None else None
+            riders = _riding.get() if pipe is None else ()
             server = self.channel.server()
-            if take is None or server is None:
+            if not riders or server is None:
                 yield acquired
                 return
-            _riding.set(None)  # once: the unacked bookkeeping's own pipeline
-            yield _RidingPipeline(acquired, take, server.db)
+            _riding.set(())  # once: the unacked bookkeeping's own pipeline
+            yield _RidingPipeline(acquired, riders, server.db)
 
 
 class _RidingPipeline:
-    """kombu's pipeline with a take sent first: kombu's own commands, replies and
-    errors are as they would be without it."""
+    """kombu's pipeline with riders sent first: kombu's own commands, replies and
+    errors are as they would be without them."""
 
-    def __init__(self, pipe: Any, take: RidingTake, db: int) -> None:
+    def __init__(self, pipe: Any, riders: Sequence[Rider], db: int) -> None:
         self._pipe = pipe
-        self._take = take
+        self._riders = riders
         self._calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
-        take.add(pipe, db)
+        for rider in riders:
+            rider.add(pipe, db)
 
     def __getattr__(self, name: str) -> object:
         attr = getattr(self._pipe, name)
@@ -155,15 +177,18 @@ class _RidingPipeline:
         try:
             replies: list[object] = self._pipe.execute(raise_on_error=False)
         except Exception as error:
-            if not self._take.refused(error):
+            refused = [rider.refused(error) for rider in self._riders]
+            if not any(refused):
                 raise
-            # The server refused the take as it was queued (an ACL user without the
+            # The server refused a rider as it was queued (an ACL user without the
             # lock's keys), which aborts the transaction: kombu's commands alone.
             for name, args, kwargs in self._calls:
                 getattr(self._pipe, name)(*args, **kwargs)
             return list(self._pipe.execute(raise_on_error=raise_on_error))
-        self._take.read(replies[0])
-        own = replies[1:]
+        count = len(self._riders)
+        for rider, reply in zip(self._riders, replies[:count], strict=True):
+            rider.read(reply)
+        own = replies[count:]
         if raise_on_error:
             for reply in own:
                 if isinstance(reply, Exception):
@@ -193,11 +218,14 @@ class Channel(kombu_redis.Channel):
             steps = tuple(prefix + self._q_for_pri(queue, step) for step in self.priority_steps)
             expire = (steps, int(expires[queue]))
         server = self.server()
+        properties = message.get("properties")
+        tag = properties.get("delivery_tag") if isinstance(properties, Mapping) else None
         push = Push(
             prefix + self._q_for_pri(queue, priority),
             dumps(message),
             db=None if server is None else server.db,
             expire=expire,
+            transit=str(tag) if tag else None,  # noted until received (lease.transit)
         )
         if not fold.put(server, push):
             super()._put(queue, message, **kwargs)
@@ -209,6 +237,19 @@ class Channel(kombu_redis.Channel):
         if fold is not None:
             fold.put(None, None)  # published to subscribers, not pushed: the hold alone
         super()._put_fanout(exchange, message, routing_key, **kwargs)
+
+    def _purge(self, queue: str) -> int:
+        size: int = super()._purge(queue)
+        server = self.server()
+        if server is not None and _purges:
+            prefix = self.global_keyprefix or ""
+            lists = [prefix + self._q_for_pri(queue, step) for step in self.priority_steps]
+            for purged in list(_purges.values()):
+                try:
+                    purged(server, lists)
+                except Exception:
+                    logger.exception("celery-singleton-lock: purged holds not given up")
+        return size
 
     def server(self) -> Server | None:
         """Where this channel pushes (None: not one standalone server)."""
@@ -326,10 +367,12 @@ __all__ = [
     "Fold",
     "QoS",
     "RedisTransport",
+    "Rider",
     "SentinelChannel",
     "SentinelTransport",
     "folding",
     "may_ride",
+    "on_purge",
     "on_receipt",
     "ride",
     "rides",

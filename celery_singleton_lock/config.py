@@ -44,6 +44,9 @@ DEFAULTS: dict[str, object] = {
     # A dispatch's hold is taken by the script that pushes its message (broker.py), when
     # the lock store is the broker's Redis server.
     "singleton_lock_ride_broker": True,
+    # A singleton message pushed with its hold and then lost between the broker's pop
+    # and its unacked record (a worker killed there) is pushed again after this long.
+    "singleton_lock_transit_timeout": 10.0,
 }
 # Settings of celery-singleton that happen to share our prefix: an app migrating from it
 # (or running both) must not be refused for them.
@@ -168,6 +171,8 @@ class SingletonConfig:
     # Replicas that must acknowledge (WAIT) each acquire and renewal, and for how long.
     replicas: int = 0
     replica_timeout: float = 0.5
+    # Seconds a message pushed with its hold may be missing before it is pushed again (0: off).
+    transit_timeout: float = 10.0
 
     def __repr__(self) -> str:
         # Error reporters (Sentry, tracebacks with locals) print this from frame locals.
@@ -247,6 +252,7 @@ class SingletonConfig:
             replica_timeout=to_seconds(
                 get("singleton_lock_replica_timeout"), what="singleton_lock_replica_timeout"
             ),
+            transit_timeout=_transit_timeout(get("singleton_lock_transit_timeout")),
         )
 
     @staticmethod
@@ -333,3 +339,14 @@ def _as_written(name: str, like: str) -> str:
     head = like[: len("celery_")] if like.lower().startswith("celery_singleton_lock_") else ""
     spelt = head + name
     return spelt.upper() if like.isupper() else spelt
+
+
+def _transit_timeout(value: object) -> float:
+    seconds = to_seconds(value, what="singleton_lock_transit_timeout")
+    if seconds < 0:
+        raise ConfigurationError(
+            f"singleton_lock_transit_timeout={value!r}: use the seconds a message lost "
+            "between the broker's pop and a worker's receipt waits before it is pushed "
+            "again (10 by default), or 0 to push nothing again"
+        )
+    return seconds

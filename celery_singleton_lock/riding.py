@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .backend import Store
+from .backend import Backend, Store
 from .broker import folding, may_ride, rides
 from .dispatch import Refused, Sent, quietly, refusals
 from .exceptions import LockStoreUnavailableError
@@ -138,12 +138,23 @@ def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) 
     holds apart. Eagerly nothing is published; ``connection=`` makes Celery use its own
     producer; a broker on another server pushes no hold (said by its URL, before a
     producer is taken to ask its channel)."""
-    pushes = context.store.pushes
-    if pushes is None or not context.backend.config.ride_broker:
+    pushes, config = context.store.pushes, context.backend.config
+    if pushes is None or not config.ride_broker:
         return None
+    pushes.transit.wait = config.transit_timeout  # whether its message is noted in transit
     if app.conf.task_always_eager or options.get("connection") is not None:
         return None
     return pushes if may_ride(app, pushes.server) else None
+
+
+def give_up_purged(app: Celery, server: Server, lists: list[str]) -> None:
+    """A purge of ``lists`` on the broker's ``server`` (``broker.on_purge``): the holds
+    of the singleton messages it threw away are given up, not kept for ``queue_ttl``."""
+    pushes = Backend.for_app(app).lock.pushes
+    if pushes is not None and pushes.server.same_server(server):
+        freed = pushes.transit.purged(lists)
+        if freed:
+            logger.info("purged %d singleton call(s): their keys are free", freed)
 
 
 def duplicate_answered(

@@ -23,7 +23,7 @@ from celery.utils import uuid
 
 from . import cancels, outages, results
 from . import signals as singleton_signals
-from .broker import ride
+from .broker import on_purge, ride
 from .context import Delivery, TaskContext
 from .dispatch import (
     Gate,
@@ -44,7 +44,7 @@ from .modes import Replace, Replacement
 from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .retries import send_retry
-from .riding import Ride, duplicate_answered, ridden_by
+from .riding import Ride, duplicate_answered, give_up_purged, ridden_by
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -107,6 +107,7 @@ class SingletonTask(Task):  # type: ignore[misc]
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
         ride(app)  # a dispatch's hold rides its message's push on a Redis broker
+        on_purge(app, partial(give_up_purged, app))  # a purge gives its messages' holds up
         results.ride(app)  # a run's release rides its result's write there
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a

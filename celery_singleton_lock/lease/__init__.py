@@ -14,10 +14,12 @@ from .redlock import Redlock
 from .renewal import Renewer, get_renewer
 from .servers import Server, server_of
 from .store import RedisLock
+from .transit import ClearNote, Transit
 
 __all__ = [
     "DEFAULT_PREFIX",
     "AsyncRedisLock",
+    "ClearNote",
     "Contended",
     "ExtendResult",
     "Lease",
@@ -38,6 +40,7 @@ __all__ = [
     "Server",
     "Slot",
     "SlotStore",
+    "Transit",
     "client_from_url",
     "companion",
     "describe",

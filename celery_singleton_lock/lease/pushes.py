@@ -27,7 +27,12 @@ from .errors import is_refusal
 from .lease import Contended, Lease, ReleaseResult
 from .names import LockKeys, new_token
 from .servers import Server
+from .transit import Transit
 from .transport import Transport
+
+# Seconds a pushed message may be missing, neither queued nor unacked, before it is
+# pushed again (``transit``): a pop's reply is read in milliseconds.
+DEFAULT_WAIT = 10.0
 
 
 class _Store(Protocol):
@@ -35,6 +40,8 @@ class _Store(Protocol):
 
     client: SyncClient
     transport: Transport
+    prefix: str
+    where: str
 
     def keys(self, name: str) -> LockKeys: ...
     def acquire_request(
@@ -55,12 +62,14 @@ class _Store(Protocol):
 @dataclass(frozen=True)
 class Push:
     """One message to push: ``LPUSH key payload`` in database ``db`` (None: the lock
-    store's), then ``PEXPIRE`` of each of ``expire`` (a queue that expires unused)."""
+    store's), then ``PEXPIRE`` of each of ``expire`` (a queue that expires unused).
+    ``transit``: its delivery tag, to note it in transit until it is received."""
 
     key: str
     payload: str | bytes
     db: int | None = None
     expire: tuple[tuple[str, ...], int] | None = None
+    transit: str | None = None
 
 
 class Pipeline(Protocol):
@@ -195,6 +204,10 @@ class Pushes:
         self.riding_sha = self._riding.sha
         self.takes_ride = True  # False once the server refused a riding take
         self.releases_ride = True  # False once the server refused a riding release
+        # Messages pushed here, noted until received (wait: the app's transit timeout).
+        self.transit = Transit(
+            store.client, store.prefix, server.db, wait=DEFAULT_WAIT, where=store.where
+        )
 
     @property
     def store(self) -> _Store:
@@ -270,12 +283,14 @@ class Pushes:
     ) -> Lease | Contended:
         """Run a push script: the push's expiry and databases appended to its keys and
         arguments. A push the server refuses (ACL) writes nothing: ``PushRefused``."""
-        store = self._store
+        store, transit = self._store, self.transit
+        keys.extend([transit.due, transit.records])
         expire_ms = ""
         if push.expire is not None:
             keys.extend(push.expire[0])
             expire_ms = str(push.expire[1])
-        args.extend([self._db(push), expire_ms, self.server.db])
+        member = push.transit if push.transit and transit.on else ""
+        args.extend([self._db(push), expire_ms, self.server.db, member, transit.wait_ms])
         sent_at = time.monotonic()
         try:
             reply = store.transport.call(script, keys, args)

@@ -103,33 +103,39 @@ return {1, fence}
 """
 )
 
-# Push a message to the list KEYS[list] (in database `list_db`, '' for the lock's own;
-# back to `lock_db` after), then PEXPIRE each key after it by `expire_ms` ('' for none):
-# a queue that expires unused. Shared by the push scripts below; not a script itself.
+# Push to KEYS[list] (in `list_db`, '' for the lock's; `lock_db` after), PEXPIRE each key
+# past KEYS[list + 2] by `expire_ms` ('' for none: a queue that expires unused); with a
+# `member` (its delivery tag) note it in transit (KEYS[list + 1], KEYS[list + 2]: see
+# ``transit``) until its receipt clears it. Shared by the push scripts; not one itself.
 _PUSH = """
-local function push(list, payload, list_db, expire_ms, lock_db)
+local function push(list, payload, list_db, expire_ms, lock_db, token, member, wait_ms)
   if list_db ~= '' then redis.call('SELECT', list_db) end
   redis.call('LPUSH', KEYS[list], payload)
   if expire_ms ~= '' then
-    for i = list + 1, #KEYS do redis.call('PEXPIRE', KEYS[i], expire_ms) end
+    for i = list + 3, #KEYS do redis.call('PEXPIRE', KEYS[i], expire_ms) end
   end
   if list_db ~= '' then redis.call('SELECT', lock_db) end
+  if member == '' then return end
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('HSET', KEYS[list + 2], member,
+    cjson.encode({KEYS[1], token, KEYS[list], list_db, payload, ms, 0}))
+  redis.call('ZADD', KEYS[list + 1], ms + tonumber(wait_ms), member)
 end
 """
 
 # A hold taken in the same step as the push of the message it holds for (a broker's
 # queue on the same server): there is never a hold without its message, nor the
 # message without its hold.
-# KEYS[1] hold (lock) key  KEYS[2] the list to push to  KEYS[3..] lists to expire too
-# ARGV[1] owner token      ARGV[2] ttl in milliseconds  ARGV[3] the payload
+# KEYS[1] hold (lock) key  KEYS[2] the list to push to  KEYS[3] KEYS[4] transit's keys
+# KEYS[5..] lists to expire too  ARGV[1] owner token  ARGV[2] ttl in ms  ARGV[3] payload
 # ARGV[4] the list's database ('' for the lock's own)  ARGV[5] expiry ms ('' for none)
-# ARGV[6] the lock's database (to come back to after the push)
+# ARGV[6] the lock's database  ARGV[7] ARGV[8] transit's member ('' for none), wait in ms
 # returns {1, 0}               held and pushed; or held by this very token already (a
 #                              retry whose reply was lost: pushed then, not again)
 #         {0, holder, pttl}    held by `holder` ('' when foreign); nothing pushed
-# The push goes first: a script is not rolled back when a command fails, so a push the
-# server refuses (an ACL user without the queue's keys) must find nothing written yet.
-# SELECT inside a script switches only the script's database (Redis >= 2.8.12).
+# The push goes first: no rollback, so a push the server refuses (an ACL user without the
+# queue's keys) finds nothing written. SELECT in a script switches only its database.
 HOLD_AND_PUSH = (
     _PUSH
     + """
@@ -139,7 +145,7 @@ if current then
   if type(current) ~= 'string' then current = '' end
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
-push(2, ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+push(2, ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[1], ARGV[7], ARGV[8])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, 0}
 """
@@ -246,13 +252,12 @@ return {0, current, redis.call('PTTL', KEYS[1])}
 
 # SWAP and the push of the replacing message in one step (a broker's queue on the lock
 # store's server): the message is pushed only if the hold passes to it.
-# KEYS[1] lock key     KEYS[2] its replaced set   KEYS[3] the list to push to
-# KEYS[4..] lists to expire too
-# ARGV[1] expected holder   ARGV[2] new token   ARGV[3] ttl in ms   ARGV[4] record
-# ARGV[5] the payload  ARGV[6] the list's database ('' for the lock's own)
-# ARGV[7] expiry ms ('' for none)  ARGV[8] the lock's database
-# returns as SWAP; {1, 0} too when the new token holds it already (a retry whose reply
-# was lost: pushed then, not again). The push goes first, as in HOLD_AND_PUSH.
+# KEYS[1] lock key  KEYS[2] its replaced set  KEYS[3] the list to push to  KEYS[4..5]
+# transit's  KEYS[6..] lists to expire too  ARGV[1] expected holder  ARGV[2] new token
+# ARGV[3] ttl in ms  ARGV[4] record  ARGV[5] the payload  ARGV[6] the list's database
+# ('' for the lock's own)  ARGV[7] expiry ms ('' for none)  ARGV[8] the lock's database
+# ARGV[9] ARGV[10] transit's member ('' for none), wait in ms. Returns as SWAP; {1, 0} too
+# when the new token holds it already (a retry whose reply was lost). Push first, as above.
 SWAP_AND_PUSH = (
     _PUSH
     + _HAND_ON
@@ -263,7 +268,7 @@ if current ~= ARGV[1] then
   if type(current) ~= 'string' then current = '' end
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
-push(3, ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+push(3, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[2], ARGV[9], ARGV[10])
 pass_to(ARGV[2], ARGV[3], ARGV[4])
 return {1, 0}
 """

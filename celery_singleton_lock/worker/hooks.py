@@ -20,6 +20,7 @@ from ..exceptions import SingletonLockError
 from ..options import is_singleton
 from ..results import settle
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
+from . import transit
 from .childwatch import child_watch
 from .reservations import reservations
 from .restore import stale_restorer
@@ -63,7 +64,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     hostname = getattr(sender, "hostname", None)
     if isinstance(hostname, str) and Backend.for_app(app).config.ride_broker:
         # A received message's take rides kombu's unacked bookkeeping where it can.
-        on_receipt(functools.partial(reservations.ride, app, hostname))
+        on_receipt(functools.partial(transit.riders, app, hostname))
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.
@@ -100,6 +101,9 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
             logger.info("celery-singleton-lock: restoring dead workers' unacked messages "
                         "every %gs (a pool without an event loop)", restorer[0])  # fmt: skip
             timer.call_repeatedly(*restorer)
+        sweeper = transit.sweeper(app)
+        if sweeper is not None:  # messages lost between the broker and a worker
+            timer.call_repeatedly(*sweeper)
 
 
 def _release_revoked(

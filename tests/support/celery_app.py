@@ -4,8 +4,8 @@ Configured from the environment so one module serves every worker the tests star
 ``CSL_BROKER_URL`` (broker, and result backend unless ``CSL_RESULT_URL``),
 ``CSL_LOCK_URL`` (the lock store, a separate server so tests can take it down alone),
 ``CSL_CHECK_URL`` (where executions are recorded, outside the lock store),
-``CSL_VISIBILITY_TIMEOUT``, ``CSL_RIDE`` (0: kombu's own transport), ``CSL_KEYPREFIX``
-(kombu's ``global_keyprefix``).
+``CSL_VISIBILITY_TIMEOUT``, ``CSL_RIDE`` (0: kombu's own transport),
+``CSL_TRANSIT_TIMEOUT``, ``CSL_KEYPREFIX`` (kombu's ``global_keyprefix``).
 
 Each execution appends ``{"task", "id", "item", "fence", "pid", "start", "end", ...}``
 to the list ``runs`` on the checker, so tests can assert who ran, when, and whether two
@@ -50,6 +50,8 @@ app.conf.update(
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     # CSL_RIDE=0: kombu's own transport even where the hold could ride the push.
     singleton_lock_ride_broker=os.environ.get("CSL_RIDE", "1") != "0",
+    # Messages lost between the broker's pop and a worker's receipt: pushed again after.
+    singleton_lock_transit_timeout=float(os.environ.get("CSL_TRANSIT_TIMEOUT", "10")),
     # A transport named here is kept (the soak's control names kombu's own).
     **(
         {"broker_transport": os.environ["CSL_BROKER_TRANSPORT"]}

@@ -1,0 +1,272 @@
+"""Messages lost between the broker's pop and a worker's receipt are pushed again.
+
+kombu's Redis transport pops a message (BRPOP) before it records it as unacked; a
+worker killed in between loses it (celery/celery#7950). A singleton message pushed with
+its hold is noted in transit (``lease.transit``), the note is cleared in the pipeline
+that records it unacked, and workers sweep for notes of messages found nowhere.
+
+Here the loss is made by hand: the message is popped from its list by a client that
+then never records it, exactly what a worker SIGKILLed after its BRPOP leaves behind
+(the soak in tests/chaos/test_mode_soak.py kills real workers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from celery_singleton_lock.lease import Push, RedisLock
+
+from ..conftest import CeleryEnv
+from ..support.servers import RedisServer
+from ..support.workers import Worker
+from .test_broker_ride import QUEUE, at, holds, produce, same_server_env
+
+WAIT = 0.2  # the notes' wait in the lease tests, seconds
+
+
+@pytest.fixture(name="store")
+def fixture_store(raw: redis.Redis) -> RedisLock:
+    store = RedisLock(raw, prefix="tt")
+    pushes = store.pushes
+    assert pushes is not None
+    pushes.transit.wait = WAIT
+    return store
+
+
+def pushed(store: RedisLock, name: str, tag: str, payload: str | None = None) -> Push:
+    pushes = store.pushes
+    assert pushes is not None
+    push = Push("queue", payload or json.dumps({"tag": tag}), transit=tag)
+    assert pushes.hold_and_push(name, 60, push, token=f"q-{tag}").token == f"q-{tag}"
+    return push
+
+
+def sweep_until(store: RedisLock, *, rounds: int = 3) -> list[str]:
+    """Sweep ``rounds`` times, a wait apart; every tag pushed again."""
+    pushes = store.pushes
+    assert pushes is not None
+    again: list[str] = []
+    for _ in range(rounds):
+        time.sleep(WAIT + 0.05)
+        again += pushes.transit.sweep("unacked")
+    return again
+
+
+class TestNotes:
+    def test_a_pushed_message_is_noted_and_its_receipt_clears_the_note(
+        self, store: RedisLock, raw: redis.Redis
+    ) -> None:
+        pushed(store, "a", "tag-a")
+        pushes = store.pushes
+        assert pushes is not None
+        assert pushes.transit.pending() == 1
+        clear = pushes.transit.clear("tag-a")
+        assert clear is not None
+        # The worker's receipt: popped, then recorded as unacked with the clear riding.
+        assert raw.rpop("queue") is not None
+        with raw.pipeline() as pipe:
+            clear.add(pipe, 0)
+            pipe.hset("unacked", "tag-a", "...")
+            replies = pipe.execute()
+        clear.read(replies[0])
+        assert pushes.transit.pending() == 0
+        assert sweep_until(store) == []
+        assert raw.llen("queue") == 0
+
+    def test_a_message_popped_and_never_recorded_is_pushed_again_once(
+        self, store: RedisLock, raw: redis.Redis
+    ) -> None:
+        push = pushed(store, "b", "tag-b")
+        assert raw.rpop("queue") == push.payload.encode()  # the worker died right here
+        pushes = store.pushes
+        assert pushes is not None
+        time.sleep(WAIT + 0.05)
+        assert pushes.transit.sweep("unacked") == []  # first seen missing: looked at again
+        assert raw.llen("queue") == 0
+        time.sleep(WAIT + 0.05)
+        assert pushes.transit.sweep("unacked") == ["tag-b"]
+        assert raw.lrange("queue", 0, -1) == [push.payload.encode()]  # byte for byte
+        assert sweep_until(store) == []  # queued again: nothing more
+        assert raw.llen("queue") == 1
+        assert raw.get(store.keys("b").lock) == b"q-tag-b"  # the hold stands throughout
+
+    def test_a_message_received_as_the_sweep_looked_is_not_pushed_again(
+        self, store: RedisLock, raw: redis.Redis
+    ) -> None:
+        pushed(store, "c", "tag-c")
+        raw.rpop("queue")
+        pushes = store.pushes
+        assert pushes is not None
+        time.sleep(WAIT + 0.05)
+        assert pushes.transit.sweep("unacked") == []  # missing: popped a moment ago
+        raw.hset("unacked", "tag-c", "...")  # ... and recorded (no clear rode: kombu's own)
+        assert sweep_until(store) == []
+        assert raw.llen("queue") == 0
+        assert pushes.transit.pending() == 0  # unacked: kombu restores it if need be
+
+    @pytest.mark.parametrize("how", ["taken over", "released", "expired"])
+    def test_a_message_whose_hold_moved_on_is_forgotten(
+        self, store: RedisLock, raw: redis.Redis, how: str
+    ) -> None:
+        pushed(store, "d", "tag-d")
+        raw.rpop("queue")
+        key = store.keys("d").lock
+        if how == "taken over":
+            raw.set(key, "running-token")  # a receipt's take, or a replacing call's swap
+        elif how == "released":
+            raw.delete(key)
+        else:
+            raw.pexpire(key, 1)
+        assert sweep_until(store) == []
+        assert raw.llen("queue") == 0
+        pushes = store.pushes
+        assert pushes is not None
+        assert pushes.transit.pending() == 0
+
+    def test_a_long_queued_message_is_looked_at_less_and_less_often(
+        self, store: RedisLock, raw: redis.Redis
+    ) -> None:
+        pushed(store, "e", "tag-e")
+        pushes = store.pushes
+        assert pushes is not None
+        looks = []
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:  # a sweep every 20 ms, for 2 s
+            pushes.transit.sweep("unacked")
+            score = raw.zscore(pushes.transit.due, "tag-e")
+            assert score is not None
+            if not looks or score != looks[-1]:
+                looks.append(score)
+            time.sleep(0.02)
+        # Due after the wait, then after as long again as it has waited: 0.2, 0.4, 0.8,
+        # 1.6 s (a sweep every wait would have looked ten times).
+        gaps = [b - a for a, b in itertools.pairwise(looks)]
+        assert 3 <= len(looks) <= 5, looks
+        assert gaps == sorted(gaps), gaps
+        assert raw.llen("queue") == 1
+
+    def test_notes_off_takes_none(self, store: RedisLock, raw: redis.Redis) -> None:
+        pushes = store.pushes
+        assert pushes is not None
+        pushes.transit.wait = 0
+        pushed(store, "f", "tag-f")
+        assert pushes.transit.pending() == 0
+        assert raw.llen("queue") == 1
+
+    def test_a_purge_drops_the_notes_and_gives_the_holds_up(
+        self, store: RedisLock, raw: redis.Redis
+    ) -> None:
+        pushed(store, "g", "tag-g")
+        pushed(store, "h", "tag-h")
+        pushes = store.pushes
+        assert pushes is not None
+        raw.set(store.keys("h").lock, "running-token")  # received and running since
+        raw.delete("queue")
+        assert pushes.transit.purged(["queue"]) == 1
+        assert raw.get(store.keys("g").lock) is None
+        assert raw.get(store.keys("h").lock) == b"running-token"  # not the purge's
+        assert pushes.transit.pending() == 0
+        assert sweep_until(store) == []
+
+
+def steal(broker: redis.Redis, queue: str) -> dict[str, object]:
+    """Pop a message as a worker killed right after its BRPOP would: never recorded."""
+    raw = broker.rpop(queue)
+    assert raw is not None
+    return dict(json.loads(raw))
+
+
+@pytest.fixture(name="shared", scope="module")
+def fixture_shared() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+class TestWorkers:
+    def test_a_call_lost_in_transit_runs_once_and_frees_its_key(
+        self, shared: RedisServer, cenv: CeleryEnv
+    ) -> None:
+        env = same_server_env(shared, cenv, CSL_TRANSIT_TIMEOUT="1")
+        checker = cenv.checker_client()
+        checker.delete("runs")
+        task_id = produce(
+            env,
+            "import json\nfrom tests.support.celery_app import work\n"
+            "print(json.dumps(work.apply_async(('lost', 0.1), queue='ride').id))\n",
+        )
+        broker = at(shared, 0)
+        assert steal(broker, QUEUE)["headers"]["id"] == task_id  # type: ignore[index]
+        # The duplicate is still refused: its hold stands, as the call is owed a run.
+        again = produce(
+            env,
+            "import json\nfrom tests.support.celery_app import work\n"
+            "print(json.dumps(work.apply_async(('lost', 0.1), queue='ride').id))\n",
+        )
+        assert again == task_id
+        worker = Worker(env, queue=QUEUE).start()
+        try:
+            deadline = time.monotonic() + 20
+            while checker.llen("runs") < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(1.5)  # a second run would have started by now
+            assert "was lost between the broker and a worker" in worker.output()
+        finally:
+            worker.stop()
+        runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
+        assert [(run["id"], run["item"]) for run in runs] == [(task_id, "lost")]
+        assert holds(at(shared, 1)) == {}
+        assert at(shared, 1).zcard("t:transit:due") == 0
+
+    def test_a_received_call_is_never_pushed_again(
+        self, shared: RedisServer, cenv: CeleryEnv
+    ) -> None:
+        env = same_server_env(shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
+        checker = cenv.checker_client()
+        checker.delete("runs")
+        worker = Worker(env, queue=QUEUE).start()
+        try:
+            produce(
+                env,
+                "from tests.support.celery_app import work\n"
+                "for i in range(20):\n"
+                "    work.apply_async((f'kept-{i}', 0.3), queue='ride')\n"
+                "print('null')\n",
+            )
+            deadline = time.monotonic() + 30
+            while checker.llen("runs") < 20 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(2.5)  # several sweeps, each long after the wait
+            output = worker.output()
+        finally:
+            worker.stop()
+        runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
+        assert sorted(run["item"] for run in runs) == sorted(f"kept-{i}" for i in range(20))
+        assert "was lost" not in output
+        assert at(shared, 1).zcard("t:transit:due") == 0
+
+    def test_a_purge_frees_the_keys_of_the_calls_it_threw_away(
+        self, shared: RedisServer, cenv: CeleryEnv
+    ) -> None:
+        env = same_server_env(shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
+        result = produce(
+            env,
+            "import json\nfrom tests.support.celery_app import app, work\n"
+            "first = work.apply_async(('purged',), queue='ride').id\n"
+            "with app.connection_for_write() as conn:\n"
+            "    purged = conn.default_channel.queue_purge('ride')\n"
+            "again = work.apply_async(('purged',), queue='ride').id\n"
+            "print(json.dumps([first, purged, again]))\n",
+        )
+        first, purged, again = result
+        assert purged == 1
+        assert again != first  # accepted: the purged call no longer holds the key
+        assert at(shared, 0).llen(QUEUE) == 1
