@@ -27,7 +27,8 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from .lease import Push, Server, server_of
+from .lease import Note, Push, Server, Transit, server_of
+from .lease.errors import is_refusal
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -48,8 +49,27 @@ class Fold(Protocol):
         store's (True: pushed), or alone (False: the channel pushes). Raises to refuse
         the message, which is then not pushed."""
 
+    def note(self, member: str) -> Note | None:
+        """How its message, of delivery tag ``member``, is noted in transit (None: not)."""
 
+
+class Noted(Protocol):
+    """A dispatch whose hold was taken apart (a lock store on another server): its
+    message is noted in transit as the channel pushes it (``lease.transit``)."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    def note(self, member: str) -> Note | None:
+        """How its message, of delivery tag ``member``, is noted (None: not)."""
+
+
+# The property a message noted in transit carries: the worker clears its note at receipt.
+NOTED_PROPERTY = "singleton_lock_noted"
 _pending: ContextVar[Fold | None] = ContextVar("celery_singleton_lock_fold", default=None)
+_noted: ContextVar[Noted | None] = ContextVar("celery_singleton_lock_noted", default=None)
+# False once the broker refused a noted push (an ACL user without the lock prefix's keys).
+_notes_allowed = [True]
 
 
 @contextmanager
@@ -62,22 +82,41 @@ def folding(fold: Fold) -> Iterator[None]:
         _pending.reset(token)
 
 
-def _claim(message: Mapping[str, object]) -> Fold | None:
-    fold = _pending.get()
-    if fold is None:
-        return None
+@contextmanager
+def noting(noted: Noted) -> Iterator[None]:
+    """While publishing: the message of ``noted.task_id`` is noted as it is pushed."""
+    token = _noted.set(noted)
+    try:
+        yield
+    finally:
+        _noted.reset(token)
+
+
+def _task_id(message: Mapping[str, object]) -> object:
     headers, properties = message.get("headers"), message.get("properties")
     # Celery's task protocol 2 names the task in the headers, protocol 1 only in the
     # correlation id.
-    task_id = (headers.get("id") if isinstance(headers, Mapping) else None) or (
+    return (headers.get("id") if isinstance(headers, Mapping) else None) or (
         properties.get("correlation_id") if isinstance(properties, Mapping) else None
     )
-    if task_id != fold.task_id:
+
+
+def _claim(message: Mapping[str, object]) -> Fold | None:
+    fold = _pending.get()
+    if fold is None or _task_id(message) != fold.task_id:
         return None
     # Once: a second queue bound to the same routing key gets the message as kombu puts
     # it, and so does a publish kombu retries after the hold was taken.
     _pending.set(None)
     return fold
+
+
+def _claim_noted(message: Mapping[str, object]) -> Noted | None:
+    noted = _noted.get()
+    if noted is None or _task_id(message) != noted.task_id:
+        return None
+    _noted.set(None)  # once, as a fold
+    return noted
 
 
 # -- receipt: a received message's take rides the pipeline that records it as unacked --
@@ -92,7 +131,10 @@ class Rider(Protocol):
     def refused(self, error: Exception) -> bool: ...
 
 
-Receipts: TypeAlias = Callable[[Mapping[str, object], Server, str], Sequence[Rider]]
+# A received message's (headers, properties), the broker's server, its delivery tag.
+Receipts: TypeAlias = Callable[
+    [tuple[Mapping[str, object], Mapping[str, object]], Server, str], Sequence[Rider]
+]
 _receipts: list[Receipts] = []  # the worker's, once it consumes
 _riding: ContextVar[Sequence[Rider]] = ContextVar("celery_singleton_lock_take", default=())
 
@@ -104,13 +146,13 @@ def on_receipt(receipts: Receipts | None) -> None:
     _receipts[:] = [] if receipts is None else [receipts]
 
 
-Purges: TypeAlias = Callable[[Server, list[str]], None]
+Purges: TypeAlias = Callable[[object, list[str]], None]
 _purges: dict[int, Purges] = {}  # by app
 
 
 def on_purge(app: Celery, purges: Purges) -> None:
-    """Have a purge on this transport tell ``purges`` the broker's server and the lists
-    it emptied (their messages' holds are given up, not kept for ``queue_ttl``)."""
+    """Have a purge on this transport tell ``purges`` the purging channel's client and
+    the lists it emptied (their messages' holds are given up, not kept for ``queue_ttl``)."""
     _purges[id(app)] = purges
 
 
@@ -123,9 +165,12 @@ class QoS(kombu_redis.QoS):
         riders: Sequence[Rider] = ()
         server = self.channel.server() if _receipts else None
         headers = getattr(message, "headers", None)
+        properties = getattr(message, "properties", None)
         if server is not None and isinstance(headers, Mapping):
+            if not isinstance(properties, Mapping):
+                properties = {}
             try:
-                riders = _receipts[0](headers, server, str(delivery_tag))
+                riders = _receipts[0]((headers, properties), server, str(delivery_tag))
             except Exception:
                 # Never in the way of kombu's bookkeeping: the take goes alone.
                 logger.exception("celery-singleton-lock: a received message's take cannot ride")
@@ -204,8 +249,10 @@ class Channel(kombu_redis.Channel):
     _singleton_server: Server | None = None
 
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
-        fold = None if kwargs.get("_publish_batch") is not None else _claim(message)
-        if fold is None:
+        batch = kwargs.get("_publish_batch") is not None
+        fold = None if batch else _claim(message)
+        noted = None if batch or fold is not None else _claim_noted(message)
+        if fold is None and noted is None:
             super()._put(queue, message, **kwargs)
             return
         prefix = self.global_keyprefix or ""
@@ -220,15 +267,42 @@ class Channel(kombu_redis.Channel):
         server = self.server()
         properties = message.get("properties")
         tag = properties.get("delivery_tag") if isinstance(properties, Mapping) else None
+        note = None
+        if tag and _notes_allowed[0]:
+            note = (fold or noted).note(str(tag))  # type: ignore[union-attr]
+        if note is not None and isinstance(properties, dict):
+            properties[NOTED_PROPERTY] = True  # its receipt clears the note
         push = Push(
             prefix + self._q_for_pri(queue, priority),
             dumps(message),
             db=None if server is None else server.db,
             expire=expire,
-            transit=str(tag) if tag else None,  # noted until received (lease.transit)
+            note=note,  # noted in transit until received (lease.transit)
         )
-        if not fold.put(server, push):
+        if fold is not None and fold.put(server, push):
+            return
+        if push.note is None or not self._push_noted(push):
             super()._put(queue, message, **kwargs)
+
+    def _push_noted(self, push: Push) -> bool:
+        """Push with its note in one round trip, as kombu's push is one (False: the
+        broker refused the note; kombu pushes, and nothing is noted from now on)."""
+        assert push.note is not None  # noqa: S101  (the caller checked)
+        with self.conn_or_acquire() as client:
+            try:
+                Transit(client, push.note.prefix).push(
+                    push.key, push.payload, push.note, push.expire
+                )
+            except Exception as error:
+                if not is_refusal(error, "NOPERM"):
+                    raise
+                _notes_allowed[0] = False
+                logger.warning(
+                    "the broker's user may not write the lock prefix's notes (%s): messages "
+                    "lost in transit are not pushed again", error,
+                )  # fmt: skip
+                return False
+        return True
 
     def _put_fanout(
         self, exchange: str, message: dict[str, object], routing_key: str, **kwargs: object
@@ -240,15 +314,15 @@ class Channel(kombu_redis.Channel):
 
     def _purge(self, queue: str) -> int:
         size: int = super()._purge(queue)
-        server = self.server()
-        if server is not None and _purges:
+        if _purges:
             prefix = self.global_keyprefix or ""
             lists = [prefix + self._q_for_pri(queue, step) for step in self.priority_steps]
-            for purged in list(_purges.values()):
-                try:
-                    purged(server, lists)
-                except Exception:
-                    logger.exception("celery-singleton-lock: purged holds not given up")
+            with self.conn_or_acquire() as client:
+                for purged in list(_purges.values()):
+                    try:
+                        purged(client, lists)
+                    except Exception:
+                        logger.exception("celery-singleton-lock: purged holds not given up")
         return size
 
     def server(self) -> Server | None:
@@ -362,9 +436,11 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
 
 
 __all__ = [
+    "NOTED_PROPERTY",
     "TRANSPORT",
     "Channel",
     "Fold",
+    "Noted",
     "QoS",
     "RedisTransport",
     "Rider",
@@ -372,6 +448,7 @@ __all__ = [
     "SentinelTransport",
     "folding",
     "may_ride",
+    "noting",
     "on_purge",
     "on_receipt",
     "ride",

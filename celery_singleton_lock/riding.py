@@ -18,7 +18,17 @@ from .backend import Backend, Store
 from .broker import folding, may_ride, rides
 from .dispatch import Refused, Sent, quietly, refusals
 from .exceptions import LockStoreUnavailableError
-from .lease import Contended, Lease, Push, PushRefused, PushStore, Server
+from .lease import (
+    Contended,
+    Lease,
+    Note,
+    Push,
+    PushRefused,
+    PushStore,
+    ReleaseResult,
+    Server,
+    Transit,
+)
 from .modes.base import Mode, Publish, Replacing
 from .tokens import NAME_HEADER
 
@@ -41,8 +51,8 @@ class PushedHold:
     """
 
     __slots__ = (
-        "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "outage", "pushed",
-        "taken", "task_id",
+        "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "_wait", "outage",
+        "pushed", "taken", "task_id",
     )  # fmt: skip
 
     def __init__(
@@ -56,6 +66,7 @@ class PushedHold:
         task_id: str,
         outage: Callable[[LockStoreUnavailableError], None],
         replacing: tuple[str, str] | None = None,
+        wait: float = 0.0,
     ) -> None:
         self._store, self._pushes = store, pushes
         # (holder, what to record as replaced): the hold passes from the queued call it
@@ -63,6 +74,7 @@ class PushedHold:
         self._replacing = replacing
         self.outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self._name, self._ttl, self._token = lock_name, ttl, token
+        self._wait = wait  # singleton_lock_transit_timeout (0: its message is not noted)
         self.task_id = task_id
         self.taken: Lease | None = None
         self.pushed = False
@@ -86,6 +98,10 @@ class PushedHold:
             raise Refused(outcome)
         self.taken, self.pushed = outcome, pushed
         return pushed
+
+    def note(self, member: str) -> Note | None:
+        held = HeldApart(self.task_id, self._name, self._token, self._ttl, self._wait, self._store)
+        return held.note(member)
 
     def _take_and_push(self, push: Push) -> Lease | Contended:
         if self._replacing is None:
@@ -115,6 +131,32 @@ class PushedHold:
             )
 
 
+@dataclass(frozen=True)
+class HeldApart:
+    """A dispatch whose hold is taken apart from its push (``broker.Noted``): its message
+    is noted in transit as the channel pushes it."""
+
+    task_id: str
+    name: str
+    token: str
+    ttl: float
+    wait: float
+    store: Store
+
+    def note(self, member: str) -> Note | None:
+        """How its message, of delivery tag ``member``, is noted (None: wait is 0)."""
+        if self.wait <= 0:
+            return None
+        return Note(member, self.name, self.token, self.ttl, self.wait, self.store.prefix)
+
+
+def transit_wait(context: TaskContext) -> float:
+    """How long a dispatch's message may be lost in transit before it is pushed again
+    (0: not noted; also when received messages are not cleared, ride_broker False)."""
+    config = context.backend.config
+    return config.transit_timeout if config.ride_broker else 0.0
+
+
 def answered_early(
     store: Store, hold: str, lock_name: str, refused: Callable[[Contended], AsyncResult]
 ) -> AsyncResult | None:
@@ -138,23 +180,25 @@ def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) 
     holds apart. Eagerly nothing is published; ``connection=`` makes Celery use its own
     producer; a broker on another server pushes no hold (said by its URL, before a
     producer is taken to ask its channel)."""
-    pushes, config = context.store.pushes, context.backend.config
-    if pushes is None or not config.ride_broker:
+    pushes = context.store.pushes
+    if pushes is None or not context.backend.config.ride_broker:
         return None
-    pushes.transit.wait = config.transit_timeout  # whether its message is noted in transit
     if app.conf.task_always_eager or options.get("connection") is not None:
         return None
     return pushes if may_ride(app, pushes.server) else None
 
 
-def give_up_purged(app: Celery, server: Server, lists: list[str]) -> None:
-    """A purge of ``lists`` on the broker's ``server`` (``broker.on_purge``): the holds
-    of the singleton messages it threw away are given up, not kept for ``queue_ttl``."""
-    pushes = Backend.for_app(app).lock.pushes
-    if pushes is not None and pushes.server.same_server(server):
-        freed = pushes.transit.purged(lists)
-        if freed:
-            logger.info("purged %d singleton call(s): their keys are free", freed)
+def give_up_purged(app: Celery, client: object, lists: list[str]) -> None:
+    """A purge of ``lists`` on the broker (``broker.on_purge``; ``client`` the purging
+    channel's): the holds of the singleton messages it threw away are given up,
+    owner-checked, not kept for ``queue_ttl``."""
+    backend = Backend.for_app(app)
+    store, notes = backend.lock, Transit(client, backend.config.prefix)
+    freed = 0
+    for name, token in notes.purged(lists):
+        freed += store.release_token(name, token) == ReleaseResult.RELEASED
+    if freed:
+        logger.info("purged %d singleton call(s): their keys are free", freed)
 
 
 def duplicate_answered(
@@ -177,6 +221,7 @@ class Ride:
     outage: Callable[[LockStoreUnavailableError], None]
     producers: Callable[[], AbstractContextManager[Producer]]  # the app's producer_or_acquire
     replaces: bool = False  # on_duplicate="replace": a refused call replaces the queued one
+    wait: float = 0.0  # singleton_lock_transit_timeout (0: messages are not noted)
 
     def send(self, sent: Sent, ttl: float, token: str) -> AsyncResult | None:
         """The hold taken in the push's script; None when the producer's channel cannot
@@ -201,7 +246,7 @@ class Ride:
                 return None
             fold = PushedHold(
                 self.store, self.pushes, self.hold, ttl, token=token, task_id=sent.task_id,
-                outage=self.outage,
+                outage=self.outage, wait=self.wait,
             )  # fmt: skip
             return send_pushed(fold, sent, via=real)
 
@@ -213,7 +258,7 @@ class Ride:
             fold = PushedHold(
                 self.store, self.pushes, self.hold, replacing.ttl, token=replacing.token,
                 task_id=replacing.task_id, outage=self.outage,
-                replacing=(replacing.holder, replacing.record),
+                replacing=(replacing.holder, replacing.record), wait=self.wait,
             )  # fmt: skip
             outcome = send_replacing(fold, publish, replacing, via=real)
         refusals.placed(self.hold, outcome.token if isinstance(outcome, Lease) else None)

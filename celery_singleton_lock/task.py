@@ -23,7 +23,7 @@ from celery.utils import uuid
 
 from . import cancels, outages, results
 from . import signals as singleton_signals
-from .broker import on_purge, ride
+from .broker import noting, on_purge, ride
 from .context import Delivery, TaskContext
 from .dispatch import (
     Gate,
@@ -44,7 +44,14 @@ from .modes import Replace, Replacement
 from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .retries import send_retry
-from .riding import Ride, duplicate_answered, give_up_purged, ridden_by
+from .riding import (
+    HeldApart,
+    Ride,
+    duplicate_answered,
+    give_up_purged,
+    ridden_by,
+    transit_wait,
+)
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -227,7 +234,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         pushes = ridden_by(self.app, context, options)
         ride = None if pushes is None else Ride(
             store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
-            replaces=mode.replaces,
+            replaces=mode.replaces, wait=transit_wait(context),
         )  # fmt: skip
         sent = Sent(
             lock_name, task_id, options, ours, publish,
@@ -253,12 +260,14 @@ class SingletonTask(Task):  # type: ignore[misc]
             outage(error)  # fail_closed raises
             return publish(task_id, options, {NAME_HEADER: lock_name})
         gate = Gate(store, lock_name, pending, outage)
-        if refusals.expects(lock_name) or not can_overlap(self.app, options):
-            return send_gated(gate, sent)
-        # The acquire is on its way; Celery builds the message meanwhile and the gated
-        # producer waits for the answer just before anything is published.
-        with self.app.producer_or_acquire(producer) as real:
-            return send_gated(gate, sent, via=GatedProducer(real, gate))
+        # Its message noted in transit as the broker's channel pushes it (a Redis broker).
+        with noting(HeldApart(task_id, hold, token, ttl, transit_wait(context), store)):
+            if refusals.expects(lock_name) or not can_overlap(self.app, options):
+                return send_gated(gate, sent)
+            # The acquire is on its way; Celery builds the message meanwhile and the gated
+            # producer waits for the answer just before anything is published.
+            with self.app.producer_or_acquire(producer) as real:
+                return send_gated(gate, sent, via=GatedProducer(real, gate))
 
     def _publisher(
         self,

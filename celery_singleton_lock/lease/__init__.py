@@ -14,7 +14,7 @@ from .redlock import Redlock
 from .renewal import Renewer, get_renewer
 from .servers import Server, server_of
 from .store import RedisLock
-from .transit import ClearNote, Transit
+from .transit import ClearNote, Note, Transit
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -26,6 +26,7 @@ __all__ = [
     "LockKeys",
     "LockStore",
     "MemoryLock",
+    "Note",
     "PendingAcquire",
     "Push",
     "PushRefused",

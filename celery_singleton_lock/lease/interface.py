@@ -12,7 +12,6 @@ from .names import LockKeys
 from .pending import PendingAcquire
 from .pushes import Push, RidingRelease, RidingTake
 from .servers import Server
-from .transit import Transit
 
 
 class SlotStore(Protocol):
@@ -37,7 +36,6 @@ class PushStore(Protocol):
     """Lock operations riding a broker's round trips on the store's own server."""
 
     server: Server
-    transit: Transit  # its messages noted until received (``lease.transit``)
 
     def hold_and_push(
         self, name: str, ttl: object, push: Push, *, token: str

@@ -27,12 +27,8 @@ from .errors import is_refusal
 from .lease import Contended, Lease, ReleaseResult
 from .names import LockKeys, new_token
 from .servers import Server
-from .transit import Transit
+from .transit import Note, keys_of
 from .transport import Transport
-
-# Seconds a pushed message may be missing, neither queued nor unacked, before it is
-# pushed again (``transit``): a pop's reply is read in milliseconds.
-DEFAULT_WAIT = 10.0
 
 
 class _Store(Protocol):
@@ -41,7 +37,6 @@ class _Store(Protocol):
     client: SyncClient
     transport: Transport
     prefix: str
-    where: str
 
     def keys(self, name: str) -> LockKeys: ...
     def acquire_request(
@@ -63,13 +58,13 @@ class _Store(Protocol):
 class Push:
     """One message to push: ``LPUSH key payload`` in database ``db`` (None: the lock
     store's), then ``PEXPIRE`` of each of ``expire`` (a queue that expires unused).
-    ``transit``: its delivery tag, to note it in transit until it is received."""
+    ``note``: how it is noted in transit until it is received (``transit``)."""
 
     key: str
     payload: str | bytes
     db: int | None = None
     expire: tuple[tuple[str, ...], int] | None = None
-    transit: str | None = None
+    note: Note | None = None
 
 
 class Pipeline(Protocol):
@@ -204,10 +199,6 @@ class Pushes:
         self.riding_sha = self._riding.sha
         self.takes_ride = True  # False once the server refused a riding take
         self.releases_ride = True  # False once the server refused a riding release
-        # Messages pushed here, noted until received (wait: the app's transit timeout).
-        self.transit = Transit(
-            store.client, store.prefix, server.db, wait=DEFAULT_WAIT, where=store.where
-        )
 
     @property
     def store(self) -> _Store:
@@ -283,14 +274,14 @@ class Pushes:
     ) -> Lease | Contended:
         """Run a push script: the push's expiry and databases appended to its keys and
         arguments. A push the server refuses (ACL) writes nothing: ``PushRefused``."""
-        store, transit = self._store, self.transit
-        keys.extend([transit.due, transit.records])
+        store = self._store
+        keys.extend(keys_of(store.prefix))  # the notes, in the list's database
         expire_ms = ""
         if push.expire is not None:
             keys.extend(push.expire[0])
             expire_ms = str(push.expire[1])
-        member = push.transit if push.transit and transit.on else ""
-        args.extend([self._db(push), expire_ms, self.server.db, member, transit.wait_ms])
+        spec = "" if push.note is None else push.note.spec()
+        args.extend([self._db(push), expire_ms, self.server.db, spec])
         sent_at = time.monotonic()
         try:
             reply = store.transport.call(script, keys, args)

@@ -1,7 +1,7 @@
-"""Every Lua script the lease runs, one named constant each.
+"""Every Lua script a lock runs, one named constant each (a broker's notes: ``transit``).
 
-All keys a script touches belong to one lock and share its hash tag (see
-``lock.LockKeys``), so they hash to one Redis Cluster slot and never raise CROSSSLOT.
+All keys a script touches belong to one lock and share its hash tag (see ``lock.LockKeys``):
+one Redis Cluster slot, never CROSSSLOT; the push scripts also touch a broker's lists.
 Scripts are registered per client by ``lock.RedisLock`` (EVALSHA, reloaded after a
 server restart by redis-py's ``Script``), never held in module state.
 
@@ -10,6 +10,8 @@ safely with effects replication, the default since Redis 5.
 """
 
 from __future__ import annotations
+
+from .transit import NOTE
 
 # Wake one waiter, only if a blocking waiter announced itself: the common path (nobody
 # blocks) then writes no signal keys at all. The signal is a one-element list that a
@@ -105,24 +107,22 @@ return {1, fence}
 
 # Push to KEYS[list] (in `list_db`, '' for the lock's; `lock_db` after), PEXPIRE each key
 # past KEYS[list + 2] by `expire_ms` ('' for none: a queue that expires unused); with a
-# `member` (its delivery tag) note it in transit (KEYS[list + 1], KEYS[list + 2]: see
-# ``transit``) until its receipt clears it. Shared by the push scripts; not one itself.
-_PUSH = """
-local function push(list, payload, list_db, expire_ms, lock_db, token, member, wait_ms)
+# note's `spec`, note it there (KEYS[list + 1], KEYS[list + 2]: ``transit``) until its
+# receipt clears it. Shared by the push scripts; not one itself.
+_PUSH = (
+    NOTE
+    + """
+local function push(list, payload, list_db, expire_ms, lock_db, spec)
   if list_db ~= '' then redis.call('SELECT', list_db) end
   redis.call('LPUSH', KEYS[list], payload)
   if expire_ms ~= '' then
     for i = list + 3, #KEYS do redis.call('PEXPIRE', KEYS[i], expire_ms) end
   end
+  if spec ~= '' then note(KEYS[list + 1], KEYS[list + 2], spec, KEYS[list], payload) end
   if list_db ~= '' then redis.call('SELECT', lock_db) end
-  if member == '' then return end
-  local now = redis.call('TIME')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('HSET', KEYS[list + 2], member,
-    cjson.encode({KEYS[1], token, KEYS[list], list_db, payload, ms, 0}))
-  redis.call('ZADD', KEYS[list + 1], ms + tonumber(wait_ms), member)
 end
 """
+)
 
 # A hold taken in the same step as the push of the message it holds for (a broker's
 # queue on the same server): there is never a hold without its message, nor the
@@ -130,7 +130,7 @@ end
 # KEYS[1] hold (lock) key  KEYS[2] the list to push to  KEYS[3] KEYS[4] transit's keys
 # KEYS[5..] lists to expire too  ARGV[1] owner token  ARGV[2] ttl in ms  ARGV[3] payload
 # ARGV[4] the list's database ('' for the lock's own)  ARGV[5] expiry ms ('' for none)
-# ARGV[6] the lock's database  ARGV[7] ARGV[8] transit's member ('' for none), wait in ms
+# ARGV[6] the lock's database  ARGV[7] the note's spec ('' for none)
 # returns {1, 0}               held and pushed; or held by this very token already (a
 #                              retry whose reply was lost: pushed then, not again)
 #         {0, holder, pttl}    held by `holder` ('' when foreign); nothing pushed
@@ -145,7 +145,7 @@ if current then
   if type(current) ~= 'string' then current = '' end
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
-push(2, ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[1], ARGV[7], ARGV[8])
+push(2, ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, 0}
 """
@@ -256,7 +256,7 @@ return {0, current, redis.call('PTTL', KEYS[1])}
 # transit's  KEYS[6..] lists to expire too  ARGV[1] expected holder  ARGV[2] new token
 # ARGV[3] ttl in ms  ARGV[4] record  ARGV[5] the payload  ARGV[6] the list's database
 # ('' for the lock's own)  ARGV[7] expiry ms ('' for none)  ARGV[8] the lock's database
-# ARGV[9] ARGV[10] transit's member ('' for none), wait in ms. Returns as SWAP; {1, 0} too
+# ARGV[9] the note's spec ('' for none). Returns as SWAP; {1, 0} too
 # when the new token holds it already (a retry whose reply was lost). Push first, as above.
 SWAP_AND_PUSH = (
     _PUSH
@@ -268,7 +268,7 @@ if current ~= ARGV[1] then
   if type(current) ~= 'string' then current = '' end
   return {0, current, redis.call('PTTL', KEYS[1])}
 end
-push(3, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[2], ARGV[9], ARGV[10])
+push(3, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
 pass_to(ARGV[2], ARGV[3], ARGV[4])
 return {1, 0}
 """

@@ -2,50 +2,54 @@
 
 kombu's Redis transport pops a message (BRPOP) and only then records it as unacked: a
 worker killed between the two, or a connection lost with the reply in flight, loses
-the message (celery/celery#7950), and its hold keeps the key for ``queue_ttl``. A
-message pushed with its hold (``pushes``) is noted here in the same script; the
-pipeline that records it as unacked clears the note (``Transit.clear``, riding it).
+the message (celery/celery#7950), and its hold keeps the key for ``queue_ttl``.
 
-``Transit.sweep`` (every worker's timer) looks at notes older than ``wait``. A message
-whose hold still stands under its token, and which is neither in its list nor
-unacked, is looked at again ``wait`` later; still missing then, it is pushed again, at
-the end of its list that is popped next (as kombu restores). A worker that popped it a
-moment ago has cleared the note by then, so only a message nobody holds comes back;
-one that came back twice would meet its own lease as any redelivered copy does. Notes
-of messages received, replaced, or whose hold ran out are dropped.
+A message pushed with a hold is *noted* on the broker's server, in the push's own round
+trip: by the script that takes the hold and pushes (``pushes``, the lock store being
+the broker's server), or by ``Transit.push`` (a lock store elsewhere). The pipeline
+that records it as unacked clears the note (``ClearNote``, riding it).
+
+``Transit.sweep`` (every worker's timer) looks at notes that are due. A message neither
+in its list nor unacked is looked at again ``wait`` later; still missing then, and its
+hold still standing under its token (asked of the lock store), it is pushed again
+(``push_again``) at the end of its list popped next, as kombu restores. A worker that
+popped it a moment ago has cleared the note long before, so only a message nobody holds
+comes back; one that came back twice meets its own lease as any redelivered copy does.
+Notes of messages received, or whose hold moved on or ran out, are dropped. The notes
+live in the lists' database under the lock prefix, and every script here is sent as
+EVAL (not EVALSHA: kombu's key-prefixing client rewrites EVALSHA's first key).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from redis.commands.core import Script
+import redis
 
-from .base import REDIS_ERRORS
 from .errors import is_refusal, store_error
 
 if TYPE_CHECKING:
     from .calls import Arg
-    from .clients import SyncClient
 
+# Write a note: the message `payload` pushed to `list` (a key), for the note `spec`
+# ({member, hold's name, its token, ms its hold lasts, ms to wait}). A record is
+# {name, token, list, payload, pushed at ms, missing since ms (0: not seen missing),
+# ends at ms}. Shared by the push scripts (``scripts._PUSH`` and PUSH); not one itself.
+NOTE = """
+local function note(due, records, spec, list, payload)
+  local n = cjson.decode(spec)
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('HSET', records, n[1], cjson.encode({n[2], n[3], list, payload, ms, 0, ms + n[4]}))
+  redis.call('ZADD', due, ms + n[5], n[1])
+end
+"""
 
-class Pipeline(Protocol):
-    """The part of a redis-py pipeline a clear is added to."""
-
-    def eval(self, script: str, numkeys: int, *keys_and_args: Arg) -> object: ...
-
-
-# KEYS[1] due set  KEYS[2] records  KEYS[3] kombu's unacked hash (in the lists' database)
-# ARGV[1] wait ms  ARGV[2] how many at most  ARGV[3] the lock's database
-# A record (written by scripts._PUSH): {hold key, token, list, list's database ('' for
-# the lock's), payload, pushed at ms, missing since ms (0: not seen missing)}.
-# returns the members pushed again
-SWEEP = """
-local now = redis.call('TIME')
-local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local wait = tonumber(ARGV[1])
-local again = {}
+# Whether `payload` is in `list`, from the end popped next. Not a script itself.
+_QUEUED = """
 local function queued(list, payload)
   local found = redis.pcall('LPOS', list, payload, 'RANK', -1)
   if type(found) ~= 'table' then return found end
@@ -57,28 +61,51 @@ local function queued(list, payload)
   end
   return false
 end
+"""
+
+# LPUSH with a note (a lock store on another server: the hold was taken there).
+# KEYS[1] the list  KEYS[2] due set  KEYS[3] records  KEYS[4..] lists to expire too
+# ARGV[1] payload  ARGV[2] expiry ms ('' for none)  ARGV[3] the note's spec
+PUSH = (
+    NOTE
+    + """
+redis.call('LPUSH', KEYS[1], ARGV[1])
+if ARGV[2] ~= '' then
+  for i = 4, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
+end
+note(KEYS[2], KEYS[3], ARGV[3], KEYS[1], ARGV[1])
+return 1
+"""
+)
+
+# KEYS[1] due set  KEYS[2] records  KEYS[3] kombu's unacked hash
+# ARGV[1] wait ms  ARGV[2] how many at most
+# returns {member, name, token} of each message missing for a wait: to push again if
+# its hold still stands (PUSH_AGAIN), else to forget (FORGET)
+SWEEP = (
+    _QUEUED
+    + """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local wait = tonumber(ARGV[1])
+local missing = {}
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, member in ipairs(due) do
   local raw = redis.call('HGET', KEYS[2], member)
   local r = raw and cjson.decode(raw)
   local next_look = nil
-  if r and redis.pcall('GET', r[1]) == r[2] then
-    if r[4] ~= '' then redis.call('SELECT', r[4]) end
-    if queued(r[3], r[5]) then
-      -- Still queued: looked at less often the longer it waits.
-      r[7] = 0
-      next_look = ms + math.max(wait, ms - r[6])
+  if r and ms < r[7] then
+    if queued(r[3], r[4]) then
+      r[6] = 0  -- still queued: looked at less often the longer it waits
+      next_look = ms + math.max(wait, ms - r[5])
     elseif redis.call('HEXISTS', KEYS[3], member) == 0 then
-      if r[7] ~= 0 then
-        redis.call('RPUSH', r[3], r[5])
-        table.insert(again, member)
-        r[7] = 0
-      else
-        r[7] = ms
+      if r[6] ~= 0 and ms - r[6] >= wait then
+        table.insert(missing, {member, r[1], r[2]})
+      elseif r[6] == 0 then
+        r[6] = ms
       end
       next_look = ms + wait
     end
-    if r[4] ~= '' then redis.call('SELECT', ARGV[3]) end
   end
   if next_look then
     redis.call('HSET', KEYS[2], member, cjson.encode(r))
@@ -88,25 +115,46 @@ for _, member in ipairs(due) do
     redis.call('HDEL', KEYS[2], member)
   end
 end
-return again
+return missing
+"""
+)
+
+# KEYS as SWEEP; ARGV the members whose holds still stand. Each one still noted, missing
+# since an earlier look, and neither queued nor unacked now is pushed again.
+# returns the members pushed
+PUSH_AGAIN = (
+    _QUEUED
+    + """
+local pushed = {}
+for _, member in ipairs(ARGV) do
+  local raw = redis.call('HGET', KEYS[2], member)
+  local r = raw and cjson.decode(raw)
+  if r and r[6] ~= 0 and not queued(r[3], r[4])
+      and redis.call('HEXISTS', KEYS[3], member) == 0 then
+    redis.call('RPUSH', r[3], r[4])
+    r[6] = 0
+    redis.call('HSET', KEYS[2], member, cjson.encode(r))
+    table.insert(pushed, member)
+  end
+end
+return pushed
+"""
+)
+
+# KEYS[1] due set  KEYS[2] records  ARGV the members to forget (and CLEAR: the one
+# received, in the pipeline that records it as unacked)
+FORGET = """
+for _, member in ipairs(ARGV) do
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('HDEL', KEYS[2], member)
+end
+return #ARGV
 """
 
-# Sent in the pipeline that records a received message as unacked (another client's,
-# maybe of another database). KEYS[1] due set  KEYS[2] records  ARGV[1] the member
-# ARGV[2] the lock's database ('' when the pipeline's)  ARGV[3] the pipeline's
-CLEAR = """
-if ARGV[2] ~= '' then redis.call('SELECT', ARGV[2]) end
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-if ARGV[2] ~= '' then redis.call('SELECT', ARGV[3]) end
-return 1
-"""
-
-# A purge of the lists ARGV[1..]: their messages' notes dropped, and the holds they
-# still have given up (owner-checked: the note's token). KEYS[1] due set  KEYS[2] records
-# returns how many holds were given up
+# KEYS[1] due set  KEYS[2] records  ARGV the lists a purge emptied: their messages'
+# notes dropped. returns {name, token} of each (their holds, for the caller to give up)
 PURGED = """
-local purged, freed, cursor = {}, 0, '0'
+local purged, holds, cursor = {}, {}, '0'
 for _, list in ipairs(ARGV) do purged[list] = true end
 repeat
   local page = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', 500)
@@ -114,107 +162,141 @@ repeat
   for i = 1, #page[2], 2 do
     local r = cjson.decode(page[2][i + 1])
     if purged[r[3]] then
-      if redis.pcall('GET', r[1]) == r[2] then
-        redis.call('DEL', r[1])
-        freed = freed + 1
-      end
+      table.insert(holds, {r[1], r[2]})
       redis.call('ZREM', KEYS[1], page[2][i])
       redis.call('HDEL', KEYS[2], page[2][i])
     end
   end
 until cursor == '0'
-return freed
+return holds
 """
 
 # Notes looked at per sweep at most: a sweep is one short script, whatever the backlog.
 SWEEP_LIMIT = 200
 
 
-@dataclass
-class Transit:
-    """The in-transit notes of one lock store's server, under its prefix.
+class Pipeline(Protocol):
+    """The part of a redis-py pipeline a clear is added to."""
 
-    ``wait``: seconds a message may be missing, neither queued nor unacked, before it
-    is looked at again and pushed (0: no notes are taken).
-    """
+    def eval(self, script: str, numkeys: int, *keys_and_args: Arg) -> object: ...
 
-    client: SyncClient
-    prefix: str
-    db: int
+
+def keys_of(prefix: str) -> tuple[str, str]:
+    """(due set, records) of the notes under the lock prefix ``prefix``."""
+    return f"{prefix}:transit:due", f"{prefix}:transit"
+
+
+@dataclass(frozen=True)
+class Note:
+    """How a message is noted as it is pushed: its delivery tag, its hold (the lock's
+    name and token, for how long), how long it may be missing (``wait``, s), and the
+    lock prefix the notes are kept under."""
+
+    member: str
+    name: str
+    token: str
+    ttl: float
     wait: float
-    where: str  # the store's, for errors
-    clears_ride: bool = True  # False once the server refused a clear (ACL)
+    prefix: str
 
-    def __post_init__(self) -> None:
-        self.due, self.records = f"{self.prefix}:transit:due", f"{self.prefix}:transit"
-        self._sweep: Script = self.client.register_script(SWEEP)
-        self._purged: Script = self.client.register_script(PURGED)
+    def spec(self) -> str:
+        return json.dumps(
+            [self.member, self.name, self.token, round(self.ttl * 1000), round(self.wait * 1000)]
+        )
 
-    @property
-    def on(self) -> bool:
-        return self.wait > 0
 
-    @property
-    def wait_ms(self) -> int:
-        return max(1, round(self.wait * 1000))
+class Transit:
+    """The notes on one broker server (``client``: any redis-py client of the lists'
+    database, kombu's own included), under the lock prefix ``prefix``."""
 
-    def sweep(self, unacked: str, *, limit: int = SWEEP_LIMIT) -> list[str]:
-        """Look at the notes that are due; the delivery tags of the messages pushed
-        again. ``unacked``: kombu's unacked hash, as the server names it (prefixed)."""
+    def __init__(self, client: Any, prefix: str, *, where: str = "the broker") -> None:
+        self.client = client
+        self.where = where  # for errors
+        self.due, self.records = keys_of(prefix)
+
+    def _eval(self, script: str, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        try:
+            return self.client.eval(script, len(keys), *keys, *args)
+        except redis.RedisError as error:
+            raise store_error(error, where=self.where) from error
+
+    def push(self, key: str, payload: str | bytes, note: Note, expire: Any = None) -> None:
+        """LPUSH ``payload`` to ``key`` with its note, in one round trip; ``expire``:
+        (lists, ms) to PEXPIRE after (a queue that expires unused). Raises redis-py's
+        errors as they are: a broker's push, retried as kombu's would be."""
+        lists, ms = expire if expire is not None else ((), "")
+        keys = [key, self.due, self.records, *lists]
+        self.client.eval(PUSH, len(keys), *keys, payload, ms, note.spec())
+
+    def sweep(
+        self,
+        unacked: str,
+        holds: Callable[[str, str], bool],
+        *,
+        wait: float,
+        limit: int = SWEEP_LIMIT,
+    ) -> list[str]:
+        """Look at the notes that are due; push again each message missing for ``wait``
+        whose hold ``holds(name, token)`` still; the delivery tags pushed. ``unacked``:
+        kombu's unacked hash, as the server names it (with kombu's key prefix)."""
         keys = [self.due, self.records, unacked]
-        try:
-            reply = self._sweep(keys=keys, args=[self.wait_ms, limit, self.db], client=self.client)
-        except REDIS_ERRORS as error:
-            raise store_error(error, where=self.where) from error
-        return [m.decode() if isinstance(m, bytes) else str(m) for m in reply or ()]
+        missing = self._eval(SWEEP, keys, [max(1, round(wait * 1000)), limit]) or []
+        owed: list[str] = []
+        gone: list[str] = []
+        for member, name, token in ((_text(m), _text(n), _text(t)) for m, n, t in missing):
+            (owed if holds(name, token) else gone).append(member)
+        if gone:
+            self._eval(FORGET, keys[:2], gone)
+        return [_text(m) for m in self._eval(PUSH_AGAIN, keys, owed) or ()] if owed else []
 
-    def purged(self, lists: list[str]) -> int:
-        """``lists`` were purged: their messages' notes are dropped and the holds they
-        still have given up; how many were."""
-        try:
-            freed = self._purged(keys=[self.due, self.records], args=lists, client=self.client)
-        except REDIS_ERRORS as error:
-            raise store_error(error, where=self.where) from error
-        return int(freed or 0)
+    def purged(self, lists: Sequence[str]) -> list[tuple[str, str]]:
+        """``lists`` were emptied: their messages' notes are dropped; the holds they had,
+        as (name, token), for the caller to give up."""
+        found = self._eval(PURGED, [self.due, self.records], list(lists)) or []
+        return [(_text(name), _text(token)) for name, token in found]
 
     def pending(self) -> int:
         """How many messages are noted in transit now."""
         try:
             return int(self.client.zcard(self.due))
-        except REDIS_ERRORS as error:
+        except redis.RedisError as error:
             raise store_error(error, where=self.where) from error
-
-    def clear(self, member: str) -> ClearNote | None:
-        """The clearing of ``member``'s note, to ride the pipeline recording it unacked."""
-        # Also with notes off here: a producer configured otherwise may have taken one.
-        return ClearNote(self, member) if self.clears_ride else None
 
 
 class ClearNote:
     """A received message's note cleared in the pipeline that records it as unacked."""
 
-    __slots__ = ("_member", "_transit")
+    __slots__ = ("_keys", "_member")
 
-    def __init__(self, transit: Transit, member: str) -> None:
-        self._transit, self._member = transit, member
+    def __init__(self, prefix: str, member: str) -> None:
+        self._keys, self._member = keys_of(prefix), member
 
     def add(self, pipe: Pipeline, db: int) -> None:
-        """Put the clear on ``pipe``, a pipeline of a client of database ``db``."""
-        transit = self._transit
-        own: int | str = "" if transit.db == db else transit.db
-        # The body, not the digest: nothing to load first, nothing lost to NOSCRIPT.
-        pipe.eval(CLEAR, 2, transit.due, transit.records, self._member, own, db)
+        """Put the clear on ``pipe`` (kombu's: the notes are in its database)."""
+        pipe.eval(FORGET, 2, *self._keys, self._member)
 
     def refused(self, error: Exception) -> bool:
         """Whether ``error`` is the server refusing the clear as it was queued."""
-        if is_refusal(error, "NOPERM") or is_refusal(error, "EXECABORT"):
-            self._transit.clears_ride = False
-            return True
-        return False
+        return is_refusal(error, "NOPERM") or is_refusal(error, "EXECABORT")
 
     def read(self, reply: object) -> None:
-        if isinstance(reply, Exception) and is_refusal(reply, "NOPERM"):
-            self._transit.clears_ride = False
+        """A clear's reply: nothing to do (a note left behind is swept)."""
 
 
-__all__ = ["CLEAR", "PURGED", "SWEEP", "SWEEP_LIMIT", "ClearNote", "Transit"]
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+__all__ = [
+    "FORGET",
+    "NOTE",
+    "PURGED",
+    "PUSH",
+    "PUSH_AGAIN",
+    "SWEEP",
+    "SWEEP_LIMIT",
+    "ClearNote",
+    "Note",
+    "Transit",
+    "keys_of",
+]

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 REVOKE_CHECK_INTERVAL = 0.5
 # Where this worker serves its metrics, if it does (singleton_lock_metrics_port).
 _serving: list[str] = []
+# This worker's sweeper of messages lost in transit, closed at shutdown.
+_sweepers: list[transit.Sweeper] = []
 
 
 def _has_children(pool: object) -> bool:
@@ -101,9 +103,10 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
             logger.info("celery-singleton-lock: restoring dead workers' unacked messages "
                         "every %gs (a pool without an event loop)", restorer[0])  # fmt: skip
             timer.call_repeatedly(*restorer)
-        sweeper = transit.sweeper(app)
+        sweeper = transit.Sweeper.of(app)
         if sweeper is not None:  # messages lost between the broker and a worker
-            timer.call_repeatedly(*sweeper)
+            _sweepers.append(sweeper)
+            timer.call_repeatedly(sweeper.interval, sweeper)
 
 
 def _release_revoked(
@@ -141,6 +144,8 @@ def _release_unwritten(sender: object = None, task_id: str | None = None, **_: o
 def _hand_back_at_shutdown(**_: object) -> None:
     on_receipt(None)
     reservations.hand_back()
+    while _sweepers:
+        _sweepers.pop().close()
 
 
 def singleton_stats(state: object = None) -> dict[str, object]:

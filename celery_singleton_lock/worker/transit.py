@@ -2,20 +2,22 @@
 
 A singleton message pushed with its hold is noted in transit (``lease.transit``) until a
 worker records it as unacked; the note is cleared in that very pipeline (``riders``).
-Every worker sweeps the notes on its timer (``sweeper``): a message popped by a worker
-killed before it recorded it is pushed again, ``singleton_lock_transit_timeout`` to
-twice that after it went missing, instead of never (kombu's Redis transport loses it).
+Every worker sweeps the notes on its timer (``Sweeper``): a message popped by a worker
+killed before it recorded it is pushed again ``singleton_lock_transit_timeout`` to
+twice that after it went missing, where kombu's Redis transport loses it for good.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
-from ..broker import Rider
+from ..broker import NOTED_PROPERTY, Rider
 from ..exceptions import SingletonLockError
+from ..lease import ClearNote, Transit
 from ..options import is_singleton
 from .reservations import reservations
 
@@ -31,11 +33,16 @@ UNACKED_KEY = "unacked"
 
 
 def riders(
-    app: Celery, hostname: str, headers: Mapping[str, object], server: Server, tag: str
+    app: Celery,
+    hostname: str,
+    received: tuple[Mapping[str, object], Mapping[str, object]],
+    server: Server,
+    tag: str,
 ) -> list[Rider]:
-    """What rides the pipeline recording a received message as unacked: its take
-    (``Reservations.ride``) and the clearing of its note, for a singleton task whose
-    lock store is the broker's server."""
+    """What rides the pipeline recording a received message (its ``received``
+    headers and properties) as unacked: its take (``Reservations.ride``) where the
+    lock store is the broker's server, and the clearing of its note if it has one."""
+    headers, properties = received
     task_name = headers.get("task")
     task = app.tasks.get(task_name) if isinstance(task_name, str) else None
     if task is None or not is_singleton(task):
@@ -44,44 +51,62 @@ def riders(
     take = reservations.ride(app, hostname, headers, server)
     if take is not None:
         found.append(take)
-    pushes = task.singleton_context.store.pushes
-    if pushes is not None and pushes.server.same_user(server):
-        clear = pushes.transit.clear(tag)
-        if clear is not None:
-            found.append(clear)
+    if properties.get(NOTED_PROPERTY):
+        found.append(ClearNote(task.singleton_context.store.prefix, tag))
     return found
 
 
-def sweeper(app: Celery) -> tuple[float, Callable[[], None]] | None:
-    """(interval, sweep) for a worker whose messages may be noted in transit; None when
-    notes are off (``singleton_lock_transit_timeout = 0``, or no ride on the broker)."""
-    config = Backend.for_app(app).config
-    wait = config.transit_timeout
-    if wait <= 0 or not config.ride_broker:
-        return None
-    with app.connection_for_write() as connection:  # no I/O: the transport it would use
-        if connection.transport.driver_type != "redis":
-            return None  # RabbitMQ, SQS: nothing is ever noted
-    options = app.conf.broker_transport_options or {}
-    # As the server names it: kombu prefixes every key with global_keyprefix.
-    unacked = str(options.get("global_keyprefix") or "") + str(
-        options.get("unacked_key") or UNACKED_KEY
-    )
+class Sweeper:
+    """Every ``interval`` s on the worker's timer: the notes swept on a connection of
+    its own to the broker (``lease.Transit.sweep``), each hold asked of the lock store."""
 
-    def sweep() -> None:
+    def __init__(self, app: Celery, wait: float) -> None:
+        self.app = app
+        self.wait = wait
+        self.interval = max(0.5, wait / 2)
+        options = app.conf.broker_transport_options or {}
+        # As the server names it: kombu prefixes every key with global_keyprefix.
+        self.unacked = str(options.get("global_keyprefix") or "") + str(
+            options.get("unacked_key") or UNACKED_KEY
+        )
+        self.connection: Any = None
+
+    @classmethod
+    def of(cls, app: Celery) -> Sweeper | None:
+        """A worker's sweeper; None when nothing is noted (``transit_timeout = 0``,
+        ``ride_broker = False``, a broker that is not Redis)."""
+        config = Backend.for_app(app).config
+        if config.transit_timeout <= 0 or not config.ride_broker:
+            return None
+        with app.connection_for_write() as connection:  # no I/O: the transport it would use
+            if connection.transport.driver_type != "redis":
+                return None
+        return cls(app, config.transit_timeout)
+
+    def __call__(self) -> None:
+        backend = Backend.for_app(self.app)
+        store = backend.lock
+        if self.connection is None:
+            self.connection = self.app.connection_for_write()
+        connection = self.connection
         try:
-            pushes = Backend.for_app(app).lock.pushes
-            if pushes is None:
-                return
-            pushes.transit.wait = wait
-            again = pushes.transit.sweep(unacked)
-        except SingletonLockError as error:
+            notes = Transit(connection.default_channel.client, backend.config.prefix)
+            again = notes.sweep(
+                self.unacked, lambda name, token: store.holder(name) == token, wait=self.wait
+            )
+        except (SingletonLockError, *connection.connection_errors) as error:
             logger.debug("sweep of messages in transit skipped: %s", error)
+            with contextlib.suppress(Exception):
+                connection.collect()  # a fresh channel at the next tick
             return
         for tag in again:
             logger.warning(
                 "celery-singleton-lock: message %s was lost between the broker and a worker "
-                "(popped, never recorded as unacked): pushed again", tag,
+                "(taken off the queue, never recorded as unacked): pushed again", tag,
             )  # fmt: skip
 
-    return max(0.5, wait / 2), sweep
+    def close(self) -> None:
+        if self.connection is not None:
+            with contextlib.suppress(Exception):
+                self.connection.release()
+            self.connection = None

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_singleton_lock.lease import Push, RedisLock
+from celery_singleton_lock.lease import ClearNote, Note, Push, RedisLock, Transit
 
 from ..conftest import CeleryEnv
 from ..support.servers import RedisServer
@@ -32,42 +32,50 @@ WAIT = 0.2  # the notes' wait in the lease tests, seconds
 
 @pytest.fixture(name="store")
 def fixture_store(raw: redis.Redis) -> RedisLock:
-    store = RedisLock(raw, prefix="tt")
-    pushes = store.pushes
-    assert pushes is not None
-    pushes.transit.wait = WAIT
-    return store
+    return RedisLock(raw, prefix="tt")
 
 
-def pushed(store: RedisLock, name: str, tag: str, payload: str | None = None) -> Push:
-    pushes = store.pushes
-    assert pushes is not None
-    push = Push("queue", payload or json.dumps({"tag": tag}), transit=tag)
-    assert pushes.hold_and_push(name, 60, push, token=f"q-{tag}").token == f"q-{tag}"
+@pytest.fixture(name="notes")
+def fixture_notes(raw: redis.Redis) -> Transit:
+    return Transit(raw, "tt")
+
+
+def pushed(store: RedisLock, name: str, tag: str, *, alone: bool = False) -> Push:
+    """A message pushed with its hold (``alone``: the hold taken first, then the message
+    pushed with its note, as with a lock store on another server)."""
+    payload = json.dumps({"tag": tag})
+    note = Note(tag, name, f"q-{tag}", 60, WAIT, "tt")
+    push = Push("queue", payload, note=note)
+    if alone:
+        assert store.try_acquire(name, 60, token=f"q-{tag}", fenced=False).token == f"q-{tag}"
+        Transit(store.client, "tt").push("queue", payload, note)
+    else:
+        pushes = store.pushes
+        assert pushes is not None
+        assert pushes.hold_and_push(name, 60, push, token=f"q-{tag}").token == f"q-{tag}"
     return push
 
 
-def sweep_until(store: RedisLock, *, rounds: int = 3) -> list[str]:
+def sweep(store: RedisLock, notes: Transit) -> list[str]:
+    return notes.sweep("unacked", lambda name, token: store.holder(name) == token, wait=WAIT)
+
+
+def sweep_until(store: RedisLock, notes: Transit, *, rounds: int = 3) -> list[str]:
     """Sweep ``rounds`` times, a wait apart; every tag pushed again."""
-    pushes = store.pushes
-    assert pushes is not None
     again: list[str] = []
     for _ in range(rounds):
         time.sleep(WAIT + 0.05)
-        again += pushes.transit.sweep("unacked")
+        again += sweep(store, notes)
     return again
 
 
 class TestNotes:
     def test_a_pushed_message_is_noted_and_its_receipt_clears_the_note(
-        self, store: RedisLock, raw: redis.Redis
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
         pushed(store, "a", "tag-a")
-        pushes = store.pushes
-        assert pushes is not None
-        assert pushes.transit.pending() == 1
-        clear = pushes.transit.clear("tag-a")
-        assert clear is not None
+        assert notes.pending() == 1
+        clear = ClearNote("tt", "tag-a")
         # The worker's receipt: popped, then recorded as unacked with the clear riding.
         assert raw.rpop("queue") is not None
         with raw.pipeline() as pipe:
@@ -75,44 +83,41 @@ class TestNotes:
             pipe.hset("unacked", "tag-a", "...")
             replies = pipe.execute()
         clear.read(replies[0])
-        assert pushes.transit.pending() == 0
-        assert sweep_until(store) == []
+        assert notes.pending() == 0
+        assert sweep_until(store, notes) == []
         assert raw.llen("queue") == 0
 
+    @pytest.mark.parametrize("alone", [False, True], ids=["riding", "lock store apart"])
     def test_a_message_popped_and_never_recorded_is_pushed_again_once(
-        self, store: RedisLock, raw: redis.Redis
+        self, store: RedisLock, notes: Transit, raw: redis.Redis, alone: bool
     ) -> None:
-        push = pushed(store, "b", "tag-b")
+        push = pushed(store, "b", "tag-b", alone=alone)
         assert raw.rpop("queue") == push.payload.encode()  # the worker died right here
-        pushes = store.pushes
-        assert pushes is not None
         time.sleep(WAIT + 0.05)
-        assert pushes.transit.sweep("unacked") == []  # first seen missing: looked at again
+        assert sweep(store, notes) == []  # first seen missing: looked at again
         assert raw.llen("queue") == 0
         time.sleep(WAIT + 0.05)
-        assert pushes.transit.sweep("unacked") == ["tag-b"]
+        assert sweep(store, notes) == ["tag-b"]
         assert raw.lrange("queue", 0, -1) == [push.payload.encode()]  # byte for byte
-        assert sweep_until(store) == []  # queued again: nothing more
+        assert sweep_until(store, notes) == []  # queued again: nothing more
         assert raw.llen("queue") == 1
         assert raw.get(store.keys("b").lock) == b"q-tag-b"  # the hold stands throughout
 
     def test_a_message_received_as_the_sweep_looked_is_not_pushed_again(
-        self, store: RedisLock, raw: redis.Redis
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
         pushed(store, "c", "tag-c")
         raw.rpop("queue")
-        pushes = store.pushes
-        assert pushes is not None
         time.sleep(WAIT + 0.05)
-        assert pushes.transit.sweep("unacked") == []  # missing: popped a moment ago
+        assert sweep(store, notes) == []  # missing: popped a moment ago
         raw.hset("unacked", "tag-c", "...")  # ... and recorded (no clear rode: kombu's own)
-        assert sweep_until(store) == []
+        assert sweep_until(store, notes) == []
         assert raw.llen("queue") == 0
-        assert pushes.transit.pending() == 0  # unacked: kombu restores it if need be
+        assert notes.pending() == 0  # unacked: kombu restores it if need be
 
     @pytest.mark.parametrize("how", ["taken over", "released", "expired"])
     def test_a_message_whose_hold_moved_on_is_forgotten(
-        self, store: RedisLock, raw: redis.Redis, how: str
+        self, store: RedisLock, notes: Transit, raw: redis.Redis, how: str
     ) -> None:
         pushed(store, "d", "tag-d")
         raw.rpop("queue")
@@ -123,23 +128,31 @@ class TestNotes:
             raw.delete(key)
         else:
             raw.pexpire(key, 1)
-        assert sweep_until(store) == []
+        assert sweep_until(store, notes) == []
         assert raw.llen("queue") == 0
+        assert notes.pending() == 0
+
+    def test_a_note_ends_with_its_hold(
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
+    ) -> None:
+        note = Note("tag-i", "i", "q-tag-i", 0.3, WAIT, "tt")
         pushes = store.pushes
         assert pushes is not None
-        assert pushes.transit.pending() == 0
+        pushes.hold_and_push("i", 0.3, Push("queue", "i", note=note), token="q-tag-i")
+        raw.persist(store.keys("i").lock)  # the hold outlives its ttl: the note does not
+        raw.rpop("queue")
+        assert sweep_until(store, notes, rounds=4) == []
+        assert notes.pending() == 0
 
     def test_a_long_queued_message_is_looked_at_less_and_less_often(
-        self, store: RedisLock, raw: redis.Redis
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
         pushed(store, "e", "tag-e")
-        pushes = store.pushes
-        assert pushes is not None
         looks = []
         end = time.monotonic() + 2.0
         while time.monotonic() < end:  # a sweep every 20 ms, for 2 s
-            pushes.transit.sweep("unacked")
-            score = raw.zscore(pushes.transit.due, "tag-e")
+            sweep(store, notes)
+            score = raw.zscore(notes.due, "tag-e")
             assert score is not None
             if not looks or score != looks[-1]:
                 looks.append(score)
@@ -151,28 +164,15 @@ class TestNotes:
         assert gaps == sorted(gaps), gaps
         assert raw.llen("queue") == 1
 
-    def test_notes_off_takes_none(self, store: RedisLock, raw: redis.Redis) -> None:
-        pushes = store.pushes
-        assert pushes is not None
-        pushes.transit.wait = 0
-        pushed(store, "f", "tag-f")
-        assert pushes.transit.pending() == 0
-        assert raw.llen("queue") == 1
-
-    def test_a_purge_drops_the_notes_and_gives_the_holds_up(
-        self, store: RedisLock, raw: redis.Redis
+    def test_a_purge_drops_the_notes_and_names_the_holds(
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
         pushed(store, "g", "tag-g")
-        pushed(store, "h", "tag-h")
-        pushes = store.pushes
-        assert pushes is not None
-        raw.set(store.keys("h").lock, "running-token")  # received and running since
+        pushed(store, "h", "tag-h", alone=True)
         raw.delete("queue")
-        assert pushes.transit.purged(["queue"]) == 1
-        assert raw.get(store.keys("g").lock) is None
-        assert raw.get(store.keys("h").lock) == b"running-token"  # not the purge's
-        assert pushes.transit.pending() == 0
-        assert sweep_until(store) == []
+        assert sorted(notes.purged(["queue"])) == [("g", "q-tag-g"), ("h", "q-tag-h")]
+        assert notes.pending() == 0
+        assert sweep_until(store, notes) == []
 
 
 def steal(broker: redis.Redis, queue: str) -> dict[str, object]:
@@ -191,11 +191,30 @@ def fixture_shared() -> Iterator[RedisServer]:
         server.cleanup()
 
 
+def shaped(shape: str, shared: RedisServer, cenv: CeleryEnv, **extra: str) -> dict[str, object]:
+    """The environment, broker client and lock client of a shape: the locks in database
+    1 of the broker's server ("riding"), or on a server of their own ("apart")."""
+    if shape == "riding":
+        env = same_server_env(shared, cenv, **extra)
+        return {"env": env, "broker": at(shared, 0), "locks": at(shared, 1)}
+    broker, locks = cenv.broker.client(), cenv.lock_client()
+    broker.delete(QUEUE)
+    return {"env": {**cenv.env, "CSL_QUEUE": QUEUE, **extra}, "broker": broker, "locks": locks}
+
+
+SHAPES = ["riding", "apart"]
+
+
 class TestWorkers:
+    @pytest.mark.parametrize("shape", SHAPES)
     def test_a_call_lost_in_transit_runs_once_and_frees_its_key(
-        self, shared: RedisServer, cenv: CeleryEnv
+        self, shared: RedisServer, cenv: CeleryEnv, shape: str
     ) -> None:
-        env = same_server_env(shared, cenv, CSL_TRANSIT_TIMEOUT="1")
+        setup = shaped(shape, shared, cenv, CSL_TRANSIT_TIMEOUT="1")
+        env, broker, locks = setup["env"], setup["broker"], setup["locks"]
+        assert isinstance(env, dict)
+        assert isinstance(broker, redis.Redis)
+        assert isinstance(locks, redis.Redis)
         checker = cenv.checker_client()
         checker.delete("runs")
         task_id = produce(
@@ -203,7 +222,6 @@ class TestWorkers:
             "import json\nfrom tests.support.celery_app import work\n"
             "print(json.dumps(work.apply_async(('lost', 0.1), queue='ride').id))\n",
         )
-        broker = at(shared, 0)
         assert steal(broker, QUEUE)["headers"]["id"] == task_id  # type: ignore[index]
         # The duplicate is still refused: its hold stands, as the call is owed a run.
         again = produce(
@@ -223,13 +241,17 @@ class TestWorkers:
             worker.stop()
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
         assert [(run["id"], run["item"]) for run in runs] == [(task_id, "lost")]
-        assert holds(at(shared, 1)) == {}
-        assert at(shared, 1).zcard("t:transit:due") == 0
+        assert holds(locks) == {}
+        assert broker.zcard("t:transit:due") == 0
 
-    def test_a_received_call_is_never_pushed_again(
-        self, shared: RedisServer, cenv: CeleryEnv
+    @pytest.mark.parametrize("shape", SHAPES)
+    def test_received_calls_are_never_pushed_again(
+        self, shared: RedisServer, cenv: CeleryEnv, shape: str
     ) -> None:
-        env = same_server_env(shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
+        setup = shaped(shape, shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
+        env, broker = setup["env"], setup["broker"]
+        assert isinstance(env, dict)
+        assert isinstance(broker, redis.Redis)
         checker = cenv.checker_client()
         checker.delete("runs")
         worker = Worker(env, queue=QUEUE).start()
@@ -251,22 +273,26 @@ class TestWorkers:
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
         assert sorted(run["item"] for run in runs) == sorted(f"kept-{i}" for i in range(20))
         assert "was lost" not in output
-        assert at(shared, 1).zcard("t:transit:due") == 0
+        assert broker.zcard("t:transit:due") == 0  # every note cleared at receipt
 
+    @pytest.mark.parametrize("shape", SHAPES)
     def test_a_purge_frees_the_keys_of_the_calls_it_threw_away(
-        self, shared: RedisServer, cenv: CeleryEnv
+        self, shared: RedisServer, cenv: CeleryEnv, shape: str
     ) -> None:
-        env = same_server_env(shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
+        setup = shaped(shape, shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
+        env, broker = setup["env"], setup["broker"]
+        assert isinstance(env, dict)
+        assert isinstance(broker, redis.Redis)
         result = produce(
             env,
             "import json\nfrom tests.support.celery_app import app, work\n"
             "first = work.apply_async(('purged',), queue='ride').id\n"
-            "with app.connection_for_write() as conn:\n"
-            "    purged = conn.default_channel.queue_purge('ride')\n"
+            "purged = app.control.purge()\n"
             "again = work.apply_async(('purged',), queue='ride').id\n"
             "print(json.dumps([first, purged, again]))\n",
         )
         first, purged, again = result
-        assert purged == 1
+        assert purged >= 1
         assert again != first  # accepted: the purged call no longer holds the key
-        assert at(shared, 0).llen(QUEUE) == 1
+        assert broker.llen(QUEUE) == 1
+        assert broker.zcard("t:transit:due") == 1  # the new call's note alone
