@@ -8,19 +8,21 @@ the two would leave one for ``queue_ttl``), nor a message and no hold.
 Once a singleton task is bound (``ride``), kombu resolves ``redis://`` and ``rediss://``
 to ``RedisTransport``, which behaves exactly as kombu's own for any message without a
 hold to take. ``singleton_lock_ride_broker = False`` turns the ride off (the hold is then
-a round trip of its own); a transport the app names (``broker_transport``) is kept. Every
-message that carries no hold to take (other tasks, canvas, fanout, a lock store on
-another server) is put as kombu puts it.
+a round trip of its own); a transport the app names (``broker_transport``) is kept. A
+message whose hold was taken apart (a lock store on another server) is pushed with its
+in-transit note (``lease.transit``), in one round trip as kombu's push is; every other
+message (other tasks, canvas, fanout) is put as kombu puts it. Received messages are
+recorded by ``unacked.QoS``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 from kombu.transport import TRANSPORT_ALIASES
@@ -29,10 +31,10 @@ from kombu.utils.json import dumps
 
 from .lease import Note, Push, Server, Transit, server_of
 from .lease.errors import is_refusal
+from .unacked import QoS
 
 if TYPE_CHECKING:
     from celery import Celery
-    from kombu.message import Message
 
 logger = logging.getLogger(__name__)
 
@@ -119,33 +121,6 @@ def _claim_noted(message: Mapping[str, object]) -> Noted | None:
     return noted
 
 
-# -- receipt: a received message's take rides the pipeline that records it as unacked --
-
-
-class Rider(Protocol):
-    """A lock-store command sent first in kombu's unacked pipeline (``lease.RidingTake``,
-    ``lease.ClearNote``)."""
-
-    def add(self, pipe: Any, db: int) -> None: ...
-    def read(self, reply: object) -> None: ...
-    def refused(self, error: Exception) -> bool: ...
-
-
-# A received message's (headers, properties), the broker's server, its delivery tag.
-Receipts: TypeAlias = Callable[
-    [tuple[Mapping[str, object], Mapping[str, object]], Server, str], Sequence[Rider]
-]
-_receipts: list[Receipts] = []  # the worker's, once it consumes
-_riding: ContextVar[Sequence[Rider]] = ContextVar("celery_singleton_lock_take", default=())
-
-
-def on_receipt(receipts: Receipts | None) -> None:
-    """Have each message this process receives on this transport offer what rides
-    kombu's unacked bookkeeping for it, given its headers, the broker's server and its
-    delivery tag (the worker's main process; None: no more)."""
-    _receipts[:] = [] if receipts is None else [receipts]
-
-
 Purges: TypeAlias = Callable[[object, list[str]], None]
 _purges: dict[int, Purges] = {}  # by app
 
@@ -154,91 +129,6 @@ def on_purge(app: Celery, purges: Purges) -> None:
     """Have a purge on this transport tell ``purges`` the purging channel's client and
     the lists it emptied (their messages' holds are given up, not kept for ``queue_ttl``)."""
     _purges[id(app)] = purges
-
-
-class QoS(kombu_redis.QoS):
-    """kombu's Redis acknowledgement emulation; a received singleton message's take, and
-    the clearing of its in-transit note, are sent in the same pipeline as the unacked
-    bookkeeping kombu sends for it anyway."""
-
-    def append(self, message: Message, delivery_tag: object) -> None:
-        riders: Sequence[Rider] = ()
-        server = self.channel.server() if _receipts else None
-        headers = getattr(message, "headers", None)
-        properties = getattr(message, "properties", None)
-        if server is not None and isinstance(headers, Mapping):
-            if not isinstance(properties, Mapping):
-                properties = {}
-            try:
-                riders = _receipts[0]((headers, properties), server, str(delivery_tag))
-            except Exception:
-                # Never in the way of kombu's bookkeeping: the take goes alone.
-                logger.exception("celery-singleton-lock: a received message's take cannot ride")
-        if not riders:
-            super().append(message, delivery_tag)
-            return
-        token = _riding.set(riders)
-        try:
-            super().append(message, delivery_tag)
-        finally:
-            _riding.reset(token)
-
-    @contextmanager
-    def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
-        with super().pipe_or_acquire(pipe, client) as acquired:
-            riders = _riding.get() if pipe is None else ()
-            server = self.channel.server()
-            if not riders or server is None:
-                yield acquired
-                return
-            _riding.set(())  # once: the unacked bookkeeping's own pipeline
-            yield _RidingPipeline(acquired, riders, server.db)
-
-
-class _RidingPipeline:
-    """kombu's pipeline with riders sent first: kombu's own commands, replies and
-    errors are as they would be without them."""
-
-    def __init__(self, pipe: Any, riders: Sequence[Rider], db: int) -> None:
-        self._pipe = pipe
-        self._riders = riders
-        self._calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
-        for rider in riders:
-            rider.add(pipe, db)
-
-    def __getattr__(self, name: str) -> object:
-        attr = getattr(self._pipe, name)
-        if not callable(attr):
-            return attr
-
-        def call(*args: object, **kwargs: object) -> object:
-            self._calls.append((name, args, kwargs))
-            result = attr(*args, **kwargs)
-            return self if result is self._pipe else result  # chained as kombu chains
-
-        return call
-
-    def execute(self, raise_on_error: bool = True) -> list[object]:
-        try:
-            replies: list[object] = self._pipe.execute(raise_on_error=False)
-        except Exception as error:
-            refused = [rider.refused(error) for rider in self._riders]
-            if not any(refused):
-                raise
-            # The server refused a rider as it was queued (an ACL user without the
-            # lock's keys), which aborts the transaction: kombu's commands alone.
-            for name, args, kwargs in self._calls:
-                getattr(self._pipe, name)(*args, **kwargs)
-            return list(self._pipe.execute(raise_on_error=raise_on_error))
-        count = len(self._riders)
-        for rider, reply in zip(self._riders, replies[:count], strict=True):
-            rider.read(reply)
-        own = replies[count:]
-        if raise_on_error:
-            for reply in own:
-                if isinstance(reply, Exception):
-                    raise reply
-        return own
 
 
 class Channel(kombu_redis.Channel):
@@ -441,16 +331,13 @@ __all__ = [
     "Channel",
     "Fold",
     "Noted",
-    "QoS",
     "RedisTransport",
-    "Rider",
     "SentinelChannel",
     "SentinelTransport",
     "folding",
     "may_ride",
     "noting",
     "on_purge",
-    "on_receipt",
     "ride",
     "rides",
 ]

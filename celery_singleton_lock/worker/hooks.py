@@ -15,11 +15,11 @@ from celery.worker.control import Panel, inspect_command
 from celery.worker.request import Request
 
 from ..backend import Backend
-from ..broker import on_receipt
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
 from ..results import settle
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
+from ..unacked import on_receipt
 from . import transit
 from .childwatch import child_watch
 from .reservations import reservations

@@ -1,0 +1,137 @@
+"""kombu's Redis unacked bookkeeping, with a received singleton message's lock commands riding it.
+
+kombu records each message it delivers as unacked in one pipeline (``QoS.append``).
+A received singleton message's take (``lease.RidingTake``) and the clearing of its
+in-transit note (``lease.ClearNote``) are sent first in that same pipeline: no round
+trip of their own, and a note is cleared in the very step that makes the message
+kombu's to restore. The worker says what rides (``on_receipt``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+from kombu.transport import redis as kombu_redis
+
+from .lease import Server
+
+if TYPE_CHECKING:
+    from kombu.message import Message
+
+logger = logging.getLogger(__name__)
+
+
+class Rider(Protocol):
+    """A lock-store command sent first in kombu's unacked pipeline (``lease.RidingTake``,
+    ``lease.ClearNote``)."""
+
+    def add(self, pipe: Any, db: int) -> None: ...
+    def read(self, reply: object) -> None: ...
+    def refused(self, error: Exception) -> bool: ...
+
+
+# A received message's (headers, properties), the broker's server, its delivery tag.
+Receipts: TypeAlias = Callable[
+    [tuple[Mapping[str, object], Mapping[str, object]], Server, str], Sequence[Rider]
+]
+_receipts: list[Receipts] = []  # the worker's, once it consumes
+_riding: ContextVar[Sequence[Rider]] = ContextVar("celery_singleton_lock_take", default=())
+
+
+def on_receipt(receipts: Receipts | None) -> None:
+    """Have each message this process receives on this transport offer what rides
+    kombu's unacked bookkeeping for it, given its headers, the broker's server and its
+    delivery tag (the worker's main process; None: no more)."""
+    _receipts[:] = [] if receipts is None else [receipts]
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis acknowledgement emulation; a received singleton message's take, and
+    the clearing of its in-transit note, are sent in the same pipeline as the unacked
+    bookkeeping kombu sends for it anyway."""
+
+    def append(self, message: Message, delivery_tag: object) -> None:
+        riders: Sequence[Rider] = ()
+        server = self.channel.server() if _receipts else None
+        headers = getattr(message, "headers", None)
+        properties = getattr(message, "properties", None)
+        if server is not None and isinstance(headers, Mapping):
+            if not isinstance(properties, Mapping):
+                properties = {}
+            try:
+                riders = _receipts[0]((headers, properties), server, str(delivery_tag))
+            except Exception:
+                # Never in the way of kombu's bookkeeping: the take goes alone.
+                logger.exception("celery-singleton-lock: a received message's take cannot ride")
+        if not riders:
+            super().append(message, delivery_tag)
+            return
+        token = _riding.set(riders)
+        try:
+            super().append(message, delivery_tag)
+        finally:
+            _riding.reset(token)
+
+    @contextmanager
+    def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
+        with super().pipe_or_acquire(pipe, client) as acquired:
+            riders = _riding.get() if pipe is None else ()
+            server = self.channel.server()
+            if not riders or server is None:
+                yield acquired
+                return
+            _riding.set(())  # once: the unacked bookkeeping's own pipeline
+            yield _RidingPipeline(acquired, riders, server.db)
+
+
+class _RidingPipeline:
+    """kombu's pipeline with riders sent first: kombu's own commands, replies and
+    errors are as they would be without them."""
+
+    def __init__(self, pipe: Any, riders: Sequence[Rider], db: int) -> None:
+        self._pipe = pipe
+        self._riders = riders
+        self._calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+        for rider in riders:
+            rider.add(pipe, db)
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._pipe, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: object, **kwargs: object) -> object:
+            self._calls.append((name, args, kwargs))
+            result = attr(*args, **kwargs)
+            return self if result is self._pipe else result  # chained as kombu chains
+
+        return call
+
+    def execute(self, raise_on_error: bool = True) -> list[object]:
+        try:
+            replies: list[object] = self._pipe.execute(raise_on_error=False)
+        except Exception as error:
+            refused = [rider.refused(error) for rider in self._riders]
+            if not any(refused):
+                raise
+            # The server refused a rider as it was queued (an ACL user without the
+            # lock's keys), which aborts the transaction: kombu's commands alone.
+            for name, args, kwargs in self._calls:
+                getattr(self._pipe, name)(*args, **kwargs)
+            return list(self._pipe.execute(raise_on_error=raise_on_error))
+        count = len(self._riders)
+        for rider, reply in zip(self._riders, replies[:count], strict=True):
+            rider.read(reply)
+        own = replies[count:]
+        if raise_on_error:
+            for reply in own:
+                if isinstance(reply, Exception):
+                    raise reply
+        return own
+
+
+__all__ = ["QoS", "Receipts", "Rider", "on_receipt"]
