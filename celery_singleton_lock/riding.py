@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from .backend import Backend, Store
 from .broker import folding, may_ride, rides
-from .dispatch import Refused, Sent, quietly, refusals
+from .dispatch import Refused, Sent, delay_of, quietly, refusals
 from .exceptions import LockStoreUnavailableError
 from .lease import (
     Contended,
@@ -28,9 +28,10 @@ from .lease import (
     ReleaseResult,
     Server,
     Transit,
+    companion,
 )
 from .modes.base import Mode, Publish, Replacing
-from .tokens import NAME_HEADER
+from .tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -100,8 +101,9 @@ class PushedHold:
         return pushed
 
     def note(self, member: str) -> Note | None:
-        held = HeldApart(self.task_id, self._name, self._token, self._ttl, self._wait, self._store)
-        return held.note(member)
+        if self._wait <= 0:
+            return None
+        return Note(member, self._name, self._token, self._ttl, self._wait, self._store.prefix)
 
     def _take_and_push(self, push: Push) -> Lease | Contended:
         if self._replacing is None:
@@ -132,29 +134,49 @@ class PushedHold:
 
 
 @dataclass(frozen=True)
-class HeldApart:
-    """A dispatch whose hold is taken apart from its push (``broker.Noted``): its message
-    is noted in transit as the channel pushes it."""
+class InTransit:
+    """How a singleton call's message is noted in transit as a Redis broker's channel
+    pushes it (``broker.Noted``, ``lease.transit``): its hold (the lock's name and
+    token; '' when the message has none of its own, as with ``limit``, ``rate`` or a
+    throttle's window), for how long it is owed a run, and the wait before it is pushed
+    again (0: not noted)."""
 
     task_id: str
     name: str
     token: str
     ttl: float
     wait: float
-    store: Store
+    prefix: str
+
+    @classmethod
+    def of(
+        cls,
+        context: TaskContext,
+        task_id: str,
+        ours: Mapping[str, object],
+        options: Mapping[str, object],
+    ) -> InTransit:
+        """For a message of ``task_id`` with the library's headers ``ours``."""
+        name, token, role = ours.get(NAME_HEADER), ours.get(TOKEN_HEADER), ours.get(HOLD_HEADER)
+        hold = held = ""
+        if isinstance(name, str) and isinstance(token, str) and token:
+            hold = companion(name, role) if isinstance(role, str) and role else name
+            held = token
+        ttl = context.queue_ttl + delay_of(options)
+        return cls(task_id, hold, held, ttl, cls.wait_of(context), context.store.prefix)
+
+    @staticmethod
+    def wait_of(context: TaskContext) -> float:
+        """``singleton_lock_transit_timeout``; 0 when received messages are not cleared
+        (``singleton_lock_ride_broker = False``)."""
+        config = context.backend.config
+        return config.transit_timeout if config.ride_broker else 0.0
 
     def note(self, member: str) -> Note | None:
         """How its message, of delivery tag ``member``, is noted (None: wait is 0)."""
         if self.wait <= 0:
             return None
-        return Note(member, self.name, self.token, self.ttl, self.wait, self.store.prefix)
-
-
-def transit_wait(context: TaskContext) -> float:
-    """How long a dispatch's message may be lost in transit before it is pushed again
-    (0: not noted; also when received messages are not cleared, ride_broker False)."""
-    config = context.backend.config
-    return config.transit_timeout if config.ride_broker else 0.0
+        return Note(member, self.name, self.token, self.ttl, self.wait, self.prefix)
 
 
 def answered_early(

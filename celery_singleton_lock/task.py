@@ -44,14 +44,7 @@ from .modes import Replace, Replacement
 from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
 from .retries import send_retry
-from .riding import (
-    HeldApart,
-    Ride,
-    duplicate_answered,
-    give_up_purged,
-    ridden_by,
-    transit_wait,
-)
+from .riding import InTransit, Ride, duplicate_answered, give_up_purged, ridden_by
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -234,7 +227,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         pushes = ridden_by(self.app, context, options)
         ride = None if pushes is None else Ride(
             store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
-            replaces=mode.replaces, wait=transit_wait(context),
+            replaces=mode.replaces, wait=InTransit.wait_of(context),
         )  # fmt: skip
         sent = Sent(
             lock_name, task_id, options, ours, publish,
@@ -260,14 +253,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             outage(error)  # fail_closed raises
             return publish(task_id, options, {NAME_HEADER: lock_name})
         gate = Gate(store, lock_name, pending, outage)
-        # Its message noted in transit as the broker's channel pushes it (a Redis broker).
-        with noting(HeldApart(task_id, hold, token, ttl, transit_wait(context), store)):
-            if refusals.expects(lock_name) or not can_overlap(self.app, options):
-                return send_gated(gate, sent)
-            # The acquire is on its way; Celery builds the message meanwhile and the gated
-            # producer waits for the answer just before anything is published.
-            with self.app.producer_or_acquire(producer) as real:
-                return send_gated(gate, sent, via=GatedProducer(real, gate))
+        if refusals.expects(lock_name) or not can_overlap(self.app, options):
+            return send_gated(gate, sent)
+        # The acquire is on its way; Celery builds the message meanwhile and the gated
+        # producer waits for the answer just before anything is published.
+        with self.app.producer_or_acquire(producer) as real:
+            return send_gated(gate, sent, via=GatedProducer(real, gate))
 
     def _publisher(
         self,
@@ -293,17 +284,20 @@ class SingletonTask(Task):  # type: ignore[misc]
             for name in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
                 if name not in ours:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
-            return super(SingletonTask, self).apply_async(
-                args,
-                kwargs,
-                task_id=task_id,
-                producer=via or producer,
-                link=link,
-                link_error=link_error,
-                shadow=shadow,
-                headers=headers,
-                **{name: value for name, value in options.items() if name != "headers"},
-            )
+            task_id = task_id or uuid()  # as Celery would: the channel knows its message
+            # Noted in transit as a Redis broker's channel pushes it (``lease.transit``).
+            with noting(InTransit.of(self.singleton_context, task_id, ours, options)):
+                return super(SingletonTask, self).apply_async(
+                    args,
+                    kwargs,
+                    task_id=task_id,
+                    producer=via or producer,
+                    link=link,
+                    link_error=link_error,
+                    shadow=shadow,
+                    headers=headers,
+                    **{name: value for name, value in options.items() if name != "headers"},
+                )
 
         return publish
 

@@ -14,7 +14,6 @@ from celery.concurrency import get_implementation
 from celery.worker.control import Panel, inspect_command
 from celery.worker.request import Request
 
-from ..backend import Backend
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
 from ..results import settle
@@ -64,8 +63,8 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     refuse_bad_settings(app)
     child_watch.enabled = _has_children(getattr(sender, "pool_cls", None))
     hostname = getattr(sender, "hostname", None)
-    if isinstance(hostname, str) and Backend.for_app(app).config.ride_broker:
-        # A received message's take rides kombu's unacked bookkeeping where it can.
+    if isinstance(hostname, str):
+        # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
         on_receipt(functools.partial(transit.riders, app, hostname))
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:

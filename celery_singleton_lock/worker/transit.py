@@ -42,14 +42,19 @@ def riders(
 ) -> list[Rider]:
     """What rides the pipeline recording a received message (its ``received``
     headers and properties) as unacked: its take (``Reservations.ride``) where the
-    lock store is the broker's server, and the clearing of its note if it has one."""
+    lock store is the broker's server and ``ride_broker`` allows, and the clearing of
+    its note if it has one (always: a producer configured otherwise may have noted it)."""
     headers, properties = received
     task_name = headers.get("task")
     task = app.tasks.get(task_name) if isinstance(task_name, str) else None
     if task is None or not is_singleton(task):
         return []
     found: list[Rider] = []
-    take = reservations.ride(app, hostname, headers, server)
+    take = (
+        reservations.ride(app, hostname, headers, server)
+        if task.singleton_context.backend.config.ride_broker
+        else None
+    )
     if take is not None:
         found.append(take)
     if properties.get(NOTED_PROPERTY):
@@ -93,7 +98,10 @@ class Sweeper:
         try:
             notes = Transit(connection.default_channel.client, backend.config.prefix)
             again = notes.sweep(
-                self.unacked, lambda name, token: store.holder(name) == token, wait=self.wait
+                self.unacked,
+                # A message without a hold of its own (limit, rate) is owed its run as is.
+                lambda name, token: not name or store.holder(name) == token,
+                wait=self.wait,
             )
         except (SingletonLockError, *connection.connection_errors) as error:
             logger.debug("sweep of messages in transit skipped: %s", error)
