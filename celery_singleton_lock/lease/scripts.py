@@ -11,7 +11,7 @@ safely with effects replication, the default since Redis 5.
 
 from __future__ import annotations
 
-from .transit import NOTE
+from .transit import NOTE, NOTE_KEYS
 
 # Wake one waiter, only if a blocking waiter announced itself: the common path (nobody
 # blocks) then writes no signal keys at all. The signal is a one-element list that a
@@ -106,19 +106,19 @@ return {1, fence}
 )
 
 # Push to KEYS[list] (in `list_db`, '' for the lock's; `lock_db` after), PEXPIRE each key
-# past KEYS[list + 2] by `expire_ms` ('' for none: a queue that expires unused); with a
-# note's `spec`, note it there (KEYS[list + 1], KEYS[list + 2]: ``transit``) until its
-# receipt clears it. Shared by the push scripts; not one itself.
+# past the notes' (KEYS[list + 1 .. list + NOTE_KEYS]) by `expire_ms` ('' for none: a queue
+# that expires unused); with a `spec`, note the message in transit (``transit.NOTE``)
+# until its receipt clears it. Shared by the push scripts; not one itself.
 _PUSH = (
     NOTE
-    + """
+    + f"""
 local function push(list, payload, list_db, expire_ms, lock_db, spec)
   if list_db ~= '' then redis.call('SELECT', list_db) end
   redis.call('LPUSH', KEYS[list], payload)
   if expire_ms ~= '' then
-    for i = list + 3, #KEYS do redis.call('PEXPIRE', KEYS[i], expire_ms) end
+    for i = list + {NOTE_KEYS + 1}, #KEYS do redis.call('PEXPIRE', KEYS[i], expire_ms) end
   end
-  if spec ~= '' then note(KEYS[list + 1], KEYS[list + 2], spec, KEYS[list], payload) end
+  if spec ~= '' then note(list + 1, spec, KEYS[list], payload) end
   if list_db ~= '' then redis.call('SELECT', lock_db) end
 end
 """
@@ -127,8 +127,8 @@ end
 # A hold taken in the same step as the push of the message it holds for (a broker's
 # queue on the same server): there is never a hold without its message, nor the
 # message without its hold.
-# KEYS[1] hold (lock) key  KEYS[2] the list to push to  KEYS[3] KEYS[4] transit's keys
-# KEYS[5..] lists to expire too  ARGV[1] owner token  ARGV[2] ttl in ms  ARGV[3] payload
+# KEYS[1] hold (lock) key  KEYS[2] the list to push to  KEYS[3..7] the notes' keys
+# KEYS[8..] lists to expire too  ARGV[1] owner token  ARGV[2] ttl in ms  ARGV[3] payload
 # ARGV[4] the list's database ('' for the lock's own)  ARGV[5] expiry ms ('' for none)
 # ARGV[6] the lock's database  ARGV[7] the note's spec ('' for none)
 # returns {1, 0}               held and pushed; or held by this very token already (a
@@ -252,8 +252,8 @@ return {0, current, redis.call('PTTL', KEYS[1])}
 
 # SWAP and the push of the replacing message in one step (a broker's queue on the lock
 # store's server): the message is pushed only if the hold passes to it.
-# KEYS[1] lock key  KEYS[2] its replaced set  KEYS[3] the list to push to  KEYS[4..5]
-# transit's  KEYS[6..] lists to expire too  ARGV[1] expected holder  ARGV[2] new token
+# KEYS[1] lock key  KEYS[2] its replaced set  KEYS[3] the list to push to  KEYS[4..8]
+# the notes'  KEYS[9..] lists to expire too  ARGV[1] expected holder  ARGV[2] new token
 # ARGV[3] ttl in ms  ARGV[4] record  ARGV[5] the payload  ARGV[6] the list's database
 # ('' for the lock's own)  ARGV[7] expiry ms ('' for none)  ARGV[8] the lock's database
 # ARGV[9] the note's spec ('' for none). Returns as SWAP; {1, 0} too

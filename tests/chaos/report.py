@@ -101,26 +101,23 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "goes on because more and more of the 20 keys are held for messages that cannot run "
      "yet: the messages a killed worker had prefetched stay in the broker's unacked set "
      "for the visibility timeout (the test app's is an hour; `stuck_unacked`: unacked "
-     "messages older than 10 s), and a message taken off the queue by a worker killed "
-     "before kombu recorded it is gone, its hold kept for `queue_ttl` "
-     "(`holds_of_messages_in_unacked` counts both at the end)."),
+     "messages older than 10 s; `holds_of_messages_in_unacked` at the end)."),
     ("soak_green_visibility_10s", "8b'. Soak on a gevent pool, visibility timeout 10 s",
      "As 8b with `visibility_timeout` 10 s: a killed worker's prefetched messages come "
      "back 10-11 s later (every worker puts them back on its timer), their holds with "
-     "them, and `stuck_unacked` stays near 0. Executions still fall, more slowly: what "
-     "is left are the holds of messages lost in kombu's window, kept for `queue_ttl` "
-     "(an hour by default) unless `celery singleton orphans --release` frees them."),
+     "them, and `stuck_unacked` stays near 0."),
     ("mode_soak_prefork", "8c. Every mode under kills",
      "A task of each mode (until_executing, replace, debounce, throttle, limit=2, "
      "rate=10/s, cancel), acks_late, and a plain task beside them, on two prefork workers "
      "whose pool children are SIGKILLed every 1-3 s and a whole worker every 10 s: no two "
      "runs of a key at once (`limit`: never more than 2), fences rise, a rate's slots "
-     "never above 10 in any second, no key left but the holds of calls lost in transit "
-     "(a replaced call's record stays for `queue_ttl`, as its message may still be "
-     "queued). A call is lost only in kombu's window (taken off the queue by a worker "
-     "killed before it recorded it as unacked: fewer receipts than sends in the logs), "
-     "as the plain task's calls are (8e). `stale_unacked`: messages per second older "
-     "than the visibility timeout, not yet put back."),
+     "never above 10 in any second, no key and no in-transit note left (a replaced "
+     "call's record stays for `queue_ttl`, as its message may still be queued). No "
+     "accepted singleton call is lost: a message taken off the queue by a worker killed "
+     "before kombu recorded it as unacked is pushed again from its note "
+     "(`pushed_again_after_lost_in_transit`); the plain task's calls are lost there (8e). "
+     "`stale_unacked`: messages per second older than the visibility timeout, not yet "
+     "put back."),
     ("mode_soak_gevent", "8d. Every mode on gevent workers killed whole",
      "As 8c on two gevent workers, one SIGKILLed whole every 3-5 s. A dead worker's "
      "unacked messages are put back within a second or two of their visibility timeout "
@@ -128,7 +125,8 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "loop put them back only when idle, and they piled up with their keys."),
     ("mode_soak_plain_control", "8e. The control: plain Celery, whole workers killed",
      "Plain tasks (no lock) on kombu's own transport, a whole prefork worker SIGKILLed "
-     "every 2-4 s: calls are lost in transit the same way (celery/celery#7950)."),
+     "every 2-4 s: calls taken off the queue by a worker killed before kombu recorded "
+     "them are lost (celery/celery#7950), which singleton calls no longer are (8c)."),
     ("bad_input", "9. Bad input sweep",
      "Each case refused with an error naming the problem; nothing published, nothing left "
      "in Redis."),

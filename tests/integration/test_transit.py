@@ -166,6 +166,27 @@ class TestNotes:
         assert gaps == sorted(gaps), gaps
         assert raw.llen("queue") == 1
 
+    def test_behind_a_long_backlog_a_later_receipt_tells_a_message_is_gone(
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
+    ) -> None:
+        push = pushed(store, "j", "tag-j")
+        raw.lpush("queue", *[f"plain-{i}" for i in range(1500)])  # others' calls behind it
+        assert raw.rpop("queue") == push.payload.encode()  # taken, and the worker died
+        # Its list is longer than a look reads: it may still be queued, as far as a
+        # look can tell, so it is left alone.
+        assert sweep_until(store, notes) == []
+        assert raw.llen("queue") == 1500
+        # A call pushed after it is received: a list is popped in order, so it is gone.
+        pushed(store, "k", "tag-k")
+        with raw.pipeline() as pipe:
+            ClearNote("tt", "tag-k").add(pipe, 0)
+            pipe.execute()
+        # (Looked at less often by now: at its next look, then a wait later.)
+        assert sweep_until(store, notes, rounds=10) == ["tag-j"]
+        assert raw.lindex("queue", -1) == push.payload.encode()  # popped next
+        assert sweep_until(store, notes) == []  # numbered anew: not gone again
+        assert raw.llen("queue") == 1502
+
     def test_a_purge_drops_the_notes_and_names_the_holds(
         self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
