@@ -51,13 +51,10 @@ class Fold(Protocol):
         store's (True: pushed), or alone (False: the channel pushes). Raises to refuse
         the message, which is then not pushed."""
 
-    def note(self, member: str) -> Note | None:
-        """How its message, of delivery tag ``member``, is noted in transit (None: not)."""
-
 
 class Noted(Protocol):
-    """A dispatch whose hold was taken apart (a lock store on another server): its
-    message is noted in transit as the channel pushes it (``lease.transit``)."""
+    """A singleton call being published: its message is noted in transit as the channel
+    pushes it (``lease.transit``), by the hold's script or with its own push."""
 
     @property
     def task_id(self) -> str: ...
@@ -141,7 +138,7 @@ class Channel(kombu_redis.Channel):
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
         batch = kwargs.get("_publish_batch") is not None
         fold = None if batch else _claim(message)
-        noted = None if batch or fold is not None else _claim_noted(message)
+        noted = None if batch else _claim_noted(message)
         if fold is None and noted is None:
             super()._put(queue, message, **kwargs)
             return
@@ -158,8 +155,8 @@ class Channel(kombu_redis.Channel):
         properties = message.get("properties")
         tag = properties.get("delivery_tag") if isinstance(properties, Mapping) else None
         note = None
-        if tag and _notes_allowed[0]:
-            note = (fold or noted).note(str(tag))  # type: ignore[union-attr]
+        if tag and noted is not None and _notes_allowed[0]:
+            note = noted.note(str(tag))
         if note is not None and isinstance(properties, dict):
             properties[NOTED_PROPERTY] = True  # its receipt clears the note
         push = Push(

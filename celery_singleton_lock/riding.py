@@ -52,8 +52,8 @@ class PushedHold:
     """
 
     __slots__ = (
-        "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "_wait", "outage",
-        "pushed", "taken", "task_id",
+        "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "outage", "pushed",
+        "taken", "task_id",
     )  # fmt: skip
 
     def __init__(
@@ -67,7 +67,6 @@ class PushedHold:
         task_id: str,
         outage: Callable[[LockStoreUnavailableError], None],
         replacing: tuple[str, str] | None = None,
-        wait: float = 0.0,
     ) -> None:
         self._store, self._pushes = store, pushes
         # (holder, what to record as replaced): the hold passes from the queued call it
@@ -75,7 +74,6 @@ class PushedHold:
         self._replacing = replacing
         self.outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self._name, self._ttl, self._token = lock_name, ttl, token
-        self._wait = wait  # singleton_lock_transit_timeout (0: its message is not noted)
         self.task_id = task_id
         self.taken: Lease | None = None
         self.pushed = False
@@ -99,11 +97,6 @@ class PushedHold:
             raise Refused(outcome)
         self.taken, self.pushed = outcome, pushed
         return pushed
-
-    def note(self, member: str) -> Note | None:
-        if self._wait <= 0:
-            return None
-        return Note(member, self._name, self._token, self._ttl, self._wait, self._store.prefix)
 
     def _take_and_push(self, push: Push) -> Lease | Contended:
         if self._replacing is None:
@@ -243,7 +236,6 @@ class Ride:
     outage: Callable[[LockStoreUnavailableError], None]
     producers: Callable[[], AbstractContextManager[Producer]]  # the app's producer_or_acquire
     replaces: bool = False  # on_duplicate="replace": a refused call replaces the queued one
-    wait: float = 0.0  # singleton_lock_transit_timeout (0: messages are not noted)
 
     def send(self, sent: Sent, ttl: float, token: str) -> AsyncResult | None:
         """The hold taken in the push's script; None when the producer's channel cannot
@@ -268,7 +260,7 @@ class Ride:
                 return None
             fold = PushedHold(
                 self.store, self.pushes, self.hold, ttl, token=token, task_id=sent.task_id,
-                outage=self.outage, wait=self.wait,
+                outage=self.outage,
             )  # fmt: skip
             return send_pushed(fold, sent, via=real)
 
@@ -280,7 +272,7 @@ class Ride:
             fold = PushedHold(
                 self.store, self.pushes, self.hold, replacing.ttl, token=replacing.token,
                 task_id=replacing.task_id, outage=self.outage,
-                replacing=(replacing.holder, replacing.record), wait=self.wait,
+                replacing=(replacing.holder, replacing.record),
             )  # fmt: skip
             outcome = send_replacing(fold, publish, replacing, via=real)
         refusals.placed(self.hold, outcome.token if isinstance(outcome, Lease) else None)

@@ -227,7 +227,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         pushes = ridden_by(self.app, context, options)
         ride = None if pushes is None else Ride(
             store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
-            replaces=mode.replaces, wait=InTransit.wait_of(context),
+            replaces=mode.replaces,
         )  # fmt: skip
         sent = Sent(
             lock_name, task_id, options, ours, publish,
