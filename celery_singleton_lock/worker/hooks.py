@@ -6,8 +6,10 @@ gets no receivers. Each receiver acts only in a worker (the signals are the work
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Callable
 
 from celery import Task, signals
 from celery.concurrency import get_implementation
@@ -32,8 +34,8 @@ logger = logging.getLogger(__name__)
 REVOKE_CHECK_INTERVAL = 0.5
 # Where this worker serves its metrics, if it does (singleton_lock_metrics_port).
 _serving: list[str] = []
-# This worker's sweeper of messages lost in transit, closed at shutdown.
-_sweepers: list[transit.Sweeper] = []
+# What closes the connections this worker's timers use, at shutdown.
+_closing: list[Callable[[], None]] = []
 
 
 def _has_children(pool: object) -> bool:
@@ -101,11 +103,13 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
         if restorer is not None:
             logger.info("celery-singleton-lock: restoring dead workers' unacked messages "
                         "every %gs (a pool without an event loop)", restorer[0])  # fmt: skip
-            timer.call_repeatedly(*restorer)
+            interval, restore, close = restorer
+            timer.call_repeatedly(interval, restore)
+            _closing.append(close)
         sweeper = transit.Sweeper.of(app)
         if sweeper is not None:  # messages lost between the broker and a worker
-            _sweepers.append(sweeper)
             timer.call_repeatedly(sweeper.interval, sweeper)
+            _closing.append(sweeper.close)
 
 
 def _release_revoked(
@@ -143,8 +147,9 @@ def _release_unwritten(sender: object = None, task_id: str | None = None, **_: o
 def _hand_back_at_shutdown(**_: object) -> None:
     on_receipt(None)
     reservations.hand_back()
-    while _sweepers:
-        _sweepers.pop().close()
+    while _closing:  # the broker connections the timers used
+        with contextlib.suppress(Exception):
+            _closing.pop()()
 
 
 def singleton_stats(state: object = None) -> dict[str, object]:

@@ -27,9 +27,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 10.0
 
 
-def stale_restorer(app: Celery) -> tuple[float, Callable[[], None]] | None:
-    """(interval, restore) for a Redis broker's worker without an event loop, or None
-    when the broker keeps no unacked set of this kind (RabbitMQ, SQS, memory)."""
+def stale_restorer(app: Celery) -> tuple[float, Callable[[], None], Callable[[], None]] | None:
+    """(interval, restore, close) for a Redis broker's worker without an event loop, or
+    None when the broker keeps no unacked set of this kind (RabbitMQ, SQS, memory)."""
     connection = app.connection_for_write()
     if connection.transport.driver_type != "redis":
         connection.release()
@@ -48,4 +48,4 @@ def stale_restorer(app: Celery) -> tuple[float, Callable[[], None]] | None:
             with contextlib.suppress(Exception):
                 connection.collect()  # a fresh channel at the next tick
 
-    return interval, restore
+    return interval, restore, connection.release
