@@ -1,6 +1,7 @@
 """``celery -A tests.support.celery_app singleton ...`` against real Redis and real workers holding
 locks in every state: queued, reserved, running, throttled, limit slots, an orphan left
-by a SIGKILLed worker, and holds left behind by ``celery purge``."""
+by a SIGKILLed worker, and holds left behind by a queue emptied behind kombu's back
+(``celery purge`` gives its messages' holds up itself)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from celery_singleton_lock.tokens import queued_token, read_token, running_token
 
 from ..conftest import CeleryEnv
 from ..support.workers import ROOT, Worker
+from .test_broker_ride import produce
 from .test_celery_lifecycle import started, wait_for
 
 APP = "tests.support.celery_app"
@@ -240,12 +242,20 @@ def test_release_refuses_a_live_holder_and_frees_a_killed_workers_lease(
 
 
 @pytest.mark.slow
-def test_orphans_are_exactly_the_purged_holds_and_the_killed_workers_lease(
+def test_orphans_are_exactly_the_dropped_holds_and_the_killed_workers_lease(
     cenv: CeleryEnv, holding_worker: Worker, victim: Worker
 ) -> None:
     app = cenv.app_module
-    parked, kept = f"parked-{uuid.uuid4().hex}", f"kept-{uuid.uuid4().hex}"
+    parked, dropped, kept = (f"{q}-{uuid.uuid4().hex}" for q in ("parked", "dropped", "kept"))
     purged = [app.work.apply_async((f"p{i}",), queue=parked) for i in range(3)]
+    # Sent without in-transit notes, so no worker's sweep pushes them again once their
+    # queue is emptied behind kombu's back (as a redis-cli DEL would).
+    lost = produce(
+        {**cenv.env, "CSL_TRANSIT_TIMEOUT": "0"},
+        "import json\nfrom tests.support.celery_app import work\n"
+        f"print(json.dumps([work.apply_async((f'd{{i}}',), queue={dropped!r}).id "
+        "for i in range(2)]))\n",
+    )
     waiting = app.work.apply_async(("waiting",), queue=kept)
     live = app.work.apply_async(("live", 30.0), queue=holding_worker.queue)
     later = app.work.apply_async(("later",), countdown=60, queue=holding_worker.queue)
@@ -255,24 +265,26 @@ def test_orphans_are_exactly_the_purged_holds_and_the_killed_workers_lease(
 
     assert {e["task_id"] for e in json.loads(cli(cenv, "orphans", "--json").stdout)} == {
         doomed.id
-    }  # the parked messages are still in their queue
+    }  # the parked and dropped messages are still in their queues
     purge = subprocess.run(
         [sys.executable, "-m", "celery", "-A", APP, "purge", "-f", "-Q", parked],
         cwd=ROOT, env={**os.environ, **cenv.env}, capture_output=True, text=True, timeout=60,
         check=True,
     )  # fmt: skip
     assert "Purged 3 messages" in purge.stdout
+    # The purge gave the purged calls' keys up itself: no orphans of theirs.
+    assert not {p.id for p in purged} & set(by_task_id(listed(cenv)))
+    cenv.broker.client().delete(dropped)
 
     found = json.loads(cli(cenv, "orphans", "--json").stdout)
-    orphan_ids = {doomed.id, *(p.id for p in purged)}
-    assert {e["task_id"] for e in found} == orphan_ids
+    assert {e["task_id"] for e in found} == {doomed.id, *lost}
     why = {e["task_id"]: e["why"] for e in found}
     assert why[doomed.id] == f"worker {victim.nodename} does not answer a ping"
-    assert why[purged[0].id] == "its message is in no queue and no worker has it"
+    assert why[lost[0]] == "its message is in no queue and no worker has it"
 
     freed = cli(cenv, "orphans", "--release")
     assert freed.returncode == 0, freed.stderr
-    assert "released 4 of 4 orphaned lock(s)" in freed.stdout
+    assert "released 3 of 3 orphaned lock(s)" in freed.stdout
     assert set(by_task_id(listed(cenv))) == {waiting.id, live.id, later.id}
     assert "No orphaned locks at redis://127.0.0.1:" in cli(cenv, "orphans").stdout
 

@@ -228,6 +228,12 @@ def shaped(shape: str, shared: RedisServer, cenv: CeleryEnv, **extra: str) -> di
 SHAPES = ["riding", "apart"]
 
 
+def notes_of(broker: redis.Redis, queue: str) -> int:
+    """How many messages of ``queue`` are noted in transit (the broker is shared with
+    the other Celery tests, whose notes wait out their own holds)."""
+    return sum(json.loads(raw)[2] == queue for raw in broker.hvals("t:transit"))
+
+
 class TestWorkers:
     @pytest.mark.parametrize(
         ("shape", "task"),
@@ -259,13 +265,14 @@ class TestWorkers:
             while checker.llen("runs") < 1 and time.monotonic() < deadline:
                 time.sleep(0.1)
             time.sleep(1.5)  # a second run would have started by now
-            assert "was lost between the broker and a worker" in worker.output()
+            # Pushed again by a worker's sweep (this one's, or another test's worker's
+            # sharing the broker).
         finally:
             worker.stop()
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
         assert [(run["id"], run["item"]) for run in runs] == [(task_id, "lost")]
         assert holds(locks) == {}
-        assert broker.zcard("t:transit:due") == 0
+        assert notes_of(broker, QUEUE) == 0
 
     @pytest.mark.parametrize("shape", SHAPES)
     def test_received_calls_are_never_pushed_again(
@@ -289,14 +296,12 @@ class TestWorkers:
             deadline = time.monotonic() + 30
             while checker.llen("runs") < 20 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            time.sleep(2.5)  # several sweeps, each long after the wait
-            output = worker.output()
+            time.sleep(2.5)  # several sweeps, each long after the wait: none ran twice
         finally:
             worker.stop()
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
         assert sorted(run["item"] for run in runs) == sorted(f"kept-{i}" for i in range(20))
-        assert "was lost" not in output
-        assert broker.zcard("t:transit:due") == 0  # every note cleared at receipt
+        assert notes_of(broker, QUEUE) == 0  # every note cleared at receipt
 
     @pytest.mark.parametrize("shape", SHAPES)
     def test_a_purge_frees_the_keys_of_the_calls_it_threw_away(
@@ -318,4 +323,4 @@ class TestWorkers:
         assert purged >= 1
         assert again != first  # accepted: the purged call no longer holds the key
         assert broker.llen(QUEUE) == 1
-        assert broker.zcard("t:transit:due") == 1  # the new call's note alone
+        assert notes_of(broker, QUEUE) == 1  # the new call's note alone
