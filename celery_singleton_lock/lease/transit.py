@@ -82,6 +82,10 @@ local function where(member, r)
   if found or length > 1000 then return 'queued' end
   return 'gone'
 end
+"""
+
+# Drop a member's note (the notes' keys being KEYS[1..5]). Not a script itself.
+_FORGET = """
 local function forget(member)
   redis.call('ZREM', KEYS[1], member)
   redis.call('HDEL', KEYS[2], member)
@@ -109,7 +113,8 @@ return 1
 # hold still stands (PUSH_AGAIN), else to forget (FORGET). A message still queued is
 # looked at less often the longer it waits; one unacked, or past its hold, is forgotten.
 SWEEP = (
-    _WHERE
+    _FORGET
+    + _WHERE
     + """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -164,7 +169,7 @@ return pushed
 
 # KEYS[1..5] the notes'  ARGV the members to forget (their holds moved on)
 FORGET = (
-    _WHERE
+    _FORGET
     + """
 for _, member in ipairs(ARGV) do forget(member) end
 return #ARGV
@@ -174,7 +179,7 @@ return #ARGV
 # A received message's note cleared, in the pipeline that records it as unacked:
 # KEYS[1..5] the notes'  ARGV[1] its member. Its number counts as received for its list.
 CLEAR = (
-    _WHERE
+    _FORGET
     + """
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 if not raw then return 0 end
@@ -190,7 +195,7 @@ return 1
 # KEYS[1..5] the notes'  ARGV the lists a purge emptied: their messages' notes dropped.
 # returns {name, token} of each (their holds, for the caller to give up)
 PURGED = (
-    _WHERE
+    _FORGET
     + """
 local purged, holds, cursor = {}, {}, '0'
 for _, list in ipairs(ARGV) do purged[list] = true end
