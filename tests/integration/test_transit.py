@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -24,8 +24,16 @@ from celery_singleton_lock.lease import ClearNote, Note, Push, RedisLock, Transi
 
 from ..conftest import CeleryEnv
 from ..support.servers import RedisServer
+from ..support.topologies import SentinelGroup
 from ..support.workers import Worker
-from .test_broker_ride import QUEUE, at, holds, produce, same_server_env
+from .test_broker_ride import (  # noqa: F401  (fixture_shared: the module's server)
+    QUEUE,
+    at,
+    fixture_shared,
+    holds,
+    produce,
+    same_server_env,
+)
 
 WAIT = 0.2  # the notes' wait in the lease tests, seconds
 
@@ -205,24 +213,26 @@ def steal(broker: redis.Redis, queue: str) -> dict[str, object]:
     return dict(json.loads(raw))
 
 
-@pytest.fixture(name="shared", scope="module")
-def fixture_shared() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
+@dataclass(frozen=True)
+class Shape:
+    env: dict[str, str]
+    broker: redis.Redis
+    locks: redis.Redis
+    queue: str = QUEUE  # the list's key, as the server names it
 
 
-def shaped(shape: str, shared: RedisServer, cenv: CeleryEnv, **extra: str) -> dict[str, object]:
+def shaped(shape: str, shared: RedisServer, cenv: CeleryEnv, **extra: str) -> Shape:
     """The environment, broker client and lock client of a shape: the locks in database
-    1 of the broker's server ("riding"), or on a server of their own ("apart")."""
+    1 of the broker's server ("riding"; "prefixed": with kombu's global_keyprefix), or
+    on a server of their own ("apart")."""
     if shape == "riding":
-        env = same_server_env(shared, cenv, **extra)
-        return {"env": env, "broker": at(shared, 0), "locks": at(shared, 1)}
-    broker, locks = cenv.broker.client(), cenv.lock_client()
+        return Shape(same_server_env(shared, cenv, **extra), at(shared, 0), at(shared, 1))
+    if shape == "prefixed":
+        env = same_server_env(shared, cenv, CSL_KEYPREFIX="pre:", **extra)
+        return Shape(env, at(shared, 0), at(shared, 1), queue=f"pre:{QUEUE}")
+    broker = cenv.broker.client()
     broker.delete(QUEUE)
-    return {"env": {**cenv.env, "CSL_QUEUE": QUEUE, **extra}, "broker": broker, "locks": locks}
+    return Shape({**cenv.env, "CSL_QUEUE": QUEUE, **extra}, broker, cenv.lock_client())
 
 
 SHAPES = ["riding", "apart"]
@@ -237,17 +247,19 @@ def notes_of(broker: redis.Redis, queue: str) -> int:
 class TestWorkers:
     @pytest.mark.parametrize(
         ("shape", "task"),
-        [("riding", "work"), ("apart", "work"), ("riding", "soak_tasks['limit']")],
-        ids=["riding", "apart", "limit (no hold of its own)"],
+        [
+            ("riding", "work"),
+            ("apart", "work"),
+            ("prefixed", "work"),
+            ("riding", "soak_tasks['limit']"),
+        ],
+        ids=["riding", "apart", "kombu key prefix", "limit (no hold of its own)"],
     )
     def test_a_call_lost_in_transit_runs_once_and_frees_its_key(
         self, shared: RedisServer, cenv: CeleryEnv, shape: str, task: str
     ) -> None:
         setup = shaped(shape, shared, cenv, CSL_TRANSIT_TIMEOUT="1")
-        env, broker, locks = setup["env"], setup["broker"], setup["locks"]
-        assert isinstance(env, dict)
-        assert isinstance(broker, redis.Redis)
-        assert isinstance(locks, redis.Redis)
+        env, broker, locks = setup.env, setup.broker, setup.locks
         checker = cenv.checker_client()
         checker.delete("runs")
         send = (
@@ -255,7 +267,7 @@ class TestWorkers:
             f"print(json.dumps({task}.apply_async(('lost', 0.1), queue='ride').id))\n"
         )
         task_id = produce(env, send)
-        assert steal(broker, QUEUE)["headers"]["id"] == task_id  # type: ignore[index]
+        assert steal(broker, setup.queue)["headers"]["id"] == task_id  # type: ignore[index]
         if task == "work":
             # The duplicate is still refused: its hold stands, as the call is owed a run.
             assert produce(env, send) == task_id
@@ -272,16 +284,14 @@ class TestWorkers:
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
         assert [(run["id"], run["item"]) for run in runs] == [(task_id, "lost")]
         assert holds(locks) == {}
-        assert notes_of(broker, QUEUE) == 0
+        assert notes_of(broker, setup.queue) == 0
 
     @pytest.mark.parametrize("shape", SHAPES)
     def test_received_calls_are_never_pushed_again(
         self, shared: RedisServer, cenv: CeleryEnv, shape: str
     ) -> None:
         setup = shaped(shape, shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
-        env, broker = setup["env"], setup["broker"]
-        assert isinstance(env, dict)
-        assert isinstance(broker, redis.Redis)
+        env, broker = setup.env, setup.broker
         checker = cenv.checker_client()
         checker.delete("runs")
         worker = Worker(env, queue=QUEUE).start()
@@ -308,9 +318,7 @@ class TestWorkers:
         self, shared: RedisServer, cenv: CeleryEnv, shape: str
     ) -> None:
         setup = shaped(shape, shared, cenv, CSL_TRANSIT_TIMEOUT="0.5")
-        env, broker = setup["env"], setup["broker"]
-        assert isinstance(env, dict)
-        assert isinstance(broker, redis.Redis)
+        env, broker = setup.env, setup.broker
         result = produce(
             env,
             "import json\nfrom tests.support.celery_app import app, work\n"
@@ -324,3 +332,40 @@ class TestWorkers:
         assert again != first  # accepted: the purged call no longer holds the key
         assert broker.llen(QUEUE) == 1
         assert notes_of(broker, QUEUE) == 1  # the new call's note alone
+
+
+class TestSentinel:
+    def test_a_call_lost_in_transit_on_a_sentinel_broker_runs_once(self, cenv: CeleryEnv) -> None:
+        group = SentinelGroup().start()
+        try:
+            master = group.server_on(group.master_port()).client()
+            env = {
+                **cenv.env,
+                "CSL_BROKER_URL": group.url,
+                "CSL_RESULT_URL": group.url,
+                "CSL_LOCK_URL": "",  # the master, found through the sentinels
+                "CSL_MASTER_NAME": group.MASTER_NAME,
+                "CSL_QUEUE": QUEUE,
+                "CSL_TRANSIT_TIMEOUT": "1",
+            }
+            checker = cenv.checker_client()
+            checker.delete("runs")
+            task_id = produce(
+                env,
+                "import json\nfrom tests.support.celery_app import work\n"
+                "print(json.dumps(work.apply_async(('sentinel', 0.1), queue='ride').id))\n",
+            )
+            assert steal(master, QUEUE)["headers"]["id"] == task_id  # type: ignore[index]
+            worker = Worker(env, queue=QUEUE).start()
+            try:
+                deadline = time.monotonic() + 20
+                while checker.llen("runs") < 1 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(1.5)
+            finally:
+                worker.stop()
+            runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
+            assert [(run["id"], run["item"]) for run in runs] == [(task_id, "sentinel")]
+            assert notes_of(master, QUEUE) == 0
+        finally:
+            group.cleanup()

@@ -177,6 +177,14 @@ class TestConnectionOptions:
         with pytest.raises(ConfigurationError, match="singleton_lock_client"):
             SingletonConfig.from_app(app_with(singleton_lock_client="no.such.module.factory"))
 
+    def test_the_transit_timeout_is_seconds_and_zero_turns_it_off(self) -> None:
+        assert SingletonConfig.from_app(app_with()).transit_timeout == 10.0
+        off = app_with(singleton_lock_transit_timeout=0)
+        assert SingletonConfig.from_app(off).transit_timeout == 0.0
+        for bad in (-1, "10", True):
+            with pytest.raises(ConfigurationError, match="singleton_lock_transit_timeout"):
+                SingletonConfig.from_app(app_with(singleton_lock_transit_timeout=bad))
+
 
 class TestReceivers:
     def test_importing_the_package_connects_nothing_defining_a_task_does(self) -> None:
