@@ -103,7 +103,12 @@ class RidingTake:
         args.extend([""] * (8 - len(args)))  # ARGV[8]: the script's optional one, given
         args.extend(owner.databases(db))
         self._sent_at = time.monotonic()
-        pipe.evalsha(owner.riding_sha, len(keys), *keys, *args)
+        if getattr(pipe, "global_keyprefix", None):
+            # kombu's key-prefixing pipeline rewrites EVALSHA's first key (the lock's),
+            # not EVAL's: the body, whose keys are sent as they are.
+            pipe.eval(owner.riding_body, len(keys), *keys, *args)
+        else:
+            pipe.evalsha(owner.riding_sha, len(keys), *keys, *args)
 
     def refused(self, error: Exception) -> bool:
         """Whether ``error`` (raised by the pipeline) is the server refusing this take as
@@ -196,7 +201,7 @@ class Pushes:
         self._script: Script = store.client.register_script(scripts.HOLD_AND_PUSH)
         self._swap: Script = store.client.register_script(scripts.SWAP_AND_PUSH)
         self._riding: Script = store.client.register_script(scripts.RIDING_ACQUIRE)
-        self.riding_sha = self._riding.sha
+        self.riding_sha, self.riding_body = self._riding.sha, body(self._riding)
         self.takes_ride = True  # False once the server refused a riding take
         self.releases_ride = True  # False once the server refused a riding release
 
