@@ -125,7 +125,8 @@ SCENARIOS: list[tuple[str, str, str]] = [
      "As 8c on two gevent workers, one SIGKILLed whole every 3-5 s. A dead worker's "
      "unacked messages are put back within a second or two of their visibility timeout "
      "under full load (`stale_unacked`), as on prefork: before, a worker without an event "
-     "loop put them back only when idle, and they piled up with their keys."),
+     "loop put them back only when idle, and they piled up with their keys. `lost` "
+     "counts the plain task's calls; each mode's own line says none of its were."),
     ("mode_soak_plain_control", "8e. The control: plain Celery, whole workers killed",
      "Plain tasks (no lock) on kombu's own transport, a whole prefork worker SIGKILLed "
      "every 2-4 s: calls taken off the queue by a worker killed before kombu recorded "
