@@ -479,11 +479,16 @@ def test_a_celery_worker_on_a_sentinel_broker_locks_there_and_follows_a_failover
         wait_for(lambda: sentinels.master_port() != old, 30, "sentinel failover")
         check("after")  # broker, backend and lock store all follow the new master
         master = sentinels.server_on(sentinels.master_port()).client()
+        # The broker's lists share this database: its in-transit bookkeeping (the queues'
+        # push numbers) is not a lock.
         wait_for(
-            lambda: not [k for k in master.scan_iter("t:*") if not k.endswith(b":fence")],
+            lambda: not [
+                k for k in master.scan_iter("t:*")
+                if not k.endswith(b":fence") and not k.startswith(b"t:transit")
+            ],
             5,
             "every lock released",
-        )
+        )  # fmt: skip
     finally:
         worker.stop()
 
