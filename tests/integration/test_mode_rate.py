@@ -94,7 +94,8 @@ class TestAcrossWorkers:
         # Mid-run: a prefork worker dies with its prefetched and deferred messages, and
         # is replaced once they are past the visibility timeout: a new worker restores
         # them as it starts (kombu before 5.4 sweeps for them only every ~100 s after).
-        wait_for(lambda: len(rated_runs(cenv)) >= 150, 30, "runs under way")
+        # (Within a minute: on a loaded 2-core machine the fleet can start slowly.)
+        wait_for(lambda: len(rated_runs(cenv)) >= 150, 60, "runs under way")
         fleet[0].kill()
         time.sleep(VISIBILITY + 1)
         extra = {"CSL_VISIBILITY_TIMEOUT": str(VISIBILITY)}
