@@ -8,11 +8,12 @@ the two would leave one for ``queue_ttl``), nor a message and no hold.
 Once a singleton task is bound (``ride``), kombu resolves ``redis://`` and ``rediss://``
 to ``RedisTransport``, which behaves exactly as kombu's own for any message without a
 hold to take. ``singleton_lock_ride_broker = False`` turns the ride off (the hold is then
-a round trip of its own); a transport the app names (``broker_transport``) is kept. A
-message whose hold was taken apart (a lock store on another server) is pushed with its
-in-transit note (``lease.transit``), in one round trip as kombu's push is; every other
-message (other tasks, canvas, fanout) is put as kombu puts it. Received messages are
-recorded by ``unacked.QoS``.
+a round trip of its own); a transport the app names (``broker_transport``) is kept. Every
+singleton call's message is noted in transit as it is pushed (``lease.transit``): by the
+hold's script, or, with no hold riding (a lock store on another server, a mode without
+a dispatch hold), by a script that replaces kombu's LPUSH in the same one round trip.
+Every other message (other tasks, canvas, fanout) is put as kombu puts it. Received
+messages are recorded by ``unacked.QoS``.
 """
 
 from __future__ import annotations
