@@ -216,11 +216,14 @@ class LockBase:
         )
 
     def acquire_request(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
-    ) -> tuple[Call, ScriptArgs]:
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
+        unless_replaced: str | None = None,
+    ) -> tuple[Call, ScriptArgs]:  # fmt: skip
         """A try to be sent on another client's round trip (``pushes.RidingTake``): the
         validated call and the acquire script's keys and arguments."""
-        call = self._acquire_call(name, ttl, token, replace, fenced=fenced)
+        call = self._acquire_call(
+            name, ttl, token, replace, fenced=fenced, unless_replaced=unless_replaced
+        )
         return call, self._acquire_argv(call, Try(announce=False))
 
     @staticmethod

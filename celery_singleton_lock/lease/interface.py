@@ -46,8 +46,9 @@ class PushStore(Protocol):
     ) -> Lease | Contended: ...
 
     def riding_take(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
-    ) -> RidingTake | None: ...
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
+        unless_replaced: str | None = None,
+    ) -> RidingTake | None: ...  # fmt: skip
 
     def riding_release(self, lease: Lease) -> RidingRelease | None: ...
 
@@ -87,6 +88,7 @@ class LockStore(Protocol):
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         read_late: bool = False,
+        unless_replaced: str | None = None,
     ) -> PendingAcquire: ...
 
     def acquire(

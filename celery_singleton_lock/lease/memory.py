@@ -117,10 +117,12 @@ class MemoryLock:
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         read_late: bool = False,  # answered at once here
+        unless_replaced: str | None = None,
     ) -> PendingAcquire:
         outcome = self.try_acquire(
-            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced
-        )
+            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced,
+            unless_replaced=unless_replaced,
+        )  # fmt: skip
         return PendingAcquire.settled(outcome)
 
     def acquire(

@@ -40,8 +40,9 @@ class _Store(Protocol):
 
     def keys(self, name: str) -> LockKeys: ...
     def acquire_request(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
-    ) -> tuple[Call, ScriptArgs]: ...
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
+        unless_replaced: str | None = None,
+    ) -> tuple[Call, ScriptArgs]: ...  # fmt: skip
     def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
     def ttl_ms(self, ttl: object) -> int: ...
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
@@ -223,15 +224,17 @@ class Pushes:
         return RidingRelease(self, lease)
 
     def riding_take(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool
-    ) -> RidingTake | None:
+        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
+        unless_replaced: str | None = None,
+    ) -> RidingTake | None:  # fmt: skip
         """A try for ``name`` to ride a pipeline of another client of this server; None
         once the server refused one (the caller tries on its own round trip)."""
         if not self.takes_ride:
             return None
         call, argv = self._store.acquire_request(
-            name, ttl, token=token, replace=replace, fenced=fenced
-        )
+            name, ttl, token=token, replace=replace, fenced=fenced,
+            unless_replaced=unless_replaced,
+        )  # fmt: skip
         return RidingTake(self, call, argv)
 
     def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:

@@ -189,12 +189,14 @@ class Redlock:
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         read_late: bool = False,
+        unless_replaced: str | None = None,
     ) -> PendingAcquire:
         """``try_acquire``, already answered (the masters' round trips overlap each other,
         not the caller's work)."""
         outcome = self.try_acquire(
-            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced
-        )
+            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced,
+            unless_replaced=unless_replaced,
+        )  # fmt: skip
         return PendingAcquire.settled(outcome)
 
     def acquire(

@@ -115,16 +115,16 @@ class RedisLock(LockBase):
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         read_late: bool = False,
+        unless_replaced: str | None = None,
     ) -> PendingAcquire:
-        """``try_acquire`` in two halves: send now, ``.outcome()`` reads the answer.
-
-        The round trip overlaps whatever the caller does in between (Celery's dispatch
-        builds its message meanwhile). Validation errors raise here, before anything is
-        sent; store errors may raise from either half. ``read_late``: the answer may be
-        read long after (or never acted on), so the script's body is sent rather than
-        its digest; a server that lost its scripts still applies the acquire at once.
-        """
-        call = self._acquire_call(name, ttl, token, replace, replace_shape, fenced=fenced)
+        """``try_acquire`` in two halves: send now, ``.outcome()`` reads the answer, so
+        the round trip overlaps the caller's work (Celery's dispatch builds its message).
+        Validation errors raise here; store errors from either half. ``read_late``: the
+        answer may be read long after (or never), so the script's body is sent, not its
+        digest: a server that lost its scripts still applies the acquire at once."""
+        call = self._acquire_call(
+            name, ttl, token, replace, replace_shape, fenced=fenced, unless_replaced=unless_replaced
+        )
         return self._send_try(call, Try(announce=False), whole=read_late)
 
     def _send_try(self, call: Call, step: Try, *, whole: bool = False) -> PendingAcquire:

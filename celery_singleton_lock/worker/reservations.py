@@ -113,6 +113,7 @@ class Reservations:
                 replace=plan.queued,
                 fenced=plan.running,
                 read_late=True,
+                unless_replaced=plan.unless_replaced,
             )
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", plan.name, task_id, error)
@@ -144,7 +145,7 @@ class Reservations:
         try:
             take = pushes.riding_take(
                 plan.name, context.ttl, token=plan.token, replace=plan.queued,
-                fenced=plan.running,
+                fenced=plan.running, unless_replaced=plan.unless_replaced,
             )  # fmt: skip
         except SingletonLockError:
             return None  # the take on its own round trip will say what is wrong
@@ -258,6 +259,10 @@ class _Plan:
     token: str
     queued: str
     running: bool  # the running lease, fenced (else a reservation the run takes over)
+    # A mode whose later calls replace a queued message (replace, debounce): a message
+    # replaced meanwhile takes nothing, even once its hold has lapsed (a worker died
+    # with it): taken, it would pass for the newer message's, which would be dropped.
+    unless_replaced: str | None = None
 
 
 @dataclass(frozen=True)
@@ -287,9 +292,11 @@ def _plan(context: TaskContext, task_id: str, hostname: str, received: Received)
     # and releases it if the run's child dies), or a reservation the run takes over.
     # The running lease's token is new to this delivery: a redelivered copy of the
     # message received meanwhile cannot take it for its own.
+    replaced = queued if context.options.mode.replaces else None
     if role is None and context.options.mode.starts_at_receipt:
-        return _Plan(name, running_token(task_id, hostname, os.getpid()), queued, True)
-    return _Plan(name, reserved_token(task_id, hostname, queued), queued, False)
+        token = running_token(task_id, hostname, os.getpid())
+        return _Plan(name, token, queued, True, replaced)
+    return _Plan(name, reserved_token(task_id, hostname, queued), queued, False, replaced)
 
 
 def _stop_renewing(entry: Reservation) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 
 from celery_singleton_lock.tokens import TOKEN_HEADER
@@ -76,3 +77,27 @@ class TestReplaceInAWorker:
         assert first.get(timeout=20) == "v2"
         assert [r["version"] for r in of(runs(cenv), "r4")] == ["v2"]
         wait_for(lambda: not held(cenv), 3, "keys freed")
+
+
+class TestReplacedMessagesComingBack:
+    """A worker killed with a queued message and its replacement in its prefetch: its
+    reservation lapses, kombu restores both messages, and only the newest may run."""
+
+    @pytest.mark.parametrize("task_name", ["latest", "latest_queued"])
+    def test_a_replaced_message_never_takes_a_lapsed_hold_from_its_replacement(
+        self, cenv: CeleryEnv, task_name: str
+    ) -> None:
+        task = getattr(cenv.app_module, task_name)
+        queue = f"lapsed-{task_name}"
+        first = task.apply_async(("r5", "v1"), queue=queue)
+        assert task.apply_async(("r5", "v2"), queue=queue).id == first.id
+        suffix = ":pending" if task_name == "latest" else ""
+        # The dead worker's reservation of the replacement lapsed (its ttl ran out).
+        assert cenv.lock_client().delete(f"t:{{{name_of(task, 'r5', 'v1')}}}{suffix}") == 1
+        worker = Worker(cenv.env, queue=queue).start()
+        try:
+            assert first.get(timeout=20) == "v2"
+            assert [r["version"] for r in of(runs(cenv), "r5")] == ["v2"]
+            wait_for(lambda: not held(cenv), 5, "keys freed")
+        finally:
+            worker.stop()
