@@ -1,8 +1,10 @@
 """Every lock a store holds under its prefix, read in bounded batches: what operators list.
 
 Reading only: SCAN (never KEYS) over the prefix, on a Cluster over every master (redis-py's
-cluster client scans each primary), then one pipelined round trip per batch for the
-batch's holders, time left and fences. Memory is bounded by the batch, whatever the count.
+cluster client scans each primary), then one round trip per batch for the batch's
+holders, time left and fences: one script on a single server (``READ``: 100,000 locks
+list in about a second), a pipeline of reads on a Cluster, whose keys span its nodes.
+Memory is bounded by the batch, whatever the count.
 Bookkeeping keys (fences, wake-up signals, waiter lists, replaced-token sets) are not
 locks and are not listed; a name's rate (``rates``) is, as role ``"rate"`` with its
 schedule (the next call's theoretical arrival time) for a token.
@@ -10,12 +12,14 @@ schedule (the next call's theoretical arrival time) for a token.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
 from .base import REDIS_ERRORS
+from .calls import run_script
 from .clients import SyncClient
 from .errors import store_error
 from .lease import text
@@ -29,6 +33,27 @@ class _Store(Protocol):  # RedisLock (this module is below it)
 
 
 BATCH = 1000
+
+# Read a batch of locks in one step (a single server; reading only).
+# KEYS[1..n] the locks' keys, then their fence keys   ARGV[i] the index in KEYS of key
+# i's fence key, or 0 for a hold that takes no fence
+# returns JSON: for each key [value, pttl, fence or false], or 0 for a key released
+# since or not a string. One string, not an array: a reply is parsed in Python (without
+# hiredis), a reply of 3,000 items costs far more than one JSON text.
+READ = """
+local out = {}
+for i = 1, #ARGV do
+  local value = redis.pcall('GET', KEYS[i])
+  if type(value) == 'string' then
+    local fence = ARGV[i] ~= '0' and redis.call('GET', KEYS[tonumber(ARGV[i])]) or false
+    -- Ours are ASCII; another's bytes must not break a client that decodes replies.
+    out[i] = {string.gsub(value, '[\\128-\\255]', '?'), redis.call('PTTL', KEYS[i]), fence}
+  else
+    out[i] = 0
+  end
+end
+return cjson.encode(out)
+"""
 
 
 @dataclass(frozen=True)
@@ -98,20 +123,17 @@ def _rate_key(prefix: str, key: str) -> tuple[str, str | None] | None:
 def _read(lock: _Store, found: list[tuple[str, str, str | None]]) -> Iterator[Held]:
     if not found:
         return
-    pipe = lock.client.pipeline(transaction=False)
-    for key, name, role in found:
-        pipe.get(key)
-        pipe.pttl(key)
-        # Only the lock's own key and its slots are fenced (a pending call's hold and a
-        # throttle window keep duplicates out; their executions take fenced leases).
-        if role is None:
-            pipe.get(LockKeys.build(lock.prefix, name).fence)
-    replies: list[Any] = pipe.execute(raise_on_error=False)
-    at = 0
-    for key, name, role in found:
-        value, pttl = replies[at], replies[at + 1]
-        fence = replies[at + 2] if role is None else None
-        at += 3 if role is None else 2
+    # Only the lock's own key and its slots are fenced (a pending call's hold and a
+    # throttle window keep duplicates out; their executions take fenced leases).
+    fences = [LockKeys.build(lock.prefix, name).fence if role is None else None
+              for _, name, role in found]  # fmt: skip
+    replies = (
+        _pipelined(lock.client, found, fences)
+        if hasattr(lock.client, "get_nodes")  # a Cluster: no one script sees every key
+        else _scripted(lock.client, found, fences)
+    )
+    for at, (key, name, role) in enumerate(found):
+        value, pttl, fence = replies[3 * at : 3 * at + 3]
         if value is None or isinstance(value, Exception) or isinstance(pttl, Exception):
             continue  # released since the SCAN, or not a lock's value
         yield Held(
@@ -122,3 +144,35 @@ def _read(lock: _Store, found: list[tuple[str, str, str | None]]) -> Iterator[He
             ttl=None if int(pttl) < 0 else int(pttl) / 1000,
             fence=int(fence) if fence is not None and not isinstance(fence, Exception) else None,
         )
+
+
+def _scripted(
+    client: Any, found: list[tuple[str, str, str | None]], fences: list[str | None]
+) -> Any:
+    keys = [key for key, _, _ in found]
+    positions = []
+    for fence in fences:
+        if fence is not None:
+            keys.append(fence)
+        positions.append(len(keys) if fence is not None else 0)
+    reply = run_script(client, client.register_script(READ), keys, positions)
+    out: list[Any] = []
+    for one in json.loads(text(reply)):
+        out += [None] * 3 if one == 0 else [one[0], one[1], one[2] or None]
+    return out
+
+
+def _pipelined(
+    client: Any, found: list[tuple[str, str, str | None]], fences: list[str | None]
+) -> Any:
+    pipe = client.pipeline(transaction=False)
+    for (key, _, _), fence in zip(found, fences, strict=True):
+        pipe.get(key)
+        pipe.pttl(key)
+        if fence is not None:
+            pipe.get(fence)
+    replies = iter(pipe.execute(raise_on_error=False))
+    out: list[Any] = []
+    for fence in fences:
+        out += [next(replies), next(replies), next(replies) if fence is not None else None]
+    return out
