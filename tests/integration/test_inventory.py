@@ -49,7 +49,7 @@ def test_values_this_library_did_not_write_never_break_the_listing(
     lock: RedisLock, raw: redis.Redis
 ) -> None:
     raw.hset("test:{a hash}", "f", "v")  # not a string: no lock of ours
-    raw.set("test:{bytes}", b"\xff\xfe not utf-8 \n \"quoted\" |", px=30_000)
+    raw.set("test:{bytes}", b'\xff\xfe not utf-8 \n "quoted" |', px=30_000)
     assert isinstance(lock.try_acquire("ours", 30, token="x|w@h|1|1-2|t1"), Lease)
     found = {h.name: h for h in lock.holdings(batch=1000)}
     assert set(found) == {"bytes", "ours"}
