@@ -47,6 +47,14 @@ DEFAULTS: dict[str, object] = {
     # A singleton message pushed with its hold and then lost between the broker's pop
     # and its unacked record (a worker killed there) is pushed again after this long.
     "singleton_lock_transit_timeout": 10.0,
+    # The locks page (``celery singleton web``, celery_singleton_lock.contrib.web).
+    "singleton_lock_web_host": "127.0.0.1",
+    "singleton_lock_web_port": 5556,
+    "singleton_lock_web_prefix": "",
+    "singleton_lock_web_allow_release": False,
+    "singleton_lock_web_basic_auth": None,
+    "singleton_lock_web_refresh": 5.0,
+    "singleton_lock_web_secret": None,
 }
 # Settings of celery-singleton that happen to share our prefix: an app migrating from it
 # (or running both) must not be refused for them.

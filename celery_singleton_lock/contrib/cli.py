@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
+from typing import NoReturn, TypeVar, cast
 
 import click
 from celery.bin.base import CeleryCommand, handle_preload_options
@@ -19,10 +19,7 @@ from ..backend import Backend
 from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
 from .liveness import Liveness
-from .locks import STATES, LockRow, app_rows, parse_duration, release
-
-if TYPE_CHECKING:
-    from ..task import SingletonTask
+from .locks import STATES, LockRow, app_rows, new_call, parse_duration, release
 
 EXAMPLES = """
 \b
@@ -33,6 +30,7 @@ Examples:
   celery -A proj singleton show proj.tasks.sync:4f1c...      (a name, a Redis key or a task id)
   celery -A proj singleton release 2b6a8c1e-...              (refused while the holder lives)
   celery -A proj singleton orphans --release
+  celery -A proj singleton web --port 5556                    (the locks page, this machine only)
 """
 
 COLUMNS = (("STATE", 9), ("AGE", 8), ("TTL", 8), ("FENCE", 16), ("TASK ID", 36),
@@ -205,15 +203,6 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
             click.echo(f"    holder {alive}: {verdict.why}")
 
 
-def new_call(task: SingletonTask | None, members: list[LockRow]) -> str:
-    """What a new call of ``task`` with these arguments would get now (its mode says)."""
-    if task is None:
-        return "unknown: the lock's task cannot be told from its name"
-    opts = task.singleton_options()
-    answer = "raises DuplicateTaskError" if opts.on_duplicate == "raise" else "returns it"
-    return opts.mode.new_call({row.role: row for row in members}, answer)
-
-
 @_command("release")
 @click.argument("ref")
 @click.option("--force", is_flag=True, help="Release even while the holder is alive.")
@@ -287,3 +276,51 @@ def orphans(
         freed = sum(_release(locks, row, err=as_json) for row, _ in gone)
         if not as_json:
             click.echo(f"released {freed} of {len(gone)} orphaned lock(s)")
+
+
+@_command("web")
+@click.option("--host", help="Address to listen on [default: 127.0.0.1, this machine only].")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port [default: 5556].")
+@click.option("--prefix", help="URL path to serve the page under, e.g. /locks.")
+@click.option(
+    "--allow-release/--read-only", default=None,
+    help="Let the page release locks: owner-checked, a live one only once confirmed "
+    "[default: read-only].",
+)  # fmt: skip
+@click.option(
+    "--basic-auth", envvar="SINGLETON_LOCK_WEB_BASIC_AUTH", metavar="USER:PASSWORD",
+    help="Ask for these credentials (better from $SINGLETON_LOCK_WEB_BASIC_AUTH: a command "
+    "line is visible to other users of the machine).",
+)  # fmt: skip
+@click.option("--refresh", type=click.FloatRange(min=0), help="Seconds between refreshes (0: off).")
+@click.pass_context
+@_preload
+def web(
+    ctx: click.Context, /, *, host: str | None, port: int | None, prefix: str | None,
+    allow_release: bool | None, basic_auth: str | None, refresh: float | None, **_: object,
+) -> None:  # fmt: skip
+    """Serve a page of the locks (list, filters, a lock's holders, releases) until ^C."""
+    try:
+        from .web import LocksPage  # noqa: PLC0415  (the web extra, only for this command)
+        from .web.server import serve  # noqa: PLC0415
+    except ImportError as error:
+        exit_with(f"the page needs the web extra: pip install 'celery-singleton-lock[web]' "
+                  f"({error})")  # fmt: skip
+    try:
+        page = LocksPage(
+            ctx.obj.app, host=host, port=port, prefix=prefix, allow_release=allow_release,
+            basic_auth=basic_auth, refresh=refresh,
+        )  # fmt: skip
+    except SingletonLockError as error:
+        exit_with(str(error), 2)
+    settings = page.settings
+    shown = f"[{settings.host}]" if ":" in settings.host else settings.host
+    click.echo(
+        f"celery-singleton-lock: the locks at {_Locks(ctx).where()} on "
+        f"http://{shown}:{settings.port}{settings.prefix}/ ("
+        + ("releases on" if settings.allow_release else "read-only")
+        + (", basic auth" if settings.basic_auth else ", no auth") + ")"
+    )  # fmt: skip
+    if settings.host not in ("127.0.0.1", "::1", "localhost") and settings.basic_auth is None:
+        click.echo("Warning: listening beyond this machine with no --basic-auth", err=True)
+    serve(page)

@@ -112,7 +112,10 @@ class Liveness:
         self._where = {}
         if not self._alive:
             return
-        inspect = control.inspect(destination=sorted(self._alive), timeout=self.timeout)
+        # Every worker asked answered the ping: the replies end as soon as all are in.
+        inspect = control.inspect(
+            destination=sorted(self._alive), timeout=self.timeout, limit=len(self._alive)
+        )
         listings = {
             "active": inspect.active(),
             "reserved (not started)": inspect.reserved(),

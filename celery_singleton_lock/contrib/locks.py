@@ -26,6 +26,8 @@ from ..tokens import read_token
 if TYPE_CHECKING:
     from celery import Celery
 
+    from ..task import SingletonTask
+
 
 STATES = ("queued", "reserved", "running", "throttled", "limited", "held")
 
@@ -165,6 +167,15 @@ def app_rows(app: Celery, store: Store, batch: int = 1000) -> Iterator[LockRow]:
 def release(store: Store, row: LockRow) -> ReleaseResult:
     """Owner-checked: frees the lock only if ``row``'s holder still holds it."""
     return store.release_token(row.lock_name, row.token)
+
+
+def new_call(task: SingletonTask | None, members: list[LockRow]) -> str:
+    """What a new call of ``task`` with these arguments would get now (its mode says)."""
+    if task is None:
+        return "unknown: the lock's task cannot be told from its name"
+    opts = task.singleton_options()
+    answer = "raises DuplicateTaskError" if opts.on_duplicate == "raise" else "returns it"
+    return opts.mode.new_call({row.role: row for row in members}, answer)
 
 
 def parse_duration(text: str) -> float:
