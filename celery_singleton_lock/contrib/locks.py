@@ -26,7 +26,7 @@ from ..tokens import read_token
 if TYPE_CHECKING:
     from celery import Celery
 
-    from ..task import SingletonTask
+    from ..options import SingletonOptions
 
 
 STATES = ("queued", "reserved", "running", "throttled", "limited", "held")
@@ -169,11 +169,11 @@ def release(store: Store, row: LockRow) -> ReleaseResult:
     return store.release_token(row.lock_name, row.token)
 
 
-def new_call(task: SingletonTask | None, members: list[LockRow]) -> str:
-    """What a new call of ``task`` with these arguments would get now (its mode says)."""
-    if task is None:
+def new_call(opts: SingletonOptions | None, members: list[LockRow]) -> str:
+    """What a new call of the task of ``opts`` with these arguments would get now (its
+    mode says)."""
+    if opts is None:
         return "unknown: the lock's task cannot be told from its name"
-    opts = task.singleton_options()
     answer = "raises DuplicateTaskError" if opts.on_duplicate == "raise" else "returns it"
     return opts.mode.new_call({row.role: row for row in members}, answer)
 

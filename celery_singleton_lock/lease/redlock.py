@@ -193,10 +193,9 @@ class Redlock:
     ) -> PendingAcquire:
         """``try_acquire``, already answered (the masters' round trips overlap each other,
         not the caller's work)."""
-        outcome = self.try_acquire(
-            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced,
-            unless_replaced=unless_replaced,
-        )  # fmt: skip
+        shape, unless = replace_shape, unless_replaced
+        outcome = self.try_acquire(name, ttl, token=token, replace=replace, replace_shape=shape,
+                                   fenced=fenced, unless_replaced=unless)  # fmt: skip
         return PendingAcquire.settled(outcome)
 
     def acquire(

@@ -134,7 +134,9 @@ class TestWithoutJavaScript:
             orphans = rows_of(page.request("/?state=orphaned&per=500").body)
             assert held.keys["orphaned"] in orphans
             assert held.keys["queued"] not in orphans  # its message is in a queue
-            assert held.keys["running"] not in orphans, page.request("/?state=orphaned&per=500").body[-2500:]
+            assert held.keys["running"] not in orphans, page.request(
+                "/?state=orphaned&per=500"
+            ).body[-2500:]
 
     def test_sorting_by_age_both_ways(self, cenv: CeleryEnv, held: Held) -> None:
         store = cenv.app_module.work.singleton_context.store
@@ -308,7 +310,7 @@ class TestInABrowser:
 
         target = Path(os.environ.get("CSL_SCREENSHOT") or tmp_path / "list.png")
         with page_server(cenv.env, "--refresh=0") as page, browser() as driver:
-            driver.set_window_size(1400, 700)
+            driver.set_window_size(1400, 760)
             driver.get(f"{page.url}/?per=12")
             driver.save_screenshot(str(target))
         assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

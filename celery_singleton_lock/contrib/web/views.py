@@ -106,10 +106,11 @@ class Views:
         liveness.prepare(family)
         holds = [(row, liveness.verdict(row)) for row in family]
         task = self._task(family[0])
+        outlook = new_call(task.singleton_options() if task else None, family)
         return self.render(
             request, "lock.html", key=key, lock_name=family[0].base_name, task_name=family[0].task,
             holds=[(row, verdict, _needs_confirmation(row, verdict)) for row, verdict in holds],
-            done=done, options=task_options(task), outlook=new_call(task, family),
+            done=done, options=task_options(task), outlook=outlook,
         )  # fmt: skip
 
     def release(self, request: Request) -> Response:
