@@ -52,6 +52,11 @@ def test_the_wheel_carries_every_module_the_license_and_the_entry_points(dist: P
     modules = {p.relative_to(ROOT).as_posix() for p in package.rglob("*.py")}
     assert modules <= names, sorted(modules - names)
     assert "celery_singleton_lock/py.typed" in names
+    web = package / "contrib" / "web"
+    assets = {
+        p.relative_to(ROOT).as_posix() for d in ("templates", "static") for p in (web / d).iterdir()
+    }
+    assert assets <= names, sorted(assets - names)  # the locks page's templates and script
     info = f"celery_singleton_lock-{version}.dist-info"
     assert f"{info}/licenses/LICENSE" in names
     with zipfile.ZipFile(wheel) as archive:

@@ -19,8 +19,8 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from celery_singleton_lock.lease import Lease, Rate, companion, rates_of
-from celery_singleton_lock.tokens import queued_token
+from celery_singleton_lock.lease import Lease, LockKeys, Rate, companion, rates_of
+from celery_singleton_lock.tokens import queued_token, running_token
 
 from ..conftest import CeleryEnv
 from ..support.web import CHROMEDRIVER, CHROMIUM, browser, form_of, page_server
@@ -314,3 +314,36 @@ class TestInABrowser:
             driver.get(f"{page.url}/?per=12")
             driver.save_screenshot(str(target))
         assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class TestAtScale:
+    def test_a_page_of_100_000_locks_is_read_in_one_pass_and_pages(
+        self, cenv: CeleryEnv, held: Held
+    ) -> None:
+        """Prints how long a page takes (speed targets live in ``dev.py bench``)."""
+        client, count = cenv.lock_client(), 100_000
+        keys = []
+        for start in range(0, count, 10_000):
+            pipe = client.pipeline(transaction=False)
+            for n in range(start, start + 10_000):
+                name = f"tests.support.celery_app.work:{n:064x}"
+                keys.append(LockKeys.build("t", name).lock)
+                pipe.set(keys[-1], running_token(f"bulk{n}", "w@h", 1), px=600_000)
+            pipe.execute()
+        try:
+            with page_server(cenv.env) as page:
+                timings = {}
+                for query in ("/", "/?page=1000&per=100", "/?q=bulk4242&sort=newest"):
+                    began = time.perf_counter()
+                    reply = page.request(query)
+                    timings[query] = time.perf_counter() - began
+                    assert reply.status == 200
+                assert f'data-key="{keys[4242]}"' in page.request("/?q=bulk4242").body
+                deep = page.request("/?page=1001&per=100").body
+                assert "narrow the filters" in deep
+            print(f"\nthe page over {count} locks: " + ", ".join(
+                f"{query} {seconds:.2f}s" for query, seconds in timings.items()
+            ))  # fmt: skip
+        finally:
+            for start in range(0, count, 10_000):
+                client.delete(*keys[start : start + 10_000])

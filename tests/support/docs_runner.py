@@ -52,7 +52,27 @@ def python_blocks(page: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
 
 
+def django_project() -> None:
+    """Your Django project, for a page whose examples mount something into one."""
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        SECRET_KEY="docs-only",
+        INSTALLED_APPS=[
+            "django.contrib.admin",
+            "django.contrib.auth",
+            "django.contrib.contenttypes",
+            "django.contrib.sessions",
+            "django.contrib.messages",
+        ],
+    )
+    django.setup()
+
+
 def run(page: Path) -> None:
+    if any("from django" in block for block in python_blocks(page)):
+        django_project()
     app = Celery(f"docs-{page.stem}")
     app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
     module = "docs_" + page.stem.replace("-", "_")
