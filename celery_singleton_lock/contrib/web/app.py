@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import logging
 from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
 StartResponse = Callable[[str, list[tuple[str, str]]], object]
+logger = logging.getLogger(__name__)
 
 # A release form is a few fields: anything longer is not one.
 MAX_FORM = 16 * 1024
@@ -69,7 +71,19 @@ class LocksPage:
         return list(HEADERS)
 
     def handle(self, environ: Environ) -> Response:
+        """The response to one request (what ``__call__`` sends, and a Django view returns)."""
+        try:
+            return self._handle(environ)
+        except Exception:
+            # A broker or worker that cannot be asked (liveness), a template bug: the
+            # details go to the log, never to the page.
+            logger.exception("the locks page failed on %s", environ.get("PATH_INFO"))
+            return Response("500 Internal Server Error", b"The page failed: see its log.\n",
+                            "text/plain; charset=utf-8")  # fmt: skip
+
+    def _handle(self, environ: Environ) -> Response:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        method = "GET" if method == "HEAD" else method  # the server drops a HEAD's body
         path = str(environ.get("PATH_INFO", "") or "/")
         params = dict(parse_qsl(str(environ.get("QUERY_STRING", "")), keep_blank_values=True))
         request = Request(environ, method, path, params)

@@ -26,7 +26,7 @@
   function tick() {
     if (busy || document.hidden || paused()) return;
     busy = true;
-    fetch(window.location.href, { credentials: "same-origin", headers: { "X-Singleton-Refresh": "1" } })
+    fetch(window.location.href, { credentials: "same-origin" })
       .then(function (response) {
         if (!response.ok) throw new Error("HTTP " + response.status);
         return response.text();
