@@ -23,7 +23,7 @@ from .calls import run_script
 from .clients import SyncClient
 from .errors import store_error
 from .lease import text
-from .names import LockKeys, companion, is_role
+from .names import MAX_SLOTS, ROLES, LockKeys, companion, is_role
 
 
 class _Store(Protocol):  # RedisLock (this module is below it)
@@ -108,6 +108,19 @@ def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:
                 yield from _read(lock, pending)
                 pending = []
         yield from _read(lock, pending)
+    except REDIS_ERRORS as error:
+        raise store_error(error, where=lock.where) from error
+
+
+def family(lock: _Store, name: str) -> Iterator[Held]:
+    """The holds of the lock ``name``: its own key, its companions, its slots and its
+    rate, read in one round trip (they share its hash tag: one Cluster slot)."""
+    roles: list[str | None] = [None, *ROLES, *(f"slot{n}" for n in range(1, MAX_SLOTS + 1))]
+    found = [(LockKeys.build(lock.prefix, companion(name, r) if r else name).lock, name, r)
+             for r in roles]  # fmt: skip
+    found.append((LockKeys.build(lock.prefix, name).rate, name, "rate"))
+    try:
+        yield from _read(lock, found)
     except REDIS_ERRORS as error:
         raise store_error(error, where=lock.where) from error
 

@@ -261,15 +261,16 @@ class MemoryLock:
             entry = self._live(self.keys(name).lock)
             return None if entry is None else entry.token
 
-    def holdings(self, batch: int = 0) -> Iterator[Held]:
-        """Every lock held, as ``RedisLock.holdings`` lists them (``batch`` is unused)."""
+    def holdings(self, batch: int = 0, *, of: str | None = None) -> Iterator[Held]:
+        """Every lock held (or ``of``'s), as ``RedisLock.holdings`` lists them (``batch``
+        is unused)."""
         now = time.monotonic()
         with self.guard:
             live = [(k, e) for k in list(self._entries) if (e := self._live(k)) is not None]
             fences = dict(self._last_fence)
         for key, entry in live:
             parsed = parse_key(self.prefix, key)
-            if parsed is not None:
+            if parsed is not None and of in (None, parsed[0]):
                 name, role = parsed
                 fence = fences.get(self.keys(name).fence) if role is None else None
                 ttl = None if entry.expires_at == float("inf") else entry.expires_at - now

@@ -375,13 +375,13 @@ class Redlock:
         held = Counter(one for one in answers.values() if one is not None).most_common(1)
         return held[0][0] if held and held[0][1] >= self.quorum.needed else None
 
-    def holdings(self, batch: int = BATCH) -> Iterator[Held]:
-        """Every lock held on a majority of masters, by the same token."""
+    def holdings(self, batch: int = BATCH, *, of: str | None = None) -> Iterator[Held]:
+        """Every lock held (or ``of``'s) on a majority of masters, by the same token."""
         seen: dict[tuple[str, str], list[Held]] = {}
         answered = 0
         for node in self.nodes:
             try:
-                for held in node.holdings(batch):
+                for held in node.holdings(batch, of=of):
                     seen.setdefault((held.key, held.token), []).append(held)
             except LockStoreUnavailableError:
                 continue

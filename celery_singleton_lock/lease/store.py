@@ -15,7 +15,7 @@ from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
 from .errors import store_error
-from .inventory import BATCH, Held, scan
+from .inventory import BATCH, Held, family, scan
 from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
 from .names import DEFAULT_PREFIX
 from .pending import PendingAcquire
@@ -33,14 +33,13 @@ logger = logging.getLogger(__name__)
 class RedisLock(LockBase):
     """Leases on named locks in one Redis, one round trip per operation.
 
-    Fencing tokens: each successful acquire of a name returns a ``fence`` strictly
-    greater than every earlier fence of that name (how, and under which assumptions:
-    ``scripts.ACQUIRE``).
+    Fencing tokens: each acquire of a name returns a ``fence`` strictly greater than every
+    earlier fence of that name (how, and under which assumptions: ``scripts.ACQUIRE``).
 
-    Safety rests on a single Redis primary: a failover to a replica that missed the
-    last write can hand the same lock out twice. Fences exist to catch exactly that.
-    An unreachable server raises ``LockStoreUnavailableError``; a server that refuses
-    us for how it is set up raises ``LockStoreConfigurationError``.
+    Safety rests on a single Redis primary: a failover to a replica that missed the last
+    write can hand a lock out twice; fences catch exactly that. An unreachable server
+    raises ``LockStoreUnavailableError``; one that refuses us for how it is set up,
+    ``LockStoreConfigurationError``.
     """
 
     def __init__(
@@ -384,9 +383,10 @@ class RedisLock(LockBase):
             self.unavailable(error, name)
         return None if value is None else text(value)
 
-    def holdings(self, batch: int = BATCH) -> Iterator[Held]:
-        """Every lock held under the prefix, read a batch at a time (see ``inventory``)."""
-        return scan(self, batch=batch)
+    def holdings(self, batch: int = BATCH, *, of: str | None = None) -> Iterator[Held]:
+        """Every lock held under the prefix, a batch at a time; or the holds of the lock
+        ``of`` alone (its own, companions and slots: one round trip). See ``inventory``."""
+        return scan(self, batch=batch) if of is None else family(self, of)
 
     @contextmanager
     def hold(

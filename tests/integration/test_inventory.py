@@ -56,3 +56,20 @@ def test_values_this_library_did_not_write_never_break_the_listing(
     assert found["bytes"].token == '?? not utf-8 \n "quoted" |'
     assert found["bytes"].fence is None
     assert (found["ours"].fence or 0) > 10**15
+
+
+def test_one_lock_s_holds_are_read_alone_in_one_round_trip(lock: RedisLock) -> None:
+    from celery_singleton_lock.lease import Rate, rates_of
+
+    assert isinstance(lock.try_acquire("f", 30, token="x|w@h|1|1-2|t1"), Lease)
+    assert isinstance(lock.try_acquire(companion("f", "pending"), 30, token="q|1-2|t2"), Lease)
+    assert isinstance(lock.slots.try_acquire("f", 100, 30, token="x|w@h|2|1-2|t3"), Lease)
+    rates_of(lock).ask("f", Rate(1, 60.0), "reserve")
+    assert isinstance(lock.try_acquire("f2", 30), Lease)  # another lock: not its family
+    found = {(h.name, h.role) for h in lock.holdings(of="f")}
+    assert found == {("f", None), ("f", "pending"), ("f", "slot1"), ("f", "rate")}
+    assert list(lock.holdings(of="nothing")) == []
+    memory = MemoryLock(prefix="m")
+    assert isinstance(memory.try_acquire("f", 30), Lease)
+    assert isinstance(memory.try_acquire("g", 30), Lease)
+    assert [h.name for h in memory.holdings(of="f")] == ["f"]

@@ -18,9 +18,10 @@ from ..._time import human
 from ...backend import Backend
 from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
+from ...lease.inventory import parse_key
 from ...options import is_singleton
 from ..liveness import Liveness, Verdict
-from ..locks import LockRow, app_rows, new_call, release
+from ..locks import LockRow, TaskNames, app_rows, new_call, release, rows
 from .http import Request, Response
 from .listing import ORPHAN_STATES, PAGE_STATES, Page, Query, page_of
 
@@ -163,12 +164,15 @@ class Views:
         return Response(status, page.encode())
 
     def _family(self, key: str) -> list[LockRow]:
-        """The holds of the lock ``key`` belongs to (its own, its companions, its slots)."""
+        """The holds of the lock ``key`` (a Redis key, or a lock's name) belongs to: its
+        own, its companions, its slots, its rate. One round trip, whatever the store holds."""
         if not key:
             return []
-        rows = list(app_rows(self.app, Backend.for_app(self.app).lock))
-        bases = {row.base_name for row in rows if key in (row.key, row.base_name)}
-        return [row for row in rows if row.base_name in bases]
+        store = Backend.for_app(self.app).lock
+        # A rate's key is its lock's key and ':rate'; anything else not a key is a name.
+        parsed = parse_key(store.prefix, key.removesuffix(":rate"))
+        name = parsed[0] if parsed is not None else key
+        return list(rows(store.holdings(of=name), TaskNames(self.app)))
 
     def _task(self, row: LockRow) -> SingletonTask | None:
         task = self.app.tasks.get(row.task) if row.task else None
