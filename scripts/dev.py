@@ -127,18 +127,24 @@ def ensure_rabbitmq_server() -> bool:
 FAULT_TOOLS = {"nft": "nftables", "ip": "iproute2", "faketime": "faketime"}
 
 
-def ensure_fault_tools() -> None:
-    missing = [package for tool, package in FAULT_TOOLS.items() if not shutil.which(tool)]
+def ensure_tools(tools: dict[str, str], used_by: str) -> None:
+    """Debian's packages for ``tools`` (command -> package), installed as root; without
+    them, ``used_by`` are skipped."""
+    missing = [package for tool, package in tools.items() if not shutil.which(tool)]
     if not missing:
         return
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        say(f"no {', '.join(missing)} and no root: the partition and clock tests are skipped")
+        say(f"no {', '.join(missing)} and no root: {used_by} are skipped")
         return
-    say(f"installing Debian's {' '.join(missing)} for the partition and clock tests")
+    say(f"installing Debian's {' '.join(missing)} for {used_by}")
     try:
         apt_install(*missing)
     except subprocess.CalledProcessError as error:
-        say(f"apt-get failed ({error}): the partition and clock tests are skipped")
+        say(f"apt-get failed ({error}): {used_by} are skipped")
+
+
+def ensure_fault_tools() -> None:
+    ensure_tools(FAULT_TOOLS, "the partition and clock tests")
 
 
 # The locks page's tests drive a real browser: Debian's Chromium and its WebDriver.
@@ -146,17 +152,7 @@ BROWSER = {"chromium": "chromium", "chromedriver": "chromium-driver"}
 
 
 def ensure_browser() -> None:
-    missing = [package for tool, package in BROWSER.items() if not shutil.which(tool)]
-    if not missing:
-        return
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        say(f"no {', '.join(missing)} and no root: the locks page's browser tests are skipped")
-        return
-    say(f"installing Debian's {' '.join(missing)} for the locks page's browser tests")
-    try:
-        apt_install(*missing)
-    except subprocess.CalledProcessError as error:
-        say(f"apt-get failed ({error}): the locks page's browser tests are skipped")
+    ensure_tools(BROWSER, "the locks page's browser tests")
 
 
 def test(pytest_args: list[str]) -> int:
