@@ -304,6 +304,19 @@ class TestInABrowser:
             WebDriverWait(d, 15).until(lambda d: d.find_elements(By.ID, "done"))
             assert client.exists(held.keys["queued"]) == 0
 
+    def test_without_credentials_the_browser_gets_no_page(
+        self, cenv: CeleryEnv, held: Held
+    ) -> None:
+        from selenium.webdriver.common.by import By
+
+        with page_server(cenv.env, auth="ops:pw") as page, browser() as driver:
+            driver.get(f"{page.url}/")  # answered 401: the browser shows nothing of the page
+            assert not driver.find_elements(By.ID, "summary")
+            assert "celery-singleton-lock" not in driver.page_source
+            host = page.url.removeprefix("http://")
+            driver.get(f"http://ops:pw@{host}/")  # what a browser sends once asked
+            assert driver.find_elements(By.ID, "summary")
+
     def test_a_screenshot_of_the_list(self, cenv: CeleryEnv, held: Held, tmp_path: Path) -> None:
         """``python3 scripts/dev.py screenshot`` writes it into the docs (CSL_SCREENSHOT)."""
         import os
