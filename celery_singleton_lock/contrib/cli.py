@@ -1,4 +1,4 @@
-"""``celery -A proj singleton list|show|release|orphans``: see, explain and free locks.
+"""``celery -A proj singleton list|show|release|orphans|web``: see, explain and free locks.
 
 A Celery CLI extension (the ``celery.commands`` entry point). It reads the app's own
 settings, so it talks to the same lock store, prefix and broker as the app's workers.
@@ -323,4 +323,7 @@ def web(
     )  # fmt: skip
     if settings.host not in ("127.0.0.1", "::1", "localhost") and settings.basic_auth is None:
         click.echo("Warning: listening beyond this machine with no --basic-auth", err=True)
-    serve(page)
+    try:
+        serve(page)
+    except OSError as error:  # the port is taken, the address is not this machine's
+        exit_with(f"cannot listen on {shown}:{settings.port}: {error}")

@@ -190,6 +190,30 @@ class TestWithoutJavaScript:
         assert "password" not in body.lower()
 
 
+class TestTheCommand:
+    def test_a_port_already_taken_is_an_error_that_says_so(self, cenv: CeleryEnv) -> None:
+        import os
+        import socket
+        import subprocess
+        import sys
+
+        from ..support.workers import ROOT
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            done = subprocess.run(
+                [sys.executable, "-m", "celery", "-A", "tests.support.celery_app", "singleton",
+                 "web", f"--port={port}"],
+                cwd=ROOT, env={**os.environ, **cenv.env}, capture_output=True, text=True,
+                timeout=60, check=False,
+            )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert f"Error: cannot listen on 127.0.0.1:{port}" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
 class TestReleases:
     def test_releases_are_refused_unless_the_page_was_started_with_them(
         self, cenv: CeleryEnv, held: Held
