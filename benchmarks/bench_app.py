@@ -146,6 +146,11 @@ def this_cancel(item: str, seconds: float = 0.0) -> str:
     return _run("this_cancel", item, seconds)
 
 
+@singleton_task(app=app, name="bench.this_history", history=True)
+def this_history(item: str, seconds: float = 0.0) -> str:
+    return _run("this_history", item, seconds)
+
+
 SYSTEMS: dict[str, Any] = {
     "plain": plain,
     "celery_singleton": celery_singleton,
@@ -160,4 +165,5 @@ SYSTEMS: dict[str, Any] = {
     "this_rate": this_rate,
     "this_rate_delay": this_rate_delay,
     "this_cancel": this_cancel,
+    "this_history": this_history,
 }

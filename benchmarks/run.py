@@ -51,6 +51,7 @@ MODES = (
     "this_rate",
     "this_rate_delay",
     "this_cancel",
+    "this_history",
 )
 
 
@@ -361,7 +362,9 @@ class Bench:
         out: dict[str, dict[str, float]] = {}
         worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=idle).start()
         try:
-            for system in ALL:
+            # this_history: the default lock keeping its history (each event written by
+            # its operation's own script).
+            for system in (*ALL, "this_history"):
                 task = self.bench.SYSTEMS[system]
                 queue = f"bench-rtt-{system}"
                 self.reset()
@@ -596,7 +599,8 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "unique dispatch. A replace, debounce or cancel duplicate publishes the new "
             "arguments under the queued call's id (a swap and a message); while_executing, limit "
             "and rate do no dispatch check: every call is published (rate_delay reserves "
-            "each call's slot first and sends it with the countdown to it).",
+            "each call's slot first and sends it with the countdown to it). this_history: "
+            "the default lock with `history=True`, each entry written by its operation's script.",
         ),
         "cost": (
             "8. Where the time goes",

@@ -47,6 +47,10 @@ DEFAULTS: dict[str, object] = {
     # A singleton message pushed with its hold and then lost between the broker's pop
     # and its unacked record (a worker killed there) is pushed again after this long.
     "singleton_lock_transit_timeout": 10.0,
+    # Each lock's history (lease.history): off unless asked for; its length and lifetime.
+    "singleton_lock_history": False,
+    "singleton_lock_history_length": 100,
+    "singleton_lock_history_ttl": 86400.0,
     # The locks page (``celery singleton web``, celery_singleton_lock.contrib.web).
     "singleton_lock_web_host": "127.0.0.1",
     "singleton_lock_web_port": 5556,
@@ -181,6 +185,11 @@ class SingletonConfig:
     replica_timeout: float = 0.5
     # Seconds a message pushed with its hold may be missing before it is pushed again (0: off).
     transit_timeout: float = 10.0
+    # Each lock keeps its history (a task's own ``history=`` option wins), its entries
+    # about this many, expiring this long (s) after the last.
+    history: bool = False
+    history_length: int = 100
+    history_ttl: float = 86400.0
 
     def __repr__(self) -> str:
         # Error reporters (Sentry, tracebacks with locals) print this from frame locals.
@@ -261,6 +270,7 @@ class SingletonConfig:
                 get("singleton_lock_replica_timeout"), what="singleton_lock_replica_timeout"
             ),
             transit_timeout=_transit_timeout(get("singleton_lock_transit_timeout")),
+            **_history(get),
         )
 
     @staticmethod
@@ -358,3 +368,18 @@ def _transit_timeout(value: object) -> float:
             "again (10 by default), or 0 to push nothing again"
         )
     return seconds
+
+
+def _history(get: Callable[[str], object]) -> dict[str, Any]:
+    """``singleton_lock_history`` and its length and lifetime, validated."""
+    on, length = get("singleton_lock_history"), get("singleton_lock_history_length")
+    if not isinstance(on, bool):
+        raise ConfigurationError(f"singleton_lock_history={on!r}: use True or False")
+    if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= 100_000:
+        raise ConfigurationError(
+            f"singleton_lock_history_length={length!r}: the entries each lock keeps, 1 to 100000"
+        )
+    ttl = ttl_to_ms(
+        get("singleton_lock_history_ttl"), what="singleton_lock_history_ttl", allow_long=True
+    )
+    return {"history": on, "history_length": length, "history_ttl": ttl / 1000}

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .backend import Backend, Store
+from .lease import split_role
+from .lease.history import Record
 from .options import SingletonOptions
 
 if TYPE_CHECKING:
@@ -59,6 +61,22 @@ class TaskContext:
     def queue_ttl(self) -> float:
         """How long a queued hold lasts: the task's own, else the app's."""
         return self.options.queue_ttl or self.backend.config.queue_ttl
+
+    def record(
+        self, lock_name: str, task_id: str | None, **events: tuple[str, str, str]
+    ) -> Record | None:
+        """What to write in the history of ``lock_name`` (a companion's: its lock's) around
+        the operations of ``events``' kinds; None when this task keeps no history."""
+        config = self.backend.config
+        wanted = self.options.history
+        if not (config.history if wanted is None else wanted):
+            return None
+        base, _ = split_role(lock_name)
+        return Record(
+            key=self.store.keys(base).history, events=events,  # type: ignore[arg-type]
+            fields={"task": self.name, "id": task_id or ""},
+            length=config.history_length, ttl_ms=round(config.history_ttl * 1000),
+        )  # fmt: skip
 
 
 class Request(Protocol):

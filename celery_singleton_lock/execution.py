@@ -34,7 +34,8 @@ from .exceptions import (
     LockStoreUnavailableError,
 )
 from .holds import PendingHold
-from .lease import Contended, Lease, Slot
+from .lease import Contended, Lease, Slot, history
+from .lease.history import recording
 from .modes import Mode, Start
 from .policies import ContentionState, Fail, Requeue, Skip, Wait
 from .tokens import (
@@ -114,6 +115,13 @@ class Execution:
         )
 
     def take(self) -> Lease:
+        """The running lease: handed by the worker's main process, or taken now (the
+        lock's history, if kept, records it in the take's round trip)."""
+        started = ("started", "", "")
+        with recording(self.context.record(self.lock_name, self.delivery.request.id, take=started)):
+            return self._take()
+
+    def _take(self) -> Lease:
         handed = self.handed
         if handed is not None and handed.fence is not None and handed.name == self.lock_name:
             # No round trip: the worker's main process took it, fenced, for this message.
@@ -176,6 +184,8 @@ class Execution:
             deferred=not slot.now, remaining=slot.remaining, next_slot=slot.free,
         )  # fmt: skip
         if not slot.now:
+            record = self.context.record(self.lock_name, request.id)
+            history.append(self.store, record, "rate-limited", detail=f"runs at {slot.at:.3f}")
             if not request.is_eager:
                 defer(self.delivery, self.lock_name, slot)
             time.sleep(slot.wait)  # eagerly, the caller waits for the slot reserved for it
@@ -281,6 +291,9 @@ class Execution:
                 delivery.name, delivery.request.id, self.lock_name, state.holder or "-",
                 holder_state(held), _then(decision),
             )  # fmt: skip
+        record = self.context.record(self.lock_name, delivery.request.id)
+        holder = state.holder or "-"
+        history.append(self.store, record, "contended", holder=holder, decision=_then(decision))
         if isinstance(decision, Wait):
             if hold is not None:
                 hold.keep()  # still the pending call while it waits

@@ -46,6 +46,7 @@ OPTION_NAMES = (
     "burst",
     "on_limited",
     "terminate_on_cancel",
+    "history",
 )
 # The ends of a run after which its key takes the next call at once (``reopen_on``).
 REOPEN_ENDS = ("failure", "revoked")
@@ -74,6 +75,7 @@ class SingletonOptions:
     reopen_on: frozenset[str] = frozenset()
     rate: RateSpec | None = None  # runs started per key per period, across workers
     terminate_on_cancel: bool = False  # a cancelled run's prefork child is terminated
+    history: bool | None = None  # keep each lock's history (None: the app's setting says)
 
     @classmethod
     def build(
@@ -147,6 +149,7 @@ class SingletonOptions:
             reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
             rate=rate,
             terminate_on_cancel=terminate,
+            history=_history_option(name, raw.get("history")),
         )
 
     @cached_property
@@ -374,3 +377,9 @@ def is_singleton(task: object) -> bool:
     there would tie them to the execution module, which connects them.
     """
     return callable(getattr(task, "singleton_options", None))
+
+
+def _history_option(name: str, value: object) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ConfigurationError(f"{name}: history={value!r}: use True or False (or leave it out)")

@@ -27,6 +27,7 @@ from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
 from .dispatch import quietly
 from .lease import RidingRelease, Server, server_of
+from .lease.history import recording
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -156,6 +157,20 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
         return False
     _pending[_text(backend.get_key_for_task(request.id))] = (release, server.db)
     return True
+
+
+def release_at_end(task: Task, request: Context, context: TaskContext, lease: Lease) -> None:
+    """A run's lease at its end: rides the result's write (``release_with_result``), or is
+    sent now; eagerly, waited for. The lock's history, if kept, records it there too."""
+    store = context.store
+    # Another holder by then: the lease was lost; nobody: it had expired.
+    ended = "cancelled" if lease.cancelled else "released"
+    record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
+    with recording(record):
+        if request.is_eager:
+            quietly(store.release, lease)
+        elif not release_with_result(task, request, context, lease):
+            quietly(store.release_nowait, lease)
 
 
 def store_started(task: Task, request: Context) -> None:

@@ -6,7 +6,9 @@ settings, so it talks to the same lock store, prefix and broker as the app's wor
 
 from __future__ import annotations
 
+import getpass
 import json
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from typing import NoReturn, TypeVar, cast
@@ -18,8 +20,9 @@ from .._time import human
 from ..backend import Backend
 from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
+from .history import entries_of, shown
 from .liveness import Liveness
-from .locks import STATES, LockRow, app_rows, new_call, parse_duration, release
+from .locks import STATES, LockRow, app_rows, new_call, operator_record, parse_duration, release
 
 EXAMPLES = """
 \b
@@ -30,6 +33,7 @@ Examples:
   celery -A proj singleton show proj.tasks.sync:4f1c...      (a name, a Redis key or a task id)
   celery -A proj singleton release 2b6a8c1e-...              (refused while the holder lives)
   celery -A proj singleton orphans --release
+  celery -A proj singleton history proj.tasks.sync:4f1c...   (with singleton_lock_history)
   celery -A proj singleton web --port 5556                    (the locks page, this machine only)
 """
 
@@ -234,8 +238,9 @@ def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> N
 
 
 def _release(locks: _Locks, row: LockRow, *, err: bool = False) -> bool:
+    by = f"celery singleton, {getpass.getuser()}@{socket.gethostname()}"
     try:
-        result = release(locks.store, row)
+        result = release(locks.store, row, operator_record(locks.app, row, by))
     except SingletonLockError as error:
         exit_with(str(error))
     if result is ReleaseResult.RELEASED:
@@ -276,6 +281,35 @@ def orphans(
         freed = sum(_release(locks, row, err=as_json) for row, _ in gone)
         if not as_json:
             click.echo(f"released {freed} of {len(gone)} orphaned lock(s)")
+
+
+@_command("history")
+@click.argument("ref")
+@click.option("-n", "--count", default=50, show_default=True, type=click.IntRange(1, 10_000),
+              help="The newest entries to show.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="A JSON array of objects, newest first.")
+@click.pass_context
+@_preload
+def history(ctx: click.Context, /, ref: str, count: int, as_json: bool, **_: object) -> None:
+    """What happened to one lock (by name or Redis key), newest first: calls accepted
+    and refused (by whom), runs started and contended (and what they did), releases,
+    replacements, cancellations. Kept with singleton_lock_history (or history=True)."""
+    locks = _Locks(ctx)
+    try:
+        name, found = entries_of(locks.store, ref, count)
+    except SingletonLockError as error:
+        exit_with(str(error))
+    if as_json:
+        click.echo(json.dumps([shown(entry) for entry in found]))
+        return
+    if not found:
+        exit_with(f"no history of {name!r} at {locks.where()} (kept with "
+                  "singleton_lock_history = True, or a task's history=True)")  # fmt: skip
+    click.echo(f"lock {name}")
+    for entry in found:
+        fields = shown(entry)
+        extra = "  ".join(f"{k}={v}" for k, v in fields.items() if k not in ("at", "event"))
+        click.echo(f"{fields['at']}  {fields['event']:<20} {extra}")
 
 
 @_command("web")

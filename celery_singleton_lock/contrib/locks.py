@@ -12,11 +12,12 @@ import re
 import string
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..backend import Store
+from ..backend import Backend, Store
 from ..lease import ReleaseResult
+from ..lease.history import Record, recording
 from ..lease.inventory import Held
 from ..lease.rates import budget
 from ..modes import RateSpec
@@ -164,9 +165,27 @@ def app_rows(app: Celery, store: Store, batch: int = 1000) -> Iterator[LockRow]:
     return rows(store.holdings(batch=batch), TaskNames(app))
 
 
-def release(store: Store, row: LockRow) -> ReleaseResult:
-    """Owner-checked: frees the lock only if ``row``'s holder still holds it."""
-    return store.release_token(row.lock_name, row.token)
+def release(store: Store, row: LockRow, record: Record | None = None) -> ReleaseResult:
+    """Owner-checked: frees the lock only if ``row``'s holder still holds it (its history
+    records it, with ``operator_record``)."""
+    with recording(record):
+        return store.release_token(row.lock_name, row.token)
+
+
+def operator_record(app: Celery, row: LockRow, by: str) -> Record | None:
+    """An operator's release, for the history of ``row``'s lock if its task keeps one
+    (the app's setting, where the task cannot be told)."""
+    task = app.tasks.get(row.task) if row.task else None
+    events = {"release": ("released by operator", "", "expired")}
+    if task is not None and is_singleton(task):
+        record = task.singleton_context.record(row.lock_name, row.task_id, **events)
+    else:
+        config = Backend.for_app(app).config
+        record = Record(
+            Backend.for_app(app).lock.keys(row.base_name).history, events,  # type: ignore[arg-type]
+            {"id": row.task_id or ""}, config.history_length, round(config.history_ttl * 1000),
+        ) if config.history else None  # fmt: skip
+    return None if record is None else replace(record, fields={**record.fields, "by": by})
 
 
 def new_call(opts: SingletonOptions | None, members: list[LockRow]) -> str:

@@ -1,7 +1,7 @@
-"""A lock's history: a capped, expiring Redis stream of what happened to it, written in the round trip of what it records.
+"""A lock's history: a capped, expiring stream of its events, each written in its operation's trip.
 
-A lock ``name`` keeps its entries in ``LockKeys.history`` (its hash tag: one Cluster slot
-with the lock, so the lock's own scripts may write it). A script run with a ``Record``
+A lock keeps its entries in ``LockKeys.history`` (its hash tag: one Cluster slot with the
+lock, so the lock's own scripts may write it). A script run with a ``Record``
 is wrapped (``recorded``): the stream's key is its last key and the record's spec its
 last argument, both taken off before the script runs; its reply says what happened
 (taken or refused, and by whom; released or found expired; swapped), and the wrapper
@@ -12,12 +12,21 @@ pipelined round trip of its own.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import scripts
+from .base import REDIS_ERRORS
+from .errors import store_error
 from .lease import text
+
+logger = logging.getLogger(__name__)
 
 Kind = Literal["take", "release", "swap"]
 
@@ -67,26 +76,65 @@ return reply
 """
 
 
+# The scripts an operation may be recorded around, by digest, and the kind of reply each
+# gives (read by ``_OUTCOME``).
+_BY_KIND: tuple[tuple[str, Kind], ...] = (
+    (scripts.ACQUIRE, "take"), (scripts.HOLD_AND_PUSH, "take"),
+    (scripts.RELEASE, "release"), (scripts.RELEASE_MATCHING, "release"),
+    (scripts.SWAP, "swap"), (scripts.SWAP_AND_PUSH, "swap"),
+)  # fmt: skip
+KINDS: dict[str, Kind] = {
+    hashlib.sha1(script.encode()).hexdigest(): kind  # noqa: S324  (Redis names scripts so)
+    for script, kind in _BY_KIND
+}
+
+
 @dataclass(frozen=True)
 class Record:
-    """What to write in the history of the lock ``name`` (a lock's own name: a
-    companion's hold writes in its lock's history), by outcome: an event name, or ''
-    for no entry. ``fields``: what else the entry says (task, task id, ...)."""
+    """What to write in the history stream ``key`` (its lock's: a companion's hold
+    writes in its lock's history) around the operations sent while it is ``recording``:
+    for each kind of script, the event of each outcome (ok, refused, gone), '' or no
+    kind for no entry. ``fields``: what else each entry says (task, task id, ...)."""
 
-    name: str
-    ok: str = ""
-    refused: str = ""
-    gone: str = ""
+    key: str
+    events: Mapping[Kind, tuple[str, str, str]]
     fields: Mapping[str, str] = field(default_factory=dict)
     length: int = 100  # entries kept, about (MAXLEN ~)
     ttl_ms: int = 86_400_000  # the stream expires this long after its last entry
 
-    def spec(self) -> str:
+    def spec(self, kind: Kind) -> str | None:
+        """The wrapper's argument for a script of ``kind``; None: nothing to record."""
+        ok, refused, gone = self.events.get(kind, ("", "", ""))
+        if not (ok or refused or gone):
+            return None
         flat = [part for pair in self.fields.items() for part in pair]
         return json.dumps({
-            "ok": self.ok, "refused": self.refused, "gone": self.gone, "fields": flat,
+            "ok": ok, "refused": refused, "gone": gone, "fields": flat,
             "length": self.length, "ttl": self.ttl_ms,
         })  # fmt: skip
+
+
+# The riding scripts (``pushes``: run in another client's pipeline, in the lock's
+# database), writing their entry: the history's key and spec last, as ``recorded`` takes.
+RIDING_TAKE = scripts.in_lock_db(recorded(scripts.ACQUIRE, "take"), 9)
+RIDING_RELEASE = scripts.in_lock_db(recorded(scripts.RELEASE, "release"), 3)
+
+_recording: ContextVar[Record | None] = ContextVar("celery_singleton_lock_record", default=None)
+
+
+@contextmanager
+def recording(record: Record | None) -> Iterator[None]:
+    """While inside: the lock store's scripts of a kind ``record`` names write its entry
+    in their own round trip (``Transport`` wraps them). None: nothing is recorded."""
+    token = _recording.set(record)
+    try:
+        yield
+    finally:
+        _recording.reset(token)
+
+
+def current() -> Record | None:
+    return _recording.get()
 
 
 @dataclass(frozen=True)
@@ -99,17 +147,34 @@ class Entry:
     fields: dict[str, str]
 
 
-def append(client: Any, key: str, event: str, record: Record) -> None:
-    """An entry no script decides, with the stream's expiry renewed: one round trip."""
-    pipe = client.pipeline(transaction=False)
-    pipe.xadd(key, {"event": event, **record.fields}, maxlen=record.length, approximate=True)
-    pipe.pexpire(key, record.ttl_ms)
-    pipe.execute()
+def append(store: object, record: Record | None, event: str, **more: str) -> None:
+    """An entry no script decides (``more``: its own fields) in ``store``'s history of
+    ``record``, with the stream's expiry renewed: one round trip. Nothing for a store
+    that keeps no history (``memory://``, Redlock: no one server has every entry), and
+    never an error: a history is no reason for a task to fail."""
+    client = getattr(store, "client", None)
+    if record is None or not callable(getattr(client, "xadd", None)):
+        return
+    try:
+        pipe = client.pipeline(transaction=False)  # type: ignore[union-attr]
+        fields = {"event": event, **more, **record.fields}
+        pipe.xadd(record.key, fields, maxlen=record.length, approximate=True)
+        pipe.pexpire(record.key, record.ttl_ms)
+        pipe.execute()
+    except REDIS_ERRORS as error:
+        logger.debug("history entry %r not written: %s", event, error)
 
 
-def entries(client: Any, key: str, count: int = 100) -> list[Entry]:
-    """The newest ``count`` entries of a history, newest first."""
-    found: Sequence[tuple[Any, Mapping[Any, Any]]] = client.xrevrange(key, count=count) or []
+def entries(store: object, key: str, count: int = 100) -> list[Entry]:
+    """The newest ``count`` entries of the history ``key`` in ``store``, newest first
+    ([] for a store that keeps none). Raises the store's errors."""
+    client = getattr(store, "client", None)
+    if not callable(getattr(client, "xrevrange", None)):
+        return []
+    try:
+        found: Sequence[tuple[Any, Mapping[Any, Any]]] = client.xrevrange(key, count=count) or []  # type: ignore[union-attr]
+    except REDIS_ERRORS as error:
+        raise store_error(error, where=str(getattr(store, "where", "the lock store"))) from error
     out = []
     for entry_id, raw in found:
         values = {text(k): text(v) for k, v in raw.items()}

@@ -85,6 +85,11 @@ class LockKeys:
         return f"{self.lock}:replaced"
 
     @property
+    def history(self) -> str:
+        """The lock's history (``history``): a stream of what happened to it."""
+        return f"{self.lock}:history"
+
+    @property
     def rate(self) -> str:
         """The lock's rate limit (``rates``): its next call's theoretical arrival time."""
         return f"{self.lock}:rate"

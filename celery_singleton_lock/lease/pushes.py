@@ -19,7 +19,7 @@ from typing import Any, NoReturn, Protocol
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from . import scripts
+from . import history, scripts
 from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
 from .clients import SyncClient
@@ -84,12 +84,13 @@ class RidingTake:
     loaded yet, or the server refused it): the caller tries on its own round trip.
     """
 
-    __slots__ = ("_argv", "_call", "_owner", "_sent_at", "outcome")
+    __slots__ = ("_argv", "_call", "_owner", "_record", "_sent_at", "outcome")
 
     def __init__(self, owner: Pushes, call: Call, argv: ScriptArgs) -> None:
         self._owner = owner
         self._call = call
         self._argv = argv
+        self._record = history.current()  # the history it writes, if any
         self._sent_at = 0.0
         self.outcome: Lease | Contended | None = None
 
@@ -104,7 +105,11 @@ class RidingTake:
         args.extend([""] * (8 - len(args)))  # ARGV[8]: the script's optional one, given
         args.extend(owner.databases(db))
         self._sent_at = time.monotonic()
-        if getattr(pipe, "global_keyprefix", None):
+        spec = None if self._record is None else self._record.spec("take")
+        if self._record is not None and spec is not None:
+            keys, args = [*keys, self._record.key], [*args, spec]
+            pipe.eval(history.RIDING_TAKE, len(keys), *keys, *args)
+        elif getattr(pipe, "global_keyprefix", None):
             # kombu's key-prefixing pipeline rewrites EVALSHA's first key (the lock's),
             # not EVAL's: the body, whose keys are sent as they are.
             pipe.eval(owner.riding_body, len(keys), *keys, *args)
@@ -136,11 +141,12 @@ class RidingRelease:
     the server; an error reply) is sent on its own round trip, so it is never lost.
     """
 
-    __slots__ = ("_again", "_argv", "_lease", "_owner", "_releasing")
+    __slots__ = ("_again", "_argv", "_lease", "_owner", "_record", "_releasing")
 
     def __init__(self, owner: Pushes, lease: Lease) -> None:
         self._owner = owner
         self._lease = lease
+        self._record = history.current()  # the history it writes, if any
         self._argv = owner.store.release_argv(lease.name, lease.token)
         self._releasing = ExitStack()
         self._again = False
@@ -157,6 +163,11 @@ class RidingRelease:
         owner.store.stop_renewing(lease)  # a renewal racing the release is no loss
         self._again = self._releasing.enter_context(lease.releasing())
         # The body, not the digest: nothing to load first, nothing lost to NOSCRIPT.
+        spec = None if self._record is None else self._record.spec("release")
+        if self._record is not None and spec is not None:
+            keys, args = [*keys, self._record.key], [*args, spec]
+            pipe.eval(history.RIDING_RELEASE, len(keys), *keys, *args)
+            return
         pipe.eval(scripts.RIDING_RELEASE, len(keys), *keys, *args)
 
     def read(self, reply: object) -> None:
@@ -165,7 +176,7 @@ class RidingRelease:
         if isinstance(reply, Exception):
             if is_refusal(reply, "NOPERM"):
                 self._owner.releases_ride = False
-            self._owner.store.release_nowait(self._lease)
+            self.alone()
             return
         self._owner.store.release_answer(self._lease, reply, again=self._again)
 
@@ -185,7 +196,8 @@ class RidingRelease:
 
     def alone(self) -> None:
         """Release on its own round trip (the result write did not carry it)."""
-        self._owner.store.release_nowait(self._lease)
+        with history.recording(self._record):
+            self._owner.store.release_nowait(self._lease)
 
 
 class PushRefused(Exception):

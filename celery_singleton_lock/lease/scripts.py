@@ -157,7 +157,7 @@ return {1, 0}
 # lock's database and back. The arguments are ACQUIRE's with ARGV[8] always given ('' for
 # none), then ARGV[9] the lock's database ('' when it is the caller's) and ARGV[10] the
 # caller's database. SELECT inside a script switches only the script's database.
-def _in_lock_db(script: str, db: int) -> str:
+def in_lock_db(script: str, db: int) -> str:
     """``script`` run on another client's connection to the lock store's server:
     ARGV[db] is the lock's database ('' when it is the caller's), ARGV[db + 1] the
     caller's, selected again before returning."""
@@ -170,7 +170,7 @@ return reply
 """
 
 
-RIDING_ACQUIRE = _in_lock_db(ACQUIRE, 9)
+RIDING_ACQUIRE = in_lock_db(ACQUIRE, 9)
 
 # A counting lease: the first free slot of several (names.slot), in one step.
 # KEYS[1] fence key    KEYS[2] waiters key   KEYS[3..] the slots' lock keys, in order
@@ -298,7 +298,7 @@ return 1
 # ARGV[3] the lock's database ('' when it is the pipeline's own)
 # ARGV[4] the pipeline's database, selected again before returning
 # returns as RELEASE
-RIDING_RELEASE = _in_lock_db(RELEASE, 3)
+RIDING_RELEASE = in_lock_db(RELEASE, 3)
 
 # KEYS[1] lock key     KEYS[2] signal key    KEYS[3] waiters key
 # ARGV[1] token prefix ARGV[2] token suffix  ARGV[3] signal ttl in milliseconds

@@ -11,6 +11,7 @@ from typing import Any
 from redis.commands.core import Script
 
 from ..exceptions import ConfigurationError, SingletonLockError
+from . import history
 from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
@@ -130,7 +131,8 @@ class RedisLock(LockBase):
         sent_at = time.monotonic()
         try:
             script = self._acquire_script
-            if call.plain and not (step.announce or whole) and self.replicas is None:
+            fast = call.plain and not (step.announce or whole or history.current())
+            if fast and self.replicas is None:
                 reply = self.transport.send_hold(
                     call.keys.lock, call.token, call.ttl_ms,
                     lambda: run_script(self.client, script, **self._acquire_argv(call, step)),
@@ -230,11 +232,9 @@ class RedisLock(LockBase):
         return self.acquired(call, sent_at=sent_at, reply=reply)
 
     def release(self, lease: Lease) -> ReleaseResult:
-        """Delete the lock if ``lease`` still owns it, and wake one waiter.
-
-        A store error propagates and leaves the lease as it was, so the caller can
-        retry with the same handle (unlike redis-py #4258, nothing is forgotten first).
-        """
+        """Delete the lock if ``lease`` still owns it, and wake one waiter. A store error
+        propagates and leaves the lease as it was, so the caller can retry with the same
+        handle (unlike redis-py #4258, nothing is forgotten first)."""
         with Lease.require(lease, "release").releasing() as again:
             try:
                 reply = self._send_release(lease).get()

@@ -38,6 +38,7 @@ import redis
 from redis.commands.core import Script
 from redis.connection import Connection, ConnectionPool
 
+from . import history
 from .calls import Acked, Arg, Batch, Exchange, Hold, ScriptCall, body
 from .clients import SyncClient
 
@@ -112,6 +113,7 @@ class Transport:
         "_named",
         "_owed",
         "_pool",
+        "_recorded_scripts",
         "client",
         "direct",
         "holds",
@@ -120,6 +122,7 @@ class Transport:
 
     def __init__(self, client: SyncClient) -> None:
         self.client = client
+        self._recorded_scripts: dict[str, Script] = {}  # by the digest of the script recorded
         self.direct = drivable(client)
         self._pool: ConnectionPool | None = client.connection_pool if drivable(client) else None
         self._named = self._pool is not None and takes_command_name(self._pool)
@@ -215,6 +218,13 @@ class Transport:
         own schedule. ``acks=(replicas, timeout_ms)`` follows the call with ``WAIT`` on the
         same connection; the answer is then ``(reply, replicas that acknowledged)``.
         """
+        record = history.current()
+        kind = history.KINDS.get(script.sha) if record is not None else None
+        spec = record.spec(kind) if record is not None and kind is not None else None
+        if record is not None and kind is not None and spec is not None:
+            # The operation writes its history entry itself, in this round trip.
+            script = self._recorded(script, kind)
+            keys, args = [*keys, record.key], [*args, spec]
         exchange: Exchange = ScriptCall(self.client, script, keys, args, patient=patient)
         head = ("EVAL", body(script)) if whole else ("EVALSHA", script.sha)
         commands: list[Sequence[Arg]] = [(*head, len(keys), *keys, *args)]
@@ -224,6 +234,14 @@ class Transport:
         if not self.direct:
             return Reply(exchange.fallback())
         return self._send(commands, exchange)
+
+    def _recorded(self, script: Script, kind: history.Kind) -> Script:
+        """``script`` writing a history entry (registered on this client once)."""
+        found = self._recorded_scripts.get(script.sha)
+        if found is None:
+            found = self.client.register_script(history.recorded(body(script), kind))
+            self._recorded_scripts[script.sha] = found
+        return found
 
     def send_hold(self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Any]) -> Reply:
         """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.

@@ -26,6 +26,7 @@ from celery.worker import state as worker_state
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
 from ..lease import Lease, PendingAcquire, RedisLock, Redlock, RidingTake, Server, companion
+from ..lease.history import Record, recording
 from ..options import is_singleton
 from ..tokens import (
     HOLD_HEADER,
@@ -102,19 +103,18 @@ class Reservations:
                     )
             return
         try:
-            pending = store.begin_try_acquire(
-                plan.name,
-                context.ttl,
-                # A take that rode but whose answer was lost may have been applied:
-                # the same token counts as free, so this one gets the same answer.
-                # The ridden take's token when it rode but its answer was lost: it may
-                # have been applied, and the same token counts as free.
-                token=plan.token,
-                replace=plan.queued,
-                fenced=plan.running,
-                read_late=True,
-                unless_replaced=plan.unless_replaced,
-            )
+            with recording(_started(context, plan, task_id)):
+                pending = store.begin_try_acquire(
+                    plan.name,
+                    context.ttl,
+                    # A take that rode but whose answer was lost may have been applied:
+                    # the same token counts as free, so this one gets the same answer.
+                    token=plan.token,
+                    replace=plan.queued,
+                    fenced=plan.running,
+                    read_late=True,
+                    unless_replaced=plan.unless_replaced,
+                )
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", plan.name, task_id, error)
             return
@@ -143,10 +143,11 @@ class Reservations:
         if plan is None or pushes is None or not pushes.server.same_user(server):
             return None
         try:
-            take = pushes.riding_take(
-                plan.name, context.ttl, token=plan.token, replace=plan.queued,
-                fenced=plan.running, unless_replaced=plan.unless_replaced,
-            )  # fmt: skip
+            with recording(_started(context, plan, task_id)):  # written by the riding take
+                take = pushes.riding_take(
+                    plan.name, context.ttl, token=plan.token, replace=plan.queued,
+                    fenced=plan.running, unless_replaced=plan.unless_replaced,
+                )  # fmt: skip
         except SingletonLockError:
             return None  # the take on its own round trip will say what is wrong
         with self._guard:
@@ -297,6 +298,12 @@ def _plan(context: TaskContext, task_id: str, hostname: str, received: Received)
         token = running_token(task_id, hostname, os.getpid())
         return _Plan(name, token, queued, True, replaced)
     return _Plan(name, reserved_token(task_id, hostname, queued), queued, False, replaced)
+
+
+def _started(context: TaskContext, plan: _Plan, task_id: str) -> Record | None:
+    """The history entry of a running lease taken as its message arrives (the run then
+    starts under it without a round trip); a reservation is no event of its own."""
+    return context.record(plan.name, task_id, take=("started", "", "")) if plan.running else None
 
 
 def _stop_renewing(entry: Reservation) -> None:

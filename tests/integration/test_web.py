@@ -328,6 +328,22 @@ class TestInABrowser:
             WebDriverWait(d, 15).until(lambda d: d.find_elements(By.ID, "done"))
             assert client.exists(held.keys["queued"]) == 0
 
+    def test_the_history_of_a_refused_call_names_its_holder(
+        self, cenv: CeleryEnv, held: Held
+    ) -> None:
+        from selenium.webdriver.common.by import By
+
+        task = cenv.app_module.chronicled  # history=True
+        first = task.apply_async(("web-history",), queue="parked-web-history")
+        task.apply_async(("web-history",), queue="parked-web-history")
+        key = key_of(task, "web-history")
+        with page_server(cenv.env, "--refresh=0") as page, browser() as driver:
+            driver.get(f"{page.url}/lock?{urlencode({'key': key})}")
+            rows = driver.find_elements(By.CSS_SELECTOR, "#history tbody tr")
+            assert [r.get_attribute("data-event") for r in rows] == ["refused", "accepted"]
+            holder = rows[0].find_element(By.CSS_SELECTOR, "td.holder").text
+            assert holder == f"{first.id} (queued)"
+
     def test_without_credentials_the_browser_gets_no_page(
         self, cenv: CeleryEnv, held: Held
     ) -> None:

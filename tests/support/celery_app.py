@@ -693,3 +693,34 @@ soak_tasks = {
     )(_soak)
     for mode, options in SOAK_MODES.items()
 }  # fmt: skip
+
+
+# The history tests (tests/integration/test_history.py): tasks that keep one (history=True)
+# while the app's setting is off, one per way a lock's story goes.
+@singleton_task(app=app, bind=True, key=["item"], history=True)
+def chronicled(self: Any, item: str, seconds: float = 0.0) -> str:
+    return str(_hold(self, item, seconds))
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, dedupe=False, on_contention="fail")
+def chronicled_strict(self: Any, item: str, seconds: float = 0.0) -> str:
+    return str(_hold(self, item, seconds))
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, on_duplicate="replace")
+def chronicled_latest(self: Any, item: str, version: str) -> str:
+    return version
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, rate="1/2s")
+def chronicled_rated(self: Any, item: str, n: int = 0) -> int:
+    return n
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, on_duplicate="cancel")
+def chronicled_cancel(self: Any, item: str, seconds: float = 0.0) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        self.lease.check()  # raises TaskCancelledError once a newer call cancels this run
+        time.sleep(0.05)
+    return item

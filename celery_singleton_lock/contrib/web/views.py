@@ -20,8 +20,9 @@ from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
 from ...lease.inventory import parse_key
 from ...options import is_singleton
+from ..history import entries_of, shown
 from ..liveness import Liveness, Verdict
-from ..locks import LockRow, TaskNames, app_rows, new_call, release, rows
+from ..locks import LockRow, TaskNames, app_rows, new_call, operator_record, release, rows
 from .http import Request, Response
 from .listing import ORPHAN_STATES, PAGE_STATES, Page, Query, page_of
 
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 # How long the page waits for the workers' answers (a ping waits this long in full).
 LIVENESS_TIMEOUT = 1.0
+# A lock page shows its history's newest entries, this many.
+HISTORY_SHOWN = 50
 # Holders asked after at most, for the orphaned filter (narrow it by task or search).
 MAX_ORPHAN_CHECKS = 10_000
 
@@ -98,10 +101,17 @@ class Views:
             family = self._family(key)
         except SingletonLockError as error:
             return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
+        store = Backend.for_app(self.app).lock
+        try:
+            name, entries = entries_of(store, key, HISTORY_SHOWN) if key else ("", [])
+        except SingletonLockError:
+            name, entries = "", []  # the holds' read said what is wrong, if anything
+        events = [shown(entry) for entry in entries]
         if not family:
             return self.render(
-                request, "lock.html", status="404 Not Found", key=key, lock_name=None, holds=[],
-                done=done, options=[], outlook="",
+                request, "lock.html", status="200 OK" if events else "404 Not Found", key=key,
+                lock_name=None, history_of=name, events=events, holds=[], done=done,
+                options=[], outlook="",
             )  # fmt: skip
         liveness = Liveness(self.app, timeout=LIVENESS_TIMEOUT)
         liveness.prepare(family)
@@ -111,7 +121,8 @@ class Views:
         return self.render(
             request, "lock.html", key=key, lock_name=family[0].base_name, task_name=family[0].task,
             holds=[(row, verdict, _needs_confirmation(row, verdict)) for row, verdict in holds],
-            done=done, options=task_options(task), outlook=outlook,
+            done=done, options=task_options(task), outlook=outlook, events=events,
+            history_of=name,
         )  # fmt: skip
 
     def release(self, request: Request) -> Response:
@@ -135,7 +146,10 @@ class Views:
                 return self.render(
                     request, "confirm.html", status="409 Conflict", row=row, verdict=verdict
                 )
-            result = release(Backend.for_app(self.app).lock, row)
+            by = f"locks page, {request.user}" if request.user else "locks page"
+            result = release(
+                Backend.for_app(self.app).lock, row, operator_record(self.app, row, by)
+            )
         except SingletonLockError as error:
             return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
         if result is not ReleaseResult.RELEASED:

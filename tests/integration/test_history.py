@@ -1,0 +1,120 @@
+"""A lock's history (``history=True`` on the test's tasks, or ``singleton_lock_history``), read
+with ``celery singleton history`` after real calls on a real worker: a refused call names
+its holder, a contended run says what it did, and each other way a lock's story goes."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from celery_singleton_lock.lease import Lease
+from celery_singleton_lock.lease.history import recording
+from celery_singleton_lock.tokens import queued_token
+
+from ..conftest import CeleryEnv
+from ..support.workers import Worker
+from .test_celery_lifecycle import started, wait_for
+from .test_cli import cli
+
+
+def story(cenv: CeleryEnv, task: Any, *args: Any) -> list[dict[str, str]]:
+    """The lock's entries, oldest first, as ``celery singleton history --json`` gives them."""
+    name = task.singleton_options().key.derive(args, {})
+    done = cli(cenv, "history", name, "--json")
+    assert done.returncode == 0, done.stderr
+    entries: list[dict[str, str]] = json.loads(done.stdout)
+    return entries[::-1]
+
+
+def events(cenv: CeleryEnv, task: Any, *args: Any) -> list[str]:
+    return [entry["event"] for entry in story(cenv, task, *args)]
+
+
+class TestHistory:
+    def test_a_refused_call_names_its_holder_and_the_run_starts_and_ends(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        task = cenv.app_module.chronicled
+        first = task.apply_async(("h1", 1.0), queue=worker.queue)
+        refused = task.apply_async(("h1", 1.0), queue=worker.queue)
+        assert refused.id == first.id  # the duplicate gets the holder's result
+        assert first.get(timeout=20) == "h1"
+        wait_for(lambda: "released" in events(cenv, task, "h1"), 10, "the release recorded")
+        entries = story(cenv, task, "h1")
+        happened = [e["event"] for e in entries]
+        # The worker may take the message before the second call is made, or after.
+        assert happened[0] == "accepted"
+        assert sorted(happened[1:3]) == ["refused", "started"]
+        assert happened[3:] == ["released"]
+        by_event = {e["event"]: e for e in entries}
+        assert by_event["accepted"]["id"] == by_event["started"]["id"] == first.id
+        refusal = by_event["refused"]
+        assert refusal["holder"] in (f"{first.id} (queued)", f"{first.id} (running)")
+        assert refusal["id"] != first.id  # the refused call's own
+        assert all(e["task"] == task.name for e in entries)
+
+    def test_a_contended_run_says_what_it_did(self, cenv: CeleryEnv, worker: Worker) -> None:
+        task = cenv.app_module.chronicled_strict  # no dispatch check; contention fails
+        first = task.apply_async(("h2", 2.0), queue=worker.queue)
+        wait_for(lambda: any(s["id"] == first.id for s in started(cenv)), 20, "the first run")
+        second = task.apply_async(("h2",), queue=worker.queue)
+        second.get(timeout=20, propagate=False)
+        entries = story(cenv, task, "h2")
+        [contended] = [e for e in entries if e["event"] == "contended"]
+        assert contended["id"] == second.id
+        assert contended["holder"] == first.id
+        assert contended["decision"] == "fail"
+        first.get(timeout=20)
+
+    def test_a_replaced_call_and_an_operator_s_release(self, cenv: CeleryEnv) -> None:
+        task = cenv.app_module.chronicled_latest
+        first = task.apply_async(("h3", "v1"), queue="parked-history")
+        assert task.apply_async(("h3", "v2"), queue="parked-history").id == first.id
+        assert events(cenv, task, "h3", "v1") == ["accepted", "refused", "replaced"]
+        name = task.singleton_options().key.derive(("h3", "v1"), {})
+        done = cli(cenv, "release", name, "--force")
+        assert done.returncode == 0, done.stderr
+        last = story(cenv, task, "h3", "v1")[-1]
+        assert last["event"] == "released by operator"
+        assert last["by"].startswith("celery singleton, ")
+
+    def test_a_rate_limited_run_and_a_cancelled_one(self, cenv: CeleryEnv, worker: Worker) -> None:
+        rated = cenv.app_module.chronicled_rated
+        calls = [rated.apply_async(("h4", n), queue=worker.queue) for n in range(2)]
+        assert [c.get(timeout=20) for c in calls] == [0, 1]
+        assert "rate-limited" in events(cenv, rated, "h4")
+        cancel = cenv.app_module.chronicled_cancel
+        running = cancel.apply_async(("h5", 10.0), queue=worker.queue)
+        wait_for(lambda: "started" in events(cenv, cancel, "h5"), 20, "the run started")
+        newest = cancel.apply_async(("h5", 0.0), queue=worker.queue)
+        assert newest.get(timeout=30) == "h5"
+        wait_for(lambda: "cancelled" in events(cenv, cancel, "h5"), 10, "the cancel recorded")
+        [ended] = [e for e in story(cenv, cancel, "h5") if e["event"] == "cancelled"]
+        assert ended["id"] == running.id
+
+    def test_nothing_is_kept_without_history_and_the_command_says_how(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work = cenv.app_module.work
+        assert work.apply_async(("h6",), queue=worker.queue).get(timeout=20) == "h6"
+        name = work.singleton_options().key.derive(("h6",), {})
+        assert not any(k.endswith(b":history") for k in cenv.lock_client().scan_iter("t:*"))
+        done = cli(cenv, "history", name)
+        assert done.returncode == 1
+        assert "singleton_lock_history = True" in done.stderr
+
+    def test_an_expired_hold_released_late_is_recorded_as_such(self, cenv: CeleryEnv) -> None:
+        task = cenv.app_module.chronicled
+        store = task.singleton_context.store
+        name = task.singleton_options().key.derive(("h7",), {})
+        assert isinstance(store.try_acquire(name, 0.05, token=queued_token("gone")), Lease)
+        time.sleep(0.1)
+        row_token = queued_token("gone")
+        record = task.singleton_context.record(
+            name, "gone", release=("released", "lost", "expired")
+        )
+
+        with recording(record):
+            store.release_token(name, row_token)
+        assert events(cenv, task, "h7") == ["expired"]

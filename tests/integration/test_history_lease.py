@@ -1,0 +1,62 @@
+"""A lock's history at the lease level: the operations run while ``recording`` write their
+entry in their own round trip, by outcome; ``append`` and ``entries``."""
+
+from __future__ import annotations
+
+import redis
+
+from celery_singleton_lock import Lease, RedisLock
+from celery_singleton_lock.lease.history import Record, append, entries, recording
+
+
+def record(lock: RedisLock, name: str, **events: tuple[str, str, str]) -> Record:
+    return Record(lock.keys(name).history, events, {"task": "t", "id": "i1"}, length=5,  # type: ignore[arg-type]
+                  ttl_ms=60_000)  # fmt: skip
+
+
+def test_takes_releases_and_swaps_write_the_event_of_their_outcome(
+    lock: RedisLock, raw: redis.Redis
+) -> None:
+    history = record(lock, "h", take=("accepted", "refused", "replaced"),
+                     release=("released", "", "expired"), swap=("replaced", "", ""))  # fmt: skip
+    with recording(history):
+        first = lock.try_acquire("h", 30, token="q|1-2|first", fenced=False)
+        assert isinstance(first, Lease)
+        assert not isinstance(lock.try_acquire("h", 30, token="q|1-3|second"), Lease)
+        assert isinstance(lock.swap("h", first.token, 30, token="q|1-4|third"), Lease)
+        assert lock.release_token("h", "q|1-4|third").name == "RELEASED"
+        assert lock.release_token("h", "q|1-4|third").name == "EXPIRED"
+    assert isinstance(lock.try_acquire("h", 30), Lease)  # not recording: no entry
+    found = entries(lock, lock.keys("h").history)
+    assert [(e.event, e.fields.get("holder")) for e in found][::-1] == [
+        ("accepted", None), ("refused", "q|1-2|first"), ("replaced", None),
+        ("released", None), ("expired", None),
+    ]  # fmt: skip
+    assert all(e.fields["task"] == "t" and e.fields["id"] == "i1" for e in found)
+    assert 59_000 < raw.pttl(lock.keys("h").history) <= 60_000
+
+
+def test_the_stream_is_capped_and_client_side_entries_join_it(
+    lock: RedisLock, raw: redis.Redis
+) -> None:
+    history = record(lock, "c", take=("started", "contended", ""))
+    for n in range(200):
+        with recording(history):
+            lease = lock.try_acquire("c", 30, token=f"x|w@h|1|1-{n}|t{n}")
+        assert isinstance(lease, Lease)
+        lock.release(lease)
+    append(lock, history, "contended", decision="requeue in 1.0s", holder="someone")
+    key = lock.keys("c").history
+    assert raw.xlen(key) < 200  # MAXLEN ~ 5: trimmed by whole nodes
+    [newest] = entries(lock, key, count=1)
+    assert (newest.event, newest.fields["decision"]) == ("contended", "requeue in 1.0s")
+
+
+def test_the_fast_unscripted_hold_is_not_used_while_recording(
+    lock: RedisLock, raw: redis.Redis
+) -> None:
+    history = record(lock, "f", take=("accepted", "refused", ""))
+    with recording(history):
+        for _ in range(3):  # the transport's SET NX fast path would write nothing
+            lock.try_acquire("f", 30, token="q|1-2|same", fenced=False)
+    assert [e.event for e in entries(lock, lock.keys("f").history)] == ["accepted"] * 3
