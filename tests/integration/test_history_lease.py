@@ -36,6 +36,17 @@ def test_takes_releases_and_swaps_write_the_event_of_their_outcome(
     assert 59_000 < raw.pttl(lock.keys("h").history) <= 60_000
 
 
+def test_a_release_finding_another_holder_records_the_lease_lost(
+    lock: RedisLock, raw: redis.Redis
+) -> None:
+    history = record(lock, "l", release=("released", "lost", "expired"))
+    assert isinstance(lock.try_acquire("l", 30, token="x|w@h|1|1-2|mine"), Lease)
+    raw.set(lock.keys("l").lock, "x|w@h|2|1-3|theirs")  # it expired and another took it
+    with recording(history):
+        assert lock.release_token("l", "x|w@h|1|1-2|mine").name == "NOT_OWNER"
+    assert [e.event for e in entries(lock, lock.keys("l").history)] == ["lost"]
+
+
 def test_the_stream_is_capped_and_client_side_entries_join_it(
     lock: RedisLock, raw: redis.Redis
 ) -> None:

@@ -82,6 +82,26 @@ class TestCluster:
         lock.release(again)
         assert repr(lock).startswith("RedisLock(redis+cluster://127.0.0.1:")
 
+    def test_a_history_lives_in_its_lock_s_slot_and_is_written_by_its_scripts(
+        self, cluster: Cluster
+    ) -> None:
+        from celery_singleton_lock.lease import companion
+        from celery_singleton_lock.lease.history import Record, entries, recording
+
+        lock = RedisLock.from_url(cluster.url, prefix="hist")
+        names = [f"h{i}" for i in range(12)]  # over every master
+        for name in names:
+            record = Record(lock.keys(name).history, {"take": ("accepted", "refused", "")})
+            with recording(record):
+                # A companion's hold writes in its lock's history: one slot, one script.
+                pending = held(lock.try_acquire(companion(name, "pending"), 10, fenced=False))
+                lock.try_acquire(companion(name, "pending"), 10)
+            assert [e.event for e in entries(lock, lock.keys(name).history)] == [
+                "refused", "accepted",
+            ]  # fmt: skip
+            lock.release(pending)
+        assert len({cluster.master_of(lock.keys(n).history).port for n in names}) == 3
+
     def test_the_inventory_reads_every_master_and_the_cli_lists_them(
         self, cluster: Cluster, cenv: CeleryEnv
     ) -> None:
