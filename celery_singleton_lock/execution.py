@@ -115,8 +115,7 @@ class Execution:
         )
 
     def take(self) -> Lease:
-        """The running lease: handed by the worker's main process, or taken now (the
-        lock's history, if kept, records it in the take's round trip)."""
+        """The running lease, handed or taken now (a kept history records it in the take)."""
         started = ("started", "", "")
         with recording(self.context.record(self.lock_name, self.delivery.request.id, take=started)):
             return self._take()
@@ -142,7 +141,8 @@ class Execution:
                 if self.mode.replaces:
                     # Claimed before the key, in one step: a later call can no longer
                     # replace this message once it has passed this point.
-                    self._unless_replaced(hold.claim())
+                    with recording(None):  # the call's own hold: the run's start is the key's
+                        self._unless_replaced(hold.claim())
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
             return self._unreachable(error)

@@ -93,6 +93,12 @@ class TestHistory:
         [ended] = [e for e in story(cenv, cancel, "h5") if e["event"] == "cancelled"]
         assert ended["id"] == running.id
 
+    def test_a_pending_call_s_run_starts_once(self, cenv: CeleryEnv, worker: Worker) -> None:
+        task = cenv.app_module.chronicled_pending  # its hold beside the key, replaced
+        assert task.apply_async(("h8", "v1"), queue=worker.queue).get(timeout=20) == "v1"
+        wait_for(lambda: "released" in events(cenv, task, "h8", "v1"), 10, "the release")
+        assert events(cenv, task, "h8", "v1") == ["accepted", "started", "released"]
+
     def test_nothing_is_kept_without_history_and_the_command_says_how(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:

@@ -724,3 +724,9 @@ def chronicled_cancel(self: Any, item: str, seconds: float = 0.0) -> str:
         self.lease.check()  # raises TaskCancelledError once a newer call cancels this run
         time.sleep(0.05)
     return item
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, lock="until_executing",
+                on_duplicate="replace")  # fmt: skip
+def chronicled_pending(self: Any, item: str, version: str) -> str:
+    return version
