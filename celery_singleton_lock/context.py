@@ -69,7 +69,8 @@ class TaskContext:
         the operations of ``events``' kinds; None when this task keeps no history."""
         config = self.backend.config
         wanted = self.options.history
-        if not (config.history if wanted is None else wanted):
+        kept = getattr(self.store, "keeps_history", False)  # a single server's (lease.history)
+        if not kept or not (config.history if wanted is None else wanted):
             return None
         base, _ = split_role(lock_name)
         return Record(

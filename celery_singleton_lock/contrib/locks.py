@@ -180,11 +180,12 @@ def operator_record(app: Celery, row: LockRow, by: str) -> Record | None:
     if task is not None and is_singleton(task):
         record = task.singleton_context.record(row.lock_name, row.task_id, **events)
     else:
-        config = Backend.for_app(app).config
+        config, store = Backend.for_app(app).config, Backend.for_app(app).lock
+        kept = config.history and getattr(store, "keeps_history", False)
         record = Record(
-            Backend.for_app(app).lock.keys(row.base_name).history, events,  # type: ignore[arg-type]
+            store.keys(row.base_name).history, events,  # type: ignore[arg-type]
             {"id": row.task_id or ""}, config.history_length, round(config.history_ttl * 1000),
-        ) if config.history else None  # fmt: skip
+        ) if kept else None  # fmt: skip
     return None if record is None else replace(record, fields={**record.fields, "by": by})
 
 

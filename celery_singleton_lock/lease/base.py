@@ -138,6 +138,10 @@ def _acquire_steps(
 class LockBase:
     """What both clients share: key layout, validation and reply decoding. No I/O."""
 
+    # One server sees every operation on a lock, so its history is whole there (not so
+    # for Redlock's masters, nor kept by the memory store).
+    keeps_history = True
+
     def __init__(
         self,
         client: Any,
