@@ -69,8 +69,10 @@ if event and event ~= '' then
     entry[#entry + 1] = holder
   end
   for _, value in ipairs(spec.fields) do entry[#entry + 1] = value end
-  redis.call(unpack(entry))
-  redis.call('PEXPIRE', history, spec.ttl)
+  -- pcall: an entry refused (an ACL without the stream, a server without streams) must
+  -- not turn the operation's own reply, already applied, into an error.
+  redis.pcall(unpack(entry))
+  redis.pcall('PEXPIRE', history, spec.ttl)
 end
 return reply
 """

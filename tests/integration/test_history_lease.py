@@ -71,3 +71,16 @@ def test_the_fast_unscripted_hold_is_not_used_while_recording(
         for _ in range(3):  # the transport's SET NX fast path would write nothing
             lock.try_acquire("f", 30, token="q|1-2|same", fenced=False)
     assert [e.event for e in entries(lock, lock.keys("f").history)] == ["accepted"] * 3
+
+
+def test_an_entry_the_server_refuses_never_fails_the_operation(
+    lock: RedisLock, raw: redis.Redis
+) -> None:
+    history = record(lock, "w", take=("accepted", "refused", ""))
+    raw.set(lock.keys("w").history, "not a stream")  # XADD answers WRONGTYPE
+    with recording(history):
+        assert isinstance(lock.try_acquire("w", 30, fenced=False), Lease)
+    assert (
+        raw.get(lock.keys("w").history) == b"not a stream"
+        or raw.get(lock.keys("w").history) == "not a stream"
+    )
