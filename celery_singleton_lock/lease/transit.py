@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 # The notes' keys, in this order wherever a script takes them: the due set (member ->
 # when to look next), the records (member -> {name, token, list, pushed at ms, missing
-# since ms or 0, ends at ms, seq}), the payloads (member -> the message as pushed), each
+# since ms or 0, ends at ms, seq, 1 once pushed again}), the payloads (member -> the message as pushed), each
 # list's last push number (list -> seq) and the greatest number received (list -> seq).
 NOTE_KEYS = 5
 
@@ -69,7 +69,10 @@ local function where(member, r)
   if redis.call('HEXISTS', KEYS[6], member) == 1 then return 'unacked' end
   local popped = tonumber(redis.call('HGET', KEYS[5], r[3]) or 0)
   local length = redis.call('LLEN', r[3])
-  if popped >= r[7] or length == 0 then return 'gone' end
+  if length == 0 then return 'gone' end
+  -- A message pushed again (r[8]) waits at the end popped next, behind nothing: its
+  -- number is older than what was received since, so only a look at that end tells.
+  if popped >= r[7] and not r[8] then return 'gone' end
   local payload = redis.call('HGET', KEYS[3], member)
   local found = redis.pcall('LPOS', r[3], payload, 'RANK', -1, 'MAXLEN', 1000)
   if type(found) == 'table' then
@@ -79,7 +82,7 @@ local function where(member, r)
       if v == payload then found = true end
     end
   end
-  if found or length > 1000 then return 'queued' end
+  if found or (length > 1000 and not r[8]) then return 'queued' end
   return 'gone'
 end
 """
@@ -146,8 +149,9 @@ return missing
 )
 
 # KEYS as SWEEP; ARGV the members whose holds still stand. Each still noted, seen gone
-# before and gone now is pushed again, at the end popped next, numbered anew (it is
-# popped before anything pushed since). returns the members pushed
+# before and gone now is pushed again, at the end popped next, keeping its number and
+# marked pushed again (r[8]): a number of its own would be newer than the messages still
+# queued, whose receipt it would then seem to prove. returns the members pushed
 PUSH_AGAIN = (
     _WHERE
     + """
@@ -158,7 +162,7 @@ for _, member in ipairs(ARGV) do
   if r and r[5] ~= 0 and where(member, r) == 'gone' then
     redis.call('RPUSH', r[3], redis.call('HGET', KEYS[3], member))
     r[5] = 0
-    r[7] = redis.call('HINCRBY', KEYS[4], r[3], 1)
+    r[8] = 1
     redis.call('HSET', KEYS[2], member, cjson.encode(r))
     table.insert(pushed, member)
   end

@@ -113,6 +113,40 @@ class TestNotes:
         assert raw.llen("queue") == 1
         assert raw.get(store.keys("b").lock) == b"q-tag-b"  # the hold stands throughout
 
+    def test_a_message_queued_behind_one_pushed_again_is_never_pushed_twice(
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
+    ) -> None:
+        first = pushed(store, "d1", "tag-d1")
+        behind = pushed(store, "d2", "tag-d2")  # popped after it (a list is FIFO)
+        assert raw.rpop("queue") == first.payload.encode()  # its worker died right here
+        assert sweep_until(store, notes, rounds=2) == ["tag-d1"]  # back at the pop end
+        # Received at last: popped and recorded, its note cleared in that pipeline.
+        assert raw.rpop("queue") == first.payload.encode()
+        with raw.pipeline() as pipe:
+            ClearNote("tt", "tag-d1").add(pipe, 0)
+            pipe.hset("unacked", "tag-d1", "...")
+            pipe.execute()
+        # The one behind it never left the queue: it is never pushed a second time.
+        assert sweep_until(store, notes, rounds=4) == []
+        assert raw.lrange("queue", 0, -1) == [behind.payload.encode()]
+
+    def test_a_message_pushed_again_after_later_ones_were_received_is_not_pushed_twice(
+        self, store: RedisLock, notes: Transit, raw: redis.Redis
+    ) -> None:
+        first = pushed(store, "e1", "tag-e1")
+        later = pushed(store, "e2", "tag-e2")
+        assert raw.rpop("queue") == first.payload.encode()  # lost
+        assert raw.rpop("queue") == later.payload.encode()  # received: its number counts
+        with raw.pipeline() as pipe:
+            ClearNote("tt", "tag-e2").add(pipe, 0)
+            pipe.hset("unacked", "tag-e2", "...")
+            pipe.execute()
+        assert sweep_until(store, notes, rounds=2) == ["tag-e1"]
+        # Queued again at the end popped next, older than what was received: looked for
+        # there, found, and left alone.
+        assert sweep_until(store, notes, rounds=4) == []
+        assert raw.lrange("queue", 0, -1) == [first.payload.encode()]
+
     def test_a_message_received_as_the_sweep_looked_is_not_pushed_again(
         self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
