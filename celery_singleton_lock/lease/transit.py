@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 # The notes' keys, in this order wherever a script takes them: the due set (member ->
 # when to look next), the records (member -> {name, token, list, pushed at ms, missing
-# since ms or 0, ends at ms, seq, 1 once pushed again}), the payloads (member -> the message as pushed), each
-# list's last push number (list -> seq) and the greatest number received (list -> seq).
+# since ms or 0, ends at ms, seq, 1 once pushed again}), the payloads (member -> the
+# message as pushed), each list's last push number (list -> seq) and the greatest
+# number received (list -> seq).
 NOTE_KEYS = 5
 
 # Note a message `payload` just pushed to `list` (a key), for the `spec` {member, hold's
