@@ -13,9 +13,15 @@ from ..tokens import read_token
 def entries_of(store: Store, ref: str, count: int = 50) -> tuple[str, list[Entry]]:
     """(the lock's name, its newest ``count`` entries) for ``ref``, a lock's name or any
     of its keys (a companion's, its rate's: the lock's history is one)."""
-    parsed = parse_key(store.prefix, ref.removesuffix(":rate"))
-    name = parsed[0] if parsed is not None else ref
+    name = lock_name_of(store.prefix, ref)
     return name, entries(store, store.keys(name).history, count)
+
+
+def lock_name_of(prefix: str, ref: str) -> str:
+    """The lock ``ref`` names: a Redis key of it (its own, a companion's, its rate's), or
+    else a lock's name as given."""
+    parsed = parse_key(prefix, ref.removesuffix(":rate"))  # a rate's key: its lock's + ':rate'
+    return parsed[0] if parsed is not None else ref
 
 
 def shown(entry: Entry) -> dict[str, str]:

@@ -18,9 +18,8 @@ from ..._time import human
 from ...backend import Backend
 from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
-from ...lease.inventory import parse_key
 from ...options import is_singleton
-from ..history import entries_of, shown
+from ..history import entries_of, lock_name_of, shown
 from ..liveness import Liveness, Verdict
 from ..locks import LockRow, TaskNames, app_rows, new_call, operator_record, release, rows
 from .http import Request, Response
@@ -183,9 +182,7 @@ class Views:
         if not key:
             return []
         store = Backend.for_app(self.app).lock
-        # A rate's key is its lock's key and ':rate'; anything else not a key is a name.
-        parsed = parse_key(store.prefix, key.removesuffix(":rate"))
-        name = parsed[0] if parsed is not None else key
+        name = lock_name_of(store.prefix, key)
         return list(rows(store.holdings(of=name), TaskNames(self.app)))
 
     def _task(self, row: LockRow) -> SingletonTask | None:
