@@ -63,10 +63,15 @@ class TaskContext:
         return self.options.queue_ttl or self.backend.config.queue_ttl
 
     def record(
-        self, lock_name: str, task_id: str | None, **events: tuple[str, str, str]
+        self,
+        lock_name: str,
+        task_id: str | None,
+        *,
+        refused: Mapping[str, Mapping[str, str]] | None = None,
+        **events: tuple[str, str, str],
     ) -> Record | None:
         """What to write in the history of ``lock_name`` (a companion's: its lock's) around
-        the operations of ``events``' kinds; None when this task keeps no history."""
+        the operations of ``events``' kinds (``Record``); None when this task keeps none."""
         config = self.backend.config
         wanted = self.options.history
         kept = getattr(self.store, "keeps_history", False)  # a single server's (lease.history)
@@ -75,6 +80,7 @@ class TaskContext:
         base, _ = split_role(lock_name)
         return Record(
             key=self.store.keys(base).history, events=events,  # type: ignore[arg-type]
+            refused=refused or {},  # type: ignore[arg-type]
             fields={"task": self.name, "id": task_id or ""},
             length=config.history_length, ttl_ms=round(config.history_ttl * 1000),
         )  # fmt: skip

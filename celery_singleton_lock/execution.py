@@ -24,7 +24,7 @@ from celery.utils.dispatch import Signal
 from . import outages
 from . import signals as singleton_signals
 from .backend import Store
-from .context import Delivery, Request, TaskContext
+from .context import Delivery, TaskContext
 from .contrib.liveness import runs_task
 from .dispatch import quietly
 from .exceptions import (
@@ -34,16 +34,24 @@ from .exceptions import (
     LockStoreUnavailableError,
 )
 from .holds import PendingHold
-from .lease import Contended, Lease, Slot, history
-from .lease.history import recording
+from .lease import Contended, Lease, history
+from .lease.history import Record, recording
 from .modes import Mode, Start
-from .policies import ContentionState, Fail, Requeue, Skip, Wait
+from .policies import (
+    ContentionState,
+    Decision,
+    Fail,
+    Requeue,
+    Skip,
+    Wait,
+    decided_ahead,
+    described,
+)
+from .resend import defer, send_again
 from .tokens import (
     ATTEMPT_HEADER,
-    BYPASS_OPTION,
     HOLD_HEADER,
     NAME_HEADER,
-    OUTAGE_HEADER,
     RATE_SLOT_HEADER,
     REDRIVE_HEADER,
     RETRY_OF_HEADER,
@@ -84,6 +92,10 @@ class Execution:
         self.queued: str | None = header(request, TOKEN_HEADER)
         self.role: str | None = header(request, HOLD_HEADER)
         self.attempt = header_count(request, ATTEMPT_HEADER)
+        # A built-in policy's decision, known before the holder is: the take meeting the
+        # contention writes it in a kept history, in its own trip.
+        state = ContentionState(delivery.name, self.lock_name, self.attempt)
+        self.ahead: Decision | None = decided_ahead(opts.on_contention, state)
         hostname = request.hostname
         self.token = running_token(request.id, hostname or "eager", os.getpid())
         # The message's own hold: as queued at dispatch, or as reserved by the worker's
@@ -115,10 +127,17 @@ class Execution:
         )
 
     def take(self) -> Lease:
-        """The running lease, handed or taken now (a kept history records it in the take)."""
-        started = ("started", "", "")
-        with recording(self.context.record(self.lock_name, self.delivery.request.id, take=started)):
+        """The running lease, handed or taken now; a kept history records the start, a
+        contention (a built-in policy's decision) and a rate's deferral in their trips."""
+        with recording(self._record(contended=self.ahead is not None)):
             return self._take()
+
+    def _record(self, *, contended: bool) -> Record | None:
+        said = {"take": {"decision": described(self.ahead)}} if self.ahead else {}
+        return self.context.record(
+            self.lock_name, self.delivery.request.id, refused=said, rate=("", "rate-limited", ""),
+            take=("started", "contended" if contended else "", ""),
+        )  # fmt: skip
 
     def _take(self) -> Lease:
         handed = self.handed
@@ -183,9 +202,7 @@ class Execution:
             singleton_signals.rate_asked, task_id=request.id, slot=slot.at,
             deferred=not slot.now, remaining=slot.remaining, next_slot=slot.free,
         )  # fmt: skip
-        if not slot.now:
-            record = self.context.record(self.lock_name, request.id)
-            history.append(self.store, record, "rate-limited", detail=f"runs at {slot.at:.3f}")
+        if not slot.now:  # recorded by the rate's script (``take``)
             if not request.is_eager:
                 defer(self.delivery, self.lock_name, slot)
             time.sleep(slot.wait)  # eagerly, the caller waits for the slot reserved for it
@@ -218,6 +235,7 @@ class Execution:
             request.id,
             self.lock_name,
         )
+        self._dropped("replaced by a later call under the same task id", held.holder)
         raise Ignore("replaced by a later call under the same task id")
 
     def _is_copy(self, held: Contended) -> bool:
@@ -256,7 +274,14 @@ class Execution:
             "copy of %s task dropped: task=%s id=%s lock=%s",
             state, delivery.name, request.id, self.lock_name,
         )  # fmt: skip
+        self._dropped("a copy of the holder, its own message delivered again", held.holder)
         raise Ignore(f"a copy of {request.id}, which holds {self.lock_name!r} ({state})")
+
+    def _dropped(self, why: str, holder: str) -> None:
+        """A kept history's entry for a message dropped after its take met the holder
+        (that take's entry said what a contention does: this one did not contend)."""
+        record = self.context.record(self.lock_name, self.delivery.request.id)
+        history.append(self.store, record, "dropped", holder=holder, detail=why)
 
     def _skip(self, decision: Skip, holder: str | None) -> NoReturn:
         """End quietly in IGNORED, which callers can tell from SUCCESS and FAILURE."""
@@ -281,6 +306,8 @@ class Execution:
             retry_after=held.retry_after,
         )
         decision = policy(state)
+        if isinstance(self.ahead, Requeue):
+            decision = self.ahead  # the countdown the take's history entry says
         self._signal(
             singleton_signals.execution_contended, holder_id=state.holder, decision=decision
         )
@@ -289,16 +316,22 @@ class Execution:
             logger.info(
                 "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
                 delivery.name, delivery.request.id, self.lock_name, state.holder or "-",
-                holder_state(held), _then(decision),
+                holder_state(held), described(decision),
             )  # fmt: skip
-        record = self.context.record(self.lock_name, delivery.request.id)
-        holder = state.holder or "-"
-        history.append(self.store, record, "contended", holder=holder, decision=_then(decision))
+        if self.ahead is None:  # a policy of the user's own: its decision, a trip of its own
+            record = self.context.record(self.lock_name, delivery.request.id)
+            history.append(
+                self.store, record, "contended", holder=state.holder or "-",
+                decision=described(decision),
+            )  # fmt: skip
         if isinstance(decision, Wait):
             if hold is not None:
                 hold.keep()  # still the pending call while it waits
             try:
-                return self.mode.take_waiting(self.start, self.context.waiting, decision.timeout)
+                with recording(self._record(contended=False)):  # the start, no retry
+                    return self.mode.take_waiting(
+                        self.start, self.context.waiting, decision.timeout
+                    )
             except LockStoreUnavailableError as error:
                 # Cut off mid-wait (the wait ends by its timeout plus a grace): the
                 # outage policy, as for the first try.
@@ -325,70 +358,6 @@ class Execution:
                 task_id=state.holder,
             )
         raise ConfigurationError(f"{delivery.name}: contention policy returned {decision!r}")
-
-
-def _then(decision: object) -> str:
-    if isinstance(decision, Wait):
-        return f"wait up to {decision.timeout:g}s"
-    if isinstance(decision, Requeue):
-        return f"requeue in {decision.countdown:.2f}s"
-    return "skip" if isinstance(decision, Skip) else "fail"
-
-
-def send_again(
-    delivery: Delivery,
-    lock_name: str,
-    attempt: int,
-    countdown: float,
-    *,
-    outages: int | None = None,
-    hold: PendingHold | None = None,
-) -> NoReturn:
-    """Send the current message again in ``countdown`` seconds, and end this execution."""
-    request = delivery.request
-    logger.info(
-        "%s[%s] requeued in %.2fs for %s (attempt %d)",
-        delivery.name,
-        request.id,
-        countdown,
-        lock_name,
-        attempt,
-    )
-    headers = _again(request, lock_name, ATTEMPT_HEADER, attempt)
-    # The requeued message stays the pending call: its hold goes with it.
-    passed = hold.pass_on(delivery.context.queue_ttl + countdown) if hold is not None else {}
-    if outages is not None:
-        headers[OUTAGE_HEADER] = outages
-    # Same id, links, chain and options as this message (what Celery's retry re-sends),
-    # without counting as a retry of the task's own max_retries.
-    delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
-    raise Ignore(f"requeued: {lock_name!r} is held by another execution")
-
-
-def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
-    """Send the current message again to arrive on ``slot`` of its key's rate (reserved
-    for it), keeping its task id, and end this execution."""
-    request = delivery.request
-    logger.info(
-        "%s[%s] deferred %.3fs to its slot of %s's rate",
-        delivery.name, request.id, slot.wait, lock_name,
-    )  # fmt: skip
-    at = f"{slot.at:.6f}"
-    # Passed as the library's own header: a copy of a request's headers (a retry's)
-    # drops any slot, which only the deferral that reserved it may send.
-    headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
-    delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at}})
-    raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
-
-
-def _again(request: Request, lock_name: str, name: str, value: object) -> dict[str, object]:
-    """The headers of this message sent again: its key, ``name``, and no hold or slot of
-    its own (a slot it could not start on is spent)."""
-    headers: dict[str, object] = {**(request.headers or {}), NAME_HEADER: lock_name}
-    for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
-        headers.pop(own, None)
-    headers[name] = value
-    return headers
 
 
 def failed_run(context: TaskContext, request: object, error: Exception, lease: Lease) -> None:

@@ -212,6 +212,22 @@ def contention_policy(value: object) -> ContentionPolicy:
     )
 
 
+def decided_ahead(policy: ContentionPolicy, state: ContentionState) -> Decision | None:
+    """What a built-in ``policy`` will decide for ``state``, asked before the holder is
+    known (theirs rest on the attempt and the wait alone): the take that meets the
+    contention records it. None for a policy of the user's own, which may read more."""
+    return policy(state) if isinstance(policy, fail | skip | requeue | wait) else None
+
+
+def described(decision: Decision) -> str:
+    """A decision as the log line and a lock's history say it."""
+    if isinstance(decision, Wait):
+        return f"wait up to {decision.timeout:g}s"
+    if isinstance(decision, Requeue):
+        return f"requeue in {decision.countdown:.2f}s"
+    return "skip" if isinstance(decision, Skip) else "fail"
+
+
 def on_duplicate_option(value: object) -> OnDuplicate:
     """Validate an ``on_duplicate`` option."""
     if value not in ON_DUPLICATE:

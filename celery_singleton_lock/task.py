@@ -216,15 +216,18 @@ class SingletonTask(Task):  # type: ignore[misc]
         duplicate = partial(self._duplicate, lock_name)
         task_id = task_id or uuid()
         record = context.record(
-            lock_name, task_id, take=("accepted", "refused", ""), swap=("replaced", "", "")
+            lock_name,
+            task_id,
+            take=("accepted", "refused", ""),
+            swap=("replaced", "", ""),
+            read=("", "refused", ""),
         )
-        # A storm of one call's duplicates: one read answers it before anything is built
-        # (not while a history is kept: the refusal is recorded by the refused take).
-        early = None if record else duplicate_answered(mode, context.store, lock_name, duplicate)
-        if early is not None:
-            return early
         store, queue_ttl = context.store, context.queue_ttl
-        with recording(record):  # the hold's take (or swap) writes the history entry
+        with recording(record):  # the hold's take, swap or read writes the history entry
+            # A storm of one call's duplicates: one read answers it before anything is built.
+            early = duplicate_answered(mode, store, lock_name, duplicate)
+            if early is not None:
+                return early
             mode.prepare(self.name, options)
             planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
             hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers

@@ -144,7 +144,9 @@ def run(name: str) -> tuple[bool, int, int]:
     summary = closing[-1].strip("= ") if closing else "(no test summary)"
     say(f"{name} ({versions}): {summary} in {time.monotonic() - started:.0f}s")
     if done.returncode != 0:
-        print(done.stdout[-6000:], done.stderr[-3000:], sep="\n", flush=True)
+        # Which tests failed first: the tail below is often one test's captured log alone.
+        failures = [ln for ln in done.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+        print(*failures, done.stdout[-6000:], done.stderr[-3000:], sep="\n", flush=True)
     return (done.returncode == 0, *counts(summary))
 
 

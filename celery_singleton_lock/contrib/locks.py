@@ -184,7 +184,8 @@ def operator_record(app: Celery, row: LockRow, by: str) -> Record | None:
         kept = config.history and getattr(store, "keeps_history", False)
         record = Record(
             store.keys(row.base_name).history, events,  # type: ignore[arg-type]
-            {"id": row.task_id or ""}, config.history_length, round(config.history_ttl * 1000),
+            {"id": row.task_id or ""}, length=config.history_length,
+            ttl_ms=round(config.history_ttl * 1000),
         ) if kept else None  # fmt: skip
     return None if record is None else replace(record, fields={**record.fields, "by": by})
 

@@ -4,10 +4,12 @@ A lock keeps its entries in ``LockKeys.history`` (its hash tag: one Cluster slot
 lock, so the lock's own scripts may write it). A script run with a ``Record``
 is wrapped (``recorded``): the stream's key is its last key and the record's spec its
 last argument, both taken off before the script runs; its reply says what happened
-(taken or refused, and by whom; released or found expired; swapped), and the wrapper
-adds the matching entry (``XADD ... MAXLEN ~ n``) and renews the stream's expiry. An
-event no script decides (what a worker did about a contention) is ``append``ed: one
-pipelined round trip of its own.
+(taken or refused, and by whom; released or found expired; swapped; a rate's slot
+now or later), and the wrapper adds the matching entry (``XADD ... MAXLEN ~ n``), with
+what the caller said of a refusal beforehand (``Record.refused``: what a worker does
+about a contention, known before its take), and renews the stream's expiry. An event no
+script decides (a contention policy of the user's own) is ``append``ed: one pipelined
+round trip of its own.
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ from .lease import text
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["take", "release", "swap"]
+Kind = Literal["take", "release", "swap", "read", "rate"]
 
 # The reply of each kind of script, read as an outcome: 'ok', 'refused' (with the holder
-# when the reply names it) or 'gone'.
+# when the reply names it, and any fields of its own) or 'gone'.
 _OUTCOME: dict[str, str] = {
-    # ACQUIRE, HOLD_AND_PUSH: {1, fence} taken; {0, holder, pttl} refused; {-1} replaced
+    # ACQUIRE, HOLD_AND_PUSH, ACQUIRE_SLOT: {1, fence, ...} taken; {0, holder, pttl}
+    # refused; {-1} replaced
     "take": """
   if type(reply) == 'table' and reply[1] == 1 then return 'ok', nil end
   if type(reply) == 'table' and reply[1] == 0 then return 'refused', reply[2] end
@@ -47,7 +50,21 @@ _OUTCOME: dict[str, str] = {
     "swap": """
   if type(reply) == 'table' and reply[1] == 1 then return 'ok', nil end
   return 'refused', type(reply) == 'table' and reply[2] or nil""",
+    # HOLDER: the holder's token; false when free
+    "read": """
+  if type(reply) == 'string' then return 'refused', reply end
+  return 'gone', nil""",
+    # RATE: {state, slot in µs, ...}: 2 a later slot, the call deferred to it; 1 now
+    "rate": """
+  if type(reply) == 'table' and reply[1] == 2 then
+    return 'refused', nil, {'detail', string.format('runs at %.3f', reply[2] / 1000000)}
+  end
+  return 'ok', nil""",
 }
+
+# A holder's read (``RedisLock.holder``), a script only while a kept history records
+# reads: an early refusal of a duplicate writes its entry in the read's own trip.
+HOLDER = "return redis.call('GET', KEYS[1])"
 
 
 def recorded(script: str, kind: Kind) -> str:
@@ -60,7 +77,7 @@ end
 local function outcome(reply){_OUTCOME[kind]}
 end
 local reply = run()
-local happened, holder = outcome(reply)
+local happened, holder, own = outcome(reply)
 local event = spec[happened]
 if event and event ~= '' then
   local entry = {{'XADD', history, 'MAXLEN', '~', spec.length, '*', 'event', event}}
@@ -68,7 +85,10 @@ if event and event ~= '' then
     entry[#entry + 1] = 'holder'
     entry[#entry + 1] = holder
   end
-  for _, value in ipairs(spec.fields) do entry[#entry + 1] = value end
+  local said = happened == 'refused' and spec.refused_fields or {{}}
+  for _, fields in ipairs({{own or {{}}, said, spec.fields}}) do
+    for _, value in ipairs(fields) do entry[#entry + 1] = value end
+  end
   -- pcall: an entry refused (an ACL without the stream, a server without streams) must
   -- not turn the operation's own reply, already applied, into an error.
   redis.pcall(unpack(entry))
@@ -81,9 +101,10 @@ return reply
 # The scripts an operation may be recorded around, by digest, and the kind of reply each
 # gives (read by ``_OUTCOME``).
 _BY_KIND: tuple[tuple[str, Kind], ...] = (
-    (scripts.ACQUIRE, "take"), (scripts.HOLD_AND_PUSH, "take"),
+    (scripts.ACQUIRE, "take"), (scripts.HOLD_AND_PUSH, "take"), (scripts.ACQUIRE_SLOT, "take"),
     (scripts.RELEASE, "release"), (scripts.RELEASE_MATCHING, "release"),
-    (scripts.SWAP, "swap"), (scripts.SWAP_AND_PUSH, "swap"),
+    (scripts.SWAP, "swap"), (scripts.SWAP_AND_PUSH, "swap"), (HOLDER, "read"),
+    (scripts.RATE, "rate"),
 )  # fmt: skip
 KINDS: dict[str, Kind] = {
     hashlib.sha1(script.encode()).hexdigest(): kind  # noqa: S324  (Redis names scripts so)
@@ -96,11 +117,13 @@ class Record:
     """What to write in the history stream ``key`` (its lock's: a companion's hold
     writes in its lock's history) around the operations sent while it is ``recording``:
     for each kind of script, the event of each outcome (ok, refused, gone), '' or no
-    kind for no entry. ``fields``: what else each entry says (task, task id, ...)."""
+    kind for no entry. ``fields``: what else each entry says (task, task id, ...);
+    ``refused``: what else a refusal by a script of a kind says (the decision taken)."""
 
     key: str
     events: Mapping[Kind, tuple[str, str, str]]
     fields: Mapping[str, str] = field(default_factory=dict)
+    refused: Mapping[Kind, Mapping[str, str]] = field(default_factory=dict)
     length: int = 100  # entries kept, about (MAXLEN ~)
     ttl_ms: int = 86_400_000  # the stream expires this long after its last entry
 
@@ -109,11 +132,15 @@ class Record:
         ok, refused, gone = self.events.get(kind, ("", "", ""))
         if not (ok or refused or gone):
             return None
-        flat = [part for pair in self.fields.items() for part in pair]
         return json.dumps({
-            "ok": ok, "refused": refused, "gone": gone, "fields": flat,
+            "ok": ok, "refused": refused, "gone": gone, "fields": _flat(self.fields),
+            "refused_fields": _flat(self.refused.get(kind, {})),
             "length": self.length, "ttl": self.ttl_ms,
         })  # fmt: skip
+
+
+def _flat(fields: Mapping[str, str]) -> list[str]:
+    return [part for pair in fields.items() for part in pair]
 
 
 # The riding scripts (``pushes``: run in another client's pipeline, in the lock's

