@@ -145,8 +145,10 @@ def run(name: str) -> tuple[bool, int, int]:
     say(f"{name} ({versions}): {summary} in {time.monotonic() - started:.0f}s")
     if done.returncode != 0:
         # Which tests failed first: the tail below is often one test's captured log alone.
-        failures = [ln for ln in done.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))]
-        print(*failures, done.stdout[-6000:], done.stderr[-3000:], sep="\n", flush=True)
+        lines = done.stdout.splitlines()
+        failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR", "_____"))]
+        errors = [ln for ln in lines if ln.startswith("E ")][:80]  # what each assertion said
+        print(*failures, *errors, done.stdout[-6000:], done.stderr[-3000:], sep="\n", flush=True)
     return (done.returncode == 0, *counts(summary))
 
 

@@ -22,7 +22,16 @@ from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
 from .history import entries_of, shown
 from .liveness import Liveness
-from .locks import STATES, LockRow, app_rows, new_call, operator_record, parse_duration, release
+from .locks import (
+    STATES,
+    LockRow,
+    app_rows,
+    family_rows,
+    new_call,
+    operator_record,
+    parse_duration,
+    release,
+)
 
 EXAMPLES = """
 \b
@@ -57,6 +66,19 @@ class _Locks:
             yield from app_rows(self.app, self.store, batch)
         except SingletonLockError as error:
             exit_with(str(error))  # the store's messages name it without its password
+
+    def named(self, ref: str) -> list[LockRow]:
+        """The holds of the locks ``ref`` names, and the other holds of those locks. A
+        lock's name or key is read alone, in one round trip; a task id is looked for in
+        a pass over every lock, then its locks are read alone."""
+        try:
+            family = family_rows(self.app, self.store, ref)
+            if any(row.matches(ref) for row in family):
+                return family
+            bases = sorted({row.base_name for row in self.rows() if row.matches(ref)})
+            return [row for base in bases for row in family_rows(self.app, self.store, base)]
+        except SingletonLockError as error:
+            exit_with(str(error))
 
     def where(self) -> str:
         return f"{self.backend.describe()} under prefix {self.store.prefix!r}"
@@ -175,11 +197,10 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
     """One lock (by name, Redis key or task id): everything known, and what a new call
     would get now."""
     locks = _Locks(ctx)
-    found = [row for row in locks.rows() if row.matches(ref)]
-    if not found:
+    family = locks.named(ref)
+    if not family:
         exit_with(f"no lock matches {ref!r} at {locks.where()}")
-    bases = {row.base_name for row in found}
-    family = [row for row in locks.rows() if row.base_name in bases]
+    bases = {row.base_name for row in family}
     liveness = Liveness(locks.app)
     liveness.prepare(family)
     for base in sorted(bases):
@@ -216,7 +237,7 @@ def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> N
     """Release one lock (by name, Redis key or task id), owner-checked; refused while its
     holder is alive (its worker answers a ping and still has the task) unless --force."""
     locks = _Locks(ctx)
-    found = [row for row in locks.rows() if row.matches(ref)]
+    found = [row for row in locks.named(ref) if row.matches(ref)]
     if not found:
         exit_with(f"no lock matches {ref!r} at {locks.where()}")
     if len(found) > 1:

@@ -23,6 +23,7 @@ from ..lease.rates import budget
 from ..modes import RateSpec
 from ..options import is_singleton
 from ..tokens import read_token
+from .history import lock_name_of
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -163,6 +164,12 @@ def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> It
 def app_rows(app: Celery, store: Store, batch: int = 1000) -> Iterator[LockRow]:
     """Every lock of ``app``'s lock store ``store`` as a row (the CLI's and the tests')."""
     return rows(store.holdings(batch=batch), TaskNames(app))
+
+
+def family_rows(app: Celery, store: Store, ref: str) -> list[LockRow]:
+    """The holds of the lock ``ref`` names (its name, or any Redis key of it): its own,
+    its companions', its slots', its rate's. One round trip, however many locks there are."""
+    return list(rows(store.holdings(of=lock_name_of(store.prefix, ref)), TaskNames(app)))
 
 
 def release(store: Store, row: LockRow, record: Record | None = None) -> ReleaseResult:

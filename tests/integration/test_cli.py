@@ -346,6 +346,36 @@ def test_list_over_100000_locks_takes_bounded_round_trips_and_memory(cenv: Celer
     assert counts["maxrss_kib"] - baseline["maxrss_kib"] < 40 * 1024  # streamed, not held
 
 
+def test_show_and_release_read_a_named_lock_alone(cenv: CeleryEnv) -> None:
+    """By a lock's name or key: one read of its holds, no pass over the store's other
+    locks; by a task id: a pass to find it (a token is the only place it is written)."""
+    client = cenv.lock_client()
+    pipe = client.pipeline(transaction=False)
+    names = [f"tests.support.celery_app.work:{n:064x}" for n in range(3000)]
+    for n, name in enumerate(names):
+        pipe.set(LockKeys.build("t", name).lock, running_token(f"id{n}", "w@h", 1), px=600_000)
+    pipe.execute()
+
+    def scans(*args: str) -> tuple[int, str]:
+        done = cli(cenv, *args, probe=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        [line] = [x for x in done.stderr.splitlines() if x.startswith("probe:")]
+        return int(dict(f.split("=") for f in line.split()[1:])["scans"]), done.stdout
+
+    found, out = scans("show", names[7])
+    assert found == 0
+    assert "task id id7," in out
+    found, out = scans("show", LockKeys.build("t", names[8]).lock, "--json")
+    assert found == 0
+    assert json.loads(out)["holds"][0]["task_id"] == "id8"
+    found, out = scans("show", "id9")
+    assert found > 0  # a task id: looked for
+    assert names[9] in out
+    found, _ = scans("release", names[10], "--force")
+    assert found == 0
+    assert client.exists(LockKeys.build("t", names[10]).lock) == 0
+
+
 def test_a_refusal_logs_one_info_line_naming_the_holder_and_its_state(
     cenv: CeleryEnv, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,9 +19,9 @@ from ...backend import Backend
 from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
 from ...options import is_singleton
-from ..history import entries_of, lock_name_of, shown
+from ..history import entries_of, shown
 from ..liveness import Liveness, Verdict
-from ..locks import LockRow, TaskNames, app_rows, new_call, operator_record, release, rows
+from ..locks import LockRow, app_rows, family_rows, new_call, operator_record, release
 from .http import Request, Response
 from .listing import ORPHAN_STATES, PAGE_STATES, Page, Query, page_of
 
@@ -179,11 +179,7 @@ class Views:
     def _family(self, key: str) -> list[LockRow]:
         """The holds of the lock ``key`` (a Redis key, or a lock's name) belongs to: its
         own, its companions, its slots, its rate. One round trip, whatever the store holds."""
-        if not key:
-            return []
-        store = Backend.for_app(self.app).lock
-        name = lock_name_of(store.prefix, key)
-        return list(rows(store.holdings(of=name), TaskNames(self.app)))
+        return family_rows(self.app, Backend.for_app(self.app).lock, key) if key else []
 
     def _task(self, row: LockRow) -> SingletonTask | None:
         task = self.app.tasks.get(row.task) if row.task else None
