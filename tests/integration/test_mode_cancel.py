@@ -101,9 +101,13 @@ class TestPendingCall:
         old = preview.apply_async(("r", "v1", 10.0), queue=queue)
         began(cenv, "r")
         # Queued (its countdown not yet up): later calls replace its arguments. (Once a
-        # worker has started it, waiting for the key, they get its result instead.)
-        pending = preview.apply_async(("r", "v2", 0.1), queue=queue, countdown=1.0)
-        later = [preview.apply_async(("r", f"v{n}", 0.1), queue=queue) for n in (3, 4)]
+        # worker has started it, waiting for the key, they get its result instead: the
+        # later calls have a countdown too, or the worker could start v3's message
+        # before v4 is sent, a race a loaded machine loses.)
+        pending = preview.apply_async(("r", "v2", 0.1), queue=queue, countdown=1.5)
+        later = [
+            preview.apply_async(("r", f"v{n}", 0.1), queue=queue, countdown=1.5) for n in (3, 4)
+        ]
         assert {r.id for r in later} == {pending.id}
         assert pending.get(timeout=20) == "v4"  # the newest arguments, one run
         with pytest.raises(TaskRevokedError):
