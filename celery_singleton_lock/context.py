@@ -62,6 +62,14 @@ class TaskContext:
         """How long a queued hold lasts: the task's own, else the app's."""
         return self.options.queue_ttl or self.backend.config.queue_ttl
 
+    @property
+    def keeps_history(self) -> bool:
+        """Whether this task's locks keep a history: asked for (the task's option, else
+        the app's) and a store that can (a single server's: ``lease.history``)."""
+        wanted = self.options.history
+        kept = getattr(self.store, "keeps_history", False)
+        return bool(kept and (self.backend.config.history if wanted is None else wanted))
+
     def record(
         self,
         lock_name: str,
@@ -72,11 +80,9 @@ class TaskContext:
     ) -> Record | None:
         """What to write in the history of ``lock_name`` (a companion's: its lock's) around
         the operations of ``events``' kinds (``Record``); None when this task keeps none."""
-        config = self.backend.config
-        wanted = self.options.history
-        kept = getattr(self.store, "keeps_history", False)  # a single server's (lease.history)
-        if not kept or not (config.history if wanted is None else wanted):
+        if not self.keeps_history:
             return None
+        config = self.backend.config
         base, _ = split_role(lock_name)
         return Record(
             key=self.store.keys(base).history, events=events,  # type: ignore[arg-type]

@@ -93,9 +93,11 @@ class Execution:
         self.role: str | None = header(request, HOLD_HEADER)
         self.attempt = header_count(request, ATTEMPT_HEADER)
         # A built-in policy's decision, known before the holder is: the take meeting the
-        # contention writes it in a kept history, in its own trip.
+        # contention writes it in a kept history, in its own trip (asked only then).
         state = ContentionState(delivery.name, self.lock_name, self.attempt)
-        self.ahead: Decision | None = decided_ahead(opts.on_contention, state)
+        self.ahead: Decision | None = (
+            decided_ahead(opts.on_contention, state) if context.keeps_history else None
+        )
         hostname = request.hostname
         self.token = running_token(request.id, hostname or "eager", os.getpid())
         # The message's own hold: as queued at dispatch, or as reserved by the worker's

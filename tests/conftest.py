@@ -119,8 +119,9 @@ def fixture_celery_env(checker_server: RedisServer) -> Iterator[CeleryEnv]:
 
 @pytest.fixture(name="worker", scope="session")
 def fixture_worker(celery_env: CeleryEnv) -> Iterator[Worker]:
-    """The shared worker (prefork, concurrency 2) for tests that do not kill it."""
-    worker = Worker(celery_env.env).start()
+    """The shared worker (concurrency 2) for tests that do not kill it: prefork, or the
+    pool ``CSL_SHARED_POOL`` names (to run a file's tests on gevent, threads, ...)."""
+    worker = Worker(celery_env.env, pool=os.environ.get("CSL_SHARED_POOL", "prefork")).start()
     try:
         yield worker
     finally:

@@ -375,7 +375,7 @@ class RedisLock(LockBase):
         """The token holding ``name``, or None (a script writing the refusal, recording)."""
         key, record = self.keys(name).lock, history.current()
         try:
-            if record is not None and record.spec("read"):
+            if record is not None and "read" in record.events:
                 value = self.transport.call(self._holder_script, [key], [])
             else:
                 value = self.client.get(key)

@@ -105,6 +105,8 @@ class Worker:
         counts it busy until then, so a test right after a kill would otherwise run on
         one child where it means two. A dead child stays a zombie until that pass.
         """
+        if self.pool != "prefork":
+            return  # no children: nothing to replace
         deadline = time.monotonic() + timeout
         while True:
             children = self.children()
