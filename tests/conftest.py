@@ -71,8 +71,10 @@ def fixture_lock(client: redis.Redis) -> RedisLock:
     return RedisLock(client, prefix="test")
 
 
-# CSL_SAME_SERVER=1: the Celery tests' lock store is database 1 of the broker's server.
-SAME_SERVER = bool(os.environ.get("CSL_SAME_SERVER"))
+# The Celery tests' lock store: database 1 of the broker's server, the production default
+# on a Redis broker (the hold rides the push, the take the unacked pipeline), unless
+# CSL_LOCK_SERVER=separate gives it a server of its own (a matrix combination does).
+SAME_SERVER = os.environ.get("CSL_LOCK_SERVER", "broker") != "separate"
 # For a test that counts the lock store's round trips apart from the broker's.
 separate_lock_server = pytest.mark.skipif(
     SAME_SERVER, reason="counts the lock store's round trips apart from the broker's"
@@ -99,8 +101,6 @@ class CeleryEnv:
 @pytest.fixture(name="celery_env", scope="session")
 def fixture_celery_env(checker_server: RedisServer) -> Iterator[CeleryEnv]:
     broker = RedisServer().start()
-    # CSL_SAME_SERVER=1: the locks in database 1 of the broker's server, the default
-    # shape on a Redis broker (the hold rides the push, the take the unacked pipeline).
     lock: Any = DbView(broker, 1) if SAME_SERVER else RedisServer().start()
     env = {
         "CSL_BROKER_URL": broker.url,

@@ -15,8 +15,8 @@ from celery import Celery
 from celery.states import READY_STATES
 
 from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import lock_keys, runs, wait_for
 from ..support.netns import Namespace
+from ..support.runs import lock_keys, runs, wait_for
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 

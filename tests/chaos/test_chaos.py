@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import lock_keys, runs, started, wait_for
+from ..support.runs import lock_keys, runs, started, wait_for
 from ..support.workers import ROOT, Worker
 from .checker import assert_outage, check, outage_figures
 from .conftest import Figures, distribution, per_second, size

@@ -15,9 +15,9 @@ import pytest
 from celery_singleton_lock import RedisLock
 
 from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import runs, started, wait_for
 from ..support.clocks import FakeClock, faked_server_binary, unavailable
 from ..support.netns import unavailable as no_namespaces
+from ..support.runs import runs, started, wait_for
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 from .conftest import Figures

@@ -31,8 +31,8 @@ import pytest
 from celery_singleton_lock import DuplicateTaskError
 
 from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import runs, started, wait_for
-from ..integration.test_mode_rate import most_in_a_window
+from ..support.rates import most_in_a_window
+from ..support.runs import runs, started, wait_for
 from ..support.workers import Worker
 from .checker import check
 from .conftest import Figures, per_second, size

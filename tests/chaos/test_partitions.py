@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ..integration.test_celery_lifecycle import runs, started, wait_for
 from ..support.netns import DelayRelay, unavailable
+from ..support.runs import runs, started, wait_for
 from ..support.workers import ROOT, Worker
 from .checker import assert_outage, check, outage_figures
 from .conftest import Figures, size

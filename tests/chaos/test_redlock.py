@@ -10,9 +10,9 @@ import pytest
 
 from celery_singleton_lock import Contended, Lease, LockStoreUnavailableError, ReleaseResult
 
-from ..integration.test_celery_lifecycle import wait_for
-from ..integration.test_redlock import FENCED_WRITE, held, masters, store
 from ..support.clocks import FakeClock, faked_server_binary, unavailable
+from ..support.redlock import FENCED_WRITE, held, masters, store
+from ..support.runs import wait_for
 from ..support.servers import RedisServer
 from .conftest import Figures
 

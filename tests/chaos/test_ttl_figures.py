@@ -15,7 +15,7 @@ import pytest
 from celery_singleton_lock import Lease, RedisLock
 
 from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import runs, started, wait_for
+from ..support.runs import runs, started, wait_for
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 from .conftest import SCALE, Figures

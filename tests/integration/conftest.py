@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ..conftest import CeleryEnv
 from ..support.modes import QUEUE
+from ..support.servers import RedisServer
 from ..support.workers import Worker
 
 
@@ -30,3 +32,13 @@ def fixture_three_workers(celery_env: CeleryEnv, worker: Worker) -> Any:
     finally:
         for each in extra:
             each.stop()
+
+
+@pytest.fixture(name="shared", scope="module")
+def fixture_shared() -> Iterator[RedisServer]:
+    """One Redis for broker (db 0) and locks (db 1): the default on a Redis broker."""
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()

@@ -20,9 +20,9 @@ from celery_singleton_lock import (
 )
 
 from ..conftest import CeleryEnv
+from ..support.runs import lock_keys, runs, started, wait_for
 from ..support.servers import RedisServer, free_port
 from ..support.workers import Worker
-from .test_celery_lifecycle import lock_keys, runs, started, wait_for
 
 pytestmark = pytest.mark.slow
 

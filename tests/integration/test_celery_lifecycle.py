@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from celery import chain, group
@@ -19,41 +15,12 @@ from celery_singleton_lock import DuplicateTaskError
 from celery_singleton_lock.tokens import LEASE_HEADER
 
 from ..conftest import CeleryEnv
+from ..support.runs import assert_no_overlap, lock_keys, runs, started, wait_for
 from ..support.workers import Worker
 
 APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
 
 pytestmark = pytest.mark.slow
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
-        time.sleep(0.01)
-
-
-def runs(cenv: CeleryEnv) -> list[dict[str, Any]]:
-    return [json.loads(r) for r in cenv.checker_client().lrange("runs", 0, -1)]
-
-
-def started(cenv: CeleryEnv) -> list[dict[str, Any]]:
-    return [json.loads(r) for r in cenv.checker_client().lrange("started", 0, -1)]
-
-
-def lock_keys(cenv: CeleryEnv) -> list[bytes]:
-    """Our lock keys (fence keys are bookkeeping that expires with the lease)."""
-    return [k for k in cenv.lock_client().scan_iter("t:*") if not k.endswith((b":fence",))]
-
-
-def assert_no_overlap(records: list[dict[str, Any]]) -> None:
-    by_start = sorted(records, key=lambda r: r["start"])
-    for a, b in itertools.pairwise(by_start):
-        assert a["end"] <= b["start"], f"overlapping executions: {a} and {b}"
-        assert a["fence"] < b["fence"], f"fences out of order: {a} and {b}"
 
 
 class TestEnds:

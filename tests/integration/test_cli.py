@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,39 +25,10 @@ from celery_singleton_lock.lease.inventory import parse_key
 from celery_singleton_lock.tokens import queued_token, read_token, running_token
 
 from ..conftest import CeleryEnv
+from ..support.cli import APP, cli
+from ..support.runs import started, wait_for
+from ..support.same_server import produce
 from ..support.workers import ROOT, Worker
-from .test_broker_ride import produce
-from .test_celery_lifecycle import started, wait_for
-
-APP = "tests.support.celery_app"
-
-
-def cli(
-    cenv: CeleryEnv,
-    *args: str,
-    env: dict[str, str] | None = None,
-    probe: bool = False,
-    process: bool = False,
-) -> subprocess.CompletedProcess[str]:
-    """``celery -A tests.support.celery_app singleton <args>``: in this process through Celery's own
-    command group (the test app is already configured), or as a new process found through
-    the entry point (``process``, ``env``, ``probe``)."""
-    if not (process or env or probe):
-        from celery.bin.celery import celery as celery_command
-        from click.testing import CliRunner
-
-        done = CliRunner().invoke(celery_command, ["-A", APP, "singleton", *args])
-        stderr = done.stderr
-        if done.exc_info is not None and not isinstance(done.exception, SystemExit):
-            # An exception the command let out: say which, or a failure reads as empty.
-            stderr += "".join(traceback.format_exception(*done.exc_info))
-        return subprocess.CompletedProcess(args, done.exit_code, done.stdout, stderr)
-    runner = ["tests.support.cli_probe"] if probe else ["celery"]
-    return subprocess.run(
-        [sys.executable, "-m", *runner, "-A", APP, "singleton", *args],
-        cwd=ROOT, env={**os.environ, **cenv.env, **(env or {})},
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
 
 
 def listed(cenv: CeleryEnv, *args: str) -> list[dict[str, Any]]:
@@ -316,6 +286,7 @@ def test_no_locks_an_unreachable_store_and_bad_input_say_so_plainly(cenv: Celery
 
 
 @pytest.mark.slow
+@pytest.mark.oneoff  # a scale test: 100,000 locks
 def test_list_over_100000_locks_takes_bounded_round_trips_and_memory(cenv: CeleryEnv) -> None:
     def probe() -> tuple[dict[str, int], int]:
         done = cli(cenv, "list", "--json", probe=True)

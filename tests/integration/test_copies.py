@@ -17,8 +17,8 @@ import pytest
 from celery import states
 
 from ..conftest import CeleryEnv
+from ..support.runs import runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import runs, started, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 
 from ..support.workers import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.oneoff]
 
 
 def run_demo(*args: str) -> tuple[int, str]:

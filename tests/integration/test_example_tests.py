@@ -13,7 +13,7 @@ import pytest
 from ..support.servers import RedisServer
 from ..support.workers import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.oneoff]
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])

@@ -12,8 +12,8 @@ from celery import Celery
 from celery_singleton_lock import ConfigurationError, SingletonTask, singleton_task
 
 from ..conftest import CeleryEnv
+from ..support.runs import wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import wait_for
 
 
 @pytest.fixture(name="app")

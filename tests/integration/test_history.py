@@ -15,9 +15,9 @@ from celery_singleton_lock.lease.history import recording
 from celery_singleton_lock.tokens import queued_token
 
 from ..conftest import CeleryEnv
+from ..support.cli import cli
+from ..support.runs import started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import started, wait_for
-from .test_cli import cli
 
 
 def story(cenv: CeleryEnv, task: Any, *args: Any) -> list[dict[str, str]]:

@@ -19,9 +19,9 @@ from celery_singleton_lock import DuplicateTaskError
 from celery_singleton_lock.contrib import metrics
 
 from ..conftest import CeleryEnv
+from ..support.runs import started, wait_for
 from ..support.servers import free_port
 from ..support.workers import Worker
-from .test_celery_lifecycle import started, wait_for
 
 APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
 

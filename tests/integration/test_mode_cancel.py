@@ -20,8 +20,8 @@ from celery_singleton_lock.worker.childwatch import is_dead
 
 from ..conftest import CeleryEnv, separate_lock_server
 from ..support.modes import define, dispatch_round_trips
+from ..support.runs import assert_no_overlap, runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import assert_no_overlap, runs, started, wait_for
 
 POOLS = ["prefork", "threads", "gevent", "eventlet"]
 

@@ -16,8 +16,8 @@ from ..support.modes import (
     of,
     results_of,
 )
+from ..support.runs import assert_no_overlap, runs, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
 
 
 class TestDebounceDispatch:

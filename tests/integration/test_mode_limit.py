@@ -15,8 +15,8 @@ from ..support.modes import (
     name_of,
     of,
 )
+from ..support.runs import runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import runs, started, wait_for
 
 
 class TestLimitInWorkers:

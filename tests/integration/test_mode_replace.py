@@ -18,8 +18,8 @@ from ..support.modes import (
     of,
     storm,
 )
+from ..support.runs import runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import runs, started, wait_for
 
 
 class TestReplaceDispatch:

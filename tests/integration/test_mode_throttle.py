@@ -14,8 +14,8 @@ from ..support.modes import (
     of,
     storm,
 )
+from ..support.runs import assert_no_overlap, runs, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
 
 
 class TestThrottleInAWorker:

@@ -12,8 +12,8 @@ from ..support.modes import (
     of,
     storm,
 )
+from ..support.runs import assert_no_overlap, runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import assert_no_overlap, runs, started, wait_for
 
 
 class TestUntilExecutingInAWorker:

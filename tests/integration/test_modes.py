@@ -30,9 +30,9 @@ from ..support.modes import (
     of,
     reads,
 )
+from ..support.runs import runs, started, wait_for
 from ..support.servers import RedisServer
 from ..support.workers import Worker
-from .test_celery_lifecycle import runs, started, wait_for
 
 
 class TestOptions:

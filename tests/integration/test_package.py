@@ -20,7 +20,7 @@ import celery_singleton_lock
 from ..support.servers import RedisServer
 from ..support.workers import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.oneoff]
 
 
 @pytest.fixture(name="dist", scope="module")

@@ -19,9 +19,9 @@ import pytest
 from celery_singleton_lock import DuplicateTaskError
 
 from ..conftest import SAME_SERVER, CeleryEnv
+from ..support.rates import check_rate, rated_runs
+from ..support.runs import assert_no_overlap, lock_keys, runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import assert_no_overlap, lock_keys, runs, started, wait_for
-from .test_mode_rate import check_rate, rated_runs
 
 POOLS = ["prefork", "threads", "gevent", "eventlet", "solo"]
 TTL = 1.5  # the workers' lease ttl: short, so renewal is exercised within a test

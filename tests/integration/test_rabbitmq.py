@@ -23,14 +23,17 @@ from celery_singleton_lock import DuplicateTaskError
 
 from ..conftest import CeleryEnv
 from ..support.rabbitmq import RabbitMQServer, rabbitmq_available
+from ..support.rates import check_rate, rated_runs
+from ..support.runs import lock_keys, runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import lock_keys, runs, started, wait_for
-from .test_mode_rate import check_rate, rated_runs
 
-pytestmark = pytest.mark.skipif(
-    not rabbitmq_available(),
-    reason="no rabbitmq-server: `python3 scripts/dev.py test` installs Debian's as root",
-)
+pytestmark = [
+    pytest.mark.oneoff,
+    pytest.mark.skipif(
+        not rabbitmq_available(),
+        reason="no rabbitmq-server: `python3 scripts/dev.py test` installs Debian's as root",
+    ),
+]
 
 
 @pytest.fixture(name="rabbit", scope="module")

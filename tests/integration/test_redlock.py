@@ -4,7 +4,6 @@ killed, frozen, restarted empty or with a stepped clock: tests/chaos/test_redloc
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 
 import pytest
@@ -13,7 +12,6 @@ import redis
 from celery_singleton_lock import (
     ConfigurationError,
     Contended,
-    Lease,
     LockStoreUnavailableError,
     Redlock,
     ReleaseResult,
@@ -23,47 +21,15 @@ from celery_singleton_lock.lease import rates_of
 from celery_singleton_lock.lease.clients import redlock_masters
 
 from ..conftest import CeleryEnv
+from ..support.apps import app_with, lock_url
+from ..support.redlock import held, masters, store, url_of
+from ..support.runs import assert_no_overlap, runs, wait_for
 from ..support.servers import RedisServer
 from ..support.workers import Worker
-from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
-from .test_topologies import app_with, lock_url
 
 pytestmark = pytest.mark.slow
 
 APP = "tests.support.celery_app"
-
-# A store refusing a write whose fence is not above the last it accepted (Kleppmann's).
-FENCED_WRITE = """
-local last = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) <= last then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-return 1
-"""
-
-
-def held(outcome: Lease | Contended) -> Lease:
-    assert isinstance(outcome, Lease), outcome
-    return outcome
-
-
-def url_of(servers: list[RedisServer], password: str = "") -> str:
-    auth = f":{password}@" if password else ""
-    return "redlock://" + auth + ",".join(f"127.0.0.1:{s.port}" for s in servers) + "/0"
-
-
-@contextlib.contextmanager
-def masters(count: int, *servers: RedisServer) -> Iterator[list[RedisServer]]:
-    started = [*servers, *(RedisServer() for _ in range(count - len(servers)))]
-    try:
-        yield [server if server.process else server.start() for server in started]
-    finally:
-        for server in started:
-            server.cleanup()
-
-
-def store(servers: list[RedisServer]) -> Redlock:
-    return Redlock.from_url(url_of(servers), prefix="rl", socket_timeout=1.0,
-                            socket_connect_timeout=1.0)  # fmt: skip
 
 
 class TestConfiguration:

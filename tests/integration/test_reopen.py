@@ -13,8 +13,8 @@ from celery_singleton_lock import ConfigurationError, singleton_task
 
 from ..conftest import CeleryEnv
 from ..support.modes import of
+from ..support.runs import assert_no_overlap, runs, started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import assert_no_overlap, runs, started, wait_for
 
 
 def refused_for(task: Any, args: tuple[Any, ...], holder: str, queue: str, seconds: float) -> bool:

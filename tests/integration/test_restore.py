@@ -12,8 +12,8 @@ import time
 import pytest
 
 from ..conftest import CeleryEnv
+from ..support.runs import started, wait_for
 from ..support.workers import Worker
-from .test_celery_lifecycle import started, wait_for
 
 pytestmark = pytest.mark.slow
 

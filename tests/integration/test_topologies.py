@@ -34,27 +34,20 @@ from celery_singleton_lock.config import SingletonConfig
 from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of
 
 from ..conftest import CeleryEnv
+from ..support.apps import app_with, lock_url
+from ..support.rates import check_rate, rated_runs
+from ..support.runs import assert_no_overlap, runs, wait_for
 from ..support.topologies import Cluster, SentinelGroup
 from ..support.workers import ROOT, Worker
-from .test_celery_lifecycle import assert_no_overlap, runs, wait_for
-from .test_mode_rate import check_rate, rated_runs
 
 APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.oneoff]
 
 
 def held(outcome: Lease | Contended) -> Lease:
     assert isinstance(outcome, Lease), outcome
     return outcome
-
-
-def app_with(**conf: Any) -> Any:
-    from celery import Celery
-
-    app = Celery("topology-test", set_as_current=False)
-    app.conf.update(conf)
-    return app
 
 
 # -- Cluster --------------------------------------------------------------------------
@@ -228,26 +221,6 @@ def _promoted(cluster: Cluster, key: str, victim: Any) -> bool:
         cluster.wait_ok(timeout=0.5)
         return cluster.master_of(key) is not victim
     return False
-
-
-@contextlib.contextmanager
-def lock_url(cenv: CeleryEnv, url: str) -> Iterator[CeleryEnv]:
-    """The Celery test app with its lock store at ``url`` (then put back)."""
-    app = cenv.app_module.app
-    saved = app.conf.singleton_lock_url
-
-    def forget() -> None:
-        for attribute in ("_singleton_lock_config", "_singleton_lock_backend"):
-            with contextlib.suppress(AttributeError):
-                delattr(app, attribute)
-
-    forget()
-    app.conf.singleton_lock_url = url
-    try:
-        yield cenv
-    finally:
-        app.conf.singleton_lock_url = saved
-        forget()
 
 
 @pytest.fixture(name="cluster_env")

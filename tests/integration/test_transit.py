@@ -23,17 +23,10 @@ import redis
 from celery_singleton_lock.lease import ClearNote, Note, Push, RedisLock, Transit
 
 from ..conftest import CeleryEnv
+from ..support.same_server import QUEUE, at, holds, produce, same_server_env
 from ..support.servers import RedisServer
 from ..support.topologies import SentinelGroup
 from ..support.workers import Worker
-from .test_broker_ride import (  # noqa: F401  (fixture_shared: the module's server)
-    QUEUE,
-    at,
-    fixture_shared,
-    holds,
-    produce,
-    same_server_env,
-)
 
 WAIT = 0.2  # the notes' wait in the lease tests, seconds
 
@@ -375,6 +368,7 @@ class TestWorkers:
         assert notes_of(broker, QUEUE) == 1  # the new call's note alone
 
 
+@pytest.mark.oneoff  # a Sentinel group of its own
 class TestSentinel:
     def test_a_call_lost_in_transit_on_a_sentinel_broker_runs_once(self, cenv: CeleryEnv) -> None:
         group = SentinelGroup().start()

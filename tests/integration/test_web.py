@@ -23,9 +23,9 @@ from celery_singleton_lock.lease import Lease, LockKeys, Rate, companion, rates_
 from celery_singleton_lock.tokens import queued_token, running_token
 
 from ..conftest import CeleryEnv
+from ..support.runs import started, wait_for
 from ..support.web import CHROMEDRIVER, CHROMIUM, browser, form_of, page_server
 from ..support.workers import Worker
-from .test_celery_lifecycle import started, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -369,6 +369,7 @@ class TestInABrowser:
         assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.oneoff  # a scale test: 100,000 locks
 class TestAtScale:
     def test_a_page_of_100_000_locks_is_read_in_one_pass_and_pages(
         self, cenv: CeleryEnv, held: Held

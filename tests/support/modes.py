@@ -16,9 +16,7 @@ from celery.exceptions import TimeoutError
 from celery_singleton_lock import singleton_task
 
 from ..conftest import CeleryEnv
-from ..integration.test_celery_lifecycle import (
-    lock_keys,
-)
+from .runs import lock_keys
 from .workers import Worker
 
 QUEUE = "modes-dispatch"

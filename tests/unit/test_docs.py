@@ -19,6 +19,7 @@ DOCS = ROOT / "docs"
 
 
 @pytest.mark.slow
+@pytest.mark.oneoff
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     built = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],

@@ -1,0 +1,47 @@
+"""Rates as the test workers kept them: the rated runs recorded, and the sliding-window checks."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+from typing import Any
+
+from ..conftest import CeleryEnv
+
+
+def rated_runs(cenv: CeleryEnv) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in cenv.checker_client().lrange("rated", 0, -1)]
+
+
+def most_in_a_window(times: list[float], window: float) -> int:
+    """The most of ``times`` in any half-open window ``[t, t + window)`` (every window
+    that starts at one of them: a window holding the most can be slid to start there)."""
+    ordered = sorted(times)
+    return max(
+        (bisect.bisect_left(ordered, t + window - 1e-6) - i for i, t in enumerate(ordered)),
+        default=0,
+    )
+
+
+def check_rate(records: list[dict[str, Any]], limit: int, period: float) -> dict[str, float]:
+    """Every sliding window of the slots holds at most ``limit``; no run began before its
+    slot; a window of start times holds about as many. Returns what was achieved."""
+    slots = sorted(r["slot"] for r in records)
+    most = most_in_a_window(slots, period)
+    assert most <= limit, "more slots in a window than the rate"
+    lags = [r["start"] - r["slot"] for r in records]
+    assert min(lags) >= -0.002, f"a run began {-min(lags):.4f}s before its slot"
+    starts = sorted(r["start"] for r in records)
+    busiest = most_in_a_window(starts, period)
+    # One more at admission (see modes/rate.py); one more for a run held up after it
+    # on a loaded machine (the gap between the slot's check and the body is not ours).
+    assert busiest <= limit + 2, f"{busiest} runs began within {period}s"
+    span = slots[-1] - slots[0]
+    return {
+        "average_per_s": (len(slots) - 1) / span if span else float("inf"),
+        "busiest_slots": most,
+        "busiest_starts": busiest,
+        "lag_p50_ms": statistics.median(lags) * 1000,
+        "lag_max_ms": max(lags) * 1000,
+    }

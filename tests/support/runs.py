@@ -1,0 +1,41 @@
+"""What the test workers recorded: runs, starts, lock keys, and waiting on them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..conftest import CeleryEnv
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
+        time.sleep(0.01)
+
+
+def runs(cenv: CeleryEnv) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in cenv.checker_client().lrange("runs", 0, -1)]
+
+
+def started(cenv: CeleryEnv) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in cenv.checker_client().lrange("started", 0, -1)]
+
+
+def lock_keys(cenv: CeleryEnv) -> list[bytes]:
+    """Our lock keys (fence keys are bookkeeping that expires with the lease)."""
+    return [k for k in cenv.lock_client().scan_iter("t:*") if not k.endswith((b":fence",))]
+
+
+def assert_no_overlap(records: list[dict[str, Any]]) -> None:
+    by_start = sorted(records, key=lambda r: r["start"])
+    for a, b in itertools.pairwise(by_start):
+        assert a["end"] <= b["start"], f"overlapping executions: {a} and {b}"
+        assert a["fence"] < b["fence"], f"fences out of order: {a} and {b}"
