@@ -301,8 +301,25 @@ def test_a_cluster_node_as_plain_url_fails_dispatch_and_execution_once(
 # -- Sentinel -------------------------------------------------------------------------
 
 
+@pytest.fixture(name="sentinel_group", scope="module")
+def fixture_sentinel_group() -> Iterator[SentinelGroup]:
+    """One Sentinel group for the module's tests that leave its master in place."""
+    group = SentinelGroup(replicas=1, sentinels=3).start()
+    try:
+        yield group
+    finally:
+        group.cleanup()
+
+
 @pytest.fixture(name="sentinels")
-def fixture_sentinels() -> Iterator[SentinelGroup]:
+def fixture_sentinels(sentinel_group: SentinelGroup) -> SentinelGroup:
+    """The module's group, flushed, its replica in sync again (a test may cut it off)."""
+    return sentinel_group.ready()
+
+
+@pytest.fixture(name="failover_sentinels")
+def fixture_failover_sentinels() -> Iterator[SentinelGroup]:
+    """A group of the test's own, for a test that fails its master over."""
     group = SentinelGroup(replicas=1, sentinels=3).start()
     try:
         yield group
@@ -369,16 +386,19 @@ class TestSentinel:
             lock.try_acquire("r", 10)
 
     def test_renewal_follows_the_new_master_after_a_failover(
-        self, sentinels: SentinelGroup
+        self, failover_sentinels: SentinelGroup
     ) -> None:
         lock = RedisLock.from_url(
-            sentinels.url, master_name=sentinels.MASTER_NAME, prefix="fo", socket_timeout=1
+            failover_sentinels.url,
+            master_name=failover_sentinels.MASTER_NAME,
+            prefix="fo",
+            socket_timeout=1,
         )
         leases = [held(lock.acquire(f"f{i}", 8, blocking=False, renew=True)) for i in range(3)]
-        old = sentinels.master_port()
+        old = failover_sentinels.master_port()
         time.sleep(0.3)
-        sentinels.server_on(old).kill()
-        wait_for(lambda: sentinels.master_port() != old, 30, "sentinel failover")
+        failover_sentinels.server_on(old).kill()
+        wait_for(lambda: failover_sentinels.master_port() != old, 30, "sentinel failover")
         time.sleep(8 / 3 + 1)
         for lease in leases:
             lease.check()
@@ -386,20 +406,23 @@ class TestSentinel:
             assert lock.release(lease) is ReleaseResult.RELEASED
 
     def test_a_write_the_replica_missed_is_reported_lost_and_the_next_fence_is_greater(
-        self, sentinels: SentinelGroup
+        self, failover_sentinels: SentinelGroup
     ) -> None:
         lock = RedisLock.from_url(
-            sentinels.url, master_name=sentinels.MASTER_NAME, prefix="mw", socket_timeout=1
+            failover_sentinels.url,
+            master_name=failover_sentinels.MASTER_NAME,
+            prefix="mw",
+            socket_timeout=1,
         )
         lost = threading.Event()
-        old = sentinels.master_port()
-        master = sentinels.server_on(old)
+        old = failover_sentinels.master_port()
+        master = failover_sentinels.server_on(old)
         admin = master.client()
         # Freeze the replica and cut its link, so it can neither read the write nor
         # reconnect to fetch it; kill the master; then let the replica go on. The lease
         # now exists nowhere the failover can reach. (A running replica reconnects at
         # once otherwise; the freeze stays well under the sentinels' down-after time.)
-        replica = sentinels.replicas[0]
+        replica = failover_sentinels.replicas[0]
         replica.pause()
         try:
             admin.client_kill_filter(_type="replica")
@@ -409,7 +432,7 @@ class TestSentinel:
         finally:
             master.kill()
             replica.resume()
-        wait_for(lambda: sentinels.master_port() != old, 30, "sentinel failover")
+        wait_for(lambda: failover_sentinels.master_port() != old, 30, "sentinel failover")
         assert lost.wait(10)
         with pytest.raises(LockLostError):
             lease.check()
@@ -433,15 +456,15 @@ print(json.dumps({
 
 
 def test_a_celery_worker_on_a_sentinel_broker_locks_there_and_follows_a_failover(
-    cenv: CeleryEnv, sentinels: SentinelGroup
+    cenv: CeleryEnv, failover_sentinels: SentinelGroup
 ) -> None:
     # Broker, backend and lock store all from one sentinel:// URL; singleton_lock_url unset.
     env = {
         **cenv.env,
-        "CSL_BROKER_URL": sentinels.url,
-        "CSL_RESULT_URL": sentinels.url,
+        "CSL_BROKER_URL": failover_sentinels.url,
+        "CSL_RESULT_URL": failover_sentinels.url,
         "CSL_LOCK_URL": "",
-        "CSL_MASTER_NAME": sentinels.MASTER_NAME,
+        "CSL_MASTER_NAME": failover_sentinels.MASTER_NAME,
     }
     worker = Worker(env).start()
     produce_env = {**os.environ, **env, "CSL_QUEUE": worker.queue}
@@ -467,11 +490,11 @@ def test_a_celery_worker_on_a_sentinel_broker_locks_there_and_follows_a_failover
 
     try:
         check("before")
-        old = sentinels.master_port()
-        sentinels.server_on(old).kill()
-        wait_for(lambda: sentinels.master_port() != old, 30, "sentinel failover")
+        old = failover_sentinels.master_port()
+        failover_sentinels.server_on(old).kill()
+        wait_for(lambda: failover_sentinels.master_port() != old, 30, "sentinel failover")
         check("after")  # broker, backend and lock store all follow the new master
-        master = sentinels.server_on(sentinels.master_port()).client()
+        master = failover_sentinels.server_on(failover_sentinels.master_port()).client()
         # The broker's lists share this database: its in-transit bookkeeping (the queues'
         # push numbers) is not a lock.
         wait_for(

@@ -192,6 +192,14 @@ class SentinelGroup:
                 return False
         return True
 
+    def ready(self) -> SentinelGroup:
+        """The group as a test expects it: its first master still the master, flushed,
+        every replica in sync (a test before may have cut one off for a while)."""
+        assert self.master_port() == self.master.port, "failed over: use a group of its own"
+        self.master.client().flushall()
+        wait_for(self._replicas_synced, 30, "every replica back in sync")
+        return self
+
     def sentinel(self, port: int) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
 
