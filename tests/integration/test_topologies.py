@@ -36,6 +36,7 @@ from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of
 from ..conftest import CeleryEnv
 from ..support.apps import app_with, lock_url
 from ..support.rates import check_rate, rated_runs
+from ..support.redlock import held
 from ..support.runs import assert_no_overlap, runs, wait_for
 from ..support.topologies import Cluster, SentinelGroup
 from ..support.workers import ROOT, Worker
@@ -43,11 +44,6 @@ from ..support.workers import ROOT, Worker
 APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
 
 pytestmark = [pytest.mark.slow, pytest.mark.oneoff]
-
-
-def held(outcome: Lease | Contended) -> Lease:
-    assert isinstance(outcome, Lease), outcome
-    return outcome
 
 
 # -- Cluster --------------------------------------------------------------------------
@@ -301,14 +297,19 @@ def test_a_cluster_node_as_plain_url_fails_dispatch_and_execution_once(
 # -- Sentinel -------------------------------------------------------------------------
 
 
-@pytest.fixture(name="sentinel_group", scope="module")
-def fixture_sentinel_group() -> Iterator[SentinelGroup]:
-    """One Sentinel group for the module's tests that leave its master in place."""
+def sentinel_group() -> Iterator[SentinelGroup]:
+    """A master, a replica and three sentinels, stopped after use."""
     group = SentinelGroup(replicas=1, sentinels=3).start()
     try:
         yield group
     finally:
         group.cleanup()
+
+
+@pytest.fixture(name="sentinel_group", scope="module")
+def fixture_sentinel_group() -> Iterator[SentinelGroup]:
+    """One Sentinel group for the module's tests that leave its master in place."""
+    yield from sentinel_group()
 
 
 @pytest.fixture(name="sentinels")
@@ -320,11 +321,7 @@ def fixture_sentinels(sentinel_group: SentinelGroup) -> SentinelGroup:
 @pytest.fixture(name="failover_sentinels")
 def fixture_failover_sentinels() -> Iterator[SentinelGroup]:
     """A group of the test's own, for a test that fails its master over."""
-    group = SentinelGroup(replicas=1, sentinels=3).start()
-    try:
-        yield group
-    finally:
-        group.cleanup()
+    yield from sentinel_group()
 
 
 class TestSentinel:
