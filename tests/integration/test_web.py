@@ -275,6 +275,17 @@ class TestAuth:
         assert "s3cret" not in page.output()
 
 
+def row_states(driver: Any) -> dict[str, str]:
+    """Key -> state of every row of the list, read in one script: the page replaces its
+    rows as it refreshes, so a row found one call earlier may be gone by the next."""
+    return dict(
+        driver.execute_script(
+            "return Array.from(document.querySelectorAll('#locks tbody tr'),"
+            " (row) => [row.dataset.key, row.dataset.state]);"
+        )
+    )
+
+
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs chromium and chromium-driver")
 class TestInABrowser:
     def test_the_list_refreshes_in_place_and_filters(self, cenv: CeleryEnv, held: Held) -> None:
@@ -284,10 +295,7 @@ class TestInABrowser:
         store = cenv.app_module.work.singleton_context.store
         with page_server(cenv.env, "--refresh=1") as page, browser() as driver:
             driver.get(f"{page.url}/?per=500")
-            rows = driver.find_elements(By.CSS_SELECTOR, "#locks tbody tr")
-            states = {
-                row.get_attribute("data-key"): row.get_attribute("data-state") for row in rows
-            }
+            states = row_states(driver)
             for state in ("running", "reserved", "queued", "throttled", "limited"):
                 assert states.get(held.keys[state]) == state
             driver.execute_script("window.notReloaded = true")
@@ -301,9 +309,7 @@ class TestInABrowser:
             Select(driver.find_element(By.ID, "state")).select_by_value("running")
             driver.find_element(By.ID, "apply").click()
             WebDriverWait(driver, 15).until(lambda d: "state=running" in d.current_url)
-            rows = driver.find_elements(By.CSS_SELECTOR, "#locks tbody tr")
-            shown = {row.get_attribute("data-state") for row in rows}
-            assert shown == {"running"}
+            assert set(row_states(driver).values()) == {"running"}
 
     def test_releasing_an_orphan_frees_it_and_a_live_one_needs_the_confirmation(
         self, cenv: CeleryEnv, held: Held
