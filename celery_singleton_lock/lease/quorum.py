@@ -9,6 +9,7 @@ greenlets, as Celery's patched ``threading`` makes them.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -131,6 +132,44 @@ class Quorum:
             if settled is not None and pending and settled(_read(futures)):
                 break
         return _read(futures)
+
+
+class Attempt(Generic[T]):
+    """One try over the masters, given back on every master if it fails.
+
+    A decision does not wait for the slow masters, so a take can still be queued in a
+    master's pool, or on its way, when the try is given back. Landing after the give-back
+    it would hold that master for the ttl under a token nobody renews, and the caller's
+    next try would meet its own leftover as the holder. So a call whose turn comes after
+    ``give_back`` is not sent, and one whose answer comes after it is undone at once.
+    ``undo[i]`` gives master ``i``'s grant back; it must be safe where nothing was granted.
+    """
+
+    def __init__(
+        self, calls: Sequence[Callable[[], T]], undo: Sequence[Callable[[], object]]
+    ) -> None:
+        self.given_up = threading.Event()
+        self.undo = list(undo)
+        self.calls = [
+            functools.partial(self._call, call, undo_one)
+            for call, undo_one in zip(calls, self.undo, strict=True)
+        ]
+
+    def give_back(self, quorum: Quorum, timeout: float) -> None:
+        """Give the try up and undo it on every master: those that granted, and any whose
+        grant is still on its way."""
+        self.given_up.set()
+        quorum.ask(self.undo, timeout=timeout, settled=quorum.heard)
+
+    def _call(self, call: Callable[[], T], undo: Callable[[], object]) -> T:
+        if self.given_up.is_set():
+            raise NoAnswer("the try was given up before this master's turn; not sent")
+        answer = call()
+        # Set before the give-back is sent: an answer read before this check was on the
+        # server before the give-back, which undoes it; one read after is undone here.
+        if self.given_up.is_set():
+            undo()
+        return answer
 
 
 def _before(deadline: float, call: Callable[[], T]) -> T:

@@ -32,7 +32,7 @@ from .lease import (
 )
 from .names import DEFAULT_PREFIX, LockKeys, new_token
 from .pending import PendingAcquire
-from .quorum import Answers, Quorum
+from .quorum import Answers, Attempt, Quorum
 from .renewal import Renewer, get_renewer
 from .slots import QuorumSlots
 from .store import RedisLock
@@ -133,10 +133,9 @@ class Redlock:
                                     replace_shape=replace_shape, fenced=fenced,
                                     unless_replaced=unless_replaced)  # fmt: skip
 
+        attempt = self._attempt([partial(take, node) for node in self.nodes], name, token)
         answers = self.quorum.ask(
-            [partial(take, node) for node in self.nodes],
-            timeout=self._try_wait(ttl_ms),
-            settled=self._decided,
+            attempt.calls, timeout=self._try_wait(ttl_ms), settled=self._decided
         )
         leases = [one for one in answers.values() if isinstance(one, Lease)]
         if len(leases) >= self.quorum.needed:
@@ -147,7 +146,7 @@ class Redlock:
                 )
                 if lease.remaining() > 0:
                     return lease
-        self._give_back(name, token)
+        attempt.give_back(self.quorum, ANSWER_WAIT)
         self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         contended = [one for one in answers.values() if isinstance(one, Contended)]
         return Contended.combined(name, key, contended, ttl_ms)
@@ -173,11 +172,12 @@ class Redlock:
         )
         return answers.count(lambda held: int(held) == 1) >= self.quorum.needed
 
-    def _give_back(self, name: str, token: str) -> None:
-        """Release ``token`` on every master (those that granted, and any whose grant
-        is still on its way): a failed try leaves nothing behind for the ttl."""
-        self.quorum.ask([partial(node.release_token, name, token) for node in self.nodes],
-                        timeout=ANSWER_WAIT, settled=self.quorum.heard)  # fmt: skip
+    def _attempt(
+        self, calls: Sequence[Callable[[], Lease | Contended]], name: str, token: str
+    ) -> Attempt[Lease | Contended]:
+        """A try that, failing, releases ``token`` on every master (a failed try leaves
+        nothing behind for the ttl, however late a master answers)."""
+        return Attempt(calls, [partial(node.release_token, name, token) for node in self.nodes])
 
     def begin_try_acquire(
         self,
@@ -237,16 +237,18 @@ class Redlock:
         """Pass ``name`` from ``expected`` to ``token`` on a majority (see ``RedisLock.swap``)."""
         key, ttl_ms = self.keys(name).lock, self.ttl_ms(ttl)
         sent_at = time.monotonic()
-        answers = self.quorum.ask(
+        attempt = self._attempt(
             [partial(node.swap, name, expected, ttl_ms / 1000, token=token, record=record)
-             for node in self.nodes],
-            timeout=self._try_wait(ttl_ms), settled=self._decided,
+             for node in self.nodes], name, token,
         )  # fmt: skip
+        answers = self.quorum.ask(
+            attempt.calls, timeout=self._try_wait(ttl_ms), settled=self._decided
+        )
         if answers.count(lambda one: isinstance(one, Lease)) >= self.quorum.needed:
             lease = Lease.granted(name, key, token, fence=0, ttl=ttl_ms / 1000, sent_at=sent_at)
             if lease.remaining() > 0:
                 return lease
-        self._give_back(name, token)
+        attempt.give_back(self.quorum, ANSWER_WAIT)
         self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         contended = [one for one in answers.values() if isinstance(one, Contended)]
         return Contended.combined(name, key, contended, ttl_ms)

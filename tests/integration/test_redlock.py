@@ -4,6 +4,7 @@ killed, frozen, restarted empty or with a stepped clock: tests/chaos/test_redloc
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +19,7 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.backend import Backend
 from celery_singleton_lock.lease import rates_of
+from celery_singleton_lock.lease import redlock as redlock_module
 from celery_singleton_lock.lease.clients import redlock_masters
 
 from ..conftest import CeleryEnv
@@ -93,6 +95,40 @@ def test_a_majority_holds_one_lease_and_fences_rise_across_holders(count: int) -
         assert isinstance(lock.slots.try_acquire("lim", 2, 5), Contended)
         lock.release(slots[0])
         held(lock.slots.try_acquire("lim", 2, 5))
+
+
+def test_a_grant_that_lands_after_its_failed_try_was_given_back_undoes_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A try decides without waiting for a frozen master, so its take there can land
+    after the give-back (whose own turn in that master's pool may come too late to be
+    sent). It must not hold that master for the ttl: the caller's next try would meet
+    its own leftover as the holder (a Celery delivery then took itself for a running
+    copy of its task and was dropped: a lost call, seen on a loaded machine)."""
+    monkeypatch.setattr(redlock_module, "ANSWER_WAIT", 1.0)  # the deadlines, not the point
+    with masters(3) as servers:
+        # A socket timeout past the freeze: calls to the frozen master stay in flight.
+        lock = Redlock.from_url(url_of(servers), prefix="rl", socket_timeout=30)
+        frozen = servers[2]
+        key = lock.keys("late").lock
+        servers[0].client().set(key, "someone-else", px=60_000)
+        frozen.pause()
+        try:
+            # Three of the frozen master's four pool threads stuck on reads of its own...
+            readers = [threading.Thread(target=lock.holder, args=("other",)) for _ in range(3)]
+            for reader in readers:
+                reader.start()
+            for reader in readers:
+                reader.join(10)
+            # ...the take on the fourth, so the give-back waits past its deadline, unsent.
+            outcome = lock.try_acquire("late", 30)
+            assert isinstance(outcome, Contended)
+            assert outcome.holder == "someone-else"  # never the try's own token
+        finally:
+            frozen.resume()
+        frozen_client = frozen.client()
+        wait_for(lambda: frozen_client.get(key) is None, 5, "the late grant undone")
+        assert servers[1].client().get(key) is None  # the grant the try did count: given back
 
 
 @pytest.fixture(name="redlock_env")
