@@ -4,8 +4,10 @@
     python3 scripts/dev.py test [pytest args...]   the inner loop: lint, type-check and the unit
                                                    and integration tests, locks on the broker's
                                                    Redis (the production default), in minutes
-    python3 scripts/dev.py test --all              what CI runs: the inner loop, the one-offs,
-                                                   the chaos suite at CI size and the matrix
+    python3 scripts/dev.py test --all              the inner loop, the one-offs, the chaos
+                                                   suite at CI size and the matrix, one table
+    python3 scripts/dev.py ci                      the same past the inner loop (.ci/run runs
+                                                   the README's `test`, then this)
     python3 scripts/dev.py test --unit [args...]   lint, type-check and tests/unit alone (no server)
     python3 scripts/dev.py bench [bench args...]   benchmarks vs plain Celery and the incumbents
     python3 scripts/dev.py chaos [--full]          run the chaos suite, write docs/reliability.md
@@ -226,6 +228,17 @@ def chaos_at_ci_size(env: dict[str, str]) -> int:
     return max(separate, pytest([*chaos, "tests/chaos/test_chaos.py"], env))
 
 
+def prepare(env: dict[str, str]) -> int:
+    """The venv, a redis-server and the tools the tests use; fills in their ``env``."""
+    ensure_venv()
+    env.update(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
+    say(f"redis-server: {env['REDIS_SERVER_BIN']}")
+    ensure_rabbitmq_server()
+    ensure_fault_tools()
+    ensure_browser()
+    return 0
+
+
 def test(args: list[str]) -> int:
     """The inner loop (lint, types, unit and integration tests in the default shape), or
     with ``--all`` what CI runs: that, the one-offs, the chaos suite at CI size and the
@@ -235,16 +248,7 @@ def test(args: list[str]) -> int:
     phases = Phases()
     env: dict[str, str] = {}
 
-    def setup() -> int:
-        ensure_venv()
-        env.update(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
-        say(f"redis-server: {env['REDIS_SERVER_BIN']}")
-        ensure_rabbitmq_server()
-        ensure_fault_tools()
-        ensure_browser()
-        return 0
-
-    phases.run("setup", setup)
+    phases.run("setup", lambda: prepare(env))
     if phases.run("ruff and mypy --strict", lint) != 0:
         return phases.report()
     if unit:
@@ -258,9 +262,25 @@ def test(args: list[str]) -> int:
     alone = {"-s", "--capture=no", "--pdb", "--trace"} & set(args)
     phases.run("tests", lambda: pytest([*([] if alone else xdist()), *chosen], env))
     if everything:
-        phases.run("one-offs", lambda: pytest([*xdist("2"), "tests", "-m", "oneoff"], env))
-        phases.run("chaos (CI size)", lambda: chaos_at_ci_size(env))
-        phases.run("version matrix", lambda: matrix([]))
+        beyond_the_inner_loop(phases, env)
+    return phases.report()
+
+
+def beyond_the_inner_loop(phases: Phases, env: dict[str, str]) -> None:
+    """What CI runs after the inner loop: the one-offs, the chaos suite, the matrix."""
+    phases.run("one-offs", lambda: pytest([*xdist("2"), "tests", "-m", "oneoff"], env))
+    phases.run("chaos (CI size)", lambda: chaos_at_ci_size(env))
+    phases.run("version matrix", lambda: matrix([]))
+
+
+def ci(args: list[str]) -> int:
+    """The rest of CI after the README's test command (``.ci/run`` runs both): the
+    one-offs, the chaos suite at CI size and the matrix, with each phase's time."""
+    phases = Phases()
+    env: dict[str, str] = {}
+
+    phases.run("setup", lambda: prepare(env))
+    beyond_the_inner_loop(phases, env)
     return phases.report()
 
 
@@ -357,6 +377,7 @@ def matrix(args: list[str]) -> int:
 
 COMMANDS = {
     "bench": bench,
+    "ci": ci,
     "docs": docs,
     "chaos": chaos,
     "demo": demo,
