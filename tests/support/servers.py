@@ -161,7 +161,7 @@ class RedisServer:
 
 class DbView:
     """Database ``db`` of another ``RedisServer``: a lock store on the broker's own Redis
-    (``CSL_SAME_SERVER=1`` runs the Celery tests so). Starting or stopping it is the
+    (the Celery tests run so unless ``CSL_LOCK_SERVER=separate``). Starting or stopping it is the
     server's; flushing it flushes its database alone."""
 
     def __init__(self, server: RedisServer, db: int) -> None:
