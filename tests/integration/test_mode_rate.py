@@ -16,7 +16,7 @@ from celery_singleton_lock import RateLimitedError
 
 from ..conftest import CeleryEnv, separate_lock_server
 from ..support.modes import concurrency, dispatch_round_trips
-from ..support.rates import check_rate, rated_runs
+from ..support.rates import check_rate, closest_slots, rated_runs
 from ..support.runs import wait_for
 from ..support.workers import Worker
 
@@ -103,8 +103,12 @@ class TestAcrossWorkers:
             f"\nplans: gold {seen_gold['average_per_s']:.2f}/s of 20/s, "
             f"free {seen_free['average_per_s']:.2f}/s of 5/s"
         )
-        assert seen_gold["average_per_s"] > 12
-        assert 3.5 < seen_free["average_per_s"] <= 5.0 + 1e-6
+        # The plan's interval shows in the closest slots: calls deferred together get the
+        # next free slots, one interval apart. (The averages drop on a loaded machine: a
+        # deferred call arriving late is given the next free slot, not its old one.)
+        assert closest_slots(gold) == pytest.approx(1 / 20, abs=0.003)
+        assert closest_slots(free) == pytest.approx(1 / 5, abs=0.003)
+        assert seen_gold["busiest_slots"] > 5, "gold runs faster than the free plan allows"
 
 
 class TestDispatch:

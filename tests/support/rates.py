@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import statistics
 from typing import Any
@@ -22,6 +23,13 @@ def most_in_a_window(times: list[float], window: float) -> int:
         (bisect.bisect_left(ordered, t + window - 1e-6) - i for i, t in enumerate(ordered)),
         default=0,
     )
+
+
+def closest_slots(records: list[dict[str, Any]]) -> float:
+    """The shortest gap between two of the runs' slots: the rate's interval, once two
+    calls waited for slots together."""
+    slots = sorted(r["slot"] for r in records)
+    return min(b - a for a, b in itertools.pairwise(slots))
 
 
 def check_rate(records: list[dict[str, Any]], limit: int, period: float) -> dict[str, float]:
