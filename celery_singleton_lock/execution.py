@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
@@ -207,7 +206,7 @@ class Execution:
         if not slot.now:  # recorded by the rate's script (``take``)
             if not request.is_eager:
                 defer(self.delivery, self.lock_name, slot)
-            time.sleep(slot.wait)  # eagerly, the caller waits for the slot reserved for it
+            self.store.clock.sleep(slot.wait)  # eagerly, the caller waits for its slot
         # The slot this run started on, in the lock store's clock (seconds since the epoch).
         setattr(request, "singleton_rate_slot", slot.at)  # noqa: B010  (Celery's Context)
 

@@ -7,6 +7,8 @@ point; nothing happens unless a test asks for a fixture).
   when the test uses it, else the current app. Override it to return your project's.
 - ``singleton_locks``: points that app at that store, clears it before and after the
   test, and gives the helpers of ``celery_singleton_lock.contrib.testing`` bound to the app.
+- ``singleton_clock``: with ``singleton_locks`` on ``memory://``, its time moved by hand:
+  ``singleton_clock.advance(60)`` (``testing.manual_clock``); skips the test on Redis.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ..backend import Backend
+from ..exceptions import ConfigurationError
 from . import testing
 from .locks import LockRow
 
 if TYPE_CHECKING:
     from celery import Celery
 
+    from ..lease import ManualClock
     from ..task import SingletonTask
     from .testing import HeldCall
 
@@ -89,3 +93,17 @@ def singleton_locks(singleton_app: Celery, singleton_lock_url: str) -> Iterator[
         locks.clear()
         app.conf.singleton_lock_url = saved
         Backend.forget(app)
+
+
+@pytest.fixture
+def singleton_clock(singleton_locks: SingletonLocks) -> Iterator[ManualClock]:
+    # A suite run with --singleton-lock-url redis://... skips the tests that move time.
+    try:
+        context = testing.manual_clock(singleton_locks.app)
+        clock = context.__enter__()
+    except ConfigurationError as error:
+        pytest.skip(str(error))
+    try:
+        yield clock
+    finally:
+        context.__exit__(None, None, None)

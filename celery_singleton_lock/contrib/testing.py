@@ -9,6 +9,9 @@ fixtures; everything here also works without pytest.
     with hold(send_invoice, 42) as holder:      # as if another worker ran it
         result = send_invoice.delay(42)
         assert result.id == holder.task_id       # refused: the holder's id comes back
+
+    with manual_clock() as clock:               # memory:// counts time when told
+        clock.advance(60)                       # ttls, windows and rate slots: a minute on
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import TYPE_CHECKING
 from celery import current_app
 
 from ..backend import Backend, Store
-from ..lease import Contended, Lease
+from ..exceptions import ConfigurationError
+from ..lease import Contended, Lease, ManualClock, MemoryLock
 from ..options import is_singleton
 from ..tokens import running_token
 from .locks import LockRow, app_rows, release
@@ -83,6 +87,26 @@ def hold(task: SingletonTask, *args: object, **kwargs: object) -> Iterator[HeldC
     finally:
         for lease in held.leases:
             store.release(lease)
+
+
+@contextmanager
+def manual_clock(app: Celery | None = None) -> Iterator[ManualClock]:
+    """Let the app's ``memory://`` locks count time only as the test says: yields a
+    ``ManualClock`` whose ``advance(seconds)`` runs ttls out, ends throttle windows and
+    brings rate slots due at once; an eager call waiting for its slot moves it itself.
+    The machine's clock again on exit."""
+    store = _store(app)
+    if not isinstance(store, MemoryLock):
+        raise ConfigurationError(
+            f"manual_clock needs the memory store (singleton_lock_url = 'memory://'), not "
+            f"{store!r}: a Redis server counts its ttls in real time"
+        )
+    saved = store.clock
+    store.clock = clock = ManualClock()
+    try:
+        yield clock
+    finally:
+        store.clock = saved
 
 
 def held_locks(app: Celery | None = None) -> list[LockRow]:

@@ -3,6 +3,7 @@
 from .aio import AsyncRedisLock
 from .clients import build as client_from_url
 from .clients import describe
+from .clock import Clock, ManualClock
 from .interface import LockStore, PushStore, SlotStore
 from .lease import Contended, ExtendResult, Lease, ReleaseResult
 from .memory import MemoryLock
@@ -20,11 +21,13 @@ __all__ = [
     "DEFAULT_PREFIX",
     "AsyncRedisLock",
     "ClearNote",
+    "Clock",
     "Contended",
     "ExtendResult",
     "Lease",
     "LockKeys",
     "LockStore",
+    "ManualClock",
     "MemoryLock",
     "Note",
     "PendingAcquire",

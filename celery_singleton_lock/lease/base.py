@@ -20,6 +20,7 @@ from ..exceptions import ConfigurationError
 from . import scripts
 from .calls import Arg
 from .clients import describe, socket_timeout_of
+from .clock import SYSTEM_CLOCK, Clock
 from .errors import store_error
 from .lease import (
     LOSS,
@@ -141,6 +142,8 @@ class LockBase:
     # One server sees every operation on a lock, so its history is whole there (not so
     # for Redlock's masters, nor kept by the memory store).
     keeps_history = True
+    # A server's ttl runs in real time: so does every lease it grants.
+    clock: Clock = SYSTEM_CLOCK
 
     def __init__(
         self,

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from .base import WaitMode
+from .clock import Clock
 from .inventory import Held
 from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import LockKeys
@@ -57,6 +58,7 @@ class LockStore(Protocol):
     """What the Celery layer asks of a lock store, on Redis or in memory."""
 
     prefix: str
+    clock: Clock  # what its leases' expiry counts on
 
     @property
     def slots(self) -> SlotStore: ...

@@ -18,6 +18,7 @@ from ..exceptions import (
     LockNotAcquiredError,
     TaskCancelledError,
 )
+from .clock import SYSTEM_CLOCK, Clock
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,7 @@ class _LeaseState:
         "callbacks",
         "cancel_callbacks",
         "cancel_reason",
+        "clock",
         "expires_at",
         "lost_reason",
         "released",
@@ -122,8 +124,9 @@ class _LeaseState:
         "yields_to",
     )
 
-    def __init__(self, expires_at: float) -> None:
+    def __init__(self, expires_at: float, clock: Clock = SYSTEM_CLOCK) -> None:
         self.expires_at = expires_at
+        self.clock = clock  # what expires_at counts on
         self.lost_reason: str | None = None
         self.released = False
         self.callbacks: list[LostCallback] = []
@@ -150,6 +153,7 @@ class _LeaseState:
         self.callbacks = []
         self.cancel_callbacks = []
         self.reporter = None
+        self.clock = SYSTEM_CLOCK  # a manual clock is one process's: this one counts anew
 
 
 @dataclass(frozen=True)
@@ -158,9 +162,9 @@ class Lease:
 
     Immutable and free of thread-local state: any thread or process holding this
     handle (it pickles) can release or extend it. ``expires_at`` is on this process's
-    ``time.monotonic()`` clock: the server's TTL counted from before the request that
-    set it, less an allowance for a slow clock (``valid_until``), so it errs early, never
-    late.
+    ``time.monotonic()`` clock (a ``MemoryLock``'s own clock for its leases): the
+    server's TTL counted from before the request that set it, less an allowance for a
+    slow clock (``valid_until``), so it errs early, never late.
     """
 
     name: str
@@ -172,10 +176,19 @@ class Lease:
 
     @classmethod
     def granted(
-        cls, name: str, key: str, token: str, *, fence: int, ttl: float, sent_at: float
+        cls,
+        name: str,
+        key: str,
+        token: str,
+        *,
+        fence: int,
+        ttl: float,
+        sent_at: float,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> Lease:
-        """A lease granted by a request sent at ``sent_at``: its TTL counts from then."""
-        return cls(name, key, token, fence, ttl, _LeaseState(valid_until(sent_at, ttl)))
+        """A lease granted by a request sent at ``sent_at`` (on ``clock``): its TTL counts
+        from then."""
+        return cls(name, key, token, fence, ttl, _LeaseState(valid_until(sent_at, ttl), clock))
 
     @classmethod
     def handed(
@@ -230,7 +243,7 @@ class Lease:
 
     def remaining(self) -> float:
         """Seconds until the lease expires unless renewed (0 when already past)."""
-        return max(0.0, self._state.expires_at - time.monotonic())
+        return max(0.0, self._state.expires_at - self._state.clock.monotonic())
 
     @property
     def cancelled(self) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
+from .clock import SYSTEM_CLOCK, Clock
 from .inventory import Held, parse_key
 from .lease import LOSS, YIELDED, Contended, ExtendResult, Lease, LostCallback, ReleaseResult
 from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
@@ -37,9 +38,17 @@ class _Entry:
 class MemoryLock:
     """``RedisLock``'s interface over a dict; renewal keeps a lease until it is released."""
 
-    def __init__(self, *, prefix: str = DEFAULT_PREFIX, allow_long_ttl: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        allow_long_ttl: bool = False,
+        clock: Clock | None = None,
+    ) -> None:
         self.prefix = validate_prefix(prefix)
         self.allow_long_ttl = allow_long_ttl
+        # A test may swap in a ManualClock: it starts where the machine's clock is.
+        self.clock = clock or SYSTEM_CLOCK
         self.guard = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._last_fence: dict[str, int] = {}
@@ -62,7 +71,7 @@ class MemoryLock:
 
     def _live(self, key: str) -> _Entry | None:
         entry = self._entries.get(key)
-        if entry is not None and entry.expires_at <= time.monotonic():
+        if entry is not None and entry.expires_at <= self.clock.monotonic():
             del self._entries[key]
             return None
         return entry
@@ -91,21 +100,23 @@ class MemoryLock:
                 and entry.token != wanted
                 and not _replaceable(entry.token, replace, replace_shape)
             ):
-                left = entry.expires_at - time.monotonic()
+                left = entry.expires_at - self.clock.monotonic()
                 return Contended(
                     name=name,
                     key=key,
                     holder=entry.token,
                     retry_after=None if left == float("inf") else left,
                 )
-            now = time.monotonic()
+            now = self.clock.monotonic()
             fence = 0
             if fenced:
                 # Keyed by the fence key, which a counting lease's slots share.
                 fence = max(time.time_ns() // 1000, self._last_fence.get(keys.fence, 0) + 1)
                 self._last_fence[keys.fence] = fence
             self._entries[key] = _Entry(wanted, now + ttl_ms / 1000)
-            return Lease.granted(name, key, wanted, fence=fence, ttl=ttl_ms / 1000, sent_at=now)
+            return Lease.granted(
+                name, key, wanted, fence=fence, ttl=ttl_ms / 1000, sent_at=now, clock=self.clock
+            )
 
     def begin_try_acquire(
         self,
@@ -142,7 +153,7 @@ class MemoryLock:
         if wait not in ("push", "spin"):
             raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
         seconds = None if timeout is None else to_seconds(timeout, what="timeout")
-        deadline = None if seconds is None else time.monotonic() + seconds
+        deadline = None if seconds is None else self.clock.monotonic() + seconds
         with self.guard:
             while True:
                 outcome = self.try_acquire(
@@ -150,11 +161,11 @@ class MemoryLock:
                 )
                 if isinstance(outcome, Lease):
                     break
-                left = None if deadline is None else deadline - time.monotonic()
+                left = None if deadline is None else deadline - self.clock.monotonic()
                 if not blocking or (left is not None and left <= 0):
                     raise outcome.error()
                 bound = [b for b in (left, outcome.retry_after) if b is not None]
-                self.guard.wait(min(bound) if bound else None)
+                self.clock.wait(self.guard, min(bound) if bound else None)
         if on_lost is not None:
             outcome.on_lost(on_lost)
         if renew:
@@ -182,14 +193,16 @@ class MemoryLock:
         with self.guard:
             entry = self._live(keys.lock)
             if entry is None or entry.token != expected:
-                left = None if entry is None else entry.expires_at - time.monotonic()
+                left = None if entry is None else entry.expires_at - self.clock.monotonic()
                 holder = "" if entry is None else entry.token
                 return Contended(name, keys.lock, holder, None if left == math.inf else left)
-            now = time.monotonic()
+            now = self.clock.monotonic()
             self._entries[keys.lock] = _Entry(token, now + ttl_ms / 1000)
             # Kept for ever: the memory store is for tests.
             self._replaced.setdefault(keys.lock, set()).add(record or expected)
-            return Lease.granted(name, keys.lock, token, fence=0, ttl=ttl_ms / 1000, sent_at=now)
+            return Lease.granted(
+                name, keys.lock, token, fence=0, ttl=ttl_ms / 1000, sent_at=now, clock=self.clock
+            )
 
     def _drop(self, key: str, matches: Callable[[str], bool]) -> ReleaseResult:
         with self.guard:
@@ -244,7 +257,7 @@ class MemoryLock:
             elif entry.token != lease.token:
                 result = ExtendResult.NOT_OWNER
             else:
-                entry.expires_at = time.monotonic() + ttl_ms / 1000
+                entry.expires_at = self.clock.monotonic() + ttl_ms / 1000
                 lease.renewed(entry.expires_at)
                 yields = lease.yields_to
                 held = yields is not None and self._live(self.keys(yields[0]).lock) is not None
@@ -264,7 +277,7 @@ class MemoryLock:
     def holdings(self, batch: int = 0, *, of: str | None = None) -> Iterator[Held]:
         """Every lock held (or ``of``'s), as ``RedisLock.holdings`` lists them (``batch``
         is unused)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self.guard:
             live = [(k, e) for k in list(self._entries) if (e := self._live(k)) is not None]
             fences = dict(self._last_fence)
@@ -309,15 +322,15 @@ class MemorySlots:
         token: str | None = None,
     ) -> Lease:
         seconds = None if timeout is None else to_seconds(timeout, what="timeout")
-        deadline = None if seconds is None else time.monotonic() + seconds
+        deadline = None if seconds is None else self._store.clock.monotonic() + seconds
         wanted = new_token(token)
         with self._store.guard:
             while True:
                 outcome = self.try_acquire(name, limit, ttl, token=wanted)
                 if isinstance(outcome, Lease):
                     return outcome
-                left = None if deadline is None else deadline - time.monotonic()
+                left = None if deadline is None else deadline - self._store.clock.monotonic()
                 if left is not None and left <= 0:
                     raise outcome.error()
                 bound = [b for b in (left, outcome.retry_after) if b is not None]
-                self._store.guard.wait(min(bound) if bound else None)
+                self._store.clock.wait(self._store.guard, min(bound) if bound else None)

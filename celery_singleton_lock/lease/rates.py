@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
@@ -160,7 +159,7 @@ class Rates(_RatesOf):
 
 
 class MemoryRates(_RatesOf):
-    """``Rates`` over a ``MemoryLock`` (eager tests), on this process's clock."""
+    """``Rates`` over a ``MemoryLock`` (eager tests), on the store's clock."""
 
     def __init__(self, store: Any) -> None:
         super().__init__(store)
@@ -169,7 +168,7 @@ class MemoryRates(_RatesOf):
     def ask(self, name: str, rate: Rate, how: How = "take", at: float = 0.0) -> Slot:
         interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
         with self._store.guard:
-            now = time.time_ns() / 1e9
+            now = self._store.clock.time()
             if len(self._tats) > 1000:  # names whose next call is due hold nothing
                 self._tats = {k: t for k, t in self._tats.items() if t > now}
             key = self.key(name)

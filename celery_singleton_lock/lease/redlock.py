@@ -19,6 +19,7 @@ from typing import NoReturn, TypeVar
 from ..exceptions import ConfigurationError, LockStoreUnavailableError, SingletonLockError
 from . import scripts
 from .clients import redlock_masters
+from .clock import SYSTEM_CLOCK
 from .inventory import BATCH, Held
 from .lease import (
     LOSS,
@@ -54,6 +55,8 @@ class Redlock:
     backoff (the masters share no wake-up), and nothing rides a broker's round trips.
     Rate limits are refused: a rate is one counter, which N masters cannot keep as one.
     """
+
+    clock = SYSTEM_CLOCK  # the masters' ttls run in real time
 
     def __init__(self, nodes: Sequence[RedisLock], *, renewer: Renewer | None = None) -> None:
         if len(nodes) < MIN_MASTERS:

@@ -4,7 +4,7 @@ plugin: the duplicate path, eagerly and on Celery's in-process worker.
 ``singleton_locks`` (a fixture of the plugin) gives a test an empty lock store and:
 ``hold(task, *args)`` holds a call's lock as another worker would; ``held()`` and
 ``clear()`` list and free locks; ``assert_refused`` / ``assert_locked`` check what a
-call would meet.
+call would meet. ``singleton_clock`` lets the test move the lock store's time by hand.
 """
 
 from __future__ import annotations
@@ -51,6 +51,18 @@ def test_a_request_another_worker_holds_is_neither_processed_nor_called_back(
         assert (row.name, row.state, row.task_id) == ("request:2", "running", holder.task_id)
     assert store.state(2) == "pending"  # nothing ran while it was held
     assert process_request.delay(2).get() == "processed"
+
+
+@pytest.mark.usefixtures("eager")
+def test_a_worker_that_died_holding_a_request_frees_it_when_its_ttl_runs_out(
+    singleton_locks: Any, singleton_clock: Any
+) -> None:
+    ttl = process_request.singleton_context.ttl
+    with singleton_locks.hold(process_request, 7):  # its worker was killed mid-run
+        singleton_clock.advance(ttl - 1)
+        singleton_locks.assert_refused(process_request, 7)
+        singleton_clock.advance(2)  # no renewal came: the lease ran out
+        assert process_request.delay(7).get() == "processed"
 
 
 def test_the_assertions_say_what_is_held(singleton_locks: Any) -> None:

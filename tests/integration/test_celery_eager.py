@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import time
 from typing import Any, ClassVar
@@ -20,6 +21,7 @@ from celery_singleton_lock import (
     signals,
     singleton_task,
 )
+from celery_singleton_lock.contrib.testing import hold, manual_clock
 from celery_singleton_lock.tokens import holder_task_id, queued_token, running_token
 
 from ..support.servers import RedisServer
@@ -153,6 +155,46 @@ class TestEager:
             return n
 
         assert plain(4) == 4
+
+
+class TestManualClock:
+    """memory:// on a ``ManualClock``: time passes when the test says, and only then."""
+
+    def test_an_eager_rate_wait_moves_the_clock_instead_of_sleeping(self) -> None:
+        app = eager_app("memory://", "eager-clock")
+        slots: list[float] = []
+
+        @singleton_task(app=app, bind=True, name="eager-clock.rated", key=["n"], rate="20/s")
+        def rated(self: Any, n: int) -> int:
+            slots.append(self.request.singleton_rate_slot)
+            return n
+
+        with manual_clock(app) as clock:
+            began = clock.time()
+            assert [rated.delay(1).get() for _ in range(4)] == [1] * 4
+            # Three waits of 1/20 s, to the microsecond: no real clock took part.
+            assert clock.time() - began == pytest.approx(0.15, abs=1e-6)
+            assert [b - a for a, b in itertools.pairwise(slots)] == pytest.approx([0.05] * 3)
+        assert app.conf.singleton_lock_url == "memory://"
+
+    def test_a_ttl_runs_out_when_the_clock_passes_it(self) -> None:
+        app = eager_app("memory://", "eager-ttl")
+
+        @singleton_task(app=app, name="eager-ttl.sync", key=["k"], ttl=30)
+        def sync(k: str) -> str:
+            return k
+
+        with manual_clock(app) as clock, hold(sync, "a") as holder:
+            assert sync.delay("a").id == holder.task_id
+            clock.advance(29.5)
+            assert sync.delay("a").id == holder.task_id
+            clock.advance(datetime.timedelta(seconds=1))  # the holder died 30.5 s ago
+            assert sync.delay("a").get() == "a"
+
+    def test_only_the_memory_store_takes_a_manual_clock(self, redis_server: RedisServer) -> None:
+        app = eager_app(redis_server.url, "eager-redis-clock")
+        with pytest.raises(ConfigurationError, match="memory://"), manual_clock(app):
+            pass
 
 
 class TestDecorator:

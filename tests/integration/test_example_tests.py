@@ -28,4 +28,5 @@ def test_the_example_projects_tests_pass_with_the_plugin(
         check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "5 passed" in done.stdout
+    # The test that moves the store's clock by hand runs on memory:// only.
+    assert ("6 passed" if store == "memory" else "5 passed, 1 skipped") in done.stdout

@@ -1,12 +1,11 @@
-"""``throttle=``: one accepted call per window, in a real worker and on a fake clock."""
+"""``throttle=``: one accepted call per window, in a real worker and on a manual clock."""
 
 from __future__ import annotations
 
-import pytest
 from celery import Celery
 
 from celery_singleton_lock import singleton_task
-from celery_singleton_lock.lease import memory
+from celery_singleton_lock.contrib.testing import manual_clock
 
 from ..conftest import CeleryEnv
 from ..support.modes import (
@@ -36,25 +35,8 @@ class TestThrottleInAWorker:
         wait_for(lambda: all(k.endswith(b":throttle") for k in held(cenv)), 3, "freed")
 
 
-class FakeClock:
-    """Stands in for the ``time`` module of the in-memory store: time moves when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def time_ns(self) -> int:
-        return int(self.now * 1e9)
-
-
-class TestThrottleWithAFakeClock:
-    def test_one_accepted_call_per_window_from_acceptance(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        clock = FakeClock()
-        monkeypatch.setattr(memory, "time", clock)
+class TestThrottleOnAManualClock:
+    def test_one_accepted_call_per_window_from_acceptance(self) -> None:
         app = Celery("modes-clock", set_as_current=False)
         app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
 
@@ -62,12 +44,13 @@ class TestThrottleWithAFakeClock:
         def sync(k: str) -> str:
             return k
 
-        first = sync.apply_async(("a",), task_id="first")
-        clock.now += 59.9
-        assert sync.apply_async(("a",)).id == "first"
-        clock.now += 0.2  # 60.1 s after acceptance: a new window
-        second = sync.apply_async(("a",), task_id="second")
-        assert second.id == "second"
-        clock.now += 30
-        assert sync.apply_async(("a",)).id == "second"
+        with manual_clock(app) as clock:
+            first = sync.apply_async(("a",), task_id="first")
+            clock.advance(59.9)
+            assert sync.apply_async(("a",)).id == "first"
+            clock.advance(0.2)  # 60.1 s after acceptance: a new window
+            second = sync.apply_async(("a",), task_id="second")
+            assert second.id == "second"
+            clock.advance(30)
+            assert sync.apply_async(("a",)).id == "second"
         assert first.get() == second.get() == "a"

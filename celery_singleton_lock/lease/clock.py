@@ -1,0 +1,102 @@
+"""The clock a lease counts its time on: the machine's, or a manual one a test moves by hand.
+
+A Redis lease ends on the server's clock, so ``RedisLock`` always counts on the machine's.
+``MemoryLock`` (the store for ``task_always_eager`` tests) keeps its own time and takes a
+``ManualClock``: then ttls run out, windows close and rate slots come due when the test
+says ``clock.advance(seconds)``, not after a real wait.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+from .._time import to_seconds
+
+
+class Clock:
+    """The machine's clocks: ``time.monotonic`` for leases, ``time.time`` for rate slots."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def wait(self, condition: threading.Condition, seconds: float | None) -> None:
+        """Wait on ``condition`` (held by the caller) for a notify or ``seconds``."""
+        condition.wait(seconds)
+
+    def __repr__(self) -> str:
+        return "Clock()"
+
+
+SYSTEM_CLOCK = Clock()
+
+# How long (real seconds) a wait on a manual clock may go unwoken before it is taken as a
+# test that forgot to move the clock: an error saying so beats a test that hangs.
+STALL = 5.0
+
+
+class ManualClock(Clock):
+    """Time that passes only when the test says: ``advance(seconds)``.
+
+    It starts at the machine's clocks and moves both by hand. A ``sleep`` of code under
+    test advances it at once (an eager call waiting for its rate slot returns straight
+    away, that much later). A wait for another holder's release wakes on that release or
+    on an ``advance`` from another thread; one that nothing wakes within ``stall`` real
+    seconds raises, naming the wait, instead of hanging the test.
+    """
+
+    def __init__(self, *, stall: float = STALL) -> None:
+        self.stall = to_seconds(stall, what="stall")
+        self._guard = threading.Lock()
+        self._monotonic = time.monotonic()
+        self._time = time.time()
+        # The conditions of the stores waiting on this clock: woken by every advance.
+        self._waiting: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
+
+    def __repr__(self) -> str:
+        return f"ManualClock(at={self._monotonic:.3f})"
+
+    def monotonic(self) -> float:
+        with self._guard:
+            return self._monotonic
+
+    def time(self) -> float:
+        with self._guard:
+            return self._time
+
+    def advance(self, seconds: object) -> None:
+        """Move time on by ``seconds`` (a number or ``timedelta``, never back), then wake
+        every wait on this clock to look again."""
+        step = to_seconds(seconds, what="advance")
+        if step < 0:
+            raise ValueError(f"a clock only moves forward: advance({step!r})")
+        with self._guard:
+            self._monotonic += step
+            self._time += step
+            waiting = list(self._waiting)
+        for condition in waiting:
+            with condition:
+                condition.notify_all()
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(max(0.0, seconds))
+
+    def wait(self, condition: threading.Condition, seconds: float | None) -> None:
+        with self._guard:
+            self._waiting.add(condition)
+            at = self._monotonic
+        if condition.wait(self.stall) or self.monotonic() != at:
+            return
+        wanted = "a release" if seconds is None else f"a release or {seconds:.3f} s of it"
+        raise TimeoutError(
+            f"waited {self.stall:.0f} real seconds for {wanted} on a ManualClock that "
+            "nothing advanced: call clock.advance(seconds) (from another thread if this one "
+            "is blocked), or use try_acquire instead of a blocking acquire"
+        )
