@@ -5,9 +5,10 @@ from .clients import build as client_from_url
 from .clients import describe
 from .clock import Clock, ManualClock
 from .interface import LockStore, PushStore, SlotStore
-from .lease import Contended, ExtendResult, Lease, ReleaseResult
+from .lease import Lease
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
+from .outcomes import Contended, ExtendResult, ReleaseResult
 from .pending import PendingAcquire
 from .pushes import Push, PushRefused, RidingRelease, RidingTake
 from .rates import Rate, Slot, parse_rate, rates_of

@@ -22,19 +22,9 @@ from .calls import Arg
 from .clients import describe, socket_timeout_of
 from .clock import SYSTEM_CLOCK, Clock
 from .errors import store_error
-from .lease import (
-    LOSS,
-    YIELDED,
-    Contended,
-    ExtendResult,
-    Lease,
-    LostCallback,
-    ReleaseResult,
-    decode,
-    text,
-    valid_until,
-)
+from .lease import YIELDED, Lease, LostCallback, valid_until
 from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
+from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 
 logger = logging.getLogger(__name__)
 

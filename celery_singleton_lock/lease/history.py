@@ -26,7 +26,7 @@ from typing import Any, Literal
 from . import scripts
 from .base import REDIS_ERRORS
 from .errors import store_error
-from .lease import text
+from .outcomes import text
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from typing import Protocol
 from .base import WaitMode
 from .clock import Clock
 from .inventory import Held
-from .lease import Contended, ExtendResult, Lease, LostCallback, ReleaseResult
+from .lease import Lease, LostCallback
 from .names import LockKeys
+from .outcomes import Contended, ExtendResult, ReleaseResult
 from .pending import PendingAcquire
 from .pushes import Push, RidingRelease, RidingTake
 from .servers import Server

@@ -22,8 +22,8 @@ from .base import REDIS_ERRORS
 from .calls import run_script
 from .clients import SyncClient
 from .errors import store_error
-from .lease import text
 from .names import MAX_SLOTS, ROLES, LockKeys, companion, is_role
+from .outcomes import text
 
 
 class _Store(Protocol):  # RedisLock (this module is below it)

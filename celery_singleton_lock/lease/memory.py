@@ -17,8 +17,9 @@ from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from .clock import SYSTEM_CLOCK, Clock
 from .inventory import Held, parse_key
-from .lease import LOSS, YIELDED, Contended, ExtendResult, Lease, LostCallback, ReleaseResult
+from .lease import YIELDED, Lease, LostCallback
 from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
+from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
 from .pending import PendingAcquire
 from .slots import check_limit
 

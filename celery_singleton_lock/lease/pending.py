@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, NoReturn, Protocol
 
 from .base import REDIS_ERRORS, Call
-from .lease import Contended, Lease
+from .lease import Lease
+from .outcomes import Contended
 from .transport import Reply
 
 

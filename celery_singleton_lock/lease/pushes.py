@@ -24,8 +24,9 @@ from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
 from .clients import SyncClient
 from .errors import is_refusal
-from .lease import Contended, Lease, ReleaseResult
+from .lease import Lease
 from .names import LockKeys, new_token
+from .outcomes import Contended, ReleaseResult
 from .servers import Server
 from .transit import Note, keys_of
 from .transport import Transport

@@ -21,17 +21,9 @@ from . import scripts
 from .clients import redlock_masters
 from .clock import SYSTEM_CLOCK
 from .inventory import BATCH, Held
-from .lease import (
-    LOSS,
-    YIELDED,
-    Contended,
-    ExtendResult,
-    Lease,
-    LostCallback,
-    ReleaseResult,
-    valid_until,
-)
+from .lease import YIELDED, Lease, LostCallback, valid_until
 from .names import DEFAULT_PREFIX, LockKeys, new_token
+from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
 from .pending import PendingAcquire
 from .quorum import Answers, Attempt, Quorum
 from .renewal import Renewer, get_renewer

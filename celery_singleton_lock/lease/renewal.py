@@ -25,7 +25,8 @@ import time
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
-from .lease import ExtendResult, Lease
+from .lease import Lease
+from .outcomes import ExtendResult
 
 logger = logging.getLogger(__name__)
 

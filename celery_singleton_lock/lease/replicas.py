@@ -17,7 +17,8 @@ from typing import Any
 
 from .._time import to_seconds
 from ..exceptions import ConfigurationError, LockStoreUnavailableError
-from .lease import Contended, Lease
+from .lease import Lease
+from .outcomes import Contended
 
 logger = logging.getLogger(__name__)
 

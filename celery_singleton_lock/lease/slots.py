@@ -18,8 +18,9 @@ from typing import Any
 from ..exceptions import ConfigurationError
 from . import scripts
 from .base import REDIS_ERRORS, Block, ScriptArgs, Step, Try
-from .lease import Contended, Lease, text
+from .lease import Lease
 from .names import MAX_SLOTS, new_token, slot
+from .outcomes import Contended, text
 from .waits import pop_within
 
 

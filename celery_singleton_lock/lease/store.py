@@ -17,8 +17,9 @@ from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
 from .errors import store_error
 from .inventory import BATCH, Held, family, scan
-from .lease import LOSS, Contended, ExtendResult, Lease, LostCallback, ReleaseResult, decode, text
+from .lease import Lease, LostCallback
 from .names import DEFAULT_PREFIX
+from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from .pending import PendingAcquire
 from .pushes import Pushes
 from .renewal import Renewer, get_renewer
