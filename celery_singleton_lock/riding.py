@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .backend import Backend, Store
-from .broker import folding, may_ride, rides
+from .broker.transport import folding, may_ride, rides
 from .dispatch import Refused, Sent, delay_of, quietly, refusals
 from .exceptions import LockStoreUnavailableError
 from .lease import (

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, ClassVar
 from celery import Task
 from celery.utils import uuid
 
-from . import cancels, outages, results
+from . import broker, cancels, outages
 from . import signals as singleton_signals
-from .broker import noting, on_purge, ride
+from .broker import results
+from .broker.transport import noting, on_purge
 from .context import Delivery, TaskContext
 from .dispatch import (
     Gate,
@@ -106,9 +107,13 @@ class SingletonTask(Task):  # type: ignore[misc]
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
-        ride(app)  # a dispatch's hold rides its message's push on a Redis broker
+        # On a Redis broker a dispatch's hold rides its message's push, a run's release
+        # its result's write: the one switch, read as the first singleton task is bound.
+        if app.conf.get("singleton_lock_ride_broker", True) is True:
+            broker.install(app)
+        else:
+            broker.uninstall(app)
         on_purge(app, partial(give_up_purged, app))  # a purge gives its messages' holds up
-        results.ride(app)  # a run's release rides its result's write there
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a
         # copy of the running one, a requeue). Under an id whose run stored SUCCESS a

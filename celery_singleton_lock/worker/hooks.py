@@ -16,15 +16,15 @@ from celery.concurrency import get_implementation
 from celery.worker.control import Panel, inspect_command
 from celery.worker.request import Request
 
+from ..broker.restore import stale_restorer
+from ..broker.results import settle
+from ..broker.unacked import on_receipt
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
-from ..results import settle
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
-from ..unacked import on_receipt
 from . import transit
 from .childwatch import child_watch
 from .reservations import reservations
-from .restore import stale_restorer
 from .setupchecks import check_worker_setup, refuse_bad_settings
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
     if timer is not None:
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)
         # prefork's event loop restores dead workers' unacked messages on a timer; the
-        # other pools only when idle (worker/restore.py).
+        # other pools only when idle (broker/restore.py).
         # The sender is the worker's consumer: its hub is the event loop (None without one).
         restorer = stale_restorer(app) if getattr(sender, "hub", True) is None else None
         if restorer is not None:

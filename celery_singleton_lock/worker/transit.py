@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
-from ..broker import NOTED_PROPERTY
+from ..broker.transport import NOTED_PROPERTY
+from ..broker.unacked import Rider
 from ..exceptions import SingletonLockError
 from ..lease import ClearNote, Transit
 from ..options import is_singleton
-from ..unacked import Rider
 from .reservations import reservations
 
 if TYPE_CHECKING:

@@ -109,7 +109,7 @@ class TestSameServer:
         self, shared: RedisServer, cenv: CeleryEnv
     ) -> None:
         counted = produce(same_server_env(shared, cenv), READS)
-        assert counted["channel"] == "celery_singleton_lock.broker.Channel"
+        assert counted["channel"] == "celery_singleton_lock.broker.transport.Channel"
         # Every round trip a plain send_task makes (the push, the result backend's),
         # and not one more: the hold is in the push's script. Call by call (medians), and
         # on average: the server now and then reads two commands in one go.
@@ -340,7 +340,7 @@ class TestWorkerRides:
 def assert_rides(counted: dict[str, Any], lifecycle: dict[str, Any], channel: str) -> None:
     """A dispatch and a task lifecycle make the round trips plain Celery's make."""
     print(counted, lifecycle)
-    assert counted["channel"] == f"celery_singleton_lock.broker.{channel}"
+    assert counted["channel"] == f"celery_singleton_lock.broker.transport.{channel}"
     assert counted["unique_median"] == counted["plain_median"], counted
     assert counted["pushed_by_duplicates"] == 0, counted
     plain = (lifecycle["plain"] + lifecycle["again"]) / 2

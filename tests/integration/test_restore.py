@@ -2,7 +2,7 @@
 
 kombu restores them on prefork's event-loop timer; the other pools only when a poll of
 the queue comes back empty, which never happens under steady load. The library restores
-them on those workers' timers too (``worker/restore.py``)."""
+them on those workers' timers too (``broker/restore.py``)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,10 @@ import redis
 from celery import Celery
 from celery.app.task import Context
 
-from celery_singleton_lock import Lease, RedisLock, results, singleton_task
+from celery_singleton_lock import Lease, RedisLock, singleton_task
+from celery_singleton_lock.broker import results
+from celery_singleton_lock.broker.results import RedisBackend
 from celery_singleton_lock.lease import RidingRelease
-from celery_singleton_lock.results import RedisBackend
 
 from ..support.servers import RedisServer
 

@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from kombu.transport import redis as kombu_redis
+from kombu.transport import resolve_transport
 
-from celery_singleton_lock import ConfigurationError
+from celery_singleton_lock import ConfigurationError, broker, singleton_task
 from celery_singleton_lock.config import SingletonConfig
 
 
@@ -212,44 +215,78 @@ class TestReceivers:
 
 
 class TestRidingTheBroker:
-    """Once a singleton task is bound, kombu resolves redis://, rediss:// and sentinel://
-    to the riding transports (its alias table, read for every connection)."""
+    """``broker.install(app)`` makes that app, and no other, resolve its Redis and
+    Sentinel broker URLs to the riding transports (``app.amqp.Connection``)."""
 
     @pytest.mark.parametrize(
-        ("scheme", "expected"),
+        ("url", "expected"),
         [
-            ("redis", "celery_singleton_lock.broker.RedisTransport"),
-            ("rediss", "celery_singleton_lock.broker.RedisTransport"),
-            ("memory", "kombu.transport.memory.Transport"),
-            ("amqp", "kombu.transport.pyamqp.Transport"),
-            ("sentinel", "celery_singleton_lock.broker.SentinelTransport"),
+            ("redis://127.0.0.1:1/0", "celery_singleton_lock.broker.transport.RedisTransport"),
+            ("rediss://127.0.0.1:1/0", "celery_singleton_lock.broker.transport.RedisTransport"),
+            ("redis+socket:///tmp/r.sock", "celery_singleton_lock.broker.transport.RedisTransport"),
+            ("memory://", "kombu.transport.memory.Transport"),
+            ("amqp://127.0.0.1:1//", "kombu.transport.pyamqp.Transport"),
+            (
+                "sentinel://127.0.0.1:1/0",
+                "celery_singleton_lock.broker.transport.SentinelTransport",
+            ),
         ],
     )
-    def test_kombu_resolves_the_redis_schemes_to_it(self, scheme: str, expected: str) -> None:
-        from kombu.transport import resolve_transport
-
-        from celery_singleton_lock.broker import ride
-
-        ride(app_with(broker_url="redis://127.0.0.1:1/0"))
-        found = resolve_transport(scheme)
-        assert found is not None
+    def test_an_app_that_rides_resolves_the_redis_schemes_to_it(
+        self, url: str, expected: str
+    ) -> None:
+        app = app_with(broker_url=url)
+        assert broker.install(app)
+        with app.connection_for_write() as connection:
+            found = connection.get_transport_cls()
         assert f"{found.__module__}.{found.__qualname__}" == expected
 
-    def test_a_transport_the_app_names_is_kept(self) -> None:
-        from celery_singleton_lock.broker import ride
+    def test_no_other_app_is_touched(self) -> None:
+        riding, other = (
+            app_with(broker_url="redis://127.0.0.1:1/0"),
+            app_with(broker_url="redis://127.0.0.1:1/0"),
+        )
+        broker.install(riding)
+        with other.connection_for_write() as connection:
+            assert connection.get_transport_cls() is kombu_redis.Transport
+        assert resolve_transport("redis") is kombu_redis.Transport  # kombu's table as it was
 
+    def test_uninstall_gives_the_app_kombu_s_and_celery_s_classes_back(self) -> None:
+        app = app_with(broker_url="redis://127.0.0.1:1/0", result_backend="redis://127.0.0.1:1/1")
+        broker.install(app)
+        assert broker.installed(app)
+        broker.uninstall(app)
+        assert not broker.installed(app)
+        with app.connection_for_write() as connection:
+            assert connection.get_transport_cls() is kombu_redis.Transport
+        assert type(app.backend) is CeleryRedisBackend
+
+    def test_ride_broker_false_installs_nothing(self) -> None:
+        app = app_with(
+            broker_url="redis://127.0.0.1:1/0",
+            result_backend="redis://127.0.0.1:1/1",
+            singleton_lock_ride_broker=False,
+        )
+
+        @singleton_task(app=app)
+        def work(x: int) -> int:
+            return x
+
+        assert work.name in app.tasks  # bound
+        assert not broker.installed(app)
+        assert type(app.backend) is CeleryRedisBackend
+
+    def test_a_transport_the_app_names_is_kept(self) -> None:
         app = app_with(
             broker_url="redis://127.0.0.1:1/0", broker_transport="kombu.transport.redis:Transport"
         )
-        ride(app)
+        broker.install(app)
         with app.connection_for_write() as connection:
-            assert connection.get_transport_cls().__module__ == "kombu.transport.redis"
+            assert connection.get_transport_cls() is kombu_redis.Transport
 
     def test_a_broker_url_changed_after_configuration_is_honoured(self) -> None:
-        from celery_singleton_lock.broker import ride
-
         app = app_with(broker_url="redis://127.0.0.1:1/0")
-        ride(app)
+        broker.install(app)
         app.conf.broker_url = "memory://"  # as a project's test settings do
         with app.connection_for_write() as connection:
             assert connection.get_transport_cls().__module__ == "kombu.transport.memory"

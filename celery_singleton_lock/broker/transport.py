@@ -5,15 +5,14 @@ hold and pushes the message together (``lease.pushes``), or pushes nothing when 
 is a duplicate. There is no moment with a hold and no message (a producer killed between
 the two would leave one for ``queue_ttl``), nor a message and no hold.
 
-Once a singleton task is bound (``ride``), kombu resolves ``redis://`` and ``rediss://``
-to ``RedisTransport``, which behaves exactly as kombu's own for any message without a
-hold to take. ``singleton_lock_ride_broker = False`` turns the ride off (the hold is then
-a round trip of its own); a transport the app names (``broker_transport``) is kept. Every
-singleton call's message is noted in transit as it is pushed (``lease.transit``): by the
-hold's script, or, with no hold riding (a lock store on another server, a mode without
-a dispatch hold), by a script that replaces kombu's LPUSH in the same one round trip.
-Every other message (other tasks, canvas, fanout) is put as kombu puts it. Received
-messages are recorded by ``unacked.QoS``.
+An app that rides (``broker.install``) resolves kombu's Redis and Sentinel transports to
+``RedisTransport`` and ``SentinelTransport``, which behave exactly as kombu's own for any
+message without a hold to take; a transport the app names (``broker_transport``) is
+kept. Every singleton call's message is noted in transit as it is pushed
+(``lease.transit``): by the hold's script, or, with no hold riding (a lock store on
+another server, a mode without a dispatch hold), by a script that replaces kombu's LPUSH
+in the same one round trip. Every other message (other tasks, canvas, fanout) is put as
+kombu puts it. Received messages are recorded by ``unacked.QoS``.
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
-from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from .lease import Note, Push, Server, Transit, server_of
-from .lease.errors import is_refusal
+from ..lease import Note, Push, Server, Transit, server_of
+from ..lease.errors import is_refusal
+from . import versions
 from .unacked import QoS
 
 if TYPE_CHECKING:
@@ -220,10 +219,15 @@ class Channel(kombu_redis.Channel):
         return self._singleton_server
 
 
+# Named by hand (``broker_transport``) on a kombu or Celery outside the tested releases,
+# the transports are kombu's own: nothing rides there.
+TESTED_HERE = versions.outside() is None
+
+
 class RedisTransport(kombu_redis.Transport):
     """kombu's Redis transport with ``Channel``: ``broker_transport`` names it."""
 
-    Channel = Channel
+    Channel = Channel if TESTED_HERE else kombu_redis.Channel
 
 
 class SentinelChannel(Channel, kombu_redis.SentinelChannel):
@@ -235,7 +239,7 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
 class SentinelTransport(kombu_redis.SentinelTransport):
     """kombu's Sentinel transport with ``SentinelChannel``."""
 
-    Channel = SentinelChannel
+    Channel = SentinelChannel if TESTED_HERE else kombu_redis.SentinelChannel
 
 
 def rides(channel: object, server: Server) -> bool:
@@ -247,31 +251,12 @@ def rides(channel: object, server: Server) -> bool:
     return own is not None and own.same_server(server)
 
 
-# kombu's own Redis transports, as its alias table names them, and what replaces them.
-KOMBU_REDIS = "kombu.transport.redis:Transport"
-KOMBU_SENTINEL = "kombu.transport.redis:SentinelTransport"
+# kombu's own Redis transports, and what replaces them for an app that rides.
 SENTINEL_TRANSPORT = "celery_singleton_lock.broker:SentinelTransport"
-_REPLACED = {
-    "redis": (KOMBU_REDIS, TRANSPORT),
-    "rediss": (KOMBU_REDIS, TRANSPORT),
-    "sentinel": (KOMBU_SENTINEL, SENTINEL_TRANSPORT),
+REPLACED: dict[type, str] = {
+    kombu_redis.Transport: TRANSPORT,
+    kombu_redis.SentinelTransport: SENTINEL_TRANSPORT,
 }
-
-
-def ride(app: Celery) -> None:
-    """From now on kombu resolves ``redis://`` and ``rediss://`` to ``RedisTransport``,
-    ``sentinel://`` to ``SentinelTransport``.
-
-    Through kombu's alias table (``kombu.transport.TRANSPORT_ALIASES``), which it reads
-    for every connection, pooled ones included, so a broker URL changed after
-    configuration (``memory://`` in tests) is honoured. A transport the app names
-    itself (``broker_transport``) is kept; a scheme kombu already resolved in this
-    process keeps what it resolved to (``check_worker_setup`` says so). ``app`` is the
-    app whose first singleton task was bound: no receiver of another app is touched.
-    """
-    for scheme, (kombus, ours) in _REPLACED.items():
-        if TRANSPORT_ALIASES.get(scheme) == kombus:
-            TRANSPORT_ALIASES[scheme] = ours
 
 
 def may_ride(app: Celery, server: Server) -> bool:
@@ -336,6 +321,5 @@ __all__ = [
     "may_ride",
     "noting",
     "on_purge",
-    "ride",
     "rides",
 ]

@@ -8,7 +8,7 @@ own. Any run whose result is not written (ignored results, ``Ignore``, ``Reject`
 result already stored) is released on its own round trip when the task's tracer is
 done (``task_postrun``), so a release is never lost.
 
-Once a singleton task is bound (``ride``), the app resolves ``redis://`` and
+An app that rides (``broker.install``) resolves ``redis://`` and
 ``rediss://`` result backends to ``RedisBackend`` and ``sentinel://`` to
 ``SentinelBackend``, through Celery's per-app table of backend aliases
 (``app.loader.override_backends``); a backend the app names by class is kept. It
@@ -25,19 +25,19 @@ from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
-from .dispatch import quietly
-from .lease import RidingRelease, Server, server_of
-from .lease.history import recording
+from ..dispatch import quietly
+from ..lease import RidingRelease, Server, server_of
+from ..lease.history import recording
 
 if TYPE_CHECKING:
     from celery import Celery, Task
     from celery.app.task import Context
 
-    from .context import TaskContext
-    from .lease import Lease
+    from ..context import TaskContext
+    from ..lease import Lease
 
-BACKEND = "celery_singleton_lock.results:RedisBackend"
-SENTINEL_BACKEND = "celery_singleton_lock.results:SentinelBackend"
+BACKEND = "celery_singleton_lock.broker:RedisBackend"
+SENTINEL_BACKEND = "celery_singleton_lock.broker:SentinelBackend"
 # Celery's backend alias -> this module's backend for it.
 _REPLACED = {"redis": BACKEND, "rediss": BACKEND, "sentinel": SENTINEL_BACKEND}
 
@@ -217,7 +217,7 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
     )
 
 
-def ride(app: Celery) -> None:
+def install(app: Celery) -> None:
     """From now on ``app`` resolves ``redis://`` and ``rediss://`` result backends to
     ``RedisBackend``, ``sentinel://`` to ``SentinelBackend`` (a backend made before keeps
     its class; one the app names by class, or an alias the app's loader overrides
@@ -229,13 +229,23 @@ def ride(app: Celery) -> None:
         loader.override_backends = {**overrides, **missing}
 
 
+def uninstall(app: Celery) -> None:
+    """Undo ``install``: the aliases it added resolve to Celery's backends again."""
+    loader = app.loader
+    overrides = dict(getattr(loader, "override_backends", None) or {})
+    kept = {alias: name for alias, name in overrides.items() if _REPLACED.get(alias) != name}
+    if kept != overrides:
+        loader.override_backends = kept
+
+
 __all__ = [
     "BACKEND",
     "SENTINEL_BACKEND",
     "RedisBackend",
     "SentinelBackend",
+    "install",
     "missed_ride",
     "release_with_result",
-    "ride",
     "settle",
+    "uninstall",
 ]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from kombu.transport import redis as kombu_redis
 
-from .lease import Server
+from ..lease import Server
 
 if TYPE_CHECKING:
     from kombu.message import Message

@@ -1,0 +1,82 @@
+"""The broker ride: every dependence on kombu's and Celery's Redis internals, installed per app.
+
+On a Redis broker that is also the lock store's server, lock operations ride the
+round trips Celery makes anyway. Everything that subclasses, overrides or writes the
+layout of kombu's or Celery's Redis internals to do so lives here:
+
+- ``transport``: kombu's Redis channel; a dispatch's hold is taken by the script that
+  pushes its message (``Channel._put``, ``_put_fanout``, ``_purge`` overridden).
+- ``unacked``: kombu's unacked bookkeeping; a received message's take rides the
+  pipeline that records it (``QoS.append``, ``pipe_or_acquire``).
+- ``results``: Celery's Redis result backend; a run's release rides its result's write
+  (``RedisBackend.set``).
+- ``restore``: kombu's restore of dead workers' messages, on a timer for workers that
+  have no event loop (``QoS.restore_visible``).
+- ``connection``: the app's connection class, resolving kombu's Redis transports to ours.
+- ``versions``: the kombu and Celery releases all of it is tested on.
+
+``install(app)`` is the one switch: the task binding calls it when
+``singleton_lock_ride_broker`` is True (the default), and ``uninstall(app)`` when it is
+False. It changes that app alone: its connection class (``app.amqp.Connection``) and its
+loader's result-backend aliases. Outside the tested releases it installs nothing and
+says so once; every lock operation then takes its own round trip.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kombu.connection import Connection
+
+from . import results, versions
+from .connection import RidingConnection
+from .results import BACKEND, SENTINEL_BACKEND, RedisBackend, SentinelBackend
+from .transport import SENTINEL_TRANSPORT, TRANSPORT, RedisTransport, SentinelTransport
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+
+def install(app: Celery) -> bool:
+    """Make ``app`` ride: its Redis broker connections use ``RedisTransport`` (or
+    ``SentinelTransport``), its Redis result backends ``RedisBackend`` (or
+    ``SentinelBackend``). False, with one WARNING per process, when the installed kombu
+    or Celery is outside ``versions.TESTED``: nothing is installed."""
+    reason = versions.outside()
+    if reason is not None:
+        versions.warn_once(reason)
+        return False
+    amqp = app.amqp
+    if amqp.Connection is Connection:  # kombu's own: a class the app set itself is kept
+        amqp.Connection = RidingConnection
+    results.install(app)
+    return True
+
+
+def uninstall(app: Celery) -> None:
+    """Undo ``install``: ``app`` uses kombu's and Celery's own classes again (for what it
+    connects and builds from now on)."""
+    amqp = app.amqp
+    if vars(amqp).get("Connection") is RidingConnection:
+        del amqp.Connection  # the class's own: kombu's Connection
+    results.uninstall(app)
+
+
+def installed(app: Celery) -> bool:
+    """Whether ``app`` rides (``install`` took)."""
+    return app.amqp.Connection is RidingConnection
+
+
+__all__ = [
+    "BACKEND",
+    "SENTINEL_BACKEND",
+    "SENTINEL_TRANSPORT",
+    "TRANSPORT",
+    "RedisBackend",
+    "RedisTransport",
+    "SentinelBackend",
+    "SentinelTransport",
+    "install",
+    "installed",
+    "uninstall",
+]

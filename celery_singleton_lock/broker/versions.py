@@ -1,0 +1,57 @@
+"""The kombu and Celery releases the ride is tested on: outside them, nothing rides.
+
+The ride subclasses kombu's Redis channel, its unacked bookkeeping and Celery's Redis
+result backend, and its scripts write kombu's queue and unacked layout. A release that
+changes any of those could make a message skip kombu's bookkeeping or land where no
+consumer reads. So the ride installs only on the releases CI runs it on (the matrix's
+oldest and the newest, and the contract tests of ``tests/unit/test_broker_contract.py``
+on each); on any other, every lock operation takes its own round trip: correct, a
+little slower, and said once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import logging
+
+from packaging.version import InvalidVersion, Version
+
+logger = logging.getLogger(__name__)
+
+# [first, below): the releases the ride is tested on. Raise the upper bound only with a
+# CI run of the contract tests and the matrix on the new release.
+TESTED = {
+    "kombu": ("5.3", "5.8"),
+    "celery": ("5.3", "5.8"),
+}
+
+
+def installed(package: str) -> str:
+    """The installed release of ``package``."""
+    return importlib.metadata.version(package)
+
+
+def outside() -> str | None:
+    """Why the ride must not install here (a release outside ``TESTED``); None when
+    every release is inside."""
+    for package, (first, below) in TESTED.items():
+        release = installed(package)
+        try:
+            inside = Version(first) <= Version(release) < Version(below)
+        except InvalidVersion:
+            inside = False
+        if not inside:
+            return (
+                f"{package} {release} is outside the releases the broker ride is tested on "
+                f"({package} >= {first}, < {below}): every lock operation takes a round trip "
+                "of its own (correct, a little slower). Install a tested release, or upgrade "
+                "celery-singleton-lock, to ride the broker's round trips again"
+            )
+    return None
+
+
+@functools.cache
+def warn_once(reason: str) -> None:
+    """One WARNING per process and reason, however many apps and tasks ask."""
+    logger.warning("celery-singleton-lock: %s", reason)
