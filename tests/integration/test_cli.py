@@ -287,6 +287,7 @@ def test_no_locks_an_unreachable_store_and_bad_input_say_so_plainly(cenv: Celery
 
 @pytest.mark.slow
 @pytest.mark.oneoff  # a scale test: 100,000 locks
+@pytest.mark.load
 def test_list_over_100000_locks_takes_bounded_round_trips_and_memory(cenv: CeleryEnv) -> None:
     def probe() -> tuple[dict[str, int], int]:
         done = cli(cenv, "list", "--json", probe=True)

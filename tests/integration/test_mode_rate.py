@@ -44,6 +44,7 @@ def fixture_fleet(celery_env: CeleryEnv) -> Any:
 
 class TestAcrossWorkers:
     @pytest.mark.oneoff  # a load test: a fleet of four workers, a thousand calls, a kill
+    @pytest.mark.load
     def test_a_thousand_calls_over_five_keys_keep_the_rate_and_a_killed_worker_loses_none(
         self, cenv: CeleryEnv, fleet: list[Worker]
     ) -> None:
@@ -56,7 +57,7 @@ class TestAcrossWorkers:
         # is replaced once they are past the visibility timeout: a new worker restores
         # them as it starts (kombu before 5.4 sweeps for them only every ~100 s after).
         # (Within a minute: on a loaded 2-core machine the fleet can start slowly.)
-        wait_for(lambda: len(rated_runs(cenv)) >= 150, 60, "runs under way")
+        wait_for(lambda: len(rated_runs(cenv)) >= 150, 60, "150 runs under way")
         fleet[0].kill()
         time.sleep(VISIBILITY + 1)
         extra = {"CSL_VISIBILITY_TIMEOUT": str(VISIBILITY)}

@@ -376,6 +376,7 @@ class TestInABrowser:
 
 
 @pytest.mark.oneoff  # a scale test: 100,000 locks
+@pytest.mark.load
 class TestAtScale:
     def test_a_page_of_100_000_locks_is_read_in_one_pass_and_pages(
         self, cenv: CeleryEnv, held: Held
