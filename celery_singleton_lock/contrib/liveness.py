@@ -8,26 +8,24 @@ messages looked for in the broker without consuming them.
   seen at its next stop), and releases are owner-checked: a hold that changed hands
   since (a worker reserved it) is never released.
 - On a Redis broker every queue's lists (all priority levels) and the unacked hash are
-  read in batches. An AMQP broker (RabbitMQ) cannot be searched without consuming: a
-  queued hold counts as gone only when every queue is empty and no worker has the task.
+  read in batches (``broker.layout``: kombu's keys, its ``global_keyprefix`` included).
+  An AMQP broker (RabbitMQ) cannot be searched without consuming: a queued hold counts
+  as gone only when every queue is empty and no worker has the task.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..broker import layout
 from .locks import LockRow
 
 if TYPE_CHECKING:
     from celery import Celery
     from kombu.connection import Connection
     from kombu.transport.redis import Channel as RedisChannel
-
-
-BATCH = 1000
 
 
 def runs_task(app: Celery, worker: str, task_id: str, timeout: float) -> bool:
@@ -153,19 +151,13 @@ class Liveness:
                 self._count_amqp(conn, sorted(names))
 
     def _search_redis(self, channel: RedisChannel, names: list[str], wanted: set[str]) -> None:
-        client = channel.client  # kombu's own client (with its global_keyprefix)
-        sep = getattr(channel, "sep", "\x06\x16")
-        steps = getattr(channel, "priority_steps", [0, 3, 6, 9])
-        for queue in sorted(set(names) | _bound_queues(channel, sep)):
-            for step in steps:
-                name = f"{queue}{sep}{step}" if step else queue
-                for start in range(0, int(client.llen(name)), BATCH):
-                    for raw in client.lrange(name, start, start + BATCH - 1):
-                        self._found(_task_id(raw), wanted, f"its message is queued in {queue}")
-        unacked = getattr(channel, "unacked_key", "unacked")
-        for _, raw in client.hscan_iter(unacked, count=BATCH):
+        client = layout.plain_client(channel)
+        for queue in sorted(set(names) | layout.bound_queues(client, channel)):
+            for task_id in layout.queued(client, channel, queue):
+                self._found(task_id, wanted, f"its message is queued in {queue}")
+        for task_id in layout.unacked(client, channel):
             self._found(
-                _task_id(raw, unacked=True), wanted,
+                task_id, wanted,
                 "delivered to a worker and not acked: the broker restores it after "
                 "visibility_timeout",
             )  # fmt: skip
@@ -191,28 +183,3 @@ class Liveness:
                 f"{waiting} message(s) wait in {', '.join(names)} and an AMQP broker cannot be "
                 "searched without consuming: cannot tell"
             )
-
-
-def _bound_queues(channel: RedisChannel, sep: str) -> set[str]:
-    """Every queue bound to an exchange on this Redis broker: kombu keeps each exchange's
-    bindings in a set (``_kombu.binding.<exchange>``), members ``key<sep>pattern<sep>queue``."""
-    client = channel.client
-    pattern = getattr(channel, "keyprefix_queue", "_kombu.binding.%s") % "*"
-    queues: set[str] = set()
-    for binding in client.scan_iter(match=pattern, count=BATCH):
-        for member in client.smembers(binding):
-            text = member.decode() if isinstance(member, bytes) else str(member)
-            queues.add(text.split(sep)[-1])
-    return queues
-
-
-def _task_id(raw: bytes | str, *, unacked: bool = False) -> str | None:
-    try:
-        message = json.loads(raw)
-        if unacked:
-            message = message[0]  # [message, exchange, routing key]
-        headers = message.get("headers") or {}
-        task_id = headers.get("id") or (message.get("properties") or {}).get("correlation_id")
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return None
-    return task_id if isinstance(task_id, str) else None

@@ -211,6 +211,22 @@ def test_release_refuses_a_live_holder_and_frees_a_killed_workers_lease(
     assert "no lock matches 'no-such-lock'" in unknown.stderr
 
 
+def test_queued_messages_are_found_under_kombu_s_global_keyprefix(cenv: CeleryEnv) -> None:
+    """kombu's ``global_keyprefix`` names every broker key: a queued call (any priority)
+    is found in its prefixed list, never taken for an orphan and released."""
+    queue, prefixed = f"parked-{uuid.uuid4().hex}", {"CSL_KEYPREFIX": "pre:"}
+    queued = produce(
+        {**cenv.env, **prefixed},
+        "import json\nfrom tests.support.celery_app import work\n"
+        f"print(json.dumps([work.apply_async((f'k{{p}}',), queue={queue!r}, priority=p).id "
+        "for p in (0, 9)]))\n",
+    )
+    lists = cenv.broker.client().keys(f"pre:{queue}*")
+    assert len(lists) == 2, lists  # the messages sit in kombu's prefixed lists
+    found = json.loads(cli(cenv, "orphans", "--json", env=prefixed).stdout)
+    assert not {e["task_id"] for e in found} & set(queued)
+
+
 @pytest.mark.slow
 def test_orphans_are_exactly_the_dropped_holds_and_the_killed_workers_lease(
     cenv: CeleryEnv, holding_worker: Worker, victim: Worker

@@ -29,7 +29,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual import base as virtual
 from packaging.version import Version
 
-from celery_singleton_lock.broker import versions
+from celery_singleton_lock.broker import layout, versions
 from celery_singleton_lock.broker.results import RedisBackend, SentinelBackend
 from celery_singleton_lock.broker.transport import (
     TRANSPORT,
@@ -162,6 +162,17 @@ class TestQueueNaming:
         channel = SimpleNamespace(priority_steps=[0, 3, 6, 9], sep="\x06\x16")
         channel.priority = lambda n: kombu_redis.Channel.priority(channel, n)
         assert kombu_redis.Channel._q_for_pri(channel, "q", priority) == name
+
+    def test_the_liveness_check_reads_the_lists_kombu_pops(self) -> None:
+        channel = SimpleNamespace(
+            priority_steps=[0, 3, 6, 9], sep="\x06\x16", global_keyprefix="pre:"
+        )
+        channel.priority = lambda n: kombu_redis.Channel.priority(channel, n)
+        kombus = [
+            "pre:" + kombu_redis.Channel._q_for_pri(channel, "q", step)
+            for step in channel.priority_steps
+        ]
+        assert layout.queue_lists(channel, "q") == kombus
 
     def test_a_message_s_priority_is_read_from_its_properties(self) -> None:
         channel = SimpleNamespace(max_priority=9, min_priority=0, default_priority=0)
