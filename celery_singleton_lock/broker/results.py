@@ -28,6 +28,7 @@ from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from ..dispatch import quietly
 from ..lease import RidingRelease, Server, server_of
 from ..lease.history import recording
+from . import versions
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -139,6 +140,7 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
     backend, pushes = task.backend, context.store.pushes
     if (
         not context.backend.config.ride_broker
+        or versions.turned_off() is not None
         or request.is_eager
         or request.callbacks
         or request.chain

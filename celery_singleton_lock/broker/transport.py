@@ -136,7 +136,7 @@ class Channel(kombu_redis.Channel):
     _singleton_server: Server | None = None
 
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
-        batch = kwargs.get("_publish_batch") is not None
+        batch = kwargs.get("_publish_batch") is not None or versions.turned_off() is not None
         fold = None if batch else _claim(message)
         noted = None if batch else _claim_noted(message)
         if fold is None and noted is None:
@@ -245,7 +245,7 @@ class SentinelTransport(kombu_redis.SentinelTransport):
 def rides(channel: object, server: Server) -> bool:
     """Whether a message published on ``channel`` can take its hold, on ``server``, in
     the script that pushes it: the channel is this transport's, on that very server."""
-    if not isinstance(channel, Channel):
+    if not isinstance(channel, Channel) or versions.turned_off() is not None:
         return False
     own = channel.server()
     return own is not None and own.same_server(server)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from kombu.transport import redis as kombu_redis
 
 from ..lease import Server
+from . import versions
 
 if TYPE_CHECKING:
     from kombu.message import Message
@@ -56,7 +57,8 @@ class QoS(kombu_redis.QoS):
 
     def append(self, message: Message, delivery_tag: object) -> None:
         riders: Sequence[Rider] = ()
-        server = self.channel.server() if _receipts else None
+        riding = _receipts and versions.turned_off() is None
+        server = self.channel.server() if riding else None
         headers = getattr(message, "headers", None)
         properties = getattr(message, "properties", None)
         if server is not None and isinstance(headers, Mapping):

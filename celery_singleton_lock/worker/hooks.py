@@ -25,7 +25,7 @@ from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from . import transit
 from .childwatch import child_watch
 from .reservations import reservations
-from .setupchecks import check_worker_setup, refuse_bad_settings
+from .setupchecks import check_the_ride, check_worker_setup, refuse_bad_settings
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 REVOKE_CHECK_INTERVAL = 0.5
 # Where this worker serves its metrics, if it does (singleton_lock_metrics_port).
 _serving: list[str] = []
+# What worker_init found to say (the broker ride's self-check), logged once logging is set up.
+_said: list[tuple[int, str]] = []
 # What closes the connections this worker's timers use, at shutdown.
 _closing: list[Callable[[], None]] = []
 
@@ -68,6 +70,9 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
         on_receipt(functools.partial(transit.riders, app, hostname))
+    said = check_the_ride(app)
+    if said is not None:
+        _said.append(said)
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.
@@ -93,6 +98,8 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
         logger.warning("celery-singleton-lock: %s", message)
     for url in _serving:  # said here: the worker's logging is not set up at worker_init
         logger.info("celery-singleton-lock metrics on %s", url)
+    for level, message in _said:
+        logger.log(level, "celery-singleton-lock: %s", message)
     timer = getattr(sender, "timer", None)
     if timer is not None:
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)

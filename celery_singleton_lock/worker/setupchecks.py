@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
-from ..broker import versions
+from ..broker import installed, selfcheck, versions
 from ..broker.results import missed_ride as missed_result_ride
 from ..broker.transport import missed_ride
 from ..exceptions import ConfigurationError, SingletonLockError
@@ -72,3 +73,24 @@ def check_worker_setup(app: Celery) -> list[str]:
                 "afterwards. Raise visibility_timeout above the time limit"
             )
     return warnings
+
+
+def check_the_ride(app: Celery) -> tuple[int, str] | None:
+    """The broker ride's self-check (``broker.selfcheck``), before the worker consumes and
+    its pool forks: where kombu reads otherwise than the ride writes, the ride is turned
+    off in this process. What to log, at which level (None: nothing to say)."""
+    tasks = singleton_tasks(app)
+    if not tasks or not installed(app) or versions.turned_off() is not None:
+        return None
+    try:
+        differed = selfcheck.differences(app, tasks[0].singleton_context.backend.config.prefix)
+    except Exception as error:
+        return logging.WARNING, f"the broker ride's self-check could not run at start ({error})"
+    if differed is None:
+        return None
+    versions.turn_off(differed)
+    return logging.ERROR, (
+        f"the broker ride is off in this worker: {differed} (kombu {versions.installed('kombu')}). "
+        "Every lock operation takes a round trip of its own: correct, a little slower. "
+        "Report it to celery-singleton-lock with this line"
+    )

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
+from ..broker import versions
 from ..broker.transport import NOTED_PROPERTY
 from ..broker.unacked import Rider
 from ..exceptions import SingletonLockError
@@ -80,9 +81,10 @@ class Sweeper:
     @classmethod
     def of(cls, app: Celery) -> Sweeper | None:
         """A worker's sweeper; None when nothing is noted (``transit_timeout = 0``,
-        ``ride_broker = False``, a broker that is not Redis)."""
+        ``ride_broker = False``, a broker that is not Redis), or the ride's self-check
+        found kombu's unacked bookkeeping other than the sweep reads it."""
         config = Backend.for_app(app).config
-        if config.transit_timeout <= 0 or not config.ride_broker:
+        if config.transit_timeout <= 0 or not config.ride_broker or versions.turned_off():
             return None
         with app.connection_for_write() as connection:  # no I/O: the transport it would use
             if connection.transport.driver_type != "redis":

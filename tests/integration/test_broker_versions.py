@@ -1,7 +1,8 @@
 """The broker ride on kombu releases it was not tested on: it does not install, says so
 once per process, and nothing is lost or run twice, with producers and workers faked to
-report such a release (each alone or both: a fleet mid-upgrade); and on a kombu whose
-queue naming changed, the ride follows kombu's own naming."""
+report such a release (each alone or both: a fleet mid-upgrade). On a kombu whose queue
+naming changed, the ride follows kombu's own naming; on one whose unacked bookkeeping
+changed, the worker's self-check turns the ride off, saying what differed."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from ..support.workers import ROOT, Worker
 WARNING = "is outside the releases the broker ride is tested on"
 
 # Loaded by every Python process started with its folder first on PYTHONPATH, before
-# anything else imports kombu: this process reports kombu 5.99.0 (outside the range), or
-# names its priority queues with another separator than kombu's.
+# anything else imports kombu: this process reports kombu 5.99.0 (outside the range),
+# names its priority queues with another separator, or keeps its unacked messages in
+# another hash than the channel names (what the transit sweep and the orphan check read).
 FAKES = {
     "release": """
 import importlib.metadata
@@ -33,7 +35,13 @@ importlib.metadata.version = lambda name: "5.99.0" if name == "kombu" else real(
 from kombu.transport import redis
 redis.Channel.sep = "\\x07\\x17"
 """,
+    "unacked layout": """
+from kombu.transport import redis
+redis.QoS.unacked_key = property(lambda self: "unacked.v2")
+""",
 }
+
+SELF_CHECK = "the broker ride is off in this worker: kombu's unacked bookkeeping is not a hash"
 
 # A producer process: 12 keys dispatched twice each, over kombu's priority queues (0, 3,
 # 6, 9: every list a separator names), then every accepted result read.
@@ -110,3 +118,24 @@ def test_a_changed_queue_naming_is_followed_by_the_ride(cenv: CeleryEnv, tmp_pat
         assert_each_key_ran_once(cenv)
     finally:
         worker.stop()
+
+
+def test_a_worker_whose_kombu_reads_otherwise_turns_the_ride_off(
+    cenv: CeleryEnv, tmp_path: Path
+) -> None:
+    worker = Worker(cenv.env, extra_env=faked(tmp_path, "unacked layout")).start()
+    try:
+        wait_for(lambda: SELF_CHECK in worker.output(), 10, "the self-check's ERROR")
+        produced, _ = produce(cenv, worker.queue, {})  # a producer that rides
+        assert produced["installed"] is True
+        assert_each_key_ran_once(cenv)
+        log = worker.output()
+        assert log.count(SELF_CHECK) == 1, log[-3000:]
+        assert "ERROR" in log.split(SELF_CHECK)[0].splitlines()[-1]
+    finally:
+        worker.stop()
+
+
+def test_a_worker_whose_kombu_agrees_keeps_the_ride(cenv: CeleryEnv, worker: Worker) -> None:
+    assert "the broker ride is off" not in worker.output()
+    assert "self-check could not run" not in worker.output()

@@ -1,0 +1,99 @@
+"""A worker's check, as it starts, that kombu still reads what the ride writes: one probe.
+
+The contract tests pin kombu's layout on the releases CI runs; this checks the release
+the worker actually runs on, with its own settings (``global_keyprefix``, priorities).
+Two probe messages go out through the riding channel's push (``basic_publish`` to a
+queue of their own, noted in transit as a singleton call's message is) and come back
+through kombu's own consumer path (``basic_get``, which records each as unacked in the
+riding bookkeeping). The check wants: each message back, in the order pushed; kombu's
+unacked hash holding it under its delivery tag as ``[message, exchange, routing key]``
+(what the transit sweep and the orphan check read); and gone from it once acked. Any
+difference turns the ride off for the process (``transport.turn_off``): every lock
+operation then takes its own round trip, and an ERROR names what differed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..lease import Note
+from . import layout
+from .transport import Channel, noting
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+# How long a probe's note may stay: the sweep forgets it (its hold never existed).
+NOTE_SECONDS = 60.0
+
+
+class _Probe:
+    """One probe message, noted in transit as its channel pushes it (``Noted``)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.task_id = f"celery-singleton-lock-probe-{uuid.uuid4().hex}"
+        self.prefix = prefix
+
+    def note(self, member: str) -> Note:
+        return Note(member, "probe", self.task_id, 1.0, NOTE_SECONDS, self.prefix)
+
+
+def differences(app: Celery, prefix: str) -> str | None:
+    """What differs between the ride and kombu on ``app``'s broker (None: nothing, or
+    the broker is not ridden here). ``prefix``: the lock prefix the probe is noted under."""
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+        channel = connection.default_channel
+        if not isinstance(channel, Channel):
+            return None
+        return _probe(channel, prefix)
+
+
+def _probe(channel: Any, prefix: str) -> str | None:
+    queue = f"celery-singleton-lock.probe.{uuid.uuid4().hex}"
+    client = layout.plain_client(channel)
+    sent: list[str] = []
+    try:
+        for priority in (0, 0, 9):  # two on one list (their order), one on another list
+            probe = _Probe(prefix)
+            message = channel.prepare_message(
+                "probe", priority=priority, headers={"id": probe.task_id}
+            )
+            with noting(probe):
+                channel.basic_publish(message, exchange="", routing_key=queue)
+            sent.append(probe.task_id)
+        received: list[str | None] = []
+        for _ in sent:
+            got = channel.basic_get(queue)
+            if got is None:
+                return (
+                    f"kombu found {len(received)} of {len(sent)} probe messages in the lists "
+                    f"the ride pushed to ({', '.join(layout.queue_lists(channel, queue))})"
+                )
+            received.append((got.headers or {}).get("id"))
+            unacked = layout.prefix_of(channel) + channel.unacked_key
+            value = client.hget(unacked, got.delivery_tag)
+            if value is None or layout.task_id(value, unacked=True) != received[-1]:
+                return (
+                    f"kombu's unacked bookkeeping is not a hash {unacked!r} of delivery tag -> "
+                    f"[message, exchange, routing key]: found {_shown(value)}"
+                )
+            channel.basic_ack(got.delivery_tag)
+            if client.hexists(unacked, got.delivery_tag):
+                return f"an acked message stays in kombu's unacked hash {unacked!r}"
+        if received[:2] != sent[:2]:
+            return "kombu does not pop a queue's messages in the order the ride pushes them"
+        return None
+    finally:
+        client.delete(*layout.queue_lists(channel, queue))
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "nothing under the delivery tag"
+    try:
+        return json.dumps(json.loads(value))[:200]  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return repr(value)[:200]
