@@ -41,7 +41,7 @@ DEFAULTS: dict[str, object] = {
     # A worker serves Prometheus metrics on this port (celery_singleton_lock.contrib.metrics).
     "singleton_lock_metrics_port": None,
     "singleton_lock_metrics_addr": "127.0.0.1",
-    # A dispatch's hold is taken by the script that pushes its message (broker.py), when
+    # A dispatch's hold is taken by the script that pushes its message (broker/transport.py), when
     # the lock store is the broker's Redis server.
     "singleton_lock_ride_broker": True,
     # A singleton message pushed with its hold and then lost between the broker's pop

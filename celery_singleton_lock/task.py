@@ -109,10 +109,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         super().on_bound(app)
         # On a Redis broker a dispatch's hold rides its message's push, a run's release
         # its result's write: the one switch, read as the first singleton task is bound.
-        if app.conf.get("singleton_lock_ride_broker", True) is True:
-            broker.install(app)
-        else:
+        # (None is the default, True; a value neither is refused at the first call.)
+        if app.conf.get("singleton_lock_ride_broker") is False:
             broker.uninstall(app)
+        else:
+            broker.install(app)
         on_purge(app, partial(give_up_purged, app))  # a purge gives its messages' holds up
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a

@@ -56,10 +56,9 @@ SMOKE = [
 # What Celery's and kombu's versions decide: what the broker ride relies on (its contract
 # tests, and its guard on releases outside the tested range), every pool, every mode,
 # the whole lifecycle (signals, retries, revokes, time limits, redelivery). Not
-# test_restore.py: on Celery
-# 5.3 the threads pool's worker has an event loop, where kombu before 5.4 puts a dead
-# worker's messages back only every ~100 s (a 10 s timer, every tenth call), past that
-# test's deadline.
+# test_restore.py: on Celery 5.3 the threads pool's worker has an event loop, where
+# kombu before 5.4 puts a dead worker's messages back only every ~100 s (a 10 s timer,
+# every tenth call), past that test's deadline.
 CELERY = [
     "tests/unit/test_broker_contract.py",  # what the broker ride relies on, on this release
     "tests/integration/test_broker_versions.py",

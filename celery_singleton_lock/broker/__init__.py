@@ -13,13 +13,18 @@ layout of kombu's or Celery's Redis internals to do so lives here:
 - ``restore``: kombu's restore of dead workers' messages, on a timer for workers that
   have no event loop (``QoS.restore_visible``).
 - ``connection``: the app's connection class, resolving kombu's Redis transports to ours.
-- ``versions``: the kombu and Celery releases all of it is tested on.
+- ``layout``: kombu's queue lists, unacked hash and bindings, read by the orphan check.
+- ``selfcheck``: a worker's probe, as it starts, that kombu reads what the ride writes.
+- ``versions``: the kombu and Celery releases all of it is tested on, and whether it
+  rides in this process.
 
 ``install(app)`` is the one switch: the task binding calls it when
 ``singleton_lock_ride_broker`` is True (the default), and ``uninstall(app)`` when it is
 False. It changes that app alone: its connection class (``app.amqp.Connection``) and its
 loader's result-backend aliases. Outside the tested releases it installs nothing and
-says so once; every lock operation then takes its own round trip.
+says so once; every lock operation then takes its own round trip. A worker whose kombu
+reads otherwise than the ride writes turns it off for itself (``selfcheck``); producers
+keep riding, and the workers that agree sweep their notes.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Sentinel one, as ``broker_transport = "celery_singleton_lock.broker:RedisTranspo
 would; and since kombu hands a connection's transport on to the connections its pools
 and clones make, the app's producers and consumers all ride, and no other app does. A
 broker URL changed after the install (``memory://`` in tests) is still honoured: each
-connection looks at its own URL. A transport the app names itself is kept.
+connection looks at its own URL, and so does a failover to the next one. A transport
+the app names by its path (``broker_transport``) is kept.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ class RidingConnection(Connection):
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
+        self._name_the_riding_transport()
+
+    def switch(self, conn_str: str) -> None:
+        """A failover to the next broker URL names its transport again."""
+        super().switch(conn_str)
+        self._name_the_riding_transport()
+
+    def _name_the_riding_transport(self) -> None:
         # ``transport_cls`` is the URL's scheme here (kombu's aliases: no dot, no
         # colon), or a transport the app named by its path, which is kept.
         scheme = self.transport_cls

@@ -2,14 +2,16 @@
 
 The contract tests pin kombu's layout on the releases CI runs; this checks the release
 the worker actually runs on, with its own settings (``global_keyprefix``, priorities).
-Two probe messages go out through the riding channel's push (``basic_publish`` to a
-queue of their own, noted in transit as a singleton call's message is) and come back
-through kombu's own consumer path (``basic_get``, which records each as unacked in the
-riding bookkeeping). The check wants: each message back, in the order pushed; kombu's
-unacked hash holding it under its delivery tag as ``[message, exchange, routing key]``
-(what the transit sweep and the orphan check read); and gone from it once acked. Any
-difference turns the ride off for the process (``transport.turn_off``): every lock
-operation then takes its own round trip, and an ERROR names what differed.
+Three probe messages (two on one priority's list, one on another) go out through the
+riding channel's push (``basic_publish`` to a queue of their own under the lock prefix,
+noted in transit as a singleton call's message is) and come back through kombu's own
+consumer path (``basic_get``, which records each as unacked in the riding
+bookkeeping). The check wants: each message back, in the order pushed; kombu's unacked
+hash holding it under its delivery tag as ``[message, exchange, routing key]`` (what
+the transit sweep and the orphan check read); and gone from it once acked. Any
+difference turns the ride off for the process (``versions.turn_off``): every lock
+operation then takes its own round trip, and an ERROR names what differed. The probe
+leaves nothing behind: its lists, its notes and its unacked entries go with it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..lease import Note
+from ..lease import Note, Transit
 from . import layout
 from .transport import Channel, noting
 
@@ -52,9 +54,12 @@ def differences(app: Celery, prefix: str) -> str | None:
 
 
 def _probe(channel: Any, prefix: str) -> str | None:
-    queue = f"celery-singleton-lock.probe.{uuid.uuid4().hex}"
+    # Under the lock prefix: an ACL user allowed the lock's keys may write it.
+    queue = f"{prefix}:probe.{uuid.uuid4().hex}"
     client = layout.plain_client(channel)
     sent: list[str] = []
+    tags: list[str] = []  # the probes' delivery tags: their notes' members
+    delivered: list[object] = []  # acked in the end whatever happens: kombu restores none
     try:
         for priority in (0, 0, 9):  # two on one list (their order), one on another list
             probe = _Probe(prefix)
@@ -64,30 +69,50 @@ def _probe(channel: Any, prefix: str) -> str | None:
             with noting(probe):
                 channel.basic_publish(message, exchange="", routing_key=queue)
             sent.append(probe.task_id)
-        received: list[str | None] = []
-        for _ in sent:
-            got = channel.basic_get(queue)
-            if got is None:
-                return (
-                    f"kombu found {len(received)} of {len(sent)} probe messages in the lists "
-                    f"the ride pushed to ({', '.join(layout.queue_lists(channel, queue))})"
-                )
-            received.append((got.headers or {}).get("id"))
-            unacked = layout.prefix_of(channel) + channel.unacked_key
-            value = client.hget(unacked, got.delivery_tag)
-            if value is None or layout.task_id(value, unacked=True) != received[-1]:
-                return (
-                    f"kombu's unacked bookkeeping is not a hash {unacked!r} of delivery tag -> "
-                    f"[message, exchange, routing key]: found {_shown(value)}"
-                )
-            channel.basic_ack(got.delivery_tag)
-            if client.hexists(unacked, got.delivery_tag):
-                return f"an acked message stays in kombu's unacked hash {unacked!r}"
-        if received[:2] != sent[:2]:
-            return "kombu does not pop a queue's messages in the order the ride pushes them"
-        return None
+            tags.append(str(message["properties"]["delivery_tag"]))
+        return _received(channel, client, queue, sent, delivered)
     finally:
-        client.delete(*layout.queue_lists(channel, queue))
+        _ack(channel, delivered)
+        lists = layout.queue_lists(channel, queue)
+        client.delete(*lists)
+        Transit(client, prefix).forget(tags, lists)
+
+
+def _received(
+    channel: Any, client: Any, queue: str, sent: list[str], delivered: list[object]
+) -> str | None:
+    unacked = layout.prefix_of(channel) + channel.unacked_key
+    received: list[str | None] = []
+    for _ in sent:
+        got = channel.basic_get(queue)
+        if got is None:
+            return (
+                f"kombu found {len(received)} of {len(sent)} probe messages in the lists "
+                f"the ride pushed to ({', '.join(layout.queue_lists(channel, queue))})"
+            )
+        delivered.append(got.delivery_tag)
+        received.append((got.headers or {}).get("id"))
+        value = client.hget(unacked, got.delivery_tag)
+        if value is None or layout.task_id(value, unacked=True) != received[-1]:
+            return (
+                f"kombu's unacked bookkeeping is not a hash {unacked!r} of delivery tag -> "
+                f"[message, exchange, routing key]: found {_shown(value)}"
+            )
+    acked = _ack(channel, delivered)
+    if any(client.hexists(unacked, tag) for tag in acked):
+        return f"an acked message stays in kombu's unacked hash {unacked!r}"
+    if received[:2] != sent[:2]:
+        return "kombu does not pop a queue's messages in the order the ride pushes them"
+    return None
+
+
+def _ack(channel: Any, delivered: list[object]) -> list[object]:
+    """Ack every delivered probe, once; the tags acked."""
+    acked = list(delivered)
+    delivered.clear()
+    for tag in acked:
+        channel.basic_ack(tag)
+    return acked
 
 
 def _shown(value: object) -> str:

@@ -12,24 +12,35 @@ little slower, and said once per process.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
+import importlib
 import logging
-
-from packaging.version import InvalidVersion, Version
+import re
 
 logger = logging.getLogger(__name__)
 
 # [first, below): the releases the ride is tested on. Raise the upper bound only with a
 # CI run of the contract tests and the matrix on the new release.
 TESTED = {
-    "kombu": ("5.3", "5.8"),
-    "celery": ("5.3", "5.8"),
+    "kombu": ((5, 3), (5, 8)),
+    "celery": ((5, 3), (5, 8)),
 }
 
 
+@functools.cache  # asked at every singleton task's binding
 def installed(package: str) -> str:
-    """The installed release of ``package``."""
-    return importlib.metadata.version(package)
+    """The release of ``package`` this process runs (its ``__version__``: there even
+    where no distribution metadata was installed)."""
+    return str(getattr(importlib.import_module(package), "__version__", ""))
+
+
+def _minor(release: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a release string; a pre-release of 5.8 is 5.8."""
+    found = re.match(r"(\d+)\.(\d+)", release)
+    return None if found is None else (int(found.group(1)), int(found.group(2)))
+
+
+def _shown(minor: tuple[int, int]) -> str:
+    return ".".join(map(str, minor))
 
 
 def outside() -> str | None:
@@ -37,16 +48,14 @@ def outside() -> str | None:
     every release is inside."""
     for package, (first, below) in TESTED.items():
         release = installed(package)
-        try:
-            inside = Version(first) <= Version(release) < Version(below)
-        except InvalidVersion:
-            inside = False
-        if not inside:
+        minor = _minor(release)
+        if minor is None or not first <= minor < below:
             return (
-                f"{package} {release} is outside the releases the broker ride is tested on "
-                f"({package} >= {first}, < {below}): every lock operation takes a round trip "
-                "of its own (correct, a little slower). Install a tested release, or upgrade "
-                "celery-singleton-lock, to ride the broker's round trips again"
+                f"{package} {release or '(unknown)'} is outside the releases the broker ride is "
+                f"tested on ({package} >= {_shown(first)}, < {_shown(below)}): every lock "
+                "operation takes a "
+                "round trip of its own (correct, a little slower). Install a tested release, "
+                "or upgrade celery-singleton-lock, to ride the broker's round trips again"
             )
     return None
 

@@ -94,7 +94,8 @@ def manual_clock(app: Celery | None = None) -> Iterator[ManualClock]:
     """Let the app's ``memory://`` locks count time only as the test says: yields a
     ``ManualClock`` whose ``advance(seconds)`` runs ttls out, ends throttle windows and
     brings rate slots due at once; an eager call waiting for its slot moves it itself.
-    The machine's clock again on exit."""
+    The machine's clock again on exit, ahead by the time advanced (the locks taken
+    meanwhile were counted on it)."""
     store = _store(app)
     if not isinstance(store, MemoryLock):
         raise ConfigurationError(
@@ -106,7 +107,7 @@ def manual_clock(app: Celery | None = None) -> Iterator[ManualClock]:
     try:
         yield clock
     finally:
-        store.clock = saved
+        store.clock = saved.later(clock.moved)
 
 
 def held_locks(app: Celery | None = None) -> list[LockRow]:

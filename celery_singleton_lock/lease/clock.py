@@ -16,23 +16,35 @@ from .._time import to_seconds
 
 
 class Clock:
-    """The machine's clocks: ``time.monotonic`` for leases, ``time.time`` for rate slots."""
+    """The machine's clocks: ``time.monotonic`` for leases, ``time.time`` for rate slots;
+    ``offset`` seconds ahead of them once a test moved a store's time by hand."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        return time.monotonic() + self.offset
 
     def time(self) -> float:
-        return time.time()
+        return time.time() + self.offset
+
+    def later(self, seconds: float) -> Clock:
+        """This clock ``seconds`` ahead: where a store goes back to after a manual clock
+        moved on by that much (its leases and slots were counted on it)."""
+        return Clock(self.offset + seconds)
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def attach(self, condition: threading.Condition) -> None:
+        """A store's ``condition``, its waits on this clock: nothing to do here."""
 
     def wait(self, condition: threading.Condition, seconds: float | None) -> None:
         """Wait on ``condition`` (held by the caller) for a notify or ``seconds``."""
         condition.wait(seconds)
 
     def __repr__(self) -> str:
-        return "Clock()"
+        return f"Clock(offset={self.offset!r})" if self.offset else "Clock()"
 
 
 SYSTEM_CLOCK = Clock()
@@ -53,7 +65,9 @@ class ManualClock(Clock):
     """
 
     def __init__(self, *, stall: float = STALL) -> None:
+        super().__init__()
         self.stall = to_seconds(stall, what="stall")
+        self.moved = 0.0  # seconds advanced in all
         self._guard = threading.Lock()
         self._monotonic = time.monotonic()
         self._time = time.time()
@@ -80,6 +94,7 @@ class ManualClock(Clock):
         with self._guard:
             self._monotonic += step
             self._time += step
+            self.moved += step
             waiting = list(self._waiting)
         for condition in waiting:
             with condition:
@@ -88,10 +103,19 @@ class ManualClock(Clock):
     def sleep(self, seconds: float) -> None:
         self.advance(max(0.0, seconds))
 
-    def wait(self, condition: threading.Condition, seconds: float | None) -> None:
+    def later(self, seconds: float) -> Clock:
+        self.advance(seconds)
+        return self
+
+    def attach(self, condition: threading.Condition) -> None:
+        """Wake ``condition``'s waits at every advance. Known before any wait on it: a
+        waiter holds its condition from its last look until it waits, so an advance in
+        between notifies it once it waits, and none is missed."""
         with self._guard:
             self._waiting.add(condition)
-            at = self._monotonic
+
+    def wait(self, condition: threading.Condition, seconds: float | None) -> None:
+        at = self.monotonic()
         if condition.wait(self.stall) or self.monotonic() != at:
             return
         wanted = "a release" if seconds is None else f"a release or {seconds:.3f} s of it"

@@ -48,15 +48,25 @@ class MemoryLock:
     ) -> None:
         self.prefix = validate_prefix(prefix)
         self.allow_long_ttl = allow_long_ttl
-        # A test may swap in a ManualClock: it starts where the machine's clock is.
-        self.clock = clock or SYSTEM_CLOCK
         self.guard = threading.Condition()
+        self.clock = clock or SYSTEM_CLOCK
         self._entries: dict[str, _Entry] = {}
         self._last_fence: dict[str, int] = {}
         self._replaced: dict[str, set[str]] = {}
 
     def __repr__(self) -> str:
         return f"MemoryLock(prefix={self.prefix!r})"
+
+    @property
+    def clock(self) -> Clock:
+        """What its leases, waits and rate slots count time on (a test may set a
+        ``ManualClock``: it starts where the machine's clock is)."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        clock.attach(self.guard)
+        self._clock = clock
 
     @property
     def slots(self) -> MemorySlots:

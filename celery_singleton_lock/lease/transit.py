@@ -299,6 +299,17 @@ class Transit:
             self._eval(FORGET, self.keys, gone)
         return [_text(m) for m in self._eval(PUSH_AGAIN, keys, owed) or ()] if owed else []
 
+    def forget(self, members: Sequence[str], lists: Sequence[str] = ()) -> None:
+        """Drop the notes of ``members`` and the push numbers kept for ``lists`` (lists
+        that are gone for good: a probe's)."""
+        if members:
+            self._eval(FORGET, self.keys, members)
+        if lists:
+            pipe = self.client.pipeline(transaction=False)
+            for numbers in self.keys[3:]:  # each list's last push, and last received
+                pipe.hdel(numbers, *lists)
+            pipe.execute()
+
     def purged(self, lists: Sequence[str]) -> list[tuple[str, str]]:
         """``lists`` were emptied: their messages' notes are dropped; the holds they had,
         as (name, token), for the caller to give up."""

@@ -100,6 +100,7 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
         logger.info("celery-singleton-lock metrics on %s", url)
     for level, message in _said:
         logger.log(level, "celery-singleton-lock: %s", message)
+    _said.clear()
     timer = getattr(sender, "timer", None)
     if timer is not None:
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)

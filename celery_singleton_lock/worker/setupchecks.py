@@ -87,7 +87,7 @@ def check_the_ride(app: Celery) -> tuple[int, str] | None:
     except Exception as error:
         return logging.WARNING, f"the broker ride's self-check could not run at start ({error})"
     if differed is None:
-        return None
+        return logging.INFO, "the broker ride's self-check passed: kombu reads what it writes"
     versions.turn_off(differed)
     return logging.ERROR, (
         f"the broker ride is off in this worker: {differed} (kombu {versions.installed('kombu')}). "

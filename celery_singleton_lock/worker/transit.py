@@ -81,10 +81,13 @@ class Sweeper:
     @classmethod
     def of(cls, app: Celery) -> Sweeper | None:
         """A worker's sweeper; None when nothing is noted (``transit_timeout = 0``,
-        ``ride_broker = False``, a broker that is not Redis), or the ride's self-check
-        found kombu's unacked bookkeeping other than the sweep reads it."""
+        ``ride_broker = False``, a broker that is not Redis), or kombu is a release the
+        ride is not tested on or reads otherwise than the ride writes (the sweep reads
+        kombu's unacked bookkeeping)."""
         config = Backend.for_app(app).config
-        if config.transit_timeout <= 0 or not config.ride_broker or versions.turned_off():
+        if config.transit_timeout <= 0 or not config.ride_broker:
+            return None
+        if versions.outside() is not None or versions.turned_off() is not None:
             return None
         with app.connection_for_write() as connection:  # no I/O: the transport it would use
             if connection.transport.driver_type != "redis":

@@ -248,3 +248,14 @@ class TestTestedReleases:
         assert "kombu 5.99.0 is outside" in reason
         assert "kombu >= 5.3, < 5.8" in reason
         assert "Install a tested release" in reason
+
+    @pytest.mark.parametrize(
+        ("release", "inside"),
+        [("5.3.0", True), ("5.7.9", True), ("5.7.0rc1", True), ("5.8.0rc1", False),
+         ("5.8.0", False), ("5.2.9", False), ("6.0.0", False), ("", False)],
+    )  # fmt: skip
+    def test_the_range_counts_by_minor_release(
+        self, monkeypatch: pytest.MonkeyPatch, release: str, inside: bool
+    ) -> None:
+        monkeypatch.setattr(versions, "installed", lambda package: release)
+        assert (versions.outside() is None) is inside

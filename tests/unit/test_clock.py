@@ -88,6 +88,18 @@ class TestLeases:
         # The machine's monotonic clock, where the manual one started: about the same.
         assert copy.remaining() == pytest.approx(lease.remaining(), abs=5)
 
+    def test_a_store_goes_back_to_the_machine_s_clock_ahead_by_the_time_advanced(
+        self,
+    ) -> None:
+        store = MemoryLock()
+        machine, manual = store.clock, ManualClock()
+        store.clock = manual
+        assert isinstance(store.try_acquire("job", 30), Lease)
+        manual.advance(3600)
+        store.clock = machine.later(manual.moved)  # as manual_clock leaves it
+        # Its ttl ran out an hour ago on the store's time: not 30 s from now.
+        assert isinstance(store.try_acquire("job", 30), Lease)
+
     def test_the_clock_only_moves_forward(self) -> None:
         with pytest.raises(ValueError, match="only moves forward"):
             ManualClock().advance(-1)

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
+from kombu.transport import pyamqp, resolve_transport
 from kombu.transport import redis as kombu_redis
-from kombu.transport import resolve_transport
 
 from celery_singleton_lock import ConfigurationError, broker, singleton_task
+from celery_singleton_lock.broker import RedisTransport
 from celery_singleton_lock.config import SingletonConfig
 
 
@@ -275,6 +276,21 @@ class TestRidingTheBroker:
         assert work.name in app.tasks  # bound
         assert not broker.installed(app)
         assert type(app.backend) is CeleryRedisBackend
+
+    def test_pooled_and_failed_over_connections_ride_too(self) -> None:
+        app = app_with(broker_url="redis+socket:///tmp/r.sock")
+        broker.install(app)
+        with app.connection_for_write() as connection:
+            # kombu reads a socket URL's transport again for each pooled connection.
+            pooled = connection.Pool(limit=1).acquire()
+            try:
+                assert pooled.get_transport_cls() is RedisTransport
+            finally:
+                pooled.release()
+            connection.switch("amqp://127.0.0.1:1//")  # the next broker URL, on failover
+            assert connection.get_transport_cls() is pyamqp.Transport
+            connection.switch("redis://127.0.0.1:2/0")
+            assert connection.get_transport_cls() is RedisTransport
 
     def test_a_transport_the_app_names_is_kept(self) -> None:
         app = app_with(
