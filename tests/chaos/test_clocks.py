@@ -43,7 +43,10 @@ class TestWorkerClockSteps:
         ttl = 2.0
         clock = FakeClock()
         app = cenv.app_module.app
-        stepped = Worker(cenv.env, extra_env={"CSL_TTL": str(ttl), **clock.env()}).start()
+        # Three children: the holder, the waiter and the short wait each get one, so the
+        # short wait's time is its own, not a turn behind the waiter.
+        extra = {"CSL_TTL": str(ttl), **clock.env()}
+        stepped = Worker(cenv.env, extra_env=extra, concurrency=3).start()
         try:
             held = app.send_task(f"{APP}.cut_off_writer", ("clk", 3 * ttl), queue=stepped.queue)
             wait_for(lambda: started(cenv), 20, "the holder to start")
