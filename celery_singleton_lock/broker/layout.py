@@ -10,7 +10,7 @@ kombu's own client prefixes some commands' keys (``LLEN``, ``SMEMBERS``) and not
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import redis
@@ -66,15 +66,21 @@ def unacked(client: redis.Redis, channel: Any) -> Iterator[str | None]:
         yield task_id(raw, unacked=True)
 
 
+def message_task_id(message: Mapping[str, object]) -> object:
+    """A message's task id: Celery's task protocol 2 names the task in the headers,
+    protocol 1 only in the correlation id."""
+    headers, properties = message.get("headers"), message.get("properties")
+    return (headers.get("id") if isinstance(headers, Mapping) else None) or (
+        properties.get("correlation_id") if isinstance(properties, Mapping) else None
+    )
+
+
 def task_id(raw: bytes | str, *, unacked: bool = False) -> str | None:
-    """A message's task id: Celery's protocol 2 header, or protocol 1's correlation id.
-    An unacked hash value is ``[message, exchange, routing key]``."""
+    """The task id of a message as kombu stored it (None: not a task's). An unacked
+    hash value is ``[message, exchange, routing key]``."""
     try:
         message = json.loads(raw)
-        if unacked:
-            message = message[0]
-        headers = message.get("headers") or {}
-        found = headers.get("id") or (message.get("properties") or {}).get("correlation_id")
+        found = message_task_id(message[0] if unacked else message)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
         return None
     return found if isinstance(found, str) else None

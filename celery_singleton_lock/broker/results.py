@@ -141,7 +141,7 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
     if (
         not context.backend.config.ride_broker
         or versions.turned_off() is not None
-        or versions.outside() is not None  # a backend named by its path, on another Celery
+        or not versions.TESTED_HERE  # a backend named by its path, on another Celery
         or request.is_eager
         or request.callbacks
         or request.chain

@@ -31,6 +31,7 @@ from kombu.utils.json import dumps
 from ..lease import Note, Push, Server, Transit, server_of
 from ..lease.errors import is_refusal
 from . import versions
+from .layout import message_task_id
 from .unacked import QoS
 
 if TYPE_CHECKING:
@@ -91,18 +92,9 @@ def noting(noted: Noted) -> Iterator[None]:
         _noted.reset(token)
 
 
-def _task_id(message: Mapping[str, object]) -> object:
-    headers, properties = message.get("headers"), message.get("properties")
-    # Celery's task protocol 2 names the task in the headers, protocol 1 only in the
-    # correlation id.
-    return (headers.get("id") if isinstance(headers, Mapping) else None) or (
-        properties.get("correlation_id") if isinstance(properties, Mapping) else None
-    )
-
-
 def _claim(message: Mapping[str, object]) -> Fold | None:
     fold = _pending.get()
-    if fold is None or _task_id(message) != fold.task_id:
+    if fold is None or message_task_id(message) != fold.task_id:
         return None
     # Once: a second queue bound to the same routing key gets the message as kombu puts
     # it, and so does a publish kombu retries after the hold was taken.
@@ -112,7 +104,7 @@ def _claim(message: Mapping[str, object]) -> Fold | None:
 
 def _claim_noted(message: Mapping[str, object]) -> Noted | None:
     noted = _noted.get()
-    if noted is None or _task_id(message) != noted.task_id:
+    if noted is None or message_task_id(message) != noted.task_id:
         return None
     _noted.set(None)  # once, as a fold
     return noted
@@ -219,15 +211,11 @@ class Channel(kombu_redis.Channel):
         return self._singleton_server
 
 
-# Named by hand (``broker_transport``) on a kombu or Celery outside the tested releases,
-# the transports are kombu's own: nothing rides there.
-TESTED_HERE = versions.outside() is None
-
-
 class RedisTransport(kombu_redis.Transport):
     """kombu's Redis transport with ``Channel``: ``broker_transport`` names it."""
 
-    Channel = Channel if TESTED_HERE else kombu_redis.Channel
+    # Named by hand (``broker_transport``) outside the tested releases: kombu's own.
+    Channel = Channel if versions.TESTED_HERE else kombu_redis.Channel
 
 
 class SentinelChannel(Channel, kombu_redis.SentinelChannel):
@@ -239,7 +227,7 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
 class SentinelTransport(kombu_redis.SentinelTransport):
     """kombu's Sentinel transport with ``SentinelChannel``."""
 
-    Channel = SentinelChannel if TESTED_HERE else kombu_redis.SentinelChannel
+    Channel = SentinelChannel if versions.TESTED_HERE else kombu_redis.SentinelChannel
 
 
 def rides(channel: object, server: Server) -> bool:

@@ -60,6 +60,10 @@ def outside() -> str | None:
     return None
 
 
+# Whether the releases this process runs are inside ``TESTED``: what the run-time paths
+# ask (a task's end among them), once.
+TESTED_HERE = outside() is None
+
 # Why nothing rides in this process any more: the worker's self-check found kombu reading
 # what the ride writes otherwise (``selfcheck``). Set before the pool forks.
 _turned_off: list[str] = []

@@ -55,7 +55,7 @@ def check_worker_setup(app: Celery) -> list[str]:
             "noeviction there, or give the locks a Redis of their own (singleton_lock_url)"
         )
     # Outside the tested releases nothing rides, as the WARNING at binding said.
-    pushes = None if versions.outside() else tasks[0].singleton_context.store.pushes
+    pushes = tasks[0].singleton_context.store.pushes if versions.TESTED_HERE else None
     ride = tasks[0].singleton_context.backend.config.ride_broker
     for missed_by in (missed_ride, missed_result_ride):
         missed = None if pushes is None else missed_by(app, pushes.server, enabled=ride)
