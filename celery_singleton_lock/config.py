@@ -180,6 +180,9 @@ class SingletonConfig:
     client_factory: Callable[[], Any] | None = None
     # A dispatch's hold rides its message's push where the broker is the store's server.
     ride_broker: bool = True
+    # The broker's URL a producer writes to (its first, of a failover list): read once
+    # here, as a dispatch compares it with the lock store's server.
+    broker_url: str = ""
     # Replicas that must acknowledge (WAIT) each acquire and renewal, and for how long.
     replicas: int = 0
     replica_timeout: float = 0.5
@@ -265,6 +268,7 @@ class SingletonConfig:
             ),
             client_factory=factory,
             ride_broker=ride,
+            broker_url=broker_write_url(conf),
             replicas=_replicas(get("singleton_lock_replicas")),
             replica_timeout=to_seconds(
                 get("singleton_lock_replica_timeout"), what="singleton_lock_replica_timeout"
@@ -308,7 +312,13 @@ def _hidden(name: str, value: object) -> object:
         return {k: _hidden(str(k), v) for k, v in value.items()}
     if "password" in name.lower() and value is not None:
         return "***"
-    return redact(value) if name == "url" and isinstance(value, str) else value
+    return redact(value) if name in ("url", "broker_url") and isinstance(value, str) else value
+
+
+def broker_write_url(conf: Settings) -> str:
+    """The broker's URL a producer writes to: its first, of a failover list."""
+    url = conf.broker_write_url or conf.broker_url
+    return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
 
 
 def _refuse_unknown_keys(conf: Settings) -> None:

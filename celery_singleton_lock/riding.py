@@ -196,11 +196,12 @@ def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) 
     producer; a broker on another server pushes no hold (said by its URL, before a
     producer is taken to ask its channel)."""
     pushes = context.store.pushes
-    if pushes is None or not context.backend.config.ride_broker:
+    config = context.backend.config
+    if pushes is None or not config.ride_broker:
         return None
     if app.conf.task_always_eager or options.get("connection") is not None:
         return None
-    return pushes if may_ride(app, pushes.server) else None
+    return pushes if may_ride(config.broker_url, pushes.server) else None
 
 
 def give_up_purged(app: Celery, client: object, lists: list[str]) -> None:

@@ -25,9 +25,11 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+from ..config import broker_write_url
 from ..lease import Note, Push, Server, Transit, server_of
 from ..lease.errors import is_refusal
 from . import versions
@@ -126,6 +128,22 @@ class Channel(kombu_redis.Channel):
 
     QoS = QoS
     _singleton_server: Server | None = None
+    _singleton_client: redis.Redis | None = None
+
+    @contextmanager
+    def conn_or_acquire(self, client: redis.Redis | None = None) -> Iterator[redis.Redis]:
+        """kombu's, with one client per channel and pool: kombu builds a ``redis.Redis``
+        for every call, and building one (its table of reply callbacks) costs more CPU
+        than the LPUSH it sends. A client takes a connection from the pool per command,
+        so one serves every call as well as many would."""
+        if client:
+            yield client
+            return
+        pool = self.pool
+        kept = self._singleton_client
+        if kept is None or kept.connection_pool is not pool:
+            kept = self._singleton_client = self._create_client()
+        yield kept
 
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
         batch = kwargs.get("_publish_batch") is not None or versions.turned_off() is not None
@@ -247,15 +265,12 @@ REPLACED: dict[type, str] = {
 }
 
 
-def may_ride(app: Celery, server: Server) -> bool:
-    """Whether ``app``'s broker URL names ``server`` (the lock store's): a look that costs
+@functools.lru_cache(maxsize=64)
+def may_ride(url: str, server: Server) -> bool:
+    """Whether the broker ``url`` names ``server`` (the lock store's): a look that costs
     no producer, before the channel that would push is asked (``rides``). True when the
     URL cannot say (the channel decides)."""
-    return _names_server(_broker_url(app), server.address)
-
-
-@functools.lru_cache(maxsize=64)
-def _names_server(url: str, address: tuple[str, int] | str) -> bool:
+    address = server.address
     parts = urlsplit(url)
     if parts.scheme == "sentinel":
         return True  # a master found through its sentinels: the channel compares
@@ -267,16 +282,11 @@ def _names_server(url: str, address: tuple[str, int] | str) -> bool:
         return True
 
 
-def _broker_url(app: Celery) -> str:
-    url = app.conf.broker_write_url or app.conf.broker_url
-    return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
-
-
 def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
     """Why a dispatch of ``app`` takes its hold apart from its message's push although
     the lock store (at ``store``) is the broker's server; None when it rides or cannot
     be compared (``enabled``: ``singleton_lock_ride_broker``)."""
-    if not may_ride(app, store):
+    if not may_ride(broker_write_url(app.conf), store):
         return None
     with app.connection_for_write() as connection:  # no I/O: the class it would use
         transport = connection.get_transport_cls()

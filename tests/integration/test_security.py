@@ -139,7 +139,7 @@ class TestAuth:
 
 def test_the_settings_object_never_shows_a_password() -> None:
     """Error reporters print frame locals: the settings' repr hides every password."""
-    app = Celery("repr", set_as_current=False)
+    app = Celery("repr", set_as_current=False, broker=f"redis://:{SECRET}@127.0.0.1:6380/0")
     app.conf.update(
         singleton_lock_url=f"sentinel://:{SECRET}@127.0.0.1:26379;sentinel://:{SECRET}@h:26380",
         singleton_lock_transport_options={
@@ -151,6 +151,7 @@ def test_the_settings_object_never_shows_a_password() -> None:
     shown = repr(SingletonConfig.from_app(app))
     assert SECRET not in shown
     assert "sentinel://:***@127.0.0.1:26379" in shown
+    assert "broker_url='redis://:***@127.0.0.1:6380/0'" in shown
     assert "'master_name': 'mymaster'" in shown
 
 

@@ -38,6 +38,7 @@ from celery_singleton_lock.broker.transport import (
     SentinelChannel,
 )
 from celery_singleton_lock.broker.unacked import QoS
+from tests.support.servers import RedisServer
 
 # Celery 5.4 passes a result's own expiry on to the write; 5.3 does not.
 EXPIRES = ["expires"] if Version(celery.__version__) >= Version("5.4") else []
@@ -86,6 +87,7 @@ class TestOverriddenMembers:
             (kombu_redis.Channel, "_q_for_pri", ["self", "queue", "pri"]),
             (kombu_redis.Channel, "_get_message_priority", ["self", "message", "reverse"]),
             (kombu_redis.Channel, "conn_or_acquire", ["self", "client"]),
+            (kombu_redis.Channel, "_create_client", ["self", "asynchronous"]),
             (kombu_redis.QoS, "append", ["self", "message", "delivery_tag"]),
             (kombu_redis.QoS, "pipe_or_acquire", ["self", "pipe", "client"]),
             (kombu_redis.QoS, "restore_visible", ["self", "start", "num", "interval"]),
@@ -111,6 +113,27 @@ class TestOverriddenMembers:
         assert Channel.QoS is QoS  # kombu builds a channel's qos from this attribute
         assert issubclass(RedisBackend, celery_redis.RedisBackend)
         assert issubclass(SentinelBackend, celery_redis.SentinelBackend)
+
+    def test_a_channel_s_client_is_built_on_its_pool(self, redis_server: RedisServer) -> None:
+        """``Channel.conn_or_acquire`` keeps one client while the channel's pool is the
+        one it was built on, and builds kombu's own again for a new pool."""
+        connection = Connection(redis_server.url, transport=TRANSPORT)
+        try:
+            channel = connection.default_channel
+            assert isinstance(channel, Channel)
+            with channel.conn_or_acquire() as first, channel.conn_or_acquire() as again:
+                assert first is again
+                assert isinstance(first, channel.Client)
+                assert first.connection_pool is channel.pool
+            given = object()
+            with channel.conn_or_acquire(given) as client:  # type: ignore[arg-type]
+                assert client is given
+            channel._pool = None
+            with channel.conn_or_acquire() as fresh:
+                assert fresh is not first
+                assert fresh.connection_pool is channel.pool
+        finally:
+            connection.release()
 
     def test_an_app_s_connections_come_from_its_amqp_connection_class(self) -> None:
         assert AMQP.Connection is Connection
