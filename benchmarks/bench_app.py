@@ -1,12 +1,17 @@
-"""One Celery app with the same no-op task four ways: plain Celery, celery-singleton,
-celery-once and celery-singleton-lock. Configured from the environment by run.py.
+"""The same no-op task four ways: plain Celery, celery-singleton, celery-once and
+celery-singleton-lock, in two Celery apps. Configured from the environment by run.py.
 
-Two configurations (``run.py --config``): every system keeps its locks in a dedicated
-Redis (``BENCH_LOCK_URL``) apart from the broker, results ignored; or (``default``) the
-locks go where each library puts them by default on a Redis broker, the result backend
-(``BENCH_RESULT_URL``, another database of the broker's server), and results are stored.
-Executions mark themselves in the broker's Redis (``started:<system>`` and
-``marks:<system>``) so the harness can time starts and ends.
+``others`` has plain Celery and the incumbents, with kombu's and Celery's own classes, as
+their users run them; ``app`` has this project's tasks (an app with a singleton task
+rides its Redis broker with this project's transport and result backend, so plain
+Celery measured there would not be plain). Three configurations (``run.py --config``):
+the locks where each library puts them by default on a Redis broker, the result
+backend (``BENCH_RESULT_URL``, another database of the broker's server), results stored
+(``default``); every system's locks in a dedicated Redis (``BENCH_LOCK_URL``) apart
+from the broker, results ignored (``separate``); a RabbitMQ broker with locks and
+results on a Redis (``rabbitmq``). Executions mark themselves in a Redis
+(``BENCH_MARKS_URL``, else the broker's: ``started:<system>`` and ``marks:<system>``) so
+the harness can time starts and ends.
 """
 
 from __future__ import annotations
@@ -26,16 +31,17 @@ BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
 RESULTS = os.environ.get("BENCH_RESULT_URL") or BROKER
 # Empty: this project finds its lock store itself (the result backend's Redis).
 LOCKS = os.environ.get("BENCH_LOCK_URL") or RESULTS
+MARKS = os.environ.get("BENCH_MARKS_URL") or BROKER
 
-app = Celery("bench", broker=BROKER, backend=RESULTS)
-app.conf.update(
-    task_ignore_result=os.environ.get("BENCH_RESULTS") != "1",
-    worker_prefetch_multiplier=4,
-    broker_connection_retry_on_startup=True,
-    # celery-singleton-lock
-    singleton_lock_url=os.environ.get("BENCH_LOCK_URL") or None,
-    singleton_lock_prefix="csl",
-    singleton_lock_ttl=float(os.environ.get("BENCH_TTL", "30")),
+CELERY = {
+    "task_ignore_result": os.environ.get("BENCH_RESULTS") != "1",
+    "worker_prefetch_multiplier": 4,
+    "broker_connection_retry_on_startup": True,
+}
+
+others = Celery("bench-others", broker=BROKER, backend=RESULTS)
+others.conf.update(
+    CELERY,
     # celery-singleton 0.3.1: keys never expire by default; 60 s as the issue measured
     singleton_backend_url=LOCKS,
     singleton_key_prefix="cs:",
@@ -47,13 +53,24 @@ app.conf.update(
     },
 )
 
+app = Celery("bench", broker=BROKER, backend=RESULTS)
+app.conf.update(
+    CELERY,
+    singleton_lock_url=os.environ.get("BENCH_LOCK_URL") or None,
+    singleton_lock_prefix="csl",
+    singleton_lock_ttl=float(os.environ.get("BENCH_TTL", "30")),
+)
+
+# Each system's app, as ``celery -A`` names it.
+APPS = {"others": "benchmarks.bench_app:others", "this": "benchmarks.bench_app:app"}
+
 _marks: redis.Redis | None = None
 
 
 def marks() -> redis.Redis:
     global _marks  # noqa: PLW0603  (one client per process, after fork)
     if _marks is None:
-        _marks = redis.Redis.from_url(BROKER)
+        _marks = redis.Redis.from_url(MARKS)
     return _marks
 
 
@@ -66,17 +83,17 @@ def _run(system: str, item: str, seconds: float) -> str:
     return item
 
 
-@app.task(name="bench.plain")
+@others.task(name="bench.plain")
 def plain(item: str, seconds: float = 0.0) -> str:
     return _run("plain", item, seconds)
 
 
-@app.task(name="bench.celery_singleton", base=Singleton)
+@others.task(name="bench.celery_singleton", base=Singleton)
 def celery_singleton(item: str, seconds: float = 0.0) -> str:
     return _run("celery_singleton", item, seconds)
 
 
-@app.task(name="bench.celery_once", base=QueueOnce, once={"graceful": True})
+@others.task(name="bench.celery_once", base=QueueOnce, once={"graceful": True})
 def celery_once(item: str, seconds: float = 0.0) -> str:
     return _run("celery_once", item, seconds)
 
@@ -167,3 +184,8 @@ SYSTEMS: dict[str, Any] = {
     "this_cancel": this_cancel,
     "this_history": this_history,
 }
+
+
+def side(system: str) -> str:
+    """Which app runs ``system``: "others" (plain Celery, the incumbents) or "this"."""
+    return "this" if system.startswith("this") else "others"

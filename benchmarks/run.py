@@ -1,18 +1,22 @@
 """Plain Celery, celery-singleton 0.3.1, celery-once 3.0.1 and this project, side by side.
 
-    python3 scripts/dev.py bench [--config default separate] [--rounds 5] [--dispatches 2000]
+    python3 scripts/dev.py bench [--config default separate rabbitmq] [--rounds 5]
 
-Two configurations, each in a process of its own: ``default`` (one redis-server: the
-broker in db 0, results stored in db 1, where every system puts its locks by default)
-and ``separate`` (broker and a dedicated lock server, results ignored). Interleaves the
-systems in every round, repeats, and reports medians and ratios against plain Celery
-measured in the same run. Writes benchmarks/results.json and docs/benchmarks.md. Numbers
-are only what the run measured; machines are noisy, so read ratios, not absolute times.
+Three configurations, each in a process of its own: ``default`` (one redis-server: the
+broker in db 0, results stored in db 1, where every system puts its locks by default),
+``separate`` (broker and a dedicated lock server, results ignored) and ``rabbitmq`` (a
+RabbitMQ broker; locks and results stored on a redis-server). Plain Celery and the
+incumbents run in an app of their own, with kombu's and Celery's own classes, and their
+own workers (``bench_app``). Interleaves the systems in every round, repeats, and
+reports medians and ratios against plain Celery measured in the same run. Writes
+benchmarks/results.json and docs/benchmarks.md. Numbers are only what the run measured;
+machines are noisy, so read ratios, not absolute times.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -27,12 +31,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import kombu
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.charts import grouped_bars  # noqa: E402  (after the path is set)
+from tests.support.rabbitmq import RabbitMQServer, rabbitmq_available  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
 
@@ -72,6 +78,7 @@ def percentile(values: list[float], share: float) -> float:
 CONFIGS = {
     "default": "locks on the broker's Redis (the result backend's database), results stored",
     "separate": "a separate lock server, results ignored",
+    "rabbitmq": "a RabbitMQ broker; locks on the result backend's Redis, results stored",
 }
 
 
@@ -80,7 +87,21 @@ class Bench:
         self.args = args
         self.broker = RedisServer().start()
         base = self.broker.url.rsplit("/", 1)[0]
-        if args.config == "default":
+        self.rabbitmq: RabbitMQServer | None = None
+        if args.config == "rabbitmq":
+            # The messages on RabbitMQ; the redis-server has the locks and results (db 1)
+            # and the runs' marks (db 0).
+            self.rabbitmq = RabbitMQServer().start()
+            self.locks = self.broker
+            self.env = {
+                "BENCH_BROKER_URL": self.rabbitmq.url,
+                "BENCH_RESULT_URL": f"{base}/1",
+                "BENCH_MARKS_URL": f"{base}/0",
+                "BENCH_LOCK_URL": "",
+                "BENCH_RESULTS": "1",
+            }
+            self.lr = redis.Redis.from_url(f"{base}/1")
+        elif args.config == "default":
             self.locks = self.broker
             self.env = {
                 "BENCH_BROKER_URL": f"{base}/0",
@@ -106,6 +127,42 @@ class Bench:
         self.broker.cleanup()
         if self.locks is not self.broker:
             self.locks.cleanup()
+        if self.rabbitmq is not None:
+            self.rabbitmq.cleanup()
+
+    def worker(self, side: str, queue: str, concurrency: int = 2) -> Worker:
+        """A worker of ``side``'s app (``bench_app.side``) on ``queue``, not started."""
+        app = self.bench.APPS[side]
+        return Worker(self.env, concurrency=concurrency, app=app, queue=queue)
+
+    def workers(self, queue: str, concurrency: int = 2) -> dict[str, Worker]:
+        """A started worker of each app, each on ``queue`` and its app's name."""
+        found: dict[str, Worker] = {}
+        try:
+            for side in self.bench.APPS:
+                found[side] = self.worker(side, f"{queue}-{side}", concurrency).start()
+        except BaseException:
+            for worker in found.values():
+                worker.stop()
+            raise
+        return found
+
+    def queued(self, queue: str) -> int:
+        """Messages waiting in ``queue`` on the broker."""
+        if self.rabbitmq is None:
+            return int(self.r.llen(queue))
+        with kombu.Connection(self.env["BENCH_BROKER_URL"]) as connection:
+            channel = connection.default_channel
+            return int(channel.queue_declare(queue, passive=True).message_count)
+
+    def purge(self, queue: str) -> None:
+        if self.rabbitmq is None:
+            self.r.delete(queue)
+            return
+        # A connection of its own: a purge of a queue not declared yet closes its channel.
+        connection = kombu.Connection(self.env["BENCH_BROKER_URL"])
+        with connection, contextlib.suppress(*connection.channel_errors):
+            connection.default_channel.queue_purge(queue)
 
     def order(self, systems: tuple[str, ...] = ALL) -> list[str]:
         shuffled = list(systems)
@@ -119,7 +176,7 @@ class Bench:
         for key in self.r.scan_iter("started:*"):
             self.r.delete(key)
         for queue in queues:
-            self.r.delete(queue)
+            self.purge(queue)
 
     # -- 1 and 2: dispatch ---------------------------------------------------------------
 
@@ -179,7 +236,7 @@ class Bench:
         began = time.perf_counter()
         for _ in range(n):
             task.apply_async(("dup",), queue=queue)
-        return (time.perf_counter() - began) / n * 1e6, int(self.r.llen(queue))
+        return (time.perf_counter() - began) / n * 1e6, self.queued(queue)
 
     # -- 7: the lock modes ---------------------------------------------------------------
 
@@ -228,14 +285,14 @@ class Bench:
             time.sleep(0.005)
 
     def end_to_end(self) -> None:
-        n, queue = self.args.tasks, "bench-e2e"
-        worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=queue).start()
+        n = self.args.tasks
+        workers = self.workers("bench-e2e")
         rates: dict[str, list[float]] = {s: [] for s in ALL}
         leftover: dict[str, int] = {}
         try:
             for round_no in range(self.args.rounds):
                 for system in self.order():
-                    task = self.bench.SYSTEMS[system]
+                    task, queue = self.bench.SYSTEMS[system], workers[self.bench.side(system)].queue
                     self.reset()
                     began = time.perf_counter()
                     for i in range(n):
@@ -250,7 +307,8 @@ class Bench:
                     ]
                     leftover[system] = len(keys)
         finally:
-            worker.stop()
+            for worker in workers.values():
+                worker.stop()
         self.results["end_to_end"] = {
             s: {
                 "tasks_per_s": round(median(rates[s]), 1),
@@ -271,17 +329,16 @@ class Bench:
 
     def hand_off(self) -> None:
         n, queue, hold = self.args.handoffs, "bench-handoff", 0.01
-        workers = [
-            Worker(self.env, concurrency=1, app="benchmarks.bench_app", queue=queue).start()
-            for _ in range(2)
-        ]
+        ours, theirs = f"{queue}-this", f"{queue}-others"
+        workers = [self.worker(side, f"{queue}-{side}", 1).start() for side in self.bench.APPS]
+        workers += [self.worker(side, f"{queue}-{side}", 1).start() for side in self.bench.APPS]
         gaps: dict[str, list[float]] = {}
         try:
             for system in ("this_wait", "this_requeue"):
                 self.reset()
                 task = getattr(self.bench, system)
                 for _ in range(n):
-                    task.apply_async(("one-key", hold), queue=queue)
+                    task.apply_async(("one-key", hold), queue=ours)
                 self.wait_marks(system, n, 300)
                 gaps[system] = self.gaps(system)
             for system in INCUMBENTS:
@@ -290,7 +347,7 @@ class Bench:
                 task = self.bench.SYSTEMS[system]
                 deadline = time.monotonic() + 300
                 while int(self.r.llen(f"started:{system}")) < n and time.monotonic() < deadline:
-                    task.apply_async(("one-key", hold), queue=queue)  # refused while held
+                    task.apply_async(("one-key", hold), queue=theirs)  # refused while held
                     time.sleep(0.001)
                 self.wait_marks(system, n, 60)
                 gaps[system] = self.gaps(system)
@@ -315,13 +372,11 @@ class Bench:
             for system in ALL[1:]:
                 self.reset()
                 queue = f"bench-crash-{kind}-{system}"
-                doomed = Worker(self.env, concurrency=1, app="benchmarks.bench_app", queue=queue)
-                doomed.start()
+                side = self.bench.side(system)
+                doomed = self.worker(side, queue, 1).start()
                 # The spare consumes its own queue: a pool that lost its child takes
                 # seconds to replace it, which is Celery's delay, not the lock's.
-                spare = Worker(
-                    self.env, concurrency=1, app="benchmarks.bench_app", queue=f"{queue}-spare"
-                )
+                spare = self.worker(side, f"{queue}-spare", 1)
                 task = self.bench.SYSTEMS[system]
                 try:
                     task.apply_async(("crash", 60), queue=queue)
@@ -358,13 +413,23 @@ class Bench:
     # -- 6: round trips ------------------------------------------------------------------
 
     def round_trips(self) -> None:
-        n, idle = 100, "bench-rtt-idle"
         out: dict[str, dict[str, float]] = {}
-        worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=idle).start()
+        # this_history: the default lock keeping its history (each event written by its
+        # operation's own script). One app's worker at a time: an idle worker's own
+        # polls would be counted.
+        systems = (*ALL, "this_history")
+        for side in self.bench.APPS:
+            mine = [s for s in systems if self.bench.side(s) == side]
+            out.update(self._round_trips(side, mine))
+        self.results["round_trips"] = out
+
+    def _round_trips(self, side: str, systems: list[str]) -> dict[str, dict[str, float]]:
+        n, idle = 100, f"bench-rtt-idle-{side}"
+        out: dict[str, dict[str, float]] = {}
+        worker = self.worker(side, idle).start()
+        app = self.bench.app if side == "this" else self.bench.others
         try:
-            # this_history: the default lock keeping its history (each event written by
-            # its operation's own script).
-            for system in (*ALL, "this_history"):
+            for system in systems:
                 task = self.bench.SYSTEMS[system]
                 queue = f"bench-rtt-{system}"
                 self.reset()
@@ -380,7 +445,7 @@ class Bench:
                     time.sleep(0.2)
                 dispatched = counted.count
                 with RoundTrips(self.locks) as counted:
-                    self.bench.app.control.add_consumer(
+                    app.control.add_consumer(
                         queue, destination=[f"{worker.name}@{platform.node()}"], reply=True
                     )
                     self.wait_marks(system, n, 120)
@@ -392,7 +457,7 @@ class Bench:
                 }
         finally:
             worker.stop()
-        self.results["round_trips"] = out
+        return out
 
     # -- 8: where the time goes ---------------------------------------------------------
 
@@ -400,25 +465,28 @@ class Bench:
         """CPU time per task of every process a task passes through, end to end as in 3:
         this producer, the worker's main process, its pool children, each Redis server,
         and the servers' time in scripts (``INFO commandstats``: EVAL and EVALSHA)."""
-        n, queue = self.args.tasks, "bench-cost"
-        worker = Worker(self.env, concurrency=2, app="benchmarks.bench_app", queue=queue).start()
+        n = self.args.tasks
+        workers = self.workers("bench-cost")
         servers = {"redis": self.broker}
         if self.locks is not self.broker:
             servers = {"broker": self.broker, "locks": self.locks}
+        sessions = {}
+        if self.rabbitmq is not None and self.rabbitmq.process is not None:
+            sessions["rabbitmq"] = self.rabbitmq.process.pid  # its processes' session
         spent: dict[str, dict[str, list[float]]] = {s: {} for s in ALL}
         try:
             for round_no in range(self.args.rounds):
                 for system in self.order():
-                    task = self.bench.SYSTEMS[system]
+                    task, worker = self.bench.SYSTEMS[system], workers[self.bench.side(system)]
                     self.reset()
                     for server in servers.values():
                         server.client().config_resetstat()
-                    before = cpu_seconds(worker.pid, servers)
+                    before = cpu_seconds(worker.pid, servers, sessions)
                     for i in range(n):
-                        task.apply_async((f"c-{round_no}-{i}",), queue=queue)
+                        task.apply_async((f"c-{round_no}-{i}",), queue=worker.queue)
                     self.wait_marks(system, n, 300)
                     time.sleep(0.2)  # releases land after the body's last mark
-                    after = cpu_seconds(worker.pid, servers)
+                    after = cpu_seconds(worker.pid, servers, sessions)
                     row = {k: (after[k] - before[k]) / n * 1e6 for k in before}
                     row["total"] = sum(row.values())
                     for name, server in servers.items():
@@ -430,7 +498,8 @@ class Bench:
                     for key, value in row.items():
                         spent[system].setdefault(key, []).append(value)
         finally:
-            worker.stop()
+            for worker in workers.values():
+                worker.stop()
         cost = {s: {f"{k}_us": round(median(v)) for k, v in spent[s].items()} for s in ALL}
         plain = cost["plain"]["total_us"]
         for row in cost.values():
@@ -447,33 +516,40 @@ SCRIPTS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall")
 
 
 def _stat_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _cpu(_stat_fields(Path(f"/proc/{pid}")))
 
 
-def cpu_seconds(worker: int, servers: dict[str, RedisServer]) -> dict[str, float]:
+def _cpu(fields: list[str]) -> float:
+    """User + system CPU seconds from a process's stat fields (0 when it is gone)."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
+
+
+def cpu_seconds(
+    worker: int, servers: dict[str, RedisServer], sessions: dict[str, int]
+) -> dict[str, float]:
     """CPU seconds used so far (user + system) by this process (the producer), the worker's
-    main process, its children together, and each server."""
-    children = [
-        int(entry.name)
-        for entry in Path("/proc").iterdir()
-        if entry.name.isdigit() and _parent(entry) == worker
-    ]
+    main process, its children together, each Redis server, and the processes of each
+    of ``sessions`` (name -> session id: a server that runs several, RabbitMQ's)."""
+    processes = [_stat_fields(entry) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
     found = {
         "producer": time.process_time(),
         "worker_main": _stat_cpu(worker),
-        "pool_children": sum(_stat_cpu(pid) for pid in children),
+        "pool_children": sum(_cpu(f) for f in processes if f[1:2] == [str(worker)]),
     }
     for name, server in servers.items():
         found[name] = _stat_cpu(server.pid)
+    for name, session in sessions.items():
+        found[name] = sum(_cpu(f) for f in processes if f[3:4] == [str(session)])
     return found
 
 
-def _parent(entry: Path) -> int | None:
+def _stat_fields(entry: Path) -> list[str]:
+    """A process's /proc stat fields after its name (state, parent, group, session, ...);
+    none when it is gone."""
     try:
-        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+        return (entry / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
 
 
 class RoundTrips:
@@ -586,6 +662,11 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
                 "once, 100 tasks each."
             )
             if config == "default"
+            else "Round trips to the Redis server with the locks and results (the messages "
+            "go to RabbitMQ) per dispatch and per execution: the reads it processed (`INFO "
+            "stats` total_reads_processed), so commands written together count once, 100 "
+            "tasks each."
+            if config == "rabbitmq"
             else "Round trips to the lock store per dispatch and per execution: the reads it "
             "processed (`INFO stats` total_reads_processed), so commands written together "
             "count once, 100 tasks each.",
@@ -605,7 +686,8 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
         "cost": (
             "8. Where the time goes",
             "CPU microseconds per task of each process, end to end as in 3 (1 producer, "
-            "the worker's main process, its 2 pool children, the Redis server(s)), and the "
+            "the worker's main process, its 2 pool children, the Redis server(s), the "
+            "RabbitMQ node's processes where it is the broker), and the "
             "servers' time inside scripts (`INFO commandstats`); medians of the rounds. "
             "The machine has 2 cores, so throughput follows the total: `cpu_ratio` is "
             "plain's total over the system's; `floor_ratio` what it would be if the lock "
@@ -711,6 +793,9 @@ def main() -> int:
         Path(args.part).write_text(json.dumps(measure(args)))
         return 0
     configs: dict[str, Any] = {}
+    if "rabbitmq" in args.config and not rabbitmq_available():
+        print("[bench] no rabbitmq-server here: the rabbitmq configuration is skipped", flush=True)
+        args.config.remove("rabbitmq")
     for config in args.config:
         # A process per configuration: the bench app reads its servers at import.
         part = ROOT / "benchmarks" / f".part-{config}.json"

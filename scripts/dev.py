@@ -359,6 +359,7 @@ def bench(args: list[str]) -> int:
         run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
         run(python, "-m", "pip", "install", "--quiet", "-e", ".", *BENCH_REQUIREMENTS)
     env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server())
+    ensure_rabbitmq_server()  # for the configuration with a RabbitMQ broker
     command = [str(python), "-m", "benchmarks.run", *args]
     return subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
 
