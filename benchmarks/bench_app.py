@@ -61,7 +61,9 @@ app.conf.update(
     singleton_lock_ttl=float(os.environ.get("BENCH_TTL", "30")),
 )
 
-# Each system's app, as ``celery -A`` names it.
+# Each system's app, as ``celery -A`` names it. Every task here is ``shared=False``:
+# Celery adds a task to every app in the process by default, which would bind this
+# project's tasks to ``others`` (and install its transport there).
 APPS = {"others": "benchmarks.bench_app:others", "this": "benchmarks.bench_app:app"}
 
 _marks: redis.Redis | None = None
@@ -83,33 +85,36 @@ def _run(system: str, item: str, seconds: float) -> str:
     return item
 
 
-@others.task(name="bench.plain")
+@others.task(shared=False, name="bench.plain")
 def plain(item: str, seconds: float = 0.0) -> str:
     return _run("plain", item, seconds)
 
 
-@others.task(name="bench.celery_singleton", base=Singleton)
+@others.task(shared=False, name="bench.celery_singleton", base=Singleton)
 def celery_singleton(item: str, seconds: float = 0.0) -> str:
     return _run("celery_singleton", item, seconds)
 
 
-@others.task(name="bench.celery_once", base=QueueOnce, once={"graceful": True})
+@others.task(shared=False, name="bench.celery_once", base=QueueOnce, once={"graceful": True})
 def celery_once(item: str, seconds: float = 0.0) -> str:
     return _run("celery_once", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this")
+@singleton_task(app=app, shared=False, name="bench.this")
 def this(item: str, seconds: float = 0.0) -> str:
     return _run("this", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_wait", dedupe=False, on_contention=wait(timeout=60))
+@singleton_task(
+    app=app, shared=False, name="bench.this_wait", dedupe=False, on_contention=wait(timeout=60)
+)
 def this_wait(item: str, seconds: float = 0.0) -> str:
     return _run("this_wait", item, seconds)
 
 
 @singleton_task(
     app=app,
+    shared=False,
     name="bench.this_requeue",
     dedupe=False,
     on_contention=requeue(max_tries=10_000, backoff=0.01, cap=0.1),
@@ -118,52 +123,56 @@ def this_requeue(item: str, seconds: float = 0.0) -> str:
     return _run("this_requeue", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_until_executing", lock="until_executing")
+@singleton_task(app=app, shared=False, name="bench.this_until_executing", lock="until_executing")
 def this_until_executing(item: str, seconds: float = 0.0) -> str:
     return _run("this_until_executing", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_throttle", throttle=60)
+@singleton_task(app=app, shared=False, name="bench.this_throttle", throttle=60)
 def this_throttle(item: str, seconds: float = 0.0) -> str:
     return _run("this_throttle", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_while_executing", lock="while_executing")
+@singleton_task(app=app, shared=False, name="bench.this_while_executing", lock="while_executing")
 def this_while_executing(item: str, seconds: float = 0.0) -> str:
     return _run("this_while_executing", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_replace", lock="until_executing", on_duplicate="replace")
+@singleton_task(
+    app=app, shared=False, name="bench.this_replace", lock="until_executing", on_duplicate="replace"
+)
 def this_replace(item: str, seconds: float = 0.0) -> str:
     return _run("this_replace", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_debounce", debounce=60)
+@singleton_task(app=app, shared=False, name="bench.this_debounce", debounce=60)
 def this_debounce(item: str, seconds: float = 0.0) -> str:
     return _run("this_debounce", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_limit", limit=3)
+@singleton_task(app=app, shared=False, name="bench.this_limit", limit=3)
 def this_limit(item: str, seconds: float = 0.0) -> str:
     return _run("this_limit", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_rate", rate="100/s")
+@singleton_task(app=app, shared=False, name="bench.this_rate", rate="100/s")
 def this_rate(item: str, seconds: float = 0.0) -> str:
     return _run("this_rate", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_rate_delay", rate="100/s", on_limited="delay")
+@singleton_task(
+    app=app, shared=False, name="bench.this_rate_delay", rate="100/s", on_limited="delay"
+)
 def this_rate_delay(item: str, seconds: float = 0.0) -> str:
     return _run("this_rate_delay", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_cancel", on_duplicate="cancel")
+@singleton_task(app=app, shared=False, name="bench.this_cancel", on_duplicate="cancel")
 def this_cancel(item: str, seconds: float = 0.0) -> str:
     return _run("this_cancel", item, seconds)
 
 
-@singleton_task(app=app, name="bench.this_history", history=True)
+@singleton_task(app=app, shared=False, name="bench.this_history", history=True)
 def this_history(item: str, seconds: float = 0.0) -> str:
     return _run("this_history", item, seconds)
 
