@@ -25,7 +25,6 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
-import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
@@ -42,6 +41,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 TRANSPORT = "celery_singleton_lock.broker:RedisTransport"
+
+
+class Client(Protocol):
+    """What a channel reads of the redis-py client it keeps (``Channel.conn_or_acquire``)."""
+
+    connection_pool: object
 
 
 class Fold(Protocol):
@@ -128,10 +133,10 @@ class Channel(kombu_redis.Channel):
 
     QoS = QoS
     _singleton_server: Server | None = None
-    _singleton_client: redis.Redis | None = None
+    _singleton_client: Client | None = None
 
     @contextmanager
-    def conn_or_acquire(self, client: redis.Redis | None = None) -> Iterator[redis.Redis]:
+    def conn_or_acquire(self, client: Client | None = None) -> Iterator[Client]:
         """kombu's, with one client per channel and pool: kombu builds a ``redis.Redis``
         for every call, and building one (its table of reply callbacks) costs more CPU
         than the LPUSH it sends. A client takes a connection from the pool per command,
