@@ -61,10 +61,16 @@ app.conf.update(
     singleton_lock_ttl=float(os.environ.get("BENCH_TTL", "30")),
 )
 
-# Each system's app, as ``celery -A`` names it. Every task here is ``shared=False``:
+# Each side's app (``side``). Every task here is ``shared=False``:
 # Celery adds a task to every app in the process by default, which would bind this
 # project's tasks to ``others`` (and install its transport there).
-APPS = {"others": "benchmarks.bench_app:others", "this": "benchmarks.bench_app:app"}
+APPS = {"others": others, "this": app}
+
+
+def app_path(side: str) -> str:
+    """``side``'s app as ``celery -A`` names it."""
+    return f"{__name__}:{'app' if side == 'this' else 'others'}"
+
 
 _marks: redis.Redis | None = None
 

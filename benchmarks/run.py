@@ -132,7 +132,7 @@ class Bench:
 
     def worker(self, side: str, queue: str, concurrency: int = 2) -> Worker:
         """A worker of ``side``'s app (``bench_app.side``) on ``queue``, not started."""
-        app = self.bench.APPS[side]
+        app = self.bench.app_path(side)
         return Worker(self.env, concurrency=concurrency, app=app, queue=queue)
 
     def workers(self, queue: str, concurrency: int = 2) -> dict[str, Worker]:
@@ -330,8 +330,8 @@ class Bench:
     def hand_off(self) -> None:
         n, queue, hold = self.args.handoffs, "bench-handoff", 0.01
         ours, theirs = f"{queue}-this", f"{queue}-others"
-        workers = [self.worker(side, f"{queue}-{side}", 1).start() for side in self.bench.APPS]
-        workers += [self.worker(side, f"{queue}-{side}", 1).start() for side in self.bench.APPS]
+        # Two workers of each app, on that app's queue.
+        workers = [*self.workers(queue, 1).values(), *self.workers(queue, 1).values()]
         gaps: dict[str, list[float]] = {}
         try:
             for system in ("this_wait", "this_requeue"):
@@ -427,7 +427,7 @@ class Bench:
         n, idle = 100, f"bench-rtt-idle-{side}"
         out: dict[str, dict[str, float]] = {}
         worker = self.worker(side, idle).start()
-        app = self.bench.app if side == "this" else self.bench.others
+        app = self.bench.APPS[side]
         try:
             for system in systems:
                 task = self.bench.SYSTEMS[system]
