@@ -69,6 +69,17 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             self._singleton_server = server_of(self.client)
         return self._singleton_server
 
+    def on_task_call(self, producer: object, task_id: str) -> dict[str, object]:
+        """Subscribe to nothing as a task is sent (Celery subscribes to every sent task's
+        result channel, and unsubscribes when its ``AsyncResult`` is dropped: two
+        commands per dispatch, kept for ever by a producer that keeps its results).
+
+        Who waits for a result subscribes as it starts to wait (``get``, ``then``,
+        ``join_native`` all go through ``add_pending_result``), and then reads the
+        stored result: a result written before the subscription is read, one written
+        after it is received, so none is missed."""
+        return {}
+
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
         if _text(key) not in _pending:
             return super().set(key, value, *args, **kwargs)

@@ -90,6 +90,24 @@ class Batch(Exchange):
         return replies
 
 
+class Command(Exchange):
+    """One plain command (a read such as GET), answered with its reply."""
+
+    __slots__ = ("args", "client")
+
+    def __init__(self, client: SyncClient, args: Sequence[Arg]) -> None:
+        self.client, self.args = client, args
+
+    def fallback(self) -> Any:
+        return self.client.execute_command(*self.args)
+
+    def rescues(self, error: redis.ResponseError) -> bool:
+        return False
+
+    def convert(self, replies: list[Any]) -> Any:
+        return replies[0]
+
+
 class ScriptCall(Exchange):
     __slots__ = ("args", "client", "keys", "patient", "script")
 

@@ -379,7 +379,7 @@ class RedisLock(LockBase):
             if record is not None and "read" in record.events:
                 value = self.transport.call(self._holder_script, [key], [])
             else:
-                value = self.client.get(key)
+                value = self.transport.command("GET", key)
         except REDIS_ERRORS as error:
             self.unavailable(error, name)
         return None if value is None else text(value)

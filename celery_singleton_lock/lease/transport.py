@@ -39,7 +39,7 @@ from redis.commands.core import Script
 from redis.connection import Connection, ConnectionPool
 
 from . import history
-from .calls import Acked, Arg, Batch, Exchange, Hold, ScriptCall, body
+from .calls import Acked, Arg, Batch, Command, Exchange, Hold, ScriptCall, body
 from .clients import SyncClient
 
 logger = logging.getLogger(__name__)
@@ -272,6 +272,13 @@ class Transport:
     ) -> Any:
         """One script call, one round trip."""
         return self.send(script, keys, args, patient=patient, acks=acks).get()
+
+    def command(self, *args: Arg) -> Any:
+        """One plain command (``GET``), one round trip: its reply, decoded as the client's."""
+        exchange = Command(self.client, args)
+        if not self.direct:
+            return exchange.fallback()
+        return self._send([args], exchange).get()
 
     def timed(
         self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], **options: Any

@@ -4,11 +4,12 @@ in database 0, as the default shape has them."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, group
 from celery.app.task import Context
 
 from celery_singleton_lock import Lease, RedisLock, singleton_task
@@ -16,7 +17,10 @@ from celery_singleton_lock.broker import results
 from celery_singleton_lock.broker.results import RedisBackend
 from celery_singleton_lock.lease import RidingRelease
 
+from ..conftest import CeleryEnv
+from ..support.runs import wait_for
 from ..support.servers import RedisServer
+from ..support.workers import Worker
 
 
 def at(server: RedisServer, db: int, **kwargs: object) -> redis.Redis:
@@ -154,6 +158,41 @@ class TestBackend:
             assert context.store.holder("unwritten") is None
         finally:
             app.close()
+
+
+class TestSubscriptions:
+    """Celery's Redis backend subscribes to every sent task's result channel; ours
+    subscribes as someone waits for a result, and no result is missed for it."""
+
+    def test_a_sent_task_is_subscribed_to_only_while_its_result_is_waited_for(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work, backend = cenv.app_module.work, cenv.app_module.app.backend
+        done = work.apply_async(("sub-done",), queue=worker.queue)
+        running = work.apply_async(("sub-running",), {"seconds": 2.0}, queue=worker.queue)
+        channels = [backend.get_key_for_task(r.id) for r in (done, running)]
+        wait_for(lambda: backend.get_task_meta(done.id)["status"] == "SUCCESS", 20, "done")
+        assert subscribers(backend, channels) == [0, 0]
+        assert done.get(timeout=20) == "sub-done"  # stored before anyone waited: read
+        answer: list[object] = []
+        waiter = threading.Thread(target=lambda: answer.append(running.get(timeout=20)))
+        waiter.start()
+        try:
+            wait_for(lambda: subscribers(backend, channels) == [0, 1], 2, "the waiter subscribed")
+        finally:
+            waiter.join(timeout=30)
+        assert answer == ["sub-running"]  # published while it waited: received
+        assert subscribers(backend, channels) == [0, 0]
+
+    def test_a_groups_results_are_joined(self, cenv: CeleryEnv, worker: Worker) -> None:
+        work = cenv.app_module.work
+        joined = group(work.s(f"g{i}") for i in range(3)).apply_async(queue=worker.queue)
+        assert joined.join_native(timeout=20) == ["g0", "g1", "g2"]
+
+
+def subscribers(backend: RedisBackend, channels: list[str]) -> list[int]:
+    """How many clients subscribe to each of ``channels`` on the result backend."""
+    return [count for _, count in backend.client.pubsub_numsub(*channels)]
 
 
 def echo(item: object) -> object:

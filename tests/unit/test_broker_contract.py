@@ -19,6 +19,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import celery
+import celery.backends.asynchronous
+import celery.result
 import pytest
 from celery import Celery
 from celery.app import backends
@@ -94,6 +96,7 @@ class TestOverriddenMembers:
             (celery_redis.RedisBackend, "set", ["self", "key", "value", *EXPIRES, "retry_policy"]),
             (celery_redis.RedisBackend, "_set", ["self", "key", "value", *EXPIRES]),
             (celery_redis.RedisBackend, "get_key_for_task", ["self", "task_id", "key"]),
+            (celery_redis.RedisBackend, "on_task_call", ["self", "producer", "task_id"]),
             (Connection, "get_transport_cls", ["self"]),
             (Connection, "Pool", ["self", "limit", "kwargs"]),
             (ConnectionPool, "new", ["self"]),
@@ -256,6 +259,29 @@ class TestResultWrite:
     def test_set_hands_the_write_to_ensure(self) -> None:
         source = inspect.getsource(celery_redis.RedisBackend.set)
         assert f"self.ensure(self._set, (key, value{', expires' if EXPIRES else ''})" in source
+
+
+class TestResultWaits:
+    """``RedisBackend.on_task_call`` subscribes to nothing: every way to wait for a result
+    must subscribe first and then read what is stored, or a result written in between
+    would be missed."""
+
+    def test_get_and_then_subscribe_before_they_wait(self) -> None:
+        get = inspect.getsource(celery.result.AsyncResult.get)
+        assert get.index("self.backend.add_pending_result(self)") < get.index("wait_for_pending(")
+        assert "self.backend.add_pending_result(self" in inspect.getsource(
+            celery.result.AsyncResult.then
+        )
+
+    def test_a_wait_reads_the_stored_result_before_draining(self) -> None:
+        wait = inspect.getsource(celery.backends.asynchronous.BaseResultConsumer._wait_for_pending)
+        assert wait.index("self.on_wait_for_pending(result") < wait.index("drain_events_until(")
+        read = inspect.getsource(celery_redis.ResultConsumer.on_wait_for_pending)
+        assert "result._iter_meta(" in read
+
+    def test_celery_subscribes_as_it_sends_and_ours_does_not(self) -> None:
+        assert "self.backend.on_task_call(P, task_id)" in inspect.getsource(Celery.send_task)
+        assert RedisBackend.on_task_call(SimpleNamespace(), None, "an-id") == {}
 
 
 class TestTestedReleases:
