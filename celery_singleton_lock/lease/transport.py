@@ -14,8 +14,10 @@ the per-command machinery (retry wrapper, reply callbacks) is skipped, and that 
 where a failure goes: after a transport error or a NOSCRIPT the call is made again
 through redis-py's ``Script``, which retries by the client's policy and reloads the
 script. That is safe because every call gives the same answer when run twice for one
-token. No connection is held past one exchange, so any number of short-lived threads
-or greenlets share the pool's few connections.
+token. A transport keeps one connection between calls (a pool with room to spare:
+``SPARE_FROM``), so a process's next call skips the pool's lock, queue and checks;
+every other connection goes back at once, so any number of short-lived threads or
+greenlets share the pool's few connections.
 
 A queued message's hold needs no script: ``SET NX PX GET`` with ``PTTL`` answers the
 same question at a tenth of the server time, on Redis 7.0 and later.
@@ -50,6 +52,10 @@ _TRANSPORT = (redis.ConnectionError, redis.TimeoutError)
 
 # SET's options for a hold: only if the key is free, and say who holds it if not.
 HOLD_OPTIONS = ("NX", "GET")
+
+# A pool of at least this many connections lends one to the transport between calls: a
+# smaller one (a client given with max_connections=1) needs every connection back.
+SPARE_FROM = 8
 
 # Answers owed (sent, unread) at most; past this the sender reads them at once, so a
 # process whose threads only ever release still gives its connections back.
@@ -110,6 +116,7 @@ class Transport:
     __slots__ = (
         "_encoding",
         "_generation",
+        "_idle",
         "_named",
         "_owed",
         "_pool",
@@ -138,17 +145,29 @@ class Transport:
         # (reply, then) pairs whose answers nobody waits for; any thread reads them
         # before its next call. A deque: append and popleft are atomic across threads.
         self._owed: collections.deque[tuple[Reply, Callable[[Any], object]]] = collections.deque()
+        # The connection kept between calls (at most about one; a list: pop and append
+        # are atomic across threads); None when the pool has no room to lend it.
+        spare = getattr(self._pool, "max_connections", 0) >= SPARE_FROM
+        self._idle: list[Connection] | None = [] if spare else None
         self._generation = _forks[0]
 
     # -- connections -------------------------------------------------------------------
 
     def _checkout(self) -> Connection:
+        if self._generation != _forks[0]:
+            self._forget_parent()
         if self._owed:
             # The connection of the answer read last serves this call: it is as free
             # as the pool would make it, a pool round (about 20 us on redis-py 8) sooner.
             kept = self._settle(keep=True)
             if kept is not None:
                 return kept
+        if self._idle:
+            try:
+                # Every reply on it was read before it was kept: as ready as the pool's.
+                return self._idle.pop()
+            except IndexError:
+                pass  # another thread took it first
         pool = self._pool
         if pool is None:
             raise _not_direct()
@@ -157,7 +176,17 @@ class Transport:
     def checkin(self, conn: Connection) -> None:
         if self._pool is None:
             raise _not_direct()
-        self._pool.release(conn)
+        if self._idle is not None and not self._idle:
+            self._idle.append(conn)  # kept for the next call (a broken one reconnects)
+        else:
+            self._pool.release(conn)
+
+    def _forget_parent(self) -> None:
+        """Inherited over fork: the parent's sockets and answers, never ours to use."""
+        self._owed.clear()
+        if self._idle:
+            self._idle.clear()
+        self._generation = _forks[0]
 
     def settle(self) -> None:
         """Read every owed answer now (their connections go back to the pool)."""
@@ -167,9 +196,7 @@ class Transport:
         """Read every owed answer; with ``keep``, return the last one's connection
         instead of putting it back (None if there is none to hand over)."""
         if self._generation != _forks[0]:
-            # Inherited over fork: the parent's sockets and answers, never ours to read.
-            self._owed.clear()
-            self._generation = _forks[0]
+            self._forget_parent()
             return None
         kept: list[Connection] = []
         while True:

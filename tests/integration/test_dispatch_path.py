@@ -22,6 +22,7 @@ from celery_singleton_lock.lease import transport
 from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
 
 from ..conftest import SAME_SERVER, CeleryEnv
+from ..support.servers import RedisServer
 
 QUEUE = "dispatch-path"
 
@@ -192,6 +193,11 @@ class TestLeanCalls:
         assert pending.presumed() is outcome
 
 
+def kept(lock: RedisLock) -> set[object]:
+    """The connection the lock's transport keeps between calls (none or one)."""
+    return set(lock.transport._idle or ())
+
+
 def gone_soon(raw: redis.Redis, key: str, timeout: float = 2.0) -> bool:
     """Whether ``key`` is gone within ``timeout`` (another connection's write may land
     a moment after this one looks)."""
@@ -318,7 +324,7 @@ class TestAnswersReadLater:
         assert isinstance(lock.try_acquire("third", 10), Lease)
         assert not lock.transport._owed
         in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
-        assert len(in_use) == 0  # none is kept by a thread
+        assert in_use == kept(lock)  # none is kept by a thread; one by the transport
 
     def test_the_connection_of_an_answer_read_later_serves_the_next_call(
         self, lock: RedisLock, raw: redis.Redis
@@ -329,7 +335,8 @@ class TestAnswersReadLater:
             lock.release_nowait(lease)
         lock.transport.settle()
         pool = lock.client.connection_pool
-        assert len(pool._available_connections) == 1  # type: ignore[attr-defined]
+        available = pool._available_connections  # type: ignore[attr-defined]
+        assert len(available) + len(kept(lock)) == 1
         assert not list(raw.scan_iter("test:{task-*}"))
 
     def test_a_forked_child_never_reads_its_parents_owed_answers(
@@ -370,7 +377,7 @@ class TestAnswersReadLater:
         assert isinstance(lock.try_acquire("next", 10), Lease)  # from this thread
         assert not lock.transport._owed
         in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
-        assert len(in_use) == 0
+        assert in_use == kept(lock)
 
     def test_a_broken_connection_retries_the_release(
         self, lock: RedisLock, raw: redis.Redis
@@ -381,3 +388,62 @@ class TestAnswersReadLater:
         lock.release_nowait(lease)
         lock.try_acquire("later-after", 10)
         assert raw.exists(lease.key) == 0
+
+
+class TestKeptConnection:
+    """A transport keeps one connection between calls, lent by a pool with room."""
+
+    def test_one_connection_serves_consecutive_calls(self, lock: RedisLock) -> None:
+        lease = lock.acquire("kept", 10)
+        [conn] = kept(lock)
+        assert lock.holder("kept") == lease.token
+        lock.release(lease)
+        assert kept(lock) == {conn}
+        pool = lock.client.connection_pool
+        assert pool._in_use_connections == {conn}  # type: ignore[attr-defined]
+
+    def test_a_kept_connection_the_server_closed_is_reconnected(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        assert lock.holder("closed") is None
+        assert kept(lock)
+        raw.client_kill_filter(_type="normal", skipme=True)
+        lease = lock.acquire("closed", 10)
+        assert lock.holder("closed") == lease.token
+        lock.release(lease)
+        assert raw.exists(lease.key) == 0
+
+    def test_a_small_pool_gets_every_connection_back(self, redis_server: RedisServer) -> None:
+        pool = redis.BlockingConnectionPool.from_url(redis_server.url, max_connections=1, timeout=1)
+        client = redis.Redis(connection_pool=pool)
+        small = RedisLock(client, prefix="small")
+        try:
+            lease = small.acquire("one", 10)
+            assert not kept(small)
+            assert client.get(lease.key) is not None  # the pool's one connection is free
+            small.release(lease)
+            assert client.exists(lease.key) == 0
+        finally:
+            client.close()
+
+    def test_a_forked_child_never_uses_its_parents_kept_connection(self, lock: RedisLock) -> None:
+        assert lock.holder("fork") is None
+        [conn] = kept(lock)
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            try:
+                lease = lock.acquire("child", 10)
+                ok = conn not in kept(lock) and lock.holder("child") == lease.token
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        answer = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert answer == b"1"
+        assert kept(lock) == {conn}
+        assert lock.holder("fork") is None  # the parent's connection is still in step
