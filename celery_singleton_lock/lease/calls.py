@@ -99,7 +99,7 @@ class Command(Exchange):
         self.client, self.args = client, args
 
     def fallback(self) -> Any:
-        return self.client.execute_command(*self.args)
+        return self.client.execute_command(*self.args)  # type: ignore[no-untyped-call]
 
     def rescues(self, error: redis.ResponseError) -> bool:
         return False

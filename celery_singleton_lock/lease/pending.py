@@ -7,7 +7,7 @@ from typing import Any, NoReturn, Protocol
 from .base import REDIS_ERRORS, Call
 from .lease import Lease
 from .outcomes import Contended
-from .transport import Reply
+from .replies import Reply
 
 
 class _Store(Protocol):

@@ -24,9 +24,10 @@ from .pending import PendingAcquire
 from .pushes import Pushes
 from .renewal import Renewer, get_renewer
 from .replicas import acknowledged, replicas_option, with_acks
+from .replies import Reply
 from .servers import server_of
 from .slots import Slots
-from .transport import Reply, Transport
+from .transport import Transport
 from .waits import pop_within
 
 logger = logging.getLogger(__name__)

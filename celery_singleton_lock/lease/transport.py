@@ -43,12 +43,9 @@ from redis.connection import Connection, ConnectionPool
 from . import history
 from .calls import Acked, Arg, Batch, Command, Exchange, Hold, ScriptCall, body
 from .clients import SyncClient
+from .replies import TRANSPORT_ERRORS, Reply
 
 logger = logging.getLogger(__name__)
-
-# The transport failures after which the command may or may not have run: redis-py has
-# dropped the connection, and the call is made again through its retrying path.
-_TRANSPORT = (redis.ConnectionError, redis.TimeoutError)
 
 # SET's options for a hold: only if the key is free, and say who holds it if not.
 HOLD_OPTIONS = ("NX", "GET")
@@ -337,7 +334,7 @@ class Transport:
             sent_at = time.monotonic()
             # Health-checks first when the connection has been idle long.
             conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])  # type: ignore[no-untyped-call]
-        except _TRANSPORT as error:
+        except TRANSPORT_ERRORS as error:
             self.checkin(conn)  # redis-py has disconnected it
             return Reply(exchange.after_transport_error(error))
         except BaseException:
@@ -358,71 +355,3 @@ def _answer(
         then(reply.get(keep))
     except Exception as error:  # the caller is long gone: say so, raise nothing
         logger.warning("a call whose answer was read later failed: %s", error)
-
-
-_Pending = tuple[Transport, Connection, int, Exchange]
-
-
-class Reply:
-    """The answer to a sent call, read from its connection on first ``get()``."""
-
-    __slots__ = ("_error", "_pending", "_value", "sent_at")
-
-    def __init__(
-        self, value: Any = None, *, pending: _Pending | None = None, sent_at: float | None = None
-    ) -> None:
-        self._value = value
-        self._error: BaseException | None = None
-        self._pending = pending  # (transport, connection, replies due, exchange) until read
-        # When the call was written to a connected socket (monotonic); None when it went
-        # redis-py's own way, whose connecting the caller's own clock reading covers.
-        self.sent_at = sent_at
-
-    @property
-    def answered(self) -> bool:
-        """Whether the answer is in (read already, or known when it was made)."""
-        return self._pending is None
-
-    def get(self, keep: list[Connection] | None = None) -> Any:
-        """The call's answer, or what it raised (every time it is asked).
-
-        ``keep``: a list that takes the connection once its replies are read, instead of
-        the pool (the transport hands it to its next call).
-        """
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            try:
-                self._value = _read(pending, keep)
-            except BaseException as error:
-                self._error = error
-                raise
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-def _read(pending: _Pending, keep: list[Connection] | None = None) -> Any:
-    # Every way out checks the connection back in exactly once, and only after all of
-    # the call's replies were read: an error reply in the middle leaves the rest on the
-    # wire, which the next user of the connection would take for its own.
-    transport, conn, count, exchange = pending
-    replies: list[Any] = []
-    try:
-        for _ in range(count):
-            try:
-                replies.append(conn.read_response())
-            except redis.ResponseError as refused:
-                replies.append(refused)
-    except _TRANSPORT as failed:
-        transport.checkin(conn)  # redis-py has disconnected it
-        return exchange.after_transport_error(failed)
-    except BaseException:
-        # Interrupted mid-read: the connection's state is unknown, never reuse it.
-        conn.disconnect()  # type: ignore[no-untyped-call]
-        transport.checkin(conn)
-        raise
-    if keep is None:
-        transport.checkin(conn)
-    else:
-        keep.append(conn)  # in step: every reply of the call has been read
-    return exchange.finish(replies)

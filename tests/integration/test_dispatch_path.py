@@ -6,10 +6,8 @@ Against real Redis servers; no worker is needed, the broker's queue is read dire
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +20,7 @@ from celery_singleton_lock.lease import transport
 from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
 
 from ..conftest import SAME_SERVER, CeleryEnv
+from ..support.forks import in_forked_child
 from ..support.servers import RedisServer
 
 QUEUE = "dispatch-path"
@@ -344,21 +343,9 @@ class TestAnswersReadLater:
     ) -> None:
         lease = lock.acquire("parent", 10)
         lock.release_nowait(lease)  # owed, on a connection the child inherits
-        read, write = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            try:
-                ok = isinstance(lock.try_acquire("child", 10), Lease) and not lock.transport._owed
-                os.write(write, b"1" if ok else b"0")
-            finally:
-                os._exit(0)
-        os.close(write)
-        answer = os.read(read, 1)
-        os.close(read)
-        os.waitpid(pid, 0)
-        assert answer == b"1"
+        assert in_forked_child(
+            lambda: isinstance(lock.try_acquire("child", 10), Lease) and not lock.transport._owed
+        )
         assert lock.transport._owed  # the parent's answer is still the parent's to read
         lock.transport.settle()
         assert lease.released
@@ -429,21 +416,11 @@ class TestKeptConnection:
     def test_a_forked_child_never_uses_its_parents_kept_connection(self, lock: RedisLock) -> None:
         assert lock.holder("fork") is None
         [conn] = kept(lock)
-        read, write = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            try:
-                lease = lock.acquire("child", 10)
-                ok = conn not in kept(lock) and lock.holder("child") == lease.token
-                os.write(write, b"1" if ok else b"0")
-            finally:
-                os._exit(0)
-        os.close(write)
-        answer = os.read(read, 1)
-        os.close(read)
-        os.waitpid(pid, 0)
-        assert answer == b"1"
+
+        def child() -> bool:
+            lease = lock.acquire("child", 10)
+            return conn not in kept(lock) and lock.holder("child") == lease.token
+
+        assert in_forked_child(child)
         assert kept(lock) == {conn}
         assert lock.holder("fork") is None  # the parent's connection is still in step

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from celery_singleton_lock import (
 from celery_singleton_lock.lease import Renewer, get_renewer
 from celery_singleton_lock.lease.renewal import next_delay
 
+from ..support.forks import in_forked_child
 from ..support.servers import RedisServer
 
 
@@ -212,22 +212,12 @@ class TestFork:
     def test_forked_child_forgets_the_parents_leases(self, lock: RedisLock) -> None:
         lease = lock.acquire("job", ttl=5, renew=True)
         assert len(get_renewer()) >= 1
-        read, write = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - child
-            try:
-                fresh = get_renewer()
-                ok = len(fresh) == 0 and lease not in fresh and fresh._thread is None
-                os.write(write, b"1" if ok else b"0")
-            finally:
-                os._exit(0)
-        os.close(write)
-        answer = os.read(read, 1)
-        os.close(read)
-        os.waitpid(pid, 0)
-        assert answer == b"1"
+
+        def child() -> bool:
+            fresh = get_renewer()
+            return len(fresh) == 0 and lease not in fresh and fresh._thread is None
+
+        assert in_forked_child(child)
         assert lease in get_renewer()  # the parent still renews it
         lock.release(lease)
 

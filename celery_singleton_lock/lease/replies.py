@@ -1,0 +1,95 @@
+"""A sent call's answer (``Reply``), read from its connection the first time it is asked.
+
+``transport.Transport`` writes a call and returns a ``Reply`` at once; reading it takes
+the call's replies off the connection, gives the connection back (or to the next call)
+and lets the call's ``Exchange`` turn the replies into the answer, or go again through
+redis-py's own path after a transport error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, TypeAlias
+
+import redis
+from redis.connection import Connection
+
+from .calls import Exchange
+
+# The transport failures after which the command may or may not have run: redis-py has
+# dropped the connection, and the call is made again through its retrying path.
+TRANSPORT_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class Lender(Protocol):
+    """Where a connection goes back once a call's replies are read."""
+
+    def checkin(self, conn: Connection) -> None: ...
+
+
+# (where the connection goes back, the connection, replies due, how the call finishes)
+Pending: TypeAlias = tuple[Lender, Connection, int, Exchange]
+
+
+class Reply:
+    """The answer to a sent call, read from its connection on first ``get()``."""
+
+    __slots__ = ("_error", "_pending", "_value", "sent_at")
+
+    def __init__(
+        self, value: Any = None, *, pending: Pending | None = None, sent_at: float | None = None
+    ) -> None:
+        self._value = value
+        self._error: BaseException | None = None
+        self._pending = pending  # (transport, connection, replies due, exchange) until read
+        # When the call was written to a connected socket (monotonic); None when it went
+        # redis-py's own way, whose connecting the caller's own clock reading covers.
+        self.sent_at = sent_at
+
+    @property
+    def answered(self) -> bool:
+        """Whether the answer is in (read already, or known when it was made)."""
+        return self._pending is None
+
+    def get(self, keep: list[Connection] | None = None) -> Any:
+        """The call's answer, or what it raised (every time it is asked).
+
+        ``keep``: a list that takes the connection once its replies are read, instead of
+        the pool (the transport hands it to its next call).
+        """
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            try:
+                self._value = _read(pending, keep)
+            except BaseException as error:
+                self._error = error
+                raise
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _read(pending: Pending, keep: list[Connection] | None = None) -> Any:
+    # Every way out checks the connection back in exactly once, and only after all of
+    # the call's replies were read: an error reply in the middle leaves the rest on the
+    # wire, which the next user of the connection would take for its own.
+    lender, conn, count, exchange = pending
+    replies: list[Any] = []
+    try:
+        for _ in range(count):
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as refused:
+                replies.append(refused)
+    except TRANSPORT_ERRORS as failed:
+        lender.checkin(conn)  # redis-py has disconnected it
+        return exchange.after_transport_error(failed)
+    except BaseException:
+        # Interrupted mid-read: the connection's state is unknown, never reuse it.
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        lender.checkin(conn)
+        raise
+    if keep is None:
+        lender.checkin(conn)
+    else:
+        keep.append(conn)  # in step: every reply of the call has been read
+    return exchange.finish(replies)
