@@ -15,7 +15,7 @@ where a failure goes: after a transport error or a NOSCRIPT the call is made aga
 through redis-py's ``Script``, which retries by the client's policy and reloads the
 script. That is safe because every call gives the same answer when run twice for one
 token. A transport keeps one connection between calls (a pool with room to spare:
-``SPARE_FROM``), so a process's next call skips the pool's lock, queue and checks;
+``SPARE_FROM``), so a process's next call skips the pool's lock and queue;
 every other connection goes back at once, so any number of short-lived threads or
 greenlets share the pool's few connections.
 
@@ -161,10 +161,11 @@ class Transport:
                 return kept
         if self._idle:
             try:
-                # Every reply on it was read before it was kept: as ready as the pool's.
-                return self._idle.pop()
+                conn = self._idle.pop()
             except IndexError:
                 pass  # another thread took it first
+            else:
+                return _ready(conn)
         pool = self._pool
         if pool is None:
             raise _not_direct()
@@ -342,6 +343,18 @@ class Transport:
             self.checkin(conn)
             raise
         return Reply(pending=(self, conn, len(commands), exchange), sent_at=sent_at)
+
+
+def _ready(conn: Connection) -> Connection:
+    """A kept connection, as the pool would lend it: every reply on it was read before
+    it was kept, so anything readable now is the server closing it (an idle timeout):
+    dropped, and connected again as it is used."""
+    try:
+        if conn.can_read():
+            conn.disconnect()  # type: ignore[no-untyped-call]
+    except (*TRANSPORT_ERRORS, OSError):
+        conn.disconnect()  # type: ignore[no-untyped-call]
+    return conn
 
 
 def _not_direct() -> TypeError:

@@ -15,12 +15,13 @@ import pytest
 import redis
 from celery.signals import before_task_publish
 
-from celery_singleton_lock import Contended, Lease, RedisLock
+from celery_singleton_lock import Contended, ExtendResult, Lease, RedisLock
 from celery_singleton_lock.lease import transport
 from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.forks import in_forked_child
+from ..support.runs import wait_for
 from ..support.servers import RedisServer
 
 QUEUE = "dispatch-path"
@@ -195,6 +196,14 @@ class TestLeanCalls:
 def kept(lock: RedisLock) -> set[object]:
     """The connection the lock's transport keeps between calls (none or one)."""
     return set(lock.transport._idle or ())
+
+
+def closed(conn: object) -> bool:
+    """Whether the server closed ``conn`` (its end of file is readable)."""
+    try:
+        return bool(conn.can_read())  # type: ignore[attr-defined]
+    except redis.ConnectionError:
+        return True
 
 
 def gone_soon(raw: redis.Redis, key: str, timeout: float = 2.0) -> bool:
@@ -399,6 +408,18 @@ class TestKeptConnection:
         assert lock.holder("closed") == lease.token
         lock.release(lease)
         assert raw.exists(lease.key) == 0
+
+    def test_a_renewal_on_a_kept_connection_the_server_closed_is_not_failed(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        """A renewal is never retried by redis-py (``patient=False``): the connection it
+        is lent must be one the pool would lend, not one the server closed meanwhile."""
+        lease = lock.acquire("renewed", 10)
+        [conn] = kept(lock)
+        raw.client_kill_filter(_type="normal", skipme=True)
+        wait_for(lambda: closed(conn), 5, "the server closed the kept connection")
+        assert lock.extend(lease, patient=False) == ExtendResult.EXTENDED
+        lock.release(lease)
 
     def test_a_small_pool_gets_every_connection_back(self, redis_server: RedisServer) -> None:
         pool = redis.BlockingConnectionPool.from_url(redis_server.url, max_connections=1, timeout=1)
