@@ -31,6 +31,8 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.lease import slot
 
+from ..support.runs import wait_for
+
 
 @pytest.fixture(name="store", params=["redis", "memory"])
 def fixture_store(request: pytest.FixtureRequest, raw: redis.Redis) -> RedisLock | MemoryLock:
@@ -95,32 +97,38 @@ class TestSlots:
 
     def test_waiters_are_served_first_come_first_served(self, raw: redis.Redis) -> None:
         store = RedisLock(raw, prefix="sl")
-        held = [store.slots.try_acquire("f", 2, 30, token=f"h{i}") for i in range(2)]
+        held: list[object] = [store.slots.try_acquire("f", 2, 30, token=f"h{i}") for i in range(2)]
         order: list[int] = []
+        granted: dict[int, Lease] = {}
         errors: list[BaseException] = []
 
         def waiter(number: int) -> None:
             try:
-                lease = store.slots.acquire("f", 2, 30, timeout=20, token=f"w{number}")
+                granted[number] = store.slots.acquire("f", 2, 30, timeout=20, token=f"w{number}")
                 order.append(number)
-                time.sleep(0.05)
-                store.release(lease)
             except BaseException as error:
                 errors.append(error)
 
-        threads = []
+        threads, before = [], blocked(raw)
         for number in range(4):
             thread = threading.Thread(target=waiter, args=(number,))
             thread.start()
             threads.append(thread)
-            time.sleep(0.15)  # each is blocked in BLPOP before the next arrives
-        for lease in held:
-            store.release(lease)  # type: ignore[arg-type]
-            time.sleep(0.15)
+            # Each is blocked in BLPOP (queued) before the next arrives.
+            queued = before + number + 1
+            wait_for(lambda n=queued: blocked(raw) >= n, 10, f"waiter {number} queued")
+        for number in range(4):
+            # One slot at a time, each only once the last grant was seen: the oldest
+            # waiter gets it, however the threads are scheduled.
+            store.release(held.pop(0))  # type: ignore[arg-type]
+            wait_for(lambda n=number: len(order) == n + 1 or errors, 10, f"grant {number}")
+            held.append(granted[order[-1]])
         for thread in threads:
             thread.join(30)
         assert not errors
         assert order == [0, 1, 2, 3]
+        for lease in held:
+            store.release(lease)  # type: ignore[arg-type]
 
     def test_a_wait_gives_up_at_its_timeout_naming_a_holder(self, raw: redis.Redis) -> None:
         store = RedisLock(raw, prefix="sl")
@@ -209,3 +217,8 @@ class TestSlotStateMachine:
                 suppress_health_check=[HealthCheck.too_slow],
             ),
         )
+
+
+def blocked(raw: redis.Redis) -> int:
+    """How many clients of the server are blocked (in BLPOP, here)."""
+    return sum("b" in str(client.get("flags", "")) for client in raw.client_list())
