@@ -23,7 +23,7 @@ TRANSPORT_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 class Lender(Protocol):
     """Where a connection goes back once a call's replies are read."""
 
-    def checkin(self, conn: Connection) -> None: ...
+    def checkin(self, conn: Connection, *, broken: bool = False) -> None: ...
 
 
 # (where the connection goes back, the connection, replies due, how the call finishes)
@@ -81,12 +81,12 @@ def _read(pending: Pending, keep: list[Connection] | None = None) -> Any:
             except redis.ResponseError as refused:
                 replies.append(refused)
     except TRANSPORT_ERRORS as failed:
-        lender.checkin(conn)  # redis-py has disconnected it
+        lender.checkin(conn, broken=True)  # redis-py has disconnected it
         return exchange.after_transport_error(failed)
     except BaseException:
         # Interrupted mid-read: the connection's state is unknown, never reuse it.
         conn.disconnect()  # type: ignore[no-untyped-call]
-        lender.checkin(conn)
+        lender.checkin(conn, broken=True)
         raise
     if keep is None:
         lender.checkin(conn)

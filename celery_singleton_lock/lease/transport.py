@@ -171,11 +171,14 @@ class Transport:
             raise _not_direct()
         return pool.get_connection("EVALSHA") if self._named else pool.get_connection()
 
-    def checkin(self, conn: Connection) -> None:
+    def checkin(self, conn: Connection, *, broken: bool = False) -> None:
+        """Give ``conn`` back: kept for the next call, or to the pool. A ``broken`` one
+        (disconnected by a failure) goes to the pool, which connects it only when it is
+        lent again: kept, the next call would try to connect it twice over a dead link."""
         if self._pool is None:
             raise _not_direct()
-        if self._idle is not None and not self._idle:
-            self._idle.append(conn)  # kept for the next call (a broken one reconnects)
+        if not broken and self._idle is not None and not self._idle:
+            self._idle.append(conn)
         else:
             self._pool.release(conn)
 
@@ -336,11 +339,11 @@ class Transport:
             # Health-checks first when the connection has been idle long.
             conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])  # type: ignore[no-untyped-call]
         except TRANSPORT_ERRORS as error:
-            self.checkin(conn)  # redis-py has disconnected it
+            self.checkin(conn, broken=True)  # redis-py has disconnected it
             return Reply(exchange.after_transport_error(error))
         except BaseException:
             conn.disconnect()  # type: ignore[no-untyped-call]
-            self.checkin(conn)
+            self.checkin(conn, broken=True)
             raise
         return Reply(pending=(self, conn, len(commands), exchange), sent_at=sent_at)
 
