@@ -167,9 +167,14 @@ class TestSubscriptions:
     def test_a_sent_task_is_subscribed_to_only_while_its_result_is_waited_for(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
-        work, backend = cenv.app_module.work, cenv.app_module.app.backend
+        work, patient = cenv.app_module.work, cenv.app_module.patient
+        backend = cenv.app_module.app.backend
+        # The second run waits for a key this test holds, so it ends only once let go.
+        store = patient.singleton_context.store
+        held = store.try_acquire(patient.singleton_options().key.derive(("sub-held",)), 30)
+        assert isinstance(held, Lease)
         done = work.apply_async(("sub-done",), queue=worker.queue)
-        running = work.apply_async(("sub-running",), {"seconds": 2.0}, queue=worker.queue)
+        running = patient.apply_async(("sub-held",), queue=worker.queue)
         channels = [backend.get_key_for_task(r.id) for r in (done, running)]
         wait_for(lambda: backend.get_task_meta(done.id)["status"] == "SUCCESS", 20, "done")
         assert subscribers(backend, channels) == [0, 0]
@@ -178,10 +183,11 @@ class TestSubscriptions:
         waiter = threading.Thread(target=lambda: answer.append(running.get(timeout=20)))
         waiter.start()
         try:
-            wait_for(lambda: subscribers(backend, channels) == [0, 1], 2, "the waiter subscribed")
+            wait_for(lambda: subscribers(backend, channels) == [0, 1], 10, "the waiter subscribed")
         finally:
-            waiter.join(timeout=30)
-        assert answer == ["sub-running"]  # published while it waited: received
+            store.release(held)
+            waiter.join(30)
+        assert answer == ["sub-held"]  # published while it waited: received
         assert subscribers(backend, channels) == [0, 0]
 
     def test_a_groups_results_are_joined(self, cenv: CeleryEnv, worker: Worker) -> None:
