@@ -1,5 +1,5 @@
 """A dispatch's lock operations riding its message's push: the hold, or a replacing
-call's swap, taken by the script that pushes the message (``broker.folding``).
+call's swap, taken by the script that pushes the message (``broker.publishing``).
 
 For a lock store that is the broker's Redis server (``store.pushes``): one round trip,
 the one plain Celery makes; a duplicate pushes nothing, and there is never a hold
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .backend import Backend, Store
-from .broker.transport import folding, may_ride, rides
+from .broker.connection import publishing
+from .broker.transport import may_ride, rides
 from .dispatch import Refused, Sent, delay_of, quietly, refusals
 from .exceptions import LockStoreUnavailableError
 from .lease import (
@@ -171,6 +172,21 @@ class InTransit:
             return None
         return Note(member, self.name, self.token, self.ttl, self.wait, self.prefix)
 
+    def publish(
+        self,
+        app: Celery,
+        via: object,
+        options: Mapping[str, object],
+        send: Callable[..., AsyncResult],
+    ) -> AsyncResult:
+        """``send(producer=...)`` with ``via`` or a producer of the app's: the channel
+        that pushes the message notes it (the one Celery would take: eagerly nothing is
+        published, and ``connection=`` makes Celery use its own producer)."""
+        if self.wait <= 0 or app.conf.task_always_eager or options.get("connection") is not None:
+            return send(producer=via)
+        with app.producer_or_acquire(via) as real, publishing(real, noted=self):
+            return send(producer=real)
+
 
 def answered_early(
     store: Store, hold: str, lock_name: str, refused: Callable[[Contended], AsyncResult]
@@ -288,7 +304,7 @@ def send_replacing(
     push in one round trip. ``Contended``: the queued call changed meanwhile, nothing
     was sent."""
     try:
-        with folding(fold):
+        with publishing(via, fold=fold):
             publish(fold.task_id, replacing.options, replacing.headers, via=via)
     except Refused as refused:
         return refused.held
@@ -308,9 +324,9 @@ def send_replacing(
 
 
 def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
-    """Publish with the hold taken as the channel puts the message (``broker.folding``)."""
+    """Publish with the hold taken as the channel puts the message (``broker.publishing``)."""
     try:
-        with folding(fold):
+        with publishing(via, fold=fold):
             result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
     except Refused as refused:
         refusals.note(sent.lock_name, refused.held.retry_after)

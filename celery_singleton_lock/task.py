@@ -24,7 +24,6 @@ from celery.utils import uuid
 from . import broker, cancels, outages
 from . import signals as singleton_signals
 from .broker import results
-from .broker.transport import noting, on_purge
 from .context import Delivery, TaskContext
 from .dispatch import (
     Gate,
@@ -114,7 +113,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             broker.uninstall(app)
         else:
             broker.install(app)
-        on_purge(app, partial(give_up_purged, app))  # a purge gives its messages' holds up
+        broker.on_purge(app, partial(give_up_purged, app))  # a purge gives its messages' holds up
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a
         # copy of the running one, a requeue). Under an id whose run stored SUCCESS a
@@ -299,19 +298,19 @@ class SingletonTask(Task):  # type: ignore[misc]
                 if name not in ours:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
             task_id = task_id or uuid()  # as Celery would: the channel knows its message
-            # Noted in transit as a Redis broker's channel pushes it (``lease.transit``).
-            with noting(InTransit.of(self.singleton_context, task_id, ours, options)):
-                return super(SingletonTask, self).apply_async(
-                    args,
-                    kwargs,
-                    task_id=task_id,
-                    producer=via or producer,
-                    link=link,
-                    link_error=link_error,
-                    shadow=shadow,
-                    headers=headers,
-                    **{name: value for name, value in options.items() if name != "headers"},
-                )
+            send = partial(
+                super(SingletonTask, self).apply_async,
+                args,
+                kwargs,
+                task_id=task_id,
+                link=link,
+                link_error=link_error,
+                shadow=shadow,
+                headers=headers,
+                **{name: value for name, value in options.items() if name != "headers"},
+            )
+            noted = InTransit.of(self.singleton_context, task_id, ours, options)
+            return noted.publish(self.app, via or producer, options, send)
 
         return publish
 

@@ -29,6 +29,7 @@ from ..dispatch import quietly
 from ..lease import RidingRelease, Server, server_of
 from ..lease.history import recording
 from . import versions
+from .connection import ride_of_app
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -47,12 +48,6 @@ _REPLACED = {"redis": BACKEND, "rediss": BACKEND, "sentinel": SENTINEL_BACKEND}
 RIDING_LIMIT = 1 << 20
 
 
-# result key -> the release its write carries, and the lock store's database; per
-# process, filled by a run as its body ends and emptied by the write of its result (or,
-# failing that, at task_postrun).
-_pending: dict[str, tuple[RidingRelease, int]] = {}
-
-
 def _text(key: object) -> str:
     return key.decode() if isinstance(key, bytes) else str(key)
 
@@ -62,6 +57,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     task (``release_with_result``) sends the release in the same transaction."""
 
     _singleton_server: Server | None = None
+    # result key -> the release its write carries, and the lock store's database: filled
+    # by a run as its body ends (``carry_release``) and emptied by the write of its
+    # result, or failing that at task_postrun (``settle``). Celery keeps one backend per
+    # thread, and a run's end and its result's write are on the run's own thread.
+    _singleton_releases: dict[str, tuple[RidingRelease, int]] | None = None
 
     def server(self) -> Server | None:
         """Where this backend stores results (None: not one standalone server)."""
@@ -80,11 +80,33 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         after it is received, so none is missed."""
         return {}
 
+    def carry_release(self, task_id: str, release: RidingRelease, db: int) -> None:
+        """Have the write of ``task_id``'s result send ``release`` (in the lock store's
+        database ``db``) in its own transaction."""
+        releases = self._singleton_releases
+        if releases is None:
+            releases = self._singleton_releases = {}
+        releases[_text(self.get_key_for_task(task_id))] = (release, db)
+
+    def settle(self, task_id: str) -> None:
+        """A release the write of ``task_id``'s result did not carry (none was written),
+        sent on its own round trip."""
+        if self._singleton_releases:
+            self._settle_key(self.get_key_for_task(task_id))
+
+    def _settle_key(self, key: object) -> None:
+        releases = self._singleton_releases
+        pending = None if releases is None else releases.pop(_text(key), None)
+        if pending is not None:
+            release = pending[0]
+            quietly(lambda _: release.alone(), release.lease)
+
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
-        if _text(key) not in _pending:
+        releases = self._singleton_releases
+        if not releases or _text(key) not in releases:
             return super().set(key, value, *args, **kwargs)
         if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
-            settle_key(key)
+            self._settle_key(key)
             return super().set(key, value, *args, **kwargs)
         # Celery >= 5.4 passes the result's own expiry (None: the backend's); 5.3 none.
         expires = args[0] if args else kwargs.pop("expires", None)
@@ -93,7 +115,8 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     def _set_releasing(self, key: object, value: object, expires: object) -> None:
         if expires is None:
             expires = self.expires
-        pending = _pending.pop(_text(key), None)
+        releases = self._singleton_releases or {}
+        pending = releases.pop(_text(key), None)
         try:
             replies = self._write(key, value, expires, pending)
         except BaseException as error:
@@ -102,7 +125,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
                 # the write again, the release on it; if it gives up, task_postrun
                 # releases on a round trip of its own.
                 if pending is not None:
-                    _pending[_text(key)] = pending
+                    releases[_text(key)] = pending
                 raise
             # The server refused the release as it was queued (an ACL user without the
             # lock's keys), which aborted the transaction: the result alone.
@@ -151,7 +174,6 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
     backend, pushes = task.backend, context.store.pushes
     if (
         not context.backend.config.ride_broker
-        or versions.turned_off() is not None
         or not versions.TESTED_HERE  # a backend named by its path, on another Celery
         or request.is_eager
         or request.callbacks
@@ -161,6 +183,7 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
         or getattr(request, "ignore_result", False)
         or not isinstance(backend, RedisBackend)
         or pushes is None
+        or ride_turned_off(task.app)
     ):
         return False
     server = backend.server()
@@ -169,8 +192,14 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
     release = pushes.riding_release(lease)
     if release is None:
         return False
-    _pending[_text(backend.get_key_for_task(request.id))] = (release, server.db)
+    backend.carry_release(request.id, release, server.db)
     return True
+
+
+def ride_turned_off(app: Celery) -> bool:
+    """Whether the worker's self-check turned ``app``'s ride off in this process."""
+    ride = ride_of_app(app)
+    return ride is not None and ride.turned_off is not None
 
 
 def release_at_end(task: Task, request: Context, context: TaskContext, lease: Lease) -> None:
@@ -201,16 +230,9 @@ def store_started(task: Task, request: Context) -> None:
 def settle(task: Task, task_id: str) -> None:
     """At the end of ``task_id``'s trace: a release its result write did not carry (no
     result written) is sent on its own round trip."""
-    if _pending:
-        settle_key(task.backend.get_key_for_task(task_id))
-
-
-def settle_key(key: object) -> None:
-    """The release pending for the result at ``key``, sent on its own round trip."""
-    pending = _pending.pop(_text(key), None)
-    if pending is not None:
-        release = pending[0]
-        quietly(lambda _: release.alone(), release.lease)
+    backend = task.backend
+    if isinstance(backend, RedisBackend):
+        backend.settle(task_id)
 
 
 def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:

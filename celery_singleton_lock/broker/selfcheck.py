@@ -9,7 +9,7 @@ consumer path (``basic_get``, which records each as unacked in the riding
 bookkeeping). The check wants: each message back, in the order pushed; kombu's unacked
 hash holding it under its delivery tag as ``[message, exchange, routing key]`` (what
 the transit sweep and the orphan check read); and gone from it once acked. Any
-difference turns the ride off for the process (``versions.turn_off``): every lock
+difference turns the ride off for the process (``broker.turn_off``): every lock
 operation then takes its own round trip, and an ERROR names what differed. The probe
 leaves nothing behind: its lists, its notes and its unacked entries go with it.
 """
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..lease import Note, Transit
 from . import layout
-from .transport import Channel, noting
+from .connection import publishing
+from .transport import Channel
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -48,12 +49,12 @@ def differences(app: Celery, prefix: str) -> str | None:
     with app.connection_for_write() as connection:
         connection.ensure_connection(max_retries=1)
         channel = connection.default_channel
-        if not isinstance(channel, Channel):
+        if not isinstance(channel, Channel) or channel.ride() is None:
             return None
-        return _probe(channel, prefix)
+        return _probe(connection, channel, prefix)
 
 
-def _probe(channel: Any, prefix: str) -> str | None:
+def _probe(connection: object, channel: Any, prefix: str) -> str | None:
     # Under the lock prefix: an ACL user allowed the lock's keys may write it.
     queue = f"{prefix}:probe.{uuid.uuid4().hex}"
     client = layout.plain_client(channel)
@@ -66,7 +67,7 @@ def _probe(channel: Any, prefix: str) -> str | None:
             message = channel.prepare_message(
                 "probe", priority=priority, headers={"id": probe.task_id}
             )
-            with noting(probe):
+            with publishing(connection, noted=probe):
                 channel.basic_publish(message, exchange="", routing_key=queue)
             sent.append(probe.task_id)
             tags.append(str(message["properties"]["delivery_tag"]))

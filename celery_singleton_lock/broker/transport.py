@@ -19,28 +19,26 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from ..config import broker_write_url
-from ..lease import Note, Push, Server, Transit, server_of
+from ..lease import Push, Server, Transit, server_of
 from ..lease.errors import is_refusal
 from . import versions
 from .layout import message_task_id
+from .state import AppRide, Outgoing
 from .unacked import QoS
 
 if TYPE_CHECKING:
     from celery import Celery
 
 logger = logging.getLogger(__name__)
-
-TRANSPORT = "celery_singleton_lock.broker:RedisTransport"
 
 
 class Client(Protocol):
@@ -49,82 +47,11 @@ class Client(Protocol):
     connection_pool: object
 
 
-class Fold(Protocol):
-    """A dispatch's hold, handed to the channel that puts the message it holds for."""
-
-    task_id: str
-
-    def put(self, server: Server | None, push: Push | None) -> bool:
-        """Take the hold: with ``push`` in the same step when ``server`` is the lock
-        store's (True: pushed), or alone (False: the channel pushes). Raises to refuse
-        the message, which is then not pushed."""
-
-
-class Noted(Protocol):
-    """A singleton call being published: its message is noted in transit as the channel
-    pushes it (``lease.transit``), by the hold's script or with its own push."""
-
-    @property
-    def task_id(self) -> str: ...
-
-    def note(self, member: str) -> Note | None:
-        """How its message, of delivery tag ``member``, is noted (None: not)."""
-
+TRANSPORT = "celery_singleton_lock.broker:RedisTransport"
+SENTINEL_TRANSPORT = "celery_singleton_lock.broker:SentinelTransport"
 
 # The property a message noted in transit carries: the worker clears its note at receipt.
 NOTED_PROPERTY = "singleton_lock_noted"
-_pending: ContextVar[Fold | None] = ContextVar("celery_singleton_lock_fold", default=None)
-_noted: ContextVar[Noted | None] = ContextVar("celery_singleton_lock_noted", default=None)
-# False once the broker refused a noted push (an ACL user without the lock prefix's keys).
-_notes_allowed = [True]
-
-
-@contextmanager
-def folding(fold: Fold) -> Iterator[None]:
-    """While publishing: the message of ``fold.task_id`` takes its hold as it is put."""
-    token = _pending.set(fold)
-    try:
-        yield
-    finally:
-        _pending.reset(token)
-
-
-@contextmanager
-def noting(noted: Noted) -> Iterator[None]:
-    """While publishing: the message of ``noted.task_id`` is noted as it is pushed."""
-    token = _noted.set(noted)
-    try:
-        yield
-    finally:
-        _noted.reset(token)
-
-
-def _claim(message: Mapping[str, object]) -> Fold | None:
-    fold = _pending.get()
-    if fold is None or message_task_id(message) != fold.task_id:
-        return None
-    # Once: a second queue bound to the same routing key gets the message as kombu puts
-    # it, and so does a publish kombu retries after the hold was taken.
-    _pending.set(None)
-    return fold
-
-
-def _claim_noted(message: Mapping[str, object]) -> Noted | None:
-    noted = _noted.get()
-    if noted is None or message_task_id(message) != noted.task_id:
-        return None
-    _noted.set(None)  # once, as a fold
-    return noted
-
-
-Purges: TypeAlias = Callable[[object, list[str]], None]
-_purges: dict[int, Purges] = {}  # by app
-
-
-def on_purge(app: Celery, purges: Purges) -> None:
-    """Have a purge on this transport tell ``purges`` the purging channel's client and
-    the lists it emptied (their messages' holds are given up, not kept for ``queue_ttl``)."""
-    _purges[id(app)] = purges
 
 
 class Channel(kombu_redis.Channel):
@@ -150,10 +77,26 @@ class Channel(kombu_redis.Channel):
             kept = self._singleton_client = self._create_client()
         yield kept
 
+    def ride(self) -> AppRide | None:
+        """The ride of the app whose transport opened this channel (None: none, or
+        turned off by the worker's self-check): what it may ride beyond kombu's own."""
+        transport = self.connection
+        ride = transport.ride if isinstance(transport, Riding) else None
+        return None if ride is None or ride.turned_off is not None else ride
+
+    def _outgoing(self) -> Outgoing | None:
+        transport = self.connection
+        return transport.outgoing if isinstance(transport, Riding) else None
+
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
-        batch = kwargs.get("_publish_batch") is not None or versions.turned_off() is not None
-        fold = None if batch else _claim(message)
-        noted = None if batch else _claim_noted(message)
+        ride = self.ride()
+        outgoing = None if kwargs.get("_publish_batch") is not None else self._outgoing()
+        if ride is None or outgoing is None:
+            super()._put(queue, message, **kwargs)
+            return
+        task_id = message_task_id(message)
+        fold = outgoing.take_fold(task_id)
+        noted = outgoing.take_noted(task_id)
         if fold is None and noted is None:
             super()._put(queue, message, **kwargs)
             return
@@ -170,7 +113,7 @@ class Channel(kombu_redis.Channel):
         properties = message.get("properties")
         tag = properties.get("delivery_tag") if isinstance(properties, Mapping) else None
         note = None
-        if tag and noted is not None and _notes_allowed[0]:
+        if tag and noted is not None and ride.notes_allowed:
             note = noted.note(str(tag))
         if note is not None and isinstance(properties, dict):
             properties[NOTED_PROPERTY] = True  # its receipt clears the note
@@ -183,10 +126,10 @@ class Channel(kombu_redis.Channel):
         )
         if fold is not None and fold.put(server, push):
             return
-        if push.note is None or not self._push_noted(push):
+        if push.note is None or not self._push_noted(push, ride):
             super()._put(queue, message, **kwargs)
 
-    def _push_noted(self, push: Push) -> bool:
+    def _push_noted(self, push: Push, ride: AppRide) -> bool:
         """Push with its note in one round trip, as kombu's push is one (False: the
         broker refused the note; kombu pushes, and nothing is noted from now on)."""
         assert push.note is not None  # noqa: S101  (the caller checked)
@@ -198,7 +141,7 @@ class Channel(kombu_redis.Channel):
             except Exception as error:
                 if not is_refusal(error, "NOPERM"):
                     raise
-                _notes_allowed[0] = False
+                ride.notes_allowed = False
                 logger.warning(
                     "the broker's user may not write the lock prefix's notes (%s): messages "
                     "lost in transit are not pushed again", error,
@@ -209,22 +152,24 @@ class Channel(kombu_redis.Channel):
     def _put_fanout(
         self, exchange: str, message: dict[str, object], routing_key: str, **kwargs: object
     ) -> None:
-        fold = _claim(message)
+        outgoing = self._outgoing() if self.ride() is not None else None
+        fold = None if outgoing is None else outgoing.take_fold(message_task_id(message))
         if fold is not None:
             fold.put(None, None)  # published to subscribers, not pushed: the hold alone
         super()._put_fanout(exchange, message, routing_key, **kwargs)
 
     def _purge(self, queue: str) -> int:
         size: int = super()._purge(queue)
-        if _purges:
+        ride = self.ride()
+        purges = None if ride is None else ride.purges
+        if purges is not None:
             prefix = self.global_keyprefix or ""
             lists = [prefix + self._q_for_pri(queue, step) for step in self.priority_steps]
             with self.conn_or_acquire() as client:
-                for purged in list(_purges.values()):
-                    try:
-                        purged(client, lists)
-                    except Exception:
-                        logger.exception("celery-singleton-lock: purged holds not given up")
+                try:
+                    purges(client, lists)
+                except Exception:
+                    logger.exception("celery-singleton-lock: purged holds not given up")
         return size
 
     def server(self) -> Server | None:
@@ -234,7 +179,20 @@ class Channel(kombu_redis.Channel):
         return self._singleton_server
 
 
-class RedisTransport(kombu_redis.Transport):
+class Riding:
+    """What a transport of an app that rides keeps: the app's ride, and what the message
+    being published on its connection carries (``connection.publishing``)."""
+
+    # The app's ride: set on the app's own subclass (``connection.for_app``); None on
+    # the classes here, which then put every message as kombu puts it.
+    ride: AppRide | None = None
+
+    @functools.cached_property
+    def outgoing(self) -> Outgoing:
+        return Outgoing()
+
+
+class RedisTransport(Riding, kombu_redis.Transport):
     """kombu's Redis transport with ``Channel``: ``broker_transport`` names it."""
 
     # Named by hand (``broker_transport``) outside the tested releases: kombu's own.
@@ -247,7 +205,7 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     service, same sentinels) shares its round trips."""
 
 
-class SentinelTransport(kombu_redis.SentinelTransport):
+class SentinelTransport(Riding, kombu_redis.SentinelTransport):
     """kombu's Sentinel transport with ``SentinelChannel``."""
 
     Channel = SentinelChannel if versions.TESTED_HERE else kombu_redis.SentinelChannel
@@ -256,17 +214,16 @@ class SentinelTransport(kombu_redis.SentinelTransport):
 def rides(channel: object, server: Server) -> bool:
     """Whether a message published on ``channel`` can take its hold, on ``server``, in
     the script that pushes it: the channel is this transport's, on that very server."""
-    if not isinstance(channel, Channel) or versions.turned_off() is not None:
+    if not isinstance(channel, Channel) or channel.ride() is None:
         return False
     own = channel.server()
     return own is not None and own.same_server(server)
 
 
 # kombu's own Redis transports, and what replaces them for an app that rides.
-SENTINEL_TRANSPORT = "celery_singleton_lock.broker:SentinelTransport"
-REPLACED: dict[type, str] = {
-    kombu_redis.Transport: TRANSPORT,
-    kombu_redis.SentinelTransport: SENTINEL_TRANSPORT,
+REPLACED: dict[type, type[Riding]] = {
+    kombu_redis.Transport: RedisTransport,
+    kombu_redis.SentinelTransport: SentinelTransport,
 }
 
 
@@ -313,16 +270,13 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
 
 __all__ = [
     "NOTED_PROPERTY",
+    "REPLACED",
     "TRANSPORT",
     "Channel",
-    "Fold",
-    "Noted",
     "RedisTransport",
+    "Riding",
     "SentinelChannel",
     "SentinelTransport",
-    "folding",
     "may_ride",
-    "noting",
-    "on_purge",
     "rides",
 ]

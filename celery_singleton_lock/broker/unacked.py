@@ -4,21 +4,19 @@ kombu records each message it delivers as unacked in one pipeline (``QoS.append`
 A received singleton message's take (``lease.RidingTake``) and the clearing of its
 in-transit note (``lease.ClearNote``) are sent first in that same pipeline: no round
 trip of their own, and a note is cleared in the very step that makes the message
-kombu's to restore. The worker says what rides (``on_receipt``).
+kombu's to restore. The worker says what rides (``broker.on_receipt``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from kombu.transport import redis as kombu_redis
 
-from ..lease import Server
-from . import versions
+from .state import Rider
 
 if TYPE_CHECKING:
     from kombu.message import Message
@@ -26,67 +24,49 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class Rider(Protocol):
-    """A lock-store command sent first in kombu's unacked pipeline (``lease.RidingTake``,
-    ``lease.ClearNote``)."""
-
-    def add(self, pipe: Any, db: int) -> None: ...
-    def read(self, reply: object) -> None: ...
-    def refused(self, error: Exception) -> bool: ...
-
-
-# A received message's (headers, properties), the broker's server, its delivery tag.
-Receipts: TypeAlias = Callable[
-    [tuple[Mapping[str, object], Mapping[str, object]], Server, str], Sequence[Rider]
-]
-_receipts: list[Receipts] = []  # the worker's, once it consumes
-_riding: ContextVar[Sequence[Rider]] = ContextVar("celery_singleton_lock_take", default=())
-
-
-def on_receipt(receipts: Receipts | None) -> None:
-    """Have each message this process receives on this transport offer what rides
-    kombu's unacked bookkeeping for it, given its headers, the broker's server and its
-    delivery tag (the worker's main process; None: no more)."""
-    _receipts[:] = [] if receipts is None else [receipts]
-
-
 class QoS(kombu_redis.QoS):
     """kombu's Redis acknowledgement emulation; a received singleton message's take, and
     the clearing of its in-transit note, are sent in the same pipeline as the unacked
     bookkeeping kombu sends for it anyway."""
 
+    # What rides the pipeline of the message being appended (kombu sends it from
+    # inside ``append``, on the consumer's own thread).
+    _riders: Sequence[Rider] = ()
+
     def append(self, message: Message, delivery_tag: object) -> None:
         riders: Sequence[Rider] = ()
-        riding = _receipts and versions.turned_off() is None
-        server = self.channel.server() if riding else None
+        channel = self.channel
+        ride = channel.ride()
+        receipts = None if ride is None else ride.receipts
+        server = None if receipts is None else channel.server()
         headers = getattr(message, "headers", None)
         properties = getattr(message, "properties", None)
-        if server is not None and isinstance(headers, Mapping):
+        if receipts is not None and server is not None and isinstance(headers, Mapping):
             if not isinstance(properties, Mapping):
                 properties = {}
             try:
-                riders = _receipts[0]((headers, properties), server, str(delivery_tag))
+                riders = receipts((headers, properties), server, str(delivery_tag))
             except Exception:
                 # Never in the way of kombu's bookkeeping: the take goes alone.
                 logger.exception("celery-singleton-lock: a received message's take cannot ride")
         if not riders:
             super().append(message, delivery_tag)
             return
-        token = _riding.set(riders)
+        self._riders = riders
         try:
             super().append(message, delivery_tag)
         finally:
-            _riding.reset(token)
+            self._riders = ()
 
     @contextmanager
     def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
         with super().pipe_or_acquire(pipe, client) as acquired:
-            riders = _riding.get() if pipe is None else ()
+            riders = self._riders if pipe is None else ()
             server = self.channel.server()
             if not riders or server is None:
                 yield acquired
                 return
-            _riding.set(())  # once: the unacked bookkeeping's own pipeline
+            self._riders = ()  # once: the unacked bookkeeping's own pipeline
             yield _RidingPipeline(acquired, riders, server.db)
 
 
@@ -136,4 +116,4 @@ class _RidingPipeline:
         return own
 
 
-__all__ = ["QoS", "Receipts", "Rider", "on_receipt"]
+__all__ = ["QoS", "Rider"]

@@ -1,4 +1,4 @@
-"""The kombu and Celery releases the ride is tested on, and whether it rides in this process.
+"""The kombu and Celery releases the ride is tested on.
 
 The ride subclasses kombu's Redis channel, its unacked bookkeeping and Celery's Redis
 result backend, and its scripts write kombu's queue and unacked layout. A release that
@@ -63,21 +63,6 @@ def outside() -> str | None:
 # Whether the releases this process runs are inside ``TESTED``: what the run-time paths
 # ask (a task's end among them), once.
 TESTED_HERE = outside() is None
-
-# Why nothing rides in this process any more: the worker's self-check found kombu reading
-# what the ride writes otherwise (``selfcheck``). Set before the pool forks.
-_turned_off: list[str] = []
-
-
-def turn_off(reason: str) -> None:
-    """From now on nothing rides in this process: every lock operation takes its own
-    round trip, every message is put as kombu puts it."""
-    _turned_off[:] = [reason]
-
-
-def turned_off() -> str | None:
-    """Why the ride was turned off in this process (None: it was not)."""
-    return _turned_off[0] if _turned_off else None
 
 
 @functools.cache

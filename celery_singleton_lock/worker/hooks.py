@@ -16,9 +16,9 @@ from celery.concurrency import get_implementation
 from celery.worker.control import Panel, inspect_command
 from celery.worker.request import Request
 
+from ..broker import on_receipt
 from ..broker.restore import stale_restorer
 from ..broker.results import settle
-from ..broker.unacked import on_receipt
 from ..exceptions import SingletonLockError
 from ..options import is_singleton
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
@@ -69,7 +69,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     hostname = getattr(sender, "hostname", None)
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
-        on_receipt(functools.partial(transit.riders, app, hostname))
+        on_receipt(app, functools.partial(transit.riders, app, hostname))
     said = check_the_ride(app)
     if said is not None:
         _said.append(said)
@@ -152,8 +152,10 @@ def _release_unwritten(sender: object = None, task_id: str | None = None, **_: o
         settle(sender, task_id)
 
 
-def _hand_back_at_shutdown(**_: object) -> None:
-    on_receipt(None)
+def _hand_back_at_shutdown(sender: object = None, **_: object) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None:
+        on_receipt(app, None)
     reservations.hand_back()
     while _closing:  # the broker connections the timers used
         with contextlib.suppress(Exception):

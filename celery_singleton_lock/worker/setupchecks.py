@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..broker import installed, selfcheck, versions
+from ..broker import installed, selfcheck, turn_off, turned_off, versions
 from ..broker.results import missed_ride as missed_result_ride
 from ..broker.transport import missed_ride
 from ..exceptions import ConfigurationError, SingletonLockError
@@ -80,7 +80,7 @@ def check_the_ride(app: Celery) -> tuple[int, str] | None:
     its pool forks: where kombu reads otherwise than the ride writes, the ride is turned
     off in this process. What to log, at which level (None: nothing to say)."""
     tasks = singleton_tasks(app)
-    if not tasks or not installed(app) or versions.turned_off() is not None:
+    if not tasks or not installed(app) or turned_off(app) is not None:
         return None
     try:
         differed = selfcheck.differences(app, tasks[0].singleton_context.backend.config.prefix)
@@ -88,7 +88,7 @@ def check_the_ride(app: Celery) -> tuple[int, str] | None:
         return logging.WARNING, f"the broker ride's self-check could not run at start ({error})"
     if differed is None:
         return logging.INFO, "the broker ride's self-check passed: kombu reads what it writes"
-    versions.turn_off(differed)
+    turn_off(app, differed)
     return logging.ERROR, (
         f"the broker ride is off in this worker: {differed} (kombu {versions.installed('kombu')}). "
         "Every lock operation takes a round trip of its own: correct, a little slower. "

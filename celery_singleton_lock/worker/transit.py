@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..backend import Backend
-from ..broker import versions
+from ..broker import turned_off, versions
+from ..broker.state import Rider
 from ..broker.transport import NOTED_PROPERTY
-from ..broker.unacked import Rider
 from ..exceptions import SingletonLockError
 from ..lease import ClearNote, Transit
 from ..options import is_singleton
@@ -87,7 +87,7 @@ class Sweeper:
         config = Backend.for_app(app).config
         if config.transit_timeout <= 0 or not config.ride_broker:
             return None
-        if not versions.TESTED_HERE or versions.turned_off() is not None:
+        if not versions.TESTED_HERE or turned_off(app) is not None:
             return None
         with app.connection_for_write() as connection:  # no I/O: the transport it would use
             if connection.transport.driver_type != "redis":

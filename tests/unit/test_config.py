@@ -252,6 +252,34 @@ class TestRidingTheBroker:
             assert connection.get_transport_cls() is kombu_redis.Transport
         assert resolve_transport("redis") is kombu_redis.Transport  # kombu's table as it was
 
+    def test_each_app_that_rides_has_a_ride_of_its_own(self) -> None:
+        # What the worker tells one app's ride (what a received message rides, a
+        # self-check that turned it off) reaches that app's channels and no other's.
+        one, two = (app_with(broker_url="redis://127.0.0.1:1/0") for _ in range(2))
+        broker.install(one), broker.install(two)
+        broker.turn_off(one, "kombu differs")
+        assert broker.turned_off(one) == "kombu differs"
+        assert broker.turned_off(two) is None
+        transports = []
+        for app in (one, two):
+            with app.connection_for_write() as connection:
+                transports.append(connection.get_transport_cls())
+        assert transports[0] is not transports[1]
+        assert [transport.ride for transport in transports] == [
+            broker.ride_of_app(one),
+            broker.ride_of_app(two),
+        ]
+        broker.install(one)  # a second task bound: the ride is kept, with what it was told
+        assert broker.turned_off(one) == "kombu differs"
+
+    def test_a_riding_transport_the_app_names_becomes_the_app_s_own(self) -> None:
+        app = app_with(broker_url="redis://127.0.0.1:1/0", broker_transport=broker.TRANSPORT)
+        broker.install(app)
+        with app.connection_for_write() as connection:
+            found = connection.get_transport_cls()
+        assert issubclass(found, RedisTransport)
+        assert found.ride is broker.ride_of_app(app) is not None
+
     def test_uninstall_gives_the_app_kombu_s_and_celery_s_classes_back(self) -> None:
         app = app_with(broker_url="redis://127.0.0.1:1/0", result_backend="redis://127.0.0.1:1/1")
         broker.install(app)
@@ -282,15 +310,18 @@ class TestRidingTheBroker:
         broker.install(app)
         with app.connection_for_write() as connection:
             # kombu reads a socket URL's transport again for each pooled connection.
+            ours = connection.get_transport_cls()
+            assert issubclass(ours, RedisTransport)
+            assert ours.ride is broker.ride_of_app(app)
             pooled = connection.Pool(limit=1).acquire()
             try:
-                assert pooled.get_transport_cls() is RedisTransport
+                assert pooled.get_transport_cls() is ours
             finally:
                 pooled.release()
             connection.switch("amqp://127.0.0.1:1//")  # the next broker URL, on failover
             assert connection.get_transport_cls() is pyamqp.Transport
             connection.switch("redis://127.0.0.1:2/0")
-            assert connection.get_transport_cls() is RedisTransport
+            assert connection.get_transport_cls() is ours
 
     def test_a_transport_the_app_names_is_kept(self) -> None:
         app = app_with(

@@ -1,0 +1,108 @@
+"""What an app's ride is told by the code around kombu, and the shapes it is told in.
+
+kombu calls the riding channel and its unacked bookkeeping from inside its own code,
+with kombu's arguments only. What they need beyond those arrives two ways, both as
+arguments our own code passes down, never through a module-level mailbox:
+
+- per app (``AppRide``, kept by the app's connection class, ``broker.install``): what
+  the worker's main process rides on a received message (``receipts``), what a purge
+  gives up (``purges``), whether the broker lets the lock prefix's notes be written, and
+  whether the worker's self-check turned the ride off;
+- per publish (``Outgoing``, on the publishing connection for as long as one message is
+  published, ``transport.publishing``): the dispatch's hold to take in the push
+  (``Fold``) and how its message is noted in transit (``Noted``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeAlias
+
+from ..lease import Note, Push, Server
+
+
+class Fold(Protocol):
+    """A dispatch's hold, handed to the channel that puts the message it holds for."""
+
+    task_id: str
+
+    def put(self, server: Server | None, push: Push | None) -> bool:
+        """Take the hold: with ``push`` in the same step when ``server`` is the lock
+        store's (True: pushed), or alone (False: the channel pushes). Raises to refuse
+        the message, which is then not pushed."""
+
+
+class Noted(Protocol):
+    """A singleton call being published: its message is noted in transit as the channel
+    pushes it (``lease.transit``), by the hold's script or with its own push."""
+
+    @property
+    def task_id(self) -> str: ...
+
+    def note(self, member: str) -> Note | None:
+        """How its message, of delivery tag ``member``, is noted (None: not)."""
+
+
+class Rider(Protocol):
+    """A lock-store command sent first in kombu's unacked pipeline (``lease.RidingTake``,
+    ``lease.ClearNote``)."""
+
+    def add(self, pipe: Any, db: int) -> None: ...
+    def read(self, reply: object) -> None: ...
+    def refused(self, error: Exception) -> bool: ...
+
+
+# A received message's (headers, properties), the broker's server, its delivery tag:
+# what rides kombu's unacked bookkeeping for it.
+Receipts: TypeAlias = Callable[
+    [tuple[Mapping[str, object], Mapping[str, object]], Server, str], Sequence[Rider]
+]
+# The purging channel's client and the lists it emptied.
+Purges: TypeAlias = Callable[[object, list[str]], None]
+
+
+@dataclass(eq=False)
+class AppRide:
+    """One app's ride in this process, beyond any one message."""
+
+    # The worker's main process, once it consumes: what a received message rides.
+    receipts: Receipts | None = None
+    # The task binding: a purge gives the purged messages' holds up.
+    purges: Purges | None = None
+    # False once the broker refused a noted push (an ACL user without the lock prefix's
+    # keys): messages are pushed as kombu pushes them from then on.
+    notes_allowed: bool = True
+    # Why nothing rides any more: the worker's self-check found kombu reading otherwise
+    # than the ride writes (set before the pool forks, so its children agree).
+    turned_off: str | None = None
+
+
+@dataclass(eq=False)
+class Outgoing:
+    """What one publish on a connection carries to the channel that puts its message;
+    each is taken once, by the first put of that message's task id."""
+
+    fold: Fold | None = None
+    noted: Noted | None = None
+
+    def take_fold(self, task_id: object) -> Fold | None:
+        """The hold to take with the message of ``task_id`` (None: none, or taken)."""
+        fold = self.fold
+        if fold is None or fold.task_id != task_id:
+            return None
+        # Once: a second queue bound to the same routing key gets the message as kombu
+        # puts it, and so does a publish kombu retries after the hold was taken.
+        self.fold = None
+        return fold
+
+    def take_noted(self, task_id: object) -> Noted | None:
+        """How the message of ``task_id`` is noted (None: not, or already noted)."""
+        noted = self.noted
+        if noted is None or noted.task_id != task_id:
+            return None
+        self.noted = None  # once, as a fold
+        return noted
+
+
+__all__ = ["AppRide", "Fold", "Noted", "Outgoing", "Purges", "Receipts", "Rider"]
