@@ -88,14 +88,39 @@ class Execution:
         self.lock_name: str = header(request, NAME_HEADER) or opts.key.derive(args, kwargs)
         self.call = (args, kwargs)
         self.mode: Mode = opts.mode
+        self.store: Store = context.store
+        # The running lease the worker took for this message as it arrived, if it did.
+        self.handed = None if request.is_eager else HandedLease.take(request, request.id)
+
+    def take(self) -> Lease:
+        """The running lease, handed or taken now; a kept history records the start, a
+        contention (a built-in policy's decision) and a rate's deferral in their trips."""
+        handed = self.handed
+        if handed is not None and handed.fence is not None and handed.name == self.lock_name:
+            # No round trip: the worker's main process took it, fenced, for this message
+            # (and wrote its start in a kept history). Nothing else is read of it.
+            lease = Lease.handed(
+                handed.name, handed.key, handed.token, fence=handed.fence, ttl=handed.ttl,
+                expires_at=handed.expires_at,
+            )  # fmt: skip
+            self.store.renew(lease)
+            return lease
+        self._plan()
+        with recording(self._record(contended=self.ahead is not None)):
+            return self._take()
+
+    def _plan(self) -> None:
+        """What taking the running lease needs when it was not handed, fenced, for this
+        message: read from the message's headers."""
+        request, context = self.delivery.request, self.context
         self.queued: str | None = header(request, TOKEN_HEADER)
         self.role: str | None = header(request, HOLD_HEADER)
         self.attempt = header_count(request, ATTEMPT_HEADER)
         # A built-in policy's decision, known before the holder is: the take meeting the
         # contention writes it in a kept history, in its own trip (asked only then).
-        state = ContentionState(delivery.name, self.lock_name, self.attempt)
+        state = ContentionState(self.delivery.name, self.lock_name, self.attempt)
         self.ahead: Decision | None = (
-            decided_ahead(opts.on_contention, state) if context.keeps_history else None
+            decided_ahead(context.options.on_contention, state) if context.keeps_history else None
         )
         hostname = request.hostname
         self.token = running_token(request.id, hostname or "eager", os.getpid())
@@ -108,12 +133,9 @@ class Execution:
             # Exactly this message's reservation: a replacement of its arguments (same
             # task id, sent later) reserved on this host must never pass for it.
             self.shape = reserved_exact(request.id, self.queued) if self.queued else None
-        # The running lease the worker took for this message as it arrived, if it did.
-        self.handed = None if request.is_eager else HandedLease.take(request, request.id)
         if self.handed is not None and self.handed.fence is None:
             # Taken, but its answer is unknown: take the key over from it, as from a hold.
             self.shape = (self.handed.token, "")
-        self.store: Store = context.store
         self.ttl: float = context.ttl
         # What the mode needs to take the running lease: the key, and the message's own
         # hold on it (taken over) or beside it (role; the lease is then taken afresh).
@@ -127,12 +149,6 @@ class Execution:
             store=self.store,
         )
 
-    def take(self) -> Lease:
-        """The running lease, handed or taken now; a kept history records the start, a
-        contention (a built-in policy's decision) and a rate's deferral in their trips."""
-        with recording(self._record(contended=self.ahead is not None)):
-            return self._take()
-
     def _record(self, *, contended: bool) -> Record | None:
         said = {"take": {"decision": described(self.ahead)}} if self.ahead else {}
         return self.context.record(
@@ -141,15 +157,6 @@ class Execution:
         )  # fmt: skip
 
     def _take(self) -> Lease:
-        handed = self.handed
-        if handed is not None and handed.fence is not None and handed.name == self.lock_name:
-            # No round trip: the worker's main process took it, fenced, for this message.
-            lease = Lease.handed(
-                handed.name, handed.key, handed.token, fence=handed.fence, ttl=handed.ttl,
-                expires_at=handed.expires_at,
-            )  # fmt: skip
-            self.store.renew(lease)
-            return lease
         hold = None
         try:
             self._admit()
