@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import NoReturn
 
 from celery import states
@@ -34,7 +35,7 @@ from .exceptions import (
 )
 from .holds import PendingHold
 from .lease import Contended, Lease, history
-from .lease.history import Record, recording
+from .lease.history import Record
 from .modes import Mode, Start
 from .policies import (
     ContentionState,
@@ -106,8 +107,7 @@ class Execution:
             self.store.renew(lease)
             return lease
         self._plan()
-        with recording(self._record(contended=self.ahead is not None)):
-            return self._take()
+        return self._take()
 
     def _plan(self) -> None:
         """What taking the running lease needs when it was not handed, fenced, for this
@@ -139,6 +139,8 @@ class Execution:
         self.ttl: float = context.ttl
         # What the mode needs to take the running lease: the key, and the message's own
         # hold on it (taken over) or beside it (role; the lease is then taken afresh).
+        # A kept history records the start, a contention (a built-in policy's decision)
+        # and a rate's deferral in their trips.
         self.start = Start(
             name=self.lock_name,
             token=self.token,
@@ -147,6 +149,7 @@ class Execution:
             shape=self.shape,
             role=self.role,
             store=self.store,
+            entry=self._record(contended=self.ahead is not None),
         )
 
     def _record(self, *, contended: bool) -> Record | None:
@@ -168,8 +171,8 @@ class Execution:
                 if self.mode.replaces:
                     # Claimed before the key, in one step: a later call can no longer
                     # replace this message once it has passed this point.
-                    with recording(None):  # the call's own hold: the run's start is the key's
-                        self._unless_replaced(hold.claim())
+                    # (the call's own hold, recorded nowhere: the run's start is the key's)
+                    self._unless_replaced(hold.claim())
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
             return self._unreachable(error)
@@ -336,10 +339,9 @@ class Execution:
             if hold is not None:
                 hold.keep()  # still the pending call while it waits
             try:
-                with recording(self._record(contended=False)):  # the start, no retry
-                    return self.mode.take_waiting(
-                        self.start, self.context.waiting, decision.timeout
-                    )
+                # The history records the start, no further contention.
+                start = replace(self.start, entry=self._record(contended=False))
+                return self.mode.take_waiting(start, self.context.waiting, decision.timeout)
             except LockStoreUnavailableError as error:
                 # Cut off mid-wait (the wait ends by its timeout plus a grace): the
                 # outage policy, as for the first try.

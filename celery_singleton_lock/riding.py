@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from kombu.messaging import Producer
 
     from .context import TaskContext
+    from .lease.history import Record
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,8 @@ class PushedHold:
     """
 
     __slots__ = (
-        "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "outage", "pushed",
-        "taken", "task_id",
+        "_entry", "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "outage",
+        "pushed", "taken", "task_id",
     )  # fmt: skip
 
     def __init__(
@@ -68,8 +69,10 @@ class PushedHold:
         task_id: str,
         outage: Callable[[LockStoreUnavailableError], None],
         replacing: tuple[str, str] | None = None,
+        entry: Record | None = None,
     ) -> None:
         self._store, self._pushes = store, pushes
+        self._entry = entry  # what the take or the swap writes in a kept history
         # (holder, what to record as replaced): the hold passes from the queued call it
         # replaces (on_duplicate="replace"), never from nobody.
         self._replacing = replacing
@@ -101,17 +104,24 @@ class PushedHold:
 
     def _take_and_push(self, push: Push) -> Lease | Contended:
         if self._replacing is None:
-            return self._pushes.hold_and_push(self._name, self._ttl, push, token=self._token)
+            return self._pushes.hold_and_push(
+                self._name, self._ttl, push, token=self._token, entry=self._entry
+            )
         holder, record = self._replacing
         return self._pushes.swap_and_push(
-            self._name, holder, self._ttl, push, token=self._token, record=record
-        )
+            self._name, holder, self._ttl, push, token=self._token, record=record,
+            entry=self._entry,
+        )  # fmt: skip
 
     def _take(self) -> Lease | Contended:
         if self._replacing is None:
-            return self._store.try_acquire(self._name, self._ttl, token=self._token, fenced=False)
+            return self._store.try_acquire(
+                self._name, self._ttl, token=self._token, fenced=False, entry=self._entry
+            )
         holder, record = self._replacing
-        return self._store.swap(self._name, holder, self._ttl, token=self._token, record=record)
+        return self._store.swap(
+            self._name, holder, self._ttl, token=self._token, record=record, entry=self._entry
+        )
 
     def give_back(self) -> None:
         """The publish failed: a hold taken without its message pushed is released (or
@@ -189,15 +199,20 @@ class InTransit:
 
 
 def answered_early(
-    store: Store, hold: str, lock_name: str, refused: Callable[[Contended], AsyncResult]
+    store: Store,
+    hold: str,
+    lock_name: str,
+    refused: Callable[[Contended], AsyncResult],
+    entry: Record | None = None,
 ) -> AsyncResult | None:
     """A name refused a moment ago is likely refused again (a storm of duplicates): ask
-    who holds ``hold`` with a read that writes nothing, and answer a duplicate before
-    Celery builds its message. None: it is free (or unknown) now; dispatch as usual."""
+    who holds ``hold`` with a read that writes nothing (but a refusal in ``entry``'s
+    history), and answer a duplicate before Celery builds its message. None: it is free
+    (or unknown) now; dispatch as usual."""
     if not refusals.expects(lock_name):
         return None
     try:
-        holder = store.holder(hold)
+        holder = store.holder(hold, entry=entry)
     except LockStoreUnavailableError:
         return None  # the dispatch itself meets the outage and its policy
     if not holder:
@@ -234,12 +249,16 @@ def give_up_purged(app: Celery, client: object, lists: list[str]) -> None:
 
 
 def duplicate_answered(
-    mode: Mode, store: Store, lock_name: str, refused: Callable[[Contended], AsyncResult]
+    mode: Mode,
+    store: Store,
+    lock_name: str,
+    refused: Callable[[Contended], AsyncResult],
+    entry: Record | None = None,
 ) -> AsyncResult | None:
     """``answered_early`` for a dispatch of ``mode`` before anything else of it is built;
     None for a mode whose answer to a duplicate is a swap (``Ride.send`` asks then)."""
     held = None if mode.replaces else mode.hold_name(lock_name)
-    return None if held is None else answered_early(store, held, lock_name, refused)
+    return None if held is None else answered_early(store, held, lock_name, refused, entry)
 
 
 @dataclass(frozen=True)
@@ -253,6 +272,7 @@ class Ride:
     outage: Callable[[LockStoreUnavailableError], None]
     producers: Callable[[], AbstractContextManager[Producer]]  # the app's producer_or_acquire
     replaces: bool = False  # on_duplicate="replace": a refused call replaces the queued one
+    entry: Record | None = None  # what the take, swap or read writes in a kept history
 
     def send(self, sent: Sent, ttl: float, token: str) -> AsyncResult | None:
         """The hold taken in the push's script; None when the producer's channel cannot
@@ -266,7 +286,7 @@ class Ride:
             )
         # Any other mode's duplicate was answered early before the dispatch was built.
         early = (
-            answered_early(self.store, self.hold, sent.lock_name, sent.refused_by)
+            answered_early(self.store, self.hold, sent.lock_name, sent.refused_by, self.entry)
             if self.replaces
             else None
         )
@@ -277,7 +297,7 @@ class Ride:
                 return None
             fold = PushedHold(
                 self.store, self.pushes, self.hold, ttl, token=token, task_id=sent.task_id,
-                outage=self.outage,
+                outage=self.outage, entry=self.entry,
             )  # fmt: skip
             return send_pushed(fold, sent, via=real)
 
@@ -289,7 +309,7 @@ class Ride:
             fold = PushedHold(
                 self.store, self.pushes, self.hold, replacing.ttl, token=replacing.token,
                 task_id=replacing.task_id, outage=self.outage,
-                replacing=(replacing.holder, replacing.record),
+                replacing=(replacing.holder, replacing.record), entry=self.entry,
             )  # fmt: skip
             outcome = send_replacing(fold, publish, replacing, via=real)
         refusals.placed(self.hold, outcome.token if isinstance(outcome, Lease) else None)

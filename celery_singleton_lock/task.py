@@ -39,7 +39,6 @@ from .dispatch import (
 from .exceptions import DuplicateTaskError, LockStoreUnavailableError
 from .execution import Execution, failed_run
 from .lease import Contended, Lease
-from .lease.history import recording
 from .modes import Replace, Replacement
 from .modes.base import Publish
 from .options import SingletonOptions, refuse_call_options, refuse_task_options
@@ -220,6 +219,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         context = self.singleton_context
         duplicate = partial(self._duplicate, lock_name)
         task_id = task_id or uuid()
+        # What the hold's take, swap or read writes in a kept history (given as ``entry``).
         record = context.record(
             lock_name,
             task_id,
@@ -228,50 +228,50 @@ class SingletonTask(Task):  # type: ignore[misc]
             read=("", "refused", ""),
         )
         store, queue_ttl = context.store, context.queue_ttl
-        with recording(record):  # the hold's take, swap or read writes the history entry
-            # A storm of one call's duplicates: one read answers it before anything is built.
-            early = duplicate_answered(mode, store, lock_name, duplicate)
-            if early is not None:
-                return early
-            mode.prepare(self.name, options)
-            planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
-            hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
-            outage = partial(outages.at_dispatch, context, lock_name)
-            pushes = ridden_by(self.app, context, options)
-            ride = None if pushes is None else Ride(
-                store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
-                replaces=mode.replaces,
-            )  # fmt: skip
-            sent = Sent(
-                lock_name, task_id, options, ours, publish,
-                # On a refusal: the holder's result, or with replace, the queued call's with ours.
-                refused_by=Replacement(
-                    mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
-                    result=self.AsyncResult, name=lock_name, hold=hold,
-                    ttl=ttl, ours=ours, options=dict(options), publish=publish,
-                    refused=duplicate, outage=outage, ride=None if ride is None else ride.replace,
-                ) if isinstance(mode, Replace) else duplicate,
-                accepted=partial(
-                    singleton_signals.send, singleton_signals.dispatch_accepted, self, lock_name,
-                    task_id=task_id,
-                ),
-            )  # fmt: skip
-            if ride is not None:
-                result = ride.send(sent, ttl, token)  # the hold in the push's script
-                if result is not None:
-                    return result
-            try:
-                pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False)
-            except LockStoreUnavailableError as error:
-                outage(error)  # fail_closed raises
-                return publish(task_id, options, {NAME_HEADER: lock_name})
-            gate = Gate(store, lock_name, pending, outage)
-            if refusals.expects(lock_name) or not can_overlap(self.app, options):
-                return send_gated(gate, sent)
-            # The acquire is on its way; Celery builds the message meanwhile and the gated
-            # producer waits for the answer just before anything is published.
-            with self.app.producer_or_acquire(producer) as real:
-                return send_gated(gate, sent, via=GatedProducer(real, gate))
+        # A storm of one call's duplicates: one read answers it before anything is built.
+        early = duplicate_answered(mode, store, lock_name, duplicate, record)
+        if early is not None:
+            return early
+        mode.prepare(self.name, options)
+        planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
+        hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
+        outage = partial(outages.at_dispatch, context, lock_name)
+        pushes = ridden_by(self.app, context, options)
+        ride = None if pushes is None else Ride(
+            store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
+            replaces=mode.replaces, entry=record,
+        )  # fmt: skip
+        sent = Sent(
+            lock_name, task_id, options, ours, publish,
+            # On a refusal: the holder's result, or with replace, the queued call's with ours.
+            refused_by=Replacement(
+                mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
+                result=self.AsyncResult, name=lock_name, hold=hold,
+                ttl=ttl, ours=ours, options=dict(options), publish=publish,
+                refused=duplicate, outage=outage, ride=None if ride is None else ride.replace,
+                entry=record,
+            ) if isinstance(mode, Replace) else duplicate,
+            accepted=partial(
+                singleton_signals.send, singleton_signals.dispatch_accepted, self, lock_name,
+                task_id=task_id,
+            ),
+        )  # fmt: skip
+        if ride is not None:
+            result = ride.send(sent, ttl, token)  # the hold in the push's script
+            if result is not None:
+                return result
+        try:
+            pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False, entry=record)
+        except LockStoreUnavailableError as error:
+            outage(error)  # fail_closed raises
+            return publish(task_id, options, {NAME_HEADER: lock_name})
+        gate = Gate(store, lock_name, pending, outage)
+        if refusals.expects(lock_name) or not can_overlap(self.app, options):
+            return send_gated(gate, sent)
+        # The acquire is on its way; Celery builds the message meanwhile and the gated
+        # producer waits for the answer just before anything is published.
+        with self.app.producer_or_acquire(producer) as real:
+            return send_gated(gate, sent, via=GatedProducer(real, gate))
 
     def _publisher(
         self,

@@ -19,6 +19,7 @@ task's STARTED is stored here too, once the run holds its lease.
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import TYPE_CHECKING
 
 from celery import states
@@ -27,7 +28,7 @@ from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
 from ..dispatch import quietly
 from ..lease import RidingRelease, Server, server_of
-from ..lease.history import recording
+from ..lease.history import Record
 from . import versions
 from .connection import ride_of_app
 
@@ -163,7 +164,9 @@ class SentinelBackend(RedisBackend, CelerySentinelBackend):  # type: ignore[misc
     the release riding as on ``RedisBackend``: the lock store on the same master."""
 
 
-def release_with_result(task: Task, request: Context, context: TaskContext, lease: Lease) -> bool:
+def release_with_result(
+    task: Task, request: Context, context: TaskContext, lease: Lease, entry: Record | None = None
+) -> bool:
     """Whether ``lease``'s release will ride the write of ``request``'s result (True:
     pending until that write, or ``task_postrun``); False: release it now.
 
@@ -189,7 +192,7 @@ def release_with_result(task: Task, request: Context, context: TaskContext, leas
     server = backend.server()
     if server is None or not pushes.server.same_user(server):
         return False
-    release = pushes.riding_release(lease)
+    release = pushes.riding_release(lease, entry=entry)
     if release is None:
         return False
     backend.carry_release(request.id, release, server.db)
@@ -209,11 +212,10 @@ def release_at_end(task: Task, request: Context, context: TaskContext, lease: Le
     # Another holder by then: the lease was lost; nobody: it had expired.
     ended = "cancelled" if lease.cancelled else "released"
     record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
-    with recording(record):
-        if request.is_eager:
-            quietly(store.release, lease)
-        elif not release_with_result(task, request, context, lease):
-            quietly(store.release_nowait, lease)
+    if request.is_eager:
+        quietly(partial(store.release, entry=record), lease)
+    elif not release_with_result(task, request, context, lease, record):
+        quietly(partial(store.release_nowait, entry=record), lease)
 
 
 def store_started(task: Task, request: Context) -> None:

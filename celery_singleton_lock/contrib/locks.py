@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..backend import Backend, Store
 from ..lease import ReleaseResult
-from ..lease.history import Record, recording
+from ..lease.history import Record
 from ..lease.inventory import Held
 from ..lease.rates import budget
 from ..modes import RateSpec
@@ -175,8 +175,7 @@ def family_rows(app: Celery, store: Store, ref: str) -> list[LockRow]:
 def release(store: Store, row: LockRow, record: Record | None = None) -> ReleaseResult:
     """Owner-checked: frees the lock only if ``row``'s holder still holds it (its history
     records it, with ``operator_record``)."""
-    with recording(record):
-        return store.release_token(row.lock_name, row.token)
+    return store.release_token(row.lock_name, row.token, entry=record)
 
 
 def operator_record(app: Celery, row: LockRow, by: str) -> Record | None:

@@ -1,8 +1,9 @@
 """A lock's history: a capped, expiring stream of its events, each written in its operation's trip.
 
 A lock keeps its entries in ``LockKeys.history`` (its hash tag: one Cluster slot with the
-lock, so the lock's own scripts may write it). A script run with a ``Record``
-is wrapped (``recorded``): the stream's key is its last key and the record's spec its
+lock, so the lock's own scripts may write it). A script run with a ``Record`` (the
+``entry=`` of a lock store's operation: each caller says what it records, as an
+argument) is wrapped (``recorded``): the stream's key is its last key and the record's spec its
 last argument, both taken off before the script runs; its reply says what happened
 (taken or refused, and by whom; released or found expired; swapped; a rate's slot
 now or later), and the wrapper adds the matching entry (``XADD ... MAXLEN ~ n``), with
@@ -17,9 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -115,7 +114,7 @@ KINDS: dict[str, Kind] = {
 @dataclass(frozen=True)
 class Record:
     """What to write in the history stream ``key`` (its lock's: a companion's hold
-    writes in its lock's history) around the operations sent while it is ``recording``:
+    writes in its lock's history) around the operations given it (their ``entry``):
     for each kind of script, the event of each outcome (ok, refused, gone), '' or no
     kind for no entry. ``fields``: what else each entry says (task, task id, ...);
     ``refused``: what else a refusal by a script of a kind says (the decision taken)."""
@@ -147,23 +146,6 @@ def _flat(fields: Mapping[str, str]) -> list[str]:
 # database), writing their entry: the history's key and spec last, as ``recorded`` takes.
 RIDING_TAKE = scripts.in_lock_db(recorded(scripts.ACQUIRE, "take"), 9)
 RIDING_RELEASE = scripts.in_lock_db(recorded(scripts.RELEASE, "release"), 3)
-
-_recording: ContextVar[Record | None] = ContextVar("celery_singleton_lock_record", default=None)
-
-
-@contextmanager
-def recording(record: Record | None) -> Iterator[None]:
-    """While inside: the lock store's scripts of a kind ``record`` names write its entry
-    in their own round trip (``Transport`` wraps them). None: nothing is recorded."""
-    token = _recording.set(record)
-    try:
-        yield
-    finally:
-        _recording.reset(token)
-
-
-def current() -> Record | None:
-    return _recording.get()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""``LockStore``: the interface ``RedisLock`` and ``MemoryLock`` share for the Celery layer."""
+"""``LockStore``: the interface ``RedisLock`` and ``MemoryLock`` share for the Celery layer.
+
+``entry`` (a ``history.Record``): the history entry an operation writes in its own
+step, on a store that keeps histories; the others take it and write nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Protocol
 
 from .base import WaitMode
 from .clock import Clock
+from .history import Record
 from .inventory import Held
 from .lease import Lease, LostCallback
 from .names import LockKeys
@@ -20,7 +25,13 @@ class SlotStore(Protocol):
     """Counting leases of a store (``store.slots``): up to ``limit`` holders of a name."""
 
     def try_acquire(
-        self, name: str, limit: int, ttl: object, *, token: str | None = None
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        token: str | None = None,
+        entry: Record | None = None,
     ) -> Lease | Contended: ...
 
     def acquire(
@@ -31,6 +42,7 @@ class SlotStore(Protocol):
         *,
         timeout: object | None = None,
         token: str | None = None,
+        entry: Record | None = None,
     ) -> Lease: ...
 
 
@@ -40,19 +52,22 @@ class PushStore(Protocol):
     server: Server
 
     def hold_and_push(
-        self, name: str, ttl: object, push: Push, *, token: str
+        self, name: str, ttl: object, push: Push, *, token: str, entry: Record | None = None
     ) -> Lease | Contended: ...
 
     def swap_and_push(
-        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str
-    ) -> Lease | Contended: ...
+        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str,
+        entry: Record | None = None,
+    ) -> Lease | Contended: ...  # fmt: skip
 
     def riding_take(
         self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
-        unless_replaced: str | None = None,
+        unless_replaced: str | None = None, entry: Record | None = None,
     ) -> RidingTake | None: ...  # fmt: skip
 
-    def riding_release(self, lease: Lease) -> RidingRelease | None: ...
+    def riding_release(
+        self, lease: Lease, *, entry: Record | None = None
+    ) -> RidingRelease | None: ...
 
 
 class LockStore(Protocol):
@@ -79,6 +94,7 @@ class LockStore(Protocol):
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> Lease | Contended: ...
 
     def begin_try_acquire(
@@ -92,6 +108,7 @@ class LockStore(Protocol):
         fenced: bool = True,
         read_late: bool = False,
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> PendingAcquire: ...
 
     def acquire(
@@ -107,6 +124,7 @@ class LockStore(Protocol):
         replace_shape: tuple[str, str] | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
+        entry: Record | None = None,
     ) -> Lease: ...
 
     def renew(self, lease: Lease) -> None: ...
@@ -114,14 +132,17 @@ class LockStore(Protocol):
     def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended: ...
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
-    ) -> Lease | Contended: ...
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        entry: Record | None = None,
+    ) -> Lease | Contended: ...  # fmt: skip
 
-    def release(self, lease: Lease) -> ReleaseResult: ...
+    def release(self, lease: Lease, *, entry: Record | None = None) -> ReleaseResult: ...
 
-    def release_nowait(self, lease: Lease) -> None: ...
+    def release_nowait(self, lease: Lease, *, entry: Record | None = None) -> None: ...
 
-    def release_token(self, name: str, token: str) -> ReleaseResult: ...
+    def release_token(
+        self, name: str, token: str, *, entry: Record | None = None
+    ) -> ReleaseResult: ...
 
     def release_matching(
         self,
@@ -134,6 +155,6 @@ class LockStore(Protocol):
 
     def extend(self, lease: Lease, ttl: object | None = None) -> ExtendResult: ...
 
-    def holder(self, name: str) -> str | None: ...
+    def holder(self, name: str, *, entry: Record | None = None) -> str | None: ...
 
     def holdings(self, batch: int = ..., *, of: str | None = None) -> Iterator[Held]: ...

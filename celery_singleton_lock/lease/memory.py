@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
@@ -22,6 +23,9 @@ from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, val
 from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
 from .pending import PendingAcquire
 from .slots import check_limit
+
+if TYPE_CHECKING:
+    from .history import Record  # kept by none of these stores: taken and not written
 
 
 def _replaceable(current: str, replace: str | None, shape: tuple[str, str] | None) -> bool:
@@ -97,6 +101,7 @@ class MemoryLock:
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> Lease | Contended:
         keys = self.keys(name)
         key = keys.lock
@@ -105,17 +110,17 @@ class MemoryLock:
         with self.guard:
             if unless_replaced and unless_replaced in self._replaced.get(key, ()):
                 return Contended(name, key, "", None, replaced=True)
-            entry = self._live(key)
+            live = self._live(key)
             if (
-                entry is not None
-                and entry.token != wanted
-                and not _replaceable(entry.token, replace, replace_shape)
+                live is not None
+                and live.token != wanted
+                and not _replaceable(live.token, replace, replace_shape)
             ):
-                left = entry.expires_at - self.clock.monotonic()
+                left = live.expires_at - self.clock.monotonic()
                 return Contended(
                     name=name,
                     key=key,
-                    holder=entry.token,
+                    holder=live.token,
                     retry_after=None if left == float("inf") else left,
                 )
             now = self.clock.monotonic()
@@ -140,6 +145,7 @@ class MemoryLock:
         fenced: bool = True,
         read_late: bool = False,  # answered at once here
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> PendingAcquire:
         outcome = self.try_acquire(
             name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced,
@@ -160,6 +166,7 @@ class MemoryLock:
         replace_shape: tuple[str, str] | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
+        entry: Record | None = None,
     ) -> Lease:
         if wait not in ("push", "spin"):
             raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
@@ -198,14 +205,15 @@ class MemoryLock:
         return outcome
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
-    ) -> Lease | Contended:
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        entry: Record | None = None,
+    ) -> Lease | Contended:  # fmt: skip
         keys, ttl_ms = self.keys(name), ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self.guard:
-            entry = self._live(keys.lock)
-            if entry is None or entry.token != expected:
-                left = None if entry is None else entry.expires_at - self.clock.monotonic()
-                holder = "" if entry is None else entry.token
+            live = self._live(keys.lock)
+            if live is None or live.token != expected:
+                left = None if live is None else live.expires_at - self.clock.monotonic()
+                holder = "" if live is None else live.token
                 return Contended(name, keys.lock, holder, None if left == math.inf else left)
             now = self.clock.monotonic()
             self._entries[keys.lock] = _Entry(token, now + ttl_ms / 1000)
@@ -228,7 +236,7 @@ class MemoryLock:
             self.guard.notify_all()
             return result
 
-    def release(self, lease: Lease) -> ReleaseResult:
+    def release(self, lease: Lease, *, entry: Record | None = None) -> ReleaseResult:
         again = Lease.require(lease, "release").released
         lease.mark_released()
         result = self._drop(lease.key, lambda token: token == lease.token)
@@ -236,10 +244,10 @@ class MemoryLock:
             lease.note_loss(LOSS[result])  # as RedisLock: letting go, recorded not reported
         return result
 
-    def release_nowait(self, lease: Lease) -> None:
+    def release_nowait(self, lease: Lease, *, entry: Record | None = None) -> None:
         self.release(lease)
 
-    def release_token(self, name: str, token: str) -> ReleaseResult:
+    def release_token(self, name: str, token: str, *, entry: Record | None = None) -> ReleaseResult:
         return self._drop(self.keys(name).lock, lambda current: current == token)
 
     def release_matching(
@@ -280,10 +288,10 @@ class MemoryLock:
             lease.mark_lost(LOSS[result])
         return result
 
-    def holder(self, name: str) -> str | None:
+    def holder(self, name: str, *, entry: Record | None = None) -> str | None:
         with self.guard:
-            entry = self._live(self.keys(name).lock)
-            return None if entry is None else entry.token
+            live = self._live(self.keys(name).lock)
+            return None if live is None else live.token
 
     def holdings(self, batch: int = 0, *, of: str | None = None) -> Iterator[Held]:
         """Every lock held (or ``of``'s), as ``RedisLock.holdings`` lists them (``batch``
@@ -308,8 +316,9 @@ class MemorySlots:
         self._store = store
 
     def try_acquire(
-        self, name: str, limit: int, ttl: object, *, token: str | None = None
-    ) -> Lease | Contended:
+        self, name: str, limit: int, ttl: object, *, token: str | None = None,
+        entry: Record | None = None,
+    ) -> Lease | Contended:  # fmt: skip
         store, wanted = self._store, new_token(token)
         names = [slot(name, number) for number in range(1, check_limit(limit) + 1)]
         with store.guard:
@@ -331,6 +340,7 @@ class MemorySlots:
         *,
         timeout: object | None = None,
         token: str | None = None,
+        entry: Record | None = None,
     ) -> Lease:
         seconds = None if timeout is None else to_seconds(timeout, what="timeout")
         deadline = None if seconds is None else self._store.clock.monotonic() + seconds

@@ -24,6 +24,7 @@ from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
 from .clients import SyncClient
 from .errors import is_refusal
+from .history import Record
 from .lease import Lease
 from .names import LockKeys, new_token
 from .outcomes import Contended, ReleaseResult
@@ -47,7 +48,7 @@ class _Store(Protocol):
     def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
     def ttl_ms(self, ttl: object) -> int: ...
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
-    def release_nowait(self, lease: Lease) -> None: ...
+    def release_nowait(self, lease: Lease, *, entry: Record | None = None) -> None: ...
     def release_argv(self, name: str, token: str) -> ScriptArgs: ...
     def stop_renewing(self, lease: Lease) -> None: ...
     @staticmethod
@@ -87,11 +88,13 @@ class RidingTake:
 
     __slots__ = ("_argv", "_call", "_owner", "_record", "_sent_at", "outcome")
 
-    def __init__(self, owner: Pushes, call: Call, argv: ScriptArgs) -> None:
+    def __init__(
+        self, owner: Pushes, call: Call, argv: ScriptArgs, entry: Record | None = None
+    ) -> None:
         self._owner = owner
         self._call = call
         self._argv = argv
-        self._record = history.current()  # the history it writes, if any
+        self._record = entry  # the history it writes, if any
         self._sent_at = 0.0
         self.outcome: Lease | Contended | None = None
 
@@ -144,10 +147,10 @@ class RidingRelease:
 
     __slots__ = ("_again", "_argv", "_lease", "_owner", "_record", "_releasing")
 
-    def __init__(self, owner: Pushes, lease: Lease) -> None:
+    def __init__(self, owner: Pushes, lease: Lease, entry: Record | None = None) -> None:
         self._owner = owner
         self._lease = lease
-        self._record = history.current()  # the history it writes, if any
+        self._record = entry  # the history it writes, if any
         self._argv = owner.store.release_argv(lease.name, lease.token)
         self._releasing = ExitStack()
         self._again = False
@@ -197,8 +200,7 @@ class RidingRelease:
 
     def alone(self) -> None:
         """Release on its own round trip (the result write did not carry it)."""
-        with history.recording(self._record):
-            self._owner.store.release_nowait(self._lease)
+        self._owner.store.release_nowait(self._lease, entry=self._record)
 
 
 class PushRefused(Exception):
@@ -229,16 +231,17 @@ class Pushes:
         own = self.server.db
         return ["" if own == db else own, db]
 
-    def riding_release(self, lease: Lease) -> RidingRelease | None:
-        """``lease``'s release, to ride a pipeline of another client of this server;
-        None once the server refused one (the caller releases on its own round trip)."""
+    def riding_release(self, lease: Lease, *, entry: Record | None = None) -> RidingRelease | None:
+        """``lease``'s release, to ride a pipeline of another client of this server (writing
+        ``entry`` in its history); None once the server refused one (the caller releases
+        on its own round trip)."""
         if not self.releases_ride or lease.released or not lease.token:
             return None
-        return RidingRelease(self, lease)
+        return RidingRelease(self, lease, entry)
 
     def riding_take(
         self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
-        unless_replaced: str | None = None,
+        unless_replaced: str | None = None, entry: Record | None = None,
     ) -> RidingTake | None:  # fmt: skip
         """A try for ``name`` to ride a pipeline of another client of this server; None
         once the server refused one (the caller tries on its own round trip)."""
@@ -248,7 +251,7 @@ class Pushes:
             name, ttl, token=token, replace=replace, fenced=fenced,
             unless_replaced=unless_replaced,
         )  # fmt: skip
-        return RidingTake(self, call, argv)
+        return RidingTake(self, call, argv, entry)
 
     def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
         return self._store.outcome_of(call, sent_at=sent_at, reply=reply)
@@ -264,23 +267,27 @@ class Pushes:
         elif is_refusal(error, "NOPERM"):
             self.takes_ride = False
 
-    def hold_and_push(self, name: str, ttl: object, push: Push, *, token: str) -> Lease | Contended:
+    def hold_and_push(
+        self, name: str, ttl: object, push: Push, *, token: str, entry: Record | None = None
+    ) -> Lease | Contended:
         """Hold ``name`` for ``ttl`` (unfenced, like a dispatch's hold) and push ``push``;
         or ``Contended`` naming the holder, with nothing pushed. One round trip."""
         call = self._call(name, ttl, token, replace="")
         keys: list[Arg] = [call.keys.lock, push.key]
-        return self._run(self._script, call, keys, [call.token, call.ttl_ms, push.payload], push)
+        args: list[Arg] = [call.token, call.ttl_ms, push.payload]
+        return self._run(self._script, call, keys, args, push, entry=entry)
 
     def swap_and_push(
-        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str
-    ) -> Lease | Contended:
+        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str,
+        entry: Record | None = None,
+    ) -> Lease | Contended:  # fmt: skip
         """Pass ``name`` from ``expected`` to ``token`` (``RedisLock.swap``, recording
         ``record`` as replaced) and push ``push``, the replacing message; or ``Contended``
         naming the holder, with nothing pushed. One round trip."""
         call = self._call(name, ttl, token, replace=expected)
         keys: list[Arg] = [call.keys.lock, call.keys.replaced, push.key]
         args: list[Arg] = [expected, call.token, call.ttl_ms, record, push.payload]
-        return self._run(self._swap, call, keys, args, push)
+        return self._run(self._swap, call, keys, args, push, entry=entry)
 
     def _call(self, name: str, ttl: object, token: str, *, replace: str) -> Call:
         """An unfenced hold of ``name`` for ``token`` (a queued message's)."""
@@ -291,8 +298,9 @@ class Pushes:
         )  # fmt: skip
 
     def _run(
-        self, script: Script, call: Call, keys: list[Arg], args: list[Arg], push: Push
-    ) -> Lease | Contended:
+        self, script: Script, call: Call, keys: list[Arg], args: list[Arg], push: Push, *,
+        entry: Record | None,
+    ) -> Lease | Contended:  # fmt: skip
         """Run a push script: the push's expiry and databases appended to its keys and
         arguments. A push the server refuses (ACL) writes nothing: ``PushRefused``."""
         store = self._store
@@ -305,7 +313,7 @@ class Pushes:
         args.extend([self._db(push), expire_ms, self.server.db, spec])
         sent_at = time.monotonic()
         try:
-            reply = store.transport.call(script, keys, args)
+            reply = store.transport.call(script, keys, args, entry=entry)
         except REDIS_ERRORS as error:
             if is_refusal(error, "NOPERM"):
                 # This user may hold locks but not push to the broker's queue: nothing

@@ -26,13 +26,16 @@ import re
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import ConfigurationError
 from . import scripts
 from .base import REDIS_ERRORS
 from .memory import MemoryLock
 from .redlock import Redlock
+
+if TYPE_CHECKING:
+    from .history import Record
 
 How = Literal["take", "reserve", "peek", "due"]
 
@@ -143,15 +146,18 @@ class Rates(_RatesOf):
         super().__init__(store)
         self._script = store.client.register_script(scripts.RATE)
 
-    def ask(self, name: str, rate: Rate, how: How = "take", at: float = 0.0) -> Slot:
+    def ask(
+        self, name: str, rate: Rate, how: How = "take", at: float = 0.0, *,
+        entry: Record | None = None,
+    ) -> Slot:  # fmt: skip
         """One script, one round trip (see the module's docstring); ``at`` is the slot
-        a ``due`` asks about."""
+        a ``due`` asks about; ``entry``, the history entry it writes."""
         interval = max(1, round(rate.interval * 1e6))
         args: list[int | str] = [interval, (rate.burst - 1) * interval, how]
         if how == "due":
             args.append(round(at * 1e6))
         try:
-            reply = self._store.transport.call(self._script, [self.key(name)], args)
+            reply = self._store.transport.call(self._script, [self.key(name)], args, entry=entry)
         except REDIS_ERRORS as error:
             self._store.unavailable(error, name)
         state, at, wait, remaining, clock, free = (int(part) for part in reply)
@@ -165,7 +171,10 @@ class MemoryRates(_RatesOf):
         super().__init__(store)
         self._tats: dict[str, float] = {}
 
-    def ask(self, name: str, rate: Rate, how: How = "take", at: float = 0.0) -> Slot:
+    def ask(
+        self, name: str, rate: Rate, how: How = "take", at: float = 0.0, *,
+        entry: Record | None = None,  # no history here
+    ) -> Slot:  # fmt: skip
         interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
         with self._store.guard:
             now = self._store.clock.time()

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import partial
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from ..exceptions import ConfigurationError, LockStoreUnavailableError, SingletonLockError
 from . import scripts
@@ -29,6 +29,9 @@ from .quorum import Answers, Attempt, Quorum
 from .renewal import Renewer, get_renewer
 from .slots import QuorumSlots
 from .store import RedisLock
+
+if TYPE_CHECKING:
+    from .history import Record  # kept by none of these stores: taken and not written
 
 T = TypeVar("T")
 
@@ -118,6 +121,7 @@ class Redlock:
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> Lease | Contended:
         """One try on every master at once: a ``Lease`` held on a majority, or ``Contended``."""
         key, ttl_ms, token = self.keys(name).lock, self.ttl_ms(ttl), new_token(token)
@@ -185,6 +189,7 @@ class Redlock:
         fenced: bool = True,
         read_late: bool = False,
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> PendingAcquire:
         """``try_acquire``, already answered (the masters' round trips overlap each other,
         not the caller's work)."""
@@ -206,6 +211,7 @@ class Redlock:
         replace_shape: tuple[str, str] | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
+        entry: Record | None = None,
     ) -> Lease:
         """Take the lock, retrying with jittered backoff up to ``timeout`` (either
         ``wait``: no master can wake a waiter for all of them)."""
@@ -227,8 +233,9 @@ class Redlock:
         return lease
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
-    ) -> Lease | Contended:
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        entry: Record | None = None,
+    ) -> Lease | Contended:  # fmt: skip
         """Pass ``name`` from ``expected`` to ``token`` on a majority (see ``RedisLock.swap``)."""
         key, ttl_ms = self.keys(name).lock, self.ttl_ms(ttl)
         sent_at = time.monotonic()
@@ -322,7 +329,7 @@ class Redlock:
 
     # -- letting go -----------------------------------------------------------------
 
-    def release(self, lease: Lease) -> ReleaseResult:
+    def release(self, lease: Lease, *, entry: Record | None = None) -> ReleaseResult:
         """Release ``lease`` on every master (see ``RedisLock.release``)."""
         with Lease.require(lease, "release").releasing() as again:
             self.stop_renewing(lease)
@@ -331,10 +338,10 @@ class Redlock:
             )
         return RedisLock.release_answer(lease, int(result), again=again)
 
-    def release_nowait(self, lease: Lease) -> None:
+    def release_nowait(self, lease: Lease, *, entry: Record | None = None) -> None:
         self.release(lease)  # the masters answer in parallel: one round trip's wait
 
-    def release_token(self, name: str, token: str) -> ReleaseResult:
+    def release_token(self, name: str, token: str, *, entry: Record | None = None) -> ReleaseResult:
         return self._release(name, lambda node, name: node.release_token(name, token))
 
     def release_matching(
@@ -362,7 +369,7 @@ class Redlock:
 
     # -- reading --------------------------------------------------------------------
 
-    def holder(self, name: str) -> str | None:
+    def holder(self, name: str, *, entry: Record | None = None) -> str | None:
         """The token holding ``name`` on a majority of masters (None when none does)."""
         answers = self.quorum.ask(
             [partial(node.holder, name) for node in self.nodes],

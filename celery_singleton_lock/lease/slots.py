@@ -13,7 +13,7 @@ On a Redlock (``QuorumSlots``) slot N is a Redlock lease of its own, taken in or
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError
 from . import scripts
@@ -22,6 +22,9 @@ from .lease import Lease
 from .names import MAX_SLOTS, new_token, slot
 from .outcomes import Contended, text
 from .waits import pop_within
+
+if TYPE_CHECKING:
+    from .history import Record
 
 
 def check_limit(limit: object) -> int:
@@ -46,15 +49,19 @@ class Slots:
             "args": [token, ttl_ms, "1" if announce else "0"],
         }
 
-    def _try(self, name: str, token: str, argv: ScriptArgs, ttl_ms: int) -> Lease | Contended:
+    def _try(
+        self, name: str, token: str, argv: ScriptArgs, ttl_ms: int, entry: Record | None
+    ) -> Lease | Contended:
         store = self._store
         sent_at = time.monotonic()
         acked: int | None = None
         try:
             if store.replicas is not None:
-                reply, acked = store.transport.call(self._script, **argv, acks=store.replicas)
+                reply, acked = store.transport.call(
+                    self._script, **argv, acks=store.replicas, entry=entry
+                )
             else:
-                reply = store.transport.call(self._script, **argv)
+                reply = store.transport.call(self._script, **argv, entry=entry)
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         if int(reply[0]) != 1:
@@ -80,8 +87,9 @@ class Slots:
         return lease
 
     def try_acquire(
-        self, name: str, limit: int, ttl: object, *, token: str | None = None
-    ) -> Lease | Contended:
+        self, name: str, limit: int, ttl: object, *, token: str | None = None,
+        entry: Record | None = None,
+    ) -> Lease | Contended:  # fmt: skip
         """The lowest free slot of ``name`` as a ``Lease`` (its ``name`` is the slot's),
         or ``Contended`` naming the holder of the slot that frees soonest. One round trip.
         """
@@ -89,7 +97,7 @@ class Slots:
         ttl_ms = self._store.ttl_ms(ttl)
         token = new_token(token)
         argv = self._argv(name, limit, token, ttl_ms, announce=False)
-        return self._try(name, token, argv, ttl_ms)
+        return self._try(name, token, argv, ttl_ms, entry)
 
     def acquire(
         self,
@@ -99,6 +107,7 @@ class Slots:
         *,
         timeout: object | None = None,
         token: str | None = None,
+        entry: Record | None = None,
     ) -> Lease:
         """Wait up to ``timeout`` for a slot, woken by the release of any (push, FIFO).
 
@@ -113,7 +122,7 @@ class Slots:
             while True:
                 if isinstance(step, Try):
                     argv = self._argv(name, limit, token, ttl_ms, announce=step.announce)
-                    step = plan.send(self._try(name, token, argv, ttl_ms))
+                    step = plan.send(self._try(name, token, argv, ttl_ms, entry))
                 elif isinstance(step, Block):
                     try:
                         pop_within(store.client, store.keys(name).signal, step.seconds)
@@ -133,8 +142,9 @@ class QuorumSlots:
         self.store = store
 
     def try_acquire(
-        self, name: str, limit: int, ttl: object, *, token: str | None = None
-    ) -> Lease | Contended:
+        self, name: str, limit: int, ttl: object, *, token: str | None = None,
+        entry: Record | None = None,
+    ) -> Lease | Contended:  # fmt: skip
         limit = check_limit(limit)
         token, busy = new_token(token), []
         for number in range(1, limit + 1):
@@ -153,6 +163,7 @@ class QuorumSlots:
         *,
         timeout: object | None = None,
         token: str | None = None,
+        entry: Record | None = None,
     ) -> Lease:
         token = new_token(token)
         plan = self.store.nodes[0].acquire_plan(True, timeout, "spin")

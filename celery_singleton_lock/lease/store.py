@@ -16,6 +16,7 @@ from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
 from .errors import store_error
+from .history import Record
 from .inventory import BATCH, Held, family, scan
 from .lease import Lease, LostCallback
 from .names import DEFAULT_PREFIX
@@ -90,6 +91,7 @@ class RedisLock(LockBase):
         replace_shape: tuple[str, str] | None = None,
         fenced: bool = True,
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder.
 
@@ -100,11 +102,12 @@ class RedisLock(LockBase):
         ``fenced=False``: a hold that only keeps others out and never guards a write
         skips the fencing work (its ``fence`` is 0). ``unless_replaced``: a token that,
         if ``swap`` ever replaced it here, makes this ``Contended(replaced=True)``.
+        ``entry``: the history entry it writes (``history.Record``), in the same step.
         """
         call = self._acquire_call(
             name, ttl, token, replace, replace_shape, fenced=fenced, unless_replaced=unless_replaced
         )
-        return self._send_try(call, Try(announce=False)).outcome()
+        return self._send_try(call, Try(announce=False), entry=entry).outcome()
 
     def begin_try_acquire(
         self,
@@ -117,6 +120,7 @@ class RedisLock(LockBase):
         fenced: bool = True,
         read_late: bool = False,
         unless_replaced: str | None = None,
+        entry: Record | None = None,
     ) -> PendingAcquire:
         """``try_acquire`` in two halves: send now, ``.outcome()`` reads the answer, so
         the round trip overlaps the caller's work (Celery's dispatch builds its message).
@@ -126,13 +130,15 @@ class RedisLock(LockBase):
         call = self._acquire_call(
             name, ttl, token, replace, replace_shape, fenced=fenced, unless_replaced=unless_replaced
         )
-        return self._send_try(call, Try(announce=False), whole=read_late)
+        return self._send_try(call, Try(announce=False), whole=read_late, entry=entry)
 
-    def _send_try(self, call: Call, step: Try, *, whole: bool = False) -> PendingAcquire:
+    def _send_try(
+        self, call: Call, step: Try, *, whole: bool = False, entry: Record | None = None
+    ) -> PendingAcquire:
         sent_at = time.monotonic()
         try:
             script = self._acquire_script
-            fast = call.plain and not (step.announce or whole or history.current())
+            fast = call.plain and not (step.announce or whole or entry)
             if fast and self.replicas is None:
                 reply = self.transport.send_hold(
                     call.keys.lock, call.token, call.ttl_ms,
@@ -140,8 +146,9 @@ class RedisLock(LockBase):
                 )  # fmt: skip
             else:
                 reply = self.transport.send(
-                    script, **self._acquire_argv(call, step), whole=whole, acks=self.replicas
-                )
+                    script, **self._acquire_argv(call, step), whole=whole, acks=self.replicas,
+                    entry=entry,
+                )  # fmt: skip
         except REDIS_ERRORS as error:
             self.unavailable(error, call.name)
         return PendingAcquire(self, call, reply.sent_at or sent_at, reply)
@@ -159,6 +166,7 @@ class RedisLock(LockBase):
         replace_shape: tuple[str, str] | None = None,
         renew: bool = False,
         on_lost: LostCallback | None = None,
+        entry: Record | None = None,
     ) -> Lease:
         """Take the lock, waiting up to ``timeout`` seconds (None: as long as it takes).
 
@@ -174,7 +182,7 @@ class RedisLock(LockBase):
         try:
             while True:
                 if isinstance(step, Try):
-                    step = plan.send(self._send_try(call, step).outcome())
+                    step = plan.send(self._send_try(call, step, entry=entry).outcome())
                     continue
                 if isinstance(step, Block):
                     try:
@@ -216,8 +224,9 @@ class RedisLock(LockBase):
         return outcome
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None
-    ) -> Lease | Contended:
+        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        entry: Record | None = None,
+    ) -> Lease | Contended:  # fmt: skip
         """Pass ``name`` from ``expected`` (never from nobody) to ``token``, recording
         ``record`` (or ``expected``) as replaced for ``unless_replaced``. Unfenced."""
         call = self._acquire_call(name, ttl, token, expected, fenced=False)
@@ -227,30 +236,31 @@ class RedisLock(LockBase):
                 self._swap_script,
                 keys=[call.keys.lock, call.keys.replaced],
                 args=[expected, call.token, call.ttl_ms, record or expected],
+                entry=entry,
             )
         except REDIS_ERRORS as error:
             self.unavailable(error, name)
         return self.acquired(call, sent_at=sent_at, reply=reply)
 
-    def release(self, lease: Lease) -> ReleaseResult:
+    def release(self, lease: Lease, *, entry: Record | None = None) -> ReleaseResult:
         """Delete the lock if ``lease`` still owns it, and wake one waiter. A store error
         propagates and leaves the lease as it was, so the caller can retry with the same
         handle (unlike redis-py #4258, nothing is forgotten first)."""
         with Lease.require(lease, "release").releasing() as again:
             try:
-                reply = self._send_release(lease).get()
+                reply = self._send_release(lease, entry=entry).get()
             except REDIS_ERRORS as error:
                 self.unavailable(error, lease.name)
         return self.release_answer(lease, reply, again=again)
 
-    def release_nowait(self, lease: Lease) -> None:
+    def release_nowait(self, lease: Lease, *, entry: Record | None = None) -> None:
         """``release`` without waiting for the answer: it is read before the next call of
         any thread of this process (a lost lease is logged then); the release itself
         reaches Redis at once. For the end of a task, where nobody acts on the result:
         the pool child is free for its next task a round trip sooner."""
         with Lease.require(lease, "release_nowait").releasing() as again:
             try:
-                reply = self._send_release(lease, whole=True)
+                reply = self._send_release(lease, whole=True, entry=entry)
             except REDIS_ERRORS as error:
                 self.unavailable(error, lease.name)
         self.transport.defer(reply, lambda answer: self.release_answer(lease, answer, again=again))
@@ -258,14 +268,17 @@ class RedisLock(LockBase):
     def stop_renewing(self, lease: Lease) -> None:  # before a release: a racing renewal is no loss
         self.renewer.discard(lease)
 
-    def _send_release(self, lease: Lease, *, whole: bool = False) -> Reply:
+    def _send_release(
+        self, lease: Lease, *, whole: bool = False, entry: Record | None = None
+    ) -> Reply:
         argv = self.release_argv(lease.name, lease.token)
         self.stop_renewing(lease)
-        return self.transport.send(self._release_script, **argv, whole=whole)
+        return self.transport.send(self._release_script, **argv, whole=whole, entry=entry)
 
-    def release_token(self, name: str, token: str) -> ReleaseResult:
+    def release_token(self, name: str, token: str, *, entry: Record | None = None) -> ReleaseResult:
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
-        return self._call_decoded(name, self._release_script, self.release_argv(name, token))
+        argv = self.release_argv(name, token)
+        return self._call_decoded(name, self._release_script, argv, entry=entry)
 
     def release_matching(
         self,
@@ -284,9 +297,11 @@ class RedisLock(LockBase):
         argv = self._release_matching_argv(name, prefix, suffix, or_shape)
         return self._call_decoded(name, self._release_matching_script, argv)
 
-    def _call_decoded(self, name: str, script: Script, argv: ScriptArgs) -> ReleaseResult:
+    def _call_decoded(
+        self, name: str, script: Script, argv: ScriptArgs, *, entry: Record | None = None
+    ) -> ReleaseResult:
         try:
-            return decode(self.transport.call(script, **argv), ReleaseResult)
+            return decode(self.transport.call(script, **argv, entry=entry), ReleaseResult)
         except REDIS_ERRORS as error:
             self.unavailable(error, name)
 
@@ -373,12 +388,13 @@ class RedisLock(LockBase):
             self._pushes = Pushes(self, server) if server else None
         return self._pushes if self._pushes is not None and self._pushes.usable else None
 
-    def holder(self, name: str) -> str | None:
-        """The token holding ``name``, or None (a script writing the refusal, recording)."""
-        key, record = self.keys(name).lock, history.current()
+    def holder(self, name: str, *, entry: Record | None = None) -> str | None:
+        """The token holding ``name``, or None (with ``entry`` recording reads: a script
+        writing the refusal in its history)."""
+        key = self.keys(name).lock
         try:
-            if record is not None and "read" in record.events:
-                value = self.transport.call(self._holder_script, [key], [])
+            if entry is not None and "read" in entry.events:
+                value = self.transport.call(self._holder_script, [key], [], entry=entry)
             else:
                 value = self.transport.command("GET", key)
         except REDIS_ERRORS as error:

@@ -235,6 +235,7 @@ class Transport:
         whole: bool = False,
         patient: bool = True,
         acks: tuple[int, int] | None = None,
+        entry: history.Record | None = None,
     ) -> Reply:
         """Write the call and return at once; ``Reply.get()`` reads the answer.
 
@@ -245,8 +246,10 @@ class Transport:
         policy, whose backoff can outlast a lease: for renewals, which retry on their
         own schedule. ``acks=(replicas, timeout_ms)`` follows the call with ``WAIT`` on the
         same connection; the answer is then ``(reply, replicas that acknowledged)``.
+        ``entry``: the history entry the call writes, in its own round trip, when the
+        script is of a kind it names (``history.Record``).
         """
-        record = history.current()
+        record = entry
         kind = history.KINDS.get(script.sha) if record is not None else None
         spec = record.spec(kind) if record is not None and kind is not None else None
         if record is not None and kind is not None and spec is not None:
@@ -297,9 +300,10 @@ class Transport:
         *,
         patient: bool = True,
         acks: tuple[int, int] | None = None,
+        entry: history.Record | None = None,
     ) -> Any:
         """One script call, one round trip."""
-        return self.send(script, keys, args, patient=patient, acks=acks).get()
+        return self.send(script, keys, args, patient=patient, acks=acks, entry=entry).get()
 
     def command(self, *args: Arg) -> Any:
         """One plain command (``GET``), one round trip: its reply, decoded as the client's."""

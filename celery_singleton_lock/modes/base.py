@@ -22,6 +22,8 @@ from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, queued_token
 if TYPE_CHECKING:
     from celery.result import AsyncResult
 
+    from ..lease.history import Record
+
 
 # One call's arguments: positional and keyword, as the task receives them.
 Call = tuple[Sequence[object], Mapping[str, object]]
@@ -89,7 +91,8 @@ class Start:
 
     ``queued`` is the message's own hold (its token header) and ``shape`` that hold's
     reservation by the worker that received it; ``role`` says where the hold lives
-    (None: on the key; ``"pending"`` beside it; ``"slotN"`` a retry's slot).
+    (None: on the key; ``"pending"`` beside it; ``"slotN"`` a retry's slot). ``entry``:
+    the history entry the take (or a rate's ask) writes, if the task keeps a history.
     """
 
     name: str  # the lock's name
@@ -99,6 +102,7 @@ class Start:
     shape: tuple[str, str] | None
     role: str | None
     store: Store
+    entry: Record | None = None
 
     def own(self) -> Own:
         """What of the key this message may take over: its own queued hold or reservation.
@@ -193,6 +197,7 @@ class Mode:
             token=start.token,
             # A replaced message must not run even once the key is free again.
             unless_replaced=start.queued if self.replaces and not start.role else None,
+            entry=start.entry,
             **start.own(),
         )
 
@@ -203,8 +208,9 @@ class Mode:
     def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
         """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
         return waiting.acquire(
-            start.name, start.ttl, timeout=timeout, token=start.token, **start.own()
-        )
+            start.name, start.ttl, timeout=timeout, token=start.token, entry=start.entry,
+            **start.own(),
+        )  # fmt: skip
 
     # -- end --------------------------------------------------------------------------------
 

@@ -33,15 +33,19 @@ class Limit(Mode):
                 token=start.token,
                 replace=start.queued,
                 replace_shape=start.shape,
+                entry=start.entry,
             )
             if isinstance(own, Lease):
                 return own
-        return start.store.slots.try_acquire(start.name, self.limit, start.ttl, token=start.token)
+        return start.store.slots.try_acquire(
+            start.name, self.limit, start.ttl, token=start.token, entry=start.entry
+        )
 
     def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
         return waiting.slots.acquire(
-            start.name, self.limit, start.ttl, timeout=timeout, token=start.token
-        )
+            start.name, self.limit, start.ttl, timeout=timeout, token=start.token,
+            entry=start.entry,
+        )  # fmt: skip
 
     def running_names(self, name: str) -> list[str]:
         return [slot(name, number) for number in range(1, self.limit + 1)]

@@ -135,10 +135,10 @@ class Rated(Mode):
             return None
         rates = rates_of(start.store)
         if slot is not None:
-            due = rates.ask(start.name, rate, "due", at=slot)
+            due = rates.ask(start.name, rate, "due", at=slot, entry=start.entry)
             if due.late <= max(rate.interval, MIN_GRACE):
                 return due
-        return rates.ask(start.name, rate, "reserve")
+        return rates.ask(start.name, rate, "reserve", entry=start.entry)
 
     def take(self, start: Start) -> Lease | Contended:
         return self.inner.take(start)

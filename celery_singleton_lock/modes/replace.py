@@ -34,6 +34,8 @@ from .base import Holder, Mode, Publish, Replacing
 if TYPE_CHECKING:
     from celery.result import AsyncResult
 
+    from ..lease.history import Record
+
 logger = logging.getLogger(__name__)
 
 # Holders whose message has not started: a queued hold or a worker's reservation of it.
@@ -97,8 +99,10 @@ class Replacement:
         refused: Callable[[Contended], AsyncResult],
         outage: Callable[[LockStoreUnavailableError], None],
         ride: RidingReplace | None = None,
+        entry: Record | None = None,
     ) -> None:
         self._ride = ride  # the swap in the push's round trip, where the broker allows
+        self._entry = entry  # what the take or the swap writes in a kept history
         self._refused = refused  # answer the call as a duplicate of ``held``
         self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self._mode = mode
@@ -170,13 +174,17 @@ class Replacement:
         if not holder or queued_id is None:
             queued_id = uuid()
             token = self._mode.token(queued_id)
-            outcome = store.try_acquire(self._hold, self._ttl, token=token, fenced=False)
+            outcome = store.try_acquire(
+                self._hold, self._ttl, token=token, fenced=False, entry=self._entry
+            )
             return outcome, queued_id, token, self._ttl, self._options
         token, ttl, options = self._mode.successor(
             queued_id, holder, self._options, self._ttl, self._queue_ttl
         )
         # Recorded as the queued hold it was made from: the replaced message asks by that.
-        outcome = store.swap(self._hold, holder, ttl, token=token, record=queued_form(holder))
+        outcome = store.swap(
+            self._hold, holder, ttl, token=token, record=queued_form(holder), entry=self._entry
+        )
         return outcome, queued_id, token, ttl, options
 
     def _send(  # noqa: PLR0917  (one replacement's whole state)

@@ -26,7 +26,7 @@ from celery.worker import state as worker_state
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
 from ..lease import Lease, PendingAcquire, RedisLock, Redlock, RidingTake, Server, companion
-from ..lease.history import Record, recording
+from ..lease.history import Record
 from ..options import is_singleton
 from ..tokens import (
     HOLD_HEADER,
@@ -103,18 +103,18 @@ class Reservations:
                     )
             return
         try:
-            with recording(_started(context, plan, task_id)):
-                pending = store.begin_try_acquire(
-                    plan.name,
-                    context.ttl,
-                    # A take that rode but whose answer was lost may have been applied:
-                    # the same token counts as free, so this one gets the same answer.
-                    token=plan.token,
-                    replace=plan.queued,
-                    fenced=plan.running,
-                    read_late=True,
-                    unless_replaced=plan.unless_replaced,
-                )
+            pending = store.begin_try_acquire(
+                plan.name,
+                context.ttl,
+                # A take that rode but whose answer was lost may have been applied:
+                # the same token counts as free, so this one gets the same answer.
+                token=plan.token,
+                replace=plan.queued,
+                fenced=plan.running,
+                read_late=True,
+                unless_replaced=plan.unless_replaced,
+                entry=_started(context, plan, task_id),
+            )
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", plan.name, task_id, error)
             return
@@ -143,11 +143,11 @@ class Reservations:
         if plan is None or pushes is None or not pushes.server.same_user(server):
             return None
         try:
-            with recording(_started(context, plan, task_id)):  # written by the riding take
-                take = pushes.riding_take(
-                    plan.name, context.ttl, token=plan.token, replace=plan.queued,
-                    fenced=plan.running, unless_replaced=plan.unless_replaced,
-                )  # fmt: skip
+            take = pushes.riding_take(
+                plan.name, context.ttl, token=plan.token, replace=plan.queued,
+                fenced=plan.running, unless_replaced=plan.unless_replaced,
+                entry=_started(context, plan, task_id),  # written by the riding take
+            )  # fmt: skip
         except SingletonLockError:
             return None  # the take on its own round trip will say what is wrong
         with self._guard:

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from celery_singleton_lock.lease import Lease
-from celery_singleton_lock.lease.history import recording
 from celery_singleton_lock.tokens import queued_token
 
 from ..conftest import CeleryEnv
@@ -63,7 +62,9 @@ class TestHistory:
         store = task.singleton_context.store
         reads: list[str] = []
         read = store.holder
-        monkeypatch.setattr(store, "holder", lambda name: reads.append(name) or read(name))
+        monkeypatch.setattr(
+            store, "holder", lambda name, **entry: reads.append(name) or read(name, **entry)
+        )
         calls = [task.apply_async(("h10",), queue="parked-history") for _ in range(4)]
         assert {c.id for c in calls} == {calls[0].id}
         assert reads  # a storm of duplicates is answered by the read, before a message
@@ -175,7 +176,5 @@ class TestHistory:
         record = task.singleton_context.record(
             name, "gone", release=("released", "lost", "expired")
         )
-
-        with recording(record):
-            store.release_token(name, row_token)
+        store.release_token(name, row_token, entry=record)
         assert events(cenv, task, "h7") == ["expired"]

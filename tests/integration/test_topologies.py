@@ -75,16 +75,17 @@ class TestCluster:
         self, cluster: Cluster
     ) -> None:
         from celery_singleton_lock.lease import companion
-        from celery_singleton_lock.lease.history import Record, entries, recording
+        from celery_singleton_lock.lease.history import Record, entries
 
         lock = RedisLock.from_url(cluster.url, prefix="hist")
         names = [f"h{i}" for i in range(12)]  # over every master
         for name in names:
             record = Record(lock.keys(name).history, {"take": ("accepted", "refused", "")})
-            with recording(record):
-                # A companion's hold writes in its lock's history: one slot, one script.
-                pending = held(lock.try_acquire(companion(name, "pending"), 10, fenced=False))
-                lock.try_acquire(companion(name, "pending"), 10)
+            # A companion's hold writes in its lock's history: one slot, one script.
+            pending = held(
+                lock.try_acquire(companion(name, "pending"), 10, fenced=False, entry=record)
+            )
+            lock.try_acquire(companion(name, "pending"), 10, entry=record)
             assert [e.event for e in entries(lock, lock.keys(name).history)] == [
                 "refused", "accepted",
             ]  # fmt: skip
