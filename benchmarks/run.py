@@ -774,7 +774,7 @@ def main() -> int:
     parser.add_argument("--config", nargs="*", choices=sorted(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dispatches", type=int, default=2000)
-    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--tasks", type=int, default=2000)  # per end-to-end round
     parser.add_argument("--handoffs", type=int, default=50)
     parser.add_argument("--crash-cap", type=float, default=35.0)
     parser.add_argument("--only", nargs="*", help="scenarios to run (default: all)")

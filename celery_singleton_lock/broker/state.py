@@ -86,6 +86,10 @@ class Outgoing:
     fold: Fold | None = None
     noted: Noted | None = None
 
+    def carries(self) -> bool:
+        """Whether a publish on this connection carries anything now."""
+        return self.fold is not None or self.noted is not None
+
     def take_fold(self, task_id: object) -> Fold | None:
         """The hold to take with the message of ``task_id`` (None: none, or taken)."""
         fold = self.fold

@@ -91,8 +91,8 @@ class Channel(kombu_redis.Channel):
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
         ride = self.ride()
         outgoing = None if kwargs.get("_publish_batch") is not None else self._outgoing()
-        if ride is None or outgoing is None:
-            super()._put(queue, message, **kwargs)
+        if ride is None or outgoing is None or not outgoing.carries():
+            super()._put(queue, message, **kwargs)  # any other task's, or canvas's
             return
         task_id = message_task_id(message)
         fold = outgoing.take_fold(task_id)
