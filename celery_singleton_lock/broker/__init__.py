@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from kombu.connection import Connection
 
 from . import results, versions
-from .connection import for_app, publishing, ride_of_app
+from .connection import for_app, publishing, ride_of_app, turned_off
 from .results import BACKEND, SENTINEL_BACKEND, RedisBackend, SentinelBackend
 from .state import Purges, Receipts
 from .transport import SENTINEL_TRANSPORT, TRANSPORT, RedisTransport, SentinelTransport
@@ -100,13 +100,6 @@ def turn_off(app: Celery, reason: str) -> None:
     ride = ride_of_app(app)
     if ride is not None:
         ride.turned_off = reason
-
-
-def turned_off(app: Celery) -> str | None:
-    """Why ``app``'s ride was turned off in this process (None: it was not, or it does
-    not ride)."""
-    ride = ride_of_app(app)
-    return None if ride is None else ride.turned_off
 
 
 __all__ = [

@@ -119,6 +119,13 @@ def ride_of_app(app: Celery) -> AppRide | None:
     return made.ride if isinstance(made, type) and issubclass(made, RidingConnection) else None
 
 
+def turned_off(app: Celery) -> str | None:
+    """Why ``app``'s ride was turned off in this process (None: it was not, or it does
+    not ride)."""
+    ride = ride_of_app(app)
+    return None if ride is None else ride.turned_off
+
+
 @contextmanager
 def publishing(
     via: object, *, fold: Fold | None = None, noted: Noted | None = None

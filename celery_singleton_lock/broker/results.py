@@ -30,7 +30,7 @@ from ..dispatch import quietly
 from ..lease import RidingRelease, Server, server_of
 from ..lease.history import Record
 from . import versions
-from .connection import ride_of_app
+from .connection import turned_off
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -186,7 +186,7 @@ def release_with_result(
         or getattr(request, "ignore_result", False)
         or not isinstance(backend, RedisBackend)
         or pushes is None
-        or ride_turned_off(task.app)
+        or turned_off(task.app) is not None
     ):
         return False
     server = backend.server()
@@ -197,12 +197,6 @@ def release_with_result(
         return False
     backend.carry_release(request.id, release, server.db)
     return True
-
-
-def ride_turned_off(app: Celery) -> bool:
-    """Whether the worker's self-check turned ``app``'s ride off in this process."""
-    ride = ride_of_app(app)
-    return ride is not None and ride.turned_off is not None
 
 
 def release_at_end(task: Task, request: Context, context: TaskContext, lease: Lease) -> None:

@@ -84,13 +84,10 @@ class Channel(kombu_redis.Channel):
         ride = transport.ride if isinstance(transport, Riding) else None
         return None if ride is None or ride.turned_off is not None else ride
 
-    def _outgoing(self) -> Outgoing | None:
-        transport = self.connection
-        return transport.outgoing if isinstance(transport, Riding) else None
-
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
-        ride = self.ride()
-        outgoing = None if kwargs.get("_publish_batch") is not None else self._outgoing()
+        ride = self.ride()  # not None: the transport is ``Riding``, with ``outgoing``
+        batch = kwargs.get("_publish_batch") is not None
+        outgoing: Outgoing | None = None if ride is None or batch else self.connection.outgoing
         if ride is None or outgoing is None or not outgoing.carries():
             super()._put(queue, message, **kwargs)  # any other task's, or canvas's
             return
@@ -152,7 +149,7 @@ class Channel(kombu_redis.Channel):
     def _put_fanout(
         self, exchange: str, message: dict[str, object], routing_key: str, **kwargs: object
     ) -> None:
-        outgoing = self._outgoing() if self.ride() is not None else None
+        outgoing: Outgoing | None = self.connection.outgoing if self.ride() is not None else None
         fold = None if outgoing is None else outgoing.take_fold(message_task_id(message))
         if fold is not None:
             fold.put(None, None)  # published to subscribers, not pushed: the hold alone

@@ -249,13 +249,12 @@ class Transport:
         ``entry``: the history entry the call writes, in its own round trip, when the
         script is of a kind it names (``history.Record``).
         """
-        record = entry
-        kind = history.KINDS.get(script.sha) if record is not None else None
-        spec = record.spec(kind) if record is not None and kind is not None else None
-        if record is not None and kind is not None and spec is not None:
+        kind = history.KINDS.get(script.sha) if entry is not None else None
+        spec = entry.spec(kind) if entry is not None and kind is not None else None
+        if entry is not None and kind is not None and spec is not None:
             # The operation writes its history entry itself, in this round trip.
             script = self._recorded(script, kind)
-            keys, args = [*keys, record.key], [*args, spec]
+            keys, args = [*keys, entry.key], [*args, spec]
         exchange: Exchange = ScriptCall(self.client, script, keys, args, patient=patient)
         head = ("EVAL", body(script)) if whole else ("EVALSHA", script.sha)
         commands: list[Sequence[Arg]] = [(*head, len(keys), *keys, *args)]
