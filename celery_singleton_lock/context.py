@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from .backend import Backend, Store
-from .lease import split_role
+from .config.options import SingletonOptions
+from .config.stores import Backend
+from .lease import LockStore, split_role
 from .lease.history import Record
-from .options import SingletonOptions
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -43,12 +43,12 @@ class TaskContext:
         return Backend.for_app(self.app)
 
     @property
-    def store(self) -> Store:
+    def store(self) -> LockStore:
         """The lock store for one-round-trip operations."""
         return self.backend.lock
 
     @property
-    def waiting(self) -> Store:
+    def waiting(self) -> LockStore:
         """The lock store for blocking waits (``on_contention=wait``)."""
         return self.backend.waiting
 
@@ -116,7 +116,7 @@ class Delivery:
     sender: object
     # Whether a state stored under this id can be read back (ignore_result off).
     keeps_results: bool
-    # Store ``meta`` in ``state`` under this delivery's task id.
+    # LockStore ``meta`` in ``state`` under this delivery's task id.
     store_state: Callable[[object, str], None]
     # Send this message again (same id, links and chain) with these headers in
     # ``countdown`` seconds, and with these options (the library's own bypass).

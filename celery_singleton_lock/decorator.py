@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, overload
 
 from celery import shared_task
 
+from .config.options import OPTION_NAMES, SingletonOptions, refuse_task_options
 from .exceptions import ConfigurationError
-from .options import OPTION_NAMES, SingletonOptions, refuse_task_options
 from .task import SingletonTask
 from .worker import hooks
 

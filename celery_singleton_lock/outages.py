@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .context import Request, TaskContext
@@ -90,3 +91,11 @@ def at_execution(
     decision = backoff(ContentionState(task_name=context.name, name=lock_name, attempt=requeues))
     countdown = decision.countdown if isinstance(decision, Requeue) else backoff.cap
     return OutageRequeue(countdown, outages=requeues + 1)
+
+
+def quietly(release: Callable[[Lease], object], lease: Lease) -> None:
+    """Release without masking the task's own outcome; a failed release expires by TTL."""
+    try:
+        release(lease)
+    except LockStoreUnavailableError as error:
+        logger.warning("release of %s failed (%s); it frees itself by its ttl", lease.key, error)

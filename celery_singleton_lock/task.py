@@ -7,7 +7,7 @@ or eagerly): take the *running lease* for the key the sender computed, taking ov
 message's own hold in the same step, renew it while the body runs, expose it as
 ``self.lease``, and release it however the body ends. A message that arrives without a
 hold of its own (``send_task``, beat, a redelivery) meets ``on_contention``.
-Tokens and headers are in ``tokens.py``; the gate around publish in ``dispatch.py``.
+Tokens and headers are in ``tokens.py``; the gate around publish in ``publish/dispatch.py``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,16 @@ from typing import TYPE_CHECKING, ClassVar
 from celery import Task
 from celery.utils import uuid
 
-from . import broker, cancels, outages
+from . import broker, outages
 from . import signals as singleton_signals
 from .broker import results
+from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
-from .dispatch import (
+from .exceptions import DuplicateTaskError, LockStoreUnavailableError
+from .lease import Contended, Lease
+from .modes import Replace, Replacement
+from .modes.base import Publish
+from .publish.dispatch import (
     Gate,
     GatedProducer,
     Sent,
@@ -36,14 +41,10 @@ from .dispatch import (
     send_gated,
     slot_at_publish,
 )
-from .exceptions import DuplicateTaskError, LockStoreUnavailableError
-from .execution import Execution, failed_run
-from .lease import Contended, Lease
-from .modes import Replace, Replacement
-from .modes.base import Publish
-from .options import SingletonOptions, refuse_call_options, refuse_task_options
-from .retries import send_retry
-from .riding import InTransit, Ride, duplicate_answered, give_up_purged, ridden_by
+from .publish.retries import send_retry
+from .publish.riding import InTransit, Ride, duplicate_answered, give_up_purged, ridden_by
+from .run import cancels
+from .run.execution import Execution, failed_run
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,

@@ -26,9 +26,9 @@ from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
-from ..dispatch import quietly
 from ..lease import RidingRelease, Server, server_of
 from ..lease.history import Record
+from ..outages import quietly
 from . import versions
 from .connection import turned_off
 

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from ..config import broker_write_url
+from ..config.settings import broker_write_url
 from ..lease import Push, Server, Transit, server_of
 from ..lease.errors import is_refusal
 from . import versions

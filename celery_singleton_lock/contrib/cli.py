@@ -17,7 +17,7 @@ import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 from .._time import human
-from ..backend import Backend
+from ..config.stores import Backend
 from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
 from .history import entries_of, shown

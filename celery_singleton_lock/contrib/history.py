@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from ..backend import Store
+from ..lease import LockStore
 from ..lease.history import Entry, entries
 from ..lease.inventory import parse_key
 from ..tokens import read_token
 
 
-def entries_of(store: Store, ref: str, count: int = 50) -> tuple[str, list[Entry]]:
+def entries_of(store: LockStore, ref: str, count: int = 50) -> tuple[str, list[Entry]]:
     """(the lock's name, its newest ``count`` entries) for ``ref``, a lock's name or any
     of its keys (a companion's, its rate's: the lock's history is one)."""
     name = lock_name_of(store.prefix, ref)

@@ -28,21 +28,6 @@ if TYPE_CHECKING:
     from kombu.transport.redis import Channel as RedisChannel
 
 
-def runs_task(app: Celery, worker: str, task_id: str, timeout: float) -> bool:
-    """Whether ``worker`` answers within ``timeout`` that it runs ``task_id`` now.
-
-    One broadcast to that worker alone, answered by its main process (the pool may be
-    busy); the call returns at the first reply. No reply (a dead worker, remote control
-    off, a broker without broadcast) and any error mean False: nothing can be said.
-    """
-    try:
-        inspect = app.control.inspect(destination=[worker], timeout=timeout, limit=1)
-        replies = inspect.query_task(task_id) or {}
-    except Exception:  # any failure to ask is "cannot say"
-        return False
-    return any((tasks or {}).get(task_id, [None])[0] == "active" for tasks in replies.values())
-
-
 @dataclass
 class Verdict:
     alive: bool | None  # None: cannot be told

@@ -15,20 +15,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from ..backend import Backend, Store
-from ..lease import ReleaseResult
+from ..config.options import is_singleton
+from ..config.stores import Backend
+from ..lease import LockStore, ReleaseResult
 from ..lease.history import Record
 from ..lease.inventory import Held
 from ..lease.rates import budget
 from ..modes import RateSpec
-from ..options import is_singleton
 from ..tokens import read_token
 from .history import lock_name_of
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from ..options import SingletonOptions
+    from ..config.options import SingletonOptions
 
 
 STATES = ("queued", "reserved", "running", "throttled", "limited", "held")
@@ -161,18 +161,18 @@ def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> It
         )
 
 
-def app_rows(app: Celery, store: Store, batch: int = 1000) -> Iterator[LockRow]:
+def app_rows(app: Celery, store: LockStore, batch: int = 1000) -> Iterator[LockRow]:
     """Every lock of ``app``'s lock store ``store`` as a row (the CLI's and the tests')."""
     return rows(store.holdings(batch=batch), TaskNames(app))
 
 
-def family_rows(app: Celery, store: Store, ref: str) -> list[LockRow]:
+def family_rows(app: Celery, store: LockStore, ref: str) -> list[LockRow]:
     """The holds of the lock ``ref`` names (its name, or any Redis key of it): its own,
     its companions', its slots', its rate's. One round trip, however many locks there are."""
     return list(rows(store.holdings(of=lock_name_of(store.prefix, ref)), TaskNames(app)))
 
 
-def release(store: Store, row: LockRow, record: Record | None = None) -> ReleaseResult:
+def release(store: LockStore, row: LockRow, record: Record | None = None) -> ReleaseResult:
     """Owner-checked: frees the lock only if ``row``'s holder still holds it (its history
     records it, with ``operator_record``)."""
     return store.release_token(row.lock_name, row.token, entry=record)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ..backend import Backend
+from ..config.stores import Backend
 from ..exceptions import ConfigurationError
 from . import testing
 from .locks import LockRow

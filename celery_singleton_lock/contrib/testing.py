@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING
 
 from celery import current_app
 
-from ..backend import Backend, Store
+from ..config.options import is_singleton
+from ..config.stores import Backend
 from ..exceptions import ConfigurationError
-from ..lease import Contended, Lease, ManualClock, MemoryLock
-from ..options import is_singleton
+from ..lease import Contended, Lease, LockStore, ManualClock, MemoryLock
 from ..tokens import running_token
 from .locks import LockRow, app_rows, release
 
 if TYPE_CHECKING:
     from celery import Celery
 
-    from ..options import SingletonOptions
+    from ..config.options import SingletonOptions
     from ..task import SingletonTask
 
 
@@ -50,7 +50,7 @@ class HeldCall:
     leases: list[Lease] = field(default_factory=list)
 
 
-def _store(app: Celery | None = None) -> Store:
+def _store(app: Celery | None = None) -> LockStore:
     return Backend.for_app(app or current_app).lock
 
 

@@ -15,8 +15,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
 
-from ..backend import Store
-from ..lease import Contended, Lease, Slot, companion
+from ..lease import Contended, Lease, LockStore, Slot, companion
 from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, queued_token
 
 if TYPE_CHECKING:
@@ -101,7 +100,7 @@ class Start:
     queued: str | None
     shape: tuple[str, str] | None
     role: str | None
-    store: Store
+    store: LockStore
     entry: Record | None = None
 
     def own(self) -> Own:
@@ -156,7 +155,7 @@ class Mode:
 
     def slot_at_publish(
         self,
-        store: Store,
+        store: LockStore,
         name: str,
         call: Call,
         options: MutableMapping[str, object],
@@ -205,7 +204,7 @@ class Mode:
         """The run holds ``lease`` (its own hold let go), before its renewal starts: what
         the lease watches for while the run goes on (``cancel.py``)."""
 
-    def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
+    def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
         return waiting.acquire(
             start.name, start.ttl, timeout=timeout, token=start.token, entry=start.entry,
@@ -221,13 +220,13 @@ class Mode:
         contends when it comes, like a copy."""
         return "failure" not in self.reopen_on
 
-    def ended(self, end: str, store: Store, request: object) -> None:
+    def ended(self, end: str, store: LockStore, request: object) -> None:
         """A run of ``request`` (its headers) ended so (``"failure"``, ``"revoked"``):
         when ``reopen_on`` names it, let the next call in now (``reopen``)."""
         if end in self.reopen_on:
             self.reopen(store, request)
 
-    def reopen(self, store: Store, request: object) -> None:
+    def reopen(self, store: LockStore, request: object) -> None:
         """Free what still keeps the next call out after the run's own lease is gone
         (nothing here: the key is free once the run ends)."""
 

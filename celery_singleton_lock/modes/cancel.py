@@ -10,7 +10,7 @@
   ``CANCEL_CHECK`` seconds, in the renewal's own script, and once a newer call is
   pending the run is cancelled: ``self.lease.cancelled``, ``self.lease.check()`` raises
   ``TaskCancelledError``, ``on_cancel`` is called, and with ``terminate_on_cancel`` a
-  prefork child is terminated (``cancels.py``).
+  prefork child is terminated (``run/cancels.py``).
 - end: the running lease is released however the run ends (a cancelled run ends in
   REVOKED when it raises ``TaskCancelledError``); the pending call then starts, with a
   greater fence.

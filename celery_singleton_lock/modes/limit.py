@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..backend import Store
-from ..lease import Contended, Lease, companion, slot
+from ..lease import Contended, Lease, LockStore, companion, slot
 from .base import Holder, Mode, Start
 
 
@@ -41,7 +40,7 @@ class Limit(Mode):
             start.name, self.limit, start.ttl, token=start.token, entry=start.entry
         )
 
-    def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
+    def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         return waiting.slots.acquire(
             start.name, self.limit, start.ttl, timeout=timeout, token=start.token,
             entry=start.entry,

@@ -21,9 +21,8 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
-from ..backend import Store
 from ..exceptions import ConfigurationError, RateLimitedError
-from ..lease import Contended, Lease, Rate, Slot, parse_rate, rates_of
+from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_of
 from .base import Call, Holder, Mode, Start
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
@@ -101,7 +100,7 @@ class Rated(Mode):
 
     def slot_at_publish(
         self,
-        store: Store,
+        store: LockStore,
         name: str,
         call: Call,
         options: MutableMapping[str, object],
@@ -143,7 +142,7 @@ class Rated(Mode):
     def take(self, start: Start) -> Lease | Contended:
         return self.inner.take(start)
 
-    def take_waiting(self, start: Start, waiting: Store, timeout: float | None) -> Lease:
+    def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         return self.inner.take_waiting(start, waiting, timeout)
 
     # -- end ----------------------------------------------------------------------------

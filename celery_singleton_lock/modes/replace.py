@@ -13,7 +13,7 @@ that will cover its call. The later call publishes a new message under that id a
 moves the queued hold to it in one compare-and-swap (``RedisLock.swap``): only while the
 holder is a queued or reserved message, never a running one (replace never cancels a
 run). The replaced message finds the hold taken by another message of its own id when
-it arrives, and the worker drops it quietly (``execution.py``): acked, no result, not
+it arrives, and the worker drops it quietly (``run/execution.py``): acked, no result, not
 REVOKED, which Celery's revoke by id would also do to its replacement.
 """
 
@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from celery.utils import uuid
 
-from ..backend import Store
 from ..exceptions import LockStoreUnavailableError
-from ..lease import Contended, Lease
+from ..lease import Contended, Lease, LockStore
 from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token
 from .base import Holder, Mode, Publish, Replacing
 
@@ -87,7 +86,7 @@ class Replacement:
         *,
         mode: Replace,
         task_name: str,
-        store: Store,
+        store: LockStore,
         queue_ttl: float,
         result: Callable[[str], AsyncResult],
         name: str,

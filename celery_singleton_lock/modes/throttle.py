@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .._time import human
-from ..backend import Store
-from ..lease import companion
+from ..lease import LockStore, companion
 from ..tokens import NAME_HEADER, WINDOW_HEADER, header
 from .base import Holder, Mode, PublishHold
 
@@ -40,7 +39,7 @@ class Throttle(Mode):
             headers[WINDOW_HEADER] = token
         return PublishHold(companion(name, "throttle"), self.window, token, headers)
 
-    def reopen(self, store: Store, request: object) -> None:
+    def reopen(self, store: LockStore, request: object) -> None:
         name, token = header(request, NAME_HEADER), header(request, WINDOW_HEADER)
         if name and token:  # a message of this window (a copy or a retry has none)
             store.release_token(companion(name, "throttle"), token)

@@ -6,7 +6,7 @@
 - start: the running lease is taken on the key afresh; once the run has it, the
   pending hold is let go (the next call may queue, and will see this run's data).
   While the key is busy the execution stays the pending call: it keeps the hold while
-  it waits and passes it to its requeued message (``holds.PendingHold``).
+  it waits and passes it to its requeued message (``run.holds.PendingHold``).
 - end: the running lease on the key is released.
 """
 

@@ -15,26 +15,12 @@ import select
 import signal
 import threading
 import time
-from pathlib import Path
 
 from celery.worker import state as worker_state
 
+from ..holders import is_dead
+
 logger = logging.getLogger(__name__)
-
-
-def is_dead(pid: int) -> bool:
-    """Gone, or a zombie ("Z": dead but not yet reaped by billiard)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    except (OSError, IndexError):  # no /proc (not Linux): ask the kernel instead
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-    return state in ("Z", "X")
 
 
 def kill_and_wait(pid: int, timeout: float = 1.0) -> None:

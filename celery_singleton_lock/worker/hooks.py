@@ -19,8 +19,8 @@ from celery.worker.request import Request
 from ..broker import on_receipt
 from ..broker.restore import stale_restorer
 from ..broker.results import settle
+from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
-from ..options import is_singleton
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from . import transit
 from .childwatch import child_watch

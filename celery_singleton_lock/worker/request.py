@@ -21,10 +21,9 @@ from celery.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from ..backend import Store
+from ..config.options import is_singleton
 from ..exceptions import KeyDerivationError, SingletonLockError
-from ..lease import ReleaseResult, companion
-from ..options import is_singleton
+from ..lease import LockStore, ReleaseResult, companion
 from ..signals import dead_child_released
 from ..signals import send as send_signal
 from ..tokens import (
@@ -122,7 +121,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
 
-    def _release_running(self, store: Store, lock_name: str, pid: int) -> ReleaseResult:
+    def _release_running(self, store: LockStore, lock_name: str, pid: int) -> ReleaseResult:
         """Release the running lease a dead child held: the one this process took for it
         as the message arrived, or the one the child took itself (by its pid)."""
         task = self.task

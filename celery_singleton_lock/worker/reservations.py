@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from celery.worker import state as worker_state
 
+from ..config.options import is_singleton
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
 from ..lease import Lease, PendingAcquire, RedisLock, Redlock, RidingTake, Server, companion
 from ..lease.history import Record
-from ..options import is_singleton
 from ..tokens import (
     HOLD_HEADER,
     NAME_HEADER,

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from ..broker import installed, selfcheck, turn_off, turned_off, versions
 from ..broker.results import missed_ride as missed_result_ride
 from ..broker.transport import missed_ride
+from ..config.incumbents import foreign_settings
+from ..config.options import is_singleton
 from ..exceptions import ConfigurationError, SingletonLockError
-from ..foreign import foreign_settings
-from ..options import is_singleton
 
 if TYPE_CHECKING:
     from celery import Celery, Task

@@ -14,13 +14,13 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..backend import Backend
 from ..broker import turned_off, versions
 from ..broker.state import Rider
 from ..broker.transport import NOTED_PROPERTY
+from ..config.options import is_singleton
+from ..config.stores import Backend
 from ..exceptions import SingletonLockError
 from ..lease import ClearNote, Transit
-from ..options import is_singleton
 from .reservations import reservations
 
 if TYPE_CHECKING:

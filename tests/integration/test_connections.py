@@ -21,7 +21,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import Lease, LockStoreConfigurationError, RedisLock
-from celery_singleton_lock.backend import Backend
+from celery_singleton_lock.config.stores import Backend
 from celery_singleton_lock.lease import client_from_url
 
 from ..conftest import CeleryEnv, separate_lock_server

@@ -15,8 +15,8 @@ import redis
 from celery.exceptions import TaskRevokedError
 
 from celery_singleton_lock import ConfigurationError
+from celery_singleton_lock.holders import is_dead
 from celery_singleton_lock.modes.cancel import CANCEL_CHECK
-from celery_singleton_lock.worker.childwatch import is_dead
 
 from ..conftest import CeleryEnv, separate_lock_server
 from ..support.modes import define, dispatch_round_trips

@@ -17,7 +17,7 @@ from celery_singleton_lock import (
     Redlock,
     ReleaseResult,
 )
-from celery_singleton_lock.backend import Backend
+from celery_singleton_lock.config.stores import Backend
 from celery_singleton_lock.lease import rates_of
 from celery_singleton_lock.lease import redlock as redlock_module
 from celery_singleton_lock.lease.clients import redlock_masters

@@ -24,7 +24,7 @@ from celery_singleton_lock import (
     ReleaseResult,
     singleton_task,
 )
-from celery_singleton_lock.config import SingletonConfig
+from celery_singleton_lock.config.settings import SingletonConfig
 from celery_singleton_lock.lease.clients import describe as redacted_url
 
 from ..support.servers import RedisServer

@@ -29,8 +29,8 @@ from celery_singleton_lock import (
     RedisLock,
     ReleaseResult,
 )
-from celery_singleton_lock.backend import Backend
-from celery_singleton_lock.config import SingletonConfig
+from celery_singleton_lock.config.settings import SingletonConfig
+from celery_singleton_lock.config.stores import Backend
 from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of
 
 from ..conftest import CeleryEnv

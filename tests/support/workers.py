@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from celery_singleton_lock.worker.childwatch import is_dead
+from celery_singleton_lock.holders import is_dead
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 _names = itertools.count(1)

@@ -15,7 +15,7 @@ from kombu.transport import redis as kombu_redis
 
 from celery_singleton_lock import ConfigurationError, broker, singleton_task
 from celery_singleton_lock.broker import RedisTransport
-from celery_singleton_lock.config import SingletonConfig
+from celery_singleton_lock.config.settings import SingletonConfig
 
 
 def app_with(**settings: Any) -> Celery:

@@ -3,6 +3,7 @@ navigation), and the configuration page names every setting and task option ther
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_singleton_lock.config import DEFAULTS
-from celery_singleton_lock.options import OPTION_NAMES
+from celery_singleton_lock.config.options import OPTION_NAMES
+from celery_singleton_lock.config.settings import DEFAULTS
 
 from ..support.workers import ROOT
 
@@ -75,3 +76,50 @@ def test_every_image_a_page_shows_exists() -> None:
     for page in DOCS.glob("*.md"):
         for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page.read_text()):
             assert (DOCS / image).exists(), f"{page.name} shows {image}, which is missing"
+
+
+ROOMS = ("lease", "modes", "config", "broker", "publish", "run", "worker", "contrib", "task")
+
+
+def _items(cell: str) -> list[str]:
+    """A table cell's items: split at commas and semicolons outside parentheses."""
+    items, depth, current = [], 0, ""
+    for char in cell:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char in ",;" and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [*items, current.strip()]
+
+
+def test_the_design_page_names_modules_that_exist() -> None:
+    package = Path(importlib.import_module("celery_singleton_lock").__file__ or "").parent
+    page = (DOCS / "design.md").read_text()
+    rooms = page.split("## The rooms", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in rooms.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 10, "the rooms table"
+    for room, _, modules in rows:
+        folder = package / room.strip().strip("`").rstrip("/")
+        for item in _items(modules):
+            name = re.match(r"`([a-z_]+)`", item)
+            if name is not None:
+                module = folder / name.group(1)
+                assert module.with_suffix(".py").exists() or module.is_dir(), (room, item)
+    # Dotted names in the text (`run.execution.Execution.take`) resolve to what they name.
+    for dotted in set(re.findall(rf"`((?:{'|'.join(ROOMS)})\.[\w.]+)`", page)):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module(
+                    "celery_singleton_lock." + ".".join(parts[:cut])
+                )
+            except ImportError:
+                continue
+            for attribute in parts[cut:]:
+                assert hasattr(found, attribute), dotted
+                found = getattr(found, attribute)
+            break
+        else:
+            raise AssertionError(f"{dotted}: no such module")

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import ConfigurationError, singleton_task
-from celery_singleton_lock.config import SingletonConfig
+from celery_singleton_lock.config.settings import SingletonConfig
 from celery_singleton_lock.contrib.history import entries_of
 
 

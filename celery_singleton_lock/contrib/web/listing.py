@@ -1,6 +1,6 @@
 """One page of the app's locks, filtered and sorted by age, read in one streamed pass.
 
-The store is read a batch at a time (``Store.holdings``: SCAN, never KEYS); only the
+The store is read a batch at a time (``LockStore.holdings``: SCAN, never KEYS); only the
 rows of the page asked for are kept (a heap of ``page * per`` rows at most), with
 counts per state of every lock that passed the other filters. Memory is bounded by
 the page, whatever the number of locks.

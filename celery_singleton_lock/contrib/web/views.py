@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 from ..._time import human
-from ...backend import Backend
+from ...config.options import is_singleton
+from ...config.stores import Backend
 from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
-from ...options import is_singleton
 from ..history import entries_of, shown
 from ..liveness import Liveness, Verdict
 from ..locks import LockRow, app_rows, family_rows, new_call, operator_record, release

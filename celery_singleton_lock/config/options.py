@@ -8,12 +8,11 @@ from functools import cached_property
 
 from celery import Task
 
-from ._time import ttl_to_ms
-from .exceptions import ConfigurationError
-from .foreign import FOREIGN_OPTIONS, explain_unknown
-from .keys import KeySpec
-from .lease.names import MAX_SLOTS
-from .modes import (
+from .._time import ttl_to_ms
+from ..exceptions import ConfigurationError
+from ..keys import KeySpec
+from ..lease.names import MAX_SLOTS
+from ..modes import (
     Cancel,
     Debounce,
     Limit,
@@ -27,7 +26,8 @@ from .modes import (
     WhileExecuting,
     cancel_options,
 )
-from .policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
+from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
+from .incumbents import FOREIGN_OPTIONS, explain_unknown
 
 OPTION_NAMES = (
     "key",

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .context import TaskContext
-from .dispatch import delay_of, quietly
-from .exceptions import LockStoreUnavailableError
-from .lease import Contended, Lease, split_role
-from .modes.base import Publish
-from .tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
+from ..context import TaskContext
+from ..exceptions import LockStoreUnavailableError
+from ..lease import Contended, Lease, split_role
+from ..modes.base import Publish
+from ..outages import quietly
+from ..tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
+from .dispatch import delay_of
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from .context import TaskContext
-from .exceptions import LockStoreUnavailableError
-from .lease import Contended, Lease, companion
-from .tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
+from ..context import TaskContext
+from ..exceptions import LockStoreUnavailableError
+from ..lease import Contended, Lease, companion
+from ..tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
 
 logger = logging.getLogger(__name__)
 

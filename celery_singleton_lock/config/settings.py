@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
-from ._time import to_seconds, ttl_to_ms
-from .exceptions import ConfigurationError
-from .lease import DEFAULT_PREFIX, validate_prefix
-from .lease.clients import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
+from .._time import to_seconds, ttl_to_ms
+from ..exceptions import ConfigurationError
+from ..lease import DEFAULT_PREFIX, validate_prefix
+from ..lease.clients import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
 
 if TYPE_CHECKING:
     from celery import Celery

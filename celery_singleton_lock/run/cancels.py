@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from celery.exceptions import Ignore, Reject
 
-from .exceptions import TaskCancelledError
-from .lease import Lease
-from .options import SingletonOptions
+from ..config.options import SingletonOptions
+from ..exceptions import TaskCancelledError
+from ..lease import Lease
 
 if TYPE_CHECKING:
     from celery import Celery

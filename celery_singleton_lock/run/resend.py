@@ -8,10 +8,9 @@ from typing import NoReturn
 
 from celery.exceptions import Ignore
 
-from .context import Delivery, Request
-from .holds import PendingHold
-from .lease import Slot
-from .tokens import (
+from ..context import Delivery, Request
+from ..lease import Slot
+from ..tokens import (
     ATTEMPT_HEADER,
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -20,6 +19,7 @@ from .tokens import (
     RATE_SLOT_HEADER,
     TOKEN_HEADER,
 )
+from .holds import PendingHold
 
 logger = logging.getLogger(__name__)
 

@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
-from .config import MEMORY_URL, SingletonConfig
-from .exceptions import ConfigurationError, SingletonLockError
-from .lease import LockStore, MemoryLock, RedisLock, Redlock, client_from_url, describe
-from .lease.clients import REDLOCK_SCHEMES, STANDALONE_SCHEMES, redact, redlock_masters, scheme_of
+from ..exceptions import ConfigurationError, SingletonLockError
+from ..lease import LockStore, MemoryLock, RedisLock, Redlock, client_from_url, describe
+from ..lease.clients import REDLOCK_SCHEMES, STANDALONE_SCHEMES, redact, redlock_masters, scheme_of
+from .settings import MEMORY_URL, SingletonConfig
 
 if TYPE_CHECKING:
     from celery import Celery
-
-
-# What the Celery layer holds: either store, through the interface they share (mypy
-# checks both against it where _build returns them).
-Store: TypeAlias = LockStore
 
 
 _CACHE_ATTRIBUTE = "_singleton_lock_backend"
@@ -43,8 +38,8 @@ class Backend:
 
     def __init__(self, config: SingletonConfig) -> None:
         self.config = config
-        self._lock: Store | None = None
-        self._waiting: Store | None = None
+        self._lock: LockStore | None = None
+        self._waiting: LockStore | None = None
         self._building = threading.Lock()
 
     @classmethod
@@ -91,7 +86,7 @@ class Backend:
             return _bounded(url, options)
         return client_from_url(url, options, bounded=True)
 
-    def _build(self, *, waiting: bool) -> Store:
+    def _build(self, *, waiting: bool) -> LockStore:
         if self.config.require_url() == MEMORY_URL:
             if self._lock is not None:
                 return self._lock  # one in-process store, or waits would never be woken
@@ -117,7 +112,7 @@ class Backend:
         )
 
     @property
-    def lock(self) -> Store:
+    def lock(self) -> LockStore:
         # Many threads may dispatch their first call at once: each built store has its own
         # connection pool, so all but one built here would open connections past the bound.
         if self._lock is None:
@@ -127,7 +122,7 @@ class Backend:
         return self._lock
 
     @property
-    def waiting(self) -> Store:
+    def waiting(self) -> LockStore:
         if self._waiting is None:
             if self.config.client_factory is not None or isinstance(self.lock, Redlock):
                 # the user's client: its timeouts are theirs; a Redlock's waits poll

@@ -11,19 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 from celery.signals import before_task_publish
 
-from . import outages
-from .backend import Store
-from .exceptions import LockStoreUnavailableError, SingletonLockError
-from .lease import Contended, Lease, PendingAcquire
-from .modes.base import Call, Publish
-from .tokens import RATE_SLOT_HEADER
+from .. import outages
+from ..exceptions import LockStoreUnavailableError, SingletonLockError
+from ..lease import Contended, Lease, LockStore, PendingAcquire
+from ..modes.base import Call, Publish
+from ..tokens import RATE_SLOT_HEADER
 
 if TYPE_CHECKING:
     from celery import Celery
     from celery.result import AsyncResult
     from kombu.messaging import Producer
 
-    from .context import TaskContext
+    from ..context import TaskContext
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +148,7 @@ class Gate:
 
     def __init__(
         self,
-        store: Store,
+        store: LockStore,
         lock_name: str,
         pending: PendingAcquire,
         outage: Callable[[LockStoreUnavailableError], None],
@@ -192,7 +191,7 @@ class Gate:
                 )  # fmt: skip
             return
         if isinstance(outcome, Lease):
-            quietly(store.release, outcome)
+            outages.quietly(store.release, outcome)
 
 
 @dataclass(frozen=True)
@@ -248,11 +247,3 @@ class GatedProducer:
             self._gate.check()
         # kombu leaves Producer.publish untyped.
         return self._producer.publish(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-
-def quietly(release: Callable[[Lease], object], lease: Lease) -> None:
-    """Release without masking the task's own outcome; a failed release expires by TTL."""
-    try:
-        release(lease)
-    except LockStoreUnavailableError as error:
-        logger.warning("release of %s failed (%s); it frees itself by its ttl", lease.key, error)

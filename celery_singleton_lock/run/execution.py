@@ -21,23 +21,21 @@ from celery import states
 from celery.exceptions import Ignore, Reject
 from celery.utils.dispatch import Signal
 
-from . import outages
-from . import signals as singleton_signals
-from .backend import Store
-from .context import Delivery, TaskContext
-from .contrib.liveness import runs_task
-from .dispatch import quietly
-from .exceptions import (
+from .. import outages
+from .. import signals as singleton_signals
+from ..context import Delivery, TaskContext
+from ..exceptions import (
     ConfigurationError,
     DuplicateTaskError,
     LockNotAcquiredError,
     LockStoreUnavailableError,
 )
-from .holds import PendingHold
-from .lease import Contended, Lease, history
-from .lease.history import Record
-from .modes import Mode, Start
-from .policies import (
+from ..holders import is_dead, runs_task
+from ..lease import Contended, Lease, LockStore, history
+from ..lease.history import Record
+from ..modes import Mode, Start
+from ..outages import quietly
+from ..policies import (
     ContentionState,
     Decision,
     Fail,
@@ -47,8 +45,7 @@ from .policies import (
     decided_ahead,
     described,
 )
-from .resend import defer, send_again
-from .tokens import (
+from ..tokens import (
     ATTEMPT_HEADER,
     HOLD_HEADER,
     NAME_HEADER,
@@ -67,7 +64,8 @@ from .tokens import (
     reserved_exact,
     running_token,
 )
-from .worker.childwatch import is_dead
+from .holds import PendingHold
+from .resend import defer, send_again
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +87,7 @@ class Execution:
         self.lock_name: str = header(request, NAME_HEADER) or opts.key.derive(args, kwargs)
         self.call = (args, kwargs)
         self.mode: Mode = opts.mode
-        self.store: Store = context.store
+        self.store: LockStore = context.store
         # The running lease the worker took for this message as it arrived, if it did.
         self.handed = None if request.is_eager else HandedLease.take(request, request.id)
 

@@ -14,14 +14,14 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .backend import Backend, Store
-from .broker.connection import publishing
-from .broker.transport import may_ride, rides
-from .dispatch import Refused, Sent, delay_of, quietly, refusals
-from .exceptions import LockStoreUnavailableError
-from .lease import (
+from ..broker.connection import publishing
+from ..broker.transport import may_ride, rides
+from ..config.stores import Backend
+from ..exceptions import LockStoreUnavailableError
+from ..lease import (
     Contended,
     Lease,
+    LockStore,
     Note,
     Push,
     PushRefused,
@@ -31,16 +31,18 @@ from .lease import (
     Transit,
     companion,
 )
-from .modes.base import Mode, Publish, Replacing
-from .tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER
+from ..modes.base import Mode, Publish, Replacing
+from ..outages import quietly
+from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER
+from .dispatch import Refused, Sent, delay_of, refusals
 
 if TYPE_CHECKING:
     from celery import Celery
     from celery.result import AsyncResult
     from kombu.messaging import Producer
 
-    from .context import TaskContext
-    from .lease.history import Record
+    from ..context import TaskContext
+    from ..lease.history import Record
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,7 @@ class PushedHold:
 
     def __init__(
         self,
-        store: Store,
+        store: LockStore,
         pushes: PushStore,
         lock_name: str,
         ttl: float,
@@ -199,7 +201,7 @@ class InTransit:
 
 
 def answered_early(
-    store: Store,
+    store: LockStore,
     hold: str,
     lock_name: str,
     refused: Callable[[Contended], AsyncResult],
@@ -250,7 +252,7 @@ def give_up_purged(app: Celery, client: object, lists: list[str]) -> None:
 
 def duplicate_answered(
     mode: Mode,
-    store: Store,
+    store: LockStore,
     lock_name: str,
     refused: Callable[[Contended], AsyncResult],
     entry: Record | None = None,
@@ -266,7 +268,7 @@ class Ride:
     """A dispatch's lock operations riding its message's push, the lock store being a
     server a broker channel may push to (``store.pushes``)."""
 
-    store: Store
+    store: LockStore
     pushes: PushStore
     hold: str  # the lock the dispatch holds
     outage: Callable[[LockStoreUnavailableError], None]
