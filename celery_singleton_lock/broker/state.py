@@ -35,7 +35,7 @@ class Fold(Protocol):
 
 class Noted(Protocol):
     """A singleton call being published: its message is noted in transit as the channel
-    pushes it (``lease.transit``), by the hold's script or with its own push."""
+    pushes it (``lease.redis.transit``), by the hold's script or with its own push."""
 
     @property
     def task_id(self) -> str: ...

@@ -1,7 +1,7 @@
 """kombu's Redis transport with a singleton dispatch's hold taken in its message's push.
 
 A unique dispatch costs what plain Celery's does: one round trip, a script that takes the
-hold and pushes the message together (``lease.pushes``), or pushes nothing when the call
+hold and pushes the message together (``lease.redis.pushes``), or pushes nothing when the call
 is a duplicate. There is no moment with a hold and no message (a producer killed between
 the two would leave one for ``queue_ttl``), nor a message and no hold.
 
@@ -9,7 +9,7 @@ An app that rides (``broker.install``) resolves kombu's Redis and Sentinel trans
 ``RedisTransport`` and ``SentinelTransport``, which behave exactly as kombu's own for any
 message without a hold to take; a transport the app names (``broker_transport``) is
 kept. Every singleton call's message is noted in transit as it is pushed
-(``lease.transit``): by the hold's script, or, with no hold riding (a lock store on
+(``lease.redis.transit``): by the hold's script, or, with no hold riding (a lock store on
 another server, a mode without a dispatch hold), by a script that replaces kombu's LPUSH
 in the same one round trip. Every other message (other tasks, canvas, fanout) is put as
 kombu puts it. Received messages are recorded by ``unacked.QoS``.
@@ -119,7 +119,7 @@ class Channel(kombu_redis.Channel):
             dumps(message),
             db=None if server is None else server.db,
             expire=expire,
-            note=note,  # noted in transit until received (lease.transit)
+            note=note,  # noted in transit until received (lease.redis.transit)
         )
         if fold is not None and fold.put(server, push):
             return

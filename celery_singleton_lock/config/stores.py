@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..lease import LockStore, MemoryLock, RedisLock, Redlock, client_from_url, describe
-from ..lease.clients import REDLOCK_SCHEMES, STANDALONE_SCHEMES, redact, redlock_masters, scheme_of
+from ..lease.redis.clients import (
+    REDLOCK_SCHEMES,
+    STANDALONE_SCHEMES,
+    redact,
+    redlock_masters,
+    scheme_of,
+)
 from .settings import MEMORY_URL, SingletonConfig
 
 if TYPE_CHECKING:

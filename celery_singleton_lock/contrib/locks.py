@@ -19,8 +19,8 @@ from ..config.options import is_singleton
 from ..config.stores import Backend
 from ..lease import LockStore, ReleaseResult
 from ..lease.history import Record
-from ..lease.inventory import Held
-from ..lease.rates import budget
+from ..lease.limits.rates import budget
+from ..lease.redis.inventory import Held
 from ..modes import RateSpec
 from ..tokens import read_token
 from .history import lock_name_of

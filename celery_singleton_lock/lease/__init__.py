@@ -1,22 +1,22 @@
 """The Redis lease: owner-checked, fenced, renewed locks on any redis-py client; no Celery."""
 
-from .aio import AsyncRedisLock
-from .clients import build as client_from_url
-from .clients import describe
 from .clock import Clock, ManualClock
 from .interface import LockStore, PushStore, SlotStore
 from .lease import Lease
+from .limits.rates import Rate, Slot, parse_rate, rates_of
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .outcomes import Contended, ExtendResult, ReleaseResult
-from .pending import PendingAcquire
-from .pushes import Push, PushRefused, RidingRelease, RidingTake
-from .rates import Rate, Slot, parse_rate, rates_of
-from .redlock import Redlock
+from .redis.aio import AsyncRedisLock
+from .redis.clients import build as client_from_url
+from .redis.clients import describe
+from .redis.pending import PendingAcquire
+from .redis.pushes import Push, PushRefused, RidingRelease, RidingTake
+from .redis.servers import Server, server_of
+from .redis.store import RedisLock
+from .redis.transit import ClearNote, Note, Transit
+from .redlock.masters import Redlock
 from .renewal import Renewer, get_renewer
-from .servers import Server, server_of
-from .store import RedisLock
-from .transit import ClearNote, Note, Transit
 
 __all__ = [
     "DEFAULT_PREFIX",

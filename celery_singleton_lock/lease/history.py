@@ -22,10 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import scripts
-from .base import REDIS_ERRORS
 from .errors import store_error
 from .outcomes import text
+from .redis import scripts
+from .redis.base import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from .base import WaitMode
 from .clock import Clock
 from .history import Record
-from .inventory import Held
 from .lease import Lease, LostCallback
 from .names import LockKeys
 from .outcomes import Contended, ExtendResult, ReleaseResult
-from .pending import PendingAcquire
-from .pushes import Push, RidingRelease, RidingTake
-from .servers import Server
+from .redis.base import WaitMode
+from .redis.inventory import Held
+from .redis.pending import PendingAcquire
+from .redis.pushes import Push, RidingRelease, RidingTake
+from .redis.servers import Server
 
 
 class SlotStore(Protocol):

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from .clock import SYSTEM_CLOCK, Clock
-from .inventory import Held, parse_key
 from .lease import YIELDED, Lease, LostCallback
+from .limits.slots import check_limit
 from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
 from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
-from .pending import PendingAcquire
-from .slots import check_limit
+from .redis.inventory import Held, parse_key
+from .redis.pending import PendingAcquire
 
 if TYPE_CHECKING:
     from .history import Record  # kept by none of these stores: taken and not written

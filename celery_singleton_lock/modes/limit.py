@@ -2,7 +2,7 @@
 
 - publish: no hold; every call is sent.
 - receipt: nothing to reserve.
-- start: the lowest free slot (``lease.slots``: one script, fences increasing across
+- start: the lowest free slot (``lease.limits.slots``: one script, fences increasing across
   slots); a retry's message first takes back the slot its attempt ran in.
   ``on_contention=wait`` is woken by the release of any slot, first come first served.
 - end: the slot is released; a dead child's slot by its worker (any of the N).

@@ -4,7 +4,7 @@
   first and sends it with the countdown to it; ``on_limited="raise"`` takes a slot now or
   raises ``RateLimitedError`` before anything is sent. Either way the slot rides in the
   message (``RATE_SLOT_HEADER``) and is not counted again.
-- start: a slot before the running lease (``lease.rates``, GCRA: one script). Free now:
+- start: a slot before the running lease (``lease.limits.rates``, GCRA: one script). Free now:
   the run goes on. Not yet: the next free slot is reserved for it and the message sent
   again, same task id, to arrive on it; deferred calls so run in the order they were
   deferred, each on a slot of its own. A message carrying a slot only asks the server's

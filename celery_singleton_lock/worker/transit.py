@@ -1,6 +1,6 @@
 """The worker's part in finding lost messages: clear a received one's note, sweep on a timer.
 
-A singleton message pushed with its hold is noted in transit (``lease.transit``) until a
+A singleton message pushed with its hold is noted in transit (``lease.redis.transit``) until a
 worker records it as unacked; the note is cleared in that very pipeline (``riders``).
 Every worker sweeps the notes on its timer (``Sweeper``): a message popped by a worker
 killed before it recorded it is pushed again ``singleton_lock_transit_timeout`` to

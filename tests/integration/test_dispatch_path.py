@@ -16,7 +16,7 @@ import redis
 from celery.signals import before_task_publish
 
 from celery_singleton_lock import Contended, ExtendResult, Lease, RedisLock
-from celery_singleton_lock.lease import transport
+from celery_singleton_lock.lease.redis import pipelining
 from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
 
 from ..conftest import SAME_SERVER, CeleryEnv
@@ -268,7 +268,7 @@ class TestScriptlessHolds:
     ) -> None:
         # NX with XX is a syntax error on every server: the answer Redis < 7.0 gives to
         # NX with GET.
-        monkeypatch.setattr(transport, "HOLD_OPTIONS", ("NX", "XX", "GET"))
+        monkeypatch.setattr(pipelining, "HOLD_OPTIONS", ("NX", "XX", "GET"))
         lock.try_acquire("warm", 10, fenced=False)  # the first hold: by script
         raw.config_resetstat()
         first = lock.try_acquire("old-1", 10, token="tok-a", fenced=False)
@@ -318,7 +318,7 @@ class TestAnswersReadLater:
         raw.set(lease.key, "someone else")
         lock.release_nowait(lease)
         assert not lease.lost  # not read yet
-        with caplog.at_level("INFO", logger="celery_singleton_lock.lease.base"):
+        with caplog.at_level("INFO", logger="celery_singleton_lock.lease.redis.base"):
             assert isinstance(lock.try_acquire("later-next", 10), Lease)
         assert lease.lost
         assert "NOT_OWNER" in caplog.text

@@ -1,4 +1,4 @@
-"""Per-name rate limits in the lease layer (``lease.rates``): GCRA against a real Redis and
+"""Per-name rate limits in the lease layer (``lease.limits.rates``): GCRA against a real Redis and
 the in-memory store, forms of a rate, and the sliding-window bound under contention."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import ConfigurationError, MemoryLock, RedisLock
-from celery_singleton_lock.lease.rates import Rate, parse_rate, rates_of
+from celery_singleton_lock.lease.limits.rates import Rate, parse_rate, rates_of
 
 
 @pytest.fixture(name="store", params=["redis", "memory"])

@@ -19,8 +19,8 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.config.stores import Backend
 from celery_singleton_lock.lease import rates_of
-from celery_singleton_lock.lease import redlock as redlock_module
-from celery_singleton_lock.lease.clients import redlock_masters
+from celery_singleton_lock.lease.redis.clients import redlock_masters
+from celery_singleton_lock.lease.redlock import masters as redlock_module
 
 from ..conftest import CeleryEnv
 from ..support.apps import app_with, lock_url

@@ -1,4 +1,4 @@
-"""A run's release riding the write of its result (``lease.pushes.RidingRelease`` and
+"""A run's release riding the write of its result (``lease.redis.pushes.RidingRelease`` and
 ``results.RedisBackend``), on a real redis-server: the lock in database 1, the results
 in database 0, as the default shape has them."""
 

@@ -25,7 +25,7 @@ from celery_singleton_lock import (
     singleton_task,
 )
 from celery_singleton_lock.config.settings import SingletonConfig
-from celery_singleton_lock.lease.clients import describe as redacted_url
+from celery_singleton_lock.lease.redis.clients import describe as redacted_url
 
 from ..support.servers import RedisServer
 

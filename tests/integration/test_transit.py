@@ -2,7 +2,7 @@
 
 kombu's Redis transport pops a message (BRPOP) before it records it as unacked; a
 worker killed in between loses it (celery/celery#7950). A singleton message pushed with
-its hold is noted in transit (``lease.transit``), the note is cleared in the pipeline
+its hold is noted in transit (``lease.redis.transit``), the note is cleared in the pipeline
 that records it unacked, and workers sweep for notes of messages found nowhere.
 
 Here the loss is made by hand: the message is popped from its list by a client that

@@ -161,7 +161,7 @@ class TestFrozenServer:
 
         from celery_singleton_lock import LockStoreUnavailableError
         from celery_singleton_lock.lease import client_from_url
-        from celery_singleton_lock.lease.waits import GRACE
+        from celery_singleton_lock.lease.redis.waits import GRACE
 
         from ..support.servers import RedisServer
 

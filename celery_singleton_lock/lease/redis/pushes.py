@@ -19,18 +19,19 @@ from typing import Any, NoReturn, Protocol
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from . import history, scripts
+from .. import history
+from ..errors import is_refusal
+from ..history import Record
+from ..lease import Lease
+from ..names import LockKeys, new_token
+from ..outcomes import Contended, ReleaseResult
+from . import scripts
 from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
 from .clients import SyncClient
-from .errors import is_refusal
-from .history import Record
-from .lease import Lease
-from .names import LockKeys, new_token
-from .outcomes import Contended, ReleaseResult
+from .pipelining import Transport
 from .servers import Server
 from .transit import Note, keys_of
-from .transport import Transport
 
 
 class _Store(Protocol):

@@ -32,192 +32,24 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 
-from .errors import is_refusal, store_error
+from ..errors import is_refusal, store_error
+from . import scripts
 
 if TYPE_CHECKING:
     from .calls import Arg
 
-# The notes' keys, in this order wherever a script takes them: the due set (member ->
-# when to look next), the records (member -> {name, token, list, pushed at ms, missing
-# since ms or 0, ends at ms, seq, 1 once pushed again}), the payloads (member -> the
-# message as pushed), each list's last push number (list -> seq) and the greatest
-# number received (list -> seq).
+# How many keys the notes take, in the order lua/includes/note.lua gives (which says
+# the same to the scripts).
 NOTE_KEYS = 5
 
-# Note a message `payload` just pushed to `list` (a key), for the `spec` {member, hold's
-# name, its token, ms its hold lasts, ms to wait}: the notes' keys are KEYS[k .. k + 4].
-# Each noted push to a list is numbered: a message received whose number is greater
-# than a noted one's means that one was popped before (a list is popped in order).
-# Shared by the push scripts (``scripts._PUSH``, PUSH); not a script itself.
-NOTE = """
-local function note(k, spec, list, payload)
-  local n = cjson.decode(spec)
-  local now = redis.call('TIME')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local seq = redis.call('HINCRBY', KEYS[k + 3], list, 1)
-  redis.call('HSET', KEYS[k + 1], n[1], cjson.encode({n[2], n[3], list, ms, 0, ms + n[4], seq}))
-  redis.call('HSET', KEYS[k + 2], n[1], payload)
-  redis.call('ZADD', KEYS[k], ms + n[5], n[1])
-end
-"""
-
-# Where a noted message is, the notes' keys being KEYS[1..5] and kombu's unacked hash
-# KEYS[6]: 'queued' (or maybe: its list is long and it is not among the 1,000 popped
-# next), 'unacked', or 'gone' (popped and never recorded). Bounded: never more than
-# 1,000 list entries read. Not a script itself.
-_WHERE = """
-local function where(member, r)
-  if redis.call('HEXISTS', KEYS[6], member) == 1 then return 'unacked' end
-  local popped = tonumber(redis.call('HGET', KEYS[5], r[3]) or 0)
-  local length = redis.call('LLEN', r[3])
-  if length == 0 then return 'gone' end
-  -- A message pushed again (r[8]) waits at the end popped next, behind nothing: its
-  -- number is older than what was received since, so only a look at that end tells.
-  if popped >= r[7] and not r[8] then return 'gone' end
-  local payload = redis.call('HGET', KEYS[3], member)
-  local found = redis.pcall('LPOS', r[3], payload, 'RANK', -1, 'MAXLEN', 1000)
-  if type(found) == 'table' then
-    -- Redis < 6.0.6 has no LPOS: the 1,000 entries popped next, read.
-    found = false
-    for _, v in ipairs(redis.call('LRANGE', r[3], -1000, -1)) do
-      if v == payload then found = true end
-    end
-  end
-  if found or (length > 1000 and not r[8]) then return 'queued' end
-  return 'gone'
-end
-"""
-
-# Drop a member's note (the notes' keys being KEYS[1..5]). Not a script itself.
-_FORGET = """
-local function forget(member)
-  redis.call('ZREM', KEYS[1], member)
-  redis.call('HDEL', KEYS[2], member)
-  redis.call('HDEL', KEYS[3], member)
-end
-"""
-
-# LPUSH with a note (a lock store on another server: the hold was taken there).
-# KEYS[1] the list  KEYS[2..6] the notes'  KEYS[7..] lists to expire too
-# ARGV[1] payload  ARGV[2] expiry ms ('' for none)  ARGV[3] the note's spec
-PUSH = (
-    NOTE
-    + """
-redis.call('LPUSH', KEYS[1], ARGV[1])
-if ARGV[2] ~= '' then
-  for i = 7, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
-end
-note(2, ARGV[3], KEYS[1], ARGV[1])
-return 1
-"""
-)
-
-# KEYS[1..5] the notes'  KEYS[6] kombu's unacked hash  ARGV[1] wait ms  ARGV[2] how many
-# returns {member, name, token} of each message gone for a wait: to push again if its
-# hold still stands (PUSH_AGAIN), else to forget (FORGET). A message still queued is
-# looked at less often the longer it waits; one unacked, or past its hold, is forgotten.
-SWEEP = (
-    _FORGET
-    + _WHERE
-    + """
-local now = redis.call('TIME')
-local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local wait = tonumber(ARGV[1])
-local missing = {}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ms, 'LIMIT', 0, tonumber(ARGV[2]))
-for _, member in ipairs(due) do
-  local raw = redis.call('HGET', KEYS[2], member)
-  local r = raw and cjson.decode(raw)
-  local state = (r and ms < r[6]) and where(member, r) or 'unacked'
-  if state == 'unacked' then
-    forget(member)
-  else
-    local next_look = ms + wait
-    if state == 'queued' then
-      r[5] = 0
-      next_look = ms + math.max(wait, ms - r[4])
-    elseif r[5] == 0 then
-      r[5] = ms
-    elseif ms - r[5] >= wait then
-      table.insert(missing, {member, r[1], r[2]})
-    end
-    redis.call('HSET', KEYS[2], member, cjson.encode(r))
-    redis.call('ZADD', KEYS[1], next_look, member)
-  end
-end
-return missing
-"""
-)
-
-# KEYS as SWEEP; ARGV the members whose holds still stand. Each still noted, seen gone
-# before and gone now is pushed again, at the end popped next, keeping its number and
-# marked pushed again (r[8]): a number of its own would be newer than the messages still
-# queued, whose receipt it would then seem to prove. returns the members pushed
-PUSH_AGAIN = (
-    _WHERE
-    + """
-local pushed = {}
-for _, member in ipairs(ARGV) do
-  local raw = redis.call('HGET', KEYS[2], member)
-  local r = raw and cjson.decode(raw)
-  if r and r[5] ~= 0 and where(member, r) == 'gone' then
-    redis.call('RPUSH', r[3], redis.call('HGET', KEYS[3], member))
-    r[5] = 0
-    r[8] = 1
-    redis.call('HSET', KEYS[2], member, cjson.encode(r))
-    table.insert(pushed, member)
-  end
-end
-return pushed
-"""
-)
-
-# KEYS[1..5] the notes'  ARGV the members to forget (their holds moved on)
-FORGET = (
-    _FORGET
-    + """
-for _, member in ipairs(ARGV) do forget(member) end
-return #ARGV
-"""
-)
-
-# A received message's note cleared, in the pipeline that records it as unacked:
-# KEYS[1..5] the notes'  ARGV[1] its member. Its number counts as received for its list.
-CLEAR = (
-    _FORGET
-    + """
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if not raw then return 0 end
-local r = cjson.decode(raw)
-if r[7] > tonumber(redis.call('HGET', KEYS[5], r[3]) or 0) then
-  redis.call('HSET', KEYS[5], r[3], r[7])
-end
-forget(ARGV[1])
-return 1
-"""
-)
-
-# KEYS[1..5] the notes'  ARGV the lists a purge emptied: their messages' notes dropped.
-# returns {name, token} of each (their holds, for the caller to give up)
-PURGED = (
-    _FORGET
-    + """
-local purged, holds, cursor = {}, {}, '0'
-for _, list in ipairs(ARGV) do purged[list] = true end
-repeat
-  local page = redis.call('HSCAN', KEYS[2], cursor, 'COUNT', 500)
-  cursor = page[1]
-  for i = 1, #page[2], 2 do
-    local r = cjson.decode(page[2][i + 1])
-    if purged[r[3]] then
-      table.insert(holds, {r[1], r[2]})
-      forget(page[2][i])
-    end
-  end
-until cursor == '0'
-return holds
-"""
-)
+# The scripts (lua/: each file says its KEYS, ARGV and replies; the notes' helpers
+# are lua/includes/note.lua, where.lua and forget.lua).
+PUSH = scripts.source("push_noted")
+SWEEP = scripts.source("sweep")
+PUSH_AGAIN = scripts.source("push_again")
+FORGET = scripts.source("forget_notes")
+CLEAR = scripts.source("clear_note")
+PURGED = scripts.source("purged")
 
 # Notes looked at per sweep at most: a sweep is one short script, whatever the backlog.
 SWEEP_LIMIT = 200
@@ -351,7 +183,6 @@ def _text(value: object) -> str:
 __all__ = [
     "CLEAR",
     "FORGET",
-    "NOTE",
     "NOTE_KEYS",
     "PURGED",
     "PUSH",

@@ -6,14 +6,14 @@ import asyncio
 import time
 from typing import Any
 
-from ..exceptions import ConfigurationError
+from ...exceptions import ConfigurationError
+from ..lease import Lease, LostCallback
+from ..names import DEFAULT_PREFIX
+from ..outcomes import Contended, ExtendResult, ReleaseResult, text
+from ..renewal import cadence, next_delay
 from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .calls import run_script_async
 from .clients import build, is_async
-from .lease import Lease, LostCallback
-from .names import DEFAULT_PREFIX
-from .outcomes import Contended, ExtendResult, ReleaseResult, text
-from .renewal import cadence, next_delay
 from .waits import pop_within_async
 
 

@@ -16,22 +16,22 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-from ..exceptions import ConfigurationError, LockStoreUnavailableError, SingletonLockError
-from . import scripts
-from .clients import redlock_masters
-from .clock import SYSTEM_CLOCK
-from .inventory import BATCH, Held
-from .lease import YIELDED, Lease, LostCallback, valid_until
-from .names import DEFAULT_PREFIX, LockKeys, new_token
-from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
-from .pending import PendingAcquire
+from ...exceptions import ConfigurationError, LockStoreUnavailableError, SingletonLockError
+from ..clock import SYSTEM_CLOCK
+from ..lease import YIELDED, Lease, LostCallback, valid_until
+from ..limits.slots import QuorumSlots
+from ..names import DEFAULT_PREFIX, LockKeys, new_token
+from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult
+from ..redis import scripts
+from ..redis.clients import redlock_masters
+from ..redis.inventory import BATCH, Held
+from ..redis.pending import PendingAcquire
+from ..redis.store import RedisLock
+from ..renewal import Renewer, get_renewer
 from .quorum import Answers, Attempt, Quorum
-from .renewal import Renewer, get_renewer
-from .slots import QuorumSlots
-from .store import RedisLock
 
 if TYPE_CHECKING:
-    from .history import Record  # kept by none of these stores: taken and not written
+    from ..history import Record  # kept by none of these stores: taken and not written
 
 T = TypeVar("T")
 

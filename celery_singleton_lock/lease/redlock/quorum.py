@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ..exceptions import ConfigurationError, LockStoreUnavailableError
+from ...exceptions import ConfigurationError, LockStoreUnavailableError
 
 T = TypeVar("T")
 U = TypeVar("U")

@@ -40,7 +40,7 @@ import redis
 from redis.commands.core import Script
 from redis.connection import Connection, ConnectionPool
 
-from . import history
+from .. import history
 from .calls import Acked, Arg, Batch, Command, Exchange, Hold, ScriptCall, body
 from .clients import SyncClient
 from .replies import TRANSPORT_ERRORS, Reply

@@ -2,7 +2,7 @@
 
 Reading only: SCAN (never KEYS) over the prefix, on a Cluster over every master (redis-py's
 cluster client scans each primary), then one round trip per batch for the batch's
-holders, time left and fences: one script on a single server (``READ``: 100,000 locks
+holders, time left and fences: one script on a single server (``lua/read_holds.lua``: 100,000 locks
 list in about a second), a pipeline of reads on a Cluster, whose keys span its nodes.
 Memory is bounded by the batch, whatever the count.
 Bookkeeping keys (fences, wake-up signals, waiter lists, replaced-token sets) are not
@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+from ..errors import store_error
+from ..names import MAX_SLOTS, ROLES, LockKeys, companion, is_role
+from ..outcomes import text
+from . import scripts
 from .base import REDIS_ERRORS
 from .calls import run_script
 from .clients import SyncClient
-from .errors import store_error
-from .names import MAX_SLOTS, ROLES, LockKeys, companion, is_role
-from .outcomes import text
 
 
 class _Store(Protocol):  # RedisLock (this module is below it)
@@ -34,26 +35,8 @@ class _Store(Protocol):  # RedisLock (this module is below it)
 
 BATCH = 1000
 
-# Read a batch of locks in one step (a single server; reading only).
-# KEYS[1..n] the locks' keys, then their fence keys   ARGV[i] the index in KEYS of key
-# i's fence key, or 0 for a hold that takes no fence
-# returns JSON: for each key [value, pttl, fence or false], or 0 for a key released
-# since or not a string. One string, not an array: a reply is parsed in Python (without
-# hiredis), a reply of 3,000 items costs far more than one JSON text.
-READ = """
-local out = {}
-for i = 1, #ARGV do
-  local value = redis.pcall('GET', KEYS[i])
-  if type(value) == 'string' then
-    local fence = ARGV[i] ~= '0' and redis.call('GET', KEYS[tonumber(ARGV[i])]) or false
-    -- Ours are ASCII; another's bytes must not break a client that decodes replies.
-    out[i] = {string.gsub(value, '[\\128-\\255]', '?'), redis.call('PTTL', KEYS[i]), fence}
-  else
-    out[i] = 0
-  end
-end
-return cjson.encode(out)
-"""
+# Each lock of a batch: its value, ttl and fence (lua/read_holds.lua).
+READ = scripts.source("read_holds")
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import ConfigurationError
-from . import scripts
-from .base import REDIS_ERRORS, Block, ScriptArgs, Step, Try
-from .lease import Lease
-from .names import MAX_SLOTS, new_token, slot
-from .outcomes import Contended, text
-from .waits import pop_within
+from ...exceptions import ConfigurationError
+from ..lease import Lease
+from ..names import MAX_SLOTS, new_token, slot
+from ..outcomes import Contended, text
+from ..redis import scripts
+from ..redis.base import REDIS_ERRORS, Block, ScriptArgs, Step, Try
+from ..redis.waits import pop_within
 
 if TYPE_CHECKING:
-    from .history import Record
+    from ..history import Record
 
 
 def check_limit(limit: object) -> int:

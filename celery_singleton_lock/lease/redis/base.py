@@ -15,16 +15,16 @@ from typing import Any, Literal, NoReturn, TypeAlias, TypedDict
 import redis
 from redis.exceptions import RedisClusterException
 
-from .._time import full_jitter, to_seconds, ttl_to_ms
-from ..exceptions import ConfigurationError
+from ..._time import full_jitter, to_seconds, ttl_to_ms
+from ...exceptions import ConfigurationError
+from ..clock import SYSTEM_CLOCK, Clock
+from ..errors import store_error
+from ..lease import YIELDED, Lease, LostCallback, valid_until
+from ..names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
+from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from . import scripts
 from .calls import Arg
 from .clients import describe, socket_timeout_of
-from .clock import SYSTEM_CLOCK, Clock
-from .errors import store_error
-from .lease import YIELDED, Lease, LostCallback, valid_until
-from .names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
-from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 
 logger = logging.getLogger(__name__)
 

@@ -28,14 +28,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..exceptions import ConfigurationError
-from . import scripts
-from .base import REDIS_ERRORS
-from .memory import MemoryLock
-from .redlock import Redlock
+from ...exceptions import ConfigurationError
+from ..memory import MemoryLock
+from ..redis import scripts
+from ..redis.base import REDIS_ERRORS
+from ..redlock.masters import Redlock
 
 if TYPE_CHECKING:
-    from .history import Record
+    from ..history import Record
 
 How = Literal["take", "reserve", "peek", "due"]
 

@@ -10,25 +10,25 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from ..exceptions import ConfigurationError, SingletonLockError
-from . import history
+from ...exceptions import ConfigurationError, SingletonLockError
+from .. import history
+from ..errors import store_error
+from ..history import Record
+from ..lease import Lease, LostCallback
+from ..limits.slots import Slots
+from ..names import DEFAULT_PREFIX
+from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
+from ..renewal import Renewer, get_renewer
 from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
-from .errors import store_error
-from .history import Record
 from .inventory import BATCH, Held, family, scan
-from .lease import Lease, LostCallback
-from .names import DEFAULT_PREFIX
-from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from .pending import PendingAcquire
+from .pipelining import Transport
 from .pushes import Pushes
-from .renewal import Renewer, get_renewer
 from .replicas import acknowledged, replicas_option, with_acks
 from .replies import Reply
 from .servers import server_of
-from .slots import Slots
-from .transport import Transport
 from .waits import pop_within
 
 logger = logging.getLogger(__name__)

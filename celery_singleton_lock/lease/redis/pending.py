@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, NoReturn, Protocol
 
+from ..lease import Lease
+from ..outcomes import Contended
 from .base import REDIS_ERRORS, Call
-from .lease import Lease
-from .outcomes import Contended
 from .replies import Reply
 
 

@@ -33,7 +33,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
-from ..exceptions import ConfigurationError, LockStoreUnavailableError
+from ...exceptions import ConfigurationError, LockStoreUnavailableError
 
 # The redis-py clients a lock store takes: standalone (a Sentinel master is one) or
 # Cluster, sync or asyncio.

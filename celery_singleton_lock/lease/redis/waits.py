@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from .transport import takes_command_name
+from .pipelining import takes_command_name
 
 # Past its own timeout, how long a BLPOP's answer may take to arrive (a busy server, a
 # slow link) before the server counts as unreachable.

@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .._time import to_seconds
-from ..exceptions import ConfigurationError, LockStoreUnavailableError
-from .lease import Lease
-from .outcomes import Contended
+from ..._time import to_seconds
+from ...exceptions import ConfigurationError, LockStoreUnavailableError
+from ..lease import Lease
+from ..outcomes import Contended
 
 logger = logging.getLogger(__name__)
 

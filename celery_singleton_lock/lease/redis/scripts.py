@@ -1,0 +1,82 @@
+"""Every Lua script a lock runs, each read from its own file in ``lua/``.
+
+Each file opens with its contract: what it does, the KEYS and ARGV it takes and what it
+returns (sidekiq-unique-jobs' ``lua/`` and BullMQ's ``commands/`` are the models).
+Helpers several scripts share live in ``lua/includes/`` and are pulled in by a line
+``--- @include "name"`` (each once per script), never copied. The constants here are the
+scripts' text, comments left out (they would travel with every EVAL); the stores
+register them per client (EVALSHA, reloaded after a server restart by redis-py's
+``Script``), never in module state.
+
+All keys a script touches belong to one lock and share its hash tag (``names.LockKeys``):
+one Redis Cluster slot, never CROSSSLOT; the push scripts also touch a broker's lists.
+Scripts call ``TIME`` before writing, which replicates safely with effects replication
+(the default since Redis 5; the README's floor is 6.2).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.resources import files
+
+_LUA = files(__package__) / "lua"
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"\s*$')
+
+
+def source(name: str) -> str:
+    """The script ``lua/<name>.lua`` as sent to Redis: its includes expanded (each helper
+    once), its comment lines left out."""
+    return "".join(_lines(name, set()))
+
+
+def _lines(name: str, included: set[str]) -> list[str]:
+    lines = []
+    for line in (_LUA / f"{name}.lua").read_text().splitlines(keepends=True):
+        helper = _INCLUDE.match(line)
+        if helper is not None:
+            path = f"includes/{helper.group(1)}"
+            if path not in included:
+                included.add(path)
+                lines += _lines(path, included)
+        elif not line.lstrip().startswith("--"):
+            lines.append(line)
+    return lines
+
+
+ACQUIRE = source("acquire")
+HOLD_AND_PUSH = source("hold_and_push")
+ACQUIRE_SLOT = source("acquire_slot")
+SWAP = source("swap")
+SWAP_AND_PUSH = source("swap_and_push")
+RELEASE = source("release")
+RELEASE_MATCHING = source("release_matching")
+EXTEND = source("extend")
+RATE = source("rate")
+RAISE_FENCE = source("raise_fence")
+
+
+def in_lock_db(script: str, db: int) -> str:
+    """``script`` run on another client's connection to the lock store's server:
+    ARGV[db] is the lock's database ('' when it is the caller's), ARGV[db + 1] the
+    caller's, selected again before returning."""
+    return f"""local function run()
+{script}end
+if ARGV[{db}] ~= '' then redis.call('SELECT', ARGV[{db}]) end
+local reply = run()
+if ARGV[{db}] ~= '' then redis.call('SELECT', ARGV[{db + 1}]) end
+return reply
+"""
+
+
+# ACQUIRE run on another client's connection to the lock store's server (the broker's,
+# in the pipeline that records a received message as unacked): it switches to the
+# lock's database and back. The arguments are ACQUIRE's with ARGV[8] always given ('' for
+# none), then ARGV[9] the lock's database ('' when it is the caller's) and ARGV[10] the
+# caller's database. SELECT inside a script switches only the script's database.
+RIDING_ACQUIRE = in_lock_db(ACQUIRE, 9)
+
+# RELEASE sent in the pipeline of another client of the same server (the result
+# backend's, which stores the task's result in the same round trip): ARGV[3] the lock's
+# database ('' when it is the pipeline's own), ARGV[4] the pipeline's, selected again
+# before returning. Returns as RELEASE.
+RIDING_RELEASE = in_lock_db(RELEASE, 3)

@@ -1,0 +1,1 @@
+"""Leases held on a majority of independent Redis masters (Redlock), fenced across holders."""
