@@ -27,7 +27,7 @@ from .broker import results
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
 from .exceptions import DuplicateTaskError, LockStoreUnavailableError
-from .lease import Contended, Lease
+from .lease import HOLD, Contended, Lease
 from .modes import Replace, Replacement
 from .modes.base import Publish
 from .publish.dispatch import (
@@ -262,7 +262,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             if result is not None:
                 return result
         try:
-            pending = store.begin_try_acquire(hold, ttl, token=token, fenced=False, entry=record)
+            pending = store.begin_try_acquire(hold, ttl, token=token, take=HOLD, entry=record)
         except LockStoreUnavailableError as error:
             outage(error)  # fail_closed raises
             return publish(task_id, options, {NAME_HEADER: lock_name})

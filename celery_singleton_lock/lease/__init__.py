@@ -17,9 +17,11 @@ from .redis.store import RedisLock
 from .redis.transit import ClearNote, Note, Transit
 from .redlock.masters import Redlock
 from .renewal import Renewer, get_renewer
+from .takeover import HOLD, TakeOver
 
 __all__ = [
     "DEFAULT_PREFIX",
+    "HOLD",
     "AsyncRedisLock",
     "ClearNote",
     "Clock",
@@ -45,6 +47,7 @@ __all__ = [
     "Server",
     "Slot",
     "SlotStore",
+    "TakeOver",
     "Transit",
     "client_from_url",
     "companion",

@@ -19,6 +19,7 @@ from .redis.inventory import Held
 from .redis.pending import PendingAcquire
 from .redis.pushes import Push, RidingRelease, RidingTake
 from .redis.servers import Server
+from .takeover import FRESH, TakeOver
 
 
 class SlotStore(Protocol):
@@ -61,9 +62,8 @@ class PushStore(Protocol):
     ) -> Lease | Contended: ...  # fmt: skip
 
     def riding_take(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
-        unless_replaced: str | None = None, entry: Record | None = None,
-    ) -> RidingTake | None: ...  # fmt: skip
+        self, name: str, ttl: object, *, token: str, take: TakeOver, entry: Record | None = None
+    ) -> RidingTake | None: ...
 
     def riding_release(
         self, lease: Lease, *, entry: Record | None = None
@@ -90,10 +90,7 @@ class LockStore(Protocol):
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
-        unless_replaced: str | None = None,
+        take: TakeOver = FRESH,
         entry: Record | None = None,
     ) -> Lease | Contended: ...
 
@@ -103,11 +100,8 @@ class LockStore(Protocol):
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
+        take: TakeOver = FRESH,
         read_late: bool = False,
-        unless_replaced: str | None = None,
         entry: Record | None = None,
     ) -> PendingAcquire: ...
 
@@ -120,8 +114,7 @@ class LockStore(Protocol):
         timeout: object | None = None,
         wait: WaitMode = "push",
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
+        take: TakeOver = FRESH,
         renew: bool = False,
         on_lost: LostCallback | None = None,
         entry: Record | None = None,

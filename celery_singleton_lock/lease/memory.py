@@ -23,6 +23,7 @@ from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, val
 from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
 from .redis.inventory import Held, parse_key
 from .redis.pending import PendingAcquire
+from .takeover import FRESH, TakeOver
 
 if TYPE_CHECKING:
     from .history import Record  # kept by none of these stores: taken and not written
@@ -97,10 +98,7 @@ class MemoryLock:
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
-        unless_replaced: str | None = None,
+        take: TakeOver = FRESH,
         entry: Record | None = None,
     ) -> Lease | Contended:
         keys = self.keys(name)
@@ -108,13 +106,13 @@ class MemoryLock:
         wanted = new_token(token)
         ttl_ms = ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self.guard:
-            if unless_replaced and unless_replaced in self._replaced.get(key, ()):
+            if take.unless_replaced and take.unless_replaced in self._replaced.get(key, ()):
                 return Contended(name, key, "", None, replaced=True)
             live = self._live(key)
             if (
                 live is not None
                 and live.token != wanted
-                and not _replaceable(live.token, replace, replace_shape)
+                and not _replaceable(live.token, take.replace, take.shape)
             ):
                 left = live.expires_at - self.clock.monotonic()
                 return Contended(
@@ -125,7 +123,7 @@ class MemoryLock:
                 )
             now = self.clock.monotonic()
             fence = 0
-            if fenced:
+            if take.fenced:
                 # Keyed by the fence key, which a counting lease's slots share.
                 fence = max(time.time_ns() // 1000, self._last_fence.get(keys.fence, 0) + 1)
                 self._last_fence[keys.fence] = fence
@@ -140,18 +138,11 @@ class MemoryLock:
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
+        take: TakeOver = FRESH,
         read_late: bool = False,  # answered at once here
-        unless_replaced: str | None = None,
         entry: Record | None = None,
     ) -> PendingAcquire:
-        outcome = self.try_acquire(
-            name, ttl, token=token, replace=replace, replace_shape=replace_shape, fenced=fenced,
-            unless_replaced=unless_replaced,
-        )  # fmt: skip
-        return PendingAcquire.settled(outcome)
+        return PendingAcquire.settled(self.try_acquire(name, ttl, token=token, take=take))
 
     def acquire(
         self,
@@ -162,8 +153,7 @@ class MemoryLock:
         timeout: object | None = None,
         wait: str = "push",
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
+        take: TakeOver = FRESH,
         renew: bool = False,
         on_lost: LostCallback | None = None,
         entry: Record | None = None,
@@ -174,9 +164,7 @@ class MemoryLock:
         deadline = None if seconds is None else self.clock.monotonic() + seconds
         with self.guard:
             while True:
-                outcome = self.try_acquire(
-                    name, ttl, token=token, replace=replace, replace_shape=replace_shape
-                )
+                outcome = self.try_acquire(name, ttl, token=token, take=take)
                 if isinstance(outcome, Lease):
                     break
                 left = None if deadline is None else deadline - self.clock.monotonic()
@@ -199,7 +187,9 @@ class MemoryLock:
 
     def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended:
         lease.mark_released()
-        outcome = self.try_acquire(lease.name, ttl, token=token, replace=lease.token, fenced=False)
+        outcome = self.try_acquire(
+            lease.name, ttl, token=token, take=TakeOver(replace=lease.token, fenced=False)
+        )
         if isinstance(outcome, Contended):
             lease.note_loss("another owner holds it")
         return outcome

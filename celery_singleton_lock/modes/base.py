@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, TypedDict
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from ..lease import Contended, Lease, LockStore, Slot, companion
+from ..lease import Contended, Lease, LockStore, Slot, TakeOver, companion
 from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, queued_token
 
 if TYPE_CHECKING:
@@ -51,13 +51,6 @@ class Holder(Protocol):
     def state(self) -> str: ...
     @property
     def ttl(self) -> float | None: ...
-
-
-class Own(TypedDict, total=False):
-    """What of the key a message may take over (``Start.own``), as the store's keywords."""
-
-    replace: str | None
-    replace_shape: tuple[str, str] | None
 
 
 @dataclass(frozen=True)
@@ -103,12 +96,12 @@ class Start:
     store: LockStore
     entry: Record | None = None
 
-    def own(self) -> Own:
+    def take_over(self, *, unless_replaced: str | None = None) -> TakeOver:
         """What of the key this message may take over: its own queued hold or reservation.
         A hold beside the key (a role) is not taken over: the lease is taken afresh."""
         if self.role:
-            return {}
-        return {"replace": self.queued, "replace_shape": self.shape}
+            return TakeOver(unless_replaced=unless_replaced)
+        return TakeOver(self.queued, self.shape, unless_replaced=unless_replaced)
 
 
 class Mode:
@@ -190,15 +183,12 @@ class Mode:
     def take(self, start: Start) -> Lease | Contended:
         """Try once for the running lease: the key, taking over the message's own hold
         on it (queued, or reserved by the worker that received it)."""
+        # A replaced message must not run even once the key is free again.
+        unless = start.queued if self.replaces and not start.role else None
         return start.store.try_acquire(
-            start.name,
-            start.ttl,
-            token=start.token,
-            # A replaced message must not run even once the key is free again.
-            unless_replaced=start.queued if self.replaces and not start.role else None,
+            start.name, start.ttl, token=start.token, take=start.take_over(unless_replaced=unless),
             entry=start.entry,
-            **start.own(),
-        )
+        )  # fmt: skip
 
     def running(self, lease: Lease, start: Start) -> None:
         """The run holds ``lease`` (its own hold let go), before its renewal starts: what
@@ -207,8 +197,8 @@ class Mode:
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
         return waiting.acquire(
-            start.name, start.ttl, timeout=timeout, token=start.token, entry=start.entry,
-            **start.own(),
+            start.name, start.ttl, timeout=timeout, token=start.token, take=start.take_over(),
+            entry=start.entry,
         )  # fmt: skip
 
     # -- end --------------------------------------------------------------------------------

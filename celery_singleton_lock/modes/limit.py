@@ -30,8 +30,7 @@ class Limit(Mode):
                 companion(start.name, start.role),
                 start.ttl,
                 token=start.token,
-                replace=start.queued,
-                replace_shape=start.shape,
+                take=start.take_over(),
                 entry=start.entry,
             )
             if isinstance(own, Lease):

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from celery.utils import uuid
 
 from ..exceptions import LockStoreUnavailableError
-from ..lease import Contended, Lease, LockStore
+from ..lease import HOLD, Contended, Lease, LockStore
 from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token
 from .base import Holder, Mode, Publish, Replacing
 
@@ -174,7 +174,7 @@ class Replacement:
             queued_id = uuid()
             token = self._mode.token(queued_id)
             outcome = store.try_acquire(
-                self._hold, self._ttl, token=token, fenced=False, entry=self._entry
+                self._hold, self._ttl, token=token, take=HOLD, entry=self._entry
             )
             return outcome, queued_id, token, self._ttl, self._options
         token, ttl, options = self._mode.successor(

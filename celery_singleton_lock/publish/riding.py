@@ -19,6 +19,7 @@ from ..broker.transport import may_ride, rides
 from ..config.stores import Backend
 from ..exceptions import LockStoreUnavailableError
 from ..lease import (
+    HOLD,
     Contended,
     Lease,
     LockStore,
@@ -118,7 +119,7 @@ class PushedHold:
     def _take(self) -> Lease | Contended:
         if self._replacing is None:
             return self._store.try_acquire(
-                self._name, self._ttl, token=self._token, fenced=False, entry=self._entry
+                self._name, self._ttl, token=self._token, take=HOLD, entry=self._entry
             )
         holder, record = self._replacing
         return self._store.swap(

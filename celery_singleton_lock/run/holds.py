@@ -13,7 +13,7 @@ import logging
 
 from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
-from ..lease import Contended, Lease, companion
+from ..lease import Contended, Lease, TakeOver, companion
 from ..tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
 
 logger = logging.getLogger(__name__)
@@ -50,10 +50,12 @@ class PendingHold:
             self.name,
             ttl,
             token=token,
-            replace=self._queued,
-            replace_shape=self._reserved,
-            fenced=False,
-            unless_replaced=unless_replaced,
+            take=TakeOver(
+                replace=self._queued,
+                shape=self._reserved,
+                fenced=False,
+                unless_replaced=unless_replaced,
+            ),
         )
 
     def claim(self) -> Contended | None:

@@ -26,7 +26,16 @@ from celery.worker import state as worker_state
 from ..config.options import is_singleton
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
-from ..lease import Lease, PendingAcquire, RedisLock, Redlock, RidingTake, Server, companion
+from ..lease import (
+    Lease,
+    PendingAcquire,
+    RedisLock,
+    Redlock,
+    RidingTake,
+    Server,
+    TakeOver,
+    companion,
+)
 from ..lease.history import Record
 from ..tokens import (
     HOLD_HEADER,
@@ -109,10 +118,8 @@ class Reservations:
                 # A take that rode but whose answer was lost may have been applied:
                 # the same token counts as free, so this one gets the same answer.
                 token=plan.token,
-                replace=plan.queued,
-                fenced=plan.running,
+                take=plan.take_over,
                 read_late=True,
-                unless_replaced=plan.unless_replaced,
                 entry=_started(context, plan, task_id),
             )
         except SingletonLockError as error:
@@ -144,8 +151,7 @@ class Reservations:
             return None
         try:
             take = pushes.riding_take(
-                plan.name, context.ttl, token=plan.token, replace=plan.queued,
-                fenced=plan.running, unless_replaced=plan.unless_replaced,
+                plan.name, context.ttl, token=plan.token, take=plan.take_over,
                 entry=_started(context, plan, task_id),  # written by the riding take
             )  # fmt: skip
         except SingletonLockError:
@@ -264,6 +270,11 @@ class _Plan:
     # replaced meanwhile takes nothing, even once its hold has lapsed (a worker died
     # with it): taken, it would pass for the newer message's, which would be dropped.
     unless_replaced: str | None = None
+
+    @property
+    def take_over(self) -> TakeOver:
+        """The message's hold taken over; fenced as the running lease."""
+        return TakeOver(self.queued, fenced=self.running, unless_replaced=self.unless_replaced)
 
 
 @dataclass(frozen=True)

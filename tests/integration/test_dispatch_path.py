@@ -16,6 +16,7 @@ import redis
 from celery.signals import before_task_publish
 
 from celery_singleton_lock import Contended, ExtendResult, Lease, RedisLock
+from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.redis import pipelining
 from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
 
@@ -132,7 +133,7 @@ class TestLeanCalls:
     def test_unfenced_hold_has_fence_zero_and_writes_no_fence_key(
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:
-        hold = lock.try_acquire("quiet", 10, fenced=False)
+        hold = lock.try_acquire("quiet", 10, take=HOLD)
         assert isinstance(hold, Lease)
         assert hold.fence == 0
         assert raw.exists(lock.keys("quiet").fence) == 0
@@ -170,7 +171,7 @@ class TestLeanCalls:
     def test_presumed_lease_of_an_unfenced_hold_renews_and_releases(
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:
-        pending = lock.begin_try_acquire("presumed", 10, fenced=False)
+        pending = lock.begin_try_acquire("presumed", 10, take=HOLD)
         lease = pending.presumed()
         assert lease is not None
         assert lease.token == pending.outcome().token  # type: ignore[union-attr]
@@ -229,10 +230,10 @@ class TestScriptlessHolds:
         raw.config_resetstat()
         # The transport's first hold goes through the script: a user who may not run
         # scripts is refused before a SET it could not give back.
-        lock.try_acquire("first", 10, fenced=False)
+        lock.try_acquire("first", 10, take=HOLD)
         assert calls(raw, "evalsha") + calls(raw, "eval") == 1
         raw.config_resetstat()
-        hold = lock.try_acquire("plain", 10, token="tok-a", fenced=False)
+        hold = lock.try_acquire("plain", 10, token="tok-a", take=HOLD)
         assert isinstance(hold, Lease)
         assert raw.get(hold.key) == b"tok-a"
         assert 9000 < raw.pttl(hold.key) <= 10000
@@ -240,8 +241,8 @@ class TestScriptlessHolds:
         assert calls(raw, "set") == 1
 
     def test_a_refused_hold_names_the_holder_and_its_time_left(self, lock: RedisLock) -> None:
-        lock.try_acquire("taken", 10, token="tok-a", fenced=False)
-        refused = lock.try_acquire("taken", 5, token="tok-b", fenced=False)
+        lock.try_acquire("taken", 10, token="tok-a", take=HOLD)
+        refused = lock.try_acquire("taken", 5, token="tok-b", take=HOLD)
         assert isinstance(refused, Contended)
         assert refused.holder == "tok-a"
         assert refused.retry_after is not None
@@ -249,16 +250,16 @@ class TestScriptlessHolds:
 
     def test_the_holders_own_token_is_granted_again(self, lock: RedisLock) -> None:
         # Both client flavours (bytes and decode_responses) through the lock fixture.
-        assert isinstance(lock.try_acquire("own", 10, token="tok-1", fenced=False), Lease)
-        assert isinstance(lock.try_acquire("own", 10, token="tok-1", fenced=False), Lease)
-        assert isinstance(lock.try_acquire("own", 10, token="tok-2", fenced=False), Contended)
+        assert isinstance(lock.try_acquire("own", 10, token="tok-1", take=HOLD), Lease)
+        assert isinstance(lock.try_acquire("own", 10, token="tok-1", take=HOLD), Lease)
+        assert isinstance(lock.try_acquire("own", 10, token="tok-2", take=HOLD), Contended)
 
     @pytest.mark.usefixtures("redis7")
     def test_a_foreign_value_at_the_key_is_answered_by_the_script(
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:
         raw.rpush(lock.keys("list").lock, "not a lock")  # SET ... GET: WRONGTYPE
-        refused = lock.try_acquire("list", 10, fenced=False)
+        refused = lock.try_acquire("list", 10, take=HOLD)
         assert isinstance(refused, Contended)
         assert refused.holder == ""
         assert lock.transport.holds  # a one-off refusal, not an old server
@@ -269,19 +270,19 @@ class TestScriptlessHolds:
         # NX with XX is a syntax error on every server: the answer Redis < 7.0 gives to
         # NX with GET.
         monkeypatch.setattr(pipelining, "HOLD_OPTIONS", ("NX", "XX", "GET"))
-        lock.try_acquire("warm", 10, fenced=False)  # the first hold: by script
+        lock.try_acquire("warm", 10, take=HOLD)  # the first hold: by script
         raw.config_resetstat()
-        first = lock.try_acquire("old-1", 10, token="tok-a", fenced=False)
+        first = lock.try_acquire("old-1", 10, token="tok-a", take=HOLD)
         assert isinstance(first, Lease)
         assert not lock.transport.holds
-        assert isinstance(lock.try_acquire("old-1", 10, token="tok-b", fenced=False), Contended)
-        assert isinstance(lock.try_acquire("old-2", 10, fenced=False), Lease)
+        assert isinstance(lock.try_acquire("old-1", 10, token="tok-b", take=HOLD), Contended)
+        assert isinstance(lock.try_acquire("old-2", 10, take=HOLD), Lease)
         assert calls(raw, "evalsha") == 3  # every hold, the first one after its refusal
         assert raw.get(lock.keys("old-1").lock) == b"tok-a"
 
     def test_the_connection_stays_in_step_for_later_calls(self, lock: RedisLock) -> None:
         for n in range(50):
-            pending = lock.begin_try_acquire(f"step-{n % 5}", 10, token=f"t{n}", fenced=False)
+            pending = lock.begin_try_acquire(f"step-{n % 5}", 10, token=f"t{n}", take=HOLD)
             lease = lock.try_acquire(f"other-{n}", 10)  # borrows a second connection
             assert isinstance(lease, Lease)
             outcome = pending.outcome()

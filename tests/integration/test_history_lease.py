@@ -6,6 +6,7 @@ from __future__ import annotations
 import redis
 
 from celery_singleton_lock import Lease, RedisLock
+from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.history import Record, append, entries
 
 
@@ -19,7 +20,7 @@ def test_takes_releases_and_swaps_write_the_event_of_their_outcome(
 ) -> None:
     history = record(lock, "h", take=("accepted", "refused", "replaced"),
                      release=("released", "", "expired"), swap=("replaced", "", ""))  # fmt: skip
-    first = lock.try_acquire("h", 30, token="q|1-2|first", fenced=False, entry=history)
+    first = lock.try_acquire("h", 30, token="q|1-2|first", take=HOLD, entry=history)
     assert isinstance(first, Lease)
     assert not isinstance(lock.try_acquire("h", 30, token="q|1-3|second", entry=history), Lease)
     assert isinstance(lock.swap("h", first.token, 30, token="q|1-4|third", entry=history), Lease)
@@ -65,7 +66,7 @@ def test_the_fast_unscripted_hold_is_not_used_for_a_recorded_take(
 ) -> None:
     history = record(lock, "f", take=("accepted", "refused", ""))
     for _ in range(3):  # the transport's SET NX fast path would write nothing
-        lock.try_acquire("f", 30, token="q|1-2|same", fenced=False, entry=history)
+        lock.try_acquire("f", 30, token="q|1-2|same", take=HOLD, entry=history)
     assert [e.event for e in entries(lock, lock.keys("f").history)] == ["accepted"] * 3
 
 
@@ -74,5 +75,5 @@ def test_an_entry_the_server_refuses_never_fails_the_operation(
 ) -> None:
     history = record(lock, "w", take=("accepted", "refused", ""))
     raw.set(lock.keys("w").history, "not a stream")  # XADD answers WRONGTYPE
-    assert isinstance(lock.try_acquire("w", 30, fenced=False, entry=history), Lease)
+    assert isinstance(lock.try_acquire("w", 30, take=HOLD, entry=history), Lease)
     assert raw.type(lock.keys("w").history) in (b"string", "string")  # left as it was

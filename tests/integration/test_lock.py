@@ -24,6 +24,7 @@ from celery_singleton_lock import (
     RedisLock,
     ReleaseResult,
 )
+from celery_singleton_lock.lease import TakeOver
 
 from ..support.servers import RedisServer
 
@@ -417,7 +418,9 @@ class TestTakeOverAndRelease:
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:
         queued = held(lock.try_acquire("job", ttl=60, token="queued"))
-        running = held(lock.try_acquire("job", ttl=5, token="running", replace="queued"))
+        running = held(
+            lock.try_acquire("job", ttl=5, token="running", take=TakeOver(replace="queued"))
+        )
         assert running.fence > queued.fence
         assert raw.get(running.key) == b"running"
         assert 4000 < raw.pttl(running.key) <= 5000
@@ -425,12 +428,17 @@ class TestTakeOverAndRelease:
 
     def test_replace_does_not_take_over_someone_elses_lock(self, lock: RedisLock) -> None:
         held(lock.try_acquire("job", ttl=60, token="first-execution"))
-        second = lock.try_acquire("job", ttl=5, token="redelivered", replace="queued")
+        second = lock.try_acquire(
+            "job", ttl=5, token="redelivered", take=TakeOver(replace="queued")
+        )
         assert isinstance(second, Contended)
         assert second.holder == "first-execution"
 
     def test_replace_acquires_a_free_lock(self, lock: RedisLock) -> None:
-        assert held(lock.try_acquire("job", ttl=5, token="t", replace="gone")).token == "t"
+        assert (
+            held(lock.try_acquire("job", ttl=5, token="t", take=TakeOver(replace="gone"))).token
+            == "t"
+        )
 
     def test_release_token(self, lock: RedisLock, raw: redis.Redis) -> None:
         held(lock.try_acquire("job", ttl=60, token="known"))

@@ -25,6 +25,7 @@ from celery_singleton_lock import (
     singleton_task,
 )
 from celery_singleton_lock.config.settings import SingletonConfig
+from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.redis.clients import describe as redacted_url
 
 from ..support.servers import RedisServer
@@ -100,9 +101,9 @@ class TestAuth:
         url = f"redis://narrow:{SECRET}@127.0.0.1:{password_server.port}/0"
         lock = RedisLock.from_url(url, prefix="narrow")
         exercise(lock)
-        hold = lock.try_acquire("queued", 10, fenced=False)  # SET NX GET, not a script
+        hold = lock.try_acquire("queued", 10, take=HOLD)  # SET NX GET, not a script
         assert isinstance(hold, Lease)
-        assert isinstance(lock.try_acquire("queued", 10, fenced=False), Contended)
+        assert isinstance(lock.try_acquire("queued", 10, take=HOLD), Contended)
         lock.release_nowait(hold)
         with lock.hold("held", ttl=5) as lease:
             assert lock.holder("held") == lease.token

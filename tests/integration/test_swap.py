@@ -7,6 +7,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import Contended, Lease, MemoryLock, RedisLock
+from celery_singleton_lock.lease import HOLD, TakeOver
 
 
 @pytest.fixture(name="store", params=["redis", "memory"])
@@ -18,7 +19,7 @@ def fixture_store(request: pytest.FixtureRequest, raw: redis.Redis) -> RedisLock
 
 class TestSwap:
     def test_passes_only_from_the_expected_holder(self, store: RedisLock | MemoryLock) -> None:
-        store.try_acquire("a", 30, token="old", fenced=False)
+        store.try_acquire("a", 30, token="old", take=HOLD)
         assert isinstance(store.swap("a", "someone-else", 30, token="new"), Contended)
         assert store.holder("a") == "old"
         swapped = store.swap("a", "old", 30, token="new")
@@ -35,19 +36,23 @@ class TestSwap:
     def test_a_replaced_token_is_refused_even_once_the_lock_is_free(
         self, store: RedisLock | MemoryLock
     ) -> None:
-        store.try_acquire("r", 30, token="old", fenced=False)
+        store.try_acquire("r", 30, token="old", take=HOLD)
         newer = store.swap("r", "old", 30, token="new", record="old-as-queued")
         assert isinstance(newer, Lease)
         store.release(newer)  # the replacement ran and let go
-        refused = store.try_acquire("r", 30, token="late", unless_replaced="old-as-queued")
+        refused = store.try_acquire(
+            "r", 30, token="late", take=TakeOver(unless_replaced="old-as-queued")
+        )
         assert isinstance(refused, Contended)
         assert refused.replaced
         assert store.holder("r") is None
-        fine = store.try_acquire("r", 30, token="late", unless_replaced="never-replaced")
+        fine = store.try_acquire(
+            "r", 30, token="late", take=TakeOver(unless_replaced="never-replaced")
+        )
         assert isinstance(fine, Lease)
 
     def test_the_record_expires_with_the_hold(self, raw: redis.Redis) -> None:
         store = RedisLock(raw, prefix="sw")
-        store.try_acquire("e", 30, token="old", fenced=False)
+        store.try_acquire("e", 30, token="old", take=HOLD)
         store.swap("e", "old", 5, token="new")
         assert 0 < raw.pttl(store.keys("e").replaced) <= 5000

@@ -31,7 +31,7 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.config.settings import SingletonConfig
 from celery_singleton_lock.config.stores import Backend
-from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of
+from celery_singleton_lock.lease import HOLD, LockKeys, Rate, companion, rates_of
 
 from ..conftest import CeleryEnv
 from ..support.apps import app_with, lock_url
@@ -83,7 +83,7 @@ class TestCluster:
             record = Record(lock.keys(name).history, {"take": ("accepted", "refused", "")})
             # A companion's hold writes in its lock's history: one slot, one script.
             pending = held(
-                lock.try_acquire(companion(name, "pending"), 10, fenced=False, entry=record)
+                lock.try_acquire(companion(name, "pending"), 10, take=HOLD, entry=record)
             )
             lock.try_acquire(companion(name, "pending"), 10, entry=record)
             assert [e.event for e in entries(lock, lock.keys(name).history)] == [

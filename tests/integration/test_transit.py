@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from celery_singleton_lock.lease import ClearNote, Note, Push, RedisLock, Transit
+from celery_singleton_lock.lease import HOLD, ClearNote, Note, Push, RedisLock, Transit
 
 from ..conftest import CeleryEnv
 from ..support.same_server import QUEUE, at, holds, produce, same_server_env
@@ -48,7 +48,7 @@ def pushed(store: RedisLock, name: str, tag: str, *, alone: bool = False) -> Pus
     note = Note(tag, name, f"q-{tag}", 60, WAIT, "tt")
     push = Push("queue", payload, note=note)
     if alone:
-        assert store.try_acquire(name, 60, token=f"q-{tag}", fenced=False).token == f"q-{tag}"
+        assert store.try_acquire(name, 60, token=f"q-{tag}", take=HOLD).token == f"q-{tag}"
         Transit(store.client, "tt").push("queue", payload, note)
     else:
         pushes = store.pushes

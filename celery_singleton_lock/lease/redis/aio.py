@@ -11,6 +11,7 @@ from ..lease import Lease, LostCallback
 from ..names import DEFAULT_PREFIX
 from ..outcomes import Contended, ExtendResult, ReleaseResult, text
 from ..renewal import cadence, next_delay
+from ..takeover import FRESH, TakeOver
 from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .calls import run_script_async
 from .clients import build, is_async
@@ -61,11 +62,10 @@ class AsyncRedisLock(LockBase):
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
+        take: TakeOver = FRESH,
     ) -> Lease | Contended:
         """See ``RedisLock.try_acquire``."""
-        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        call = self._acquire_call(name, ttl, token, take)
         return await self._try(call, Try(announce=False))
 
     async def _try(self, call: Call, step: Try) -> Lease | Contended:
@@ -86,13 +86,12 @@ class AsyncRedisLock(LockBase):
         timeout: object | None = None,
         wait: WaitMode = "push",
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
+        take: TakeOver = FRESH,
         renew: bool = False,
         on_lost: LostCallback | None = None,
     ) -> Lease:
         """See ``RedisLock.acquire``."""
-        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        call = self._acquire_call(name, ttl, token, take)
         plan = self.acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:

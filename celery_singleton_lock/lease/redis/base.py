@@ -22,6 +22,7 @@ from ..errors import store_error
 from ..lease import YIELDED, Lease, LostCallback, valid_until
 from ..names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
+from ..takeover import TakeOver
 from . import scripts
 from .calls import Arg
 from .clients import describe, socket_timeout_of
@@ -178,49 +179,25 @@ class LockBase:
         """``ttl`` in milliseconds, refused if too long unless this store allows it."""
         return ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
 
-    def _acquire_call(
-        self,
-        name: str,
-        ttl: object,
-        token: object,
-        replace: object,
-        shape: object = None,
-        *,
-        fenced: bool = True,
-        unless_replaced: str | None = None,
-    ) -> Call:
-        # Validate everything before the first byte goes to Redis.
-        if replace is not None and (not isinstance(replace, str) or not replace):
-            raise ConfigurationError(f"replace must be a non-empty token or None, got {replace!r}")
-        if shape is not None and not (
-            isinstance(shape, tuple)
-            and len(shape) == 2
-            and all(isinstance(part, str) for part in shape)
-            and shape[0]
-        ):
-            raise ConfigurationError(
-                f"replace_shape must be (prefix, suffix) with a non-empty prefix, got {shape!r}"
-            )
+    def _acquire_call(self, name: str, ttl: object, token: object, take: TakeOver) -> Call:
+        # Validated before the first byte goes to Redis (``take`` checked itself).
         return Call(
             name=name,
             keys=self.keys(name),
             token=new_token(token),
             ttl_ms=self.ttl_ms(ttl),
-            replace=replace or "",
-            shape=shape or ("", ""),
-            fenced=fenced,
-            unless_replaced=unless_replaced or "",
+            replace=take.replace or "",
+            shape=take.shape or ("", ""),
+            fenced=take.fenced,
+            unless_replaced=take.unless_replaced or "",
         )
 
     def acquire_request(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
-        unless_replaced: str | None = None,
-    ) -> tuple[Call, ScriptArgs]:  # fmt: skip
+        self, name: str, ttl: object, *, token: str, take: TakeOver
+    ) -> tuple[Call, ScriptArgs]:
         """A try to be sent on another client's round trip (``pushes.RidingTake``): the
         validated call and the acquire script's keys and arguments."""
-        call = self._acquire_call(
-            name, ttl, token, replace, fenced=fenced, unless_replaced=unless_replaced
-        )
+        call = self._acquire_call(name, ttl, token, take)
         return call, self._acquire_argv(call, Try(announce=False))
 
     @staticmethod

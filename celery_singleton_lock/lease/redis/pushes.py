@@ -25,6 +25,7 @@ from ..history import Record
 from ..lease import Lease
 from ..names import LockKeys, new_token
 from ..outcomes import Contended, ReleaseResult
+from ..takeover import TakeOver
 from . import scripts
 from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
@@ -43,9 +44,8 @@ class _Store(Protocol):
 
     def keys(self, name: str) -> LockKeys: ...
     def acquire_request(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
-        unless_replaced: str | None = None,
-    ) -> tuple[Call, ScriptArgs]: ...  # fmt: skip
+        self, name: str, ttl: object, *, token: str, take: TakeOver
+    ) -> tuple[Call, ScriptArgs]: ...
     def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
     def ttl_ms(self, ttl: object) -> int: ...
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
@@ -241,17 +241,13 @@ class Pushes:
         return RidingRelease(self, lease, entry)
 
     def riding_take(
-        self, name: str, ttl: object, *, token: str, replace: str | None, fenced: bool,
-        unless_replaced: str | None = None, entry: Record | None = None,
-    ) -> RidingTake | None:  # fmt: skip
+        self, name: str, ttl: object, *, token: str, take: TakeOver, entry: Record | None = None
+    ) -> RidingTake | None:
         """A try for ``name`` to ride a pipeline of another client of this server; None
         once the server refused one (the caller tries on its own round trip)."""
         if not self.takes_ride:
             return None
-        call, argv = self._store.acquire_request(
-            name, ttl, token=token, replace=replace, fenced=fenced,
-            unless_replaced=unless_replaced,
-        )  # fmt: skip
+        call, argv = self._store.acquire_request(name, ttl, token=token, take=take)
         return RidingTake(self, call, argv, entry)
 
     def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:

@@ -19,6 +19,7 @@ from ..limits.slots import Slots
 from ..names import DEFAULT_PREFIX
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from ..renewal import Renewer, get_renewer
+from ..takeover import FRESH, TakeOver
 from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
@@ -87,26 +88,17 @@ class RedisLock(LockBase):
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
-        unless_replaced: str | None = None,
+        take: TakeOver = FRESH,
         entry: Record | None = None,
     ) -> Lease | Contended:
         """One attempt, one round trip: a ``Lease``, or ``Contended`` naming the holder.
 
-        ``replace``: a token the caller may take over, e.g. the hold its own queued
-        message took at dispatch; the lock passes from that token to the new lease in
-        one step, with a new fence. ``replace_shape``: or any token starting with
-        ``prefix`` and ending with ``suffix`` (a hold whose random part is unknown here).
-        ``fenced=False``: a hold that only keeps others out and never guards a write
-        skips the fencing work (its ``fence`` is 0). ``unless_replaced``: a token that,
-        if ``swap`` ever replaced it here, makes this ``Contended(replaced=True)``.
-        ``entry``: the history entry it writes (``history.Record``), in the same step.
+        ``token``: the lease's (None: a new random one). ``take``: whom it may take the
+        key over from, and whether it is fenced (``TakeOver``); a token taken over passes
+        the lock to the new lease in one step, with a new fence. ``entry``: the history
+        entry it writes (``history.Record``), in the same step.
         """
-        call = self._acquire_call(
-            name, ttl, token, replace, replace_shape, fenced=fenced, unless_replaced=unless_replaced
-        )
+        call = self._acquire_call(name, ttl, token, take)
         return self._send_try(call, Try(announce=False), entry=entry).outcome()
 
     def begin_try_acquire(
@@ -115,11 +107,8 @@ class RedisLock(LockBase):
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
+        take: TakeOver = FRESH,
         read_late: bool = False,
-        unless_replaced: str | None = None,
         entry: Record | None = None,
     ) -> PendingAcquire:
         """``try_acquire`` in two halves: send now, ``.outcome()`` reads the answer, so
@@ -127,9 +116,7 @@ class RedisLock(LockBase):
         Validation errors raise here; store errors from either half. ``read_late``: the
         answer may be read long after (or never), so the script's body is sent, not its
         digest: a server that lost its scripts still applies the acquire at once."""
-        call = self._acquire_call(
-            name, ttl, token, replace, replace_shape, fenced=fenced, unless_replaced=unless_replaced
-        )
+        call = self._acquire_call(name, ttl, token, take)
         return self._send_try(call, Try(announce=False), whole=read_late, entry=entry)
 
     def _send_try(
@@ -162,8 +149,7 @@ class RedisLock(LockBase):
         timeout: object | None = None,
         wait: WaitMode = "push",
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
+        take: TakeOver = FRESH,
         renew: bool = False,
         on_lost: LostCallback | None = None,
         entry: Record | None = None,
@@ -176,7 +162,7 @@ class RedisLock(LockBase):
         ``renew=True`` the process's renewal thread keeps the lease alive until
         ``release``. Raises ``LockNotAcquiredError`` naming the holder on failure.
         """
-        call = self._acquire_call(name, ttl, token, replace, replace_shape)
+        call = self._acquire_call(name, ttl, token, take)
         plan = self.acquire_plan(blocking, timeout, wait)
         step = next(plan)
         try:
@@ -217,7 +203,7 @@ class RedisLock(LockBase):
         self.renewer.discard(lease)
         with lease.releasing():
             outcome = self.try_acquire(
-                lease.name, ttl, token=token, replace=lease.token, fenced=False
+                lease.name, ttl, token=token, take=TakeOver(replace=lease.token, fenced=False)
             )
         if isinstance(outcome, Contended):
             lease.note_loss(LOSS[ReleaseResult.NOT_OWNER])
@@ -229,7 +215,7 @@ class RedisLock(LockBase):
     ) -> Lease | Contended:  # fmt: skip
         """Pass ``name`` from ``expected`` (never from nobody) to ``token``, recording
         ``record`` (or ``expected``) as replaced for ``unless_replaced``. Unfenced."""
-        call = self._acquire_call(name, ttl, token, expected, fenced=False)
+        call = self._acquire_call(name, ttl, token, TakeOver(replace=expected, fenced=False))
         sent_at = time.monotonic()
         try:
             reply = self.transport.call(

@@ -28,6 +28,7 @@ from ..redis.inventory import BATCH, Held
 from ..redis.pending import PendingAcquire
 from ..redis.store import RedisLock
 from ..renewal import Renewer, get_renewer
+from ..takeover import FRESH, TakeOver
 from .quorum import Answers, Attempt, Quorum
 
 if TYPE_CHECKING:
@@ -117,29 +118,24 @@ class Redlock:
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
-        unless_replaced: str | None = None,
+        take: TakeOver = FRESH,
         entry: Record | None = None,
     ) -> Lease | Contended:
         """One try on every master at once: a ``Lease`` held on a majority, or ``Contended``."""
         key, ttl_ms, token = self.keys(name).lock, self.ttl_ms(ttl), new_token(token)
         sent_at = time.monotonic()
 
-        def take(node: RedisLock) -> Lease | Contended:
-            return node.try_acquire(name, ttl_ms / 1000, token=token, replace=replace,
-                                    replace_shape=replace_shape, fenced=fenced,
-                                    unless_replaced=unless_replaced)  # fmt: skip
+        def try_on(node: RedisLock) -> Lease | Contended:
+            return node.try_acquire(name, ttl_ms / 1000, token=token, take=take)
 
-        attempt = self._attempt([partial(take, node) for node in self.nodes], name, token)
+        attempt = self._attempt([partial(try_on, node) for node in self.nodes], name, token)
         answers = self.quorum.ask(
             attempt.calls, timeout=self._try_wait(ttl_ms), settled=self._decided
         )
         leases = [one for one in answers.values() if isinstance(one, Lease)]
         if len(leases) >= self.quorum.needed:
-            fence = max(lease.fence for lease in leases) if fenced else 0
-            if not fenced or self._raise_fence(name, token, fence, ttl_ms):
+            fence = max(lease.fence for lease in leases) if take.fenced else 0
+            if not take.fenced or self._raise_fence(name, token, fence, ttl_ms):
                 lease = Lease.granted(
                     name, key, token, fence=fence, ttl=ttl_ms / 1000, sent_at=sent_at
                 )
@@ -184,19 +180,13 @@ class Redlock:
         ttl: object,
         *,
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
-        fenced: bool = True,
+        take: TakeOver = FRESH,
         read_late: bool = False,
-        unless_replaced: str | None = None,
         entry: Record | None = None,
     ) -> PendingAcquire:
         """``try_acquire``, already answered (the masters' round trips overlap each other,
         not the caller's work)."""
-        shape, unless = replace_shape, unless_replaced
-        outcome = self.try_acquire(name, ttl, token=token, replace=replace, replace_shape=shape,
-                                   fenced=fenced, unless_replaced=unless)  # fmt: skip
-        return PendingAcquire.settled(outcome)
+        return PendingAcquire.settled(self.try_acquire(name, ttl, token=token, take=take))
 
     def acquire(
         self,
@@ -207,8 +197,7 @@ class Redlock:
         timeout: object | None = None,
         wait: object = "spin",
         token: str | None = None,
-        replace: str | None = None,
-        replace_shape: tuple[str, str] | None = None,
+        take: TakeOver = FRESH,
         renew: bool = False,
         on_lost: LostCallback | None = None,
         entry: Record | None = None,
@@ -220,10 +209,7 @@ class Redlock:
         step = next(plan)
         try:
             while True:
-                outcome = self.try_acquire(
-                    name, ttl, token=token, replace=replace, replace_shape=replace_shape
-                )
-                step = plan.send(outcome)
+                step = plan.send(self.try_acquire(name, ttl, token=token, take=take))
                 time.sleep(getattr(step, "seconds", 0.0))
                 step = next(plan)
         except StopIteration as done:
@@ -260,7 +246,7 @@ class Redlock:
         self.renewer.discard(lease)
         with lease.releasing():
             outcome = self.try_acquire(
-                lease.name, ttl, token=token, replace=lease.token, fenced=False
+                lease.name, ttl, token=token, take=TakeOver(replace=lease.token, fenced=False)
             )
         if isinstance(outcome, Contended):
             lease.note_loss(LOSS[ReleaseResult.NOT_OWNER])
