@@ -85,11 +85,13 @@ class TaskContext:
         config = self.backend.config
         base, _ = split_role(lock_name)
         return Record(
-            key=self.store.keys(base).history, events=events,  # type: ignore[arg-type]
+            key=self.store.keys(base).history,
+            events=events,  # type: ignore[arg-type]
             refused=refused or {},  # type: ignore[arg-type]
             fields={"task": self.name, "id": task_id or ""},
-            length=config.history_length, ttl_ms=round(config.history_ttl * 1000),
-        )  # fmt: skip
+            length=config.history_length,
+            ttl_ms=round(config.history_ttl * 1000),
+        )
 
 
 class Request(Protocol):

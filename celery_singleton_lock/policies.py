@@ -55,9 +55,13 @@ class ContentionState:
         if name is None:
             raise TypeError("ContentionState() needs name=, the lock's name")
         for field_name, value in (
-            ("task_name", task_name), ("name", name), ("attempt", attempt), ("holder", holder),
-            ("retry_after", retry_after), ("waited", waited),
-        ):  # fmt: skip
+            ("task_name", task_name),
+            ("name", name),
+            ("attempt", attempt),
+            ("holder", holder),
+            ("retry_after", retry_after),
+            ("waited", waited),
+        ):
             object.__setattr__(self, field_name, value)
 
     @property

@@ -188,9 +188,13 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # Celery's retry re-sends the running task under the same id: the key
                 # passes from this execution to the retry's message, with no gap.
                 return send_retry(
-                    self.singleton_context, running, task_id, options,
-                    publish=publish, handed_over=partial(setattr, request, _HANDED_OVER, True),
-                )  # fmt: skip
+                    self.singleton_context,
+                    running,
+                    task_id,
+                    options,
+                    publish=publish,
+                    handed_over=partial(setattr, request, _HANDED_OVER, True),
+                )
         opts = self.singleton_options()
         mode = opts.mode
         lock_name = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
@@ -238,25 +242,53 @@ class SingletonTask(Task):  # type: ignore[misc]
         hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
         outage = partial(outages.at_dispatch, context, lock_name)
         pushes = ridden_by(self.app, context, options)
-        ride = None if pushes is None else Ride(
-            store, pushes, hold, outage, partial(self.app.producer_or_acquire, producer),
-            replaces=mode.replaces, entry=record,
-        )  # fmt: skip
+        ride = (
+            None
+            if pushes is None
+            else Ride(
+                store,
+                pushes,
+                hold,
+                outage,
+                partial(self.app.producer_or_acquire, producer),
+                replaces=mode.replaces,
+                entry=record,
+            )
+        )
         sent = Sent(
-            lock_name, task_id, options, ours, publish,
+            lock_name,
+            task_id,
+            options,
+            ours,
+            publish,
             # On a refusal: the holder's result, or with replace, the queued call's with ours.
             refused_by=Replacement(
-                mode=mode, task_name=self.name, store=store, queue_ttl=queue_ttl,
-                result=self.AsyncResult, name=lock_name, hold=hold,
-                ttl=ttl, ours=ours, options=dict(options), publish=publish,
-                refused=duplicate, outage=outage, ride=None if ride is None else ride.replace,
+                mode=mode,
+                task_name=self.name,
+                store=store,
+                queue_ttl=queue_ttl,
+                result=self.AsyncResult,
+                name=lock_name,
+                hold=hold,
+                ttl=ttl,
+                ours=ours,
+                options=dict(options),
+                publish=publish,
+                refused=duplicate,
+                outage=outage,
+                ride=None if ride is None else ride.replace,
                 entry=record,
-            ) if isinstance(mode, Replace) else duplicate,
+            )
+            if isinstance(mode, Replace)
+            else duplicate,
             accepted=partial(
-                singleton_signals.send, singleton_signals.dispatch_accepted, self, lock_name,
+                singleton_signals.send,
+                singleton_signals.dispatch_accepted,
+                self,
+                lock_name,
                 task_id=task_id,
             ),
-        )  # fmt: skip
+        )
         if ride is not None:
             result = ride.send(sent, ttl, token)  # the hold in the push's script
             if result is not None:
@@ -325,8 +357,11 @@ class SingletonTask(Task):  # type: ignore[misc]
             # One line, stable wording (docs/operations.md): why this call was not sent.
             logger.info(
                 "refused at dispatch: task=%s lock=%s holder=%s state=%s",
-                self.name, lock_name, holder or "-", holder_state(held),
-            )  # fmt: skip
+                self.name,
+                lock_name,
+                holder or "-",
+                holder_state(held),
+            )
         if opts.on_duplicate != "raise" and holder is not None:
             return self.AsyncResult(holder)
         raise DuplicateTaskError(
@@ -394,9 +429,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             if lease.token and not getattr(request, _HANDED_OVER, False):
                 results.release_at_end(self, request, self.singleton_context, lease)
                 singleton_signals.send(
-                    singleton_signals.lease_released, self, lease.name,
-                    task_id=request.id, held=time.monotonic() - acquired,
-                )  # fmt: skip
+                    singleton_signals.lease_released,
+                    self,
+                    lease.name,
+                    task_id=request.id,
+                    held=time.monotonic() - acquired,
+                )
 
 
 __all__ = ["SingletonOptions", "SingletonTask"]

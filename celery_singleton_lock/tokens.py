@@ -75,9 +75,13 @@ class HandedLease:
 
     def wire(self) -> dict[str, object]:
         return {
-            "name": self.name, "key": self.key, "token": self.token, "fence": self.fence,
-            "ttl": self.ttl, "expires_at": self.expires_at,
-        }  # fmt: skip
+            "name": self.name,
+            "key": self.key,
+            "token": self.token,
+            "fence": self.fence,
+            "ttl": self.ttl,
+            "expires_at": self.expires_at,
+        }
 
     @classmethod
     def take(cls, request: object, task_id: str) -> HandedLease | None:
@@ -103,10 +107,13 @@ class HandedLease:
         try:
             fence = value["fence"]
             handed = cls(
-                name=str(value["name"]), key=str(value["key"]), token=str(value["token"]),
-                fence=None if fence is None else int(fence), ttl=float(value["ttl"]),
+                name=str(value["name"]),
+                key=str(value["key"]),
+                token=str(value["token"]),
+                fence=None if fence is None else int(fence),
+                ttl=float(value["ttl"]),
                 expires_at=float(value["expires_at"]),
-            )  # fmt: skip
+            )
         except (KeyError, TypeError, ValueError):
             return None
         return handed if read_token(handed.token).task_id == task_id else None

@@ -218,9 +218,11 @@ def store_started(task: Task, request: Context) -> None:
     if task.ignore_result or getattr(request, "ignore_result", False):
         return
     task.backend.store_result(
-        request.id, {"pid": os.getpid(), "hostname": request.hostname}, states.STARTED,
+        request.id,
+        {"pid": os.getpid(), "hostname": request.hostname},
+        states.STARTED,
         request=request,
-    )  # fmt: skip
+    )
 
 
 def settle(task: Task, task_id: str) -> None:

@@ -141,8 +141,9 @@ class Channel(kombu_redis.Channel):
                 ride.notes_allowed = False
                 logger.warning(
                     "the broker's user may not write the lock prefix's notes (%s): messages "
-                    "lost in transit are not pushed again", error,
-                )  # fmt: skip
+                    "lost in transit are not pushed again",
+                    error,
+                )
                 return False
         return True
 

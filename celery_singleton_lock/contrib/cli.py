@@ -46,8 +46,17 @@ Examples:
   celery -A proj singleton web --port 5556                    (the locks page, this machine only)
 """
 
-COLUMNS = (("STATE", 9), ("AGE", 8), ("TTL", 8), ("FENCE", 16), ("TASK ID", 36),
-           ("WORKER", 24), ("PID", 7), ("TASK", 28), ("NAME", 0))  # fmt: skip
+COLUMNS = (
+    ("STATE", 9),
+    ("AGE", 8),
+    ("TTL", 8),
+    ("FENCE", 16),
+    ("TASK ID", 36),
+    ("WORKER", 24),
+    ("PID", 7),
+    ("TASK", 28),
+    ("NAME", 0),
+)
 
 
 class _Locks:
@@ -120,15 +129,25 @@ def _command(name: str) -> Callable[[Callable[..., object]], click.Command]:
 @click.option("--older-than", help="Only holds taken longer ago than this: 90, 90s, 5m, 1h.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of objects.")
 @click.option(
-    "--batch", default=1000, show_default=True, type=click.IntRange(min=1),
+    "--batch",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=1),
     help="Keys read per round trip.",
-)  # fmt: skip
+)
 @click.pass_context
 @_preload
 def list_locks(
-    ctx: click.Context, /, *, task_name: str | None, state: str | None, older_than: str | None,
-    as_json: bool, batch: int, **_: object,
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    /,
+    *,
+    task_name: str | None,
+    state: str | None,
+    older_than: str | None,
+    as_json: bool,
+    batch: int,
+    **_: object,
+) -> None:
     """Every lock under the prefix (what the store says; no worker is asked).
 
     States: queued (message in the broker), reserved (a worker has it, not started),
@@ -176,8 +195,17 @@ def _cells(row: LockRow) -> list[str]:
     name = row.name
     if row.state == "limited":
         name += f" ({text(row.remaining)} may start now, next in {human(row.next_slot)})"
-    return [row.state, human(row.age), human(row.ttl), text(row.fence), text(row.task_id),
-            text(row.worker), text(row.pid), text(row.task), name]  # fmt: skip
+    return [
+        row.state,
+        human(row.age),
+        human(row.ttl),
+        text(row.fence),
+        text(row.task_id),
+        text(row.worker),
+        text(row.pid),
+        text(row.task),
+        name,
+    ]
 
 
 def _line(cells: list[str]) -> str:
@@ -209,10 +237,17 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
         outlook = new_call(task.singleton_options() if task is not None else None, members)
         if as_json:
             verdicts = [(r, liveness.verdict(r)) for r in members]
-            click.echo(json.dumps({
-                "name": base, "new_call": outlook,
-                "holds": [{**r.as_json(), "alive": v.alive, "why": v.why} for r, v in verdicts],
-            }))  # fmt: skip
+            click.echo(
+                json.dumps(
+                    {
+                        "name": base,
+                        "new_call": outlook,
+                        "holds": [
+                            {**r.as_json(), "alive": v.alive, "why": v.why} for r, v in verdicts
+                        ],
+                    }
+                )
+            )
             continue
         click.echo(f"lock {base}")
         click.echo(f"  task:     {members[0].task or 'unknown (a name shared across tasks)'}")
@@ -221,8 +256,10 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
             verdict = liveness.verdict(row)
             alive = {True: "alive", False: "gone", None: "cannot tell"}[verdict.alive]
             role = f" ({row.role})" if row.role else ""
-            click.echo(f"  - {row.state}{role}: task id {row.task_id or '-'}, worker "
-                       f"{row.worker or '-'}, pid {row.pid or '-'}")  # fmt: skip
+            click.echo(
+                f"  - {row.state}{role}: task id {row.task_id or '-'}, worker "
+                f"{row.worker or '-'}, pid {row.pid or '-'}"
+            )
             click.echo(f"    key {row.key}")
             click.echo(f"    age {human(row.age)}, ttl {human(row.ttl)}, fence {row.fence or '-'}")
             click.echo(f"    holder {alive}: {verdict.why}")
@@ -245,16 +282,20 @@ def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> N
         exit_with(f"{ref!r} matches {len(found)} locks; name one by its key:\n  {keys}")
     [row] = found
     if row.state == "limited":
-        exit_with(f"not released: {row.name} is a rate's schedule, not a lock; it frees "
-                  f"itself as its slots pass (the next in {human(row.next_slot)})")  # fmt: skip
+        exit_with(
+            f"not released: {row.name} is a rate's schedule, not a lock; it frees "
+            f"itself as its slots pass (the next in {human(row.next_slot)})"
+        )
     if not force:
         liveness = Liveness(locks.app)
         liveness.prepare([row])
         verdict = liveness.verdict(row)
         if verdict.alive or (verdict.alive is None and row.state != "throttled"):
             what = "is alive" if verdict.alive else "may be alive"
-            exit_with(f"not released: the holder of {row.name} {what} ({verdict.why}); --force "
-                 "releases it anyway")  # fmt: skip
+            exit_with(
+                f"not released: the holder of {row.name} {what} ({verdict.why}); --force "
+                "releases it anyway"
+            )
     _release(locks, row)
 
 
@@ -306,8 +347,14 @@ def orphans(
 
 @_command("history")
 @click.argument("ref")
-@click.option("-n", "--count", default=50, show_default=True, type=click.IntRange(1, 10_000),
-              help="The newest entries to show.")  # fmt: skip
+@click.option(
+    "-n",
+    "--count",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="The newest entries to show.",
+)
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of objects, newest first.")
 @click.pass_context
 @_preload
@@ -324,8 +371,10 @@ def history(ctx: click.Context, /, ref: str, count: int, as_json: bool, **_: obj
         click.echo(json.dumps([shown(entry) for entry in found]))
         return
     if not found:
-        exit_with(f"no history of {name!r} at {locks.where()} (kept with "
-                  "singleton_lock_history = True, or a task's history=True)")  # fmt: skip
+        exit_with(
+            f"no history of {name!r} at {locks.where()} (kept with "
+            "singleton_lock_history = True, or a task's history=True)"
+        )
     click.echo(f"lock {name}")
     for entry in found:
         fields = shown(entry)
@@ -338,34 +387,51 @@ def history(ctx: click.Context, /, ref: str, count: int, as_json: bool, **_: obj
 @click.option("--port", type=click.IntRange(0, 65535), help="Port [default: 5556].")
 @click.option("--prefix", help="URL path to serve the page under, e.g. /locks.")
 @click.option(
-    "--allow-release/--read-only", default=None,
+    "--allow-release/--read-only",
+    default=None,
     help="Let the page release locks: owner-checked, a live one only once confirmed "
     "[default: read-only].",
-)  # fmt: skip
+)
 @click.option(
-    "--basic-auth", envvar="SINGLETON_LOCK_WEB_BASIC_AUTH", metavar="USER:PASSWORD",
+    "--basic-auth",
+    envvar="SINGLETON_LOCK_WEB_BASIC_AUTH",
+    metavar="USER:PASSWORD",
     help="Ask for these credentials (better from $SINGLETON_LOCK_WEB_BASIC_AUTH: a command "
     "line is visible to other users of the machine).",
-)  # fmt: skip
+)
 @click.option("--refresh", type=click.FloatRange(min=0), help="Seconds between refreshes (0: off).")
 @click.pass_context
 @_preload
 def web(
-    ctx: click.Context, /, *, host: str | None, port: int | None, prefix: str | None,
-    allow_release: bool | None, basic_auth: str | None, refresh: float | None, **_: object,
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    /,
+    *,
+    host: str | None,
+    port: int | None,
+    prefix: str | None,
+    allow_release: bool | None,
+    basic_auth: str | None,
+    refresh: float | None,
+    **_: object,
+) -> None:
     """Serve a page of the locks (list, filters, a lock's holders, releases) until ^C."""
     try:
         from .web import LocksPage  # noqa: PLC0415  (the web extra, only for this command)
         from .web.server import serve  # noqa: PLC0415
     except ImportError as error:
-        exit_with(f"the page needs the web extra: pip install 'celery-singleton-lock[web]' "
-                  f"({error})")  # fmt: skip
+        exit_with(
+            f"the page needs the web extra: pip install 'celery-singleton-lock[web]' ({error})"
+        )
     try:
         page = LocksPage(
-            ctx.obj.app, host=host, port=port, prefix=prefix, allow_release=allow_release,
-            basic_auth=basic_auth, refresh=refresh,
-        )  # fmt: skip
+            ctx.obj.app,
+            host=host,
+            port=port,
+            prefix=prefix,
+            allow_release=allow_release,
+            basic_auth=basic_auth,
+            refresh=refresh,
+        )
     except SingletonLockError as error:
         exit_with(str(error), 2)
     settings = page.settings
@@ -374,8 +440,9 @@ def web(
         f"celery-singleton-lock: the locks at {_Locks(ctx).where()} on "
         f"http://{shown}:{settings.port}{settings.prefix}/ ("
         + ("releases on" if settings.allow_release else "read-only")
-        + (", basic auth" if settings.basic_auth else ", no auth") + ")"
-    )  # fmt: skip
+        + (", basic auth" if settings.basic_auth else ", no auth")
+        + ")"
+    )
     if settings.host not in ("127.0.0.1", "::1", "localhost") and settings.basic_auth is None:
         click.echo("Warning: listening beyond this machine with no --basic-auth", err=True)
     try:

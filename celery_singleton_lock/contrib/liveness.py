@@ -142,10 +142,11 @@ class Liveness:
                 self._found(task_id, wanted, f"its message is queued in {queue}")
         for task_id in layout.unacked(client, channel):
             self._found(
-                task_id, wanted,
+                task_id,
+                wanted,
                 "delivered to a worker and not acked: the broker restores it after "
                 "visibility_timeout",
-            )  # fmt: skip
+            )
 
     def _found(self, task_id: str | None, wanted: set[str], where: str) -> None:
         if task_id in wanted and task_id not in self._in_broker:

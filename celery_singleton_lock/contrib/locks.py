@@ -120,8 +120,10 @@ class TaskNames:
 
 
 def _template(key: str) -> re.Pattern[str]:
-    parts = [re.escape(text) + ("" if field is None else ".+?")
-             for text, field, _, _ in string.Formatter().parse(key)]  # fmt: skip
+    parts = [
+        re.escape(text) + ("" if field is None else ".+?")
+        for text, field, _, _ in string.Formatter().parse(key)
+    ]
     return re.compile("".join(parts), re.DOTALL)
 
 
@@ -188,11 +190,17 @@ def operator_record(app: Celery, row: LockRow, by: str) -> Record | None:
     else:
         config, store = Backend.for_app(app).config, Backend.for_app(app).lock
         kept = config.history and getattr(store, "keeps_history", False)
-        record = Record(
-            store.keys(row.base_name).history, events,  # type: ignore[arg-type]
-            {"id": row.task_id or ""}, length=config.history_length,
-            ttl_ms=round(config.history_ttl * 1000),
-        ) if kept else None  # fmt: skip
+        record = (
+            Record(
+                store.keys(row.base_name).history,
+                events,  # type: ignore[arg-type]
+                {"id": row.task_id or ""},
+                length=config.history_length,
+                ttl_ms=round(config.history_ttl * 1000),
+            )
+            if kept
+            else None
+        )
     return None if record is None else replace(record, fields={**record.fields, "by": by})
 
 

@@ -100,11 +100,16 @@ return reply
 # The scripts an operation may be recorded around, by digest, and the kind of reply each
 # gives (read by ``_OUTCOME``).
 _BY_KIND: tuple[tuple[str, Kind], ...] = (
-    (scripts.ACQUIRE, "take"), (scripts.HOLD_AND_PUSH, "take"), (scripts.ACQUIRE_SLOT, "take"),
-    (scripts.RELEASE, "release"), (scripts.RELEASE_MATCHING, "release"),
-    (scripts.SWAP, "swap"), (scripts.SWAP_AND_PUSH, "swap"), (HOLDER, "read"),
+    (scripts.ACQUIRE, "take"),
+    (scripts.HOLD_AND_PUSH, "take"),
+    (scripts.ACQUIRE_SLOT, "take"),
+    (scripts.RELEASE, "release"),
+    (scripts.RELEASE_MATCHING, "release"),
+    (scripts.SWAP, "swap"),
+    (scripts.SWAP_AND_PUSH, "swap"),
+    (HOLDER, "read"),
     (scripts.RATE, "rate"),
-)  # fmt: skip
+)
 KINDS: dict[str, Kind] = {
     hashlib.sha1(script.encode()).hexdigest(): kind  # noqa: S324  (Redis names scripts so)
     for script, kind in _BY_KIND
@@ -131,11 +136,17 @@ class Record:
         ok, refused, gone = self.events.get(kind, ("", "", ""))
         if not (ok or refused or gone):
             return None
-        return json.dumps({
-            "ok": ok, "refused": refused, "gone": gone, "fields": _flat(self.fields),
-            "refused_fields": _flat(self.refused.get(kind, {})),
-            "length": self.length, "ttl": self.ttl_ms,
-        })  # fmt: skip
+        return json.dumps(
+            {
+                "ok": ok,
+                "refused": refused,
+                "gone": gone,
+                "fields": _flat(self.fields),
+                "refused_fields": _flat(self.refused.get(kind, {})),
+                "length": self.length,
+                "ttl": self.ttl_ms,
+            }
+        )
 
 
 def _flat(fields: Mapping[str, str]) -> list[str]:

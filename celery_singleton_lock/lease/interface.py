@@ -57,9 +57,16 @@ class PushStore(Protocol):
     ) -> Lease | Contended: ...
 
     def swap_and_push(
-        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str,
+        self,
+        name: str,
+        expected: str,
+        ttl: object,
+        push: Push,
+        *,
+        token: str,
+        record: str,
         entry: Record | None = None,
-    ) -> Lease | Contended: ...  # fmt: skip
+    ) -> Lease | Contended: ...
 
     def riding_take(
         self, name: str, ttl: object, *, token: str, take: TakeOver, entry: Record | None = None
@@ -125,9 +132,15 @@ class LockStore(Protocol):
     def hand_over(self, lease: Lease, ttl: object, *, token: str) -> Lease | Contended: ...
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        self,
+        name: str,
+        expected: str,
+        ttl: object,
+        *,
+        token: str,
+        record: str | None = None,
         entry: Record | None = None,
-    ) -> Lease | Contended: ...  # fmt: skip
+    ) -> Lease | Contended: ...
 
     def release(self, lease: Lease, *, entry: Record | None = None) -> ReleaseResult: ...
 

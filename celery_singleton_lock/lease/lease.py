@@ -154,8 +154,9 @@ class Lease:
 
     def copy(self, ttl: float) -> Lease:
         """A handle of its own on the same hold (one Redlock master's view)."""
-        copy = Lease.handed(self.name, self.key, self.token, fence=self.fence, ttl=ttl,
-                            expires_at=self.expires_at)  # fmt: skip
+        copy = Lease.handed(
+            self.name, self.key, self.token, fence=self.fence, ttl=ttl, expires_at=self.expires_at
+        )
         if self.yields_to is not None:
             copy.yield_to(*self.yields_to)
         return copy

@@ -195,9 +195,15 @@ class MemoryLock:
         return outcome
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        self,
+        name: str,
+        expected: str,
+        ttl: object,
+        *,
+        token: str,
+        record: str | None = None,
         entry: Record | None = None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         keys, ttl_ms = self.keys(name), ttl_to_ms(ttl, allow_long=self.allow_long_ttl)
         with self.guard:
             live = self._live(keys.lock)
@@ -306,9 +312,14 @@ class MemorySlots:
         self._store = store
 
     def try_acquire(
-        self, name: str, limit: int, ttl: object, *, token: str | None = None,
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        token: str | None = None,
         entry: Record | None = None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         store, wanted = self._store, new_token(token)
         names = [slot(name, number) for number in range(1, check_limit(limit) + 1)]
         with store.guard:

@@ -186,9 +186,12 @@ class Mode:
         # A replaced message must not run even once the key is free again.
         unless = start.queued if self.replaces and not start.role else None
         return start.store.try_acquire(
-            start.name, start.ttl, token=start.token, take=start.take_over(unless_replaced=unless),
+            start.name,
+            start.ttl,
+            token=start.token,
+            take=start.take_over(unless_replaced=unless),
             entry=start.entry,
-        )  # fmt: skip
+        )
 
     def running(self, lease: Lease, start: Start) -> None:
         """The run holds ``lease`` (its own hold let go), before its renewal starts: what
@@ -197,9 +200,13 @@ class Mode:
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         """Block up to ``timeout`` for the running lease (``on_contention=wait``)."""
         return waiting.acquire(
-            start.name, start.ttl, timeout=timeout, token=start.token, take=start.take_over(),
+            start.name,
+            start.ttl,
+            timeout=timeout,
+            token=start.token,
+            take=start.take_over(),
             entry=start.entry,
-        )  # fmt: skip
+        )
 
     # -- end --------------------------------------------------------------------------------
 

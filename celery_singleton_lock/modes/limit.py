@@ -41,9 +41,13 @@ class Limit(Mode):
 
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         return waiting.slots.acquire(
-            start.name, self.limit, start.ttl, timeout=timeout, token=start.token,
+            start.name,
+            self.limit,
+            start.ttl,
+            timeout=timeout,
+            token=start.token,
             entry=start.entry,
-        )  # fmt: skip
+        )
 
     def running_names(self, name: str) -> list[str]:
         return [slot(name, number) for number in range(1, self.limit + 1)]

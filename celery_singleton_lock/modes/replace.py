@@ -150,9 +150,14 @@ class Replacement:
             queued_id, holder, self._options, self._ttl, self._queue_ttl
         )
         replacing = Replacing(
-            holder=holder, record=queued_form(holder), task_id=queued_id, token=token, ttl=ttl,
-            options=dict(options), headers={**self._ours, TOKEN_HEADER: token},
-        )  # fmt: skip
+            holder=holder,
+            record=queued_form(holder),
+            task_id=queued_id,
+            token=token,
+            ttl=ttl,
+            options=dict(options),
+            headers={**self._ours, TOKEN_HEADER: token},
+        )
         return self._ride(replacing, self._publish)
 
     def _log(self, holder: str, queued_id: str) -> None:

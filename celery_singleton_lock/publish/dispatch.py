@@ -187,8 +187,9 @@ class Gate:
             except SingletonLockError as error:
                 logger.warning(
                     "hold on %s not given back (%s): it expires by its queue_ttl",
-                    self._key, error,
-                )  # fmt: skip
+                    self._key,
+                    error,
+                )
             return
         if isinstance(outcome, Lease):
             outages.quietly(store.release, outcome)

@@ -57,9 +57,18 @@ class PushedHold:
     """
 
     __slots__ = (
-        "_entry", "_name", "_pushes", "_replacing", "_store", "_token", "_ttl", "outage",
-        "pushed", "taken", "task_id",
-    )  # fmt: skip
+        "_entry",
+        "_name",
+        "_pushes",
+        "_replacing",
+        "_store",
+        "_token",
+        "_ttl",
+        "outage",
+        "pushed",
+        "taken",
+        "task_id",
+    )
 
     def __init__(
         self,
@@ -96,8 +105,9 @@ class PushedHold:
             except PushRefused as refused:
                 logger.warning(
                     "the lock store's user may not push to the broker's queue (%s): holds "
-                    "are taken apart from their messages from now on", refused,
-                )  # fmt: skip
+                    "are taken apart from their messages from now on",
+                    refused,
+                )
         if outcome is None:
             outcome = self._take()
         if isinstance(outcome, Contended):
@@ -112,9 +122,14 @@ class PushedHold:
             )
         holder, record = self._replacing
         return self._pushes.swap_and_push(
-            self._name, holder, self._ttl, push, token=self._token, record=record,
+            self._name,
+            holder,
+            self._ttl,
+            push,
+            token=self._token,
+            record=record,
             entry=self._entry,
-        )  # fmt: skip
+        )
 
     def _take(self) -> Lease | Contended:
         if self._replacing is None:
@@ -299,9 +314,15 @@ class Ride:
             if not rides(real.channel, self.pushes.server):
                 return None
             fold = PushedHold(
-                self.store, self.pushes, self.hold, ttl, token=token, task_id=sent.task_id,
-                outage=self.outage, entry=self.entry,
-            )  # fmt: skip
+                self.store,
+                self.pushes,
+                self.hold,
+                ttl,
+                token=token,
+                task_id=sent.task_id,
+                outage=self.outage,
+                entry=self.entry,
+            )
             return send_pushed(fold, sent, via=real)
 
     def replace(self, replacing: Replacing, publish: Publish) -> Lease | Contended | None:
@@ -310,10 +331,16 @@ class Ride:
             if not rides(real.channel, self.pushes.server):
                 return None
             fold = PushedHold(
-                self.store, self.pushes, self.hold, replacing.ttl, token=replacing.token,
-                task_id=replacing.task_id, outage=self.outage,
-                replacing=(replacing.holder, replacing.record), entry=self.entry,
-            )  # fmt: skip
+                self.store,
+                self.pushes,
+                self.hold,
+                replacing.ttl,
+                token=replacing.token,
+                task_id=replacing.task_id,
+                outage=self.outage,
+                replacing=(replacing.holder, replacing.record),
+                entry=self.entry,
+            )
             outcome = send_replacing(fold, publish, replacing, via=real)
         refusals.placed(self.hold, outcome.token if isinstance(outcome, Lease) else None)
         return outcome

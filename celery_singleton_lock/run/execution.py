@@ -99,9 +99,13 @@ class Execution:
             # No round trip: the worker's main process took it, fenced, for this message
             # (and wrote its start in a kept history). Nothing else is read of it.
             lease = Lease.handed(
-                handed.name, handed.key, handed.token, fence=handed.fence, ttl=handed.ttl,
+                handed.name,
+                handed.key,
+                handed.token,
+                fence=handed.fence,
+                ttl=handed.ttl,
                 expires_at=handed.expires_at,
-            )  # fmt: skip
+            )
             self.store.renew(lease)
             return lease
         self._plan()
@@ -153,9 +157,12 @@ class Execution:
     def _record(self, *, contended: bool) -> Record | None:
         said = {"take": {"decision": described(self.ahead)}} if self.ahead else {}
         return self.context.record(
-            self.lock_name, self.delivery.request.id, refused=said, rate=("", "rate-limited", ""),
+            self.lock_name,
+            self.delivery.request.id,
+            refused=said,
+            rate=("", "rate-limited", ""),
             take=("started", "contended" if contended else "", ""),
-        )  # fmt: skip
+        )
 
     def _take(self) -> Lease:
         hold = None
@@ -163,9 +170,14 @@ class Execution:
             self._admit()
             if self.role == "pending":
                 hold = PendingHold(
-                    self.context, self.delivery.request.id, self.lock_name, "pending",
-                    self.queued, self.shape, self.token,
-                )  # fmt: skip
+                    self.context,
+                    self.delivery.request.id,
+                    self.lock_name,
+                    "pending",
+                    self.queued,
+                    self.shape,
+                    self.token,
+                )
                 if self.mode.replaces:
                     # Claimed before the key, in one step: a later call can no longer
                     # replace this message once it has passed this point.
@@ -194,9 +206,12 @@ class Execution:
         outage = outages.at_execution(self.context, self.delivery.request, self.lock_name, error)
         if not isinstance(outage, Lease):
             send_again(
-                self.delivery, self.lock_name, self.attempt, outage.countdown,
+                self.delivery,
+                self.lock_name,
+                self.attempt,
+                outage.countdown,
                 outages=outage.outages,
-            )  # fmt: skip
+            )
         return outage
 
     def _admit(self) -> None:
@@ -208,9 +223,13 @@ class Execution:
         if slot is None:
             return
         self._signal(
-            singleton_signals.rate_asked, task_id=request.id, slot=slot.at,
-            deferred=not slot.now, remaining=slot.remaining, next_slot=slot.free,
-        )  # fmt: skip
+            singleton_signals.rate_asked,
+            task_id=request.id,
+            slot=slot.at,
+            deferred=not slot.now,
+            remaining=slot.remaining,
+            next_slot=slot.free,
+        )
         if not slot.now:  # recorded by the rate's script (``take``)
             if not request.is_eager:
                 defer(self.delivery, self.lock_name, slot)
@@ -281,8 +300,11 @@ class Execution:
         self._signal(singleton_signals.copy_dropped, task_id=request.id, holder_state=state)
         logger.info(
             "copy of %s task dropped: task=%s id=%s lock=%s",
-            state, delivery.name, request.id, self.lock_name,
-        )  # fmt: skip
+            state,
+            delivery.name,
+            request.id,
+            self.lock_name,
+        )
         self._dropped("a copy of the holder, its own message delivered again", held.holder)
         raise Ignore(f"a copy of {request.id}, which holds {self.lock_name!r} ({state})")
 
@@ -324,15 +346,22 @@ class Execution:
             # One line, stable wording (docs/operations.md): contention is expected work.
             logger.info(
                 "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
-                delivery.name, delivery.request.id, self.lock_name, state.holder or "-",
-                holder_state(held), described(decision),
-            )  # fmt: skip
+                delivery.name,
+                delivery.request.id,
+                self.lock_name,
+                state.holder or "-",
+                holder_state(held),
+                described(decision),
+            )
         if self.ahead is None:  # a policy of the user's own: its decision, a trip of its own
             record = self.context.record(self.lock_name, delivery.request.id)
             history.append(
-                self.store, record, "contended", holder=state.holder or "-",
+                self.store,
+                record,
+                "contended",
+                holder=state.holder or "-",
                 decision=described(decision),
-            )  # fmt: skip
+            )
         if isinstance(decision, Wait):
             if hold is not None:
                 hold.keep()  # still the pending call while it waits

@@ -60,8 +60,11 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     request = delivery.request
     logger.info(
         "%s[%s] deferred %.3fs to its slot of %s's rate",
-        delivery.name, request.id, slot.wait, lock_name,
-    )  # fmt: skip
+        delivery.name,
+        request.id,
+        slot.wait,
+        lock_name,
+    )
     at = f"{slot.at:.6f}"
     # Passed as the library's own header: a copy of a request's headers (a retry's)
     # drops any slot, which only the deferral that reserved it may send.

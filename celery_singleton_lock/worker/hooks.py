@@ -109,8 +109,11 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
         # The sender is the worker's consumer: its hub is the event loop (None without one).
         restorer = stale_restorer(app) if getattr(sender, "hub", True) is None else None
         if restorer is not None:
-            logger.info("celery-singleton-lock: restoring dead workers' unacked messages "
-                        "every %gs (a pool without an event loop)", restorer[0])  # fmt: skip
+            logger.info(
+                "celery-singleton-lock: restoring dead workers' unacked messages "
+                "every %gs (a pool without an event loop)",
+                restorer[0],
+            )
             interval, restore, close = restorer
             timer.call_repeatedly(interval, restore)
             _closing.append(close)

@@ -151,9 +151,12 @@ class Reservations:
             return None
         try:
             take = pushes.riding_take(
-                plan.name, context.ttl, token=plan.token, take=plan.take_over,
+                plan.name,
+                context.ttl,
+                token=plan.token,
+                take=plan.take_over,
                 entry=_started(context, plan, task_id),  # written by the riding take
-            )  # fmt: skip
+            )
         except SingletonLockError:
             return None  # the take on its own round trip will say what is wrong
         with self._guard:
@@ -204,9 +207,13 @@ class Reservations:
         lease = entry.lease
         fence = entry.fence if not lease.lost else None
         return HandedLease(
-            name=lease.name, key=lease.key, token=lease.token, fence=fence, ttl=lease.ttl,
+            name=lease.name,
+            key=lease.key,
+            token=lease.token,
+            fence=fence,
+            ttl=lease.ttl,
             expires_at=lease.expires_at,
-        )  # fmt: skip
+        )
 
     def _forget(self, task_id: str) -> Reservation | None:
         with self._guard:
@@ -290,9 +297,10 @@ class Received:
     def of(cls, headers: object) -> Received:
         """From a request, or from a message's headers themselves."""
         return cls(
-            header(headers, NAME_HEADER), header(headers, TOKEN_HEADER),
+            header(headers, NAME_HEADER),
+            header(headers, TOKEN_HEADER),
             header(headers, HOLD_HEADER),
-        )  # fmt: skip
+        )
 
 
 def _plan(context: TaskContext, task_id: str, hostname: str, received: Received) -> _Plan | None:

@@ -116,8 +116,9 @@ class Sweeper:
         for tag in again:
             logger.warning(
                 "celery-singleton-lock: message %s was lost between the broker and a worker "
-                "(taken off the queue, never recorded as unacked): pushed again", tag,
-            )  # fmt: skip
+                "(taken off the queue, never recorded as unacked): pushed again",
+                tag,
+            )
 
     def close(self) -> None:
         if self.connection is not None:

@@ -34,14 +34,16 @@ MAX_FORM = 16 * 1024
 STATIC = {"app.css": "text/css; charset=utf-8", "app.js": "text/javascript; charset=utf-8"}
 HEADERS = [
     # Nothing from elsewhere: the page ships its own script and style (no network).
-    ("Content-Security-Policy",
-     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
-     "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (
+        "Content-Security-Policy",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
     ("X-Content-Type-Options", "nosniff"),
     ("Referrer-Policy", "same-origin"),
     ("X-Frame-Options", "DENY"),
     ("Cache-Control", "no-store"),
-]  # fmt: skip
+]
 
 
 class LocksPage:
@@ -78,8 +80,11 @@ class LocksPage:
             # A broker or worker that cannot be asked (liveness), a template bug: the
             # details go to the log, never to the page.
             logger.exception("the locks page failed on %s", environ.get("PATH_INFO"))
-            return Response("500 Internal Server Error", b"The page failed: see its log.\n",
-                            "text/plain; charset=utf-8")  # fmt: skip
+            return Response(
+                "500 Internal Server Error",
+                b"The page failed: see its log.\n",
+                "text/plain; charset=utf-8",
+            )
 
     def _handle(self, environ: Environ) -> Response:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
@@ -90,9 +95,11 @@ class LocksPage:
         user = self._user(environ)
         if user is None:
             return Response(
-                "401 Unauthorized", b"Authentication required.\n", "text/plain; charset=utf-8",
+                "401 Unauthorized",
+                b"Authentication required.\n",
+                "text/plain; charset=utf-8",
                 [("WWW-Authenticate", 'Basic realm="celery-singleton-lock", charset="UTF-8"')],
-            )  # fmt: skip
+            )
         request.user = user
         if path.startswith("/static/"):
             return self._static(path[len("/static/") :])
@@ -131,10 +138,12 @@ class LocksPage:
     def _release(self, request: Request) -> Response:
         if not self.settings.allow_release:
             return self.views.message(
-                request, "403 Forbidden", "Releases are off",
+                request,
+                "403 Forbidden",
+                "Releases are off",
                 "This page was started read-only. Start it with --allow-release (or set "
                 "singleton_lock_web_allow_release = True) to release locks from it.",
-            )  # fmt: skip
+            )
         refused = self._forged(request)
         if refused:
             return self.views.message(request, "403 Forbidden", "Refused", refused)

@@ -45,9 +45,10 @@ def urls(
         environ["wsgi.input"] = io.BytesIO(request.body)
         response = page.handle(environ)
         answer = HttpResponse(
-            response.body, status=int(response.status.split()[0]),
+            response.body,
+            status=int(response.status.split()[0]),
             content_type=response.content_type,
-        )  # fmt: skip
+        )
         for name, value in response.headers:
             answer[name] = value
         for name, value in page.security_headers():

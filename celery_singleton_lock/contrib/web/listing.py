@@ -56,11 +56,13 @@ class Query:
         """The query string of this query with ``changes`` (defaults left out)."""
         query = replace(self, **changes)  # type: ignore[arg-type]
         pairs = {
-            "task": query.task, "state": query.state, "q": query.search,
+            "task": query.task,
+            "state": query.state,
+            "q": query.search,
             "sort": "" if query.sort == "oldest" else query.sort,
             "page": "" if query.page == 1 else str(query.page),
             "per": "" if query.per == PER_PAGE else str(query.per),
-        }  # fmt: skip
+        }
         return urlencode({name: value for name, value in pairs.items() if value})
 
     def wants(self, row: LockRow) -> bool:

@@ -117,9 +117,14 @@ def _secret(setting: str, value: object) -> bytes:
 
 
 _RULES: dict[str, Callable[[str, object], object]] = {
-    "host": _host, "port": _port, "prefix": _prefix, "allow_release": _flag,
-    "basic_auth": _credentials, "refresh": _seconds, "secret": _secret,
-}  # fmt: skip
+    "host": _host,
+    "port": _port,
+    "prefix": _prefix,
+    "allow_release": _flag,
+    "basic_auth": _credentials,
+    "refresh": _seconds,
+    "secret": _secret,
+}
 
 
 def _validated(name: str, value: object) -> object:

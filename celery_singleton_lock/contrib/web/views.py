@@ -74,16 +74,23 @@ class Views:
             return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
         tasks = sorted(name for name, task in self.app.tasks.items() if _is_singleton(task))
         return self.render(
-            request, "list.html", page=page, query=query, states=PAGE_STATES, tasks=tasks,
-            took=took, whys=whys,
-        )  # fmt: skip
+            request,
+            "list.html",
+            page=page,
+            query=query,
+            states=PAGE_STATES,
+            tasks=tasks,
+            took=took,
+            whys=whys,
+        )
 
     def _orphans(self, query: Query) -> tuple[Page, dict[str, str]]:
         """The holds whose holder is gone, and why (as ``celery singleton orphans``)."""
         candidates = [
-            row for row in app_rows(self.app, Backend.for_app(self.app).lock)
+            row
+            for row in app_rows(self.app, Backend.for_app(self.app).lock)
             if row.state in ORPHAN_STATES and query.wants(row)
-        ][:MAX_ORPHAN_CHECKS]  # fmt: skip
+        ][:MAX_ORPHAN_CHECKS]
         liveness = Liveness(self.app, timeout=LIVENESS_TIMEOUT)
         liveness.prepare(candidates)
         verdicts = {row.key: liveness.verdict(row) for row in candidates}
@@ -108,21 +115,36 @@ class Views:
         events = [shown(entry) for entry in entries]
         if not family:
             return self.render(
-                request, "lock.html", status="200 OK" if events else "404 Not Found", key=key,
-                lock_name=None, history_of=name, events=events, holds=[], done=done,
-                options=[], outlook="",
-            )  # fmt: skip
+                request,
+                "lock.html",
+                status="200 OK" if events else "404 Not Found",
+                key=key,
+                lock_name=None,
+                history_of=name,
+                events=events,
+                holds=[],
+                done=done,
+                options=[],
+                outlook="",
+            )
         liveness = Liveness(self.app, timeout=LIVENESS_TIMEOUT)
         liveness.prepare(family)
         holds = [(row, liveness.verdict(row)) for row in family]
         task = self._task(family[0])
         outlook = new_call(task.singleton_options() if task else None, family)
         return self.render(
-            request, "lock.html", key=key, lock_name=family[0].base_name, task_name=family[0].task,
+            request,
+            "lock.html",
+            key=key,
+            lock_name=family[0].base_name,
+            task_name=family[0].task,
             holds=[(row, verdict, _needs_confirmation(row, verdict)) for row, verdict in holds],
-            done=done, options=task_options(task), outlook=outlook, events=events,
+            done=done,
+            options=task_options(task),
+            outlook=outlook,
+            events=events,
             history_of=name,
-        )  # fmt: skip
+        )
 
     def release(self, request: Request) -> Response:
         """Release the hold the form names, if its holder still holds it (exact token);
@@ -135,9 +157,11 @@ class Views:
                 return self._moved_on(request, key)
             if row.state == "limited":
                 return self.message(
-                    request, "409 Conflict", "Not a lock",
+                    request,
+                    "409 Conflict",
+                    "Not a lock",
                     f"{row.name} is a rate's schedule: it frees itself as its slots pass.",
-                )  # fmt: skip
+                )
             liveness = Liveness(self.app, timeout=LIVENESS_TIMEOUT)
             liveness.prepare([row])
             verdict = liveness.verdict(row)
@@ -154,9 +178,12 @@ class Views:
         if result is not ReleaseResult.RELEASED:
             return self._moved_on(request, key)
         logger.warning(
-            "released %s (%s, task %s) from the locks page%s", row.lock_name, row.state,
-            row.task_id, f" by {request.user}" if request.user else "",
-        )  # fmt: skip
+            "released %s (%s, task %s) from the locks page%s",
+            row.lock_name,
+            row.state,
+            row.task_id,
+            f" by {request.user}" if request.user else "",
+        )
         return self._see(request, key, "released")
 
     def message(self, request: Request, status: str, title: str, text: str) -> Response:
@@ -199,8 +226,12 @@ def task_options(task: SingletonTask | None) -> list[tuple[str, str]]:
     if task is None:
         return []
     opts, context = task.singleton_options(), task.singleton_context
-    shown = [("mode", opts.mode.name), ("lock", opts.lock), ("ttl", human(context.ttl)),
-             ("queue_ttl", human(context.queue_ttl))]  # fmt: skip
+    shown = [
+        ("mode", opts.mode.name),
+        ("lock", opts.lock),
+        ("ttl", human(context.ttl)),
+        ("queue_ttl", human(context.queue_ttl)),
+    ]
     for name in ("throttle", "debounce", "max_wait", "limit", "rate"):
         value = getattr(opts, name)
         if value is not None:

@@ -147,9 +147,14 @@ class Rates(_RatesOf):
         self._script = store.client.register_script(scripts.RATE)
 
     def ask(
-        self, name: str, rate: Rate, how: How = "take", at: float = 0.0, *,
+        self,
+        name: str,
+        rate: Rate,
+        how: How = "take",
+        at: float = 0.0,
+        *,
         entry: Record | None = None,
-    ) -> Slot:  # fmt: skip
+    ) -> Slot:
         """One script, one round trip (see the module's docstring); ``at`` is the slot
         a ``due`` asks about; ``entry``, the history entry it writes."""
         interval = max(1, round(rate.interval * 1e6))
@@ -172,9 +177,14 @@ class MemoryRates(_RatesOf):
         self._tats: dict[str, float] = {}
 
     def ask(
-        self, name: str, rate: Rate, how: How = "take", at: float = 0.0, *,
+        self,
+        name: str,
+        rate: Rate,
+        how: How = "take",
+        at: float = 0.0,
+        *,
         entry: Record | None = None,  # no history here
-    ) -> Slot:  # fmt: skip
+    ) -> Slot:
         interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
         with self._store.guard:
             now = self._store.clock.time()

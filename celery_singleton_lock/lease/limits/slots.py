@@ -87,9 +87,14 @@ class Slots:
         return lease
 
     def try_acquire(
-        self, name: str, limit: int, ttl: object, *, token: str | None = None,
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        token: str | None = None,
         entry: Record | None = None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         """The lowest free slot of ``name`` as a ``Lease`` (its ``name`` is the slot's),
         or ``Contended`` naming the holder of the slot that frees soonest. One round trip.
         """
@@ -142,9 +147,14 @@ class QuorumSlots:
         self.store = store
 
     def try_acquire(
-        self, name: str, limit: int, ttl: object, *, token: str | None = None,
+        self,
+        name: str,
+        limit: int,
+        ttl: object,
+        *,
+        token: str | None = None,
         entry: Record | None = None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         limit = check_limit(limit)
         token, busy = new_token(token), []
         for number in range(1, limit + 1):

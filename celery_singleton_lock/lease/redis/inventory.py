@@ -99,8 +99,10 @@ def family(lock: _Store, name: str) -> Iterator[Held]:
     """The holds of the lock ``name``: its own key, its companions, its slots and its
     rate, read in one round trip (they share its hash tag: one Cluster slot)."""
     roles: list[str | None] = [None, *ROLES, *(f"slot{n}" for n in range(1, MAX_SLOTS + 1))]
-    found = [(LockKeys.build(lock.prefix, companion(name, r) if r else name).lock, name, r)
-             for r in roles]  # fmt: skip
+    found = [
+        (LockKeys.build(lock.prefix, companion(name, r) if r else name).lock, name, r)
+        for r in roles
+    ]
     found.append((LockKeys.build(lock.prefix, name).rate, name, "rate"))
     try:
         yield from _read(lock, found)
@@ -121,8 +123,9 @@ def _read(lock: _Store, found: list[tuple[str, str, str | None]]) -> Iterator[He
         return
     # Only the lock's own key and its slots are fenced (a pending call's hold and a
     # throttle window keep duplicates out; their executions take fenced leases).
-    fences = [LockKeys.build(lock.prefix, name).fence if role is None else None
-              for _, name, role in found]  # fmt: skip
+    fences = [
+        LockKeys.build(lock.prefix, name).fence if role is None else None for _, name, role in found
+    ]
     replies = (
         _pipelined(lock.client, found, fences)
         if hasattr(lock.client, "get_nodes")  # a Cluster: no one script sees every key

@@ -275,9 +275,16 @@ class Pushes:
         return self._run(self._script, call, keys, args, push, entry=entry)
 
     def swap_and_push(
-        self, name: str, expected: str, ttl: object, push: Push, *, token: str, record: str,
+        self,
+        name: str,
+        expected: str,
+        ttl: object,
+        push: Push,
+        *,
+        token: str,
+        record: str,
         entry: Record | None = None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         """Pass ``name`` from ``expected`` to ``token`` (``RedisLock.swap``, recording
         ``record`` as replaced) and push ``push``, the replacing message; or ``Contended``
         naming the holder, with nothing pushed. One round trip."""
@@ -290,14 +297,25 @@ class Pushes:
         """An unfenced hold of ``name`` for ``token`` (a queued message's)."""
         store = self._store
         return Call(
-            name=name, keys=store.keys(name), token=new_token(token), ttl_ms=store.ttl_ms(ttl),
-            replace=replace, shape=("", ""), fenced=False,
-        )  # fmt: skip
+            name=name,
+            keys=store.keys(name),
+            token=new_token(token),
+            ttl_ms=store.ttl_ms(ttl),
+            replace=replace,
+            shape=("", ""),
+            fenced=False,
+        )
 
     def _run(
-        self, script: Script, call: Call, keys: list[Arg], args: list[Arg], push: Push, *,
+        self,
+        script: Script,
+        call: Call,
+        keys: list[Arg],
+        args: list[Arg],
+        push: Push,
+        *,
         entry: Record | None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         """Run a push script: the push's expiry and databases appended to its keys and
         arguments. A push the server refuses (ACL) writes nothing: ``PushRefused``."""
         store = self._store

@@ -65,7 +65,9 @@ def with_acks(store: Any, call: Any, sent_at: float, reply: Any) -> Lease | Cont
     # and report it as contended, to be tried again like any held lock.
     logger.warning(
         "acquired %s but only %d of %d replicas acknowledged it: given back",
-        outcome.key, acked, store.replicas[0],
-    )  # fmt: skip
+        outcome.key,
+        acked,
+        store.replicas[0],
+    )
     store.release(outcome)
     return Contended(call.name, call.keys.lock, holder="", retry_after=store.replicas[1] / 1000)

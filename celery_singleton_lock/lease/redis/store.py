@@ -62,8 +62,13 @@ class RedisLock(LockBase):
         if is_async(client):
             raise ConfigurationError("RedisLock needs a sync redis-py client; use AsyncRedisLock")
         self.replicas = replicas_option(replicas, replica_timeout, client)
-        super().__init__(client, prefix=prefix, allow_long_ttl=allow_long_ttl,
-                         backoff_base=backoff_base, backoff_cap=backoff_cap)  # fmt: skip
+        super().__init__(
+            client,
+            prefix=prefix,
+            allow_long_ttl=allow_long_ttl,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+        )
         self._renewer = renewer
         self._slots: Slots | None = None
         self._pushes: Pushes | None = None
@@ -128,14 +133,19 @@ class RedisLock(LockBase):
             fast = call.plain and not (step.announce or whole or entry)
             if fast and self.replicas is None:
                 reply = self.transport.send_hold(
-                    call.keys.lock, call.token, call.ttl_ms,
+                    call.keys.lock,
+                    call.token,
+                    call.ttl_ms,
                     lambda: run_script(self.client, script, **self._acquire_argv(call, step)),
-                )  # fmt: skip
+                )
             else:
                 reply = self.transport.send(
-                    script, **self._acquire_argv(call, step), whole=whole, acks=self.replicas,
+                    script,
+                    **self._acquire_argv(call, step),
+                    whole=whole,
+                    acks=self.replicas,
                     entry=entry,
-                )  # fmt: skip
+                )
         except REDIS_ERRORS as error:
             self.unavailable(error, call.name)
         return PendingAcquire(self, call, reply.sent_at or sent_at, reply)
@@ -210,9 +220,15 @@ class RedisLock(LockBase):
         return outcome
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        self,
+        name: str,
+        expected: str,
+        ttl: object,
+        *,
+        token: str,
+        record: str | None = None,
         entry: Record | None = None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         """Pass ``name`` from ``expected`` (never from nobody) to ``token``, recording
         ``record`` (or ``expected``) as replaced for ``unless_replaced``. Unfenced."""
         call = self._acquire_call(name, ttl, token, TakeOver(replace=expected, fenced=False))
@@ -301,8 +317,13 @@ class RedisLock(LockBase):
         """
         keys, ttl_ms = self._extend_call(lease, ttl)
         try:
-            reply, sent_at = self.transport.timed(self._extend_script, keys, [lease.token, ttl_ms],
-                                                  patient=patient, acks=self.replicas)  # fmt: skip
+            reply, sent_at = self.transport.timed(
+                self._extend_script,
+                keys,
+                [lease.token, ttl_ms],
+                patient=patient,
+                acks=self.replicas,
+            )
         except REDIS_ERRORS as error:
             self.unavailable(error, lease.name)
         if self.replicas is not None:

@@ -75,8 +75,12 @@ class Redlock:
         cls, url: str, *, prefix: str = DEFAULT_PREFIX, **client_options: object
     ) -> Redlock:
         """Connect to every master a ``redlock://host1,host2,host3`` URL names."""
-        return cls([RedisLock.from_url(one, prefix=prefix, **client_options)
-                    for one in redlock_masters(url)])  # fmt: skip
+        return cls(
+            [
+                RedisLock.from_url(one, prefix=prefix, **client_options)
+                for one in redlock_masters(url)
+            ]
+        )
 
     def __repr__(self) -> str:
         return f"Redlock({self.where}, prefix={self.prefix!r})"
@@ -107,8 +111,10 @@ class Redlock:
             raise error
         raise LockStoreUnavailableError(
             f"the lock store at {self.where} is unreachable ({type(error).__name__}: {error})",
-            name=name, key=key, url=self.where,
-        ) from error  # fmt: skip
+            name=name,
+            key=key,
+            url=self.where,
+        ) from error
 
     # -- taking ---------------------------------------------------------------------
 
@@ -219,16 +225,26 @@ class Redlock:
         return lease
 
     def swap(
-        self, name: str, expected: str, ttl: object, *, token: str, record: str | None = None,
+        self,
+        name: str,
+        expected: str,
+        ttl: object,
+        *,
+        token: str,
+        record: str | None = None,
         entry: Record | None = None,
-    ) -> Lease | Contended:  # fmt: skip
+    ) -> Lease | Contended:
         """Pass ``name`` from ``expected`` to ``token`` on a majority (see ``RedisLock.swap``)."""
         key, ttl_ms = self.keys(name).lock, self.ttl_ms(ttl)
         sent_at = time.monotonic()
         attempt = self._attempt(
-            [partial(node.swap, name, expected, ttl_ms / 1000, token=token, record=record)
-             for node in self.nodes], name, token,
-        )  # fmt: skip
+            [
+                partial(node.swap, name, expected, ttl_ms / 1000, token=token, record=record)
+                for node in self.nodes
+            ],
+            name,
+            token,
+        )
         answers = self.quorum.ask(
             attempt.calls, timeout=self._try_wait(ttl_ms), settled=self._decided
         )
@@ -280,9 +296,10 @@ class Redlock:
         answers = self.quorum.ask(
             [partial(node.extend_many, copies) for node in self.nodes],
             timeout=self._try_wait(min(ttls)),
-            settled=lambda so_far: all(self.quorum.settles(so_far.column(index), _kept)
-                                       for index in range(len(leases))),
-        )  # fmt: skip
+            settled=lambda so_far: all(
+                self.quorum.settles(so_far.column(index), _kept) for index in range(len(leases))
+            ),
+        )
         results: list[ExtendResult | Exception] = []
         for index, (lease, ttl_ms) in enumerate(zip(leases, ttls, strict=True)):
             results.append(self._extended(lease, ttl_ms, sent_at, answers.column(index)))
@@ -310,8 +327,10 @@ class Redlock:
         return LockStoreUnavailableError(
             f"renewal of {lease.key} confirmed by {confirmed} of {self.quorum.count} masters "
             f"of {self.where}, {self.quorum.needed} needed",
-            name=lease.name, key=lease.key, url=self.where,
-        )  # fmt: skip
+            name=lease.name,
+            key=lease.key,
+            url=self.where,
+        )
 
     # -- letting go -----------------------------------------------------------------
 
@@ -344,8 +363,11 @@ class Redlock:
         return self._release(name, matching)
 
     def _release(self, name: str, how: Callable[[RedisLock, str], ReleaseResult]) -> ReleaseResult:
-        answers = self.quorum.ask([partial(how, node, name) for node in self.nodes],
-                                  timeout=ANSWER_WAIT, settled=self.quorum.heard)  # fmt: skip
+        answers = self.quorum.ask(
+            [partial(how, node, name) for node in self.nodes],
+            timeout=ANSWER_WAIT,
+            settled=self.quorum.heard,
+        )
         self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         released = answers.count(lambda one: one is ReleaseResult.RELEASED)
         # A master that did not answer may have released too: counted for the holder.
@@ -359,8 +381,9 @@ class Redlock:
         """The token holding ``name`` on a majority of masters (None when none does)."""
         answers = self.quorum.ask(
             [partial(node.holder, name) for node in self.nodes],
-            timeout=ANSWER_WAIT, settled=self.quorum.heard,
-        )  # fmt: skip
+            timeout=ANSWER_WAIT,
+            settled=self.quorum.heard,
+        )
         self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         held = Counter(one for one in answers.values() if one is not None).most_common(1)
         return held[0][0] if held and held[0][1] >= self.quorum.needed else None
@@ -379,8 +402,9 @@ class Redlock:
         if answered < self.quorum.needed:
             raise LockStoreUnavailableError(
                 f"the lock store at {self.where} has too few masters answering to list its "
-                f"locks: {answered} of {self.quorum.count}", url=self.where,
-            )  # fmt: skip
+                f"locks: {answered} of {self.quorum.count}",
+                url=self.where,
+            )
         for found in seen.values():
             if len(found) >= self.quorum.needed:
                 yield min(found, key=lambda held: held.ttl or 0.0)

@@ -88,8 +88,10 @@ class Quorum:
                 f"the lock store at {where} has too few masters answering: "
                 f"{len(answers.values())} of {self.count}, {self.needed} needed "
                 f"({type(errors[0]).__name__}: {errors[0]})",
-                name=name, key=key, url=where,
-            )  # fmt: skip
+                name=name,
+                key=key,
+                url=where,
+            )
 
     def _executors(self) -> list[ThreadPoolExecutor]:
         if self._pid != os.getpid():
