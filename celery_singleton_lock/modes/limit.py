@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..lease import Contended, Lease, LockStore, companion, slot
+from ..lease import Contended, Lease, LockStore, TakeOver, companion, slot
 from .base import Holder, Mode, Start
 
 
@@ -30,7 +30,8 @@ class Limit(Mode):
                 companion(start.name, start.role),
                 start.ttl,
                 token=start.token,
-                take=start.take_over(),
+                # Its own hold on that slot (a role: take_over() would take nothing over).
+                take=TakeOver(replace=start.queued, shape=start.shape),
                 entry=start.entry,
             )
             if isinstance(own, Lease):
