@@ -12,7 +12,6 @@ Tokens and headers are in ``tokens.py``; the gate around publish in ``publish/di
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -21,28 +20,21 @@ from typing import TYPE_CHECKING, ClassVar
 from celery import Task
 from celery.utils import uuid
 
-from . import broker, outages
+from . import broker
 from . import signals as singleton_signals
 from .broker import results
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
-from .exceptions import DuplicateTaskError, LockStoreUnavailableError
-from .lease import HOLD, Contended, Lease
-from .modes import Replace, Replacement
+from .exceptions import DuplicateTaskError
+from .lease import Lease
 from .modes.base import Publish
 from .publish.dispatch import (
-    Gate,
-    GatedProducer,
-    Sent,
-    can_overlap,
-    delay_of,
     in_canvas,
-    refusals,
-    send_gated,
     slot_at_publish,
 )
+from .publish.held import send_held
 from .publish.retries import send_retry
-from .publish.riding import InTransit, Ride, duplicate_answered, give_up_purged, ridden_by
+from .publish.riding import InTransit, give_up_purged
 from .run import cancels
 from .run.execution import Execution, failed_run
 from .tokens import (
@@ -52,8 +44,6 @@ from .tokens import (
     RATE_SLOT_HEADER,
     REDRIVE_HEADER,
     TOKEN_HEADER,
-    holder_state,
-    holder_task_id,
 )
 from .worker import hooks
 
@@ -63,8 +53,6 @@ if TYPE_CHECKING:
     from celery.result import AsyncResult
     from kombu.messaging import Producer
 
-
-logger = logging.getLogger(__name__)
 
 # Set on a request whose running lease a retry's message took over (retries.py).
 _HANDED_OVER = "singleton_handed_over"
@@ -209,102 +197,15 @@ class SingletonTask(Task):  # type: ignore[misc]
                 call = (args or (), kwargs or {})
                 ours.update(slot_at_publish(self.singleton_context, lock_name, call, options))
             return publish(task_id, options, ours)
-        return self._send_held(lock_name, task_id, options, publish, chosen)
-
-    def _send_held(
-        self,
-        lock_name: str,
-        task_id: str | None,
-        options: dict[str, object],
-        publish: Publish,
-        producer: object,
-    ) -> AsyncResult:
-        """Publish a call that holds its lock first; a duplicate is answered, not sent."""
-        mode = self.singleton_options().mode
-        context = self.singleton_context
-        duplicate = partial(self._duplicate, lock_name)
-        task_id = task_id or uuid()
-        # What the hold's take, swap or read writes in a kept history (given as ``entry``).
-        record = context.record(
+        return send_held(
+            self,
+            self.singleton_context,
             lock_name,
-            task_id,
-            take=("accepted", "refused", ""),
-            swap=("replaced", "", ""),
-            read=("", "refused", ""),
+            task_id=task_id,
+            options=options,
+            publish=publish,
+            producer=chosen,
         )
-        store, queue_ttl = context.store, context.queue_ttl
-        # A storm of one call's duplicates: one read answers it before anything is built.
-        early = duplicate_answered(mode, store, lock_name, duplicate, record)
-        if early is not None:
-            return early
-        mode.prepare(self.name, options)
-        planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
-        hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
-        outage = partial(outages.at_dispatch, context, lock_name)
-        pushes = ridden_by(self.app, context, options)
-        ride = (
-            None
-            if pushes is None
-            else Ride(
-                store,
-                pushes,
-                hold,
-                outage,
-                partial(self.app.producer_or_acquire, producer),
-                replaces=mode.replaces,
-                entry=record,
-            )
-        )
-        sent = Sent(
-            lock_name,
-            task_id,
-            options,
-            ours,
-            publish,
-            # On a refusal: the holder's result, or with replace, the queued call's with ours.
-            refused_by=Replacement(
-                mode=mode,
-                task_name=self.name,
-                store=store,
-                queue_ttl=queue_ttl,
-                result=self.AsyncResult,
-                name=lock_name,
-                hold=hold,
-                ttl=ttl,
-                ours=ours,
-                options=dict(options),
-                publish=publish,
-                refused=duplicate,
-                outage=outage,
-                ride=None if ride is None else ride.replace,
-                entry=record,
-            )
-            if isinstance(mode, Replace)
-            else duplicate,
-            accepted=partial(
-                singleton_signals.send,
-                singleton_signals.dispatch_accepted,
-                self,
-                lock_name,
-                task_id=task_id,
-            ),
-        )
-        if ride is not None:
-            result = ride.send(sent, ttl, token)  # the hold in the push's script
-            if result is not None:
-                return result
-        try:
-            pending = store.begin_try_acquire(hold, ttl, token=token, take=HOLD, entry=record)
-        except LockStoreUnavailableError as error:
-            outage(error)  # fail_closed raises
-            return publish(task_id, options, {NAME_HEADER: lock_name})
-        gate = Gate(store, lock_name, pending, outage)
-        if refusals.expects(lock_name) or not can_overlap(self.app, options):
-            return send_gated(gate, sent)
-        # The acquire is on its way; Celery builds the message meanwhile and the gated
-        # producer waits for the answer just before anything is published.
-        with self.app.producer_or_acquire(producer) as real:
-            return send_gated(gate, sent, via=GatedProducer(real, gate))
 
     def _publisher(
         self,
@@ -346,31 +247,6 @@ class SingletonTask(Task):  # type: ignore[misc]
             return noted.publish(self.app, via or producer, options, send)
 
         return publish
-
-    def _duplicate(self, lock_name: str, held: Contended) -> AsyncResult:
-        holder = holder_task_id(held.holder)
-        singleton_signals.send(
-            singleton_signals.duplicate_refused, self, lock_name, holder_id=holder
-        )
-        opts = self.singleton_options()
-        if logger.isEnabledFor(logging.INFO):
-            # One line, stable wording (docs/operations.md): why this call was not sent.
-            logger.info(
-                "refused at dispatch: task=%s lock=%s holder=%s state=%s",
-                self.name,
-                lock_name,
-                holder or "-",
-                holder_state(held),
-            )
-        if opts.on_duplicate != "raise" and holder is not None:
-            return self.AsyncResult(holder)
-        raise DuplicateTaskError(
-            f"{self.name} {opts.mode.refused_because()} for {lock_name!r}"
-            + (f" as task {holder}" if holder else " (holder unknown)"),
-            name=lock_name,
-            key=held.key,
-            task_id=holder,
-        )
 
     # -- execution -----------------------------------------------------------------------
 
