@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .config.options import SingletonOptions
-from .config.stores import Backend
+from .config.stores import LockStores
 from .lease import LockStore, split_role
 from .lease.history import Record
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 class TaskContext:
     """What one singleton task's helpers may read of it. Cheap to make: it caches nothing,
-    so a test that swaps the app's settings (``Backend.forget``) is seen at once."""
+    so a test that swaps the app's settings (``LockStores.forget``) is seen at once."""
 
     __slots__ = ("_options", "app", "name")
 
@@ -38,29 +38,29 @@ class TaskContext:
         return self._options()
 
     @property
-    def backend(self) -> Backend:
+    def stores(self) -> LockStores:
         """The app's lock store(s) and settings."""
-        return Backend.for_app(self.app)
+        return LockStores.for_app(self.app)
 
     @property
     def store(self) -> LockStore:
         """The lock store for one-round-trip operations."""
-        return self.backend.lock
+        return self.stores.lock
 
     @property
     def waiting(self) -> LockStore:
         """The lock store for blocking waits (``on_contention=wait``)."""
-        return self.backend.waiting
+        return self.stores.waiting
 
     @property
     def ttl(self) -> float:
         """The running lease's ttl: the task's own, else the app's."""
-        return self.options.ttl or self.backend.config.ttl
+        return self.options.ttl or self.stores.config.ttl
 
     @property
     def queue_ttl(self) -> float:
         """How long a queued hold lasts: the task's own, else the app's."""
-        return self.options.queue_ttl or self.backend.config.queue_ttl
+        return self.options.queue_ttl or self.stores.config.queue_ttl
 
     @property
     def keeps_history(self) -> bool:
@@ -68,7 +68,7 @@ class TaskContext:
         the app's) and a store that can (a single server's: ``lease.history``)."""
         wanted = self.options.history
         kept = getattr(self.store, "keeps_history", False)
-        return bool(kept and (self.backend.config.history if wanted is None else wanted))
+        return bool(kept and (self.stores.config.history if wanted is None else wanted))
 
     def record(
         self,
@@ -82,7 +82,7 @@ class TaskContext:
         the operations of ``events``' kinds (``Record``); None when this task keeps none."""
         if not self.keeps_history:
             return None
-        config = self.backend.config
+        config = self.stores.config
         base, _ = split_role(lock_name)
         return Record(
             key=self.store.keys(base).history,

@@ -17,8 +17,8 @@ logger = logging.getLogger(__name__)
 
 def at_dispatch(context: TaskContext, lock_name: str, error: LockStoreUnavailableError) -> None:
     """fail_closed: refuse to publish, with what to set instead; fail_open: log and go on."""
-    where = context.backend.describe()
-    if context.backend.config.on_redis_error == "fail_closed":
+    where = context.stores.describe()
+    if context.stores.config.on_redis_error == "fail_closed":
         raise LockStoreUnavailableError(
             f"{context.name}: {error}; nothing was published. Set "
             "singleton_lock_on_redis_error='fail_open' to publish without the duplicate "
@@ -52,8 +52,8 @@ def at_execution(
     number of times, then fail. The caller sends the requeue: this module decides.
 
     ``request`` is Celery's request of the execution (its id and headers)."""
-    where = context.backend.describe()
-    if context.backend.config.on_redis_error == "fail_open":
+    where = context.stores.describe()
+    if context.stores.config.on_redis_error == "fail_open":
         logger.warning(
             "lock store at %s unreachable (%s): running %s[%s] for %s UNLOCKED (fail_open)",
             where,

@@ -176,7 +176,7 @@ def release_with_result(
     """
     backend, pushes = task.backend, context.store.pushes
     if (
-        not context.backend.config.ride_broker
+        not context.stores.config.ride_broker
         or not versions.TESTED_HERE  # a backend named by its path, on another Celery
         or request.is_eager
         or request.callbacks

@@ -39,7 +39,7 @@ SOCKET_TIMEOUT = 5.0
 MAX_CONNECTIONS = 20
 
 
-class Backend:
+class LockStores:
     """The app's lock store(s), created on first use (not at import, not at fork)."""
 
     def __init__(self, config: SingletonConfig) -> None:
@@ -49,15 +49,15 @@ class Backend:
         self._building = threading.Lock()
 
     @classmethod
-    def for_app(cls, app: Celery) -> Backend:
-        backend: Backend | None = getattr(app, _CACHE_ATTRIBUTE, None)
-        if backend is None:
+    def for_app(cls, app: Celery) -> LockStores:
+        stores: LockStores | None = getattr(app, _CACHE_ATTRIBUTE, None)
+        if stores is None:
             with _guard:
-                backend = getattr(app, _CACHE_ATTRIBUTE, None)
-                if backend is None:
-                    backend = cls(SingletonConfig.from_app(app))
-                    setattr(app, _CACHE_ATTRIBUTE, backend)
-        return backend
+                stores = getattr(app, _CACHE_ATTRIBUTE, None)
+                if stores is None:
+                    stores = cls(SingletonConfig.from_app(app))
+                    setattr(app, _CACHE_ATTRIBUTE, stores)
+        return stores
 
     @staticmethod
     def forget(app: Celery) -> None:

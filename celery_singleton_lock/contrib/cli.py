@@ -17,11 +17,11 @@ import click
 from celery.bin.base import CeleryCommand, handle_preload_options
 
 from .._time import human
-from ..config.stores import Backend
+from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
-from .history import entries_of, shown
 from .liveness import Liveness
+from .lock_history import entries_of, shown
 from .locks import (
     STATES,
     LockRow,
@@ -65,8 +65,8 @@ class _Locks:
     def __init__(self, ctx: click.Context) -> None:
         self.app = ctx.obj.app
         try:
-            self.backend = Backend.for_app(self.app)
-            self.store = self.backend.lock
+            self.stores = LockStores.for_app(self.app)
+            self.store = self.stores.lock
         except SingletonLockError as error:
             exit_with(str(error))
 
@@ -90,7 +90,7 @@ class _Locks:
             exit_with(str(error))
 
     def where(self) -> str:
-        return f"{self.backend.describe()} under prefix {self.store.prefix!r}"
+        return f"{self.stores.describe()} under prefix {self.store.prefix!r}"
 
 
 _F = TypeVar("_F")

@@ -16,14 +16,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..config.options import is_singleton
-from ..config.stores import Backend
+from ..config.stores import LockStores
 from ..lease import LockStore, ReleaseResult
 from ..lease.history import Record
 from ..lease.limits.rates import budget
 from ..lease.redis.inventory import Held
 from ..modes import RateSpec
 from ..tokens import read_token
-from .history import lock_name_of
+from .lock_history import lock_name_of
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -188,7 +188,7 @@ def operator_record(app: Celery, row: LockRow, by: str) -> Record | None:
     if task is not None and is_singleton(task):
         record = task.singleton_context.record(row.lock_name, row.task_id, **events)
     else:
-        config, store = Backend.for_app(app).config, Backend.for_app(app).lock
+        config, store = LockStores.for_app(app).config, LockStores.for_app(app).lock
         kept = config.history and getattr(store, "keeps_history", False)
         record = (
             Record(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ..config.stores import Backend
+from ..config.stores import LockStores
 from ..exceptions import ConfigurationError
 from . import testing
 from .locks import LockRow
@@ -83,7 +83,7 @@ def singleton_app(request: pytest.FixtureRequest) -> Celery:
 def singleton_locks(singleton_app: Celery, singleton_lock_url: str) -> Iterator[SingletonLocks]:
     app = singleton_app
     saved = app.conf.get("singleton_lock_url")
-    Backend.forget(app)
+    LockStores.forget(app)
     app.conf.singleton_lock_url = singleton_lock_url
     locks = SingletonLocks(app)
     locks.clear()
@@ -92,7 +92,7 @@ def singleton_locks(singleton_app: Celery, singleton_lock_url: str) -> Iterator[
     finally:
         locks.clear()
         app.conf.singleton_lock_url = saved
-        Backend.forget(app)
+        LockStores.forget(app)
 
 
 @pytest.fixture

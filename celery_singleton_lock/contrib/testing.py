@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from celery import current_app
 
 from ..config.options import is_singleton
-from ..config.stores import Backend
+from ..config.stores import LockStores
 from ..exceptions import ConfigurationError
 from ..lease import Contended, Lease, LockStore, ManualClock, MemoryLock
 from ..tokens import running_token
@@ -51,7 +51,7 @@ class HeldCall:
 
 
 def _store(app: Celery | None = None) -> LockStore:
-    return Backend.for_app(app or current_app).lock
+    return LockStores.for_app(app or current_app).lock
 
 
 def _call(

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from .errors import store_error
 from .outcomes import text
 from .redis import scripts
-from .redis.base import REDIS_ERRORS
+from .redis.common import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 

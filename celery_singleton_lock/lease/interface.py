@@ -14,7 +14,7 @@ from .history import Record
 from .lease import Lease, LostCallback
 from .names import LockKeys
 from .outcomes import Contended, ExtendResult, ReleaseResult
-from .redis.base import WaitMode
+from .redis.common import WaitMode
 from .redis.inventory import Held
 from .redis.pending import PendingAcquire
 from .redis.pushes import Push, RidingRelease, RidingTake

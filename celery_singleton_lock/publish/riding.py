@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..broker.connection import publishing
 from ..broker.transport import may_ride, rides
-from ..config.stores import Backend
+from ..config.stores import LockStores
 from ..exceptions import LockStoreUnavailableError
 from ..lease import (
     HOLD,
@@ -191,7 +191,7 @@ class InTransit:
     def wait_of(context: TaskContext) -> float:
         """``singleton_lock_transit_timeout``; 0 when received messages are not cleared
         (``singleton_lock_ride_broker = False``)."""
-        config = context.backend.config
+        config = context.stores.config
         return config.transit_timeout if config.ride_broker else 0.0
 
     def note(self, member: str) -> Note | None:
@@ -245,7 +245,7 @@ def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) 
     producer; a broker on another server pushes no hold (said by its URL, before a
     producer is taken to ask its channel)."""
     pushes = context.store.pushes
-    config = context.backend.config
+    config = context.stores.config
     if pushes is None or not config.ride_broker:
         return None
     if app.conf.task_always_eager or options.get("connection") is not None:
@@ -257,8 +257,8 @@ def give_up_purged(app: Celery, client: object, lists: list[str]) -> None:
     """A purge of ``lists`` on the broker (``broker.on_purge``; ``client`` the purging
     channel's): the holds of the singleton messages it threw away are given up,
     owner-checked, not kept for ``queue_ttl``."""
-    backend = Backend.for_app(app)
-    store, notes = backend.lock, Transit(client, backend.config.prefix)
+    stores = LockStores.for_app(app)
+    store, notes = stores.lock, Transit(client, stores.config.prefix)
     freed = 0
     for name, token in notes.purged(lists):
         freed += store.release_token(name, token) == ReleaseResult.RELEASED

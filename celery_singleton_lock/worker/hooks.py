@@ -22,7 +22,7 @@ from ..broker.results import settle
 from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
-from . import transit
+from . import sweeper
 from .childwatch import child_watch
 from .reservations import reservations
 from .setupchecks import check_the_ride, check_worker_setup, refuse_bad_settings
@@ -69,7 +69,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     hostname = getattr(sender, "hostname", None)
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
-        on_receipt(app, functools.partial(transit.riders, app, hostname))
+        on_receipt(app, functools.partial(sweeper.riders, app, hostname))
     said = check_the_ride(app)
     if said is not None:
         _said.append(said)
@@ -117,10 +117,10 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
             interval, restore, close = restorer
             timer.call_repeatedly(interval, restore)
             _closing.append(close)
-        sweeper = transit.Sweeper.of(app)
-        if sweeper is not None:  # messages lost between the broker and a worker
-            timer.call_repeatedly(sweeper.interval, sweeper)
-            _closing.append(sweeper.close)
+        sweep = sweeper.Sweeper.of(app)
+        if sweep is not None:  # messages lost between the broker and a worker
+            timer.call_repeatedly(sweep.interval, sweep)
+            _closing.append(sweep.close)
 
 
 def _release_revoked(

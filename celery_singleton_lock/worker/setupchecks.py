@@ -42,7 +42,7 @@ def check_worker_setup(app: Celery) -> list[str]:
         return []
     # celery-once's ONCE, celery-singleton's singleton_*: ported settings that do nothing.
     warnings: list[str] = foreign_settings(app.conf)
-    store = tasks[0].singleton_context.backend
+    store = tasks[0].singleton_context.stores
     try:
         value = store.eviction_policy()
     except SingletonLockError as error:
@@ -56,7 +56,7 @@ def check_worker_setup(app: Celery) -> list[str]:
         )
     # Outside the tested releases nothing rides, as the WARNING at binding said.
     pushes = tasks[0].singleton_context.store.pushes if versions.TESTED_HERE else None
-    ride = tasks[0].singleton_context.backend.config.ride_broker
+    ride = tasks[0].singleton_context.stores.config.ride_broker
     for missed_by in (missed_ride, missed_result_ride):
         missed = None if pushes is None else missed_by(app, pushes.server, enabled=ride)
         if missed:
@@ -83,7 +83,7 @@ def check_the_ride(app: Celery) -> tuple[int, str] | None:
     if not tasks or not installed(app) or turned_off(app) is not None:
         return None
     try:
-        differed = selfcheck.differences(app, tasks[0].singleton_context.backend.config.prefix)
+        differed = selfcheck.differences(app, tasks[0].singleton_context.stores.config.prefix)
     except Exception as error:
         return logging.WARNING, f"the broker ride's self-check could not run at start ({error})"
     if differed is None:

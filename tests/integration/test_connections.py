@@ -21,7 +21,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import Lease, LockStoreConfigurationError, RedisLock
-from celery_singleton_lock.config.stores import Backend
+from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import client_from_url
 
 from ..conftest import CeleryEnv, separate_lock_server
@@ -104,7 +104,7 @@ class TestOneProcess:
         # Each store has its own connection pool: two built at once would double the bound.
         app = Celery("first-use", set_as_current=False)
         app.conf.singleton_lock_url = redis_server.url
-        backend = Backend.for_app(app)
+        backend = LockStores.for_app(app)
         start = threading.Barrier(30)
         seen: list[object] = []
 

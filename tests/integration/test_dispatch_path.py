@@ -319,7 +319,7 @@ class TestAnswersReadLater:
         raw.set(lease.key, "someone else")
         lock.release_nowait(lease)
         assert not lease.lost  # not read yet
-        with caplog.at_level("INFO", logger="celery_singleton_lock.lease.redis.base"):
+        with caplog.at_level("INFO", logger="celery_singleton_lock.lease.redis.common"):
             assert isinstance(lock.try_acquire("later-next", 10), Lease)
         assert lease.lost
         assert "NOT_OWNER" in caplog.text

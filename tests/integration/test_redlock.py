@@ -17,7 +17,7 @@ from celery_singleton_lock import (
     Redlock,
     ReleaseResult,
 )
-from celery_singleton_lock.config.stores import Backend
+from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import rates_of
 from celery_singleton_lock.lease.redis.clients import redlock_masters
 from celery_singleton_lock.lease.redlock import masters as redlock_module
@@ -54,7 +54,7 @@ class TestConfiguration:
             singleton_lock_replicas=1,
         )
         with pytest.raises(ConfigurationError, match="remove singleton_lock_replicas"):
-            Backend.for_app(app).lock  # noqa: B018
+            LockStores.for_app(app).lock  # noqa: B018
         lock = Redlock.from_url("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
         with pytest.raises(ConfigurationError, match="standalone, Sentinel or Cluster"):
             rates_of(lock)
@@ -64,7 +64,7 @@ def test_a_master_that_may_evict_keys_is_named_at_worker_start() -> None:
     with masters(3, RedisServer("--maxmemory-policy", "allkeys-lru")) as servers:
         servers[1].kill()  # one master down: the others are still checked
         app = app_with(singleton_lock_url=url_of(servers))
-        assert Backend.for_app(app).eviction_policy() == "allkeys-lru"
+        assert LockStores.for_app(app).eviction_policy() == "allkeys-lru"
 
 
 @pytest.mark.parametrize("count", [3, 5])

@@ -30,7 +30,7 @@ from celery_singleton_lock import (
     ReleaseResult,
 )
 from celery_singleton_lock.config.settings import SingletonConfig
-from celery_singleton_lock.config.stores import Backend
+from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import HOLD, LockKeys, Rate, companion, rates_of
 
 from ..conftest import CeleryEnv
@@ -331,17 +331,17 @@ class TestSentinel:
             singleton_lock_url=sentinels.url,
             singleton_lock_transport_options={"master_name": sentinels.MASTER_NAME},
         )
-        lock = Backend.for_app(app).lock
+        lock = LockStores.for_app(app).lock
         lease = held(lock.try_acquire("s", 10))
         assert lock.release(lease) is ReleaseResult.RELEASED
-        assert Backend.for_app(app).describe().startswith("sentinel://127.0.0.1:")
+        assert LockStores.for_app(app).describe().startswith("sentinel://127.0.0.1:")
 
     def test_rates_and_cancels_on_a_sentinel_master(self, sentinels: SentinelGroup) -> None:
         app = app_with(
             singleton_lock_url=sentinels.url,
             singleton_lock_transport_options={"master_name": sentinels.MASTER_NAME},
         )
-        lock = Backend.for_app(app).lock
+        lock = LockStores.for_app(app).lock
         slots = [rates_of(lock).ask("sr", Rate(10, 1.0), "reserve") for _ in range(3)]
         assert [s.state for s in slots] == ["now", "reserved", "reserved"]
         assert slots[2].at - slots[0].at == pytest.approx(0.2, abs=1e-6)
@@ -367,13 +367,13 @@ class TestSentinel:
         assert config.url == sentinels.url
         assert config.url_source == "broker_url"
         assert config.transport_options == {"master_name": sentinels.MASTER_NAME}
-        lease = held(Backend.for_app(app).lock.try_acquire("b", 10))
+        lease = held(LockStores.for_app(app).lock.try_acquire("b", 10))
         assert lease.fence > 0
 
     def test_a_sentinel_url_without_master_name_says_what_to_set(self) -> None:
         app = app_with(singleton_lock_url="sentinel://127.0.0.1:26379")
         with pytest.raises(ConfigurationError, match="master_name"):
-            _ = Backend.for_app(app).lock
+            _ = LockStores.for_app(app).lock
 
     def test_a_replica_url_is_a_configuration_error_that_names_sentinel(
         self, sentinels: SentinelGroup
@@ -448,7 +448,7 @@ copies = [c.app.send_task("tests.support.celery_app.work", (tag + "-copy", 0.3))
 print(json.dumps({
     "same_id": first.id == second.id,
     "results": [first.get(timeout=60)] + [r.get(timeout=60) for r in copies],
-    "store": c.work.singleton_context.backend.describe(),
+    "store": c.work.singleton_context.stores.describe(),
 }))
 """
 
@@ -517,7 +517,7 @@ class TestReplicaAcknowledgement:
             singleton_lock_replicas=1,
             singleton_lock_replica_timeout=0.2,
         )
-        lock = Backend.for_app(app).lock
+        lock = LockStores.for_app(app).lock
         assert isinstance(lock, RedisLock)
         ok = held(lock.try_acquire("acked", 10))  # the replica acknowledged it
         assert lock.extend(ok) is not None

@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_singleton_lock import ConfigurationError, singleton_task
 from celery_singleton_lock.config.settings import SingletonConfig
-from celery_singleton_lock.contrib.history import entries_of
+from celery_singleton_lock.contrib.lock_history import entries_of
 
 
 def test_an_eager_task_keeping_a_history_on_the_memory_store_runs_as_ever() -> None:

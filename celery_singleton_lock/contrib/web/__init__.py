@@ -8,6 +8,6 @@ from __future__ import annotations
 
 from .app import LocksPage
 from .asgi import asgi_app
-from .settings import WebSettings
+from .page_settings import WebSettings
 
 __all__ = ["LocksPage", "WebSettings", "asgi_app"]

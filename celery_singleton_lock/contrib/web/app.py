@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl, urlsplit
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from .http import Environ, Request, Response
-from .settings import WebSettings
+from .page_settings import WebSettings
 from .views import Views
 
 if TYPE_CHECKING:

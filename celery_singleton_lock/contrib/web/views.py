@@ -16,11 +16,11 @@ from urllib.parse import urlencode
 
 from ..._time import human
 from ...config.options import is_singleton
-from ...config.stores import Backend
+from ...config.stores import LockStores
 from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
-from ..history import entries_of, shown
 from ..liveness import Liveness, Verdict
+from ..lock_history import entries_of, shown
 from ..locks import LockRow, app_rows, family_rows, new_call, operator_record, release
 from .http import Request, Response
 from .listing import ORPHAN_STATES, PAGE_STATES, Page, Query, page_of
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from jinja2 import Environment
 
     from ...task import SingletonTask
-    from .settings import WebSettings
+    from .page_settings import WebSettings
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Views:
         query = Query.parse(request.params)
         whys: dict[str, str] = {}
         try:
-            store = Backend.for_app(self.app).lock
+            store = LockStores.for_app(self.app).lock
             started = time.perf_counter()
             if query.state == "orphaned":
                 page, whys = self._orphans(query)
@@ -88,7 +88,7 @@ class Views:
         """The holds whose holder is gone, and why (as ``celery singleton orphans``)."""
         candidates = [
             row
-            for row in app_rows(self.app, Backend.for_app(self.app).lock)
+            for row in app_rows(self.app, LockStores.for_app(self.app).lock)
             if row.state in ORPHAN_STATES and query.wants(row)
         ][:MAX_ORPHAN_CHECKS]
         liveness = Liveness(self.app, timeout=LIVENESS_TIMEOUT)
@@ -107,7 +107,7 @@ class Views:
             family = self._family(key)
         except SingletonLockError as error:
             return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
-        store = Backend.for_app(self.app).lock
+        store = LockStores.for_app(self.app).lock
         try:
             name, entries = entries_of(store, key, HISTORY_SHOWN) if key else ("", [])
         except SingletonLockError:
@@ -171,7 +171,7 @@ class Views:
                 )
             by = f"locks page, {request.user}" if request.user else "locks page"
             result = release(
-                Backend.for_app(self.app).lock, row, operator_record(self.app, row, by)
+                LockStores.for_app(self.app).lock, row, operator_record(self.app, row, by)
             )
         except SingletonLockError as error:
             return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
@@ -206,7 +206,7 @@ class Views:
     def _family(self, key: str) -> list[LockRow]:
         """The holds of the lock ``key`` (a Redis key, or a lock's name) belongs to: its
         own, its companions, its slots, its rate. One round trip, whatever the store holds."""
-        return family_rows(self.app, Backend.for_app(self.app).lock, key) if key else []
+        return family_rows(self.app, LockStores.for_app(self.app).lock, key) if key else []
 
     def _task(self, row: LockRow) -> SingletonTask | None:
         task = self.app.tasks.get(row.task) if row.task else None
@@ -253,7 +253,7 @@ def _is_singleton(task: object) -> bool:
 
 def _where(app: Celery) -> str:
     try:
-        backend = Backend.for_app(app)
-        return f"{backend.describe()} under prefix {backend.lock.prefix!r}"
+        stores = LockStores.for_app(app)
+        return f"{stores.describe()} under prefix {stores.lock.prefix!r}"
     except SingletonLockError as error:
         return f"(not set up: {error})"

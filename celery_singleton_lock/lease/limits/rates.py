@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...exceptions import ConfigurationError
 from ..memory import MemoryLock
 from ..redis import scripts
-from ..redis.base import REDIS_ERRORS
+from ..redis.common import REDIS_ERRORS
 from ..redlock.masters import Redlock
 
 if TYPE_CHECKING:

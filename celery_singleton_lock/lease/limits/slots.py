@@ -20,7 +20,7 @@ from ..lease import Lease
 from ..names import MAX_SLOTS, new_token, slot
 from ..outcomes import Contended, text
 from ..redis import scripts
-from ..redis.base import REDIS_ERRORS, Block, ScriptArgs, Step, Try
+from ..redis.common import REDIS_ERRORS, Block, ScriptArgs, Step, Try
 from ..redis.waits import pop_within
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from ..names import DEFAULT_PREFIX
 from ..outcomes import Contended, ExtendResult, ReleaseResult, text
 from ..renewal import cadence, next_delay
 from ..takeover import FRESH, TakeOver
-from .base import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .calls import run_script_async
 from .clients import build, is_async
+from .common import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
 from .waits import pop_within_async
 
 

@@ -22,9 +22,9 @@ from ..errors import store_error
 from ..names import MAX_SLOTS, ROLES, LockKeys, companion, is_role
 from ..outcomes import text
 from . import scripts
-from .base import REDIS_ERRORS
 from .calls import run_script
 from .clients import SyncClient
+from .common import REDIS_ERRORS
 
 
 class _Store(Protocol):  # RedisLock (this module is below it)

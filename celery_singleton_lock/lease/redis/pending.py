@@ -6,7 +6,7 @@ from typing import Any, NoReturn, Protocol
 
 from ..lease import Lease
 from ..outcomes import Contended
-from .base import REDIS_ERRORS, Call
+from .common import REDIS_ERRORS, Call
 from .replies import Reply
 
 

@@ -27,9 +27,9 @@ from ..names import LockKeys, new_token
 from ..outcomes import Contended, ReleaseResult
 from ..takeover import TakeOver
 from . import scripts
-from .base import REDIS_ERRORS, Call, ScriptArgs
 from .calls import Arg, body
 from .clients import SyncClient
+from .common import REDIS_ERRORS, Call, ScriptArgs
 from .pipelining import Transport
 from .servers import Server
 from .transit import Note, keys_of

@@ -20,9 +20,9 @@ from ..names import DEFAULT_PREFIX
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from ..renewal import Renewer, get_renewer
 from ..takeover import FRESH, TakeOver
-from .base import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
+from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .inventory import BATCH, Held, family, scan
 from .pending import PendingAcquire
 from .pipelining import Transport

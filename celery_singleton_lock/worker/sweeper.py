@@ -18,7 +18,7 @@ from ..broker import turned_off, versions
 from ..broker.state import Rider
 from ..broker.transport import NOTED_PROPERTY
 from ..config.options import is_singleton
-from ..config.stores import Backend
+from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease import ClearNote, Transit
 from .reservations import reservations
@@ -53,7 +53,7 @@ def riders(
     found: list[Rider] = []
     take = (
         reservations.ride(app, hostname, headers, server)
-        if task.singleton_context.backend.config.ride_broker
+        if task.singleton_context.stores.config.ride_broker
         else None
     )
     if take is not None:
@@ -84,7 +84,7 @@ class Sweeper:
         ``ride_broker = False``, a broker that is not Redis), or kombu is a release the
         ride is not tested on or reads otherwise than the ride writes (the sweep reads
         kombu's unacked bookkeeping)."""
-        config = Backend.for_app(app).config
+        config = LockStores.for_app(app).config
         if config.transit_timeout <= 0 or not config.ride_broker:
             return None
         if not versions.TESTED_HERE or turned_off(app) is not None:
@@ -95,13 +95,13 @@ class Sweeper:
         return cls(app, config.transit_timeout)
 
     def __call__(self) -> None:
-        backend = Backend.for_app(self.app)
-        store = backend.lock
+        stores = LockStores.for_app(self.app)
+        store = stores.lock
         if self.connection is None:
             self.connection = self.app.connection_for_write()
         connection = self.connection
         try:
-            notes = Transit(connection.default_channel.client, backend.config.prefix)
+            notes = Transit(connection.default_channel.client, stores.config.prefix)
             again = notes.sweep(
                 self.unacked,
                 # A message without a hold of its own (limit, rate) is owed its run as is.
