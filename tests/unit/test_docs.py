@@ -49,7 +49,7 @@ app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
 result = charge.delay(5, 10)
 assert result.get()["order"] == 5, result.get()
 assert result.get()["fence"] > 0, result.get()
-assert rebuild_index.delay(1).get() is None
+assert process_request.delay(1).get() is None
 """
 
 
@@ -70,6 +70,12 @@ def test_the_readme_is_a_front_door() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 160
     assert "\n|" not in readme, "a table in README.md: it belongs on its docs page"
+    # What it is, Install, a short example, then the two commands.
+    sections = re.findall(r"^## (.+)$", readme, re.M)
+    assert sections[:3] == ["Install", "Example", "The demo and the tests"], sections
+    example = re.search(r"^```python\n(.*?)^```", readme, re.S | re.M)
+    assert example is not None
+    assert len(example.group(1).splitlines()) <= 15
 
 
 def test_every_image_a_page_shows_exists() -> None:
