@@ -11,23 +11,40 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Protocol
 
 import redis
 
 BATCH = 500  # list entries and hash fields read per round trip
 
 
-def plain_client(channel: Any) -> redis.Redis:
+class KombuChannel(Protocol):
+    """What is read of kombu's Redis channel (``kombu.transport.redis.Channel``), each
+    pinned by ``tests/unit/test_broker_contract.py``; ``global_keyprefix`` is read when
+    it has one."""
+
+    @property
+    def client(self) -> redis.Redis: ...
+    @property
+    def sep(self) -> str: ...
+    @property
+    def priority_steps(self) -> list[int]: ...
+    @property
+    def keyprefix_queue(self) -> str: ...
+    @property
+    def unacked_key(self) -> str: ...
+
+
+def plain_client(channel: KombuChannel) -> redis.Redis:
     """kombu's channel's client, without its key prefixing (same connection pool)."""
     return redis.Redis(connection_pool=channel.client.connection_pool)
 
 
-def prefix_of(channel: Any) -> str:
+def prefix_of(channel: KombuChannel) -> str:
     return str(getattr(channel, "global_keyprefix", "") or "")
 
 
-def queue_lists(channel: Any, queue: str) -> list[str]:
+def queue_lists(channel: KombuChannel, queue: str) -> list[str]:
     """The lists kombu pops ``queue``'s messages from: the queue's own name for step 0,
     ``<queue><sep><step>`` for the others (kombu's ``_q_for_pri``, pinned by
     ``tests/unit/test_broker_contract.py``)."""
@@ -38,7 +55,7 @@ def queue_lists(channel: Any, queue: str) -> list[str]:
     ]
 
 
-def bound_queues(client: redis.Redis, channel: Any) -> set[str]:
+def bound_queues(client: redis.Redis, channel: KombuChannel) -> set[str]:
     """Every queue bound to an exchange on this broker: kombu keeps each exchange's
     bindings in a set (``_kombu.binding.<exchange>``), members ``key<sep>pattern<sep>queue``."""
     prefix = prefix_of(channel)
@@ -51,7 +68,7 @@ def bound_queues(client: redis.Redis, channel: Any) -> set[str]:
     return queues
 
 
-def queued(client: redis.Redis, channel: Any, queue: str) -> Iterator[str | None]:
+def queued(client: redis.Redis, channel: KombuChannel, queue: str) -> Iterator[str | None]:
     """The task id of each message waiting in ``queue`` (None: not a task's)."""
     for name in queue_lists(channel, queue):
         for start in range(0, int(client.llen(name)), BATCH):
@@ -59,7 +76,7 @@ def queued(client: redis.Redis, channel: Any, queue: str) -> Iterator[str | None
                 yield task_id(raw)
 
 
-def unacked(client: redis.Redis, channel: Any) -> Iterator[str | None]:
+def unacked(client: redis.Redis, channel: KombuChannel) -> Iterator[str | None]:
     """The task id of each message delivered to a worker and not acked yet."""
     key = prefix_of(channel) + channel.unacked_key
     for _, raw in client.hscan_iter(key, count=BATCH):

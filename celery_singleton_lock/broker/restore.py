@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -39,7 +39,7 @@ def stale_restorer(app: Celery) -> tuple[float, Callable[[], None], Callable[[],
 
     def restore() -> None:
         try:
-            channel: Any = connection.default_channel
+            channel = connection.default_channel
             # interval=1: scan at every call (kombu's throttle counts calls, and this is
             # already the timer's cadence).
             channel.qos.restore_visible(num=channel.unacked_restore_limit, interval=1)

@@ -54,7 +54,7 @@ def differences(app: Celery, prefix: str) -> str | None:
         return _probe(connection, channel, prefix)
 
 
-def _probe(connection: object, channel: Any, prefix: str) -> str | None:
+def _probe(connection: object, channel: Channel, prefix: str) -> str | None:
     # Under the lock prefix: an ACL user allowed the lock's keys may write it.
     queue = f"{prefix}:probe.{uuid.uuid4().hex}"
     client = layout.plain_client(channel)
@@ -80,7 +80,7 @@ def _probe(connection: object, channel: Any, prefix: str) -> str | None:
 
 
 def _received(
-    channel: Any, client: Any, queue: str, sent: list[str], delivered: list[object]
+    channel: Channel, client: Any, queue: str, sent: list[str], delivered: list[object]
 ) -> str | None:
     unacked = layout.prefix_of(channel) + channel.unacked_key
     received: list[str | None] = []
@@ -107,7 +107,7 @@ def _received(
     return None
 
 
-def _ack(channel: Any, delivered: list[object]) -> list[object]:
+def _ack(channel: Channel, delivered: list[object]) -> list[object]:
     """Ack every delivered probe, once; the tags acked."""
     acked = list(delivered)
     delivered.clear()

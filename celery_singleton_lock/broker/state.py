@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Protocol, TypeAlias
 
 from ..lease import Note, Push, Server
+from ..lease.redis.calls import Pipeline
 
 
 class Fold(Protocol):
@@ -48,7 +49,7 @@ class Rider(Protocol):
     """A lock-store command sent first in kombu's unacked pipeline (``lease.RidingTake``,
     ``lease.ClearNote``)."""
 
-    def add(self, pipe: Any, db: int) -> None: ...
+    def add(self, pipe: Pipeline, db: int) -> None: ...
     def read(self, reply: object) -> None: ...
     def refused(self, error: Exception) -> bool: ...
 

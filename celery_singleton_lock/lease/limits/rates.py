@@ -26,12 +26,13 @@ import re
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ...exceptions import ConfigurationError
 from ..memory import MemoryLock
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
+from ..redis.store import RedisLock
 from ..redlock.masters import Redlock
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ _STATES: dict[int, Literal["now", "reserved", "refused"]] = {
 class _RatesOf:
     """The rate limits of one lock store: ``rates_of(store).ask(name, rate, how)``."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RedisLock | MemoryLock) -> None:
         self._store = store
 
     def key(self, name: str) -> str:
@@ -142,8 +143,9 @@ class _RatesOf:
 class Rates(_RatesOf):
     """On a ``RedisLock`` (not imported: the lease layer keeps no cycle)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: RedisLock) -> None:
         super().__init__(store)
+        self._redis = store
         self._script = store.client.register_script(scripts.RATE)
 
     def ask(
@@ -162,9 +164,9 @@ class Rates(_RatesOf):
         if how == "due":
             args.append(round(at * 1e6))
         try:
-            reply = self._store.transport.call(self._script, [self.key(name)], args, entry=entry)
+            reply = self._redis.transport.call(self._script, [self.key(name)], args, entry=entry)
         except REDIS_ERRORS as error:
-            self._store.unavailable(error, name)
+            self._redis.unavailable(error, name)
         state, at, wait, remaining, clock, free = (int(part) for part in reply)
         return Slot(_STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6)
 
@@ -172,8 +174,9 @@ class Rates(_RatesOf):
 class MemoryRates(_RatesOf):
     """``Rates`` over a ``MemoryLock`` (eager tests), on the store's clock."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: MemoryLock) -> None:
         super().__init__(store)
+        self._memory = store
         self._tats: dict[str, float] = {}
 
     def ask(
@@ -186,8 +189,8 @@ class MemoryRates(_RatesOf):
         entry: Record | None = None,  # no history here
     ) -> Slot:
         interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
-        with self._store.guard:
-            now = self._store.clock.time()
+        with self._memory.guard:
+            now = self._memory.clock.time()
             if len(self._tats) > 1000:  # names whose next call is due hold nothing
                 self._tats = {k: t for k, t in self._tats.items() if t > now}
             key = self.key(name)
@@ -220,10 +223,10 @@ def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int
     return math.floor((now + tolerance - tat) / interval + 1e-9) + 1
 
 
-_made: weakref.WeakKeyDictionary[Any, Rates | MemoryRates] = weakref.WeakKeyDictionary()
+_made: weakref.WeakKeyDictionary[object, Rates | MemoryRates] = weakref.WeakKeyDictionary()
 
 
-def rates_of(store: Any) -> Rates | MemoryRates:
+def rates_of(store: object) -> Rates | MemoryRates:
     """The rates of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once per store."""
     found = _made.get(store)
     if found is None and isinstance(store, Redlock):
@@ -233,7 +236,13 @@ def rates_of(store: Any) -> Rates | MemoryRates:
             "for rate-limited tasks"
         )
     if found is None:
-        found = _made[store] = MemoryRates(store) if isinstance(store, MemoryLock) else Rates(store)
+        if isinstance(store, MemoryLock):
+            found = MemoryRates(store)
+        elif isinstance(store, RedisLock):
+            found = Rates(store)
+        else:
+            raise ConfigurationError(f"rate limits need a RedisLock or a MemoryLock, got {store!r}")
+        _made[store] = found
     return found
 
 

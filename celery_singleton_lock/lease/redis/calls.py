@@ -8,7 +8,7 @@ each call's ``convert`` knows the shape its command answers with."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 import redis
 from redis.commands.core import AsyncScript, Script
@@ -18,6 +18,14 @@ from .clients import AsyncClient, SyncClient
 
 # A key or argument of a call we send (``transport.pack`` writes exactly these).
 Arg: TypeAlias = "str | bytes | int"
+
+
+class Pipeline(Protocol):
+    """The part of another client's redis-py pipeline a riding operation is added to
+    (a take, a release, a note's clear)."""
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Arg) -> object: ...
+    def eval(self, script: str, numkeys: int, *keys_and_args: Arg) -> object: ...
 
 
 def body(script: Script | AsyncScript) -> str:

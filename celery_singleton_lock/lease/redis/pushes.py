@@ -27,7 +27,7 @@ from ..names import LockKeys, new_token
 from ..outcomes import Contended, ReleaseResult
 from ..takeover import TakeOver
 from . import scripts
-from .calls import Arg, body
+from .calls import Arg, Pipeline, body
 from .clients import SyncClient
 from .common import REDIS_ERRORS, Call, ScriptArgs
 from .pipelining import Transport
@@ -69,13 +69,6 @@ class Push:
     db: int | None = None
     expire: tuple[tuple[str, ...], int] | None = None
     note: Note | None = None
-
-
-class Pipeline(Protocol):
-    """The part of a redis-py pipeline a riding take or release is added to."""
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Arg) -> object: ...
-    def eval(self, script: str, numkeys: int, *keys_and_args: Arg) -> object: ...
 
 
 class RidingTake:

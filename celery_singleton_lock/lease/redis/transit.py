@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -36,7 +36,7 @@ from ..errors import is_refusal, store_error
 from . import scripts
 
 if TYPE_CHECKING:
-    from .calls import Arg
+    from .calls import Arg, Pipeline
 
 # How many keys the notes take, in the order lua/includes/note.lua gives (which says
 # the same to the scripts).
@@ -53,12 +53,6 @@ PURGED = scripts.source("purged")
 
 # Notes looked at per sweep at most: a sweep is one short script, whatever the backlog.
 SWEEP_LIMIT = 200
-
-
-class Pipeline(Protocol):
-    """The part of a redis-py pipeline a clear is added to."""
-
-    def eval(self, script: str, numkeys: int, *keys_and_args: Arg) -> object: ...
 
 
 def keys_of(prefix: str) -> tuple[str, ...]:
