@@ -93,7 +93,7 @@ def at_execution(
     return OutageRequeue(countdown, outages=requeues + 1)
 
 
-def quietly(release: Callable[[Lease], object], lease: Lease) -> None:
+def release_or_warn(release: Callable[[Lease], object], lease: Lease) -> None:
     """Release without masking the task's own outcome; a failed release expires by TTL."""
     try:
         release(lease)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar
 from kombu.connection import Connection, ConnectionPool
 from kombu.transport import get_transport_cls
 
-from .state import AppRide, Fold, Noted
+from .state import AppRide, HoldWithPush, NoteSource
 from .transport import REPLACED, Riding
 
 if TYPE_CHECKING:
@@ -128,10 +128,10 @@ def turned_off(app: Celery) -> str | None:
 
 @contextmanager
 def publishing(
-    via: object, *, fold: Fold | None = None, noted: Noted | None = None
+    via: object, *, hold: HoldWithPush | None = None, notes: NoteSource | None = None
 ) -> Iterator[None]:
     """While ``via`` (a producer, or a connection) publishes one message: the channel that
-    puts it takes ``fold``'s hold in its push and notes it in transit as ``noted`` says.
+    puts it takes ``hold`` in its push and notes it in transit as ``notes`` says.
     Nothing on a connection of an app that does not ride."""
     connection = via if isinstance(via, Connection) else getattr(via, "connection", None)
     # kombu makes a connection's transport object without I/O; the channel uses it.
@@ -142,15 +142,15 @@ def publishing(
     outgoing = transport.outgoing
     # Each is put back as it was: a publish inside a publish (the ride's hold, then the
     # task's note) hands on only what it set.
-    kept = outgoing.fold, outgoing.noted
-    if fold is not None:
-        outgoing.fold = fold
-    if noted is not None:
-        outgoing.noted = noted
+    kept = outgoing.hold, outgoing.notes
+    if hold is not None:
+        outgoing.hold = hold
+    if notes is not None:
+        outgoing.notes = notes
     try:
         yield
     finally:
-        if fold is not None:
-            outgoing.fold = kept[0]
-        if noted is not None:
-            outgoing.noted = kept[1]
+        if hold is not None:
+            outgoing.hold = kept[0]
+        if notes is not None:
+            outgoing.notes = kept[1]

@@ -28,7 +28,7 @@ from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
 from ..lease import RidingRelease, Server, server_of
 from ..lease.history import Record
-from ..outages import quietly
+from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
 
@@ -60,7 +60,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     _singleton_server: Server | None = None
     # result key -> the release its write carries, and the lock store's database: filled
     # by a run as its body ends (``carry_release``) and emptied by the write of its
-    # result, or failing that at task_postrun (``settle``). Celery keeps one backend per
+    # result, or failing that at task_postrun (``release_uncarried``). Celery keeps one backend per
     # thread, and a run's end and its result's write are on the run's own thread.
     _singleton_releases: dict[str, tuple[RidingRelease, int]] | None = None
 
@@ -89,25 +89,25 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             releases = self._singleton_releases = {}
         releases[_text(self.get_key_for_task(task_id))] = (release, db)
 
-    def settle(self, task_id: str) -> None:
+    def release_uncarried(self, task_id: str) -> None:
         """A release the write of ``task_id``'s result did not carry (none was written),
         sent on its own round trip."""
         if self._singleton_releases:
-            self._settle_key(self.get_key_for_task(task_id))
+            self._release_alone(self.get_key_for_task(task_id))
 
-    def _settle_key(self, key: object) -> None:
+    def _release_alone(self, key: object) -> None:
         releases = self._singleton_releases
         pending = None if releases is None else releases.pop(_text(key), None)
         if pending is not None:
             release = pending[0]
-            quietly(lambda _: release.alone(), release.lease)
+            release_or_warn(lambda _: release.alone(), release.lease)
 
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
         releases = self._singleton_releases
         if not releases or _text(key) not in releases:
             return super().set(key, value, *args, **kwargs)
         if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
-            self._settle_key(key)
+            self._release_alone(key)
             return super().set(key, value, *args, **kwargs)
         # Celery >= 5.4 passes the result's own expiry (None: the backend's); 5.3 none.
         expires = args[0] if args else kwargs.pop("expires", None)
@@ -207,9 +207,9 @@ def release_at_end(task: Task, request: Context, context: TaskContext, lease: Le
     ended = "cancelled" if lease.cancelled else "released"
     record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
     if request.is_eager:
-        quietly(partial(store.release, entry=record), lease)
+        release_or_warn(partial(store.release, entry=record), lease)
     elif not release_with_result(task, request, context, lease, record):
-        quietly(partial(store.release_nowait, entry=record), lease)
+        release_or_warn(partial(store.release_nowait, entry=record), lease)
 
 
 def store_started(task: Task, request: Context) -> None:
@@ -225,12 +225,12 @@ def store_started(task: Task, request: Context) -> None:
     )
 
 
-def settle(task: Task, task_id: str) -> None:
+def release_uncarried(task: Task, task_id: str) -> None:
     """At the end of ``task_id``'s trace: a release its result write did not carry (no
     result written) is sent on its own round trip."""
     backend = task.backend
     if isinstance(backend, RedisBackend):
-        backend.settle(task_id)
+        backend.release_uncarried(task_id)
 
 
 def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
@@ -279,7 +279,7 @@ __all__ = [
     "SentinelBackend",
     "install",
     "missed_ride",
+    "release_uncarried",
     "release_with_result",
-    "settle",
     "uninstall",
 ]

@@ -33,7 +33,7 @@ NOTE_SECONDS = 60.0
 
 
 class _Probe:
-    """One probe message, noted in transit as its channel pushes it (``Noted``)."""
+    """One probe message, noted in transit as its channel pushes it (``NoteSource``)."""
 
     def __init__(self, prefix: str) -> None:
         self.task_id = f"celery-singleton-lock-probe-{uuid.uuid4().hex}"
@@ -67,7 +67,7 @@ def _probe(connection: object, channel: Channel, prefix: str) -> str | None:
             message = channel.prepare_message(
                 "probe", priority=priority, headers={"id": probe.task_id}
             )
-            with publishing(connection, noted=probe):
+            with publishing(connection, notes=probe):
                 channel.basic_publish(message, exchange="", routing_key=queue)
             sent.append(probe.task_id)
             tags.append(str(message["properties"]["delivery_tag"]))

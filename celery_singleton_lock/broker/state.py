@@ -10,7 +10,7 @@ arguments our own code passes down, never through a module-level mailbox:
   whether the worker's self-check turned the ride off;
 - per publish (``Outgoing``, on the publishing connection for as long as one message is
   published, ``transport.publishing``): the dispatch's hold to take in the push
-  (``Fold``) and how its message is noted in transit (``Noted``).
+  (``HoldWithPush``) and how its message is noted in transit (``NoteSource``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..lease import Note, Push, Server
 from ..lease.redis.calls import Pipeline
 
 
-class Fold(Protocol):
+class HoldWithPush(Protocol):
     """A dispatch's hold, handed to the channel that puts the message it holds for."""
 
     task_id: str
@@ -34,7 +34,7 @@ class Fold(Protocol):
         the message, which is then not pushed."""
 
 
-class Noted(Protocol):
+class NoteSource(Protocol):
     """A singleton call being published: its message is noted in transit as the channel
     pushes it (``lease.redis.transit``), by the hold's script or with its own push."""
 
@@ -84,30 +84,30 @@ class Outgoing:
     """What one publish on a connection carries to the channel that puts its message;
     each is taken once, by the first put of that message's task id."""
 
-    fold: Fold | None = None
-    noted: Noted | None = None
+    hold: HoldWithPush | None = None
+    notes: NoteSource | None = None
 
     def carries(self) -> bool:
         """Whether a publish on this connection carries anything now."""
-        return self.fold is not None or self.noted is not None
+        return self.hold is not None or self.notes is not None
 
-    def take_fold(self, task_id: object) -> Fold | None:
+    def take_hold(self, task_id: object) -> HoldWithPush | None:
         """The hold to take with the message of ``task_id`` (None: none, or taken)."""
-        fold = self.fold
-        if fold is None or fold.task_id != task_id:
+        hold = self.hold
+        if hold is None or hold.task_id != task_id:
             return None
         # Once: a second queue bound to the same routing key gets the message as kombu
         # puts it, and so does a publish kombu retries after the hold was taken.
-        self.fold = None
-        return fold
+        self.hold = None
+        return hold
 
-    def take_noted(self, task_id: object) -> Noted | None:
+    def take_note_source(self, task_id: object) -> NoteSource | None:
         """How the message of ``task_id`` is noted (None: not, or already noted)."""
-        noted = self.noted
-        if noted is None or noted.task_id != task_id:
+        notes = self.notes
+        if notes is None or notes.task_id != task_id:
             return None
-        self.noted = None  # once, as a fold
-        return noted
+        self.notes = None  # once, like the hold
+        return notes
 
 
-__all__ = ["AppRide", "Fold", "Noted", "Outgoing", "Purges", "Receipts", "Rider"]
+__all__ = ["AppRide", "HoldWithPush", "NoteSource", "Outgoing", "Purges", "Receipts", "Rider"]

@@ -92,9 +92,9 @@ class Channel(kombu_redis.Channel):
             super()._put(queue, message, **kwargs)  # any other task's, or canvas's
             return
         task_id = message_task_id(message)
-        fold = outgoing.take_fold(task_id)
-        noted = outgoing.take_noted(task_id)
-        if fold is None and noted is None:
+        hold = outgoing.take_hold(task_id)
+        notes = outgoing.take_note_source(task_id)
+        if hold is None and notes is None:
             super()._put(queue, message, **kwargs)
             return
         prefix = self.global_keyprefix or ""
@@ -110,8 +110,8 @@ class Channel(kombu_redis.Channel):
         properties = message.get("properties")
         tag = properties.get("delivery_tag") if isinstance(properties, Mapping) else None
         note = None
-        if tag and noted is not None and ride.notes_allowed:
-            note = noted.note(str(tag))
+        if tag and notes is not None and ride.notes_allowed:
+            note = notes.note(str(tag))
         if note is not None and isinstance(properties, dict):
             properties[NOTED_PROPERTY] = True  # its receipt clears the note
         push = Push(
@@ -121,14 +121,14 @@ class Channel(kombu_redis.Channel):
             expire=expire,
             note=note,  # noted in transit until received (lease.redis.transit)
         )
-        if fold is not None and fold.put(server, push):
+        if hold is not None and hold.put(server, push):
             return
         if push.note is None or not self._push_noted(push, ride):
             super()._put(queue, message, **kwargs)
 
     def _push_noted(self, push: Push, ride: AppRide) -> bool:
         """Push with its note in one round trip, as kombu's push is one (False: the
-        broker refused the note; kombu pushes, and nothing is noted from now on)."""
+        broker refused the note; kombu pushes, and nothing is notes from now on)."""
         assert push.note is not None  # noqa: S101  (the caller checked)
         with self.conn_or_acquire() as client:
             try:
@@ -151,9 +151,9 @@ class Channel(kombu_redis.Channel):
         self, exchange: str, message: dict[str, object], routing_key: str, **kwargs: object
     ) -> None:
         outgoing: Outgoing | None = self.connection.outgoing if self.ride() is not None else None
-        fold = None if outgoing is None else outgoing.take_fold(message_task_id(message))
-        if fold is not None:
-            fold.put(None, None)  # published to subscribers, not pushed: the hold alone
+        hold = None if outgoing is None else outgoing.take_hold(message_task_id(message))
+        if hold is not None:
+            hold.put(None, None)  # published to subscribers, not pushed: the hold alone
         super()._put_fanout(exchange, message, routing_key, **kwargs)
 
     def _purge(self, queue: str) -> int:

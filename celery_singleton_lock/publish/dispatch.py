@@ -192,7 +192,7 @@ class Gate:
                 )
             return
         if isinstance(outcome, Lease):
-            outages.quietly(store.release, outcome)
+            outages.release_or_warn(store.release, outcome)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease, split_role
 from ..modes.base import Publish
-from ..outages import quietly
+from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
 from .dispatch import delay_of
 
@@ -65,5 +65,5 @@ def send_retry(
         return publish(task_id, options, headers)
     except BaseException:
         if isinstance(outcome, Lease):
-            quietly(store.release, outcome)
+            release_or_warn(store.release, outcome)
         raise

@@ -33,7 +33,7 @@ from ..lease import (
     companion,
 )
 from ..modes.base import Mode, Publish, Replacing
-from ..outages import quietly
+from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER
 from .dispatch import Refused, Sent, delay_of, refusals
 
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 class PushedHold:
-    """A dispatch's hold, taken by the channel as it puts the message (``broker.Fold``).
+    """A dispatch's hold, taken by the channel as it puts the message (``broker.HoldWithPush``).
 
     On the lock store's server the hold and the push are one script; elsewhere (a queue
     on another server) the hold is taken first and the channel then pushes. A duplicate
@@ -147,10 +147,10 @@ class PushedHold:
         if self.taken is None or self.pushed:
             return
         if self._replacing is None:
-            quietly(self._store.release, self.taken)
+            release_or_warn(self._store.release, self.taken)
         else:
             holder, taken = self._replacing[0], self.taken.token
-            quietly(
+            release_or_warn(
                 lambda _: self._store.swap(self._name, taken, self._ttl, token=holder), self.taken
             )
 
@@ -158,7 +158,7 @@ class PushedHold:
 @dataclass(frozen=True)
 class InTransit:
     """How a singleton call's message is noted in transit as a Redis broker's channel
-    pushes it (``broker.Noted``, ``lease.redis.transit``): its hold (the lock's name and
+    pushes it (``broker.NoteSource``, ``lease.redis.transit``): its hold (the lock's name and
     token; '' when the message has none of its own, as with ``limit``, ``rate`` or a
     throttle's window), for how long it is owed a run, and the wait before it is pushed
     again (0: not noted)."""
@@ -212,7 +212,7 @@ class InTransit:
         published, and ``connection=`` makes Celery use its own producer)."""
         if self.wait <= 0 or app.conf.task_always_eager or options.get("connection") is not None:
             return send(producer=via)
-        with app.producer_or_acquire(via) as real, publishing(real, noted=self):
+        with app.producer_or_acquire(via) as real, publishing(real, notes=self):
             return send(producer=real)
 
 
@@ -313,7 +313,7 @@ class Ride:
         with self.producers() as real:
             if not rides(real.channel, self.pushes.server):
                 return None
-            fold = PushedHold(
+            pushed = PushedHold(
                 self.store,
                 self.pushes,
                 self.hold,
@@ -323,14 +323,14 @@ class Ride:
                 outage=self.outage,
                 entry=self.entry,
             )
-            return send_pushed(fold, sent, via=real)
+            return send_pushed(pushed, sent, via=real)
 
     def replace(self, replacing: Replacing, publish: Publish) -> Lease | Contended | None:
         """A replacing call's message sent with the swap in its push (``RidingReplace``)."""
         with self.producers() as real:
             if not rides(real.channel, self.pushes.server):
                 return None
-            fold = PushedHold(
+            pushed = PushedHold(
                 self.store,
                 self.pushes,
                 self.hold,
@@ -341,62 +341,62 @@ class Ride:
                 replacing=(replacing.holder, replacing.record),
                 entry=self.entry,
             )
-            outcome = send_replacing(fold, publish, replacing, via=real)
+            outcome = send_replacing(pushed, publish, replacing, via=real)
         refusals.placed(self.hold, outcome.token if isinstance(outcome, Lease) else None)
         return outcome
 
 
 def send_replacing(
-    fold: PushedHold, publish: Publish, replacing: Replacing, *, via: object
+    pushed: PushedHold, publish: Publish, replacing: Replacing, *, via: object
 ) -> Lease | Contended:
     """Publish a replacing call's message under the queued call's id with the hold passed
     to it as the channel puts it (``PushedHold`` with ``replacing``): the swap and the
     push in one round trip. ``Contended``: the queued call changed meanwhile, nothing
     was sent."""
     try:
-        with publishing(via, fold=fold):
-            publish(fold.task_id, replacing.options, replacing.headers, via=via)
+        with publishing(via, hold=pushed):
+            publish(pushed.task_id, replacing.options, replacing.headers, via=via)
     except Refused as refused:
         return refused.held
     except BaseException:
-        fold.give_back()
+        pushed.give_back()
         raise
-    if fold.taken is None:
+    if pushed.taken is None:
         # The message left by a way no channel of ours saw (another greenlet's publish
         # took the slot): the hold passes after it, as it did before the ride.
         try:
-            fold.put(None, None)
+            pushed.put(None, None)
         except Refused as refused:
-            logger.info("%s: replaced before its hold passed, which changed", fold.task_id)
+            logger.info("%s: replaced before its hold passed, which changed", pushed.task_id)
             return refused.held
-    assert fold.taken is not None  # noqa: S101  (put took it or raised)
-    return fold.taken
+    assert pushed.taken is not None  # noqa: S101  (put took it or raised)
+    return pushed.taken
 
 
-def send_pushed(fold: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
+def send_pushed(pushed: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
     """Publish with the hold taken as the channel puts the message (``broker.publishing``)."""
     try:
-        with publishing(via, fold=fold):
+        with publishing(via, hold=pushed):
             result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
     except Refused as refused:
         refusals.note(sent.lock_name, refused.held.retry_after)
         return sent.refused_by(refused.held)
     except LockStoreUnavailableError as error:
         # Nothing was taken or pushed: fail_closed raises, fail_open publishes plainly.
-        fold.outage(error)
+        pushed.outage(error)
         return sent.publish(sent.task_id, sent.options, {NAME_HEADER: sent.lock_name})
     except BaseException:
-        fold.give_back()  # a hold whose message was not pushed
+        pushed.give_back()  # a hold whose message was not pushed
         raise
-    if fold.taken is None:
+    if pushed.taken is None:
         # The message left by a way no channel of ours saw (another greenlet's publish
         # took the slot): its hold comes after it, as a dispatch's did before the ride.
         try:
-            fold.put(None, None)
+            pushed.put(None, None)
         except Refused:
             logger.info("%s: published before its hold, which another call holds", sent.lock_name)
         except LockStoreUnavailableError as error:
-            fold.outage(error)
+            pushed.outage(error)
     refusals.forget(sent.lock_name)
     sent.accepted()
     return result

@@ -34,7 +34,7 @@ from ..holders import is_dead, runs_task
 from ..lease import Contended, Lease, LockStore, history
 from ..lease.history import Record
 from ..modes import Mode, Start
-from ..outages import quietly
+from ..outages import release_or_warn
 from ..policies import (
     ContentionState,
     Decision,
@@ -403,4 +403,4 @@ def failed_run(context: TaskContext, request: object, error: Exception, lease: L
     ends the task chose, not failures."""
     if not isinstance(error, Ignore | Reject):
         store = context.store
-        quietly(lambda _: context.options.mode.ended("failure", store, request), lease)
+        release_or_warn(lambda _: context.options.mode.ended("failure", store, request), lease)

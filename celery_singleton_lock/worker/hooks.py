@@ -18,7 +18,7 @@ from celery.worker.request import Request
 
 from ..broker import on_receipt
 from ..broker.restore import stale_restorer
-from ..broker.results import settle
+from ..broker.results import release_uncarried
 from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
@@ -152,7 +152,7 @@ def _release_revoked(
 def _release_unwritten(sender: object = None, task_id: str | None = None, **_: object) -> None:
     """A run's release that was to ride its result's write, when none was written."""
     if isinstance(sender, Task) and task_id is not None:
-        settle(sender, task_id)
+        release_uncarried(sender, task_id)
 
 
 def _hand_back_at_shutdown(sender: object = None, **_: object) -> None:

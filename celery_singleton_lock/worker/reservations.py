@@ -99,7 +99,7 @@ class Reservations:
         plan, ridden = planned or (_plan(context, task_id, hostname, Received.of(headers)), None)
         if plan is None:
             return  # sent without a hold (send_task, canvas): nothing to reserve
-        self.settle()
+        self.read_answers()
         store = context.store
         if ridden is not None and ridden.outcome is not None:
             # Taken already, in the pipeline that recorded the message as unacked.
@@ -125,7 +125,7 @@ class Reservations:
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", plan.name, task_id, error)
             return
-        lease = pending.presumed()
+        lease = pending.lease_if_granted()
         if lease is None:
             return  # the hold is gone or taken (a redelivery): the run will contend
         store.renew(lease)
@@ -168,7 +168,7 @@ class Reservations:
             ridden, self._ridden = self._ridden, None
         return ridden[1:] if ridden is not None and ridden[0] == task_id else None
 
-    def settle(self, task_id: str | None = None) -> None:
+    def read_answers(self, task_id: str | None = None) -> None:
         """Read the answers of reservations sent so far (or of ``task_id``'s alone)."""
         with self._guard:
             if task_id is None:
@@ -199,7 +199,7 @@ class Reservations:
     def handed(self, task_id: str) -> HandedLease | None:
         """The running lease taken for ``task_id`` as its run is handed to the pool: the
         run starts under it, or (answer unknown) takes the key over from its token."""
-        self.settle(task_id)
+        self.read_answers(task_id)
         with self._guard:
             entry = self._held.get(task_id)
         if entry is None or not entry.running:
@@ -227,7 +227,7 @@ class Reservations:
 
         False when this worker held no reservation for ``task_id``.
         """
-        self.settle(task_id)
+        self.read_answers(task_id)
         entry = self._forget(task_id)
         if entry is None:
             return False
@@ -254,7 +254,7 @@ class Reservations:
 
     def hand_back(self) -> None:
         """At shutdown: unacked messages go back to the broker, so their holds do too."""
-        self.settle()
+        self.read_answers()
         with self._guard:
             held, self._held = self._held, {}
         for entry in held.values():

@@ -91,7 +91,7 @@ class TestOneProcess:
                 thread.start()
             for thread in threads:
                 thread.join(10)
-        lock.transport.settle()
+        lock.transport.read_owed()
         pool = lock.client.connection_pool
         # None is kept by a thread; one by the transport, for the next call.
         assert pool._in_use_connections == set(lock.transport._idle or ())  # type: ignore[attr-defined]

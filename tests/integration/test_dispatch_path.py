@@ -172,7 +172,7 @@ class TestLeanCalls:
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:
         pending = lock.begin_try_acquire("presumed", 10, take=HOLD)
-        lease = pending.presumed()
+        lease = pending.lease_if_granted()
         assert lease is not None
         assert lease.token == pending.outcome().token  # type: ignore[union-attr]
         assert lock.extend(lease).name == "EXTENDED"
@@ -183,7 +183,7 @@ class TestLeanCalls:
         self, lock: RedisLock
     ) -> None:
         pending = lock.begin_try_acquire("fenced", 10)
-        presumed = pending.presumed()
+        presumed = pending.lease_if_granted()
         assert presumed is not None
         assert presumed.fence == 0  # not known before the answer
         assert lock.extend(presumed).name == "EXTENDED"  # renewable meanwhile
@@ -191,7 +191,7 @@ class TestLeanCalls:
         assert isinstance(outcome, Lease)
         assert outcome.fence > 0
         assert outcome.token == presumed.token
-        assert pending.presumed() is outcome
+        assert pending.lease_if_granted() is outcome
 
 
 def kept(lock: RedisLock) -> set[object]:
@@ -342,7 +342,7 @@ class TestAnswersReadLater:
             lease = lock.try_acquire(f"task-{n}", 10)
             assert isinstance(lease, Lease)
             lock.release_nowait(lease)
-        lock.transport.settle()
+        lock.transport.read_owed()
         pool = lock.client.connection_pool
         available = pool._available_connections  # type: ignore[attr-defined]
         assert len(available) + len(kept(lock)) == 1
@@ -357,7 +357,7 @@ class TestAnswersReadLater:
             lambda: isinstance(lock.try_acquire("child", 10), Lease) and not lock.transport._owed
         )
         assert lock.transport._owed  # the parent's answer is still the parent's to read
-        lock.transport.settle()
+        lock.transport.read_owed()
         assert lease.released
         assert not lease.lost
         assert raw.exists(lease.key) == 0
@@ -413,13 +413,13 @@ class TestKeptConnection:
     def test_a_renewal_on_a_kept_connection_the_server_closed_is_not_failed(
         self, lock: RedisLock, raw: redis.Redis
     ) -> None:
-        """A renewal is never retried by redis-py (``patient=False``): the connection it
+        """A renewal is never retried by redis-py (``retry=False``): the connection it
         is lent must be one the pool would lend, not one the server closed meanwhile."""
         lease = lock.acquire("renewed", 10)
         [conn] = kept(lock)
         raw.client_kill_filter(_type="normal", skipme=True)
         wait_for(lambda: closed(conn), 5, "the server closed the kept connection")
-        assert lock.extend(lease, patient=False) == ExtendResult.EXTENDED
+        assert lock.extend(lease, retry=False) == ExtendResult.EXTENDED
         lock.release(lease)
 
     def test_a_small_pool_gets_every_connection_back(self, redis_server: RedisServer) -> None:

@@ -15,7 +15,7 @@ from celery_singleton_lock.lease import Note, Push, Server
 
 @dataclass
 class Hold:
-    """A ``state.Fold``: what the channel would take with the message of ``task_id``."""
+    """A ``state.HoldWithPush``: what the channel would take with the message of ``task_id``."""
 
     task_id: str
 
@@ -24,8 +24,8 @@ class Hold:
 
 
 @dataclass
-class Noting:
-    """A ``state.Noted``."""
+class Notes:
+    """A ``state.NoteSource``."""
 
     task_id: str
 
@@ -42,13 +42,13 @@ def riding_app() -> Celery:
 
 class TestOutgoing:
     def test_each_is_taken_once_and_only_by_its_own_message(self) -> None:
-        hold, noting = Hold("t-1"), Noting("t-1")
-        outgoing = Outgoing(fold=hold, noted=noting)
-        assert outgoing.take_fold("another") is None  # a message of another task id
-        assert outgoing.take_fold("t-1") is hold
-        assert outgoing.take_fold("t-1") is None  # a second queue bound: kombu's own put
-        assert outgoing.take_noted("t-1") is noting
-        assert outgoing.take_noted("t-1") is None
+        hold, notes = Hold("t-1"), Notes("t-1")
+        outgoing = Outgoing(hold=hold, notes=notes)
+        assert outgoing.take_hold("another") is None  # a message of another task id
+        assert outgoing.take_hold("t-1") is hold
+        assert outgoing.take_hold("t-1") is None  # a second queue bound: kombu's own put
+        assert outgoing.take_note_source("t-1") is notes
+        assert outgoing.take_note_source("t-1") is None
         assert not outgoing.carries()
 
 
@@ -58,29 +58,29 @@ class TestPublishing:
         hold = Hold("t-2")
         with app.connection_for_write() as connection:
             outgoing = connection.transport.outgoing
-            with broker.publishing(connection, fold=hold):
-                assert outgoing.fold is hold
+            with broker.publishing(connection, hold=hold):
+                assert outgoing.hold is hold
                 with app.connection_for_write() as other:  # another producer's
                     assert not other.transport.outgoing.carries()
             assert not outgoing.carries()
 
     def test_a_publish_inside_a_publish_hands_back_only_what_it_set(self) -> None:
         app = riding_app()
-        hold, noting = Hold("t-3"), Noting("t-3")
+        hold, notes = Hold("t-3"), Notes("t-3")
         with app.connection_for_write() as connection:
             outgoing = connection.transport.outgoing
-            with broker.publishing(connection, fold=hold):
-                with broker.publishing(connection, noted=noting):
-                    assert (outgoing.fold, outgoing.noted) == (hold, noting)
-                    assert outgoing.take_fold("t-3") is hold  # the channel put it
+            with broker.publishing(connection, hold=hold):
+                with broker.publishing(connection, notes=notes):
+                    assert (outgoing.hold, outgoing.notes) == (hold, notes)
+                    assert outgoing.take_hold("t-3") is hold  # the channel put it
                 # The hold taken inside is not set back: a retried put pushes plainly.
-                assert (outgoing.fold, outgoing.noted) == (None, None)
+                assert (outgoing.hold, outgoing.notes) == (None, None)
 
     def test_nothing_is_carried_for_an_app_that_does_not_ride(self) -> None:
         app = Celery("plain", set_as_current=False)
         app.conf.broker_url = "redis://127.0.0.1:1/0"
         with (
             app.connection_for_write() as connection,
-            broker.publishing(connection, fold=Hold("t-4")),
+            broker.publishing(connection, hold=Hold("t-4")),
         ):
             assert not hasattr(connection.transport, "outgoing")  # kombu's own

@@ -117,7 +117,7 @@ class Command(Exchange):
 
 
 class ScriptCall(Exchange):
-    __slots__ = ("args", "client", "keys", "patient", "script")
+    __slots__ = ("args", "client", "keys", "retry", "script")
 
     def __init__(
         self,
@@ -126,13 +126,13 @@ class ScriptCall(Exchange):
         keys: Sequence[Arg],
         args: Sequence[Arg],
         *,
-        patient: bool,
+        retry: bool,
     ) -> None:
         self.client, self.script, self.keys, self.args = client, script, keys, args
-        self.patient = patient
+        self.retry = retry
 
     def after_transport_error(self, error: Exception) -> Any:
-        if not self.patient:
+        if not self.retry:
             raise error
         return self.fallback()
 
@@ -175,7 +175,7 @@ class Acked(Exchange):
         return reply, int(acked)
 
     def after_transport_error(self, error: Exception) -> Any:
-        if not self.call.patient:
+        if not self.call.retry:
             raise error
         return self.fallback()
 

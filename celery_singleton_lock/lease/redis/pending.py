@@ -65,12 +65,12 @@ class PendingAcquire:
             return self._outcome.token if isinstance(self._outcome, Lease) else ""
         return self._call.token
 
-    def presumed(self) -> Lease | None:
+    def lease_if_granted(self) -> Lease | None:
         """The lease this grants if the answer is yes, before it is read: to renew at once.
 
         None when the answer is known to be no. A fenced acquire's fence comes with the
-        answer: until then the presumed lease's ``fence`` is 0, good for renewing it, not
-        for guarding a write (``outcome()`` has the fence). Renewing a presumed lease that
+        answer: until then this lease's ``fence`` is 0, good for renewing it, not
+        for guarding a write (``outcome()`` has the fence). Renewing such a lease that
         was refused is harmless: its extend is owner-checked.
         """
         if self._outcome is not None:

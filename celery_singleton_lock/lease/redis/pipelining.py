@@ -121,7 +121,7 @@ class Transport:
         "client",
         "direct",
         "holds",
-        "proven",
+        "holds_checked",
     )
 
     def __init__(self, client: SyncClient) -> None:
@@ -138,7 +138,7 @@ class Transport:
         # Whether a hold went through the script here once. The first one does: a user
         # the server will not let run scripts (an ACL without EVALSHA) is refused before
         # anything is written, rather than after a SET it could then not give back.
-        self.proven = False
+        self.holds_checked = False
         # (reply, then) pairs whose answers nobody waits for; any thread reads them
         # before its next call. A deque: append and popleft are atomic across threads.
         self._owed: collections.deque[tuple[Reply, Callable[[Any], object]]] = collections.deque()
@@ -156,7 +156,7 @@ class Transport:
         if self._owed:
             # The connection of the answer read last serves this call: it is as free
             # as the pool would make it, a pool round (about 20 us on redis-py 8) sooner.
-            kept = self._settle(keep=True)
+            kept = self._read_owed(keep=True)
             if kept is not None:
                 return kept
         if self._idle:
@@ -189,11 +189,11 @@ class Transport:
             self._idle.clear()
         self._generation = _forks[0]
 
-    def settle(self) -> None:
+    def read_owed(self) -> None:
         """Read every owed answer now (their connections go back to the pool)."""
-        self._settle(keep=False)
+        self._read_owed(keep=False)
 
-    def _settle(self, *, keep: bool) -> Connection | None:
+    def _read_owed(self, *, keep: bool) -> Connection | None:
         """Read every owed answer; with ``keep``, return the last one's connection
         instead of putting it back (None if there is none to hand over)."""
         if self._generation != _forks[0]:
@@ -222,7 +222,7 @@ class Transport:
             return
         self._owed.append((reply, then))
         if len(self._owed) > MAX_OWED:
-            self.settle()
+            self.read_owed()
 
     # -- calls -------------------------------------------------------------------------
 
@@ -233,7 +233,7 @@ class Transport:
         args: Sequence[Arg],
         *,
         whole: bool = False,
-        patient: bool = True,
+        retry: bool = True,
         acks: tuple[int, int] | None = None,
         entry: history.Record | None = None,
     ) -> Reply:
@@ -242,7 +242,7 @@ class Transport:
         ``whole`` sends the script's body (EVAL) instead of its digest: for a call whose
         answer is read later, since a server that does not know the script (restarted,
         flushed) would otherwise run nothing until that later read re-sends it.
-        ``patient=False`` raises a transport error instead of retrying by the client's
+        ``retry=False`` raises a transport error instead of retrying by the client's
         policy, whose backoff can outlast a lease: for renewals, which retry on their
         own schedule. ``acks=(replicas, timeout_ms)`` follows the call with ``WAIT`` on the
         same connection; the answer is then ``(reply, replicas that acknowledged)``.
@@ -255,7 +255,7 @@ class Transport:
             # The operation writes its history entry itself, in this round trip.
             script = self._recorded(script, kind)
             keys, args = [*keys, entry.key], [*args, spec]
-        exchange: Exchange = ScriptCall(self.client, script, keys, args, patient=patient)
+        exchange: Exchange = ScriptCall(self.client, script, keys, args, retry=retry)
         head = ("EVAL", body(script)) if whole else ("EVALSHA", script.sha)
         commands: list[Sequence[Arg]] = [(*head, len(keys), *keys, *args)]
         if acks is not None:
@@ -281,9 +281,9 @@ class Transport:
         older than Redis 7.0 (NX with GET is a syntax error there; remembered) or the
         SET is refused for any other reason (a non-string value at the key).
         """
-        if not (self.direct and self.holds and self.proven):
+        if not (self.direct and self.holds and self.holds_checked):
             answer = fallback()
-            self.proven = True
+            self.holds_checked = True
             return Reply(answer)
         commands = (("SET", key, token, "PX", ttl_ms, *HOLD_OPTIONS), ("PTTL", key))
         return self._send(commands, Hold(token, fallback, self._old_server))
@@ -297,12 +297,12 @@ class Transport:
         keys: Sequence[Arg],
         args: Sequence[Arg],
         *,
-        patient: bool = True,
+        retry: bool = True,
         acks: tuple[int, int] | None = None,
         entry: history.Record | None = None,
     ) -> Any:
         """One script call, one round trip."""
-        return self.send(script, keys, args, patient=patient, acks=acks, entry=entry).get()
+        return self.send(script, keys, args, retry=retry, acks=acks, entry=entry).get()
 
     def command(self, *args: Arg) -> Any:
         """One plain command (``GET``), one round trip: its reply, decoded as the client's."""

@@ -308,11 +308,11 @@ class RedisLock(LockBase):
             self.unavailable(error, name)
 
     def extend(
-        self, lease: Lease, ttl: object | None = None, *, patient: bool = True
+        self, lease: Lease, ttl: object | None = None, *, retry: bool = True
     ) -> ExtendResult:
         """Reset the lease's TTL to ``ttl`` (default: its own) if it still owns the lock.
 
-        ``patient=False``: a transport error is not retried by the client's policy (the
+        ``retry=False``: a transport error is not retried by the client's policy (the
         renewer retries on its own schedule, within the lease's time).
         """
         keys, ttl_ms = self._extend_call(lease, ttl)
@@ -321,7 +321,7 @@ class RedisLock(LockBase):
                 self._extend_script,
                 keys,
                 [lease.token, ttl_ms],
-                patient=patient,
+                retry=retry,
                 acks=self.replicas,
             )
         except REDIS_ERRORS as error:
@@ -363,7 +363,7 @@ class RedisLock(LockBase):
 
     def _renew_one(self, lease: Lease) -> ExtendResult | Exception:
         try:
-            return self.extend(lease, patient=False)
+            return self.extend(lease, retry=False)
         except SingletonLockError as error:
             return error
 
