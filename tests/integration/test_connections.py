@@ -91,10 +91,10 @@ class TestOneProcess:
                 thread.start()
             for thread in threads:
                 thread.join(10)
-        lock.transport.read_owed()
+        lock.pipelining.read_owed()
         pool = lock.client.connection_pool
         # None is kept by a thread; one by the transport, for the next call.
-        assert pool._in_use_connections == set(lock.transport._idle or ())  # type: ignore[attr-defined]
+        assert pool._in_use_connections == set(lock.pipelining._idle or ())  # type: ignore[attr-defined]
         # At most one per thread running at once (50), never one per thread ever (250).
         assert len(pool._available_connections) <= 50  # type: ignore[attr-defined]
 

@@ -196,7 +196,7 @@ class TestLeanCalls:
 
 def kept(lock: RedisLock) -> set[object]:
     """The connection the lock's transport keeps between calls (none or one)."""
-    return set(lock.transport._idle or ())
+    return set(lock.pipelining._idle or ())
 
 
 def closed(conn: object) -> bool:
@@ -262,7 +262,7 @@ class TestScriptlessHolds:
         refused = lock.try_acquire("list", 10, take=HOLD)
         assert isinstance(refused, Contended)
         assert refused.holder == ""
-        assert lock.transport.holds  # a one-off refusal, not an old server
+        assert lock.pipelining.holds  # a one-off refusal, not an old server
 
     def test_a_server_without_set_nx_get_is_remembered_and_answered_by_the_script(
         self, lock: RedisLock, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
@@ -274,7 +274,7 @@ class TestScriptlessHolds:
         raw.config_resetstat()
         first = lock.try_acquire("old-1", 10, token="tok-a", take=HOLD)
         assert isinstance(first, Lease)
-        assert not lock.transport.holds
+        assert not lock.pipelining.holds
         assert isinstance(lock.try_acquire("old-1", 10, token="tok-b", take=HOLD), Contended)
         assert isinstance(lock.try_acquire("old-2", 10, take=HOLD), Lease)
         assert calls(raw, "evalsha") == 3  # every hold, the first one after its refusal
@@ -310,7 +310,7 @@ class TestAnswersReadLater:
         lock.release_nowait(lease)
         assert gone_soon(raw, lease.key)
         assert isinstance(lock.try_acquire("forgot", 10), Lease)
-        assert not lock.transport._owed
+        assert not lock.pipelining._owed
 
     def test_its_answer_is_read_before_the_threads_next_call(
         self, lock: RedisLock, raw: redis.Redis, caplog: pytest.LogCaptureFixture
@@ -331,7 +331,7 @@ class TestAnswersReadLater:
         lock.release_nowait(lease)  # so this takes a second one from the pool
         assert isinstance(pending.outcome(), Lease)
         assert isinstance(lock.try_acquire("third", 10), Lease)
-        assert not lock.transport._owed
+        assert not lock.pipelining._owed
         in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
         assert in_use == kept(lock)  # none is kept by a thread; one by the transport
 
@@ -342,7 +342,7 @@ class TestAnswersReadLater:
             lease = lock.try_acquire(f"task-{n}", 10)
             assert isinstance(lease, Lease)
             lock.release_nowait(lease)
-        lock.transport.read_owed()
+        lock.pipelining.read_owed()
         pool = lock.client.connection_pool
         available = pool._available_connections  # type: ignore[attr-defined]
         assert len(available) + len(kept(lock)) == 1
@@ -354,10 +354,10 @@ class TestAnswersReadLater:
         lease = lock.acquire("parent", 10)
         lock.release_nowait(lease)  # owed, on a connection the child inherits
         assert in_forked_child(
-            lambda: isinstance(lock.try_acquire("child", 10), Lease) and not lock.transport._owed
+            lambda: isinstance(lock.try_acquire("child", 10), Lease) and not lock.pipelining._owed
         )
-        assert lock.transport._owed  # the parent's answer is still the parent's to read
-        lock.transport.read_owed()
+        assert lock.pipelining._owed  # the parent's answer is still the parent's to read
+        lock.pipelining.read_owed()
         assert lease.released
         assert not lease.lost
         assert raw.exists(lease.key) == 0
@@ -370,9 +370,9 @@ class TestAnswersReadLater:
         worker.start()
         worker.join(5)
         assert gone_soon(raw, lease.key)
-        assert lock.transport._owed  # its answer waits, with its connection
+        assert lock.pipelining._owed  # its answer waits, with its connection
         assert isinstance(lock.try_acquire("next", 10), Lease)  # from this thread
-        assert not lock.transport._owed
+        assert not lock.pipelining._owed
         in_use = lock.client.connection_pool._in_use_connections  # type: ignore[attr-defined]
         assert in_use == kept(lock)
 

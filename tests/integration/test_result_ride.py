@@ -96,13 +96,13 @@ class TestRidingRelease:
         assert not lease.released
         assert pushes.riding_release(taken(store, "other")) is None  # for good
         release.alone()
-        store.transport.read_owed()
+        store.pipelining.read_owed()
         assert store.holder("c") is None
 
     def test_an_error_reply_releases_on_a_round_trip_of_its_own(self, store: RedisLock) -> None:
         lease, release = riding(store, "d")
         release.read(redis.ResponseError("an error in its place"))
-        store.transport.read_owed()
+        store.pipelining.read_owed()
         assert store.holder("d") is None
         assert lease.released
 
@@ -154,7 +154,7 @@ class TestBackend:
             request = Context(id="run-2", is_eager=False, callbacks=None, chain=None, chord=None)
             assert results.release_with_result(task, request, context, other)
             results.release_uncarried(task, "run-2")
-            context.store.transport.read_owed()
+            context.store.pipelining.read_owed()
             assert context.store.holder("unwritten") is None
         finally:
             app.close()

@@ -164,7 +164,7 @@ class Rates(_RatesOf):
         if how == "due":
             args.append(round(at * 1e6))
         try:
-            reply = self._redis.transport.call(self._script, [self.key(name)], args, entry=entry)
+            reply = self._redis.pipelining.call(self._script, [self.key(name)], args, entry=entry)
         except REDIS_ERRORS as error:
             self._redis.unavailable(error, name)
         state, at, wait, remaining, clock, free = (int(part) for part in reply)

@@ -57,11 +57,11 @@ class Slots:
         acked: int | None = None
         try:
             if store.replicas is not None:
-                reply, acked = store.transport.call(
+                reply, acked = store.pipelining.call(
                     self._script, **argv, acks=store.replicas, entry=entry
                 )
             else:
-                reply = store.transport.call(self._script, **argv, entry=entry)
+                reply = store.pipelining.call(self._script, **argv, entry=entry)
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         if int(reply[0]) != 1:

@@ -57,7 +57,7 @@ async def run_script_async(
         return await client.eval(body(script), len(keys), *keys, *args)
 
 
-class Exchange:
+class SentCall:
     """How to finish a sent call: turn its replies into the answer, or go back to
     redis-py's path (``fallback``, the same answer) after a transport error or an error
     reply it ``rescues``."""
@@ -86,7 +86,7 @@ class Exchange:
         return self.convert(replies)
 
 
-class Batch(Exchange):
+class Batch(SentCall):
     """Calls whose answers are each the reply or its error, as they came."""
 
     __slots__ = ()
@@ -98,7 +98,7 @@ class Batch(Exchange):
         return replies
 
 
-class Command(Exchange):
+class Command(SentCall):
     """One plain command (a read such as GET), answered with its reply."""
 
     __slots__ = ("args", "client")
@@ -116,7 +116,7 @@ class Command(Exchange):
         return replies[0]
 
 
-class ScriptCall(Exchange):
+class ScriptCall(SentCall):
     __slots__ = ("args", "client", "keys", "retry", "script")
 
     def __init__(
@@ -154,7 +154,7 @@ class ScriptCall(Exchange):
         return replies[0]
 
 
-class Acked(Exchange):
+class Acked(SentCall):
     """A script call followed by ``WAIT``: answers ``(reply, replicas acknowledged)``.
 
     WAIT counts the acknowledgements of the writes made on its own connection, so the
@@ -189,7 +189,7 @@ class Acked(Exchange):
         return self.call.finish(called), int(acked)
 
 
-class Hold(Exchange):
+class Hold(SentCall):
     """The unfenced acquire as ``SET NX PX GET`` and ``PTTL``, answered like the script."""
 
     __slots__ = ("_fallback", "_old_server", "token")

@@ -14,7 +14,7 @@ the per-command machinery (retry wrapper, reply callbacks) is skipped, and that 
 where a failure goes: after a transport error or a NOSCRIPT the call is made again
 through redis-py's ``Script``, which retries by the client's policy and reloads the
 script. That is safe because every call gives the same answer when run twice for one
-token. A transport keeps one connection between calls (a pool with room to spare:
+token. A store's pipelining keeps one connection between calls (a pool with room to spare:
 ``SPARE_FROM``), so a process's next call skips the pool's lock and queue;
 every other connection goes back at once, so any number of short-lived threads or
 greenlets share the pool's few connections.
@@ -41,7 +41,7 @@ from redis.commands.core import Script
 from redis.connection import Connection, ConnectionPool
 
 from .. import history
-from .calls import Acked, Arg, Batch, Command, Exchange, Hold, ScriptCall, body
+from .calls import Acked, Arg, Batch, Command, Hold, ScriptCall, SentCall, body
 from .clients import SyncClient
 from .replies import TRANSPORT_ERRORS, Reply
 
@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 # SET's options for a hold: only if the key is free, and say who holds it if not.
 HOLD_OPTIONS = ("NX", "GET")
 
-# A pool of at least this many connections lends one to the transport between calls: a
+# A pool of at least this many connections lends one to the pipelining between calls: a
 # smaller one (a client given with max_connections=1) needs every connection back.
 SPARE_FROM = 8
 
@@ -78,7 +78,7 @@ def pack(encoding: str, args: Sequence[Arg]) -> bytes:
     return b"".join(parts)
 
 
-# Forks this process has seen: a transport inherited over fork tells from it, without
+# Forks this process has seen: a pipelining inherited over fork tells from it, without
 # a getpid() system call on every call, that its owed answers are the parent's.
 _forks = [0]
 
@@ -107,7 +107,7 @@ def drivable(client: object) -> TypeGuard[redis.Redis]:
     )
 
 
-class Transport:
+class Pipelining:
     """Sends scripts for one client; ``direct`` is False when redis-py must do it all."""
 
     __slots__ = (
@@ -255,15 +255,15 @@ class Transport:
             # The operation writes its history entry itself, in this round trip.
             script = self._recorded(script, kind)
             keys, args = [*keys, entry.key], [*args, spec]
-        exchange: Exchange = ScriptCall(self.client, script, keys, args, retry=retry)
+        sent: SentCall = ScriptCall(self.client, script, keys, args, retry=retry)
         head = ("EVAL", body(script)) if whole else ("EVALSHA", script.sha)
         commands: list[Sequence[Arg]] = [(*head, len(keys), *keys, *args)]
         if acks is not None:
-            exchange = Acked(exchange, acks)  # type: ignore[arg-type]
+            sent = Acked(sent, acks)  # type: ignore[arg-type]
             commands.append(("WAIT", *acks))
         if not self.direct:
-            return Reply(exchange.fallback())
-        return self._send(commands, exchange)
+            return Reply(sent.fallback())
+        return self._send(commands, sent)
 
     def _recorded(self, script: Script, kind: history.Kind) -> Script:
         """``script`` writing a history entry (registered on this client once)."""
@@ -306,10 +306,10 @@ class Transport:
 
     def command(self, *args: Arg) -> Any:
         """One plain command (``GET``), one round trip: its reply, decoded as the client's."""
-        exchange = Command(self.client, args)
+        sent = Command(self.client, args)
         if not self.direct:
-            return exchange.fallback()
-        return self._send([args], exchange).get()
+            return sent.fallback()
+        return self._send([args], sent).get()
 
     def timed(
         self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], **options: Any
@@ -331,7 +331,7 @@ class Transport:
         result: list[Any] = self._send(commands, Batch()).get()
         return result
 
-    def _send(self, commands: Sequence[Sequence[Arg]], exchange: Exchange) -> Reply:
+    def _send(self, commands: Sequence[Sequence[Arg]], sent: SentCall) -> Reply:
         # redis-py leaves Connection's methods untyped (the ignores here and in _read).
         conn = self._checkout()
         try:
@@ -343,12 +343,12 @@ class Transport:
             conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])  # type: ignore[no-untyped-call]
         except TRANSPORT_ERRORS as error:
             self.checkin(conn, broken=True)  # redis-py has disconnected it
-            return Reply(exchange.after_transport_error(error))
+            return Reply(sent.after_transport_error(error))
         except BaseException:
             conn.disconnect()  # type: ignore[no-untyped-call]
             self.checkin(conn, broken=True)
             raise
-        return Reply(pending=(self, conn, len(commands), exchange), sent_at=sent_at)
+        return Reply(pending=(self, conn, len(commands), sent), sent_at=sent_at)
 
 
 def _ready(conn: Connection) -> Connection:
@@ -364,7 +364,7 @@ def _ready(conn: Connection) -> Connection:
 
 
 def _not_direct() -> TypeError:
-    return TypeError("this client takes redis-py's own path for every call (Transport.direct)")
+    return TypeError("this client takes redis-py's own path for every call (Pipelining.direct)")
 
 
 def _answer(

@@ -30,7 +30,7 @@ from . import scripts
 from .calls import Arg, Pipeline, body
 from .clients import SyncClient
 from .common import REDIS_ERRORS, Call, ScriptArgs
-from .pipelining import Transport
+from .pipelining import Pipelining
 from .servers import Server
 from .transit import Note, keys_of
 
@@ -39,7 +39,7 @@ class _Store(Protocol):
     """What of a ``RedisLock`` this uses (it builds this: not imported, no cycle)."""
 
     client: SyncClient
-    transport: Transport
+    pipelining: Pipelining
     prefix: str
 
     def keys(self, name: str) -> LockKeys: ...
@@ -321,7 +321,7 @@ class Pushes:
         args.extend([self._db(push), expire_ms, self.server.db, spec])
         sent_at = time.monotonic()
         try:
-            reply = store.transport.call(script, keys, args, entry=entry)
+            reply = store.pipelining.call(script, keys, args, entry=entry)
         except REDIS_ERRORS as error:
             if is_refusal(error, "NOPERM"):
                 # This user may hold locks but not push to the broker's queue: nothing

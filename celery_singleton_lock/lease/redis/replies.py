@@ -1,8 +1,8 @@
 """A sent call's answer (``Reply``), read from its connection the first time it is asked.
 
-``transport.Transport`` writes a call and returns a ``Reply`` at once; reading it takes
+``transport.Pipelining`` writes a call and returns a ``Reply`` at once; reading it takes
 the call's replies off the connection, gives the connection back (or to the next call)
-and lets the call's ``Exchange`` turn the replies into the answer, or go again through
+and lets the call's ``SentCall`` turn the replies into the answer, or go again through
 redis-py's own path after a transport error.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeAlias
 import redis
 from redis.connection import Connection
 
-from .calls import Exchange
+from .calls import SentCall
 
 # The transport failures after which the command may or may not have run: redis-py has
 # dropped the connection, and the call is made again through its retrying path.
@@ -27,7 +27,7 @@ class Lender(Protocol):
 
 
 # (where the connection goes back, the connection, replies due, how the call finishes)
-Pending: TypeAlias = tuple[Lender, Connection, int, Exchange]
+Pending: TypeAlias = tuple[Lender, Connection, int, SentCall]
 
 
 class Reply:
@@ -40,7 +40,7 @@ class Reply:
     ) -> None:
         self._value = value
         self._error: BaseException | None = None
-        self._pending = pending  # (transport, connection, replies due, exchange) until read
+        self._pending = pending  # (pipelining, connection, replies due, sent call) until read
         # When the call was written to a connected socket (monotonic); None when it went
         # redis-py's own way, whose connecting the caller's own clock reading covers.
         self.sent_at = sent_at
@@ -72,7 +72,7 @@ def _read(pending: Pending, keep: list[Connection] | None = None) -> Any:
     # Every way out checks the connection back in exactly once, and only after all of
     # the call's replies were read: an error reply in the middle leaves the rest on the
     # wire, which the next user of the connection would take for its own.
-    lender, conn, count, exchange = pending
+    lender, conn, count, sent = pending
     replies: list[Any] = []
     try:
         for _ in range(count):
@@ -82,7 +82,7 @@ def _read(pending: Pending, keep: list[Connection] | None = None) -> Any:
                 replies.append(refused)
     except TRANSPORT_ERRORS as failed:
         lender.checkin(conn, broken=True)  # redis-py has disconnected it
-        return exchange.after_transport_error(failed)
+        return sent.after_transport_error(failed)
     except BaseException:
         # Interrupted mid-read: the connection's state is unknown, never reuse it.
         conn.disconnect()  # type: ignore[no-untyped-call]
@@ -92,4 +92,4 @@ def _read(pending: Pending, keep: list[Connection] | None = None) -> Any:
         lender.checkin(conn)
     else:
         keep.append(conn)  # in step: every reply of the call has been read
-    return exchange.finish(replies)
+    return sent.finish(replies)

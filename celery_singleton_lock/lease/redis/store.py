@@ -25,7 +25,7 @@ from .clients import build, eviction_policy, is_async
 from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
 from .inventory import BATCH, Held, family, scan
 from .pending import PendingAcquire
-from .pipelining import Transport
+from .pipelining import Pipelining
 from .pushes import Pushes
 from .replicas import acknowledged, replicas_option, with_acks
 from .replies import Reply
@@ -72,7 +72,7 @@ class RedisLock(LockBase):
         self._renewer = renewer
         self._slots: Slots | None = None
         self._pushes: Pushes | None = None
-        self.transport = Transport(client)
+        self.pipelining = Pipelining(client)
         self._holder_script = client.register_script(history.HOLDER)
         self.cluster = hasattr(client, "get_node_from_key")
 
@@ -132,14 +132,14 @@ class RedisLock(LockBase):
             script = self._acquire_script
             fast = call.plain and not (step.announce or whole or entry)
             if fast and self.replicas is None:
-                reply = self.transport.send_hold(
+                reply = self.pipelining.send_hold(
                     call.keys.lock,
                     call.token,
                     call.ttl_ms,
                     lambda: run_script(self.client, script, **self._acquire_argv(call, step)),
                 )
             else:
-                reply = self.transport.send(
+                reply = self.pipelining.send(
                     script,
                     **self._acquire_argv(call, step),
                     whole=whole,
@@ -234,7 +234,7 @@ class RedisLock(LockBase):
         call = self._acquire_call(name, ttl, token, TakeOver(replace=expected, fenced=False))
         sent_at = time.monotonic()
         try:
-            reply = self.transport.call(
+            reply = self.pipelining.call(
                 self._swap_script,
                 keys=[call.keys.lock, call.keys.replaced],
                 args=[expected, call.token, call.ttl_ms, record or expected],
@@ -265,7 +265,7 @@ class RedisLock(LockBase):
                 reply = self._send_release(lease, whole=True, entry=entry)
             except REDIS_ERRORS as error:
                 self.unavailable(error, lease.name)
-        self.transport.defer(reply, lambda answer: self.release_answer(lease, answer, again=again))
+        self.pipelining.defer(reply, lambda answer: self.release_answer(lease, answer, again=again))
 
     def stop_renewing(self, lease: Lease) -> None:  # before a release: a racing renewal is no loss
         self.renewer.discard(lease)
@@ -275,7 +275,7 @@ class RedisLock(LockBase):
     ) -> Reply:
         argv = self.release_argv(lease.name, lease.token)
         self.stop_renewing(lease)
-        return self.transport.send(self._release_script, **argv, whole=whole, entry=entry)
+        return self.pipelining.send(self._release_script, **argv, whole=whole, entry=entry)
 
     def release_token(self, name: str, token: str, *, entry: Record | None = None) -> ReleaseResult:
         """Release ``name`` if ``token`` holds it: for a holder known only by its token."""
@@ -303,7 +303,7 @@ class RedisLock(LockBase):
         self, name: str, script: Script, argv: ScriptArgs, *, entry: Record | None = None
     ) -> ReleaseResult:
         try:
-            return decode(self.transport.call(script, **argv, entry=entry), ReleaseResult)
+            return decode(self.pipelining.call(script, **argv, entry=entry), ReleaseResult)
         except REDIS_ERRORS as error:
             self.unavailable(error, name)
 
@@ -317,7 +317,7 @@ class RedisLock(LockBase):
         """
         keys, ttl_ms = self._extend_call(lease, ttl)
         try:
-            reply, sent_at = self.transport.timed(
+            reply, sent_at = self.pipelining.timed(
                 self._extend_script,
                 keys,
                 [lease.token, ttl_ms],
@@ -340,7 +340,7 @@ class RedisLock(LockBase):
         on its own schedule, within the leases' time), and a store error is returned in
         the lease's place, not raised.
         """
-        if len(leases) == 1 or not self.transport.direct or self.replicas is not None:
+        if len(leases) == 1 or not self.pipelining.direct or self.replicas is not None:
             return [self._renew_one(lease) for lease in leases]
         calls = [(lease, *self._extend_call(lease, None)) for lease in leases]
         sent_at = time.monotonic()
@@ -348,7 +348,7 @@ class RedisLock(LockBase):
             (list(keys), [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls
         ]
         try:
-            replies = self.transport.call_many(self._extend_script, argv)
+            replies = self.pipelining.call_many(self._extend_script, argv)
         except REDIS_ERRORS as error:
             return [store_error(error, where=self.where)] * len(leases)
         results: list[ExtendResult | Exception] = []
@@ -401,9 +401,9 @@ class RedisLock(LockBase):
         key = self.keys(name).lock
         try:
             if entry is not None and "read" in entry.events:
-                value = self.transport.call(self._holder_script, [key], [], entry=entry)
+                value = self.pipelining.call(self._holder_script, [key], [], entry=entry)
             else:
-                value = self.transport.command("GET", key)
+                value = self.pipelining.command("GET", key)
         except REDIS_ERRORS as error:
             self.unavailable(error, name)
         return None if value is None else text(value)

@@ -164,7 +164,7 @@ class Redlock:
         answers = self.quorum.ask(
             [
                 partial(
-                    node.transport.call, script, [keys.lock, keys.fence], [token, fence, ttl_ms]
+                    node.pipelining.call, script, [keys.lock, keys.fence], [token, fence, ttl_ms]
                 )
                 for node, script in zip(self.nodes, self._raise, strict=True)
             ],
