@@ -1,6 +1,6 @@
 """A sent call's answer (``Reply``), read from its connection the first time it is asked.
 
-``transport.Pipelining`` writes a call and returns a ``Reply`` at once; reading it takes
+``pipelining.Pipelining`` writes a call and returns a ``Reply`` at once; reading it takes
 the call's replies off the connection, gives the connection back (or to the next call)
 and lets the call's ``SentCall`` turn the replies into the answer, or go again through
 redis-py's own path after a transport error.
