@@ -9,102 +9,27 @@ from __future__ import annotations
 import getpass
 import json
 import socket
-import sys
-from collections.abc import Callable, Iterator
-from typing import NoReturn, TypeVar, cast
+from collections.abc import Callable
 
 import click
-from celery.bin.base import CeleryCommand, handle_preload_options
+from celery.bin.base import CeleryCommand
 
 from .._time import human
-from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
+from .cli_base import EXAMPLES, Locks, exit_with, preload
 from .liveness import Liveness
 from .lock_history import entries_of, shown
+from .lock_table import COLUMNS, cells, line
 from .locks import (
     STATES,
     LockRow,
-    app_rows,
-    family_rows,
     new_call,
     operator_record,
     parse_duration,
     release,
 )
-
-EXAMPLES = """
-\b
-Examples:
-  celery -A proj singleton list
-  celery -A proj singleton list --state running --older-than 1h
-  celery -A proj singleton list --task proj.tasks.sync --json
-  celery -A proj singleton show proj.tasks.sync:4f1c...      (a name, a Redis key or a task id)
-  celery -A proj singleton release 2b6a8c1e-...              (refused while the holder lives)
-  celery -A proj singleton orphans --release
-  celery -A proj singleton history proj.tasks.sync:4f1c...   (with singleton_lock_history)
-  celery -A proj singleton web --port 5556                    (the locks page, this machine only)
-"""
-
-COLUMNS = (
-    ("STATE", 9),
-    ("AGE", 8),
-    ("TTL", 8),
-    ("FENCE", 16),
-    ("TASK ID", 36),
-    ("WORKER", 24),
-    ("PID", 7),
-    ("TASK", 28),
-    ("NAME", 0),
-)
-
-
-class _Locks:
-    """The app's lock store, read as rows; every store error ends the command cleanly."""
-
-    def __init__(self, ctx: click.Context) -> None:
-        self.app = ctx.obj.app
-        try:
-            self.stores = LockStores.for_app(self.app)
-            self.store = self.stores.lock
-        except SingletonLockError as error:
-            exit_with(str(error))
-
-    def rows(self, batch: int = 1000) -> Iterator[LockRow]:
-        try:
-            yield from app_rows(self.app, self.store, batch)
-        except SingletonLockError as error:
-            exit_with(str(error))  # the store's messages name it without its password
-
-    def named(self, ref: str) -> list[LockRow]:
-        """The holds of the locks ``ref`` names, and the other holds of those locks. A
-        lock's name or key is read alone, in one round trip; a task id is looked for in
-        a pass over every lock, then its locks are read alone."""
-        try:
-            family = family_rows(self.app, self.store, ref)
-            if any(row.matches(ref) for row in family):
-                return family
-            bases = sorted({row.base_name for row in self.rows() if row.matches(ref)})
-            return [row for base in bases for row in family_rows(self.app, self.store, base)]
-        except SingletonLockError as error:
-            exit_with(str(error))
-
-    def where(self) -> str:
-        return f"{self.stores.describe()} under prefix {self.store.prefix!r}"
-
-
-_F = TypeVar("_F")
-
-
-def _preload(command: _F) -> _F:
-    """Celery's handling of --preload options (untyped in Celery)."""
-    return cast(_F, handle_preload_options(command))
-
-
-def exit_with(message: str, code: int = 1) -> NoReturn:
-    click.echo(f"Error: {message}", err=True)
-    sys.exit(code)
-
+from .web_command import web
 
 ALIASES = {"ls": "list"}
 
@@ -136,7 +61,7 @@ def _command(name: str) -> Callable[[Callable[..., object]], click.Command]:
     help="Keys read per round trip.",
 )
 @click.pass_context
-@_preload
+@preload
 def list_locks(
     ctx: click.Context,
     /,
@@ -159,7 +84,7 @@ def list_locks(
         min_age = None if older_than is None else parse_duration(older_than)
     except ValueError as error:
         exit_with(str(error), 2)
-    locks = _Locks(ctx)
+    locks = Locks(ctx)
 
     def wanted(row: LockRow) -> bool:
         return (
@@ -175,8 +100,8 @@ def list_locks(
             click.echo(("[" if not shown else ",") + json.dumps(row.as_json()))
         else:
             if not shown:
-                click.echo(_line([name for name, _ in COLUMNS]))
-            click.echo(_line(_cells(row)))
+                click.echo(line([name for name, _ in COLUMNS]))
+            click.echo(line(cells(row)))
         shown += 1
         counts[row.state] = counts.get(row.state, 0) + 1
     if as_json:
@@ -188,43 +113,15 @@ def list_locks(
         click.echo(f"{shown} lock(s): {summary}.")
 
 
-def _cells(row: LockRow) -> list[str]:
-    def text(value: object) -> str:
-        return "-" if value is None else str(value)
-
-    name = row.name
-    if row.state == "limited":
-        name += f" ({text(row.remaining)} may start now, next in {human(row.next_slot)})"
-    return [
-        row.state,
-        human(row.age),
-        human(row.ttl),
-        text(row.fence),
-        text(row.task_id),
-        text(row.worker),
-        text(row.pid),
-        text(row.task),
-        name,
-    ]
-
-
-def _line(cells: list[str]) -> str:
-    out = []
-    for (_, width), cell in zip(COLUMNS, cells, strict=True):
-        fitted = cell[: width - 1] + "~" if width and len(cell) > width else cell
-        out.append(fitted.ljust(width) if width else fitted)
-    return " ".join(out).rstrip()
-
-
 @_command("show")
 @click.argument("ref")
 @click.option("--json", "as_json", is_flag=True, help="A JSON object per lock.")
 @click.pass_context
-@_preload
+@preload
 def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
     """One lock (by name, Redis key or task id): everything known, and what a new call
     would get now."""
-    locks = _Locks(ctx)
+    locks = Locks(ctx)
     family = locks.named(ref)
     if not family:
         exit_with(f"no lock matches {ref!r} at {locks.where()}")
@@ -269,11 +166,11 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
 @click.argument("ref")
 @click.option("--force", is_flag=True, help="Release even while the holder is alive.")
 @click.pass_context
-@_preload
+@preload
 def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> None:
     """Release one lock (by name, Redis key or task id), owner-checked; refused while its
     holder is alive (its worker answers a ping and still has the task) unless --force."""
-    locks = _Locks(ctx)
+    locks = Locks(ctx)
     found = [row for row in locks.named(ref) if row.matches(ref)]
     if not found:
         exit_with(f"no lock matches {ref!r} at {locks.where()}")
@@ -299,7 +196,7 @@ def release_lock(ctx: click.Context, /, ref: str, force: bool, **_: object) -> N
     _release(locks, row)
 
 
-def _release(locks: _Locks, row: LockRow, *, err: bool = False) -> bool:
+def _release(locks: Locks, row: LockRow, *, err: bool = False) -> bool:
     by = f"celery singleton, {getpass.getuser()}@{socket.gethostname()}"
     try:
         result = release(locks.store, row, operator_record(locks.app, row, by))
@@ -319,14 +216,14 @@ def _release(locks: _Locks, row: LockRow, *, err: bool = False) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of objects.")
 @click.option("-Q", "--queues", help="More queues to search, comma separated.")
 @click.pass_context
-@_preload
+@preload
 def orphans(
     ctx: click.Context, /, free: bool, as_json: bool, queues: str | None, **_: object
 ) -> None:
     """Locks whose holder is gone: its worker does not answer or no longer has the task,
     or (a queued hold) its message is in no queue. Searched without consuming on a Redis
     broker; on RabbitMQ a queued hold counts only when every queue is empty."""
-    locks = _Locks(ctx)
+    locks = Locks(ctx)
     candidates = [row for row in locks.rows() if row.state in ("queued", "reserved", "running")]
     liveness = Liveness(locks.app, queues=(queues or "").split(",") if queues else ())
     liveness.prepare(candidates)
@@ -357,12 +254,12 @@ def orphans(
 )
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of objects, newest first.")
 @click.pass_context
-@_preload
+@preload
 def history(ctx: click.Context, /, ref: str, count: int, as_json: bool, **_: object) -> None:
     """What happened to one lock (by name or Redis key), newest first: calls accepted
     and refused (by whom), runs started and contended (and what they did), releases,
     replacements, cancellations. Kept with singleton_lock_history (or history=True)."""
-    locks = _Locks(ctx)
+    locks = Locks(ctx)
     try:
         name, found = entries_of(locks.store, ref, count)
     except SingletonLockError as error:
@@ -382,70 +279,5 @@ def history(ctx: click.Context, /, ref: str, count: int, as_json: bool, **_: obj
         click.echo(f"{fields['at']}  {fields['event']:<20} {extra}")
 
 
-@_command("web")
-@click.option("--host", help="Address to listen on [default: 127.0.0.1, this machine only].")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port [default: 5556].")
-@click.option("--prefix", help="URL path to serve the page under, e.g. /locks.")
-@click.option(
-    "--allow-release/--read-only",
-    default=None,
-    help="Let the page release locks: owner-checked, a live one only once confirmed "
-    "[default: read-only].",
-)
-@click.option(
-    "--basic-auth",
-    envvar="SINGLETON_LOCK_WEB_BASIC_AUTH",
-    metavar="USER:PASSWORD",
-    help="Ask for these credentials (better from $SINGLETON_LOCK_WEB_BASIC_AUTH: a command "
-    "line is visible to other users of the machine).",
-)
-@click.option("--refresh", type=click.FloatRange(min=0), help="Seconds between refreshes (0: off).")
-@click.pass_context
-@_preload
-def web(
-    ctx: click.Context,
-    /,
-    *,
-    host: str | None,
-    port: int | None,
-    prefix: str | None,
-    allow_release: bool | None,
-    basic_auth: str | None,
-    refresh: float | None,
-    **_: object,
-) -> None:
-    """Serve a page of the locks (list, filters, a lock's holders, releases) until ^C."""
-    try:
-        from .web import LocksPage  # noqa: PLC0415  (the web extra, only for this command)
-        from .web.server import serve  # noqa: PLC0415
-    except ImportError as error:
-        exit_with(
-            f"the page needs the web extra: pip install 'celery-singleton-lock[web]' ({error})"
-        )
-    try:
-        page = LocksPage(
-            ctx.obj.app,
-            host=host,
-            port=port,
-            prefix=prefix,
-            allow_release=allow_release,
-            basic_auth=basic_auth,
-            refresh=refresh,
-        )
-    except SingletonLockError as error:
-        exit_with(str(error), 2)
-    settings = page.settings
-    shown = f"[{settings.host}]" if ":" in settings.host else settings.host
-    click.echo(
-        f"celery-singleton-lock: the locks at {_Locks(ctx).where()} on "
-        f"http://{shown}:{settings.port}{settings.prefix}/ ("
-        + ("releases on" if settings.allow_release else "read-only")
-        + (", basic auth" if settings.basic_auth else ", no auth")
-        + ")"
-    )
-    if settings.host not in ("127.0.0.1", "::1", "localhost") and settings.basic_auth is None:
-        click.echo("Warning: listening beyond this machine with no --basic-auth", err=True)
-    try:
-        serve(page)
-    except OSError as error:  # the port is taken, the address is not this machine's
-        exit_with(f"cannot listen on {shown}:{settings.port}: {error}")
+# The locks page's command, in a module of its own (it loads the web extra).
+singleton.add_command(web)
