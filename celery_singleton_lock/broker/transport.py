@@ -128,7 +128,7 @@ class Channel(kombu_redis.Channel):
 
     def _push_noted(self, push: Push, ride: AppRide) -> bool:
         """Push with its note in one round trip, as kombu's push is one (False: the
-        broker refused the note; kombu pushes, and nothing is notes from now on)."""
+        broker refused the note; kombu pushes, and nothing is noted from now on)."""
         assert push.note is not None  # noqa: S101  (the caller checked)
         with self.conn_or_acquire() as client:
             try:

@@ -146,7 +146,7 @@ def _read(lock: _Store, found: list[tuple[str, str, str | None]]) -> Iterator[He
 
 
 def _scripted(
-    client: Any, found: list[tuple[str, str, str | None]], fences: list[str | None]
+    client: SyncClient, found: list[tuple[str, str, str | None]], fences: list[str | None]
 ) -> Any:
     keys = [key for key, _, _ in found]
     positions = []
@@ -162,7 +162,7 @@ def _scripted(
 
 
 def _pipelined(
-    client: Any, found: list[tuple[str, str, str | None]], fences: list[str | None]
+    client: SyncClient, found: list[tuple[str, str, str | None]], fences: list[str | None]
 ) -> Any:
     pipe = client.pipeline(transaction=False)
     for (key, _, _), fence in zip(found, fences, strict=True):
