@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 from ..lease import LockStore
 from ..lease.history import Entry, entries
-from ..lease.redis.inventory import parse_key
+from ..lease.names import parse_key
 from ..tokens import read_token
 
 

@@ -20,7 +20,7 @@ from ..config.stores import LockStores
 from ..lease import LockStore, ReleaseResult
 from ..lease.history import Record
 from ..lease.limits.rates import budget
-from ..lease.redis.inventory import Held
+from ..lease.names import Held
 from ..modes import RateSpec
 from ..tokens import read_token
 from .lock_history import lock_name_of

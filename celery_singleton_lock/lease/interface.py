@@ -12,14 +12,12 @@ from typing import Protocol
 from .clock import Clock
 from .history import Record
 from .lease import Lease, LostCallback
-from .names import LockKeys
+from .names import Held, LockKeys
 from .outcomes import Contended, ExtendResult, ReleaseResult
-from .redis.common import WaitMode
-from .redis.inventory import Held
 from .redis.pending import PendingAcquire
 from .redis.pushes import Push, RidingRelease, RidingTake
 from .redis.servers import Server
-from .takeover import FRESH, TakeOver
+from .takeover import FRESH, TakeOver, WaitMode
 
 
 class SlotStore(Protocol):

@@ -19,9 +19,17 @@ from ..exceptions import ConfigurationError
 from .clock import SYSTEM_CLOCK, Clock
 from .lease import YIELDED, Lease, LostCallback
 from .limits.slots import check_limit
-from .names import DEFAULT_PREFIX, LockKeys, new_token, slot, validate_name, validate_prefix
+from .names import (
+    DEFAULT_PREFIX,
+    Held,
+    LockKeys,
+    new_token,
+    parse_key,
+    slot,
+    validate_name,
+    validate_prefix,
+)
 from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
-from .redis.inventory import Held, parse_key
 from .redis.pending import PendingAcquire
 from .takeover import FRESH, TakeOver
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from ..exceptions import ConfigurationError
 
@@ -149,3 +149,37 @@ def new_token(token: object) -> str:
             f"got {token!r}; leave it out to get a random one"
         )
     return token
+
+
+@dataclass(frozen=True)
+class Held:
+    """One held lock: a lock's own key, or a companion of it (its role says which)."""
+
+    name: str  # the lock's name, as the caller gave it (a companion's base name)
+    role: str | None  # None, "pending", "throttle", "slot<N>" or "rate"
+    key: str  # the Redis key
+    token: str  # the holder's token
+    ttl: float | None  # seconds left; None when the key has no expiry
+    # The lock's last fence, its holder's when running; None for a hold that takes no
+    # fence, and for a slot (the slots of a limit share one counter).
+    fence: int | None
+
+    @property
+    def full_name(self) -> str:
+        """The name the store's calls take (``companion(name, role)`` for a companion;
+        a rate's is its name's: it is no lock of its own)."""
+        return self.name if self.role in (None, "rate") else companion(self.name, self.role)
+
+
+def parse_key(prefix: str, key: str) -> tuple[str, str | None] | None:
+    """(name, role) of a lock's Redis key under ``prefix``; None for bookkeeping keys."""
+    head = f"{prefix}:{{"
+    close = key.find("}", len(head)) if key.startswith(head) else -1
+    if close < 0:
+        return None
+    # A name is either kept as it is (no '%' in it) or %-escaped whole (see names.py).
+    name, rest = unquote(key[len(head) : close]), key[close + 1 :]
+    if not rest:
+        return name, None
+    role = rest[1:]
+    return (name, role) if rest[0] == ":" and is_role(role) else None

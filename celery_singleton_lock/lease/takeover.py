@@ -1,4 +1,4 @@
-"""``TakeOver``: how a take treats the key's holder, and whether the lease it makes is fenced.
+"""How a take is made: what it may take the key over from (``TakeOver``), how it waits.
 
 A queued message's hold becomes its running lease in one step (the take passes the
 key from the hold's token to the lease's); a hold whose random part the taker cannot
@@ -10,6 +10,7 @@ key, even once it is free. Every store's ``try_acquire``, ``begin_try_acquire`` 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, TypeAlias
 
 from ..exceptions import ConfigurationError
 
@@ -50,3 +51,7 @@ class TakeOver:
 FRESH = TakeOver()
 # A queued message's hold: unfenced (it only keeps duplicates out), taking nothing over.
 HOLD = TakeOver(fenced=False)
+
+# How an acquire that must wait does: woken by the release's push (BLPOP), or retrying
+# with backoff.
+WaitMode: TypeAlias = Literal["push", "spin"]

@@ -21,7 +21,7 @@ from celery_singleton_lock import MemoryLock
 from celery_singleton_lock._time import human
 from celery_singleton_lock.contrib.locks import TaskNames, parse_duration, rows
 from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of, slot
-from celery_singleton_lock.lease.redis.inventory import parse_key
+from celery_singleton_lock.lease.names import parse_key
 from celery_singleton_lock.tokens import queued_token, read_token, running_token
 
 from ..conftest import CeleryEnv

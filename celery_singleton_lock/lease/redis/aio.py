@@ -11,10 +11,10 @@ from ..lease import Lease, LostCallback
 from ..names import DEFAULT_PREFIX
 from ..outcomes import Contended, ExtendResult, ReleaseResult, text
 from ..renewal import cadence, next_delay
-from ..takeover import FRESH, TakeOver
+from ..takeover import FRESH, TakeOver, WaitMode
 from .calls import run_script_async
 from .clients import build, is_async
-from .common import REDIS_ERRORS, Block, Call, LockBase, Try, WaitMode
+from .common import REDIS_ERRORS, Block, Call, LockBase, Try
 from .waits import pop_within_async
 
 

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, TypeAlias, TypedDict
+from typing import Any, NoReturn, TypeAlias, TypedDict
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -22,7 +22,7 @@ from ..errors import store_error
 from ..lease import YIELDED, Lease, LostCallback, valid_until
 from ..names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
-from ..takeover import TakeOver
+from ..takeover import TakeOver, WaitMode
 from . import scripts
 from .calls import Arg
 from .clients import describe, socket_timeout_of
@@ -36,8 +36,6 @@ SIGNAL_TTL_MS = 2000
 NO_TTL_RECHECK = 1.0
 # What redis-py raises: its errors, and the cluster client's own (not RedisErrors).
 REDIS_ERRORS = (redis.RedisError, RedisClusterException)
-
-WaitMode: TypeAlias = Literal["push", "spin"]
 
 
 class ScriptArgs(TypedDict):

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import unquote
 
 from ..errors import store_error
-from ..names import MAX_SLOTS, ROLES, LockKeys, companion, is_role
+from ..names import MAX_SLOTS, ROLES, Held, LockKeys, companion, parse_key
 from ..outcomes import text
 from . import scripts
 from .calls import run_script
@@ -37,40 +35,6 @@ BATCH = 1000
 
 # Each lock of a batch: its value, ttl and fence (lua/read_holds.lua).
 READ = scripts.source("read_holds")
-
-
-@dataclass(frozen=True)
-class Held:
-    """One held lock: a lock's own key, or a companion of it (its role says which)."""
-
-    name: str  # the lock's name, as the caller gave it (a companion's base name)
-    role: str | None  # None, "pending", "throttle", "slot<N>" or "rate"
-    key: str  # the Redis key
-    token: str  # the holder's token
-    ttl: float | None  # seconds left; None when the key has no expiry
-    # The lock's last fence, its holder's when running; None for a hold that takes no
-    # fence, and for a slot (the slots of a limit share one counter).
-    fence: int | None
-
-    @property
-    def full_name(self) -> str:
-        """The name the store's calls take (``companion(name, role)`` for a companion;
-        a rate's is its name's: it is no lock of its own)."""
-        return self.name if self.role in (None, "rate") else companion(self.name, self.role)
-
-
-def parse_key(prefix: str, key: str) -> tuple[str, str | None] | None:
-    """(name, role) of a lock's Redis key under ``prefix``; None for bookkeeping keys."""
-    head = f"{prefix}:{{"
-    close = key.find("}", len(head)) if key.startswith(head) else -1
-    if close < 0:
-        return None
-    # A name is either kept as it is (no '%' in it) or %-escaped whole (see names.py).
-    name, rest = unquote(key[len(head) : close]), key[close + 1 :]
-    if not rest:
-        return name, None
-    role = rest[1:]
-    return (name, role) if rest[0] == ":" and is_role(role) else None
 
 
 def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:

@@ -16,14 +16,14 @@ from ..errors import store_error
 from ..history import Record
 from ..lease import Lease, LostCallback
 from ..limits.slots import Slots
-from ..names import DEFAULT_PREFIX
+from ..names import DEFAULT_PREFIX, Held
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from ..renewal import Renewer, get_renewer
-from ..takeover import FRESH, TakeOver
+from ..takeover import FRESH, TakeOver, WaitMode
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
-from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try, WaitMode
-from .inventory import BATCH, Held, family, scan
+from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try
+from .inventory import BATCH, family, scan
 from .pending import PendingAcquire
 from .pipelining import Pipelining
 from .pushes import Pushes

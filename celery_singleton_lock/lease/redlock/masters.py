@@ -20,11 +20,11 @@ from ...exceptions import ConfigurationError, LockStoreUnavailableError, Singlet
 from ..clock import SYSTEM_CLOCK
 from ..lease import YIELDED, Lease, LostCallback, valid_until
 from ..limits.slots import QuorumSlots
-from ..names import DEFAULT_PREFIX, LockKeys, new_token
+from ..names import DEFAULT_PREFIX, Held, LockKeys, new_token
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult
 from ..redis import scripts
 from ..redis.clients import redlock_masters
-from ..redis.inventory import BATCH, Held
+from ..redis.inventory import BATCH
 from ..redis.pending import PendingAcquire
 from ..redis.store import RedisLock
 from ..renewal import Renewer, get_renewer
