@@ -33,8 +33,8 @@ from .publish.dispatch import (
     slot_at_publish,
 )
 from .publish.held import send_held
+from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
-from .publish.riding import InTransit, give_up_purged
 from .run import cancels
 from .run.execution import Execution, failed_run
 from .tokens import (

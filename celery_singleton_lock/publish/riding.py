@@ -16,26 +16,21 @@ from typing import TYPE_CHECKING
 
 from ..broker.connection import publishing
 from ..broker.transport import may_ride, rides
-from ..config.stores import LockStores
 from ..exceptions import LockStoreUnavailableError
 from ..lease import (
     HOLD,
     Contended,
     Lease,
     LockStore,
-    Note,
     Push,
     PushRefused,
     PushStore,
-    ReleaseResult,
     Server,
-    Transit,
-    companion,
 )
 from ..modes.base import Mode, Publish, Replacing
 from ..outages import release_or_warn
-from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER
-from .dispatch import Refused, Sent, delay_of, refusals
+from ..tokens import NAME_HEADER
+from .dispatch import Refused, Sent, refusals
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -155,67 +150,6 @@ class PushedHold:
             )
 
 
-@dataclass(frozen=True)
-class InTransit:
-    """How a singleton call's message is noted in transit as a Redis broker's channel
-    pushes it (``broker.NoteSource``, ``lease.redis.transit``): its hold (the lock's name and
-    token; '' when the message has none of its own, as with ``limit``, ``rate`` or a
-    throttle's window), for how long it is owed a run, and the wait before it is pushed
-    again (0: not noted)."""
-
-    task_id: str
-    name: str
-    token: str
-    ttl: float
-    wait: float
-    prefix: str
-
-    @classmethod
-    def of(
-        cls,
-        context: TaskContext,
-        task_id: str,
-        ours: Mapping[str, object],
-        options: Mapping[str, object],
-    ) -> InTransit:
-        """For a message of ``task_id`` with the library's headers ``ours``."""
-        name, token, role = ours.get(NAME_HEADER), ours.get(TOKEN_HEADER), ours.get(HOLD_HEADER)
-        hold = held = ""
-        if isinstance(name, str) and isinstance(token, str) and token:
-            hold = companion(name, role) if isinstance(role, str) and role else name
-            held = token
-        ttl = context.queue_ttl + delay_of(options)
-        return cls(task_id, hold, held, ttl, cls.wait_of(context), context.store.prefix)
-
-    @staticmethod
-    def wait_of(context: TaskContext) -> float:
-        """``singleton_lock_transit_timeout``; 0 when received messages are not cleared
-        (``singleton_lock_ride_broker = False``)."""
-        config = context.stores.config
-        return config.transit_timeout if config.ride_broker else 0.0
-
-    def note(self, member: str) -> Note | None:
-        """How its message, of delivery tag ``member``, is noted (None: wait is 0)."""
-        if self.wait <= 0:
-            return None
-        return Note(member, self.name, self.token, self.ttl, self.wait, self.prefix)
-
-    def publish(
-        self,
-        app: Celery,
-        via: object,
-        options: Mapping[str, object],
-        send: Callable[..., AsyncResult],
-    ) -> AsyncResult:
-        """``send(producer=...)`` with ``via`` or a producer of the app's: the channel
-        that pushes the message notes it (the one Celery would take: eagerly nothing is
-        published, and ``connection=`` makes Celery use its own producer)."""
-        if self.wait <= 0 or app.conf.task_always_eager or options.get("connection") is not None:
-            return send(producer=via)
-        with app.producer_or_acquire(via) as real, publishing(real, notes=self):
-            return send(producer=real)
-
-
 def answered_early(
     store: LockStore,
     hold: str,
@@ -251,19 +185,6 @@ def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) 
     if app.conf.task_always_eager or options.get("connection") is not None:
         return None
     return pushes if may_ride(config.broker_url, pushes.server) else None
-
-
-def give_up_purged(app: Celery, client: object, lists: list[str]) -> None:
-    """A purge of ``lists`` on the broker (``broker.on_purge``; ``client`` the purging
-    channel's): the holds of the singleton messages it threw away are given up,
-    owner-checked, not kept for ``queue_ttl``."""
-    stores = LockStores.for_app(app)
-    store, notes = stores.lock, Transit(client, stores.config.prefix)
-    freed = 0
-    for name, token in notes.purged(lists):
-        freed += store.release_token(name, token) == ReleaseResult.RELEASED
-    if freed:
-        logger.info("purged %d singleton call(s): their keys are free", freed)
 
 
 def duplicate_answered(

@@ -30,7 +30,7 @@ from ..exceptions import (
     LockNotAcquiredError,
     LockStoreUnavailableError,
 )
-from ..holders import is_dead, runs_task
+from ..holders import is_running_copy
 from ..lease import Contended, Lease, LockStore, history
 from ..lease.history import Record
 from ..modes import Mode, Start
@@ -68,10 +68,6 @@ from .holds import PendingHold
 from .resend import defer, send_again
 
 logger = logging.getLogger(__name__)
-
-# How long an execution waits for the worker named in a same-id holder's token to say
-# it runs that task (a live worker answers in milliseconds; a dead one never does).
-HOLDER_ANSWER_TIMEOUT = 1.0
 
 
 class Execution:
@@ -267,26 +263,10 @@ class Execution:
         raise Ignore("replaced by a later call under the same task id")
 
     def _is_copy(self, held: Contended) -> bool:
-        """Whether the holder is this very message, running under another delivery.
-
-        Same task id, a running lease, and its worker says it runs the task now. A dead
-        worker's lease (RabbitMQ redelivers at once when a worker dies, before its lease
-        runs out) is not a live original: the delivery contends and runs once it is
-        free. A retry's message carries the id too, by design: the attempt that sent it
-        is named in its headers and is contended with like any other holder.
-        """
+        """Whether the holder is this very message, running under another delivery."""
         request = self.delivery.request
-        holder = read_token(held.holder)
-        if holder.task_id != request.id or holder.state != "running" or request.is_eager:
-            return False
-        if held.holder == header(request, RETRY_OF_HEADER):
-            return False
-        if holder.worker == request.hostname:
-            # This worker: asking it would find this delivery (Celery tracks requests by
-            # task id); the holder's pool child, or this very process, says it directly.
-            return holder.pid == os.getpid() or (holder.pid is not None and not is_dead(holder.pid))
-        return bool(holder.worker) and runs_task(
-            self.context.app, str(holder.worker), request.id, HOLDER_ANSWER_TIMEOUT
+        return not request.is_eager and is_running_copy(
+            self.context.app, request, held.holder, retry_of=header(request, RETRY_OF_HEADER)
         )
 
     def _signal(self, signal: Signal, **fields: object) -> None:
