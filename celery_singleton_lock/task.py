@@ -188,15 +188,17 @@ class SingletonTask(Task):  # type: ignore[misc]
         lock_name = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
         canvas = in_canvas(link, link_error, options)
         if bypass or not mode.checks_dispatch or canvas:
-            ours: dict[str, object] = {NAME_HEADER: lock_name}
+            own_headers: dict[str, object] = {NAME_HEADER: lock_name}
             if isinstance(bypass, dict):
-                ours.update(bypass)
+                own_headers.update(bypass)
             if redrive:
-                ours[REDRIVE_HEADER] = 1
+                own_headers[REDRIVE_HEADER] = 1
             elif not (bypass or canvas):  # a rate's slot, when it is taken at dispatch
                 call = (args or (), kwargs or {})
-                ours.update(slot_at_publish(self.singleton_context, lock_name, call, options))
-            return publish(task_id, options, ours)
+                own_headers.update(
+                    slot_at_publish(self.singleton_context, lock_name, call, options)
+                )
+            return publish(task_id, options, own_headers)
         return send_held(
             self,
             self.singleton_context,
@@ -220,16 +222,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         def publish(
             task_id: str | None,
             options: dict[str, object],
-            ours: dict[str, object],
+            own_headers: dict[str, object],
             via: object = None,
         ) -> AsyncResult:
             # Read, not popped: a publish again (fail_open, an outage) keeps them too.
             given = options.get("headers") or {}
             if not isinstance(given, Mapping):
                 raise TypeError(f"{self.name}: headers= must be a dict, got {given!r}")
-            headers = {**given, **ours}
+            headers = {**given, **own_headers}
             for name in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
-                if name not in ours:
+                if name not in own_headers:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
             task_id = task_id or uuid()  # as Celery would: the channel knows its message
             send = partial(
@@ -243,7 +245,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 headers=headers,
                 **{name: value for name, value in options.items() if name != "headers"},
             )
-            noted = InTransit.of(self.singleton_context, task_id, ours, options)
+            noted = InTransit.of(self.singleton_context, task_id, own_headers, options)
             return noted.publish(self.app, via or producer, options, send)
 
         return publish

@@ -57,13 +57,13 @@ class RidingConnection(Connection):
         if isinstance(named, str) and "." not in named and ":" not in named:
             # The URL's scheme (kombu's aliases: no dot, no colon).
             kombus = get_transport_cls(named)
-            ours = None if kombus is None else REPLACED.get(kombus)
+            replacement = None if kombus is None else REPLACED.get(kombus)
         elif isinstance(named, str):
-            ours = _by_path(named)  # a transport the app named by its path
+            replacement = _by_path(named)  # a transport the app named by its path
         else:
-            ours = named if isinstance(named, type) else None
-        if ours is not None and issubclass(ours, Riding) and self.ride is not None:
-            self.transport_cls = self._of_this_app(ours)
+            replacement = named if isinstance(named, type) else None
+        if replacement is not None and issubclass(replacement, Riding) and self.ride is not None:
+            self.transport_cls = self._of_this_app(replacement)
 
     def _of_this_app(self, transport: type[Riding]) -> type:
         if transport.ride is self.ride:

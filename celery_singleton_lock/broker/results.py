@@ -258,7 +258,9 @@ def install(app: Celery) -> None:
     itself, is kept)."""
     loader = app.loader
     overrides = dict(getattr(loader, "override_backends", None) or {})
-    missing = {alias: ours for alias, ours in _REPLACED.items() if alias not in overrides}
+    missing = {
+        alias: replacement for alias, replacement in _REPLACED.items() if alias not in overrides
+    }
     if missing:
         loader.override_backends = {**overrides, **missing}
 

@@ -51,12 +51,12 @@ FOREIGN_SETTINGS = {
 _CUTOFF = 0.75  # difflib ratio: 'dedup', 'keys', 'on_contentions' match; 'queue' does not
 
 
-def explain_unknown(name: str, ours: Sequence[str]) -> str | None:
+def explain_unknown(name: str, known: Sequence[str]) -> str | None:
     """What to write instead of option ``name``: a foreign option's equivalent, or the
     option of ours it is a typo of (None when it looks like neither)."""
     if name in FOREIGN_OPTIONS:
         return f"{name}= is not an option here; write {FOREIGN_OPTIONS[name]}"
-    close = difflib.get_close_matches(name, ours, n=1, cutoff=_CUTOFF)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=_CUTOFF)
     return f"{name}= is not an option; did you mean {close[0]}=?" if close else None
 
 

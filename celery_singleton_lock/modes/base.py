@@ -30,14 +30,14 @@ Call = tuple[Sequence[object], Mapping[str, object]]
 
 class Publish(Protocol):
     """Publish one call's message (Celery's ``apply_async``) under ``task_id`` with the
-    caller's ``options`` and the library's own headers (``ours``), through ``via`` (a
+    caller's ``options`` and the library's own headers (``own_headers``), through ``via`` (a
     producer) when given."""
 
     def __call__(
         self,
         task_id: str | None,
         options: dict[str, object],
-        ours: dict[str, object],
+        own_headers: dict[str, object],
         via: object = None,
     ) -> AsyncResult: ...
 

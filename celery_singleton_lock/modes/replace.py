@@ -92,7 +92,7 @@ class Replacement:
         name: str,
         hold: str,
         ttl: float,
-        ours: dict[str, object],
+        own_headers: dict[str, object],
         options: dict[str, object],
         publish: Publish,
         refused: Callable[[Contended], AsyncResult],
@@ -112,7 +112,7 @@ class Replacement:
         self._name = name  # the lock's
         self._hold = hold
         self._ttl = ttl
-        self._ours = ours
+        self._ours = own_headers
         self._options = options  # as the caller gave them: the first publish consumed its copy
         self._publish = publish
 

@@ -202,7 +202,7 @@ class Sent:
     lock_name: str
     task_id: str
     options: dict[str, object]
-    ours: dict[str, object]  # the library's headers
+    own_headers: dict[str, object]  # the library's headers
     publish: Publish
     refused_by: Callable[[Contended], AsyncResult]  # the holder's result, or a replace
     accepted: Callable[[], None]  # the dispatch_accepted signal
@@ -214,7 +214,7 @@ def send_gated(gate: Gate, sent: Sent, *, via: object = None) -> AsyncResult:
     try:
         if via is None:
             gate.check()
-        result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
+        result = sent.publish(sent.task_id, sent.options, sent.own_headers, via=via)
     except Refused as refused:
         refusals.note(sent.lock_name, refused.held.retry_after)
         return sent.refused_by(refused.held)

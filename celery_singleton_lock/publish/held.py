@@ -60,7 +60,7 @@ def send_held(
         return early
     mode.prepare(task.name, options)
     planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
-    hold, ttl, token, ours = planned.lock, planned.ttl, planned.token, planned.headers
+    hold, ttl, token, own_headers = planned.lock, planned.ttl, planned.token, planned.headers
     outage = partial(outages.at_dispatch, context, lock_name)
     pushes = ridden_by(task.app, context, options)
     ride = (
@@ -80,7 +80,7 @@ def send_held(
         lock_name,
         task_id,
         options,
-        ours,
+        own_headers,
         publish,
         # On a refusal: the holder's result, or with replace, the queued call's with ours.
         refused_by=Replacement(
@@ -92,7 +92,7 @@ def send_held(
             name=lock_name,
             hold=hold,
             ttl=ttl,
-            ours=ours,
+            own_headers=own_headers,
             options=dict(options),
             publish=publish,
             refused=duplicate,

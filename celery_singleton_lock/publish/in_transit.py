@@ -47,11 +47,15 @@ class InTransit:
         cls,
         context: TaskContext,
         task_id: str,
-        ours: Mapping[str, object],
+        own_headers: Mapping[str, object],
         options: Mapping[str, object],
     ) -> InTransit:
-        """For a message of ``task_id`` with the library's headers ``ours``."""
-        name, token, role = ours.get(NAME_HEADER), ours.get(TOKEN_HEADER), ours.get(HOLD_HEADER)
+        """For a message of ``task_id`` with the library's headers ``own_headers``."""
+        name, token, role = (
+            own_headers.get(NAME_HEADER),
+            own_headers.get(TOKEN_HEADER),
+            own_headers.get(HOLD_HEADER),
+        )
         hold = held = ""
         if isinstance(name, str) and isinstance(token, str) and token:
             hold = companion(name, role) if isinstance(role, str) and role else name

@@ -298,7 +298,7 @@ def send_pushed(pushed: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
     """Publish with the hold taken as the channel puts the message (``broker.publishing``)."""
     try:
         with publishing(via, hold=pushed):
-            result = sent.publish(sent.task_id, sent.options, sent.ours, via=via)
+            result = sent.publish(sent.task_id, sent.options, sent.own_headers, via=via)
     except Refused as refused:
         refusals.note(sent.lock_name, refused.held.retry_after)
         return sent.refused_by(refused.held)
