@@ -31,8 +31,9 @@ from ..exceptions import (
     LockStoreUnavailableError,
 )
 from ..holders import is_running_copy
-from ..lease import Contended, Lease, LockStore, history
+from ..lease import Contended, Lease, LockStore
 from ..lease.history import Record
+from ..lease.redis.recording import append as append_history
 from ..modes import Mode, Start
 from ..outages import release_or_warn
 from ..policies import (
@@ -292,7 +293,7 @@ class Execution:
         """A kept history's entry for a message dropped after its take met the holder
         (that take's entry said what a contention does: this one did not contend)."""
         record = self.context.record(self.lock_name, self.delivery.request.id)
-        history.append(self.store, record, "dropped", holder=holder, detail=why)
+        append_history(self.store, record, "dropped", holder=holder, detail=why)
 
     def _skip(self, decision: Skip, holder: str | None) -> NoReturn:
         """End quietly in IGNORED, which callers can tell from SUCCESS and FAILURE."""
@@ -335,7 +336,7 @@ class Execution:
             )
         if self.ahead is None:  # a policy of the user's own: its decision, a trip of its own
             record = self.context.record(self.lock_name, delivery.request.id)
-            history.append(
+            append_history(
                 self.store,
                 record,
                 "contended",

@@ -7,7 +7,8 @@ import redis
 
 from celery_singleton_lock import Lease, RedisLock
 from celery_singleton_lock.lease import HOLD
-from celery_singleton_lock.lease.history import Record, append, entries
+from celery_singleton_lock.lease.history import Record
+from celery_singleton_lock.lease.redis.recording import append, entries
 
 
 def record(lock: RedisLock, name: str, **events: tuple[str, str, str]) -> Record:

@@ -75,7 +75,8 @@ class TestCluster:
         self, cluster: Cluster
     ) -> None:
         from celery_singleton_lock.lease import companion
-        from celery_singleton_lock.lease.history import Record, entries
+        from celery_singleton_lock.lease.history import Record
+        from celery_singleton_lock.lease.redis.recording import entries
 
         lock = RedisLock.from_url(cluster.url, prefix="hist")
         names = [f"h{i}" for i in range(12)]  # over every master

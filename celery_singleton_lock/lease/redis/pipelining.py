@@ -41,6 +41,7 @@ from redis.commands.core import Script
 from redis.connection import Connection, ConnectionPool
 
 from .. import history
+from . import recording
 from .calls import Acked, Arg, Batch, Command, Hold, ScriptCall, SentCall, body
 from .clients import SyncClient
 from .replies import TRANSPORT_ERRORS, Reply
@@ -249,7 +250,7 @@ class Pipelining:
         ``entry``: the history entry the call writes, in its own round trip, when the
         script is of a kind it names (``history.Record``).
         """
-        kind = history.KINDS.get(script.sha) if entry is not None else None
+        kind = recording.KINDS.get(script.sha) if entry is not None else None
         spec = entry.spec(kind) if entry is not None and kind is not None else None
         if entry is not None and kind is not None and spec is not None:
             # The operation writes its history entry itself, in this round trip.
@@ -269,7 +270,7 @@ class Pipelining:
         """``script`` writing a history entry (registered on this client once)."""
         found = self._recorded_scripts.get(script.sha)
         if found is None:
-            found = self.client.register_script(history.recorded(body(script), kind))
+            found = self.client.register_script(recording.recorded(body(script), kind))
             self._recorded_scripts[script.sha] = found
         return found
 

@@ -19,14 +19,13 @@ from typing import Any, NoReturn, Protocol
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from .. import history
 from ..errors import is_refusal
 from ..history import Record
 from ..lease import Lease
 from ..names import LockKeys, new_token
 from ..outcomes import Contended, ReleaseResult
 from ..takeover import TakeOver
-from . import scripts
+from . import recording, scripts
 from .calls import Arg, Pipeline, body
 from .clients import SyncClient
 from .common import REDIS_ERRORS, Call, ScriptArgs
@@ -106,7 +105,7 @@ class RidingTake:
         spec = None if self._record is None else self._record.spec("take")
         if self._record is not None and spec is not None:
             keys, args = [*keys, self._record.key], [*args, spec]
-            pipe.eval(history.RIDING_TAKE, len(keys), *keys, *args)
+            pipe.eval(recording.RIDING_TAKE, len(keys), *keys, *args)
         elif getattr(pipe, "global_keyprefix", None):
             # kombu's key-prefixing pipeline rewrites EVALSHA's first key (the lock's),
             # not EVAL's: the body, whose keys are sent as they are.
@@ -164,7 +163,7 @@ class RidingRelease:
         spec = None if self._record is None else self._record.spec("release")
         if self._record is not None and spec is not None:
             keys, args = [*keys, self._record.key], [*args, spec]
-            pipe.eval(history.RIDING_RELEASE, len(keys), *keys, *args)
+            pipe.eval(recording.RIDING_RELEASE, len(keys), *keys, *args)
             return
         pipe.eval(scripts.RIDING_RELEASE, len(keys), *keys, *args)
 

@@ -11,7 +11,6 @@ from typing import Any
 from redis.commands.core import Script
 
 from ...exceptions import ConfigurationError, SingletonLockError
-from .. import history
 from ..errors import store_error
 from ..history import Record
 from ..lease import Lease, LostCallback
@@ -20,6 +19,7 @@ from ..names import DEFAULT_PREFIX, Held
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from ..renewal import Renewer, get_renewer
 from ..takeover import FRESH, TakeOver, WaitMode
+from . import recording
 from .calls import Arg, run_script
 from .clients import build, eviction_policy, is_async
 from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try
@@ -73,7 +73,7 @@ class RedisLock(LockBase):
         self._slots: Slots | None = None
         self._pushes: Pushes | None = None
         self.pipelining = Pipelining(client)
-        self._holder_script = client.register_script(history.HOLDER)
+        self._holder_script = client.register_script(recording.HOLDER)
         self.cluster = hasattr(client, "get_node_from_key")
 
     @classmethod
