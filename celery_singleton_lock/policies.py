@@ -126,7 +126,7 @@ class fail:  # lower-case on purpose: reads as configuration, on_contention=fail
 
 @dataclass(frozen=True)
 class skip:
-    """Drop the contended call release_or_warn, as hand-written ``if not acquired: return`` does.
+    """Drop the contended call quietly, as hand-written ``if not acquired: return`` does.
 
     The message is acked and ends in Celery's ``IGNORED`` state (not ``SUCCESS``, not
     ``FAILURE``): no traceback, no ``link_error``, no retry. For work that the holder's

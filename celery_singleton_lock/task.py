@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from kombu.messaging import Producer
 
 
-# Set on a request whose running lease a retry's message took over (retries.py).
+# Set on a request whose running lease a retry's message took over (publish/retries.py).
 _HANDED_OVER = "singleton_handed_over"
 
 

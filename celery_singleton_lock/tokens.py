@@ -4,7 +4,7 @@ Tokens say who holds a key, so that another process can act for the holder:
 ``q|<nonce>|<task id>`` for a queued hold, ``r|<host>|<nonce>|<task id>`` once a
 worker has received the message (its main process renews that reservation, so a
 worker that dies with prefetched messages frees their keys within ``ttl``, see
-``worker.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. Where the
+``worker/request.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. Where the
 mode allows, the main process takes the running lease itself as the message arrives
 (under its own pid) and hands it to the run (``LEASE_HEADER``) instead of reserving.
 The worker's main process releases a dead child's lease by its shape (see

@@ -16,7 +16,7 @@ from redis.exceptions import NoScriptError
 
 from .clients import AsyncClient, SyncClient
 
-# A key or argument of a call we send (``transport.pack`` writes exactly these).
+# A key or argument of a call we send (``pipelining.pack`` writes exactly these).
 Arg: TypeAlias = "str | bytes | int"
 
 

@@ -54,7 +54,7 @@ class Reply:
         """The call's answer, or what it raised (every time it is asked).
 
         ``keep``: a list that takes the connection once its replies are read, instead of
-        the pool (the transport hands it to its next call).
+        the pool (the pipelining hands it to its next call).
         """
         if self._pending is not None:
             pending, self._pending = self._pending, None

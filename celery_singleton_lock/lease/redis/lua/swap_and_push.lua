@@ -5,7 +5,7 @@
 -- ARGV[3] ttl in ms  ARGV[4] record  ARGV[5] the payload  ARGV[6] the list's database
 -- ('' for the lock's own)  ARGV[7] expiry ms ('' for none)  ARGV[8] the lock's database
 -- ARGV[9] the note's spec ('' for none). Returns as swap.lua; {1, 0} too
--- when the new token holds it already (a retry whose reply was lost). Push first, as above.
+-- when the new token holds it already (a retry whose reply was lost). Push first, as in hold_and_push.lua.
 --- @include "push"
 --- @include "hand_on"
 local current = redis.pcall('GET', KEYS[1])
