@@ -82,7 +82,8 @@ def send_held(
         options,
         own_headers,
         publish,
-        # On a refusal: the holder's result, or with replace, the queued call's with ``own_headers``.
+        # On a refusal: the holder's result, or with replace, the queued call's with
+        # ``own_headers``.
         refused_by=Replacement(
             mode=mode,
             task_name=task.name,

@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 
 class PushedHold:
-    """A dispatch's hold, taken by the channel as it puts the message (``broker.state.HoldWithPush``).
+    """A dispatch's hold, taken by the channel as it puts the message
+    (``broker.state.HoldWithPush``).
 
     On the lock store's server the hold and the push are one script; elsewhere (a queue
     on another server) the hold is taken first and the channel then pushes. A duplicate
