@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from ..lease import LockStore
+from ..lease import history_entries as entries
 from ..lease.history import Entry
 from ..lease.names import parse_key
-from ..lease.redis.recording import entries
 from ..tokens import read_token
 
 

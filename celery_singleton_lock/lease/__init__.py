@@ -12,6 +12,8 @@ from .redis.clients import build as client_from_url
 from .redis.clients import describe
 from .redis.pending import PendingAcquire
 from .redis.pushes import Push, PushRefused, RidingRelease, RidingTake
+from .redis.recording import append as append_history
+from .redis.recording import entries as history_entries
 from .redis.servers import Server, server_of
 from .redis.store import RedisLock
 from .redis.transit import ClearNote, Note, Transit
@@ -49,10 +51,12 @@ __all__ = [
     "SlotStore",
     "TakeOver",
     "Transit",
+    "append_history",
     "client_from_url",
     "companion",
     "describe",
     "get_renewer",
+    "history_entries",
     "parse_rate",
     "rates_of",
     "server_of",

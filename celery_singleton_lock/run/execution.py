@@ -31,9 +31,8 @@ from ..exceptions import (
     LockStoreUnavailableError,
 )
 from ..holders import is_running_copy
-from ..lease import Contended, Lease, LockStore
+from ..lease import Contended, Lease, LockStore, append_history
 from ..lease.history import Record
-from ..lease.redis.recording import append as append_history
 from ..modes import Mode, Start
 from ..outages import release_or_warn
 from ..policies import (
