@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+
+from redis.commands.core import AsyncScript
 
 from ...exceptions import ConfigurationError
 from ..lease import Lease, LostCallback
@@ -13,12 +14,12 @@ from ..outcomes import Contended, ExtendResult, ReleaseResult, text
 from ..renewal import cadence, next_delay
 from ..takeover import FRESH, TakeOver, WaitMode
 from .calls import run_script_async
-from .clients import build, is_async
+from .clients import AsyncClient, build, is_async
 from .common import REDIS_ERRORS, Block, Call, LockBase, Try
 from .waits import pop_within_async
 
 
-class AsyncRedisLock(LockBase):
+class AsyncRedisLock(LockBase[AsyncClient, AsyncScript]):
     """Same scripts, same semantics as ``RedisLock``, ``await`` each call.
 
     Takes ``redis.asyncio.Redis`` (standalone or from ``Sentinel.master_for``) and
@@ -28,7 +29,7 @@ class AsyncRedisLock(LockBase):
 
     def __init__(
         self,
-        client: Any,
+        client: AsyncClient,
         *,
         prefix: str = DEFAULT_PREFIX,
         allow_long_ttl: bool = False,
@@ -48,6 +49,9 @@ class AsyncRedisLock(LockBase):
             backoff_cap=backoff_cap,
         )
         self._renewals: dict[str, asyncio.Task[None]] = {}
+
+    def _register(self, source: str) -> AsyncScript:
+        return self.client.register_script(source)
 
     @classmethod
     def from_url(

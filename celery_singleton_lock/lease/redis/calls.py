@@ -2,8 +2,8 @@
 through redis-py's own path (``fallback``) after a transport error or an error reply it
 knows how to rescue (NOSCRIPT, an old server's syntax error).
 
-Replies are ``Any``: redis-py reads them so (``read_response``, ``ResponseT``), and
-each call's ``convert`` knows the shape its command answers with."""
+Replies are ``Response``: redis-py reads them untyped (``read_response``, ``ResponseT``),
+and each call's ``convert`` knows the shape its command answers with."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from .clients import AsyncClient, SyncClient
 
 # A key or argument of a call we send (``pipelining.pack`` writes exactly these).
 Arg: TypeAlias = "str | bytes | int"
+# A reply as redis-py's parser returns it (bytes, int, None, a list of them, an error),
+# or an answer built from replies. redis-py types replies as ``Any`` (``ResponseT``):
+# this name marks the one place our types stop at its boundary.
+Response: TypeAlias = Any
 
 
 class Pipeline(Protocol):
@@ -34,7 +38,9 @@ def body(script: Script | AsyncScript) -> str:
     return text if isinstance(text, str) else bytes(text).decode()
 
 
-def run_script(client: SyncClient, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+def run_script(
+    client: SyncClient, script: Script, keys: Sequence[Arg], args: Sequence[Arg]
+) -> Response:
     """``script`` through redis-py's own path: EVALSHA, and EVAL where the node lacks it.
 
     Not ``Script.__call__``: on NOSCRIPT a cluster client loads the script on every
@@ -49,7 +55,7 @@ def run_script(client: SyncClient, script: Script, keys: Sequence[Arg], args: Se
 
 async def run_script_async(
     client: AsyncClient, script: AsyncScript, keys: Sequence[Arg], args: Sequence[Arg]
-) -> Any:
+) -> Response:
     """``run_script`` for an asyncio client."""
     try:
         return await client.evalsha(script.sha, len(keys), *keys, *args)
@@ -64,19 +70,19 @@ class SentCall:
 
     __slots__ = ()
 
-    def fallback(self) -> Any:
+    def fallback(self) -> Response:
         raise NotImplementedError
 
-    def after_transport_error(self, error: Exception) -> Any:
+    def after_transport_error(self, error: Exception) -> Response:
         return self.fallback()
 
     def rescues(self, error: redis.ResponseError) -> bool:
         raise NotImplementedError
 
-    def convert(self, replies: list[Any]) -> Any:
+    def convert(self, replies: list[Response]) -> Response:
         raise NotImplementedError
 
-    def finish(self, replies: list[Any]) -> Any:
+    def finish(self, replies: list[Response]) -> Response:
         """The answer from the replies read, in which error replies are exceptions."""
         for reply in replies:
             if isinstance(reply, redis.ResponseError):
@@ -91,10 +97,10 @@ class Batch(SentCall):
 
     __slots__ = ()
 
-    def after_transport_error(self, error: Exception) -> Any:
+    def after_transport_error(self, error: Exception) -> Response:
         raise error
 
-    def finish(self, replies: list[Any]) -> Any:
+    def finish(self, replies: list[Response]) -> Response:
         return replies
 
 
@@ -106,13 +112,13 @@ class Command(SentCall):
     def __init__(self, client: SyncClient, args: Sequence[Arg]) -> None:
         self.client, self.args = client, args
 
-    def fallback(self) -> Any:
+    def fallback(self) -> Response:
         return self.client.execute_command(*self.args)  # type: ignore[no-untyped-call]
 
     def rescues(self, error: redis.ResponseError) -> bool:
         return False
 
-    def convert(self, replies: list[Any]) -> Any:
+    def convert(self, replies: list[Response]) -> Response:
         return replies[0]
 
 
@@ -131,26 +137,26 @@ class ScriptCall(SentCall):
         self.client, self.script, self.keys, self.args = client, script, keys, args
         self.retry = retry
 
-    def after_transport_error(self, error: Exception) -> Any:
+    def after_transport_error(self, error: Exception) -> Response:
         if not self.retry:
             raise error
         return self.fallback()
 
-    def fallback(self) -> Any:
+    def fallback(self) -> Response:
         return run_script(self.client, self.script, self.keys, self.args)
 
     def rescues(self, error: redis.ResponseError) -> bool:
         # NOSCRIPT (a restarted or flushed server): redis-py loads the script and runs it.
         return isinstance(error, NoScriptError)
 
-    def finish(self, replies: list[Any]) -> Any:
+    def finish(self, replies: list[Response]) -> Response:
         if isinstance(replies[0], NoScriptError):
             # Straight to EVAL, which runs it and caches it on that node: the fallback's
             # EVALSHA would only be refused again, a round trip for nothing.
             return self.client.eval(body(self.script), len(self.keys), *self.keys, *self.args)
         return super().finish(replies)
 
-    def convert(self, replies: list[Any]) -> Any:
+    def convert(self, replies: list[Response]) -> Response:
         return replies[0]
 
 
@@ -166,7 +172,7 @@ class Acked(SentCall):
     def __init__(self, call: ScriptCall, acks: tuple[int, int]) -> None:
         self.call, self.acks = call, acks
 
-    def fallback(self) -> Any:
+    def fallback(self) -> Response:
         call = self.call
         with call.client.pipeline(transaction=False) as pipe:
             pipe.eval(body(call.script), len(call.keys), *call.keys, *call.args)
@@ -174,12 +180,12 @@ class Acked(SentCall):
             reply, acked = pipe.execute()
         return reply, int(acked)
 
-    def after_transport_error(self, error: Exception) -> Any:
+    def after_transport_error(self, error: Exception) -> Response:
         if not self.call.retry:
             raise error
         return self.fallback()
 
-    def finish(self, replies: list[Any]) -> Any:
+    def finish(self, replies: list[Response]) -> Response:
         *called, acked = replies
         for reply in called:
             if isinstance(reply, redis.ResponseError) and self.call.rescues(reply):
@@ -195,11 +201,11 @@ class Hold(SentCall):
     __slots__ = ("_fallback", "_old_server", "token")
 
     def __init__(
-        self, token: str, fallback: Callable[[], Any], old_server: Callable[[], None]
+        self, token: str, fallback: Callable[[], Response], old_server: Callable[[], None]
     ) -> None:
         self.token, self._fallback, self._old_server = token, fallback, old_server
 
-    def fallback(self) -> Any:
+    def fallback(self) -> Response:
         return self._fallback()
 
     def rescues(self, error: redis.ResponseError) -> bool:
@@ -209,7 +215,7 @@ class Hold(SentCall):
         # A non-string value at the key (WRONGTYPE): the script reports it as contended.
         return "WRONGTYPE" in str(error)
 
-    def convert(self, replies: list[Any]) -> list[Any]:
+    def convert(self, replies: list[Response]) -> list[Response]:
         current, pttl = replies
         if current is None or current in (self.token, self.token.encode()):  # own: a retry
             return [1, 0]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, TypeAlias, TypeGuard, TypeVar
+from typing import Any, Literal, TypeAlias, TypeGuard, TypeVar, overload
 from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
 
 import redis
@@ -55,8 +55,28 @@ def scheme_of(url: str) -> str:
     return urlsplit(url).scheme.lower()
 
 
+@overload
 def build(
-    url: str, options: dict[str, Any] | None = None, *, asyncio: bool = False, bounded: bool = False
+    url: str,
+    options: Mapping[str, object] | None = None,
+    *,
+    asyncio: Literal[False] = False,
+    bounded: bool = False,
+) -> SyncClient: ...
+@overload
+def build(
+    url: str,
+    options: Mapping[str, object] | None = None,
+    *,
+    asyncio: Literal[True],
+    bounded: bool = False,
+) -> AsyncClient: ...
+def build(
+    url: str,
+    options: Mapping[str, object] | None = None,
+    *,
+    asyncio: bool = False,
+    bounded: bool = False,
 ) -> Client:
     """A client for ``url``; ``options`` are redis-py keyword arguments (plus Sentinel's).
 
@@ -65,34 +85,34 @@ def build(
 
     Raises ``ConfigurationError`` naming what is wrong, before any connection is made.
     """
-    options = dict(options or {})
+    kwargs: dict[str, Any] = dict(options or {})
     _check_userinfo(url)
     scheme = scheme_of(url)
     try:
         if scheme in SENTINEL_SCHEMES:
-            return _sentinel(url, options, asyncio=asyncio)
+            return _sentinel(url, kwargs, asyncio=asyncio)
         if scheme in CLUSTER_SCHEMES:
-            return _cluster(url, options, asyncio=asyncio)
+            return _cluster(url, kwargs, asyncio=asyncio)
         if scheme in STANDALONE_SCHEMES:
             if scheme in ("redis", "rediss"):
                 _db_path(url)
             if scheme == "redis+socket":
                 url = _unix_url(url)
             if scheme in ("unix", "redis+socket") and not asyncio:
-                _socket_options(options)
+                _socket_options(kwargs)
             for name in _SENTINEL_OPTIONS:
-                options.pop(name, None)  # a broker's Sentinel options, not for this URL
+                kwargs.pop(name, None)  # a broker's Sentinel options, not for this URL
             if bounded and not asyncio:
                 # At most max_connections; a caller finding all in use waits for one
                 # (up to the pool's timeout) instead of opening another.
                 client = redis.Redis(
-                    connection_pool=redis.BlockingConnectionPool.from_url(url, **options)
+                    connection_pool=redis.BlockingConnectionPool.from_url(url, **kwargs)
                 )
                 client.auto_close_connection_pool = True
                 return _checked(client)
             if asyncio:
-                return _checked(redis.asyncio.Redis.from_url(url, **options))
-            return _checked(redis.Redis.from_url(url, **options))
+                return _checked(redis.asyncio.Redis.from_url(url, **kwargs))
+            return _checked(redis.Redis.from_url(url, **kwargs))
     except TypeError as error:
         raise ConfigurationError(
             f"a lock store option is not one redis-py takes ({error}); check the transport "

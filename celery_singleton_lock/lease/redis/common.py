@@ -10,9 +10,10 @@ import logging
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeAlias, TypedDict
+from typing import Generic, NoReturn, TypeAlias, TypedDict, TypeVar
 
 import redis
+from redis.commands.core import AsyncScript, Script
 from redis.exceptions import RedisClusterException
 
 from ..._time import full_jitter, to_seconds, ttl_to_ms
@@ -24,8 +25,8 @@ from ..names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from ..takeover import TakeOver, WaitMode
 from . import scripts
-from .calls import Arg
-from .clients import describe, socket_timeout_of
+from .calls import Arg, Response
+from .clients import Client, describe, socket_timeout_of
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,12 @@ def _acquire_steps(
             attempt += 1
 
 
-class LockBase:
+# The client a store drives: sync (``RedisLock``) or asyncio (``AsyncRedisLock``).
+ClientT = TypeVar("ClientT", bound=Client)
+ScriptT = TypeVar("ScriptT", Script, AsyncScript)
+
+
+class LockBase(Generic[ClientT, ScriptT]):
     """What both clients share: key layout, validation and reply decoding. No I/O."""
 
     # One server sees every operation on a lock, so its history is whole there (not so
@@ -136,7 +142,7 @@ class LockBase:
 
     def __init__(
         self,
-        client: Any,
+        client: ClientT,
         *,
         prefix: str = DEFAULT_PREFIX,
         allow_long_ttl: bool = False,
@@ -155,11 +161,14 @@ class LockBase:
         self.backoff_cap = to_seconds(backoff_cap, what="backoff_cap")
         self.where = describe(client)
         # Per-client registration (EVALSHA; redis-py reloads on NOSCRIPT after a restart).
-        self._acquire_script = client.register_script(scripts.ACQUIRE)
-        self._release_script = client.register_script(scripts.RELEASE)
-        self._extend_script = client.register_script(scripts.EXTEND)
-        self._release_matching_script = client.register_script(scripts.RELEASE_MATCHING)
-        self._swap_script = client.register_script(scripts.SWAP)
+        self._acquire_script: ScriptT = self._register(scripts.ACQUIRE)
+        self._release_script: ScriptT = self._register(scripts.RELEASE)
+        self._extend_script: ScriptT = self._register(scripts.EXTEND)
+        self._release_matching_script: ScriptT = self._register(scripts.RELEASE_MATCHING)
+        self._swap_script: ScriptT = self._register(scripts.SWAP)
+
+    def _register(self, source: str) -> ScriptT:
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where}, prefix={self.prefix!r})"
@@ -218,7 +227,7 @@ class LockBase:
         return argv
 
     @staticmethod
-    def acquired(call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+    def acquired(call: Call, *, sent_at: float, reply: Response) -> Lease | Contended:
         """What the acquire script's ``reply`` to ``call`` means (replicas aside)."""
         if int(reply[0]) == -1:
             return Contended(call.name, call.keys.lock, "", None, replaced=True)
@@ -269,7 +278,7 @@ class LockBase:
         }
 
     @staticmethod
-    def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Any) -> ExtendResult:
+    def _extended(lease: Lease, ttl_ms: int, sent_at: float, reply: Response) -> ExtendResult:
         result = decode(reply, ExtendResult)
         if result in (ExtendResult.EXTENDED, ExtendResult.CANCELLED):
             lease.renewed(valid_until(sent_at, ttl_ms / 1000))
@@ -280,7 +289,7 @@ class LockBase:
         return result
 
     @staticmethod
-    def release_answer(lease: Lease, reply: Any, *, again: bool = False) -> ReleaseResult:
+    def release_answer(lease: Lease, reply: Response, *, again: bool = False) -> ReleaseResult:
         """What a release found; ``again``: the lease had been released already, so
         finding it gone is no loss."""
         result = decode(reply, ReleaseResult)

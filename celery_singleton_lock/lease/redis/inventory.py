@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..errors import store_error
 from ..names import MAX_SLOTS, ROLES, Held, LockKeys, companion, parse_key
 from ..outcomes import text
 from . import scripts
-from .calls import run_script
+from .calls import Response, run_script
 from .clients import SyncClient
 from .common import REDIS_ERRORS
 
@@ -111,7 +111,7 @@ def _read(lock: _Store, found: list[tuple[str, str, str | None]]) -> Iterator[He
 
 def _scripted(
     client: SyncClient, found: list[tuple[str, str, str | None]], fences: list[str | None]
-) -> Any:
+) -> Response:
     keys = [key for key, _, _ in found]
     positions = []
     for fence in fences:
@@ -119,7 +119,7 @@ def _scripted(
             keys.append(fence)
         positions.append(len(keys) if fence is not None else 0)
     reply = run_script(client, client.register_script(READ), keys, positions)
-    out: list[Any] = []
+    out: list[Response] = []
     for one in json.loads(text(reply)):
         out += [None] * 3 if one == 0 else [one[0], one[1], one[2] or None]
     return out
@@ -127,7 +127,7 @@ def _scripted(
 
 def _pipelined(
     client: SyncClient, found: list[tuple[str, str, str | None]], fences: list[str | None]
-) -> Any:
+) -> Response:
     pipe = client.pipeline(transaction=False)
     for (key, _, _), fence in zip(found, fences, strict=True):
         pipe.get(key)
@@ -135,7 +135,7 @@ def _pipelined(
         if fence is not None:
             pipe.get(fence)
     replies = iter(pipe.execute(raise_on_error=False))
-    out: list[Any] = []
+    out: list[Response] = []
     for fence in fences:
         out += [next(replies), next(replies), next(replies) if fence is not None else None]
     return out

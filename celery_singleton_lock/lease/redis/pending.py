@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from ..lease import Lease
 from ..outcomes import Contended
+from .calls import Response
 from .common import REDIS_ERRORS, Call
 from .replies import Reply
 
 
 class _Store(Protocol):
-    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Response) -> Lease | Contended: ...
 
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
 

@@ -42,7 +42,7 @@ from redis.connection import Connection, ConnectionPool
 
 from .. import history
 from . import recording
-from .calls import Acked, Arg, Batch, Command, Hold, ScriptCall, SentCall, body
+from .calls import Acked, Arg, Batch, Command, Hold, Response, ScriptCall, SentCall, body
 from .clients import SyncClient
 from .replies import TRANSPORT_ERRORS, Reply
 
@@ -142,7 +142,9 @@ class Pipelining:
         self.holds_checked = False
         # (reply, then) pairs whose answers nobody waits for; any thread reads them
         # before its next call. A deque: append and popleft are atomic across threads.
-        self._owed: collections.deque[tuple[Reply, Callable[[Any], object]]] = collections.deque()
+        self._owed: collections.deque[tuple[Reply, Callable[[Response], object]]] = (
+            collections.deque()
+        )
         # The connection kept between calls (at most about one; a list: pop and append
         # are atomic across threads); None when the pool has no room to lend it.
         spare = getattr(self._pool, "max_connections", 0) >= SPARE_FROM
@@ -211,7 +213,7 @@ class Pipelining:
             kept.clear()
             _answer(reply, then, kept if keep else None)
 
-    def defer(self, reply: Reply, then: Callable[[Any], object]) -> None:
+    def defer(self, reply: Reply, then: Callable[[Response], object]) -> None:
         """Read ``reply`` later, before the next call of any thread, and hand it to ``then``.
 
         For answers nobody waits for (a release at the end of a task): the command is
@@ -274,7 +276,9 @@ class Pipelining:
             self._recorded_scripts[script.sha] = found
         return found
 
-    def send_hold(self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Any]) -> Reply:
+    def send_hold(
+        self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Response]
+    ) -> Reply:
         """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.
 
         Answers like the acquire script (``{1, 0}`` or ``{0, holder, pttl}``) at a tenth
@@ -301,11 +305,11 @@ class Pipelining:
         retry: bool = True,
         acks: tuple[int, int] | None = None,
         entry: history.Record | None = None,
-    ) -> Any:
+    ) -> Response:
         """One script call, one round trip."""
         return self.send(script, keys, args, retry=retry, acks=acks, entry=entry).get()
 
-    def command(self, *args: Arg) -> Any:
+    def command(self, *args: Arg) -> Response:
         """One plain command (``GET``), one round trip: its reply, decoded as the client's."""
         sent = Command(self.client, args)
         if not self.direct:
@@ -314,7 +318,7 @@ class Pipelining:
 
     def timed(
         self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], **options: Any
-    ) -> tuple[Any, float]:
+    ) -> tuple[Response, float]:
         """``call``, and when it was written (after any connecting): a ttl counts from then."""
         sent_at = time.monotonic()
         reply = self.send(script, keys, args, **options)
@@ -322,14 +326,14 @@ class Pipelining:
 
     def call_many(
         self, script: Script, calls: Sequence[tuple[Sequence[Arg], Sequence[Arg]]]
-    ) -> list[Any]:
+    ) -> list[Response]:
         """``script`` once per (keys, args), pipelined in one round trip, never retried.
 
         Each answer is the script's reply or the error the server gave for that call
         (NOSCRIPT for all of them on a server that forgot the script).
         """
         commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-        result: list[Any] = self._send(commands, Batch()).get()
+        result: list[Response] = self._send(commands, Batch()).get()
         return result
 
     def _send(self, commands: Sequence[Sequence[Arg]], sent: SentCall) -> Reply:
@@ -369,7 +373,7 @@ def _not_direct() -> TypeError:
 
 
 def _answer(
-    reply: Reply, then: Callable[[Any], object], keep: list[Connection] | None = None
+    reply: Reply, then: Callable[[Response], object], keep: list[Connection] | None = None
 ) -> None:
     try:
         then(reply.get(keep))

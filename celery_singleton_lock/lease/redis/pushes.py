@@ -14,7 +14,7 @@ import contextlib
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
@@ -26,7 +26,7 @@ from ..names import LockKeys, new_token
 from ..outcomes import Contended, ReleaseResult
 from ..takeover import TakeOver
 from . import recording, scripts
-from .calls import Arg, Pipeline, body
+from .calls import Arg, Pipeline, Response, body
 from .clients import SyncClient
 from .common import REDIS_ERRORS, Call, ScriptArgs
 from .pipelining import Pipelining
@@ -45,16 +45,16 @@ class _Store(Protocol):
     def acquire_request(
         self, name: str, ttl: object, *, token: str, take: TakeOver
     ) -> tuple[Call, ScriptArgs]: ...
-    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Response) -> Lease | Contended: ...
     def ttl_ms(self, ttl: object) -> int: ...
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
     def release_nowait(self, lease: Lease, *, entry: Record | None = None) -> None: ...
     def release_argv(self, name: str, token: str) -> ScriptArgs: ...
     def stop_renewing(self, lease: Lease) -> None: ...
     @staticmethod
-    def release_answer(lease: Lease, reply: Any, *, again: bool = False) -> ReleaseResult: ...
+    def release_answer(lease: Lease, reply: Response, *, again: bool = False) -> ReleaseResult: ...
     @staticmethod
-    def acquired(call: Call, *, sent_at: float, reply: Any) -> Lease | Contended: ...
+    def acquired(call: Call, *, sent_at: float, reply: Response) -> Lease | Contended: ...
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ class Pushes:
         call, argv = self._store.acquire_request(name, ttl, token=token, take=take)
         return RidingTake(self, call, argv, entry)
 
-    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Response) -> Lease | Contended:
         return self._store.outcome_of(call, sent_at=sent_at, reply=reply)
 
     def not_ridden(self, error: Exception) -> None:

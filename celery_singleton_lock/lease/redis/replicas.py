@@ -19,6 +19,7 @@ from ..._time import to_seconds
 from ...exceptions import ConfigurationError, LockStoreUnavailableError
 from ..lease import Lease
 from ..outcomes import Contended
+from .calls import Response
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,9 @@ def replicas_option(replicas: object, timeout: object, client: object) -> tuple[
     return replicas, max(1, round(seconds * 1000))
 
 
-def acknowledged(reply: Any, wanted: tuple[int, int], *, where: str, name: str, key: str) -> Any:
+def acknowledged(
+    reply: Response, wanted: tuple[int, int], *, where: str, name: str, key: str
+) -> Response:
     """The script's reply, if enough replicas acknowledged it; else the outage error."""
     value, acked = reply
     if acked < wanted[0]:
@@ -55,7 +58,7 @@ def acknowledged(reply: Any, wanted: tuple[int, int], *, where: str, name: str, 
     return value
 
 
-def with_acks(store: Any, call: Any, sent_at: float, reply: Any) -> Lease | Contended:
+def with_acks(store: Any, call: Any, sent_at: float, reply: Response) -> Lease | Contended:
     """A ``RedisLock``'s acquire answered with ``(reply, replicas that acknowledged)``."""
     value, acked = reply
     outcome: Lease | Contended = store.acquired(call, sent_at=sent_at, reply=value)

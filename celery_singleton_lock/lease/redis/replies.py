@@ -8,12 +8,12 @@ redis-py's own path after a transport error.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeAlias
+from typing import Protocol, TypeAlias
 
 import redis
 from redis.connection import Connection
 
-from .calls import SentCall
+from .calls import Response, SentCall
 
 # The transport failures after which the command may or may not have run: redis-py has
 # dropped the connection, and the call is made again through its retrying path.
@@ -36,7 +36,11 @@ class Reply:
     __slots__ = ("_error", "_pending", "_value", "sent_at")
 
     def __init__(
-        self, value: Any = None, *, pending: Pending | None = None, sent_at: float | None = None
+        self,
+        value: Response = None,
+        *,
+        pending: Pending | None = None,
+        sent_at: float | None = None,
     ) -> None:
         self._value = value
         self._error: BaseException | None = None
@@ -50,7 +54,7 @@ class Reply:
         """Whether the answer is in (read already, or known when it was made)."""
         return self._pending is None
 
-    def get(self, keep: list[Connection] | None = None) -> Any:
+    def get(self, keep: list[Connection] | None = None) -> Response:
         """The call's answer, or what it raised (every time it is asked).
 
         ``keep``: a list that takes the connection once its replies are read, instead of
@@ -68,12 +72,12 @@ class Reply:
         return self._value
 
 
-def _read(pending: Pending, keep: list[Connection] | None = None) -> Any:
+def _read(pending: Pending, keep: list[Connection] | None = None) -> Response:
     # Every way out checks the connection back in exactly once, and only after all of
     # the call's replies were read: an error reply in the middle leaves the rest on the
     # wire, which the next user of the connection would take for its own.
     lender, conn, count, sent = pending
-    replies: list[Any] = []
+    replies: list[Response] = []
     try:
         for _ in range(count):
             try:

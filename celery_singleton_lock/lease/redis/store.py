@@ -8,6 +8,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from ...exceptions import ConfigurationError, SingletonLockError
@@ -20,8 +21,8 @@ from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, tex
 from ..renewal import Renewer, get_renewer
 from ..takeover import FRESH, TakeOver, WaitMode
 from . import recording
-from .calls import Arg, run_script
-from .clients import build, eviction_policy, is_async
+from .calls import Arg, Response, run_script
+from .clients import SyncClient, build, eviction_policy, is_async
 from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try
 from .inventory import BATCH, family, scan
 from .pending import PendingAcquire
@@ -35,7 +36,7 @@ from .waits import pop_within
 logger = logging.getLogger(__name__)
 
 
-class RedisLock(LockBase):
+class RedisLock(LockBase[SyncClient, Script]):
     """Leases on named locks in one Redis, one round trip per operation.
 
     Fencing tokens: each acquire of a name returns a ``fence`` strictly greater than every
@@ -49,7 +50,7 @@ class RedisLock(LockBase):
 
     def __init__(
         self,
-        client: Any,
+        client: SyncClient,
         *,
         prefix: str = DEFAULT_PREFIX,
         allow_long_ttl: bool = False,
@@ -74,7 +75,9 @@ class RedisLock(LockBase):
         self._pushes: Pushes | None = None
         self.pipelining = Pipelining(client)
         self._holder_script = client.register_script(recording.HOLDER)
-        self.cluster = hasattr(client, "get_node_from_key")
+
+    def _register(self, source: str) -> Script:
+        return self.client.register_script(source)
 
     @classmethod
     def from_url(
@@ -194,7 +197,7 @@ class RedisLock(LockBase):
             self.renewer.add(self, lease)
         return lease
 
-    def outcome_of(self, call: Call, *, sent_at: float, reply: Any) -> Lease | Contended:
+    def outcome_of(self, call: Call, *, sent_at: float, reply: Response) -> Lease | Contended:
         """What a sent acquire's ``reply`` means, replica acknowledgements included."""
         if self.replicas is None:
             return self.acquired(call, sent_at=sent_at, reply=reply)
@@ -369,8 +372,8 @@ class RedisLock(LockBase):
 
     def lane(self, lease: Lease) -> Hashable:
         """Which node serves ``lease`` (renewals of one node share a round trip)."""
-        if self.cluster:
-            return str(self.client.get_node_from_key(lease.key).name)
+        if isinstance(self.client, RedisCluster):
+            return str(self.client.get_node_from_key(lease.key).name)  # type: ignore[no-untyped-call]
         return None
 
     def eviction_policy(self) -> str | None:

@@ -36,7 +36,7 @@ from ..errors import is_refusal, store_error
 from . import scripts
 
 if TYPE_CHECKING:
-    from .calls import Arg, Pipeline
+    from .calls import Arg, Pipeline, Response
 
 # How many keys the notes take, in the order lua/includes/note.lua gives (which says
 # the same to the scripts).
@@ -90,7 +90,7 @@ class Transit:
         self.keys = keys_of(prefix)
         self.due = self.keys[0]
 
-    def _eval(self, script: str, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+    def _eval(self, script: str, keys: Sequence[Arg], args: Sequence[Arg]) -> Response:
         try:
             return self.client.eval(script, len(keys), *keys, *args)
         except redis.RedisError as error:

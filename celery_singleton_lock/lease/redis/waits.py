@@ -12,10 +12,12 @@ woken still wake by their own timeouts, which never outlast the holder's ttl.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
+from .calls import Response
+from .clients import AsyncClient, SyncClient
 from .pipelining import takes_command_name
 
 # Past its own timeout, how long a BLPOP's answer may take to arrive (a busy server, a
@@ -23,16 +25,17 @@ from .pipelining import takes_command_name
 GRACE = 2.0
 
 
-def pop_within(client: Any, key: str, seconds: float) -> Any:
+def pop_within(client: SyncClient, key: str, seconds: float) -> Response:
     """``BLPOP key seconds``: its answer, or ``redis.TimeoutError`` once ``seconds +
     GRACE`` have passed without one. None also when a cluster has moved the key (the
     next try follows it the client's own way)."""
-    if hasattr(client, "get_node_from_key"):  # a cluster: the node that serves the key
-        client = client.get_redis_connection(client.get_node_from_key(key))
+    if isinstance(client, RedisCluster):  # the node that serves the key
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        client = client.get_redis_connection(node)
     pool = client.connection_pool
     conn = pool.get_connection("BLPOP") if takes_command_name(pool) else pool.get_connection()
     try:
-        conn.send_command("BLPOP", key, seconds)
+        conn.send_command("BLPOP", key, seconds)  # type: ignore[no-untyped-call]
         answered = conn.can_read(timeout=seconds + GRACE)
         reply = conn.read_response() if answered else None
     except redis.ResponseError as error:
@@ -41,11 +44,12 @@ def pop_within(client: Any, key: str, seconds: float) -> Any:
             return None
         raise
     except BaseException:
-        conn.disconnect()  # an answer may still come: it must not be read as another's
+        # An answer may still come: it must not be read as another's.
+        conn.disconnect()  # type: ignore[no-untyped-call]
         pool.release(conn)
         raise
     if not answered:
-        conn.disconnect()
+        conn.disconnect()  # type: ignore[no-untyped-call]
     pool.release(conn)
     if not answered:
         raise unanswered(seconds)
@@ -56,7 +60,7 @@ def unanswered(seconds: float) -> redis.TimeoutError:
     return redis.TimeoutError(f"BLPOP of {seconds:g}s unanswered after {GRACE:g}s more")
 
 
-async def pop_within_async(client: Any, key: str, seconds: float) -> Any:
+async def pop_within_async(client: AsyncClient, key: str, seconds: float) -> Response:
     """``pop_within`` for an asyncio client (cancelling the read drops its connection)."""
     try:
         return await asyncio.wait_for(client.blpop([key], timeout=seconds), seconds + GRACE)
