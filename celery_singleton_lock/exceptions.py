@@ -102,3 +102,21 @@ class DuplicateTaskError(SingletonLockError):
     """A task with the same lock key is already queued or running; ``task_id`` is that task."""
 
     task_id: str | None
+
+
+class IdempotencyConflictError(SingletonLockError):
+    """An idempotency key was first used with other arguments (or another task);
+    ``task_id`` is that first call's id, ``idempotency_key`` the key. Raised before
+    anything is published."""
+
+    task_id: str
+    idempotency_key: str
+
+
+class IdempotencyResultMissingError(SingletonLockError):
+    """A call's idempotency key says its work is done, but the first call's result is no
+    longer stored (``result_expires`` shorter than the window, or a result backend that
+    forgot it): the work is not done again, and this says so instead of answering."""
+
+    task_id: str
+    idempotency_key: str

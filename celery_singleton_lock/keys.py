@@ -309,6 +309,27 @@ class KeySpec:
             selected = dict(bound.arguments)
         else:
             selected = {f: self._lookup(bound, f) for f in self._fields}
+        return f"{self.name[:MAX_READABLE]}:{self._digest(selected)}"
+
+    def fingerprint(
+        self, args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
+    ) -> str:
+        """The task's name and every argument of one call, bound and digested: the same
+        for the same call however it is written (an idempotency key's check)."""
+        return self._digest(dict(self._bind(args, kwargs or {}).arguments))
+
+    def argument(
+        self, name: str, args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
+    ) -> object:
+        """The value of the task's parameter ``name`` in one call (its default if not given)."""
+        return self._lookup(self._bind(args, kwargs or {}), name)
+
+    def check_parameter(self, name: str, what: str) -> None:
+        """Refuse ``name`` now unless it is one of the task's parameters (``what`` says
+        which option names it)."""
+        self._check_known([name], what)
+
+    def _digest(self, selected: Mapping[str, object]) -> str:
         try:
             encoded = [[param, encode(value, param)] for param, value in sorted(selected.items())]
         except RecursionError:
@@ -316,8 +337,7 @@ class KeySpec:
                 f"{self.name}: arguments are nested too deeply to derive a key; pass key=",
                 param=None,
             ) from None
-        document = [self.name, encoded]
-        return f"{self.name[:MAX_READABLE]}:{_digest(document)}"
+        return _digest([self.name, encoded])
 
     def _call(self, key: Callable[..., object], bound: _Bound | inspect.BoundArguments) -> object:
         # By name, so `lambda order_id, **_: ...` works whatever the call's positions were;

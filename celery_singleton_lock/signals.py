@@ -28,6 +28,12 @@ for one more release.
   lock store's clock); ``deferred``: not yet, its message was sent again to arrive on
   it. ``remaining`` runs of the key may start now after it; the next may start at
   ``next_slot``.
+- ``idempotent_repeat(sender=task, name, idempotency_key, task_id, state)``: at dispatch, a
+  repeat of an idempotency key was answered with its first call (``task_id``, in
+  ``state``: accepted, running, succeeded or failed); nothing was sent.
+- ``idempotent_replayed(sender=task, name, idempotency_key, task_id, answered_by)``: at
+  execution, a copy of a call whose key's work was done ended with the outcome of
+  ``answered_by`` without running the body.
 """
 
 from __future__ import annotations
@@ -59,6 +65,13 @@ rate_asked = Signal(
 )
 lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
 lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id"})
+idempotent_repeat = Signal(
+    name="idempotent_repeat", providing_args=_ARGS | {"idempotency_key", "task_id", "state"}
+)
+idempotent_replayed = Signal(
+    name="idempotent_replayed",
+    providing_args=_ARGS | {"idempotency_key", "task_id", "answered_by"},
+)
 
 
 def send(signal: Signal, sender: object, name: str, **fields: object) -> None:
@@ -81,6 +94,8 @@ __all__ = [
     "duplicate_refused",
     "execution_contended",
     "execution_skipped",
+    "idempotent_repeat",
+    "idempotent_replayed",
     "lease_acquired",
     "lease_lost",
     "lease_released",

@@ -18,6 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from celery import Task
+from celery.backends.base import DisabledBackend
 from celery.utils import uuid
 
 from . import broker
@@ -33,10 +34,12 @@ from .publish.dispatch import (
     slot_at_publish,
 )
 from .publish.held import send_held
+from .publish.idempotent import send_once
 from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
-from .run import cancels
+from .run import cancels, idempotent
 from .run.execution import Execution, failed_run
+from .run.idempotent import ResultStore
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -183,10 +186,69 @@ class SingletonTask(Task):  # type: ignore[misc]
                     publish=publish,
                     handed_over=partial(setattr, request, _HANDED_OVER, True),
                 )
+        call = (args or (), kwargs or {})
+        key = self._idempotency_key(call, options, resent=isinstance(bypass, dict))
+        dispatch = partial(
+            self._dispatch,
+            call,
+            options=options,
+            publish=publish,
+            producer=chosen,
+            bypass=bypass,
+            redrive=redrive,
+            canvas=in_canvas(link, link_error, options),
+        )
+        if key is None:
+            return dispatch(task_id)
+        task_id = task_id or uuid()
+        return send_once(
+            self.singleton_context,
+            key,
+            call,
+            task_id,
+            options,
+            sender=self,
+            send=partial(dispatch, task_id),
+            result_of=self.AsyncResult,
+        )
+
+    def _idempotency_key(
+        self,
+        call: tuple[Sequence[object], Mapping[str, object]],
+        options: dict[str, object],
+        *,
+        resent: bool,
+    ) -> str | None:
+        """The call's idempotency key: given (``idempotency_key=``) or found by the task's
+        ``key_from``; None for our own resends, which carry theirs in their headers."""
+        given = options.pop("idempotency_key", None)
+        if resent:
+            return None
+        opts = self.singleton_options()
+        if given is not None:
+            return opts.idempotency.checked(self.name, given)
+        headers = options.get("headers")
+        return opts.idempotency.key_of(
+            self.name, opts.key, *call, headers if isinstance(headers, Mapping) else None
+        )
+
+    def _dispatch(
+        self,
+        call: tuple[Sequence[object], Mapping[str, object]],
+        task_id: str | None,
+        *,
+        options: dict[str, object],
+        publish: Publish,
+        producer: object,
+        bypass: object,
+        redrive: bool,
+        canvas: bool,
+    ) -> AsyncResult:
+        """The lock's dispatch of one call: held and published, or answered as a duplicate."""
+        args, kwargs = call
         opts = self.singleton_options()
         mode = opts.mode
-        lock_name = opts.key.derive(args or (), kwargs or {})  # KeyDerivationError: nothing sent
-        canvas = in_canvas(link, link_error, options)
+        lock_name = opts.key.derive(args, kwargs)  # KeyDerivationError: nothing sent
         if bypass or not mode.checks_dispatch or canvas:
             own_headers: dict[str, object] = {NAME_HEADER: lock_name}
             if isinstance(bypass, dict):
@@ -194,7 +256,6 @@ class SingletonTask(Task):  # type: ignore[misc]
             if redrive:
                 own_headers[REDRIVE_HEADER] = 1
             elif not (bypass or canvas):  # a rate's slot, when it is taken at dispatch
-                call = (args or (), kwargs or {})
                 own_headers.update(
                     slot_at_publish(self.singleton_context, lock_name, call, options)
                 )
@@ -206,7 +267,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             task_id=task_id,
             options=options,
             publish=publish,
-            producer=chosen,
+            producer=producer,
         )
 
     def _publisher(
@@ -281,6 +342,14 @@ class SingletonTask(Task):  # type: ignore[misc]
             resend=resend,
         )
 
+    def _kept_results(self, request: Context) -> ResultStore | None:
+        """The result backend a replay reads, None when this run's results are not kept."""
+        eager_kept = not request.is_eager or self.app.conf.task_store_eager_result
+        if self.ignore_result or not eager_kept or isinstance(self.backend, DisabledBackend):
+            return None
+        backend: ResultStore = self.backend
+        return backend
+
     def __call__(self, *args: object, **kwargs: object) -> object:
         request = self.request
         if request.called_directly or request.id is None:
@@ -297,6 +366,16 @@ class SingletonTask(Task):  # type: ignore[misc]
             results.store_started(self, request)
         cancels.watch(self, request, lease)
         try:
+            replay = idempotent.begin(
+                self.singleton_context,
+                request,
+                (args, kwargs),
+                name=lease.name,
+                sender=self,
+                results=self._kept_results(request),
+            )
+            if replay is not None:
+                return replay.answer()
             return self.run(*args, **kwargs)
         except Exception as error:
             cancels.ended(self, request, error, lease)  # REVOKED, if it was cancelled

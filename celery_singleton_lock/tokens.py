@@ -54,6 +54,8 @@ RATE_SLOT_HEADER = "singleton_lock_rate_slot"
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.
 LEASE_HEADER = "singleton_lock_lease"
+# The call's idempotency key (``config/idempotency.py``): its work is done once per key.
+IDEMPOTENCY_HEADER = "singleton_lock_idempotency_key"
 
 
 @dataclass(frozen=True)

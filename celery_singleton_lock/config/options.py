@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from celery import Task
@@ -27,6 +27,7 @@ from ..modes import (
     cancel_options,
 )
 from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
+from .idempotency import Idempotency, idempotency_option, refused_by_mode
 from .incumbents import FOREIGN_OPTIONS, explain_unknown
 
 OPTION_NAMES = (
@@ -47,6 +48,7 @@ OPTION_NAMES = (
     "on_limited",
     "terminate_on_cancel",
     "history",
+    "idempotency",
 )
 # The ends of a run after which its key takes the next call at once (``reopen_on``).
 REOPEN_ENDS = ("failure", "revoked")
@@ -76,6 +78,7 @@ class SingletonOptions:
     rate: RateSpec | None = None  # runs started per key per period, across workers
     terminate_on_cancel: bool = False  # a cancelled run's prefork child is terminated
     history: bool | None = None  # keep each lock's history (None: the app's setting says)
+    idempotency: Idempotency = field(default_factory=Idempotency)  # calls' idempotency keys
 
     @classmethod
     def build(
@@ -134,8 +137,10 @@ class SingletonOptions:
                 "of a queued call, and this mode queues every call (or none); use "
                 "lock='until_executing' or the default lock scope with replace"
             )
+        key = KeySpec(func, name=name, key=raw.get("key"), bound=bound)
+        refused = refused_by_mode(on_duplicate, debounce, limit)
         return cls(
-            key=KeySpec(func, name=name, key=raw.get("key"), bound=bound),
+            key=key,
             lock=lock,
             throttle=throttle,
             limit=None if limit == 1 else limit,
@@ -150,6 +155,7 @@ class SingletonOptions:
             rate=rate,
             terminate_on_cancel=terminate,
             history=_history_option(name, raw.get("history")),
+            idempotency=idempotency_option(name, raw.get("idempotency"), key, refused),
         )
 
     @cached_property

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -751,3 +752,49 @@ def chronicled_cancel(self: Any, item: str, seconds: float = 0.0) -> str:
                 on_duplicate="replace")  # fmt: skip
 def chronicled_pending(self: Any, item: str, version: str) -> str:
     return version
+
+
+class KillAfterSuccess(SingletonTask):
+    """The whole prefork worker dies (SIGKILL) once per task id after Celery stored its
+    success, before the ack: an acks_late message comes back after the visibility timeout."""
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        if checker().set(f"killed:{task_id}", 1, nx=True):
+            os.kill(os.getppid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+@singleton_task(
+    app=app, bind=True, key=["item"], idempotency={"key_from": "header:Idempotency-Key"}
+)
+def charge(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """A payment: its Idempotency-Key header makes a repeat answer with the first call."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(app=app, bind=True, key=["item"], idempotency={"keep_failures": True})
+def charge_kept(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """The same, keeping a failure for the window: a repeat gets the failure."""
+    return _work(self, item, seconds, mode)
+
+
+@singleton_task(
+    app=app, bind=True, key=["item"], idempotency={"key_from": "request_id", "window": 1}
+)
+def charge_brief(self: Any, item: object, request_id: str) -> object:
+    """Its key is an argument, kept for one second."""
+    return _work(self, item, 0.0, "ok")
+
+
+@singleton_task(
+    app=app,
+    base=KillAfterSuccess,
+    bind=True,
+    key=["item"],
+    acks_late=True,
+    reject_on_worker_lost=True,
+    idempotency=True,
+)
+def charge_durable(self: Any, item: object) -> object:
+    """acks_late: its child dies after the success is stored, so the message comes again."""
+    return _work(self, item, 0.0, "ok")

@@ -53,6 +53,9 @@ RELEASE_MATCHING = source("release_matching")
 EXTEND = source("extend")
 RATE = source("rate")
 RAISE_FENCE = source("raise_fence")
+IDEMPOTENCY_CLAIM = source("idempotency_claim")
+IDEMPOTENCY_BEGIN = source("idempotency_begin")
+IDEMPOTENCY_END = source("idempotency_end")
 
 
 def in_lock_db(script: str, db: int) -> str:

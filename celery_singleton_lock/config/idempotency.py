@@ -1,0 +1,144 @@
+"""A task's idempotency options: where a call's key comes from, how long it keeps its first call.
+
+Any singleton task takes ``apply_async(..., idempotency_key=k)``; the task option
+``singleton={"idempotency": {...}}`` sets the window (a day, as Stripe keeps keys),
+``keep_failures``, and ``key_from``: a parameter of the task, or ``"header:<name>"``,
+so a key travels without each caller passing it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .._time import ttl_to_ms
+from ..exceptions import ConfigurationError
+from ..keys import KeySpec
+from ..lease.idempotency import check_key
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 24 * 3600.0
+HEADER = "header:"
+_OPTIONS = ("key_from", "window", "keep_failures")
+
+
+@dataclass(frozen=True)
+class Idempotency:
+    """How one task's calls use idempotency keys (``refused``: why they cannot)."""
+
+    window: float = DEFAULT_WINDOW
+    keep_failures: bool = False
+    key_from: str | None = None  # a parameter's name, or "header:<name>"
+    given: bool = False  # the task asked for it (its option), not only a call's key
+    refused: str | None = None
+
+    @property
+    def window_ms(self) -> int:
+        return round(self.window * 1000)
+
+    def key_of(
+        self,
+        task: str,
+        spec: KeySpec,
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+        headers: Mapping[str, object] | None,
+    ) -> str | None:
+        """The call's key as ``key_from`` finds it (None: this call has none)."""
+        source = self.key_from
+        if source is None:
+            return None
+        if source.startswith(HEADER):
+            value = (headers or {}).get(source[len(HEADER) :])
+        else:
+            value = spec.argument(source, args, kwargs)
+        return None if value is None else self.checked(task, value)
+
+    def checked(self, task: str, key: object) -> str:
+        """``key`` if this task may take it, else the error that says what to do."""
+        if self.refused is not None:
+            raise ConfigurationError(f"{task}: idempotency_key= {self.refused}")
+        return check_key(key)
+
+
+def idempotency_option(task: str, value: object, spec: KeySpec, refused: str | None) -> Idempotency:
+    """``singleton={"idempotency": value}`` checked; ``refused``: why this task's mode
+    cannot take keys, said now if the task asks for them."""
+    if value is None or value is False:
+        return Idempotency(refused=refused)
+    if value is True:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{task}: idempotency={value!r} must be True or a dict, e.g. "
+            "idempotency={'key_from': 'header:Idempotency-Key', 'window': 3600}"
+        )
+    unknown = sorted(set(value) - set(_OPTIONS), key=str)
+    if unknown:
+        raise ConfigurationError(
+            f"{task}: idempotency option(s) {unknown} unknown; allowed: {list(_OPTIONS)}"
+        )
+    if refused is not None:
+        raise ConfigurationError(f"{task}: idempotency {refused}")
+    window = ttl_to_ms(  # a record, not a lease: nothing waits on it, it may outlast a day
+        value.get("window", DEFAULT_WINDOW), what=f"{task}: idempotency window", allow_long=True
+    )
+    keep = value.get("keep_failures", False)
+    if not isinstance(keep, bool):
+        raise ConfigurationError(f"{task}: keep_failures must be True or False, got {keep!r}")
+    source = value.get("key_from")
+    if source is not None:
+        if not isinstance(source, str) or not source or source == HEADER:
+            raise ConfigurationError(
+                f"{task}: key_from={source!r} must name a parameter of the task or a "
+                "header, e.g. key_from='request_id' or key_from='header:Idempotency-Key'"
+            )
+        if not source.startswith(HEADER):
+            spec.check_parameter(source, f"idempotency key_from={source!r}")
+    return Idempotency(window / 1000, keep, source, given=True)
+
+
+def refused_by_mode(on_duplicate: str, debounce: float | None, limit: int | None) -> str | None:
+    """Why a mode cannot take idempotency keys (None: it can).
+
+    A key promises the first call's answer to every repeat; these modes let a newer
+    call replace or cancel an older one, or run beside it.
+    """
+    if debounce is not None or on_duplicate in ("replace", "cancel"):
+        how = "debounce" if debounce is not None else f"on_duplicate={on_duplicate!r}"
+        return (
+            f"cannot be used with {how}: a newer call replaces or cancels the first, so a "
+            "repeat could not get the first call's answer; use the default lock scope "
+            "(or throttle, rate) with idempotency keys"
+        )
+    if limit is not None and limit > 1:
+        return (
+            f"cannot be used with limit={limit}: a copy of a call could run beside it; use "
+            "the default lock scope (or rate=) with idempotency keys"
+        )
+    return None
+
+
+def warn_if_results_are_short(
+    task: str, options: Idempotency, *, ignore_result: bool, result_expires: float | None
+) -> None:
+    """At decoration: say when a repeat could not read the first call's result."""
+    if not options.given:
+        return
+    if ignore_result:
+        logger.warning(
+            "%s: ignore_result is set, so a repeat of an idempotency key gets the first "
+            "call's task id but never its result; unset ignore_result to answer repeats",
+            task,
+        )
+    elif result_expires is not None and 0 < result_expires < options.window:
+        logger.warning(
+            "%s: result_expires (%gs) is shorter than the idempotency window (%gs): a "
+            "repeat after the result expired cannot read it; raise result_expires or "
+            "shorten the window",
+            task,
+            result_expires,
+            options.window,
+        )

@@ -1,0 +1,235 @@
+"""A run of a call with an idempotency key: it does the work once per key, or answers instead.
+
+``begin`` runs holding the call's running lease, so no other run of the same call is
+alive. If the key's work is done (succeeded, or failed and kept), the run answers with
+that outcome, read from the result backend under the id of the run that did it, and the
+body does not run: a redelivery after success but before the ack, a ``send_task`` or a
+beat tick carrying the key. A key bound to other arguments fails the run. The end is
+written once Celery has stored the result (``task_postrun``): a worker that dies in
+between leaves the record running, and the next run of the call finds that stored
+success instead of running again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from celery import signals, states
+
+from .. import signals as singleton_signals
+from ..context import TaskContext
+from ..exceptions import (
+    IdempotencyConflictError,
+    IdempotencyResultMissingError,
+    LockStoreUnavailableError,
+)
+from ..lease.idempotency import Claim, Outcome, idempotency_keys_of
+from ..tokens import IDEMPOTENCY_HEADER, header
+
+logger = logging.getLogger(__name__)
+
+# Set on the request of a run that began under an idempotency key: the key its end writes.
+RUN_KEY = "singleton_idempotency_key"
+
+
+class ResultStore(Protocol):
+    """The part of a Celery result backend a replay reads."""
+
+    def get_task_meta(self, task_id: str) -> Mapping[str, object]: ...
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The outcome a run answers with instead of running: a value, or the error raised."""
+
+    value: object = None
+    error: BaseException | None = None
+
+    def answer(self) -> object:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def key_of(
+    context: TaskContext,
+    request: object,
+    args: Sequence[object],
+    kwargs: Mapping[str, object],
+) -> str | None:
+    """The run's idempotency key: its message's, else the task's ``key_from`` finds it."""
+    sent = header(request, IDEMPOTENCY_HEADER)
+    if isinstance(sent, str) and sent:
+        return sent
+    headers = getattr(request, "headers", None)
+    options = context.options
+    return options.idempotency.key_of(context.name, options.key, args, kwargs, headers)
+
+
+def begin(
+    context: TaskContext,
+    request: object,
+    call: tuple[Sequence[object], Mapping[str, object]],
+    *,
+    name: str,
+    sender: object,
+    results: ResultStore | None,
+) -> Replay | None:
+    """None: the body runs (its end is written after it); else the ``Replay`` to answer
+    with. ``results``: the task's result backend, None when it keeps no results."""
+    task_id = str(getattr(request, "id", ""))
+    key = key_of(context, request, *call)
+    if key is None:
+        return None
+    fingerprint = context.options.key.fingerprint(*call)
+    idempotency = context.options.idempotency
+    try:
+        claim = idempotency_keys_of(context.store).begin(
+            key, task_id, fingerprint, idempotency.window_ms, context.name
+        )
+    except LockStoreUnavailableError as error:
+        if context.stores.config.on_redis_error == "fail_closed":
+            raise
+        logger.warning(
+            "%s[%s]: idempotency key %r unchecked, the lock store is unreachable (%s): "
+            "running (fail_open)",
+            context.name,
+            task_id,
+            key,
+            error,
+        )
+        return None
+    if claim.first:
+        if claim.state == "running" and _stored(results, claim.by):
+            # That run died after Celery stored its success, before its end was written
+            # (a redelivery of it, or a copy: Celery itself may not deliver it again).
+            _end(context, key, task_id, "succeeded")
+            return _replay(
+                context,
+                claim,
+                name=name,
+                key=key,
+                results=results,
+                sender=sender,
+                task_id=task_id,
+                by=claim.by,
+            )
+        _watch_ends()
+        setattr(request, RUN_KEY, key)
+        return None
+    if not claim.answers_for(fingerprint):
+        raise IdempotencyConflictError(
+            f"{context.name}[{task_id}] did not run: idempotency key {key!r} is bound to "
+            f"call {claim.call} with other arguments (or another task)",
+            task_id=claim.call,
+            idempotency_key=key,
+        )
+    return _replay(
+        context,
+        claim,
+        name=name,
+        key=key,
+        results=results,
+        sender=sender,
+        task_id=task_id,
+        by=claim.by,
+    )
+
+
+def _stored(results: ResultStore | None, task_id: str) -> bool:
+    """Whether Celery stored a success under ``task_id``."""
+    return results is not None and results.get_task_meta(task_id).get("status") == states.SUCCESS
+
+
+def _replay(
+    context: TaskContext,
+    claim: Claim,
+    *,
+    name: str,
+    key: str,
+    results: ResultStore | None,
+    sender: object,
+    task_id: str,
+    by: str,
+) -> Replay:
+    singleton_signals.send(
+        singleton_signals.idempotent_replayed,
+        sender,
+        name,
+        idempotency_key=key,
+        task_id=task_id,
+        answered_by=by,
+    )
+    if results is None:
+        return Replay()  # results are not kept: there is nothing to answer with
+    meta = results.get_task_meta(by)
+    status, result = meta.get("status"), meta.get("result")
+    if status == states.SUCCESS:
+        return Replay(result)
+    if status == states.FAILURE and isinstance(result, BaseException):
+        return Replay(error=result)
+    return Replay(
+        error=IdempotencyResultMissingError(
+            f"{context.name}[{task_id}] did not run: idempotency key {key!r} says call "
+            f"{by} {claim.state or 'ran'}, but its result is no longer stored (raise "
+            "result_expires to cover the idempotency window)",
+            task_id=by,
+            idempotency_key=key,
+        )
+    )
+
+
+def _end(context: TaskContext, key: str, task_id: str, outcome: Outcome) -> None:
+    try:
+        idempotency_keys_of(context.store).end(key, task_id, outcome)
+    except LockStoreUnavailableError as error:
+        logger.warning(
+            "%s[%s]: idempotency key %r's end (%s) not written (%s); the key keeps its "
+            "first call until its window ends",
+            context.name,
+            task_id,
+            key,
+            outcome,
+            error,
+        )
+
+
+_watching: list[bool] = []
+
+
+def _watch_ends() -> None:
+    """Connect the end's receiver once a process first runs a call with a key: until
+    then Celery sends no ``task_postrun`` on our account."""
+    if not _watching:
+        signals.task_postrun.connect(_at_postrun, weak=False, dispatch_uid=__name__)
+        _watching.append(True)
+
+
+# Celery's end states and what each writes: kept (the outcome for the window) or freed.
+_OUTCOMES: dict[str, Outcome] = {
+    states.SUCCESS: "succeeded",
+    states.REVOKED: "forget",
+    states.REJECTED: "forget",
+    states.IGNORED: "forget",
+}
+
+
+def _at_postrun(
+    sender: object = None, task_id: str | None = None, state: str | None = None, **_: object
+) -> None:
+    request = getattr(sender, "request", None)
+    key = getattr(request, RUN_KEY, None)
+    if key is None or task_id is None or state == states.RETRY:
+        return  # not a keyed run; a retry's run ends it
+    setattr(request, RUN_KEY, None)
+    context = getattr(sender, "singleton_context", None)
+    if not isinstance(context, TaskContext):
+        return
+    outcome = _OUTCOMES.get(str(state))
+    if outcome is None:  # a failure: freed for the client's retry, unless kept
+        kept = context.options.idempotency.keep_failures
+        outcome = "failed" if kept else "forget"
+    _end(context, key, task_id, outcome)

@@ -1,0 +1,289 @@
+"""Idempotency keys in real workers: a repeated request never does the work twice and gets
+the first call's answer; other arguments under the same key are refused before publishing."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import (
+    ConfigurationError,
+    IdempotencyConflictError,
+    singleton_task,
+)
+from celery_singleton_lock.lease.idempotency import idempotency_keys_of
+
+from ..conftest import CeleryEnv
+from ..support.modes import of
+from ..support.runs import runs, started, wait_for
+from ..support.workers import Worker
+
+
+def _key() -> str:
+    return f"idem-{uuid.uuid4()}"
+
+
+def _record(task: Any, key: str) -> Any:
+    return idempotency_keys_of(task.singleton_context.store).read(key)
+
+
+def _queued(cenv: CeleryEnv, queue: str) -> int:
+    return int(cenv.broker.client().llen(queue))
+
+
+class TestRepeats:
+    def test_two_producers_racing_one_key_share_the_first_call(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key, ids, barrier = _key(), [], threading.Barrier(2)
+
+        def produce() -> None:
+            barrier.wait()
+            for _ in range(20):
+                sent = charge.apply_async(("race",), idempotency_key=key, queue=worker.queue)
+                ids.append(sent.id)
+
+        threads = [threading.Thread(target=produce) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert len(ids) == 40
+        assert len(set(ids)) == 1
+        assert charge.AsyncResult(ids[0]).get(timeout=20) == "race"
+        assert len(of(runs(cenv), "race")) == 1
+
+    def test_a_repeat_while_queued_while_running_and_after_success_gets_the_first(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = _key()
+        headers = {"Idempotency-Key": key}
+        # Queued: on a queue no worker reads, so it stays there.
+        parked = charge.apply_async(("parked",), headers=headers, queue="nobody-reads-this")
+        again = charge.apply_async(("parked",), headers=headers, queue="nobody-reads-this")
+        assert again.id == parked.id
+        assert _queued(cenv, "nobody-reads-this") == 1
+        assert _record(charge, key).state == "accepted"
+
+        key = _key()
+        first = charge.apply_async(("slow", 1.0), idempotency_key=key, queue=worker.queue)
+        wait_for(lambda: any(s["id"] == first.id for s in started(cenv)), 20, "running")
+        assert _record(charge, key).state == "running"
+        while_running = charge.apply_async(("slow", 1.0), idempotency_key=key, queue=worker.queue)
+        assert while_running.id == first.id
+        assert first.get(timeout=20) == "slow"
+        wait_for(lambda: _record(charge, key).state == "succeeded", 10, "recorded")
+        after = charge.apply_async(("slow", 1.0), idempotency_key=key, queue=worker.queue)
+        assert after.id == first.id
+        assert after.get(timeout=5) == "slow"
+        assert len(of(runs(cenv), "slow")) == 1
+
+    def test_other_arguments_raise_before_anything_is_published(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = _key()
+        first = charge.apply_async(("a",), idempotency_key=key, queue="nobody-reads-this-2")
+        with pytest.raises(IdempotencyConflictError) as raised:
+            charge.apply_async(("b",), idempotency_key=key, queue="nobody-reads-this-2")
+        assert raised.value.task_id == first.id
+        assert raised.value.idempotency_key == key
+        assert _queued(cenv, "nobody-reads-this-2") == 1
+        # Another task under the same key is another request too.
+        with pytest.raises(IdempotencyConflictError):
+            cenv.app_module.charge_kept.apply_async(
+                ("a",), idempotency_key=key, queue="nobody-reads-this-2"
+            )
+        assert _queued(cenv, "nobody-reads-this-2") == 1
+
+    def test_a_failed_call_frees_its_key_so_the_retry_runs(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = _key()
+        failed = charge.apply_async(("f", 0.0, "fail"), idempotency_key=key, queue=worker.queue)
+        with pytest.raises(ValueError, match="on purpose"):
+            failed.get(timeout=20)
+        wait_for(lambda: _record(charge, key) is None, 10, "freed")
+        retried = charge.apply_async(("f", 0.0, "fail"), idempotency_key=key, queue=worker.queue)
+        assert retried.id != failed.id
+        with pytest.raises(ValueError, match="on purpose"):
+            retried.get(timeout=20)
+        assert len(of(runs(cenv), "f")) == 2
+
+    def test_keep_failures_answers_a_repeat_with_the_failure(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        kept = cenv.app_module.charge_kept
+        key = _key()
+        failed = kept.apply_async(("k", 0.0, "fail"), idempotency_key=key, queue=worker.queue)
+        with pytest.raises(ValueError, match="on purpose"):
+            failed.get(timeout=20)
+        wait_for(lambda: _record(kept, key).state == "failed", 10, "kept")
+        repeat = kept.apply_async(("k", 0.0, "fail"), idempotency_key=key, queue=worker.queue)
+        assert repeat.id == failed.id
+        # A copy sent around the dispatch (same key in its header) fails the same way
+        # without running.
+        copy = kept.apply_async(
+            ("k", 0.0, "fail"),
+            headers={"singleton_lock_idempotency_key": key},
+            queue=worker.queue,
+        )
+        with pytest.raises(ValueError, match="on purpose"):
+            copy.get(timeout=20)
+        assert len(of(runs(cenv), "k")) == 1
+
+    def test_a_retried_call_keeps_its_key_to_the_end(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = _key()
+        first = charge.apply_async(("r", 0.0, "retry"), idempotency_key=key, queue=worker.queue)
+        assert first.get(timeout=20) == "r"
+        wait_for(lambda: _record(charge, key).state == "succeeded", 10, "recorded")
+        record = _record(charge, key)
+        assert (record.call, record.by) == (first.id, first.id)
+        assert charge.apply_async(("r", 0.0, "retry"), idempotency_key=key).id == first.id
+        assert len(of(runs(cenv), "r")) == 2  # the run that asked for a retry, and the retry
+
+    def test_a_key_after_its_window_is_new(self, cenv: CeleryEnv, worker: Worker) -> None:
+        brief = cenv.app_module.charge_brief
+        request_id = _key()
+        first = brief.apply_async(("w", request_id), queue=worker.queue)
+        assert first.get(timeout=20) == "w"
+        assert brief.apply_async(("w", request_id), queue=worker.queue).id == first.id
+        wait_for(lambda: _record(brief, request_id) is None, 10, "the window's end")
+        later = brief.apply_async(("w", request_id), queue=worker.queue)
+        assert later.id != first.id
+        assert later.get(timeout=20) == "w"
+        assert len(of(runs(cenv), "w")) == 2
+
+
+class TestCopies:
+    def test_a_send_task_copy_after_success_ends_with_the_recorded_result(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = _key()
+        first = charge.apply_async(("c",), idempotency_key=key, queue=worker.queue)
+        assert first.get(timeout=20) == "c"
+        wait_for(lambda: _record(charge, key).state == "succeeded", 10, "recorded")
+        copy = charge.app.send_task(
+            charge.name, ("c",), headers={"Idempotency-Key": key}, queue=worker.queue
+        )
+        assert copy.id != first.id
+        assert copy.get(timeout=20) == "c"
+        assert len(of(runs(cenv), "c")) == 1
+
+    def test_a_copy_with_other_arguments_fails_without_running(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = _key()
+        assert charge.apply_async(("x",), idempotency_key=key, queue=worker.queue).get(20) == "x"
+        copy = charge.app.send_task(
+            charge.name, ("y",), headers={"Idempotency-Key": key}, queue=worker.queue
+        )
+        with pytest.raises(IdempotencyConflictError):
+            copy.get(timeout=20)
+        assert of(runs(cenv), "y") == []
+
+    def test_an_acks_late_redelivery_after_success_does_not_run_again(
+        self, cenv: CeleryEnv
+    ) -> None:
+        durable = cenv.app_module.charge_durable
+        key, queue = _key(), "idem-redelivery"
+        env = {"CSL_VISIBILITY_TIMEOUT": "2"}
+        # The whole worker dies once the success is stored, before the ack; the message
+        # comes back to the next worker, which ends with that result without running.
+        doomed = Worker(cenv.env, extra_env=env, queue=queue).start()
+        survivor: Worker | None = None
+        try:
+            first = durable.apply_async(("d",), idempotency_key=key, queue=queue)
+            assert first.get(timeout=30) == "d"
+            wait_for(lambda: cenv.checker_client().get(f"killed:{first.id}"), 10, "the kill")
+            survivor = Worker(cenv.env, extra_env=env, queue=queue).start()
+            wait_for(lambda: f"[{first.id}] received" in survivor.output(), 20, "redelivery")
+            wait_for(lambda: _record(durable, key).state == "succeeded", 20, "its end")
+        finally:
+            doomed.stop()
+            if survivor is not None:
+                survivor.stop()
+        assert durable.AsyncResult(first.id).get(timeout=5) == "d"
+        assert len(of(runs(cenv), "d")) == 1
+
+    def test_a_run_whose_end_was_not_written_still_answers_a_copy(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        # Celery saw the success before the worker was lost and did not deliver again:
+        # the record still says running. A copy finds the stored success and answers.
+        charge = cenv.app_module.charge
+        key = _key()
+        first = charge.apply_async(("e",), idempotency_key=key, queue=worker.queue)
+        assert first.get(timeout=20) == "e"
+        wait_for(lambda: _record(charge, key).state == "succeeded", 10, "recorded")
+        store = charge.singleton_context.store
+        cenv.lock_client().hset(idempotency_keys_of(store).key(key), mapping={"state": "running"})
+        copy = charge.app.send_task(
+            charge.name, ("e",), headers={"Idempotency-Key": key}, queue=worker.queue
+        )
+        assert copy.get(timeout=20) == "e"
+        assert len(of(runs(cenv), "e")) == 1
+
+
+class TestModes:
+    def test_modes_where_a_newer_call_wins_refuse_keys(self) -> None:
+        app = Celery("idem-modes", set_as_current=False)
+        app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+        with pytest.raises(ConfigurationError, match="replace"):
+
+            @singleton_task(app=app, name="idem.replace", on_duplicate="replace", idempotency=True)
+            def replaced(k: str) -> str:
+                return k
+
+        @singleton_task(app=app, name="idem.debounce", debounce=1)
+        def debounced(k: str) -> str:
+            return k
+
+        with pytest.raises(ConfigurationError, match="debounce"):
+            debounced.apply_async(("a",), idempotency_key="k1")
+
+    def test_eager_calls_with_a_key_run_once(self) -> None:
+        app = Celery("idem-eager", set_as_current=False)
+        app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+        calls: list[str] = []
+
+        @singleton_task(app=app, name="idem.eager", key=["k"])
+        def once(k: str) -> str:
+            calls.append(k)
+            return k
+
+        first = once.apply_async(("a",), idempotency_key="e1")
+        assert once.apply_async(("a",), idempotency_key="e1").id == first.id
+        with pytest.raises(IdempotencyConflictError):
+            once.apply_async(("b",), idempotency_key="e1")
+        assert calls == ["a"]
+
+    def test_a_bad_key_says_what_to_pass(self) -> None:
+        app = Celery("idem-bad", set_as_current=False)
+        app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
+
+        @singleton_task(app=app, name="idem.bad")
+        def task(k: str) -> str:
+            return k
+
+        with pytest.raises(ConfigurationError, match="non-empty str"):
+            task.apply_async(("a",), idempotency_key="")
+        with pytest.raises(ConfigurationError, match="more than 255"):
+            task.apply_async(("a",), idempotency_key="x" * 300)
+        with pytest.raises(ConfigurationError, match="not parameters"):
+
+            @singleton_task(app=app, name="idem.bad2", idempotency={"key_from": "nope"})
+            def task2(k: str) -> str:
+                return k
