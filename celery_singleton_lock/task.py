@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
@@ -24,6 +25,7 @@ from celery.utils import uuid
 from . import broker
 from . import signals as singleton_signals
 from .broker import results
+from .config.idempotency import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
 from .exceptions import DuplicateTaskError
@@ -114,6 +116,16 @@ class SingletonTask(Task):  # type: ignore[misc]
         if cls.track_started:
             cls.singleton_track_started = True
             cls.track_started = False
+        if cls.name and "run" in cls.__dict__:
+            expires = app.conf.result_expires
+            warn_if_results_are_short(
+                cls.name,
+                cls.singleton_options().idempotency,
+                ignore_result=bool(cls.ignore_result),
+                result_expires=expires.total_seconds()
+                if isinstance(expires, timedelta)
+                else expires,
+            )
 
     @classmethod
     def singleton_options(cls) -> SingletonOptions:

@@ -17,6 +17,7 @@ from celery.bin.base import CeleryCommand
 from .._time import human
 from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
+from . import idempotency_keys
 from .cli_base import EXAMPLES, Locks, exit_with, preload
 from .liveness import Liveness
 from .lock_history import entries_of, shown
@@ -50,9 +51,19 @@ def _command(name: str) -> Callable[[Callable[..., object]], click.Command]:
 
 @_command("list")
 @click.option("--task", "task_name", help="Only the locks of this task (its registered name).")
-@click.option("--state", type=click.Choice(STATES), help="Only locks in this state.")
+@click.option(
+    "--state",
+    type=click.Choice([*STATES, *idempotency_keys.MEANINGS]),
+    help="Only locks (or, with --idempotency, keys) in this state.",
+)
 @click.option("--older-than", help="Only holds taken longer ago than this: 90, 90s, 5m, 1h.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON array of objects.")
+@click.option(
+    "--idempotency",
+    "keys",
+    is_flag=True,
+    help="The idempotency keys instead: each key's first call and how it ended.",
+)
 @click.option(
     "--batch",
     default=1000,
@@ -70,6 +81,7 @@ def list_locks(
     state: str | None,
     older_than: str | None,
     as_json: bool,
+    keys: bool,
     batch: int,
     **_: object,
 ) -> None:
@@ -78,13 +90,17 @@ def list_locks(
     States: queued (message in the broker), reserved (a worker has it, not started),
     running, throttled (a throttle window), limited (a rate's schedule: the runs that
     may start now and when the next may), held (a value this library did not write).
-    A limit=N key shows one row per slot held.
+    A limit=N key shows one row per slot held. With --idempotency: the idempotency
+    keys (accepted, running, succeeded, failed) and the calls they are bound to.
     """
     try:
         min_age = None if older_than is None else parse_duration(older_than)
     except ValueError as error:
         exit_with(str(error), 2)
     locks = Locks(ctx)
+    if keys:
+        _list_keys(locks, task_name, state, as_json=as_json)
+        return
 
     def wanted(row: LockRow) -> bool:
         return (
@@ -113,6 +129,26 @@ def list_locks(
         click.echo(f"{shown} lock(s): {summary}.")
 
 
+def _list_keys(locks: Locks, task_name: str | None, state: str | None, *, as_json: bool) -> None:
+    found = [
+        record
+        for record in locks.guarded(lambda: list(idempotency_keys.records(locks.store)))
+        if (task_name is None or record.task == task_name)
+        and (state is None or record.state == state)
+    ]
+    if as_json:
+        click.echo(json.dumps([idempotency_keys.as_json(record) for record in found]))
+        return
+    if not found:
+        click.echo(f"No idempotency keys at {locks.where()}.")
+        return
+    columns = idempotency_keys.KEY_COLUMNS
+    click.echo(line([name for name, _ in columns], columns))
+    for record in found:
+        click.echo(line(idempotency_keys.key_cells(record), columns))
+    click.echo(f"{len(found)} idempotency key(s).")
+
+
 @_command("show")
 @click.argument("ref")
 @click.option("--json", "as_json", is_flag=True, help="A JSON object per lock.")
@@ -124,7 +160,14 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
     locks = Locks(ctx)
     family = locks.named(ref)
     if not family:
-        exit_with(f"no lock matches {ref!r} at {locks.where()}")
+        key = locks.guarded(lambda: idempotency_keys.record(locks.store, ref))
+        if key is None:
+            exit_with(f"no lock nor idempotency key matches {ref!r} at {locks.where()}")
+        if as_json:
+            click.echo(json.dumps(idempotency_keys.as_json(key)))
+        else:
+            click.echo("\n".join(idempotency_keys.described(key)))
+        return
     bases = {row.base_name for row in family}
     liveness = Liveness(locks.app)
     liveness.prepare(family)

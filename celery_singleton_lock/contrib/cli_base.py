@@ -4,7 +4,7 @@ command cleanly on a store error, the error exit, Celery's preload options, the 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NoReturn, TypeVar, cast
 
 import click
@@ -20,12 +20,16 @@ Examples:
   celery -A proj singleton list
   celery -A proj singleton list --state running --older-than 1h
   celery -A proj singleton list --task proj.tasks.sync --json
+  celery -A proj singleton list --idempotency                (idempotency keys, first calls)
   celery -A proj singleton show proj.tasks.sync:4f1c...      (a name, a Redis key or a task id)
   celery -A proj singleton release 2b6a8c1e-...              (refused while the holder lives)
   celery -A proj singleton orphans --release
   celery -A proj singleton history proj.tasks.sync:4f1c...   (with singleton_lock_history)
   celery -A proj singleton web --port 5556                    (the locks page, this machine only)
 """
+
+
+_T = TypeVar("_T")
 
 
 class Locks:
@@ -55,6 +59,13 @@ class Locks:
                 return family
             bases = sorted({row.base_name for row in self.rows() if row.matches(ref)})
             return [row for base in bases for row in family_rows(self.app, self.store, base)]
+        except SingletonLockError as error:
+            exit_with(str(error))
+
+    def guarded(self, read: Callable[[], _T]) -> _T:
+        """``read()``, a store error ending the command cleanly."""
+        try:
+            return read()
         except SingletonLockError as error:
             exit_with(str(error))
 

@@ -38,9 +38,9 @@ def cells(row: LockRow) -> list[str]:
     ]
 
 
-def line(cells: list[str]) -> str:
+def line(cells: list[str], columns: tuple[tuple[str, int], ...] = COLUMNS) -> str:
     out = []
-    for (_, width), cell in zip(COLUMNS, cells, strict=True):
+    for (_, width), cell in zip(columns, cells, strict=True):
         fitted = cell[: width - 1] + "~" if width and len(cell) > width else cell
         out.append(fitted.ljust(width) if width else fitted)
     return " ".join(out).rstrip()

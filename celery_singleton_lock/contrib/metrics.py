@@ -17,6 +17,9 @@ Metrics, each labelled by task name:
 - ``celery_singleton_lock_wait_seconds`` (histogram): from an execution's start to its
   lease, contention included
 - ``celery_singleton_lock_hold_seconds`` (histogram): how long executions held the lease
+- ``celery_singleton_lock_idempotent_total{outcome="repeat"|"replayed"}``: repeats of an
+  idempotency key answered at dispatch with the first call (nothing sent), and copies of a
+  done call answered at execution without running
 - ``celery_singleton_lock_rate_deferrals_total``: runs of a ``rate=`` task deferred to a
   later slot
 - ``celery_singleton_lock_rate_remaining{key=...}`` and
@@ -42,6 +45,8 @@ from ..signals import (
     dispatch_accepted,
     duplicate_refused,
     execution_contended,
+    idempotent_repeat,
+    idempotent_replayed,
     lease_acquired,
     lease_lost,
     lease_released,
@@ -97,6 +102,11 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
             ),
             dead=counter(
                 "celery_singleton_lock_dead_child_releases", "Leases of dead children released"
+            ),
+            idempotent=counter(
+                "celery_singleton_lock_idempotent",
+                "Calls answered by an idempotency key's first call",
+                "outcome",
             ),
         )
         _histograms.update(
@@ -165,6 +175,14 @@ def _dead(sender: object = None, **_: object) -> None:
     _counters["dead"].labels(_task(sender)).inc()
 
 
+def _repeat(sender: object = None, **_: object) -> None:
+    _counters["idempotent"].labels(_task(sender), "repeat").inc()
+
+
+def _replayed(sender: object = None, **_: object) -> None:
+    _counters["idempotent"].labels(_task(sender), "replayed").inc()
+
+
 def _rate(
     sender: object = None,
     name: str = "",
@@ -189,6 +207,8 @@ _RECEIVERS = (
     (lease_lost, _lost),
     (copy_dropped, _copy),
     (dead_child_released, _dead),
+    (idempotent_repeat, _repeat),
+    (idempotent_replayed, _replayed),
     (rate_asked, _rate),
 )
 

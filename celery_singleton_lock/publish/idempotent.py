@@ -17,6 +17,7 @@ from .. import outages
 from .. import signals as singleton_signals
 from ..context import TaskContext
 from ..exceptions import IdempotencyConflictError, LockStoreUnavailableError
+from ..lease import append_history
 from ..lease.idempotency import idempotency_keys_of
 from ..tokens import IDEMPOTENCY_HEADER
 
@@ -48,6 +49,12 @@ def send_once(
         outages.at_dispatch(context, f"idempotency key {key!r}", error)  # fail_closed raises
         return send()  # fail_open: sent without the check, as a lock's dispatch would be
     if not claim.first:
+        lock_name = context.options.key.derive(*call)
+        event = "idempotent repeat" if claim.answers_for(fingerprint) else "idempotency conflict"
+        # The lock's history says what the key answered (a round trip, with history on).
+        append_history(
+            context.store, context.record(lock_name, claim.call), event, idempotency_key=key
+        )
         if not claim.answers_for(fingerprint):
             raise IdempotencyConflictError(
                 f"{context.name}: idempotency key {key!r} was first used by call "
@@ -59,7 +66,7 @@ def send_once(
         singleton_signals.send(
             singleton_signals.idempotent_repeat,
             sender,
-            context.options.key.derive(*call),
+            lock_name,
             idempotency_key=key,
             task_id=claim.call,
             state=claim.state,

@@ -26,6 +26,7 @@ from ..exceptions import (
     IdempotencyResultMissingError,
     LockStoreUnavailableError,
 )
+from ..lease import append_history
 from ..lease.idempotency import Claim, Outcome, idempotency_keys_of
 from ..tokens import IDEMPOTENCY_HEADER, header
 
@@ -121,6 +122,13 @@ def begin(
         setattr(request, RUN_KEY, key)
         return None
     if not claim.answers_for(fingerprint):
+        append_history(
+            context.store,
+            context.record(name, task_id),
+            "idempotency conflict",
+            idempotency_key=key,
+            holder=claim.call,
+        )
         raise IdempotencyConflictError(
             f"{context.name}[{task_id}] did not run: idempotency key {key!r} is bound to "
             f"call {claim.call} with other arguments (or another task)",
@@ -155,6 +163,13 @@ def _replay(
     task_id: str,
     by: str,
 ) -> Replay:
+    append_history(
+        context.store,
+        context.record(name, task_id),
+        "idempotent replay",
+        idempotency_key=key,
+        holder=by,
+    )
     singleton_signals.send(
         singleton_signals.idempotent_replayed,
         sender,

@@ -178,3 +178,24 @@ class TestHistory:
         )
         store.release_token(name, row_token, entry=record)
         assert events(cenv, task, "h7") == ["expired"]
+
+
+class TestIdempotencyInTheHistory:
+    def test_repeats_conflicts_and_replays_are_recorded(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        task = cenv.app_module.charge_chronicled
+        key = f"history-{time.time_ns()}"
+        first = task.apply_async(("ih",), idempotency_key=key, queue=worker.queue)
+        assert first.get(timeout=20) == "ih"
+        assert task.apply_async(("ih",), idempotency_key=key, queue=worker.queue).id == first.id
+        copy = task.app.send_task(
+            task.name, ("ih",), headers={"singleton_lock_idempotency_key": key}, queue=worker.queue
+        )
+        assert copy.get(timeout=20) == "ih"
+        wait_for(lambda: "idempotent replay" in events(cenv, task, "ih"), 10, "the replay")
+        entries = {entry["event"]: entry for entry in story(cenv, task, "ih")}
+        assert entries["idempotent repeat"]["id"] == first.id
+        assert entries["idempotent repeat"]["idempotency_key"] == key
+        assert entries["idempotent replay"]["id"] == copy.id
+        assert entries["idempotent replay"]["holder"] == first.id

@@ -3,6 +3,7 @@ the first call's answer; other arguments under the same key are refused before p
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from typing import Any
@@ -18,6 +19,7 @@ from celery_singleton_lock import (
 from celery_singleton_lock.lease.idempotency import idempotency_keys_of
 
 from ..conftest import CeleryEnv
+from ..support.cli import cli
 from ..support.modes import of
 from ..support.runs import runs, started, wait_for
 from ..support.workers import Worker
@@ -139,9 +141,7 @@ class TestRepeats:
             copy.get(timeout=20)
         assert len(of(runs(cenv), "k")) == 1
 
-    def test_a_retried_call_keeps_its_key_to_the_end(
-        self, cenv: CeleryEnv, worker: Worker
-    ) -> None:
+    def test_a_retried_call_keeps_its_key_to_the_end(self, cenv: CeleryEnv, worker: Worker) -> None:
         charge = cenv.app_module.charge
         key = _key()
         first = charge.apply_async(("r", 0.0, "retry"), idempotency_key=key, queue=worker.queue)
@@ -287,3 +287,34 @@ class TestModes:
             @singleton_task(app=app, name="idem.bad2", idempotency={"key_from": "nope"})
             def task2(k: str) -> str:
                 return k
+
+
+class TestOperators:
+    def test_list_and_show_name_each_key_its_first_call_and_state(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        done_key, parked_key = _key(), _key()
+        done = charge.apply_async(("op-done",), idempotency_key=done_key, queue=worker.queue)
+        assert done.get(timeout=20) == "op-done"
+        wait_for(lambda: _record(charge, done_key).state == "succeeded", 10, "recorded")
+        parked = charge.apply_async(
+            ("op-parked",), idempotency_key=parked_key, queue="nobody-reads-this-3"
+        )
+        listing = cli(cenv, "list", "--idempotency", "--json")
+        assert listing.returncode == 0, listing.stderr
+        keys = {entry["key"]: entry for entry in json.loads(listing.stdout)}
+        assert keys[done_key]["state"] == "succeeded"
+        assert keys[done_key]["first_call"] == keys[done_key]["ended_by"] == done.id
+        assert keys[parked_key]["state"] == "accepted"
+        assert keys[parked_key]["first_call"] == parked.id
+        assert 86000 < keys[parked_key]["expires_in"] <= 86400
+        table = cli(cenv, "list", "--idempotency", "--state", "accepted")
+        assert parked_key in table.stdout and done_key not in table.stdout
+        shown = cli(cenv, "show", done_key)
+        assert shown.returncode == 0, shown.stderr
+        assert f"first call: {done.id}" in shown.stdout
+        assert "a repeat gets its stored result" in shown.stdout
+        missing = cli(cenv, "show", "no-such-key")
+        assert missing.returncode == 1
+        assert "no lock nor idempotency key matches" in missing.stderr

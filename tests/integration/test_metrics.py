@@ -166,3 +166,40 @@ def test_a_metrics_port_in_use_stops_the_worker_with_one_line(celery_env: Celery
             worker.start()
     assert "celery-singleton-lock: metrics: [Errno 98] Address already in use" in str(failed.value)
     assert "Traceback" not in str(failed.value)
+
+
+def test_idempotency_repeats_and_replays_are_counted(
+    cenv: CeleryEnv, metrics_worker: tuple[Worker, int]
+) -> None:
+    worker, port = metrics_worker
+    counter = metrics.install(CollectorRegistry())["idempotent"]  # this process's, once
+
+    def counted(outcome: str) -> float:
+        return sum(
+            sample.value
+            for family in counter.collect()
+            for sample in family.samples
+            if sample.name.endswith("_total")
+            and sample.labels == {"task": f"{APP}.charge", "outcome": outcome}
+        )
+
+    charge = cenv.app_module.charge
+    before = counted("repeat")
+    key = f"metrics-{os.getpid()}-{port}"
+    first = charge.apply_async(("mi",), idempotency_key=key, queue=worker.queue)
+    assert first.get(timeout=30) == "mi"
+    for _ in range(3):
+        assert charge.apply_async(("mi",), idempotency_key=key, queue=worker.queue).id == first.id
+    assert counted("repeat") - before == 3
+    # A copy sent around the dispatch: answered in the worker without running.
+    copy = charge.app.send_task(
+        charge.name, ("mi",), headers={"Idempotency-Key": key}, queue=worker.queue
+    )
+    assert copy.get(timeout=30) == "mi"
+    scraped = samples(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    )
+    replayed = value(
+        scraped, "celery_singleton_lock_idempotent_total", task=f"{APP}.charge", outcome="replayed"
+    )
+    assert replayed == 1

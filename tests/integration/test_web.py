@@ -183,6 +183,26 @@ class TestWithoutJavaScript:
             missing = page.request("/lock?key=t:{nothing-here}")
             assert missing.status == 404
 
+    def test_the_idempotency_page_lists_each_key_with_its_first_call(
+        self, cenv: CeleryEnv, held: Held
+    ) -> None:
+        charge = cenv.app_module.charge
+        tag = uuid.uuid4().hex[:8]
+        first = charge.apply_async((f"web-{tag}",), idempotency_key=f"k1-{tag}", queue="parked-web")
+        other = charge.apply_async(
+            (f"web2-{tag}",), idempotency_key=f"k2-{tag}", queue="parked-web"
+        )
+        with page_server(cenv.env) as page:
+            listing = page.request("/idempotency")
+            assert listing.status == 200
+            keys = rows_of(listing.body)
+            assert keys[f"k1-{tag}"] == keys[f"k2-{tag}"] == "accepted"
+            assert first.id in listing.body and other.id in listing.body
+            found = page.request(f"/idempotency?q={first.id}").body
+            assert rows_of(found) == {f"k1-{tag}": "accepted"}
+            assert "No idempotency keys match" in page.request("/idempotency?state=failed").body
+            assert 'href="/idempotency"' in page.request("/").body  # linked from every page
+
     def test_a_page_never_shows_a_password(self, cenv: CeleryEnv, held: Held) -> None:
         with page_server(cenv.env) as page:
             body = page.request("/").body

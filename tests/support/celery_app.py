@@ -798,3 +798,9 @@ def charge_brief(self: Any, item: object, request_id: str) -> object:
 def charge_durable(self: Any, item: object) -> object:
     """acks_late: its child dies after the success is stored, so the message comes again."""
     return _work(self, item, 0.0, "ok")
+
+
+@singleton_task(app=app, bind=True, key=["item"], history=True, idempotency=True)
+def charge_chronicled(self: Any, item: object) -> object:
+    """Idempotency keys on a lock that keeps its history."""
+    return _work(self, item, 0.0, "ok")

@@ -106,6 +106,7 @@ class LocksPage:
         routes: dict[tuple[str, str], Callable[[Request], Response]] = {
             ("GET", "/"): self.views.index,
             ("GET", "/lock"): self.views.lock,
+            ("GET", "/idempotency"): self.views.idempotency,
             ("POST", "/release"): self._release,
         }
         view = routes.get((method, path))

@@ -19,6 +19,7 @@ from ...config.options import is_singleton
 from ...config.stores import LockStores
 from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
+from .. import idempotency_keys
 from ..liveness import Liveness, Verdict
 from ..lock_history import entries_of, shown
 from ..locks import LockRow, app_rows, family_rows, new_call, operator_record, release
@@ -40,6 +41,8 @@ LIVENESS_TIMEOUT = 1.0
 HISTORY_SHOWN = 50
 # Holders asked after at most, for the orphaned filter (narrow it by task or search).
 MAX_ORPHAN_CHECKS = 10_000
+# Idempotency keys shown at most, newest first (search or filter to find older ones).
+MAX_KEYS = 500
 
 
 class Views:
@@ -97,6 +100,34 @@ class Views:
         gone = [row for row in candidates if verdicts[row.key].alive is False]
         page = page_of(gone, replace(query, state=""))
         return replace(page, query=query), {key: v.why for key, v in verdicts.items()}
+
+    def idempotency(self, request: Request) -> Response:
+        """The idempotency keys: each key's first call, its state and window (a search
+        by key, task or task id, and a state filter; newest first, at most MAX_KEYS)."""
+        search = request.params.get("q", "").strip()
+        state = request.params.get("state", "")
+        try:
+            store = LockStores.for_app(self.app).lock
+            found = [
+                record
+                for record in idempotency_keys.records(store)
+                if (not state or record.state == state)
+                and (not search or search in (record.key, record.task, record.call, record.by))
+            ]
+        except SingletonLockError as error:
+            return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
+        found.sort(key=lambda record: record.accepted_at, reverse=True)
+        return self.render(
+            request,
+            "idempotency.html",
+            keys=found[:MAX_KEYS],
+            total=len(found),
+            search=search,
+            state=state,
+            states=list(idempotency_keys.MEANINGS),
+            meanings=idempotency_keys.MEANINGS,
+            now=time.time(),
+        )
 
     def lock(self, request: Request) -> Response:
         """One lock: each hold with its holder's liveness, the task's options, what a
