@@ -19,7 +19,6 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from celery import Task
-from celery.backends.base import DisabledBackend
 from celery.utils import uuid
 
 from . import broker
@@ -36,12 +35,11 @@ from .publish.dispatch import (
     slot_at_publish,
 )
 from .publish.held import send_held
-from .publish.idempotent import send_once
+from .publish.idempotent import key_of_call, send_once
 from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
 from .run import cancels, idempotent
 from .run.execution import Execution, failed_run
-from .run.idempotent import ResultStore
 from .tokens import (
     BYPASS_OPTION,
     HOLD_HEADER,
@@ -199,7 +197,10 @@ class SingletonTask(Task):  # type: ignore[misc]
                     handed_over=partial(setattr, request, _HANDED_OVER, True),
                 )
         call = (args or (), kwargs or {})
-        key = self._idempotency_key(call, options, resent=isinstance(bypass, dict))
+        # Our own resends (a dict of a held call's headers) carry their key in them.
+        key = (
+            None if isinstance(bypass, dict) else key_of_call(self.singleton_context, call, options)
+        )
         dispatch = partial(
             self._dispatch,
             call,
@@ -222,26 +223,6 @@ class SingletonTask(Task):  # type: ignore[misc]
             sender=self,
             send=partial(dispatch, task_id),
             result_of=self.AsyncResult,
-        )
-
-    def _idempotency_key(
-        self,
-        call: tuple[Sequence[object], Mapping[str, object]],
-        options: dict[str, object],
-        *,
-        resent: bool,
-    ) -> str | None:
-        """The call's idempotency key: given (``idempotency_key=``) or found by the task's
-        ``key_from``; None for our own resends, which carry theirs in their headers."""
-        given = options.pop("idempotency_key", None)
-        if resent:
-            return None
-        opts = self.singleton_options()
-        if given is not None:
-            return opts.idempotency.checked(self.name, given)
-        headers = options.get("headers")
-        return opts.idempotency.key_of(
-            self.name, opts.key, *call, headers if isinstance(headers, Mapping) else None
         )
 
     def _dispatch(
@@ -354,14 +335,6 @@ class SingletonTask(Task):  # type: ignore[misc]
             resend=resend,
         )
 
-    def _kept_results(self, request: Context) -> ResultStore | None:
-        """The result backend a replay reads, None when this run's results are not kept."""
-        eager_kept = not request.is_eager or self.app.conf.task_store_eager_result
-        if self.ignore_result or not eager_kept or isinstance(self.backend, DisabledBackend):
-            return None
-        backend: ResultStore = self.backend
-        return backend
-
     def __call__(self, *args: object, **kwargs: object) -> object:
         request = self.request
         if request.called_directly or request.id is None:
@@ -384,7 +357,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 (args, kwargs),
                 name=lease.name,
                 sender=self,
-                results=self._kept_results(request),
+                results=idempotent.kept_results(self, request),
             )
             if replay is not None:
                 return replay.answer()

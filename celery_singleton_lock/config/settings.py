@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from ..lease import DEFAULT_PREFIX, validate_prefix
-from ..lease.redis.clients import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
+from ..lease.redis.urls import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..lease import LockStore, MemoryLock, RedisLock, Redlock, client_from_url, describe
-from ..lease.redis.clients import (
+from ..lease.redis.urls import (
     REDLOCK_SCHEMES,
     STANDALONE_SCHEMES,
     redact,

@@ -27,6 +27,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def key_of_call(
+    context: TaskContext,
+    call: tuple[Sequence[object], Mapping[str, object]],
+    options: dict[str, object],
+) -> str | None:
+    """The call's idempotency key, taken out of its options (``idempotency_key=``), or
+    found by the task's ``key_from``; None: the call has none."""
+    given = options.pop("idempotency_key", None)
+    idempotency = context.options.idempotency
+    if given is not None:
+        return idempotency.checked(context.name, given)
+    headers = options.get("headers")
+    return idempotency.key_of(
+        context.name,
+        context.options.key,
+        *call,
+        headers if isinstance(headers, Mapping) else None,
+    )
+
+
 def send_once(
     context: TaskContext,
     key: str,

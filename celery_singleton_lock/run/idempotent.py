@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from celery import signals, states
+from celery import Task, signals, states
+from celery.backends.base import DisabledBackend
 
 from .. import signals as singleton_signals
 from ..context import TaskContext
@@ -53,6 +54,18 @@ class Replay:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def kept_results(task: Task, request: object) -> ResultStore | None:
+    """The result backend a replay reads; None when this run's results are not kept
+    (ignored, not stored for an eager call, or no backend)."""
+    eager = bool(getattr(request, "is_eager", False))
+    if task.ignore_result or (eager and not task.app.conf.task_store_eager_result):
+        return None
+    if isinstance(task.backend, DisabledBackend):
+        return None
+    backend: ResultStore = task.backend
+    return backend
 
 
 def key_of(

@@ -310,7 +310,8 @@ class TestOperators:
         assert keys[parked_key]["first_call"] == parked.id
         assert 86000 < keys[parked_key]["expires_in"] <= 86400
         table = cli(cenv, "list", "--idempotency", "--state", "accepted")
-        assert parked_key in table.stdout and done_key not in table.stdout
+        assert parked_key in table.stdout
+        assert done_key not in table.stdout
         shown = cli(cenv, "show", done_key)
         assert shown.returncode == 0, shown.stderr
         assert f"first call: {done.id}" in shown.stdout

@@ -19,7 +19,7 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import rates_of
-from celery_singleton_lock.lease.redis.clients import redlock_masters
+from celery_singleton_lock.lease.redis.urls import redlock_masters
 from celery_singleton_lock.lease.redlock import masters as redlock_module
 
 from ..conftest import CeleryEnv

@@ -3,7 +3,8 @@
 URL forms:
 
 - ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path?db=N``:
-  redis-py's own ``from_url``; ``redis+socket:///path?virtual_host=N``, kombu's form of a
+  redis-py's own ``from_url`` (``valkey://`` and ``valkeys://``, Valkey's forms, are read
+  as ``redis://`` and ``rediss://``); ``redis+socket:///path?virtual_host=N``, kombu's form of a
   socket (a broker's, found as the default lock store), is read as ``unix://``.
 - ``sentinel://[[user]:password@]host:26379;sentinel://host2:26379/0`` with
   ``master_name`` (and optionally ``sentinel_kwargs``, ``min_other_sentinels``) in the
@@ -19,10 +20,9 @@ URL forms:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias, TypeGuard, TypeVar, overload
-from urllib.parse import SplitResult, parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import redis
 import redis.asyncio
@@ -34,6 +34,21 @@ from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
 from ...exceptions import ConfigurationError, LockStoreUnavailableError
+from .urls import (
+    CLUSTER_SCHEMES,
+    REDLOCK_SCHEMES,
+    SCHEMES,
+    SENTINEL_SCHEMES,
+    STANDALONE_SCHEMES,
+    check_db_path,
+    check_userinfo,
+    credentials,
+    host_port,
+    redact,
+    redis_url,
+    scheme_of,
+    unix_url,
+)
 
 # The redis-py clients a lock store takes: standalone (a Sentinel master is one) or
 # Cluster, sync or asyncio.
@@ -42,17 +57,8 @@ AsyncClient: TypeAlias = "redis.asyncio.Redis | AsyncRedisCluster"
 Client: TypeAlias = "SyncClient | AsyncClient"
 _Standalone = TypeVar("_Standalone", redis.Redis, redis.asyncio.Redis)
 
-STANDALONE_SCHEMES = ("redis", "rediss", "unix", "redis+socket")
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-SENTINEL_SCHEMES = ("sentinel", "sentinels")
-REDLOCK_SCHEMES = ("redlock", "redlocks")
-SCHEMES = STANDALONE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES + REDLOCK_SCHEMES
 # Options that configure how Sentinel is asked, not the connection to the master.
 _SENTINEL_OPTIONS = ("master_name", "sentinel_kwargs", "min_other_sentinels")
-
-
-def scheme_of(url: str) -> str:
-    return urlsplit(url).scheme.lower()
 
 
 @overload
@@ -86,7 +92,8 @@ def build(
     Raises ``ConfigurationError`` naming what is wrong, before any connection is made.
     """
     kwargs: dict[str, Any] = dict(options or {})
-    _check_userinfo(url)
+    check_userinfo(url)
+    url = redis_url(url)
     scheme = scheme_of(url)
     try:
         if scheme in SENTINEL_SCHEMES:
@@ -95,9 +102,9 @@ def build(
             return _cluster(url, kwargs, asyncio=asyncio)
         if scheme in STANDALONE_SCHEMES:
             if scheme in ("redis", "rediss"):
-                _db_path(url)
+                check_db_path(url)
             if scheme == "redis+socket":
-                url = _unix_url(url)
+                url = unix_url(url)
             if scheme in ("unix", "redis+socket") and not asyncio:
                 _socket_options(kwargs)
             for name in _SENTINEL_OPTIONS:
@@ -129,34 +136,6 @@ def build(
     )
 
 
-def redlock_masters(url: str) -> list[str]:
-    """``redlock://[[user]:password@]host1:port1,host2:port2,...[/db][?query]`` as one
-    ``redis://`` URL per master (``redlocks://``: ``rediss://``, TLS); the credentials,
-    database and query apply to every master."""
-    _check_userinfo(url)
-    scheme, _, rest = url.partition("://")
-    userinfo, at, located = rest.rpartition("@")
-    hosts = re.split(r"[/?]", located, maxsplit=1)[0]
-    tail = located[len(hosts) :]
-    redis_scheme = "rediss" if scheme.lower() == "redlocks" else "redis"
-    found = []
-    for text in hosts.split(","):
-        host, port = _host_port(text.strip(), 6379, url)
-        shown = f"[{host}]" if ":" in host else host
-        found.append(f"{redis_scheme}://{userinfo}{at}{shown}:{port}{tail}")
-    return found
-
-
-def _unix_url(url: str) -> str:
-    """kombu's ``redis+socket:///path?virtual_host=N`` as redis-py's ``unix:///path?db=N``
-    (kombu names the database ``virtual_host``; redis-py takes ``db``)."""
-    part = urlsplit(url)
-    query = [("db" if k == "virtual_host" else k, v) for k, v in parse_qsl(part.query)]
-    rest = urlencode(query)
-    auth = url[len("redis+socket://") :].split("/", 1)[0]
-    return f"unix://{auth}{part.path}" + (f"?{rest}" if rest else "")
-
-
 def _socket_options(options: dict[str, Any]) -> None:
     """redis-py 7 and 8 turn maintenance notifications on for RESP3 connections, then
     refuse to connect a unix socket (it has no host to name): off for a socket, unless
@@ -179,30 +158,6 @@ def _checked(client: _Standalone) -> _Standalone:
     return client
 
 
-def _credentials(part: SplitResult) -> dict[str, str]:
-    found = {}
-    if part.username:
-        found["username"] = unquote(part.username)
-    if part.password:
-        found["password"] = unquote(part.password)
-    return found
-
-
-def _host_port(text: str, default_port: int, url: str) -> tuple[str, int]:
-    """``host``, ``host:port``, ``[::1]:port`` -> (host, port)."""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.lstrip(":")
-    elif text.count(":") == 1:
-        host, _, port = text.partition(":")
-    else:
-        host, port = text, ""
-    try:
-        return host or "localhost", int(port) if port else default_port
-    except ValueError:
-        raise ConfigurationError(f"lock store URL {redact(url)}: bad port in {text!r}") from None
-
-
 def _sentinel(url: str, options: dict[str, Any], *, asyncio: bool) -> Client:
     master_name = options.pop("master_name", None)
     if not master_name:
@@ -221,8 +176,8 @@ def _sentinel(url: str, options: dict[str, Any], *, asyncio: bool) -> Client:
             raise ConfigurationError(
                 f"lock store URL {redact(url)}: every part must be sentinel://"
             )
-        nodes.append(_host_port(part.netloc.rpartition("@")[2], 26379, url))
-        connection.update(_credentials(part))
+        nodes.append(host_port(part.netloc.rpartition("@")[2], 26379, url))
+        connection.update(credentials(part))
         if part.path.strip("/"):
             connection["db"] = int(part.path.strip("/"))
         if part.scheme.lower() == "sentinels":
@@ -245,10 +200,10 @@ def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Client:
         raise ConfigurationError(
             f"lock store URL {redact(url)}: a cluster has only database 0; drop the /N"
         )
-    hosts = [_host_port(seed, 6379, url) for seed in seeds.split(",") if seed]
+    hosts = [host_port(seed, 6379, url) for seed in seeds.split(",") if seed]
     if not hosts:
         raise ConfigurationError(f"lock store URL {redact(url)} names no cluster node")
-    kwargs: dict[str, Any] = {**_credentials(part), **dict(parse_qsl(part.query))}
+    kwargs: dict[str, Any] = {**credentials(part), **dict(parse_qsl(part.query))}
     if part.scheme.lower().startswith("rediss"):
         kwargs["ssl"] = True
     for name in _SENTINEL_OPTIONS:
@@ -270,51 +225,6 @@ def _cluster(url: str, options: dict[str, Any], *, asyncio: bool) -> Client:
             f"lock store at {redact(url)} is unreachable: {error}", url=redact(url)
         ) from error
     return cluster
-
-
-# A password given as a query parameter (redis-py reads ?password=, Sentinel's too).
-_QUERY_SECRET = re.compile(r"([?&](?:sentinel_)?password=)[^&;#]*", re.IGNORECASE)
-
-
-def redact(url: str) -> str:
-    """``url`` without its password, however malformed the URL is.
-
-    Not through ``urlsplit``: a password with an unencoded ``#``, ``/`` or ``?`` splits
-    there and would be shown in part. The user information is everything between
-    ``://`` and the last ``@``; a password in the query is hidden too.
-    """
-    parts = []
-    for one in url.split(";"):
-        shown = one.strip()
-        scheme, sep, rest = shown.partition("://")
-        userinfo, at, host = rest.rpartition("@")
-        if sep and at and ":" in userinfo:
-            shown = f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
-        parts.append(_QUERY_SECRET.sub(r"\1***", shown))
-    return ";".join(parts)
-
-
-def _check_userinfo(url: str) -> None:
-    """Refuse a user or password with a character a URL reserves: the URL would split
-    there, and any message about the rest (a "bad port") would quote part of it."""
-    for one in url.split(";"):
-        userinfo = one.partition("://")[2].rpartition("@")[0]
-        if any(c in userinfo for c in "#/?@[]"):
-            raise ConfigurationError(
-                f"lock store URL {redact(url)} is not valid: its user or password has a "
-                "character a URL reserves (# / ? @ [ ]); percent-encode the password, e.g. "
-                "urllib.parse.quote(password, safe='')"
-            )
-
-
-def _db_path(url: str) -> None:
-    """redis-py reads ``/abc`` as database 0 without a word: refuse a path that is not one."""
-    path = urlsplit(url).path.strip("/")
-    if path and not path.isdigit():
-        raise ConfigurationError(
-            f"lock store URL {redact(url)}: {path!r} is not a database number; write "
-            "redis://host:6379/0 (or ?db=N)"
-        )
 
 
 def _cluster_kwargs(client: object) -> dict[str, object] | None:

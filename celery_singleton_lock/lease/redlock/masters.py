@@ -23,10 +23,10 @@ from ..limits.slots import QuorumSlots
 from ..names import DEFAULT_PREFIX, Held, LockKeys, new_token
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult
 from ..redis import scripts
-from ..redis.clients import redlock_masters
 from ..redis.inventory import BATCH
 from ..redis.pending import PendingAcquire
 from ..redis.store import RedisLock
+from ..redis.urls import redlock_masters
 from ..renewal import Renewer, get_renewer
 from ..takeover import FRESH, TakeOver
 from .quorum import Answers, Attempt, Quorum

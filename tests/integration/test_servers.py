@@ -1,0 +1,67 @@
+"""The servers the suite runs on (Redis, or Valkey where the matrix says so) and Valkey's
+own URL forms, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from celery_singleton_lock import AsyncRedisLock, ConfigurationError, Lease, RedisLock
+from celery_singleton_lock.config.settings import SingletonConfig
+from celery_singleton_lock.config.stores import LockStores
+from celery_singleton_lock.lease.redis.clients import build
+
+from ..support.apps import app_with
+from ..support.servers import RedisServer
+
+
+def _server_name(server: RedisServer) -> str:
+    info = server.client().info("server")
+    return str(info.get("server_name") or "redis")
+
+
+def test_the_server_is_the_one_the_matrix_names(redis_server: RedisServer) -> None:
+    # CSL_SERVER names the server a matrix combination runs on; the inner loop's is Redis.
+    wanted = os.environ.get("CSL_SERVER", "redis")
+    assert _server_name(redis_server) == wanted
+
+
+class TestValkeyUrls:
+    def test_valkey_urls_reach_the_server(self, redis_server: RedisServer) -> None:
+        url = redis_server.url.replace("redis://", "valkey://", 1)
+        lock = RedisLock.from_url(url)
+        lease = lock.acquire("valkey-url", 5)
+        assert isinstance(lease, Lease)
+        assert lock.holder("valkey-url") == lease.token
+        lock.release(lease)
+        assert lock.holder("valkey-url") is None
+
+    def test_an_app_setting_takes_them_too(self, redis_server: RedisServer) -> None:
+        url = redis_server.url.replace("redis://", "valkey://", 1)
+        app = app_with(singleton_lock_url=url)
+        store = LockStores(SingletonConfig.from_app(app)).lock
+        assert isinstance(store, RedisLock)
+        assert store.holder("nothing") is None
+
+    def test_the_asyncio_store_too(self, redis_server: RedisServer) -> None:
+        url = redis_server.url.replace("redis://", "valkey://", 1)
+
+        async def main() -> None:
+            lock = AsyncRedisLock.from_url(url)
+            lease = await lock.acquire("valkey-async", 5)
+            assert await lock.holder("valkey-async") == lease.token
+            await lock.release(lease)
+            await lock.client.aclose()
+
+        asyncio.run(main())
+
+    def test_valkeys_is_tls_and_redlock_keeps_its_own_forms(self) -> None:
+        client = build("valkeys://user:secret@127.0.0.1:6390/2")
+        kwargs = client.connection_pool.connection_kwargs
+        assert kwargs["db"] == 2
+        assert kwargs["username"] == "user"
+        assert "SSL" in client.connection_pool.connection_class.__name__
+        with pytest.raises(ConfigurationError, match="Redlock"):
+            build("redlock://127.0.0.1:1,127.0.0.1:2")  # several masters: Redlock.from_url
