@@ -183,6 +183,16 @@ def this_history(item: str, seconds: float = 0.0) -> str:
     return _run("this_history", item, seconds)
 
 
+class Idempotent:
+    """``this`` called with an idempotency key per item: a unique call claims a new key; a
+    repeat is answered from its key's record with the first call's result (nothing sent)."""
+
+    name = "bench.this_idempotent"
+
+    def apply_async(self, args: tuple[str, ...], **options: Any) -> Any:
+        return this.apply_async(args, idempotency_key=f"idem-{args[0]}", **options)
+
+
 SYSTEMS: dict[str, Any] = {
     "plain": plain,
     "celery_singleton": celery_singleton,
@@ -198,6 +208,7 @@ SYSTEMS: dict[str, Any] = {
     "this_rate_delay": this_rate_delay,
     "this_cancel": this_cancel,
     "this_history": this_history,
+    "this_idempotent": Idempotent(),
 }
 
 

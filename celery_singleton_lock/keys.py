@@ -334,7 +334,7 @@ class KeySpec:
             encoded = [[param, encode(value, param)] for param, value in sorted(selected.items())]
         except RecursionError:
             raise KeyDerivationError(
-                f"{self.name}: arguments are nested too deeply to derive a key; pass key=",
+                f"{self.name}: arguments are nested too deeply to digest; pass flatter ones",
                 param=None,
             ) from None
         return _digest([self.name, encoded])

@@ -123,6 +123,10 @@ class SingletonTask(Task):  # type: ignore[misc]
                 result_expires=expires.total_seconds()
                 if isinstance(expires, timedelta)
                 else expires,
+                result_backend=app.conf.result_backend,
+                eager_unstored=bool(
+                    app.conf.task_always_eager and not app.conf.task_store_eager_result
+                ),
             )
 
     @classmethod
@@ -199,7 +203,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         call = (args or (), kwargs or {})
         # Our own resends (a dict of a held call's headers) carry their key in them.
         key = (
-            None if isinstance(bypass, dict) else key_of_call(self.singleton_context, call, options)
+            None
+            if isinstance(bypass, dict)
+            else key_of_call(self.name, self.singleton_options(), call, options)
         )
         dispatch = partial(
             self._dispatch,
@@ -350,6 +356,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if self.singleton_track_started and not request.is_eager:
             results.store_started(self, request)
         cancels.watch(self, request, lease)
+        ran = False  # the body was called (a replayed outcome is not a run that failed)
         try:
             replay = idempotent.begin(
                 self.singleton_context,
@@ -357,26 +364,37 @@ class SingletonTask(Task):  # type: ignore[misc]
                 (args, kwargs),
                 name=lease.name,
                 sender=self,
-                results=idempotent.kept_results(self, request),
+                results=partial(idempotent.kept_results, self, request),
             )
             if replay is not None:
                 return replay.answer()
+            ran = True
             return self.run(*args, **kwargs)
         except Exception as error:
             cancels.ended(self, request, error, lease)  # REVOKED, if it was cancelled
-            failed_run(self.singleton_context, request, error, lease)
+            if ran:
+                failed_run(self.singleton_context, request, error, lease)
             raise
         finally:
             request.singleton_lease = None
             if lease.token and not getattr(request, _HANDED_OVER, False):
-                results.release_at_end(self, request, self.singleton_context, lease)
-                singleton_signals.send(
-                    singleton_signals.lease_released,
-                    self,
-                    lease.name,
-                    task_id=request.id,
-                    held=time.monotonic() - acquired,
-                )
+                end = partial(self._release_at_end, request, lease, acquired)
+                # A run with an idempotency key keeps its lease until its outcome is
+                # written, after Celery stored the result: no copy starts in between.
+                if not idempotent.release_after_end(request, end):
+                    end(ride=True)
+
+    def _release_at_end(
+        self, request: Context, lease: Lease, acquired: float, *, ride: bool
+    ) -> None:
+        results.release_at_end(self, request, self.singleton_context, lease, ride=ride)
+        singleton_signals.send(
+            singleton_signals.lease_released,
+            self,
+            lease.name,
+            task_id=request.id,
+            held=time.monotonic() - acquired,
+        )
 
 
 __all__ = ["SingletonOptions", "SingletonTask"]

@@ -199,16 +199,19 @@ def release_with_result(
     return True
 
 
-def release_at_end(task: Task, request: Context, context: TaskContext, lease: Lease) -> None:
+def release_at_end(
+    task: Task, request: Context, context: TaskContext, lease: Lease, *, ride: bool = True
+) -> None:
     """A run's lease at its end: rides the result's write (``release_with_result``), or is
-    sent now; eagerly, waited for. The lock's history, if kept, records it there too."""
+    sent now; eagerly, waited for. ``ride=False``: sent now (the result is written
+    already). The lock's history, if kept, records it there too."""
     store = context.store
     # Another holder by then: the lease was lost; nobody: it had expired.
     ended = "cancelled" if lease.cancelled else "released"
     record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
     if request.is_eager:
         release_or_warn(partial(store.release, entry=record), lease)
-    elif not release_with_result(task, request, context, lease, record):
+    elif not (ride and release_with_result(task, request, context, lease, record)):
         release_or_warn(partial(store.release_nowait, entry=record), lease)
 
 

@@ -122,23 +122,33 @@ def refused_by_mode(on_duplicate: str, debounce: float | None, limit: int | None
 
 
 def warn_if_results_are_short(
-    task: str, options: Idempotency, *, ignore_result: bool, result_expires: float | None
+    task: str,
+    options: Idempotency,
+    *,
+    ignore_result: bool,
+    result_expires: float | None,
+    result_backend: object = None,
+    eager_unstored: bool = False,
 ) -> None:
     """At decoration: say when a repeat could not read the first call's result."""
     if not options.given:
         return
+    backend = str(result_backend or "")
     if ignore_result:
-        logger.warning(
-            "%s: ignore_result is set, so a repeat of an idempotency key gets the first "
-            "call's task id but never its result; unset ignore_result to answer repeats",
-            task,
-        )
+        why = "ignore_result is set, so a repeat of an idempotency key gets the first call's "
+        fix = "task id but never its result; unset ignore_result to answer repeats"
+    elif backend.startswith(("rpc", "amqp")):
+        why = "the rpc:// result backend sends a result to its caller alone, so a repeat "
+        fix = "from another process never gets it; use a result backend that stores results"
+    elif eager_unstored:
+        why = "task_always_eager without task_store_eager_result stores no result, so a "
+        fix = "repeat's result never comes; set task_store_eager_result=True"
     elif result_expires is not None and 0 < result_expires < options.window:
-        logger.warning(
-            "%s: result_expires (%gs) is shorter than the idempotency window (%gs): a "
-            "repeat after the result expired cannot read it; raise result_expires or "
-            "shorten the window",
-            task,
-            result_expires,
-            options.window,
+        why = (
+            f"result_expires ({result_expires:g}s) is shorter than the idempotency window "
+            f"({options.window:g}s): a repeat after the result expired cannot read it; "
         )
+        fix = "raise result_expires or shorten the window"
+    else:
+        return
+    logger.warning("%s: %s%s", task, why, fix)

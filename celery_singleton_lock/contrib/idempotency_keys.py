@@ -13,7 +13,7 @@ KEY_COLUMNS = (
     ("AGE", 8),
     ("EXPIRES", 8),
     ("FIRST CALL", 36),
-    ("ENDED BY", 36),
+    ("RUN BY", 36),
     ("TASK", 28),
     ("KEY", 0),
 )
@@ -41,7 +41,7 @@ def as_json(found: Record) -> dict[str, object]:
         "task": found.task,
         "first_call": found.call,
         "state": found.state,
-        "ended_by": found.by or None,
+        "run_by": found.by or None,
         "accepted_at": found.accepted_at,
         "expires_in": found.expires_in,
     }
@@ -66,7 +66,7 @@ def described(found: Record) -> list[str]:
         f"  task:       {found.task or '-'}",
         f"  first call: {found.call}",
         f"  state:      {found.state} ({MEANINGS.get(found.state, 'unknown')})",
-        f"  ended by:   {found.by or '-'}",
+        f"  run by:     {found.by or '-'} (the call whose run is running, or ended it)",
         f"  accepted {human(max(0.0, time.time() - found.accepted_at))} ago, "
         f"expires in {human(found.expires_in)}",
     ]

@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Literal
 from urllib.parse import quote, unquote
 
@@ -29,8 +30,9 @@ from .redlock.masters import Redlock
 
 # Stripe's bound: a key is an opaque string the caller makes (a UUID, a request's id).
 MAX_KEY_LENGTH = 255
-# How a call with a key ends: its outcome kept for the window, or the key freed.
-Outcome = Literal["succeeded", "failed", "forget"]
+# How a call with a key ends: its outcome kept for the window, or the key freed (by a
+# run that did not complete, or by a dispatch that sent nothing: ``unsent``).
+Outcome = Literal["succeeded", "failed", "forget", "unsent"]
 ENDED = ("succeeded", "failed")
 
 
@@ -63,7 +65,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Record:
-    """One key's record, for operators (``celery singleton idempotency``)."""
+    """One key's record, for operators (``celery singleton list --idempotency``)."""
 
     key: str
     task: str
@@ -145,14 +147,20 @@ class IdempotencyKeys:
         return bool(reply)
 
     def records(self, batch: int = 500) -> Iterator[Record]:
-        """Every key's record under the prefix (SCAN, then one read per record)."""
+        """Every key's record under the prefix: SCAN, then one pipeline per batch."""
         client = self.store.client
         try:
-            for raw in client.scan_iter(match=self.prefix + "*", count=batch):
-                name = _text(raw)
-                found = self.read(unquote(name[len(self.prefix) :]))
-                if found is not None:
-                    yield found
+            scanned = (_text(raw) for raw in client.scan_iter(match=self.prefix + "*", count=batch))
+            while chunk := list(islice(scanned, batch)):
+                with client.pipeline(transaction=False) as pipe:
+                    for name in chunk:
+                        pipe.hgetall(name)
+                        pipe.pttl(name)
+                    replies = pipe.execute()
+                for name, fields, pttl in zip(chunk, replies[::2], replies[1::2], strict=True):
+                    found = _record(unquote(name[len(self.prefix) :]), fields, pttl)
+                    if found is not None:
+                        yield found
         except REDIS_ERRORS as error:
             self.store.unavailable(error)
 
@@ -166,18 +174,22 @@ class IdempotencyKeys:
                 fields, pttl = pipe.execute()
         except REDIS_ERRORS as error:
             self.store.unavailable(error)
-        if not fields:
-            return None
-        found = {_text(k): _text(v) for k, v in fields.items()}
-        return Record(
-            key=idempotency_key,
-            task=found.get("task", ""),
-            call=found.get("call", ""),
-            state=found.get("state", ""),
-            by=found.get("by", ""),
-            accepted_at=int(found.get("at", 0)) / 1000,
-            expires_in=pttl / 1000 if pttl >= 0 else None,
-        )
+        return _record(idempotency_key, fields, pttl)
+
+
+def _record(key: str, fields: dict[object, object], pttl: int) -> Record | None:
+    if not fields:
+        return None  # gone since the SCAN
+    found = {_text(k): _text(v) for k, v in fields.items()}
+    return Record(
+        key=key,
+        task=found.get("task", ""),
+        call=found.get("call", ""),
+        state=found.get("state", ""),
+        by=found.get("by", ""),
+        accepted_at=int(found.get("at", 0)) / 1000,
+        expires_in=pttl / 1000 if pttl >= 0 else None,
+    )
 
 
 @dataclass
@@ -209,7 +221,8 @@ class MemoryIdempotencyKeys:
         with self._guard:
             kept = self._live(idempotency_key)
             if kept is not None:
-                return replace(kept.claim, first=False)
+                again = kept.claim.call == call and kept.claim.state == "accepted"
+                return replace(kept.claim, first=again)
             now = self.store.clock.time()
             claim = Claim(True, call, fingerprint, "accepted", "")
             self._kept[idempotency_key] = _Kept(claim, task, now, now + window_ms / 1000)
@@ -239,10 +252,11 @@ class MemoryIdempotencyKeys:
             record = kept.claim
             running = record.state == "running" and record.by == call
             accepted = record.state == "accepted" and record.call == call
-            if outcome == "forget":
-                if running or accepted:
+            if outcome in ("forget", "unsent"):
+                freed = accepted or (running and outcome == "forget")
+                if freed:
                     del self._kept[idempotency_key]
-                return running or accepted
+                return freed
             if running:
                 kept.claim = replace(record, state=outcome)
             return running

@@ -13,12 +13,15 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from celery import states
+
 from .. import outages
 from .. import signals as singleton_signals
+from ..config.options import SingletonOptions
 from ..context import TaskContext
 from ..exceptions import IdempotencyConflictError, LockStoreUnavailableError
 from ..lease import append_history
-from ..lease.idempotency import idempotency_keys_of
+from ..lease.idempotency import Claim, idempotency_keys_of
 from ..tokens import IDEMPOTENCY_HEADER
 
 if TYPE_CHECKING:
@@ -28,22 +31,23 @@ logger = logging.getLogger(__name__)
 
 
 def key_of_call(
-    context: TaskContext,
+    task: str,
+    options: SingletonOptions,
     call: tuple[Sequence[object], Mapping[str, object]],
-    options: dict[str, object],
+    call_options: dict[str, object],
 ) -> str | None:
     """The call's idempotency key, taken out of its options (``idempotency_key=``), or
-    found by the task's ``key_from``; None: the call has none."""
-    given = options.pop("idempotency_key", None)
-    idempotency = context.options.idempotency
+    found by the task's ``key_from``; None: the call has none (nothing else is done
+    then: the dispatch of a call without a key pays a dict lookup)."""
+    given = call_options.pop("idempotency_key", None)
+    idempotency = options.idempotency
     if given is not None:
-        return idempotency.checked(context.name, given)
-    headers = options.get("headers")
+        return idempotency.checked(task, given)
+    if idempotency.key_from is None:
+        return None
+    headers = call_options.get("headers")
     return idempotency.key_of(
-        context.name,
-        context.options.key,
-        *call,
-        headers if isinstance(headers, Mapping) else None,
+        task, options.key, *call, headers if isinstance(headers, Mapping) else None
     )
 
 
@@ -61,40 +65,16 @@ def send_once(
     """Claim ``key`` for this call (``task_id``) and ``send`` it, or answer a repeat with
     the first call's result (``result_of`` its id)."""
     fingerprint = context.options.key.fingerprint(*call)
-    idempotency = context.options.idempotency
-    keys = idempotency_keys_of(context.store)
+    given = options.get("headers") or {}
+    if isinstance(given, Mapping):  # also when sent unchecked: its copies meet the key
+        options["headers"] = {**given, IDEMPOTENCY_HEADER: key}
     try:
-        claim = keys.claim(key, task_id, fingerprint, idempotency.window_ms, context.name)
+        claim = _claim(context, key, task_id, fingerprint, result_of)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, f"idempotency key {key!r}", error)  # fail_closed raises
         return send()  # fail_open: sent without the check, as a lock's dispatch would be
     if not claim.first:
-        lock_name = context.options.key.derive(*call)
-        event = "idempotent repeat" if claim.answers_for(fingerprint) else "idempotency conflict"
-        # The lock's history says what the key answered (a round trip, with history on).
-        append_history(
-            context.store, context.record(lock_name, claim.call), event, idempotency_key=key
-        )
-        if not claim.answers_for(fingerprint):
-            raise IdempotencyConflictError(
-                f"{context.name}: idempotency key {key!r} was first used by call "
-                f"{claim.call} with other arguments (or another task); a key names one "
-                "request: send a new key for a new request",
-                task_id=claim.call,
-                idempotency_key=key,
-            )
-        singleton_signals.send(
-            singleton_signals.idempotent_repeat,
-            sender,
-            lock_name,
-            idempotency_key=key,
-            task_id=claim.call,
-            state=claim.state,
-        )
-        return result_of(claim.call)
-    given = options.get("headers") or {}
-    if isinstance(given, Mapping):
-        options["headers"] = {**given, IDEMPOTENCY_HEADER: key}
+        return result_of(_repeat(context, key, call, claim, sender=sender, fingerprint=fingerprint))
     try:
         sent = send()
     except BaseException:
@@ -105,10 +85,79 @@ def send_once(
     return sent
 
 
-def forget(context: TaskContext, key: str, task_id: str) -> None:
-    """Free ``key`` if ``task_id`` holds it and never ran (owner-checked)."""
+def _claim(
+    context: TaskContext,
+    key: str,
+    task_id: str,
+    fingerprint: str,
+    result_of: Callable[[str], AsyncResult],
+) -> Claim:
+    """The key claimed for ``task_id``, or the record of the call that has it. A first
+    call left in flight by a run that ended without writing its end (a hard time limit,
+    a worker lost, a revoke before it started) and whose result says it failed or was
+    revoked frees the key, unless failures are kept: the client's retry then runs."""
+    idempotency = context.options.idempotency
+    keys = idempotency_keys_of(context.store)
+    claim = keys.claim(key, task_id, fingerprint, idempotency.window_ms, context.name)
+    if claim.first or claim.ended or idempotency.keep_failures:
+        return claim
+    holder = claim.by if claim.state == "running" else claim.call
+    if not _ended_badly(result_of(holder)):
+        return claim
+    keys.end(key, holder, "forget")  # owner-checked: only if it is still that call's
+    return keys.claim(key, task_id, fingerprint, idempotency.window_ms, context.name)
+
+
+def _ended_badly(result: AsyncResult) -> bool:
     try:
-        idempotency_keys_of(context.store).end(key, task_id, "forget")
+        return str(result.state) in (states.FAILURE, states.REVOKED)
+    except Exception:  # no result backend, or it is down: cannot tell
+        return False
+
+
+def _repeat(
+    context: TaskContext,
+    key: str,
+    call: tuple[Sequence[object], Mapping[str, object]],
+    claim: Claim,
+    *,
+    sender: object,
+    fingerprint: str,
+) -> str:
+    """A repeat of ``key``: recorded in the lock's history, refused if its arguments are
+    another request's; else the first call's id, whose result answers it."""
+    lock_name = context.options.key.derive(*call)
+    same = claim.answers_for(fingerprint)
+    # The lock's history says what the key answered (a round trip, with history on).
+    append_history(
+        context.store,
+        context.record(lock_name, claim.call),
+        "idempotent repeat" if same else "idempotency conflict",
+        idempotency_key=key,
+    )
+    if not same:
+        raise IdempotencyConflictError(
+            f"{context.name}: idempotency key {key!r} was first used by call "
+            f"{claim.call} with other arguments (or another task); a key names one "
+            "request: send a new key for a new request",
+            task_id=claim.call,
+            idempotency_key=key,
+        )
+    singleton_signals.send(
+        singleton_signals.idempotent_repeat,
+        sender,
+        lock_name,
+        idempotency_key=key,
+        task_id=claim.call,
+        state=claim.state,
+    )
+    return claim.call
+
+
+def forget(context: TaskContext, key: str, task_id: str) -> None:
+    """Free ``key`` if ``task_id`` holds it and no run of it began (owner-checked)."""
+    try:
+        idempotency_keys_of(context.store).end(key, task_id, "unsent")
     except LockStoreUnavailableError as error:
         logger.warning(
             "idempotency key %r of %s[%s] not freed (%s): it stays bound to a call that "

@@ -13,7 +13,7 @@ success instead of running again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,8 +33,10 @@ from ..tokens import IDEMPOTENCY_HEADER, header
 
 logger = logging.getLogger(__name__)
 
-# Set on the request of a run that began under an idempotency key: the key its end writes.
+# Set on the request of a run that began under an idempotency key: the key its end writes,
+# and the release of its lease, sent once that end is written.
 RUN_KEY = "singleton_idempotency_key"
+RUN_RELEASE = "singleton_idempotency_release"
 
 
 class ResultStore(Protocol):
@@ -68,6 +70,17 @@ def kept_results(task: Task, request: object) -> ResultStore | None:
     return backend
 
 
+def release_after_end(request: object, release: Callable[..., None]) -> bool:
+    """Whether this run's lease is released after its end is written (``release`` is
+    called then, with ``ride=False``): a run that began under a key. A copy of the call
+    that got the lease between the release and the end would find the record running
+    and no result stored yet, and do the work again."""
+    if getattr(request, RUN_KEY, None) is None:
+        return False
+    setattr(request, RUN_RELEASE, release)
+    return True
+
+
 def key_of(
     context: TaskContext,
     request: object,
@@ -76,10 +89,10 @@ def key_of(
 ) -> str | None:
     """The run's idempotency key: its message's, else the task's ``key_from`` finds it."""
     sent = header(request, IDEMPOTENCY_HEADER)
-    if isinstance(sent, str) and sent:
-        return sent
-    headers = getattr(request, "headers", None)
     options = context.options
+    if isinstance(sent, str) and sent:
+        return options.idempotency.checked(context.name, sent)  # refused by this mode?
+    headers = getattr(request, "headers", None)
     return options.idempotency.key_of(context.name, options.key, args, kwargs, headers)
 
 
@@ -90,14 +103,16 @@ def begin(
     *,
     name: str,
     sender: object,
-    results: ResultStore | None,
+    results: Callable[[], ResultStore | None],
 ) -> Replay | None:
     """None: the body runs (its end is written after it); else the ``Replay`` to answer
-    with. ``results``: the task's result backend, None when it keeps no results."""
+    with. ``results``: the task's result backend (None when it keeps no results), asked
+    only for a run with a key."""
     task_id = str(getattr(request, "id", ""))
     key = key_of(context, request, *call)
     if key is None:
         return None
+    kept = results()
     fingerprint = context.options.key.fingerprint(*call)
     idempotency = context.options.idempotency
     try:
@@ -117,7 +132,7 @@ def begin(
         )
         return None
     if claim.first:
-        if claim.state == "running" and _stored(results, claim.by):
+        if claim.state == "running" and _stored(kept, claim.by):
             # That run died after Celery stored its success, before its end was written
             # (a redelivery of it, or a copy: Celery itself may not deliver it again).
             _end(context, key, task_id, "succeeded")
@@ -126,7 +141,7 @@ def begin(
                 claim,
                 name=name,
                 key=key,
-                results=results,
+                results=kept,
                 sender=sender,
                 task_id=task_id,
                 by=claim.by,
@@ -153,7 +168,7 @@ def begin(
         claim,
         name=name,
         key=key,
-        results=results,
+        results=kept,
         sender=sender,
         task_id=task_id,
         by=claim.by,
@@ -250,14 +265,17 @@ def _at_postrun(
 ) -> None:
     request = getattr(sender, "request", None)
     key = getattr(request, RUN_KEY, None)
-    if key is None or task_id is None or state == states.RETRY:
-        return  # not a keyed run; a retry's run ends it
+    if key is None or task_id is None:
+        return  # not a keyed run
+    release = getattr(request, RUN_RELEASE, None)
     setattr(request, RUN_KEY, None)
+    setattr(request, RUN_RELEASE, None)
     context = getattr(sender, "singleton_context", None)
-    if not isinstance(context, TaskContext):
-        return
-    outcome = _OUTCOMES.get(str(state))
-    if outcome is None:  # a failure: freed for the client's retry, unless kept
-        kept = context.options.idempotency.keep_failures
-        outcome = "failed" if kept else "forget"
-    _end(context, key, task_id, outcome)
+    if isinstance(context, TaskContext) and state != states.RETRY:  # a retry's run ends it
+        outcome = _OUTCOMES.get(str(state))
+        if outcome is None:  # a failure: freed for the client's retry, unless kept
+            kept = context.options.idempotency.keep_failures
+            outcome = "failed" if kept else "forget"
+        _end(context, key, task_id, outcome)
+    if callable(release):
+        release(ride=False)

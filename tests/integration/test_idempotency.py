@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+import warnings
 from typing import Any
 
 import pytest
@@ -14,6 +15,8 @@ from celery import Celery
 from celery_singleton_lock import (
     ConfigurationError,
     IdempotencyConflictError,
+    LockStoreUnavailableError,
+    signals,
     singleton_task,
 )
 from celery_singleton_lock.lease.idempotency import idempotency_keys_of
@@ -237,6 +240,99 @@ class TestCopies:
         assert len(of(runs(cenv), "e")) == 1
 
 
+class TestEdges:
+    def test_a_copy_woken_by_the_first_run_s_release_answers_with_its_result(
+        self, cenv: CeleryEnv
+    ) -> None:
+        # The copy waits on the lock and wakes the moment the first run lets go. Without
+        # the broker ride the release is sent as the body returns, before Celery stores
+        # the result: the run keeps its lease until its outcome is written, so the copy
+        # answers with it instead of running.
+        unridden = Worker(cenv.env, extra_env={"CSL_RIDE": "0"}, queue="idem-unridden").start()
+        try:
+            task = cenv.app_module.charge_waiting
+            for n in range(3):
+                key, item = _key(), f"gap-{n}"
+                first = task.apply_async((item, 0.5), idempotency_key=key, queue=unridden.queue)
+                received = f"[{first.id}] received"
+                wait_for(lambda: received in unridden.output(), 20, "received")  # noqa: B023
+                copy = task.app.send_task(
+                    task.name,
+                    (item, 0.5),
+                    headers={"singleton_lock_idempotency_key": key},
+                    queue=unridden.queue,
+                )
+                assert first.get(timeout=20) == item
+                assert copy.get(timeout=20) == item
+                assert len(of(runs(cenv), item)) == 1
+        finally:
+            unridden.stop()
+
+    def test_a_run_lets_its_lease_go_only_once_its_outcome_is_written(self) -> None:
+        app = Celery("idem-order", set_as_current=False)
+        app.conf.update(
+            task_always_eager=True,
+            singleton_lock_url="memory://",
+            result_backend="cache+memory://",
+            task_store_eager_result=True,
+        )
+        seen: list[str] = []
+
+        @singleton_task(app=app, name="idem.order", key=["k"], idempotency=True)
+        def task(k: str) -> str:
+            return k
+
+        def at_release(sender: object = None, **_: object) -> None:
+            seen.append(_record(task, "o1").state)
+
+        signals.lease_released.connect(at_release, weak=False)
+        try:
+            assert task.apply_async(("a",), idempotency_key="o1").get() == "a"
+        finally:
+            signals.lease_released.disconnect(at_release)
+            app.close()
+        assert seen == ["succeeded"]  # a copy taking the lease now answers, never runs
+
+    def test_a_first_call_that_failed_without_writing_its_end_frees_the_key(
+        self, cenv: CeleryEnv
+    ) -> None:
+        # A worker lost, a hard time limit or a revoke leave the record in flight while
+        # the result says FAILURE or REVOKED: the next repeat is a first call again.
+        charge = cenv.app_module.charge_unheld  # no lock hold to answer the repeat first
+        key = _key()
+        lost = charge.apply_async(("lost",), idempotency_key=key, queue="nobody-reads-this-4")
+        with warnings.catch_warnings():  # Celery's backend calls redis-py's deprecated setex
+            warnings.simplefilter("ignore", DeprecationWarning)
+            charge.backend.mark_as_failure(lost.id, RuntimeError("worker lost"))
+        again = charge.apply_async(("lost",), idempotency_key=key, queue="nobody-reads-this-4")
+        assert again.id != lost.id
+        assert _record(charge, key).call == again.id
+
+    def test_a_claim_sent_twice_by_one_call_is_still_its_own(self, cenv: CeleryEnv) -> None:
+        keys = idempotency_keys_of(cenv.app_module.charge.singleton_context.store)
+        key = _key()
+        assert keys.claim(key, "call-1", "fp", 60_000, "t").first
+        assert keys.claim(key, "call-1", "fp", 60_000, "t").first  # its reply was lost
+        assert not keys.claim(key, "call-2", "fp", 60_000, "t").first
+        assert keys.begin(key, "call-1", "fp", 60_000, "t").first
+        assert not keys.end(key, "call-1", "unsent")  # a run began: the dispatch keeps out
+        assert keys.end(key, "call-1", "succeeded")
+        assert _record(cenv.app_module.charge, key).state == "succeeded"
+
+    def test_a_copy_for_a_mode_that_refuses_keys_fails_saying_so(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        debounced = cenv.app_module.debounced
+        copy = debounced.app.send_task(
+            debounced.name,
+            ("refused", "v1"),
+            headers={"singleton_lock_idempotency_key": _key()},
+            queue=worker.queue,
+        )
+        with pytest.raises(ConfigurationError, match="debounce"):
+            copy.get(timeout=20)
+
+
 class TestModes:
     def test_modes_where_a_newer_call_wins_refuse_keys(self) -> None:
         app = Celery("idem-modes", set_as_current=False)
@@ -269,6 +365,30 @@ class TestModes:
         with pytest.raises(IdempotencyConflictError):
             once.apply_async(("b",), idempotency_key="e1")
         assert calls == ["a"]
+
+    def test_the_decorator_warns_when_results_cannot_answer_repeats(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        app = Celery("idem-warn", set_as_current=False)
+        app.conf.update(singleton_lock_url="memory://", result_expires=3600)
+
+        @singleton_task(app=app, name="idem.short", idempotency=True)
+        def short(k: str) -> str:
+            return k
+
+        @singleton_task(app=app, name="idem.ignored", idempotency=True, ignore_result=True)
+        def ignored(k: str) -> str:
+            return k
+
+        @singleton_task(app=app, name="idem.kept", idempotency={"window": 600})
+        def kept(k: str) -> str:
+            return k
+
+        app.finalize()
+        said = caplog.text
+        assert "idem.short: result_expires (3600s) is shorter than the idempotency window" in said
+        assert "idem.ignored: ignore_result is set" in said
+        assert "idem.kept" not in said
 
     def test_a_bad_key_says_what_to_pass(self) -> None:
         app = Celery("idem-bad", set_as_current=False)
@@ -305,7 +425,7 @@ class TestOperators:
         assert listing.returncode == 0, listing.stderr
         keys = {entry["key"]: entry for entry in json.loads(listing.stdout)}
         assert keys[done_key]["state"] == "succeeded"
-        assert keys[done_key]["first_call"] == keys[done_key]["ended_by"] == done.id
+        assert keys[done_key]["first_call"] == keys[done_key]["run_by"] == done.id
         assert keys[parked_key]["state"] == "accepted"
         assert keys[parked_key]["first_call"] == parked.id
         assert 86000 < keys[parked_key]["expires_in"] <= 86400
@@ -319,3 +439,69 @@ class TestOperators:
         missing = cli(cenv, "show", "no-such-key")
         assert missing.returncode == 1
         assert "no lock nor idempotency key matches" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"lock": "until_executing"},
+        {"lock": "while_executing"},
+        {"throttle": 60},
+        {"rate": "100/s"},
+        {"reopen_on": ("failure",)},
+    ],
+    ids=lambda options: ",".join(options) or "default",
+)
+def test_every_mode_that_keeps_the_first_call_answers_repeats(options: dict[str, Any]) -> None:
+    app = Celery("idem-each-mode", set_as_current=False)
+    app.conf.update(
+        task_always_eager=True,
+        singleton_lock_url="memory://",
+        result_backend="cache+memory://",
+        task_store_eager_result=True,
+    )
+    calls: list[str] = []
+
+    @singleton_task(app=app, name="idem.mode", key=["k"], **options)
+    def task(k: str) -> str:
+        calls.append(k)
+        return k.upper()
+
+    first = task.apply_async(("a",), idempotency_key="m1")
+    repeat = task.apply_async(("a",), idempotency_key="m1")
+    assert repeat.id == first.id
+    assert repeat.get() == "A"
+    with pytest.raises(IdempotencyConflictError):
+        task.apply_async(("b",), idempotency_key="m1")
+    assert calls == ["a"]
+    app.close()
+
+
+class TestOutages:
+    def test_an_unreachable_store_refuses_or_publishes_by_the_outage_policy(
+        self, cenv: CeleryEnv
+    ) -> None:
+        dead = "redis://127.0.0.1:1/0"  # nothing listens there
+        for policy in ("fail_closed", "fail_open"):
+            app = Celery(f"idem-outage-{policy}", set_as_current=False)
+            app.conf.update(
+                broker_url=cenv.broker.url,
+                singleton_lock_url=dead,
+                singleton_lock_on_redis_error=policy,
+                singleton_lock_ride_broker=False,
+            )
+
+            @singleton_task(app=app, name=f"idem.outage.{policy}", key=["k"])
+            def task(k: str) -> str:
+                return k
+
+            queue = f"idem-outage-{policy}"
+            if policy == "fail_closed":
+                with pytest.raises(LockStoreUnavailableError, match="nothing was published"):
+                    task.apply_async(("a",), idempotency_key="o1", queue=queue)
+                assert _queued(cenv, queue) == 0
+            else:
+                task.apply_async(("a",), idempotency_key="o1", queue=queue)
+                assert _queued(cenv, queue) == 1  # sent without the check, logged
+            app.close()

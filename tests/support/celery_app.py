@@ -804,3 +804,15 @@ def charge_durable(self: Any, item: object) -> object:
 def charge_chronicled(self: Any, item: object) -> object:
     """Idempotency keys on a lock that keeps its history."""
     return _work(self, item, 0.0, "ok")
+
+
+@singleton_task(app=app, bind=True, key=["item"], idempotency=True, on_contention=wait(timeout=20))
+def charge_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
+    """A copy waits for the push wake-up: it starts the moment the holder lets go."""
+    return _work(self, item, seconds, "ok")
+
+
+@singleton_task(app=app, bind=True, key=["item"], lock="while_executing", idempotency=True)
+def charge_unheld(self: Any, item: object) -> object:
+    """No hold at dispatch (runs still never overlap): the key alone answers repeats."""
+    return _work(self, item, 0.0, "ok")
