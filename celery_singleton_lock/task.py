@@ -19,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from celery import Task
+from celery.backends.base import DisabledBackend
 from celery.utils import uuid
 
 from . import broker
@@ -229,6 +230,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             sender=self,
             send=partial(dispatch, task_id),
             result_of=self.AsyncResult,
+            results_kept=not self.ignore_result and not isinstance(self.backend, DisabledBackend),
         )
 
     def _dispatch(

@@ -61,15 +61,17 @@ def send_once(
     sender: object,
     send: Callable[[], AsyncResult],
     result_of: Callable[[str], AsyncResult],
+    results_kept: bool = True,
 ) -> AsyncResult:
     """Claim ``key`` for this call (``task_id``) and ``send`` it, or answer a repeat with
-    the first call's result (``result_of`` its id)."""
+    the first call's result (``result_of`` its id). ``results_kept``: the task's results
+    are stored, so a first call in flight can be seen to have failed."""
     fingerprint = context.options.key.fingerprint(*call)
     given = options.get("headers") or {}
     if isinstance(given, Mapping):  # also when sent unchecked: its copies meet the key
         options["headers"] = {**given, IDEMPOTENCY_HEADER: key}
     try:
-        claim = _claim(context, key, task_id, fingerprint, result_of)
+        claim = _claim(context, key, task_id, fingerprint, result_of if results_kept else None)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, f"idempotency key {key!r}", error)  # fail_closed raises
         return send()  # fail_open: sent without the check, as a lock's dispatch would be
@@ -90,16 +92,18 @@ def _claim(
     key: str,
     task_id: str,
     fingerprint: str,
-    result_of: Callable[[str], AsyncResult],
+    result_of: Callable[[str], AsyncResult] | None,
 ) -> Claim:
     """The key claimed for ``task_id``, or the record of the call that has it. A first
     call left in flight by a run that ended without writing its end (a hard time limit,
     a worker lost, a revoke before it started) and whose result says it failed or was
-    revoked frees the key, unless failures are kept: the client's retry then runs."""
+    revoked frees the key, unless failures are kept: the client's retry then runs. That
+    costs a repeat of a call in flight one read of the result backend (none when
+    ``result_of`` is None: results are not kept)."""
     idempotency = context.options.idempotency
     keys = idempotency_keys_of(context.store)
     claim = keys.claim(key, task_id, fingerprint, idempotency.window_ms, context.name)
-    if claim.first or claim.ended or idempotency.keep_failures:
+    if claim.first or claim.ended or idempotency.keep_failures or result_of is None:
         return claim
     holder = claim.by if claim.state == "running" else claim.call
     if not _ended_badly(result_of(holder)):

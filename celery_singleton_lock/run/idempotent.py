@@ -131,25 +131,16 @@ def begin(
             error,
         )
         return None
-    if claim.first:
-        if claim.state == "running" and _stored(kept, claim.by):
-            # That run died after Celery stored its success, before its end was written
-            # (a redelivery of it, or a copy: Celery itself may not deliver it again).
-            _end(context, key, task_id, "succeeded")
-            return _replay(
-                context,
-                claim,
-                name=name,
-                key=key,
-                results=kept,
-                sender=sender,
-                task_id=task_id,
-                by=claim.by,
-            )
+    done_unwritten = claim.first and claim.state == "running" and _stored(kept, claim.by)
+    if claim.first and not done_unwritten:
         _watch_ends()
         setattr(request, RUN_KEY, key)
         return None
-    if not claim.answers_for(fingerprint):
+    if done_unwritten:
+        # That run died after Celery stored its success, before its end was written
+        # (a redelivery of it, or a copy: Celery itself may not deliver it again).
+        _end(context, key, task_id, "succeeded")
+    elif not claim.answers_for(fingerprint):
         append_history(
             context.store,
             context.record(name, task_id),
