@@ -70,6 +70,24 @@ def _forget(*results: Any) -> None:
 
 
 class TestOnRabbitMQ:
+    def test_an_idempotency_key_answers_repeats_and_copies(
+        self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = f"r-idem-{time.time_ns()}"
+        options: dict[str, Any] = {"queue": rworker.queue, "connection": amqp}
+        first = charge.apply_async(("r-idem",), idempotency_key=key, **options)
+        assert first.get(timeout=30) == "r-idem"
+        assert charge.apply_async(("r-idem",), idempotency_key=key, **options).id == first.id
+        copy = charge.apply_async(("r-idem",), headers={"Idempotency-Key": key}, **options)
+        assert copy.id == first.id  # the task reads its key from the header at dispatch too
+        sent = charge.app.send_task(
+            charge.name, ("r-idem",), headers={"Idempotency-Key": key}, **options
+        )
+        assert sent.get(timeout=30) == "r-idem"  # answered in the worker, not run again
+        assert len([r for r in runs(cenv) if r["item"] == "r-idem"]) == 1
+        _forget(first, copy, sent)
+
     def test_a_duplicate_dispatch_is_refused(
         self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
     ) -> None:
