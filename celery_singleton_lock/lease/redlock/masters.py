@@ -382,7 +382,7 @@ class Redlock:
         answers = self.quorum.ask(
             [partial(node.holder, name) for node in self.nodes],
             timeout=ANSWER_WAIT,
-            settled=self.quorum.heard,
+            settled=self.quorum.agreed,
         )
         self.quorum.judge(answers, self.where, name, self.keys(name).lock)
         held = Counter(one for one in answers.values() if one is not None).most_common(1)

@@ -13,6 +13,7 @@ import functools
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -71,6 +72,13 @@ class Quorum:
         ayes = answers.count(yes)
         noes = len(answers.values()) - ayes
         return ayes >= self.needed or noes > self.count - self.needed
+
+    def agreed(self, answers: Answers[T]) -> bool:
+        """One value on a majority, or none can reach one with the masters yet to answer:
+        a read settled early by the first majority heard would miss a value still
+        landing on the others (a take decided before its slow masters answered)."""
+        top = max(Counter(answers.values()).values(), default=0)
+        return top >= self.needed or top + answers.unanswered() < self.needed
 
     def heard(self, answers: Answers[T]) -> bool:
         """A majority answered (a frozen master does not hold up a release or a read)."""
