@@ -262,11 +262,22 @@ def _at_postrun(
     setattr(request, RUN_KEY, None)
     setattr(request, RUN_RELEASE, None)
     context = getattr(sender, "singleton_context", None)
-    if isinstance(context, TaskContext) and state != states.RETRY:  # a retry's run ends it
-        outcome = _OUTCOMES.get(str(state))
-        if outcome is None:  # a failure: freed for the client's retry, unless kept
-            kept = context.options.idempotency.keep_failures
-            outcome = "failed" if kept else "forget"
+    outcome = _outcome(context, state) if isinstance(context, TaskContext) else None
+    # A kept outcome is written before the lock is let go (a copy then finds it); a freed
+    # key after (the client's retry, sent once the key is free, finds the lock free too).
+    if isinstance(context, TaskContext) and outcome in ("succeeded", "failed"):
         _end(context, key, task_id, outcome)
     if callable(release):
         release(ride=False)
+    if isinstance(context, TaskContext) and outcome == "forget":
+        _end(context, key, task_id, outcome)
+
+
+def _outcome(context: TaskContext, state: str | None) -> Outcome | None:
+    """What a run's end writes for Celery's ``state``; None for a retry (its run ends it)."""
+    if state == states.RETRY:
+        return None
+    outcome = _OUTCOMES.get(str(state))
+    if outcome is None:  # a failure: freed for the client's retry, unless kept
+        outcome = "failed" if context.options.idempotency.keep_failures else "forget"
+    return outcome
