@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
@@ -116,18 +115,8 @@ class SingletonTask(Task):  # type: ignore[misc]
             cls.singleton_track_started = True
             cls.track_started = False
         if cls.name and "run" in cls.__dict__:
-            expires = app.conf.result_expires
             warn_if_results_are_short(
-                cls.name,
-                cls.singleton_options().idempotency,
-                ignore_result=bool(cls.ignore_result),
-                result_expires=expires.total_seconds()
-                if isinstance(expires, timedelta)
-                else expires,
-                result_backend=app.conf.result_backend,
-                eager_unstored=bool(
-                    app.conf.task_always_eager and not app.conf.task_store_eager_result
-                ),
+                cls.name, cls.singleton_options().idempotency, app.conf, bool(cls.ignore_result)
             )
 
     @classmethod

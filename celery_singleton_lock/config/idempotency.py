@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from .._time import ttl_to_ms
 from ..exceptions import ConfigurationError
@@ -122,18 +123,16 @@ def refused_by_mode(on_duplicate: str, debounce: float | None, limit: int | None
 
 
 def warn_if_results_are_short(
-    task: str,
-    options: Idempotency,
-    *,
-    ignore_result: bool,
-    result_expires: float | None,
-    result_backend: object = None,
-    eager_unstored: bool = False,
+    task: str, options: Idempotency, conf: Mapping[str, object], ignore_result: bool
 ) -> None:
-    """At decoration: say when a repeat could not read the first call's result."""
+    """At decoration: say when a repeat could not read the first call's result (``conf``:
+    the app's Celery settings)."""
     if not options.given:
         return
-    backend = str(result_backend or "")
+    backend = str(conf.get("result_backend") or "")
+    expires = conf.get("result_expires")
+    result_expires = expires.total_seconds() if isinstance(expires, timedelta) else expires
+    eager_unstored = bool(conf.get("task_always_eager")) and not conf.get("task_store_eager_result")
     if ignore_result:
         why = "ignore_result is set, so a repeat of an idempotency key gets the first call's "
         fix = "task id but never its result; unset ignore_result to answer repeats"
@@ -143,7 +142,7 @@ def warn_if_results_are_short(
     elif eager_unstored:
         why = "task_always_eager without task_store_eager_result stores no result, so a "
         fix = "repeat's result never comes; set task_store_eager_result=True"
-    elif result_expires is not None and 0 < result_expires < options.window:
+    elif isinstance(result_expires, int | float) and 0 < result_expires < options.window:
         why = (
             f"result_expires ({result_expires:g}s) is shorter than the idempotency window "
             f"({options.window:g}s): a repeat after the result expired cannot read it; "
