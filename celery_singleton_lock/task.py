@@ -349,16 +349,14 @@ class SingletonTask(Task):  # type: ignore[misc]
         cancels.watch(self, request, lease)
         ran = False  # the body was called (a replayed outcome is not a run that failed)
         try:
-            replay = None
-            if idempotent.may_be_keyed(self.singleton_options(), request):
-                replay = idempotent.begin(
-                    self.singleton_context,
-                    request,
-                    (args, kwargs),
-                    name=lease.name,
-                    sender=self,
-                    results=partial(idempotent.kept_results, self, request),
-                )
+            replay = idempotent.begin(
+                self.singleton_context,
+                request,
+                (args, kwargs),
+                name=lease.name,
+                sender=self,
+                results=partial(idempotent.kept_results, self, request),
+            )
             if replay is not None:
                 return replay.answer()
             ran = True

@@ -21,7 +21,6 @@ from celery import Task, signals, states
 from celery.backends.base import DisabledBackend
 
 from .. import signals as singleton_signals
-from ..config.options import SingletonOptions
 from ..context import TaskContext
 from ..exceptions import (
     IdempotencyConflictError,
@@ -80,12 +79,6 @@ def release_after_end(request: object, release: Callable[..., None]) -> bool:
         return False
     setattr(request, RUN_RELEASE, release)
     return True
-
-
-def may_be_keyed(options: SingletonOptions, request: object) -> bool:
-    """Whether a run can have an idempotency key (its message's, or the task's
-    ``key_from``): a run without one pays this test alone, not ``begin``'s set-up."""
-    return options.idempotency.key_from is not None or bool(header(request, IDEMPOTENCY_HEADER))
 
 
 def key_of(
