@@ -15,12 +15,19 @@ import select
 import signal
 import threading
 import time
+from typing import Protocol
 
 from celery.worker import state as worker_state
 
 from ..holders import is_dead
 
 logger = logging.getLogger(__name__)
+
+
+class DeadChildRelease(Protocol):
+    """A request that can release what its dead pool child held (``SingletonRequest``)."""
+
+    def release_for_dead_child(self, *, kill: bool) -> None: ...
 
 
 def kill_and_wait(pid: int, timeout: float = 1.0) -> None:
@@ -58,12 +65,25 @@ class ChildWatch:
         self.enabled = False
         self._guard = threading.Condition()
         self._pids: dict[int, int | None] = {}  # watched pool child pid -> its pidfd
+        # Requests Celery has let go of while their child may still run (terminate,
+        # cancel): its table no longer names them, so they are kept here until their
+        # child dies or takes another task.
+        self._let_go: dict[int, list[DeadChildRelease]] = {}
         self._thread: threading.Thread | None = None
         self._wake: tuple[int, int] | None = None  # pipe that makes the thread re-poll
         self._use_pidfd = hasattr(os, "pidfd_open") and hasattr(select, "poll")
 
     def watch(self, pid: int) -> None:
-        """Watch the pool child ``pid`` (a no-op when already watched or not enabled)."""
+        """Watch the pool child ``pid`` (a no-op when already watched or not enabled).
+
+        Called as the child accepts a task: a task of it let go of earlier is over (a
+        prefork child runs one at a time), so nothing is left to release for it."""
+        with self._guard:
+            if self._let_go.pop(pid, None) is not None:
+                logger.debug("pool child %d outlived the signal its task was stopped with", pid)
+        self._watch(pid)
+
+    def _watch(self, pid: int) -> None:
         if not self.enabled or not pid or pid in self._pids:
             return
         wake = gone = False
@@ -96,6 +116,19 @@ class ChildWatch:
         if gone:
             self._child_gone(pid)
 
+    def let_go(self, pid: int, request: DeadChildRelease) -> None:
+        """Celery stopped ``request`` by signalling its child ``pid`` (``revoke(terminate=
+        True)``) and forgot it at once: release what it held when the child is gone.
+
+        Celery learns of the death only when billiard next maintains the pool, which
+        may be 5 s later; this watch notices it at once."""
+        if not self.enabled or not pid:
+            return
+        with self._guard:
+            self._let_go.setdefault(pid, []).append(request)
+        # Watched again if its death was already noticed (before Celery let it go).
+        self._watch(pid)
+
     def watched(self) -> int:
         """How many pool children are watched (at most the pool's size, plus dead ones
         not yet noticed)."""
@@ -104,8 +137,11 @@ class ChildWatch:
     def _child_gone(self, pid: int) -> None:
         with self._guard:
             fd = self._pids.pop(pid, None)
+            let_go = self._let_go.pop(pid, [])
         if fd is not None:
             os.close(fd)
+        for stopped in let_go:
+            stopped.release_for_dead_child(kill=False)
         # Celery's own table of accepted requests (task id -> request); copied in one C
         # call, so the consumer thread adding to it meanwhile cannot break the loop.
         for request in list(worker_state.requests.values()):

@@ -95,6 +95,8 @@ class SingletonRequest(Request):  # type: ignore[misc]
             headers[LEASE_HEADER] = Handoff(self.id)
 
     def on_accepted(self, pid: int, time_accepted: float) -> object:
+        if self._singleton:
+            child_watch.watch(pid)  # first: a terminate on accept (below) lets it go
         result = super().on_accepted(pid, time_accepted)
         if self._singleton:
             # The child takes the reservation over as it starts (or runs under the
@@ -104,8 +106,19 @@ class SingletonRequest(Request):  # type: ignore[misc]
             if isinstance(handoff, Handoff):
                 handoff.resolve()
             reservations.drop(self.id, release=False)
-            child_watch.watch(pid)
         return result
+
+    def terminate(self, pool: object, signal: int | str | None = None) -> None:
+        super().terminate(pool, signal)
+        if self._singleton and self.time_start:
+            # Celery forgets the request now and hears of its child's death only when
+            # billiard next maintains the pool (up to 5 s): the watch releases sooner.
+            child_watch.let_go(self.worker_pid, self)
+
+    def cancel(self, *args: object, **kwargs: object) -> None:
+        super().cancel(*args, **kwargs)  # (pool, signal[, emit_retry]: Celery 5.4+)
+        if self._singleton and self.time_start:  # the same, on a lost broker connection
+            child_watch.let_go(self.worker_pid, self)
 
     def on_failure(
         self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
