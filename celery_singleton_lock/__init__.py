@@ -8,6 +8,7 @@ from .decorator import singleton_task
 from .exceptions import (
     ArgumentsMismatchError,
     ConfigurationError,
+    CostOverBurstError,
     DuplicateTaskError,
     IdempotencyConflictError,
     IdempotencyResultMissingError,
@@ -32,6 +33,7 @@ from .lease import (
     Redlock,
     ReleaseResult,
 )
+from .modes import RateLimit
 from .policies import (
     ContentionPolicy,
     ContentionState,
@@ -54,6 +56,7 @@ __all__ = [
     "Contended",
     "ContentionPolicy",
     "ContentionState",
+    "CostOverBurstError",
     "DuplicateTaskError",
     "ExtendResult",
     "Fail",
@@ -68,6 +71,7 @@ __all__ = [
     "LockStoreUnavailableError",
     "ManualClock",
     "MemoryLock",
+    "RateLimit",
     "RateLimitedError",
     "RedisLock",
     "Redlock",

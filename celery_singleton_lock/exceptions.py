@@ -93,6 +93,12 @@ class RateLimitedError(SingletonLockError):
     retry_after: float
 
 
+class CostOverBurstError(SingletonLockError, ValueError):
+    """A call costs more units than one of its rate limits lets start at once (its
+    ``burst``): no slot could ever take it. Raised before anything is sent when the
+    call is made, or by the run when its cost is known only then."""
+
+
 class TaskCancelledError(LockLostError):
     """The run was cancelled by a newer call for its key (``on_duplicate="cancel"``): its
     lease is still held until it ends, and the newer run starts once it has."""

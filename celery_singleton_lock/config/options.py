@@ -45,6 +45,7 @@ OPTION_NAMES = (
     "reopen_on",
     "rate",
     "burst",
+    "cost",
     "on_limited",
     "terminate_on_cancel",
     "history",
@@ -323,7 +324,7 @@ def _limit(name: str, raw: Mapping[str, object]) -> int | None:
 def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:
     """``rate=``: runs started per key per period; every call is sent and none refused."""
     if raw.get("rate") is None:
-        given = [option for option in ("burst", "on_limited") if option in raw]
+        given = [option for option in ("burst", "cost", "on_limited") if option in raw]
         if given:
             raise ConfigurationError(
                 f"{name}: {' and '.join(given)} without rate: {' and '.join(given)} shape a "
@@ -338,7 +339,9 @@ def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:
             "dispatch (every call is sent and each run waits for its slot); drop "
             f"{', '.join(clashes)}, or drop rate (throttle=... accepts one call per window)"
         )
-    return RateSpec.build(name, raw["rate"], raw.get("burst", 1), raw.get("on_limited", "defer"))
+    return RateSpec.build(
+        name, raw["rate"], raw.get("burst", 1), raw.get("on_limited", "defer"), raw.get("cost")
+    )
 
 
 def _dispatch_options(raw: Mapping[str, object]) -> list[str]:

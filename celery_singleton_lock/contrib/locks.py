@@ -114,9 +114,12 @@ class TaskNames:
         spec = self._rates.get(task or "")
         if spec is None or ahead is None:
             return None, None
-        if spec.fixed is None:  # a plan: its answer for the key is not known here
+        if spec.limits is None:  # a plan: its answer for the key is not known here
             return (0, ahead) if spec.burst == 1 else (None, None)
-        return budget(spec.fixed, ahead)
+        # The key's time to live is its furthest limit's: each one is read as that far
+        # ahead, which may say less room than there is, never more.
+        answers = [budget(limit.rate, ahead) for limit in spec.limits]
+        return min(n for n, _ in answers), max(wait for _, wait in answers)
 
 
 def _template(key: str) -> re.Pattern[str]:

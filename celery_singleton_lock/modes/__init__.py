@@ -4,7 +4,7 @@ from .base import Mode, PublishHold, Start
 from .cancel import Cancel, cancel_options
 from .debounce import Debounce
 from .limit import Limit
-from .rate import Rated, RateSpec
+from .rate import Rated, RateLimit, RateSpec
 from .replace import Replace, Replacement
 from .throttle import Throttle
 from .until_executed import UntilExecuted
@@ -17,6 +17,7 @@ __all__ = [
     "Limit",
     "Mode",
     "PublishHold",
+    "RateLimit",
     "RateSpec",
     "Rated",
     "Replace",

@@ -13,6 +13,9 @@
   the inner mode's running lease: one run at a time per key, or ``limit=N``.
 - end: as the inner mode. The slot is spent however the run ends; a retry is a new
   start and asks for a slot of its own.
+
+Several limits (``rate=["60/m", "10000/d"]``) and a cost per call (``cost=``, or a
+``RateLimit``'s own) are one ask: every limit must admit the run, in one script.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from ..exceptions import ConfigurationError, RateLimitedError
 from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_of
+from ..lease.limits.rates import Charges, check_cost
 from .base import Call, Holder, Mode, Start
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
@@ -37,23 +42,116 @@ _PLAN_CACHE_SIZE = 10_000
 MIN_GRACE = 0.05
 ON_LIMITED = ("defer", "delay", "raise")
 
+# A call's cost: units (a number), or a callable of the task's arguments returning them.
+Cost = float | Callable[..., object]
+
+
+class RateLimit:
+    """One of a task's rate limits, with a burst or a cost of its own.
+
+    ``rate=["500/m", RateLimit("200000/m", burst=20_000, cost=count_tokens)]``: 500 calls
+    a minute, and 200,000 tokens a minute where each call costs what ``count_tokens``
+    says of its arguments. A limit given as a bare rate takes the task's ``burst=`` and
+    ``cost=`` (one unit a call when none is given).
+    """
+
+    __slots__ = ("burst", "cost", "rate")
+
+    def __init__(self, rate: object, *, burst: int = 1, cost: Cost | None = None) -> None:
+        self.rate = parse_rate(rate, burst, what="RateLimit")
+        self.burst = self.rate.burst
+        self.cost = cost_option(cost, f"RateLimit({rate!r})", self.rate)
+
+    def __repr__(self) -> str:
+        cost = "" if self.cost is None else f", cost={self.cost!r}"
+        return f"RateLimit({str(self.rate)!r}{cost})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RateLimit):
+            return NotImplemented
+        return (self.rate, self.cost) == (other.rate, other.cost)
+
+    def __hash__(self) -> int:
+        return hash(self.rate)
+
+
+def cost_option(cost: object, what: str, *rates: Rate) -> Cost | None:
+    """A ``cost=`` as given: None, units (0 or more, within every rate's burst), or a
+    callable of the task's arguments (checked per call)."""
+    if cost is None or callable(cost):
+        return cost
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or cost < 0:
+        raise ConfigurationError(
+            f"{what}: cost={cost!r}: give the units a call costs (a number, 0 or more), or "
+            "a callable of the task's arguments returning them"
+        )
+    for rate in rates:
+        if cost > rate.burst:
+            raise ConfigurationError(
+                f"{what}: cost={cost!r} is more than the burst of {rate}: no call could "
+                f"ever start; give that limit burst={int(-(-cost // 1))} or more"
+            )
+    return float(cost)
+
+
+def rate_limits(value: object, burst: object, what: str) -> tuple[RateLimit, ...]:
+    """A ``rate=`` (or a plan's answer): one rate in any of ``parse_rate``'s forms, a
+    ``RateLimit``, or a list of them; a bare rate takes ``burst``."""
+    if isinstance(value, list) or (isinstance(value, tuple) and not _one_rate(value)):
+        items: Sequence[object] = value
+    else:
+        items = [value]
+    if not items:
+        raise ConfigurationError(f"{what}=[]: give at least one rate, e.g. '100/m'")
+    limits = tuple(
+        item if isinstance(item, RateLimit) else _bare(item, burst, what) for item in items
+    )
+    periods = [limit.rate.period for limit in limits]
+    for period in periods:
+        if periods.count(period) > 1:
+            raise ConfigurationError(
+                f"{what}={value!r}: two limits per {period:g}s; keep the stricter one (a "
+                "key's limits are told apart by their periods)"
+            )
+    return limits
+
+
+def _one_rate(value: tuple[object, ...]) -> bool:
+    # (100, 60.0) or (100, timedelta(minutes=1)) is one rate; ("60/m", "10000/d") two.
+    first, *rest = value if value else (None,)
+    return (
+        len(value) == 2
+        and isinstance(first, int | float)
+        and not isinstance(first, bool)
+        and isinstance(rest[0], int | float | timedelta)
+    )
+
+
+def _bare(item: object, burst: object, what: str) -> RateLimit:
+    rate = parse_rate(item, burst, what=what)
+    return RateLimit(rate, burst=rate.burst)
+
 
 @dataclass(frozen=True)
 class RateSpec:
-    """A task's ``rate=``: one ``Rate`` for every key, or a callable of the call's
-    arguments (``plan``) returning a rate in any of ``parse_rate``'s forms, or None for
-    no limit on that call's key; ``burst`` applies to a plan's answers too."""
+    """A task's ``rate=``: its limits for every key, or a callable of the call's
+    arguments (``plan``) returning them in any of ``rate_limits``' forms, or None for no
+    limit on that call's key; ``burst`` and ``cost`` apply to the limits that do not
+    say their own, a plan's answers too."""
 
-    fixed: Rate | None
+    limits: tuple[RateLimit, ...] | None
     plan: Callable[..., object] | None
     burst: int
     on_limited: str
-    _said: dict[str, tuple[Rate | None, float]] = field(
+    cost: Cost | None = None
+    _said: dict[str, tuple[tuple[RateLimit, ...] | None, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
     @classmethod
-    def build(cls, task: str, rate: object, burst: object, on_limited: object) -> RateSpec:
+    def build(
+        cls, task: str, rate: object, burst: object, on_limited: object, cost: object = None
+    ) -> RateSpec:
         if on_limited not in ON_LIMITED:
             raise ConfigurationError(
                 f"{task}: on_limited={on_limited!r}: choose 'defer' (the default: deferred "
@@ -61,26 +159,73 @@ class RateSpec:
             )
         if callable(rate):
             parse_rate(1, burst, what=f"{task}: rate")  # the burst, checked now
-            return cls(None, rate, int(burst), str(on_limited))  # type: ignore[call-overload]
-        fixed = parse_rate(rate, burst, what=f"{task}: rate")
-        return cls(fixed, None, fixed.burst, str(on_limited))
+            checked = cost_option(cost, task, Rate(1, 1.0, int(burst)))  # type: ignore[call-overload]
+            return cls(None, rate, int(burst), str(on_limited), checked)  # type: ignore[call-overload]
+        limits = rate_limits(rate, burst, f"{task}: rate")
+        bare = [limit.rate for limit in limits if limit.cost is None]
+        checked = cost_option(cost, task, *bare)
+        return cls(limits, None, limits[0].burst, str(on_limited), checked)
 
-    def for_call(
+    @property
+    def costs(self) -> bool:
+        """Whether a call may cost other than one unit (checked at dispatch then)."""
+        return (
+            self.cost is not None
+            or any(limit.cost is not None for limit in self.limits or ())
+            or self.plan is not None
+        )
+
+    def limits_of(
         self, name: str, args: Sequence[object], kwargs: Mapping[str, object]
-    ) -> Rate | None:
-        """The rate of the call's key ``name`` (a plan's answer, kept a short while)."""
+    ) -> tuple[RateLimit, ...] | None:
+        """The limits of the call's key ``name`` (a plan's answer, kept a short while)."""
         if self.plan is None:
-            return self.fixed
+            return self.limits
         now = time.monotonic()
         said = self._said.get(name)
         if said is not None and said[1] > now:
             return said[0]
         answer = self.plan(*args, **kwargs)
-        rate = None if answer is None else parse_rate(answer, self.burst, what=f"rate for {name}")
+        limits = None if answer is None else rate_limits(answer, self.burst, f"rate for {name}")
         if len(self._said) >= _PLAN_CACHE_SIZE:
             self._said.clear()  # bounded: the hot keys are asked again within a call each
-        self._said[name] = (rate, now + PLAN_CACHE_SECONDS)
-        return rate
+        self._said[name] = (limits, now + PLAN_CACHE_SECONDS)
+        return limits
+
+    def for_call(
+        self, name: str, args: Sequence[object], kwargs: Mapping[str, object]
+    ) -> Charges | None:
+        """What the call of key ``name`` is charged: (rate, units) per limit; None when
+        its key has no limit. A cost no limit could take raises ``CostOverBurstError``."""
+        limits = self.limits_of(name, args, kwargs)
+        if limits is None:
+            return None
+        said: dict[int, float] = {}  # a callable shared by several limits is asked once
+        charged = [(limit.rate, self._units(limit.cost, args, kwargs, said)) for limit in limits]
+        check_cost(name, charged)
+        return charged
+
+    def _units(
+        self,
+        cost: Cost | None,
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+        said: dict[int, float],
+    ) -> float:
+        cost = self.cost if cost is None else cost
+        if cost is None:
+            return 1.0
+        if not callable(cost):
+            return cost
+        if id(cost) not in said:
+            units = cost(*args, **kwargs)
+            if isinstance(units, bool) or not isinstance(units, int | float):
+                raise ConfigurationError(
+                    f"cost {getattr(cost, '__name__', cost)!r} returned {units!r}: return "
+                    "the units the call costs (a number, 0 or more)"
+                )
+            said[id(cost)] = float(units)
+        return said[id(cost)]
 
 
 class Rated(Mode):
@@ -110,15 +255,19 @@ class Rated(Mode):
         or eta is left to its execution: a slot reserved now could fall before it."""
         how = self.spec.on_limited
         if how == "defer" or options.get("countdown") or options.get("eta"):
+            if self.spec.costs:  # a cost no slot could take: refused before it is sent
+                self.spec.for_call(name, *call)
             return None
-        rate = self.spec.for_call(name, *call)
-        if rate is None:
+        limits = self.spec.for_call(name, *call)
+        if limits is None:
             return None
-        slot = rates_of(store).ask(name, rate, "reserve" if how == "delay" else "take")
+        slot = rates_of(store).ask(name, limits, "reserve" if how == "delay" else "take")
         if slot.state == "refused":
+            rate, units = limits[slot.limiting]
+            cost = "" if units == 1 else f" (this call costs {units:g})"
             raise RateLimitedError(
-                f"{name!r} is over its rate of {rate.limit} per {rate.period:g}s; the next "
-                f"slot is free in {slot.wait:.3f}s",
+                f"{name!r} is over its rate of {rate}{cost}; the next slot is free in "
+                f"{slot.wait:.3f}s",
                 name=name,
                 retry_after=slot.wait,
             )
@@ -129,15 +278,15 @@ class Rated(Mode):
     # -- start ------------------------------------------------------------------------
 
     def admit(self, start: Start, call: Call, slot: float | None) -> Slot | None:
-        rate = self.spec.for_call(start.name, *call)
-        if rate is None:
+        limits = self.spec.for_call(start.name, *call)
+        if limits is None:
             return None
         rates = rates_of(start.store)
         if slot is not None:
-            due = rates.ask(start.name, rate, "due", at=slot, entry=start.entry)
-            if due.late <= max(rate.interval, MIN_GRACE):
+            due = rates.ask(start.name, limits, "due", at=slot, entry=start.entry)
+            if due.late <= max(min(rate.interval for rate, _ in limits), MIN_GRACE):
                 return due
-        return rates.ask(start.name, rate, "reserve", entry=start.entry)
+        return rates.ask(start.name, limits, "reserve", entry=start.entry)
 
     def take(self, start: Start) -> Lease | Contended:
         return self.inner.take(start)

@@ -1,14 +1,20 @@
 """Per-name rate limits: GCRA in one script per call, a slot now or the next one reserved.
 
 GCRA (the generic cell rate algorithm: redis-cell's and Stripe's, ``scripts.RATE``)
-keeps one number per name, the theoretical arrival time (TAT) of the next call, in a
-key beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the inventory
-lists) that expires once the TAT has passed: O(1) memory, nothing left behind. It is
-exact: with ``limit`` calls per ``period`` and a ``burst`` of B, calls start no closer
-than ``period / limit`` apart once the burst is spent, and no window of length W holds
-more than B - 1 + ceil(W * limit / period) of them (with B = 1, at most ``limit`` in any
-window of ``period``). A sliding-window counter is approximate and a sliding log costs
-a list entry per call; GCRA needs neither.
+keeps one number per name and limit, the theoretical arrival time (TAT) of the next
+call, in a key beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the
+inventory lists) that expires once every TAT has passed: O(1) memory, nothing left
+behind. It is exact: with ``limit`` units per ``period`` and a ``burst`` of B, units
+start no closer than ``period / limit`` apart once the burst is spent, and no window of
+length W holds more than B - 1 + ceil(W * limit / period) of them (with B = 1 and one
+unit a call, at most ``limit`` calls in any window of ``period``). A sliding-window
+counter is approximate and a sliding log costs a list entry per call; GCRA needs
+neither. A call may cost several units (``cost``: tokens, bytes): its TAT moves on by
+that many intervals, so a cost above the burst could never start and is refused.
+
+Several limits of one name (``"60/m"`` and ``"10000/d"``) are decided in one script: a
+call is charged against every one of them at the latest slot any of them gives, or
+against none.
 
 Four ways to ask (``how``): ``take`` a slot now or be refused (``retry_after``);
 ``reserve`` a slot now or the next free one, counted at once, so calls deferred in turn
@@ -24,11 +30,12 @@ from __future__ import annotations
 import math
 import re
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Literal
 
-from ...exceptions import ConfigurationError
+from ...exceptions import ConfigurationError, CostOverBurstError
 from ..memory import MemoryLock
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
@@ -56,6 +63,41 @@ class Rate:
     def interval(self) -> float:
         """Seconds between two calls once the burst is spent."""
         return self.period / self.limit
+
+    def __str__(self) -> str:
+        text = f"{self.limit}/{human_period(self.period)}"
+        return text if self.burst == 1 else f"{text} (burst {self.burst})"
+
+
+def human_period(seconds: float) -> str:
+    """A period as Celery's rate_limit writes it: ``m`` for 60, ``5m`` for 300."""
+    for unit, size in reversed(_UNITS.items()):
+        count = seconds / size
+        if count >= 1 and count == int(count):
+            return unit if count == 1 else f"{int(count)}{unit}"
+    return f"{seconds:g}s"
+
+
+# What one call is charged: (its rate, the units it costs against it), per limit.
+Charges = Sequence[tuple[Rate, float]]
+
+
+def charges(rate: Rate | Charges, cost: float = 1.0) -> Charges:
+    """``ask``'s limits: one ``Rate`` at ``cost`` units, or (rate, cost) pairs already."""
+    return [(rate, cost)] if isinstance(rate, Rate) else rate
+
+
+def check_cost(name: str, limits: Charges) -> None:
+    """Refuse a cost no slot could ever take: more units than a limit's burst."""
+    for rate, cost in limits:
+        if cost > rate.burst:
+            raise CostOverBurstError(
+                f"{name!r}: a call costing {cost:g} units can never start under {rate}, "
+                f"which lets at most {rate.burst} start at once: raise that limit's burst "
+                f"to the largest cost (burst={math.ceil(cost)}), or split the call"
+            )
+        if cost < 0:
+            raise CostOverBurstError(f"{name!r}: a call's cost must be 0 or more, not {cost:g}")
 
 
 def parse_rate(value: object, burst: object = 1, *, what: str = "rate") -> Rate:
@@ -111,6 +153,7 @@ class Slot:
     remaining: int  # calls that may start now after this one
     clock: float  # the rate's clock as it answered
     free: float  # the earliest slot of the next call, on that clock
+    limiting: int = 0  # which of the name's limits set the slot (its place in the list)
 
     @property
     def late(self) -> float:
@@ -151,63 +194,89 @@ class Rates(_RatesOf):
     def ask(
         self,
         name: str,
-        rate: Rate,
+        rate: Rate | Charges,
         how: How = "take",
         at: float = 0.0,
         *,
         entry: Record | None = None,
     ) -> Slot:
-        """One script, one round trip (see the module's docstring); ``at`` is the slot
-        a ``due`` asks about; ``entry``, the history entry it writes."""
-        interval = max(1, round(rate.interval * 1e6))
-        args: list[int | str] = [interval, (rate.burst - 1) * interval, how]
-        if how == "due":
-            args.append(round(at * 1e6))
+        """One script, one round trip (see the module's docstring): ``rate`` is one
+        limit (a call costs one unit) or (rate, cost) pairs; ``at`` is the slot a
+        ``due`` asks about; ``entry``, the history entry it writes."""
+        limits = charges(rate)
+        check_cost(name, limits)
+        args: list[int | str] = [how, round(at * 1e6) if how == "due" else 0]
+        for each, cost in limits:
+            interval = max(1, round(each.interval * 1e6))
+            units = int(cost) if cost == int(cost) else repr(float(cost))
+            args += [round(each.period * 1e6), interval, (each.burst - 1) * interval, units]
         try:
             reply = self._redis.pipelining.call(self._script, [self.key(name)], args, entry=entry)
         except REDIS_ERRORS as error:
             self._redis.unavailable(error, name)
-        state, at, wait, remaining, clock, free = (int(part) for part in reply)
-        return Slot(_STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6)
+        state, at, wait, remaining, clock, free, limiting = (int(part) for part in reply)
+        return Slot(
+            _STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6, limiting - 1
+        )
 
 
 class MemoryRates(_RatesOf):
-    """``Rates`` over a ``MemoryLock`` (eager tests), on the store's clock."""
+    """``Rates`` over a ``MemoryLock`` (eager tests), on the store's clock: the script's
+    steps in Python."""
 
     def __init__(self, store: MemoryLock) -> None:
         super().__init__(store)
         self._memory = store
-        self._tats: dict[str, float] = {}
+        self._tats: dict[str, dict[float, float]] = {}  # key -> period -> TAT
 
     def ask(
         self,
         name: str,
-        rate: Rate,
+        rate: Rate | Charges,
         how: How = "take",
         at: float = 0.0,
         *,
         entry: Record | None = None,  # no history here
     ) -> Slot:
-        interval, tolerance = rate.interval, (rate.burst - 1) * rate.interval
+        limits = charges(rate)
+        check_cost(name, limits)
         with self._memory.guard:
             now = self._memory.clock.time()
             if len(self._tats) > 1000:  # names whose next call is due hold nothing
-                self._tats = {k: t for k, t in self._tats.items() if t > now}
+                self._tats = {
+                    k: t for k, t in self._tats.items() if max(t.values(), default=0) > now
+                }
             key = self.key(name)
-            tat = max(self._tats.get(key, now), now)
+            stored = self._tats.get(key, {})
+            tats = [max(stored.get(each.period, now), now) for each, _ in limits]
+            slot, limiting = now, 0
+            for i, ((each, cost), tat) in enumerate(zip(limits, tats, strict=True)):
+                fits = tat + (cost - 1) * each.interval - (each.burst - 1) * each.interval
+                if fits > slot:
+                    slot, limiting = fits, i
 
-            def answer(state: int, slot: float, next_tat: float) -> Slot:
-                left = _remaining(now, tolerance, next_tat, interval)
-                free = max(now, next_tat - tolerance)
-                return Slot(_STATES[state], slot, max(0.0, slot - now), left, now, free)
+            def answer(state: int, slot: float, tats: list[float]) -> Slot:
+                left, free = None, now
+                for (each, _), tat in zip(limits, tats, strict=True):
+                    tolerance = (each.burst - 1) * each.interval
+                    room = _remaining(now, tolerance, tat, each.interval)
+                    left = room if left is None else min(left, room)
+                    free = max(free, tat - tolerance)
+                wait = max(0.0, slot - now)
+                return Slot(_STATES[state], slot, wait, left or 0, now, free, limiting)
 
             if how == "due":
-                return answer(2 if at > now else 1, at, tat)
-            slot = max(now, tat - tolerance)
+                return answer(2 if at > now else 1, at, tats)
             if how == "peek" or (how == "take" and slot > now):
-                return answer(0 if slot > now else 1, slot, tat)
-            self._tats[key] = tat + interval
-            return answer(2 if slot > now else 1, slot, tat + interval)
+                return answer(0 if slot > now else 1, slot, tats)
+            tats = [
+                max(tat, slot) + cost * each.interval
+                for (each, cost), tat in zip(limits, tats, strict=True)
+            ]
+            self._tats[key] = {
+                each.period: tat for (each, _), tat in zip(limits, tats, strict=True)
+            }
+            return answer(2 if slot > now else 1, slot, tats)
 
 
 def budget(rate: Rate, ahead: float) -> tuple[int, float]:
@@ -246,4 +315,16 @@ def rates_of(store: object) -> Rates | MemoryRates:
     return found
 
 
-__all__ = ["MemoryRates", "Rate", "Rates", "Slot", "budget", "parse_rate", "rates_of"]
+__all__ = [
+    "Charges",
+    "MemoryRates",
+    "Rate",
+    "Rates",
+    "Slot",
+    "budget",
+    "charges",
+    "check_cost",
+    "human_period",
+    "parse_rate",
+    "rates_of",
+]

@@ -1,37 +1,71 @@
--- A per-name rate limit by GCRA (lease/limits/rates.py): one number, the next call's theoretical
--- arrival time, on the server's clock.
--- KEYS[1] the name's rate key
--- ARGV[1] the interval between calls in microseconds (period / limit)
--- ARGV[2] the burst tolerance in microseconds ((burst - 1) * interval)
--- ARGV[3] 'take', 'reserve', 'peek' or 'due'
--- ARGV[4] ('due' only) a slot reserved earlier, in microseconds
--- returns {state, slot, wait, remaining, now, free}: state 1 now, 2 a later slot
--- reserved (due: not yet due), 0 refused (take) or not free now (peek); slot the slot's
--- server time in microseconds; wait microseconds until it; remaining the calls that may
--- start now after this one; now the server's time; free the next call's earliest slot.
+-- A name's rate limits by GCRA (lease/limits/rates.py): per limit one number, the next
+-- call's theoretical arrival time (TAT), on the server's clock. Every limit is decided
+-- in this one script: a call is charged against all of them or none.
+-- KEYS[1] the name's rate key: 'period=tat' pairs, one per limit, in microseconds
+-- ARGV[1] 'take', 'reserve', 'peek' or 'due'
+-- ARGV[2] ('due' only) a slot reserved earlier, in microseconds; else 0
+-- ARGV[3..] four per limit: its period, its interval between calls (period / limit),
+--   its burst tolerance ((burst - 1) * interval), all in microseconds, and the units
+--   this call costs against it
+-- returns {state, slot, wait, remaining, now, free, limiting}: state 1 now, 2 a later
+-- slot reserved (due: not yet due), 0 refused (take) or not free now (peek); slot the
+-- slot's server time; wait microseconds until it; remaining the one-unit calls that may
+-- start now after this one under every limit; now the server's time; free the next
+-- one-unit call's earliest slot; limiting the limit (1-based) that set the slot.
 -- 'due' counts nothing: the slot was counted when it was reserved.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1])) or now
-if tat < now then tat = now end
-local function answer(state, slot, next_tat)
-  -- the calls that may start now after this one, and when the next one may
-  local left = 0
-  if now + tolerance >= next_tat then
-    left = math.floor((now + tolerance - next_tat) / interval) + 1
+local stored = {}
+local value = redis.call('GET', KEYS[1])
+if value then
+  for period, tat in string.gmatch(value, '(%d+)=(%d+)') do
+    stored[period] = tonumber(tat)
   end
-  return {state, slot, math.max(0, slot - now), left, now, math.max(now, next_tat - tolerance)}
 end
-if ARGV[3] == 'due' then
-  local reserved = tonumber(ARGV[4])
-  return answer(reserved > now and 2 or 1, reserved, tat)
+
+local limits = {}
+local slot, limiting = now, 1
+for i = 3, #ARGV, 4 do
+  local limit = {period = ARGV[i], interval = tonumber(ARGV[i + 1]),
+    tolerance = tonumber(ARGV[i + 2]), cost = tonumber(ARGV[i + 3])}
+  limit.tat = math.max(stored[limit.period] or now, now)
+  -- The earliest this call's units fit: its increment, less the burst's tolerance.
+  local at = math.max(now, limit.tat + (limit.cost - 1) * limit.interval - limit.tolerance)
+  if at > slot then
+    slot, limiting = at, #limits + 1
+  end
+  limits[#limits + 1] = limit
 end
-local slot = math.max(now, tat - tolerance)
-if ARGV[3] == 'peek' or (ARGV[3] == 'take' and slot > now) then
-  return answer(slot > now and 0 or 1, slot, tat)
+
+local function answer(state, at, tats)
+  -- the one-unit calls every limit lets start now after this one, and when the next may
+  local left, free = nil, now
+  for i, limit in ipairs(limits) do
+    local room = 0
+    if now + limit.tolerance >= tats[i] then
+      room = math.floor((now + limit.tolerance - tats[i]) / limit.interval) + 1
+    end
+    if left == nil or room < left then left = room end
+    free = math.max(free, tats[i] - limit.tolerance)
+  end
+  return {state, at, math.max(0, at - now), left or 0, now, free, limiting}
 end
-local next_tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%.0f', next_tat), 'PX',
-  math.ceil((next_tat - now) / 1000) + 1)
-return answer(slot > now and 2 or 1, slot, next_tat)
+
+local tats = {}
+for i, limit in ipairs(limits) do tats[i] = limit.tat end
+if ARGV[1] == 'due' then
+  local reserved = tonumber(ARGV[2])
+  return answer(reserved > now and 2 or 1, reserved, tats)
+end
+if ARGV[1] == 'peek' or (ARGV[1] == 'take' and slot > now) then
+  return answer(slot > now and 0 or 1, slot, tats)
+end
+-- Charged against every limit at the slot: a limit that had room then still counts it.
+local pairs_, ttl = {}, 1
+for i, limit in ipairs(limits) do
+  tats[i] = math.max(limit.tat, slot) + limit.cost * limit.interval
+  pairs_[#pairs_ + 1] = limit.period .. '=' .. string.format('%.0f', tats[i])
+  ttl = math.max(ttl, math.ceil((tats[i] - now) / 1000) + 1)
+end
+redis.call('SET', KEYS[1], table.concat(pairs_, ','), 'PX', ttl)
+return answer(slot > now and 2 or 1, slot, tats)
