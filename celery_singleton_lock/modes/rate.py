@@ -103,17 +103,9 @@ def rate_limits(value: object, burst: object, what: str) -> tuple[RateLimit, ...
         items = [value]
     if not items:
         raise ConfigurationError(f"{what}=[]: give at least one rate, e.g. '100/m'")
-    limits = tuple(
+    return tuple(
         item if isinstance(item, RateLimit) else _bare(item, burst, what) for item in items
     )
-    periods = [limit.rate.period for limit in limits]
-    for period in periods:
-        if periods.count(period) > 1:
-            raise ConfigurationError(
-                f"{what}={value!r}: two limits per {period:g}s; keep the stricter one (a "
-                "key's limits are told apart by their periods)"
-            )
-    return limits
 
 
 def _one_rate(value: tuple[object, ...]) -> bool:

@@ -13,9 +13,11 @@ from celery import Celery, shared_task
 
 from celery_singleton_lock import (
     ConfigurationError,
+    CostOverBurstError,
     DuplicateTaskError,
     KeyDerivationError,
     LockLostError,
+    RateLimit,
     RateLimitedError,
     SingletonTask,
     signals,
@@ -132,10 +134,38 @@ class TestEager:
             return user
 
         assert sms.delay("ann").get() == "ann"
-        with pytest.raises(RateLimitedError, match="over its rate of 1 per 60s") as refused:
+        with pytest.raises(RateLimitedError, match="over its rate of 1/m") as refused:
             sms.delay("ann")
         assert 59 < refused.value.retry_after <= 60
         assert [sms.delay("ops").get() for _ in range(3)] == ["ops"] * 3  # not limited
+
+    def test_several_limits_and_a_cost_are_one_decision(self, app: Celery) -> None:
+        def tokens(account: str, prompt: str) -> int:
+            return len(prompt.split())
+
+        @singleton_task(
+            app=app,
+            name=f"{app.main}.complete",
+            key=["account"],
+            rate=["3/m", RateLimit("10/m", burst=6, cost=tokens)],
+            burst=3,  # the bare limit's
+            on_limited="raise",
+        )
+        def complete(account: str, prompt: str) -> str:
+            return prompt
+
+        assert complete.delay("a", "one two three four").get()  # 1 call, 4 tokens
+        # 3 tokens more would pass the call limit but not the token limit's burst left
+        # (6 - 4 = 2): refused by that one, and charged against neither.
+        with pytest.raises(RateLimitedError, match=r"10/m \(burst 6\) \(this call costs 3\)"):
+            complete.delay("a", "five six seven")
+        assert complete.delay("a", "five six").get()  # 2 tokens: fits; 2 calls of 3
+        assert complete.delay("a", "").get() == ""  # no tokens: the third call
+        with pytest.raises(RateLimitedError, match=r"over its rate of 3/m \(burst 3\);"):
+            complete.delay("a", "")  # the call limit (the two refused counted nothing)
+        # More than the token burst could never start: said before anything is sent.
+        with pytest.raises(CostOverBurstError, match=r"can never start under 10/m.*burst=7"):
+            complete.delay("b", "1 2 3 4 5 6 7")
 
     def test_cancel_mode_runs_eagerly_with_a_lease_that_is_never_cancelled(
         self, app: Celery

@@ -16,7 +16,12 @@ import redis
 from celery import Celery
 from redis.crc import key_slot
 
-from celery_singleton_lock import ConfigurationError, DuplicateTaskError, singleton_task
+from celery_singleton_lock import (
+    ConfigurationError,
+    DuplicateTaskError,
+    RateLimit,
+    singleton_task,
+)
 from celery_singleton_lock.lease import LockKeys, Rate, companion, slot, split_role
 from celery_singleton_lock.tokens import HOLD_HEADER, TOKEN_HEADER
 
@@ -91,6 +96,11 @@ class TestOptions:
             ({"burst": 3}, r"burst without rate"),
             ({"on_limited": "raise"}, r"on_limited without rate"),
             ({"rate": lambda item: "1/s", "burst": -1}, r"burst=-1"),
+            ({"cost": 3}, r"cost without rate"),
+            ({"rate": "5/s", "cost": 2}, r"cost=2 is more than the burst of 5/s: .* burst=2"),
+            ({"rate": "5/s", "cost": "two"}, r"cost='two': give the units"),
+            ({"rate": []}, r"give at least one rate"),
+            ({"rate": ["5/s", "ten/m"]}, r"rate='ten/m': write calls per period"),
         ],
     )
     def test_contradictions_fail_at_decoration(self, options: dict[str, Any], says: str) -> None:
@@ -101,8 +111,15 @@ class TestOptions:
         opts = define(rate="100/5m", burst=3).singleton_options()
         assert opts.lock == "while_executing"
         assert opts.rate is not None
-        assert opts.rate.fixed == Rate(100, 300.0, burst=3)
+        assert opts.rate.limits == (RateLimit(Rate(100, 300.0, burst=3)),)
         assert repr(opts.mode) == "<mode rate over while_executing>"
+        several = define(rate=["60/m", RateLimit("10000/d", burst=50, cost=2)], burst=5)
+        limits = several.singleton_options().rate
+        assert limits is not None
+        assert [(str(lim.rate), lim.cost) for lim in limits.limits or ()] == [
+            ("60/m (burst 5)", None),
+            ("10000/d (burst 50)", 2.0),
+        ]
         paired = define(rate=(10, timedelta(seconds=1)), limit=2).singleton_options()
         assert repr(paired.mode) == "<mode rate over limit>"
 

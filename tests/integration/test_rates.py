@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_singleton_lock import ConfigurationError, MemoryLock, RedisLock
+from celery_singleton_lock import ConfigurationError, CostOverBurstError, MemoryLock, RedisLock
 from celery_singleton_lock.lease.limits.rates import Rate, parse_rate, rates_of
 
 
@@ -143,3 +143,88 @@ class TestRedis:
         assert 0 < int(client.pttl(key)) <= 102
         time.sleep(0.15)
         assert not client.exists(key)
+
+
+class TestSeveralLimitsAndCosts:
+    def test_a_call_refused_by_one_limit_is_charged_against_none(self, store: Any) -> None:
+        rates = rates_of(store)
+        loose, tight = Rate(100, 1.0, burst=5), Rate(2, 10.0, burst=2)
+        both = [(loose, 1.0), (tight, 1.0)]
+        assert [rates.ask("two", both).state for _ in range(3)] == ["now", "now", "refused"]
+        refused = rates.ask("two", both)
+        assert refused.limiting == 1  # the tight one said no
+        assert 4.9 < refused.wait <= 5.0 + 1e-6
+        # The loose limit counted the two that ran, not the refused ones.
+        assert rates.ask("two", [(loose, 1.0)], "peek").remaining == 3
+
+    def test_a_deferred_call_waits_for_the_latest_slot_and_each_limit_counts_it(
+        self, store: Any
+    ) -> None:
+        rates = rates_of(store)
+        fast, slow = Rate(10, 1.0), Rate(4, 2.0, burst=2)
+        both = [(fast, 1.0), (slow, 1.0)]
+        slots = [rates.ask("late", both, "reserve") for _ in range(4)]
+        base = slots[0].at
+        # Each call at the later of the two: fast alone would give 0, .1, .2, .3 (and
+        # counts each at its slot), slow 0, 0, .5, 1.0 (two at once, then one per .5 s).
+        assert [s.at - base for s in slots] == pytest.approx([0, 0.1, 0.5, 1.0], abs=1e-6)
+        assert [s.limiting for s in slots[2:]] == [1, 1]
+        # fast counted each call at its slot: its next is .1 after the last one.
+        assert rates.ask("late", [(fast, 1.0)], "reserve").at - base == pytest.approx(1.1, abs=1e-6)
+
+    def test_a_cost_moves_the_schedule_by_that_many_units(self, store: Any) -> None:
+        rates, rate = rates_of(store), Rate(10, 1.0, burst=5)
+        first = rates.ask("tokens", [(rate, 5.0)], "reserve")
+        assert first.now
+        assert first.remaining == 0
+        then = [rates.ask("tokens", [(rate, cost)], "reserve") for cost in (1.0, 3.0, 0.0)]
+        # 5 units at once (the burst), then one every 0.1 s: 1 unit at .1, and 3 more
+        # once the schedule has room for 3 (.6 - .4 of tolerance + .2 for 2 more units).
+        assert [s.at - first.at for s in then[:2]] == pytest.approx([0.1, 0.4], abs=1e-6)
+        assert then[2].now  # a call that costs nothing is never held back
+
+    def test_a_cost_over_a_burst_is_refused_saying_what_to_change(self, store: Any) -> None:
+        rates, rate = rates_of(store), Rate(1000, 60.0, burst=500)
+        with pytest.raises(CostOverBurstError, match=r"burst=600"):
+            rates.ask("big", [(rate, 600.0)])
+        assert rates.ask("big", [(rate, 500.0)]).now  # nothing was charged for it
+
+    def test_contended_costs_keep_every_window_of_every_limit(self, client: redis.Redis) -> None:
+        # Requests a second and tokens per 2 s, each call 1 to 4 tokens, 4 clients.
+        calls, tokens = Rate(30, 1.0), Rate(120, 2.0, burst=8)
+        taken: list[tuple[float, float]] = []
+        guard = threading.Lock()
+
+        def hammer(seed: int) -> None:
+            rates = rates_of(RedisLock(client, prefix="test"))
+            deadline = time.monotonic() + 2.5
+            n = seed
+            while time.monotonic() < deadline:
+                cost = float(n % 4 + 1)
+                n += 1
+                answer = rates.ask("llm", [(calls, 1.0), (tokens, cost)])
+                if answer.now:
+                    with guard:
+                        taken.append((answer.at, cost))
+                else:
+                    time.sleep(min(answer.wait, 0.005))
+
+        threads = [threading.Thread(target=hammer, args=(s,)) for s in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert most_units(taken, 1.0, lambda cost: 1.0) <= calls.limit
+        assert most_units(taken, 2.0, lambda cost: cost) <= tokens.burst - 1 + tokens.limit
+        print(f"2 limits, 4 clients: {len(taken)} calls, {sum(c for _, c in taken):g} tokens")
+        assert sum(c for _, c in taken) >= 0.8 * (120 + 120 * 0.5)  # the limit is used
+
+
+def most_units(taken: list[tuple[float, float]], window: float, units: Any) -> float:
+    """The most units charged in any half-open window ``[t, t + window)``."""
+    ordered = sorted(taken)
+    times = [at for at, _ in ordered]
+    return max(
+        sum(units(cost) for _, cost in ordered[i : bisect.bisect_left(times, t + window - 1e-6)])
+        for i, t in enumerate(times)
+    )

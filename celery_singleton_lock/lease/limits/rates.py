@@ -12,9 +12,10 @@ counter is approximate and a sliding log costs a list entry per call; GCRA needs
 neither. A call may cost several units (``cost``: tokens, bytes): its TAT moves on by
 that many intervals, so a cost above the burst could never start and is refused.
 
-Several limits of one name (``"60/m"`` and ``"10000/d"``) are decided in one script: a
-call is charged against every one of them at the latest slot any of them gives, or
-against none.
+Several limits of one name (``"60/m"`` and ``"10000/d"``; calls and tokens a minute) are
+decided in one script: a call is charged against every one of them at the latest slot
+any of them gives, or against none. A limit is its place in the list: a rate changed in
+place keeps its schedule.
 
 Four ways to ask (``how``): ``take`` a slot now or be refused (``retry_after``);
 ``reserve`` a slot now or the next free one, counted at once, so calls deferred in turn
@@ -209,7 +210,7 @@ class Rates(_RatesOf):
         for each, cost in limits:
             interval = max(1, round(each.interval * 1e6))
             units = int(cost) if cost == int(cost) else repr(float(cost))
-            args += [round(each.period * 1e6), interval, (each.burst - 1) * interval, units]
+            args += [interval, (each.burst - 1) * interval, units]
         try:
             reply = self._redis.pipelining.call(self._script, [self.key(name)], args, entry=entry)
         except REDIS_ERRORS as error:
@@ -227,7 +228,7 @@ class MemoryRates(_RatesOf):
     def __init__(self, store: MemoryLock) -> None:
         super().__init__(store)
         self._memory = store
-        self._tats: dict[str, dict[float, float]] = {}  # key -> period -> TAT
+        self._tats: dict[str, list[float]] = {}  # key -> each limit's TAT, in order
 
     def ask(
         self,
@@ -243,15 +244,14 @@ class MemoryRates(_RatesOf):
         with self._memory.guard:
             now = self._memory.clock.time()
             if len(self._tats) > 1000:  # names whose next call is due hold nothing
-                self._tats = {
-                    k: t for k, t in self._tats.items() if max(t.values(), default=0) > now
-                }
+                self._tats = {k: t for k, t in self._tats.items() if max(t, default=0) > now}
             key = self.key(name)
-            stored = self._tats.get(key, {})
-            tats = [max(stored.get(each.period, now), now) for each, _ in limits]
+            stored = self._tats.get(key, [])
+            tats = [max(stored[i] if i < len(stored) else now, now) for i in range(len(limits))]
             slot, limiting = now, 0
             for i, ((each, cost), tat) in enumerate(zip(limits, tats, strict=True)):
-                fits = tat + (cost - 1) * each.interval - (each.burst - 1) * each.interval
+                tolerance = (each.burst - 1) * each.interval
+                fits = tat + (cost - 1) * each.interval - tolerance if cost > 0 else now
                 if fits > slot:
                     slot, limiting = fits, i
 
@@ -270,12 +270,10 @@ class MemoryRates(_RatesOf):
             if how == "peek" or (how == "take" and slot > now):
                 return answer(0 if slot > now else 1, slot, tats)
             tats = [
-                max(tat, slot) + cost * each.interval
+                max(tat, slot) + cost * each.interval if cost > 0 else tat
                 for (each, cost), tat in zip(limits, tats, strict=True)
             ]
-            self._tats[key] = {
-                each.period: tat for (each, _), tat in zip(limits, tats, strict=True)
-            }
+            self._tats[key] = tats
             return answer(2 if slot > now else 1, slot, tats)
 
 

@@ -1,12 +1,14 @@
 -- A name's rate limits by GCRA (lease/limits/rates.py): per limit one number, the next
 -- call's theoretical arrival time (TAT), on the server's clock. Every limit is decided
 -- in this one script: a call is charged against all of them or none.
--- KEYS[1] the name's rate key: 'period=tat' pairs, one per limit, in microseconds
+-- KEYS[1] the name's rate key: each limit's TAT in microseconds, in the limits' order,
+--   comma-separated (a limit is its place in the list: a rate changed in place keeps
+--   its schedule; one added starts with none)
 -- ARGV[1] 'take', 'reserve', 'peek' or 'due'
 -- ARGV[2] ('due' only) a slot reserved earlier, in microseconds; else 0
--- ARGV[3..] four per limit: its period, its interval between calls (period / limit),
---   its burst tolerance ((burst - 1) * interval), all in microseconds, and the units
---   this call costs against it
+-- ARGV[3..] three per limit: its interval between calls (period / limit) and its
+--   burst tolerance ((burst - 1) * interval), in microseconds, and the units this call
+--   costs against it
 -- returns {state, slot, wait, remaining, now, free, limiting}: state 1 now, 2 a later
 -- slot reserved (due: not yet due), 0 refused (take) or not free now (peek); slot the
 -- slot's server time; wait microseconds until it; remaining the one-unit calls that may
@@ -18,19 +20,23 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local stored = {}
 local value = redis.call('GET', KEYS[1])
 if value then
-  for period, tat in string.gmatch(value, '(%d+)=(%d+)') do
-    stored[period] = tonumber(tat)
+  for tat in string.gmatch(value, '[^,]+') do
+    stored[#stored + 1] = tonumber(tat)
   end
 end
 
 local limits = {}
 local slot, limiting = now, 1
-for i = 3, #ARGV, 4 do
-  local limit = {period = ARGV[i], interval = tonumber(ARGV[i + 1]),
-    tolerance = tonumber(ARGV[i + 2]), cost = tonumber(ARGV[i + 3])}
-  limit.tat = math.max(stored[limit.period] or now, now)
-  -- The earliest this call's units fit: its increment, less the burst's tolerance.
-  local at = math.max(now, limit.tat + (limit.cost - 1) * limit.interval - limit.tolerance)
+for i = 3, #ARGV, 3 do
+  local limit = {interval = tonumber(ARGV[i]), tolerance = tonumber(ARGV[i + 1]),
+    cost = tonumber(ARGV[i + 2])}
+  limit.tat = math.max(stored[#limits + 1] or now, now)
+  -- The earliest this call's units fit: its increment, less the burst's tolerance (a
+  -- call that costs a limit nothing is not held back by it).
+  local at = now
+  if limit.cost > 0 then
+    at = math.max(now, limit.tat + (limit.cost - 1) * limit.interval - limit.tolerance)
+  end
   if at > slot then
     slot, limiting = at, #limits + 1
   end
@@ -61,11 +67,13 @@ if ARGV[1] == 'peek' or (ARGV[1] == 'take' and slot > now) then
   return answer(slot > now and 0 or 1, slot, tats)
 end
 -- Charged against every limit at the slot: a limit that had room then still counts it.
-local pairs_, ttl = {}, 1
+local kept, ttl = {}, 1
 for i, limit in ipairs(limits) do
-  tats[i] = math.max(limit.tat, slot) + limit.cost * limit.interval
-  pairs_[#pairs_ + 1] = limit.period .. '=' .. string.format('%.0f', tats[i])
+  if limit.cost > 0 then
+    tats[i] = math.max(limit.tat, slot) + limit.cost * limit.interval
+  end
+  kept[i] = string.format('%.0f', tats[i])
   ttl = math.max(ttl, math.ceil((tats[i] - now) / 1000) + 1)
 end
-redis.call('SET', KEYS[1], table.concat(pairs_, ','), 'PX', ttl)
+redis.call('SET', KEYS[1], table.concat(kept, ','), 'PX', ttl)
 return answer(slot > now and 2 or 1, slot, tats)
