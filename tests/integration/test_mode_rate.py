@@ -16,7 +16,7 @@ from celery_singleton_lock import RateLimitedError
 
 from ..conftest import CeleryEnv, separate_lock_server
 from ..support.modes import concurrency, dispatch_round_trips
-from ..support.rates import check_rate, closest_slots, rated_runs
+from ..support.rates import check_rate, closest_slots, most_units, rated_runs
 from ..support.runs import wait_for
 from ..support.workers import Worker
 
@@ -89,6 +89,38 @@ class TestAcrossWorkers:
                 f"{seen['lag_max_ms']:.1f} ms"
             )
             assert seen["busiest_slots"] >= 15, "the rate is used, not just kept"
+
+    @pytest.mark.oneoff  # a fleet of four workers
+    @pytest.mark.load
+    def test_two_limits_and_a_cost_keep_every_window_of_each(
+        self, cenv: CeleryEnv, fleet: list[Worker]
+    ) -> None:
+        app, queue = cenv.app_module, fleet[0].queue
+        calls = 120
+        for n in range(calls):
+            app.rated_tokens.apply_async((f"key{n % 3}", n), queue=queue)
+
+        def all_run() -> list[dict[str, Any]] | None:
+            records = rated_runs(cenv)
+            return records if len(records) >= calls else None
+
+        done = wait_for(all_run, 90, "every call run")
+        assert sorted(r["n"] for r in done) == list(range(calls)), "none lost, none twice"
+        for key in ("key0", "key1", "key2"):
+            records = [r for r in done if r["item"] == key]
+            # 20 calls a second (burst 1): at most 20 slots in any 1 s.
+            seen = check_rate(records, 20, 1.0)
+            # 40 tokens per 2 s with a burst of 6: at most 5 + 40 units in any 2 s.
+            charged = [(r["slot"], float(app.tokens_of(key, r["n"]))) for r in records]
+            most = most_units(charged, 2.0)
+            assert most <= 6 - 1 + 40, f"{most} tokens in 2 s"
+            span = max(r["slot"] for r in records) - min(r["slot"] for r in records)
+            print(
+                f"  {key}: {len(records)} runs, {sum(c for _, c in charged):g} tokens over "
+                f"{span:.2f}s; busiest 2 s: {most:g} tokens; busiest 1 s: "
+                f"{seen['busiest_slots']} calls; start after slot max {seen['lag_max_ms']:.1f} ms"
+            )
+            assert most >= 30, "the token limit is used, not just kept"
 
     def test_each_tenant_gets_the_rate_its_plan_says(self, cenv: CeleryEnv, worker: Worker) -> None:
         planned, queue = cenv.app_module.planned, worker.queue

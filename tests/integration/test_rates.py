@@ -16,6 +16,8 @@ import redis
 from celery_singleton_lock import ConfigurationError, CostOverBurstError, MemoryLock, RedisLock
 from celery_singleton_lock.lease.limits.rates import Rate, parse_rate, rates_of
 
+from ..support.rates import most_units
+
 
 @pytest.fixture(name="store", params=["redis", "memory"])
 def fixture_store(request: pytest.FixtureRequest, client: redis.Redis) -> Any:
@@ -214,17 +216,7 @@ class TestSeveralLimitsAndCosts:
             thread.start()
         for thread in threads:
             thread.join(10)
-        assert most_units(taken, 1.0, lambda cost: 1.0) <= calls.limit
-        assert most_units(taken, 2.0, lambda cost: cost) <= tokens.burst - 1 + tokens.limit
+        assert most_units([(at, 1.0) for at, _ in taken], 1.0) <= calls.limit
+        assert most_units(taken, 2.0) <= tokens.burst - 1 + tokens.limit
         print(f"2 limits, 4 clients: {len(taken)} calls, {sum(c for _, c in taken):g} tokens")
         assert sum(c for _, c in taken) >= 0.8 * (120 + 120 * 0.5)  # the limit is used
-
-
-def most_units(taken: list[tuple[float, float]], window: float, units: Any) -> float:
-    """The most units charged in any half-open window ``[t, t + window)``."""
-    ordered = sorted(taken)
-    times = [at for at, _ in ordered]
-    return max(
-        sum(units(cost) for _, cost in ordered[i : bisect.bisect_left(times, t + window - 1e-6)])
-        for i, t in enumerate(times)
-    )

@@ -26,6 +26,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from celery_singleton_lock import (
     LockLostError,
+    RateLimit,
     SingletonTask,
     TaskCancelledError,
     fail,
@@ -550,6 +551,25 @@ def _rated(task: Any, item: str, n: int, seconds: float) -> int:
 )
 def rated(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
     """20 runs a second per item, across every worker; a killed worker's messages return."""
+    return _rated(self, item, n, seconds)
+
+
+def tokens_of(item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """What a call costs against a token limit: 1, 2 or 3 units (in turn for calls n
+    made over three items in turn)."""
+    return n // 3 % 3 + 1
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    rate=["20/s", RateLimit("40/2s", burst=6, cost=tokens_of)],
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def rated_tokens(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """20 calls a second and 40 tokens per 2 s per item (``tokens_of`` each call)."""
     return _rated(self, item, n, seconds)
 
 

@@ -25,6 +25,20 @@ def most_in_a_window(times: list[float], window: float) -> int:
     )
 
 
+def most_units(charged: list[tuple[float, float]], window: float) -> float:
+    """The most units charged in any half-open window ``[t, t + window)`` of (slot,
+    units) pairs (every window that starts at a slot, as ``most_in_a_window``)."""
+    ordered = sorted(charged)
+    times = [at for at, _ in ordered]
+    return max(
+        (
+            sum(units for _, units in ordered[i : bisect.bisect_left(times, t + window - 1e-6)])
+            for i, t in enumerate(times)
+        ),
+        default=0.0,
+    )
+
+
 def closest_slots(records: list[dict[str, Any]]) -> float:
     """The shortest gap between two of the runs' slots: the rate's interval, once two
     calls waited for slots together."""
