@@ -25,7 +25,7 @@ from celery import Celery
 from celery_once import QueueOnce
 from celery_singleton import Singleton
 
-from celery_singleton_lock import requeue, singleton_task, wait
+from celery_singleton_lock import RateLimit, requeue, singleton_task, wait
 
 BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
 RESULTS = os.environ.get("BENCH_RESULT_URL") or BROKER
@@ -173,6 +173,22 @@ def this_rate_delay(item: str, seconds: float = 0.0) -> str:
     return _run("this_rate_delay", item, seconds)
 
 
+def _tokens(item: str, seconds: float = 0.0) -> int:
+    """A cost of the call's arguments, as a token count would be."""
+    return len(item)
+
+
+@singleton_task(
+    app=app,
+    shared=False,
+    name="bench.this_rates",
+    rate=["100/s", RateLimit("100000/m", burst=1000, cost=_tokens)],
+)
+def this_rates(item: str, seconds: float = 0.0) -> str:
+    """Two limits and a cost per call: one script asks both."""
+    return _run("this_rates", item, seconds)
+
+
 @singleton_task(app=app, shared=False, name="bench.this_cancel", on_duplicate="cancel")
 def this_cancel(item: str, seconds: float = 0.0) -> str:
     return _run("this_cancel", item, seconds)
@@ -206,6 +222,7 @@ SYSTEMS: dict[str, Any] = {
     "this_limit": this_limit,
     "this_rate": this_rate,
     "this_rate_delay": this_rate_delay,
+    "this_rates": this_rates,
     "this_cancel": this_cancel,
     "this_history": this_history,
     "this_idempotent": Idempotent(),

@@ -61,6 +61,8 @@ MODES = (
     "this_cancel",
     "this_history",
 )
+# A rate-limited run's start: one limit, and two limits with a cost (section 9).
+RATED = ("plain", "this_rate", "this_rates")
 
 
 def median(values: list[float]) -> float:
@@ -461,6 +463,55 @@ class Bench:
             worker.stop()
         return out
 
+    # -- 9: a rate-limited run's start -------------------------------------------------
+
+    def rate_starts(self) -> None:
+        """Distinct keys through one prefork worker, each run asking its rate for a slot
+        (free at once: the decision's price, not a wait): one limit, and two limits with
+        a cost callable, beside plain Celery; the pool children's CPU and the server's
+        time in scripts per task."""
+        n, systems = self.args.tasks, RATED
+        workers = self.workers("bench-rates")
+        servers = {"locks": self.locks}
+        spent: dict[str, dict[str, list[float]]] = {s: {} for s in systems}
+        try:
+            for round_no in range(self.args.rounds):
+                for system in self.order(systems):
+                    task, worker = self.bench.SYSTEMS[system], workers[self.bench.side(system)]
+                    self.reset()
+                    self.locks.client().config_resetstat()
+                    before = cpu_seconds(worker.pid, servers, {})
+                    began = time.perf_counter()
+                    for i in range(n):
+                        task.apply_async((f"r-{round_no}-{i}",), queue=worker.queue)
+                    self.wait_marks(system, n, 300)
+                    took = time.perf_counter() - began
+                    time.sleep(0.2)  # releases land after the body's last mark
+                    after = cpu_seconds(worker.pid, servers, {})
+                    stats = self.locks.client().info("commandstats")
+                    scripts = sum(
+                        int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in SCRIPTS
+                    )
+                    row = spent[system]
+                    row.setdefault("tasks_per_s", []).append(n / took)
+                    row.setdefault("pool_children_us", []).append(
+                        (after["pool_children"] - before["pool_children"]) / n * 1e6
+                    )
+                    row.setdefault("redis_scripts_us", []).append(scripts / n)
+        finally:
+            for worker in workers.values():
+                worker.stop()
+        plain = spent["plain"]["tasks_per_s"]
+        self.results["rate_starts"] = {
+            s: {
+                "tasks_per_s": round(median(spent[s]["tasks_per_s"]), 1),
+                "ratio": paired_ratio(spent[s]["tasks_per_s"], plain),
+                "pool_children_us": round(median(spent[s]["pool_children_us"])),
+                "redis_scripts_us": round(median(spent[s]["redis_scripts_us"]), 1),
+            }
+            for s in systems
+        }
+
     # -- 8: where the time goes ---------------------------------------------------------
 
     def cost(self) -> None:
@@ -699,6 +750,16 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "plain's total over the system's; `floor_ratio` what it would be if the lock "
             "work in the servers' scripts were all the system added (clients free).",
         ),
+        "rate_starts": (
+            "9. A rate-limited run's start",
+            "Distinct keys through one prefork worker (concurrency 2), dispatch included, "
+            "each run asking its key's rate for a slot before it starts (free at once: "
+            'what the decision costs, not a wait). this_rate: `rate="100/s"`; '
+            'this_rates: `rate=["100/s", RateLimit("100000/m", burst=1000, '
+            "cost=tokens)]`, both limits and the cost callable in the one script. Ratio: "
+            "the median of the rounds' ratios to plain; the pool children's CPU and the "
+            "lock server's time in scripts, per task.",
+        ),
     }
     if all(k in r for k in CHARTED):
         out += [
@@ -763,6 +824,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "round_trips": bench.round_trips,
         "modes": bench.modes,
         "cost": bench.cost,
+        "rate_starts": bench.rate_starts,
     }
     try:
         for name, scenario in scenarios.items():
