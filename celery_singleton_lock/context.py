@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from .config.options import SingletonOptions
 from .config.stores import LockStores
+from .exceptions import ConfigurationError
 from .lease import LockStore, split_role
 from .lease.history import Record
+from .lease.limits.overrides import Override, overrides_of
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -69,6 +71,21 @@ class TaskContext:
         wanted = self.options.history
         kept = getattr(self.store, "keeps_history", False)
         return bool(kept and (self.stores.config.history if wanted is None else wanted))
+
+    def override(self, lock_name: str) -> Override | None:
+        """An operator's override of this call's limits (``celery singleton limits set``):
+        the lock's own, else its key template's or this task's. Only a task with a rate
+        or a limit has one; read at most every ``overrides.REFRESH`` seconds."""
+        options = self.options
+        if options.rate is None and options.limit is None:
+            return None
+        try:
+            overrides = overrides_of(self.store)
+        except ConfigurationError:  # a Redlock: limits are the code's
+            return None
+        template = options.key.key
+        families = (template, self.name) if isinstance(template, str) else (self.name,)
+        return overrides.find(lock_name, families)
 
     def record(
         self,

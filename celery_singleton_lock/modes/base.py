@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from celery.result import AsyncResult
 
     from ..lease.history import Record
+    from ..lease.limits.overrides import Override
 
 
 # One call's arguments: positional and keyword, as the task receives them.
@@ -95,6 +96,7 @@ class Start:
     role: str | None
     store: LockStore
     entry: Record | None = None
+    override: Override | None = None  # an operator's (``celery singleton limits set``)
 
     def take_over(self, *, unless_replaced: str | None = None) -> TakeOver:
         """What of the key this message may take over: its own queued hold or reservation.
@@ -146,12 +148,19 @@ class Mode:
             headers[HOLD_HEADER] = self.hold_role
         return PublishHold(self._held_lock(name), ttl, token, headers)
 
+    @property
+    def asks_at_publish(self) -> bool:
+        """Whether ``slot_at_publish`` asks the lock store (a rate's ``"delay"`` or
+        ``"raise"``): only then is an operator's override looked up at dispatch."""
+        return False
+
     def slot_at_publish(
         self,
         store: LockStore,
         name: str,
         call: Call,
         options: MutableMapping[str, object],
+        override: Override | None = None,
     ) -> Slot | None:
         """A rate's slot for a call about to be sent (``rate.py``); None: none taken."""
         return None
@@ -227,8 +236,9 @@ class Mode:
         """Free what still keeps the next call out after the run's own lease is gone
         (nothing here: the key is free once the run ends)."""
 
-    def running_names(self, name: str) -> list[str]:
-        """Every lock a run of ``name`` may hold (itself; a counting lease's slots)."""
+    def running_names(self, name: str, override: Override | None = None) -> list[str]:
+        """Every lock a run of ``name`` may hold (itself; a counting lease's slots, as
+        many as the code's limit or an operator's, the larger)."""
         return [name]
 
     def held_by_a_run(self, name: str) -> list[str]:

@@ -6,14 +6,22 @@
   slots); a retry's message first takes back the slot its attempt ran in.
   ``on_contention=wait`` is woken by the release of any slot, first come first served.
 - end: the slot is released; a dead child's slot by its worker (any of the N).
+
+An operator's override (``celery singleton limits set NAME --limit M``) replaces N for
+the next runs: a lowered limit lets runs above it finish, and starts none until fewer
+than M run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ..lease import Contended, Lease, LockStore, TakeOver, companion, slot
 from .base import Holder, Mode, Start
+
+if TYPE_CHECKING:
+    from ..lease.limits.overrides import Override
 
 
 class Limit(Mode):
@@ -37,21 +45,30 @@ class Limit(Mode):
             if isinstance(own, Lease):
                 return own
         return start.store.slots.try_acquire(
-            start.name, self.limit, start.ttl, token=start.token, entry=start.entry
+            start.name,
+            self.limit_of(start.override),
+            start.ttl,
+            token=start.token,
+            entry=start.entry,
         )
+
+    def limit_of(self, override: Override | None) -> int:
+        """The limit in force: an operator's, else the code's."""
+        return override.limit if override is not None and override.limit else self.limit
 
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         return waiting.slots.acquire(
             start.name,
-            self.limit,
+            self.limit_of(start.override),
             start.ttl,
             timeout=timeout,
             token=start.token,
             entry=start.entry,
         )
 
-    def running_names(self, name: str) -> list[str]:
-        return [slot(name, number) for number in range(1, self.limit + 1)]
+    def running_names(self, name: str, override: Override | None = None) -> list[str]:
+        widest = max(self.limit, self.limit_of(override))
+        return [slot(name, number) for number in range(1, widest + 1)]
 
     def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
         taken = sum(1 for role in held if (role or "").startswith("slot"))

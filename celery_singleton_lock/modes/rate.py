@@ -27,6 +27,7 @@ from datetime import timedelta
 
 from ..exceptions import ConfigurationError, RateLimitedError
 from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_of
+from ..lease.limits.overrides import Override
 from ..lease.limits.rates import Charges, check_cost
 from .base import Call, Holder, Mode, Start
 
@@ -41,6 +42,9 @@ _PLAN_CACHE_SIZE = 10_000
 # (one more, for rates up to 20 a second).
 MIN_GRACE = 0.05
 ON_LIMITED = ("defer", "delay", "raise")
+# What a call refused because its key is paused is told to wait (``retry_after``): the
+# pause has no end known in advance.
+PAUSED_RETRY = 1.0
 
 # A call's cost: units (a number), or a callable of the task's arguments returning them.
 Cost = float | Callable[..., object]
@@ -185,15 +189,29 @@ class RateSpec:
         return limits
 
     def for_call(
-        self, name: str, args: Sequence[object], kwargs: Mapping[str, object]
+        self,
+        name: str,
+        args: Sequence[object],
+        kwargs: Mapping[str, object],
+        override: Override | None = None,
     ) -> Charges | None:
         """What the call of key ``name`` is charged: (rate, units) per limit; None when
-        its key has no limit. A cost no limit could take raises ``CostOverBurstError``."""
+        its key has no limit. An operator's rates (``override``) stand in for the code's
+        in order, each with the cost of the code's limit in its place. A cost no limit
+        could take raises ``CostOverBurstError``."""
         limits = self.limits_of(name, args, kwargs)
-        if limits is None:
+        if override is not None and override.rates is not None:
+            costs = [limit.cost for limit in limits or ()]
+            priced = [
+                (rate, costs[i] if i < len(costs) else None)
+                for i, rate in enumerate(override.rates)
+            ]
+        elif limits is None:
             return None
+        else:
+            priced = [(limit.rate, limit.cost) for limit in limits]
         said: dict[int, float] = {}  # a callable shared by several limits is asked once
-        charged = [(limit.rate, self._units(limit.cost, args, kwargs, said)) for limit in limits]
+        charged = [(rate, self._units(cost, args, kwargs, said)) for rate, cost in priced]
         check_cost(name, charged)
         return charged
 
@@ -235,22 +253,37 @@ class Rated(Mode):
 
     # -- publish ----------------------------------------------------------------------
 
+    @property
+    def asks_at_publish(self) -> bool:
+        return self.spec.on_limited != "defer"
+
     def slot_at_publish(
         self,
         store: LockStore,
         name: str,
         call: Call,
         options: MutableMapping[str, object],
+        override: Override | None = None,
     ) -> Slot | None:
         """``on_limited="delay"``: reserve the call's slot and set the countdown to it;
         ``"raise"``: a slot now, or ``RateLimitedError``. A call with its own countdown
-        or eta is left to its execution: a slot reserved now could fall before it."""
+        or eta is left to its execution: a slot reserved now could fall before it, and so
+        is a call of a paused key (``"raise"`` refuses it)."""
         how = self.spec.on_limited
-        if how == "defer" or options.get("countdown") or options.get("eta"):
+        if override is not None and override.paused and how == "raise":
+            raise RateLimitedError(
+                f"{name!r} is paused by an operator ({override.target!r}, "
+                f"{override.changed_by or 'someone'}); resume it with: celery singleton "
+                f"limits set {override.target!r} --resume",
+                name=name,
+                retry_after=PAUSED_RETRY,
+            )
+        paused = override is not None and override.paused
+        if how == "defer" or paused or options.get("countdown") or options.get("eta"):
             if self.spec.costs:  # a cost no slot could take: refused before it is sent
-                self.spec.for_call(name, *call)
+                self.spec.for_call(name, *call, override)
             return None
-        limits = self.spec.for_call(name, *call)
+        limits = self.spec.for_call(name, *call, override)
         if limits is None:
             return None
         slot = rates_of(store).ask(name, limits, "reserve" if how == "delay" else "take")
@@ -270,7 +303,7 @@ class Rated(Mode):
     # -- start ------------------------------------------------------------------------
 
     def admit(self, start: Start, call: Call, slot: float | None) -> Slot | None:
-        limits = self.spec.for_call(start.name, *call)
+        limits = self.spec.for_call(start.name, *call, start.override)
         if limits is None:
             return None
         rates = rates_of(start.store)
@@ -294,8 +327,8 @@ class Rated(Mode):
         # other call of it out for as long as the retry is deferred.
         return False
 
-    def running_names(self, name: str) -> list[str]:
-        return self.inner.running_names(name)
+    def running_names(self, name: str, override: Override | None = None) -> list[str]:
+        return self.inner.running_names(name, override)
 
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)

@@ -51,7 +51,9 @@ def slot_at_publish(
     as the header it rides in; none without one, or when the store is unreachable and
     fail_open sends the call anyway (its execution then asks)."""
     try:
-        slot = context.options.mode.slot_at_publish(context.store, lock_name, call, options)
+        mode = context.options.mode
+        override = context.override(lock_name) if mode.asks_at_publish else None
+        slot = mode.slot_at_publish(context.store, lock_name, call, options, override)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
         return {}

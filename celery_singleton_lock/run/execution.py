@@ -29,6 +29,7 @@ from ..exceptions import (
     DuplicateTaskError,
     LockNotAcquiredError,
     LockStoreUnavailableError,
+    RateLimitedError,
 )
 from ..holders import is_running_copy
 from ..lease import Contended, Lease, LockStore, append_history
@@ -65,7 +66,7 @@ from ..tokens import (
     running_token,
 )
 from .holds import PendingHold
-from .resend import defer, send_again
+from .resend import PAUSE_RECHECK, defer, hold_back, send_again
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class Execution:
             role=self.role,
             store=self.store,
             entry=self._record(contended=self.ahead is not None),
+            override=self.context.override(self.lock_name),
         )
 
     def _record(self, *, contended: bool) -> Record | None:
@@ -214,6 +216,16 @@ class Execution:
         """A rate's slot before the running lease (``modes/rate.py``): a run with no slot
         free now is sent again to arrive on the one reserved for it."""
         request = self.delivery.request
+        override = self.start.override
+        if override is not None and override.paused:
+            append_history(self.store, self.start.entry, "paused", target=override.target)
+            if not request.is_eager:
+                hold_back(self.delivery, self.lock_name, override.target)
+            raise RateLimitedError(  # eagerly, nothing to send again: the caller is told
+                f"{self.lock_name!r} is paused by an operator ({override.target!r})",
+                name=self.lock_name,
+                retry_after=PAUSE_RECHECK,
+            )
         carried = header(request, RATE_SLOT_HEADER)
         slot = self.mode.admit(self.start, self.call, None if carried is None else float(carried))
         if slot is None:

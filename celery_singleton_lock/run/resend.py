@@ -1,5 +1,5 @@
-"""A message sent again with its task id: requeued after a contention or an outage, or
-deferred to the slot its key's rate reserved for it."""
+"""A message sent again with its task id: requeued after a contention or an outage,
+deferred to the slot its key's rate reserved for it, or held back while its key is paused."""
 
 from __future__ import annotations
 
@@ -71,6 +71,21 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
     delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at}})
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
+
+
+# How often a run of a paused key looks again: a resume lets it go within this. The
+# runs held back come round in the order they came, one period apart each time.
+PAUSE_RECHECK = 1.0
+
+
+def hold_back(delivery: Delivery, lock_name: str, target: str) -> NoReturn:
+    """Send the current message again in ``PAUSE_RECHECK`` seconds, with nothing of its
+    own (no slot: it asks for one once its key is resumed), and end this execution."""
+    request = delivery.request
+    logger.info("%s[%s] held back: %s is paused (%r)", delivery.name, request.id, lock_name, target)
+    headers = _again(request, lock_name, NAME_HEADER, lock_name)
+    delivery.resend(PAUSE_RECHECK, headers, {BYPASS_OPTION: True})
+    raise Ignore(f"held back: {lock_name!r} is paused")
 
 
 def _again(request: Request, lock_name: str, name: str, value: object) -> dict[str, object]:

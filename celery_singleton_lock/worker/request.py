@@ -145,7 +145,8 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
                 return result
         # The key, or with limit=N whichever slot of it the child held.
-        for name in task.singleton_options().mode.running_names(lock_name):
+        override = task.singleton_context.override(lock_name)  # a raised limit's slots
+        for name in task.singleton_options().mode.running_names(lock_name, override):
             result = store.release_matching(name, running_prefix(self.hostname, pid), f"|{self.id}")
             if result is ReleaseResult.RELEASED:
                 send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)

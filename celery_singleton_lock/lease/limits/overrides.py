@@ -1,0 +1,251 @@
+"""Operators' overrides of a name's limits (a rate, a limit, a pause), kept in the lock store.
+
+An operator changes a limit without a deploy (``celery singleton limits set``): the
+override is one field of one hash, ``<prefix>:limits``, keyed by its target (a lock
+name, a key template or a task name), its value a small JSON object. Every process
+reads the whole hash at most every ``REFRESH`` seconds (one HGETALL, only for tasks with
+a rate or a limit) and hands what it found to the scripts of its next decisions, as
+their arguments: a change reaches every decision within a second, and on a Cluster the
+hash may live in a slot of its own (a decision's script sees only its key's slot).
+Overrides are few (what an operator set), so the hash stays small.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from ...exceptions import ConfigurationError
+from ..errors import store_error
+from ..memory import MemoryLock
+from ..names import MAX_SLOTS
+from ..outcomes import text
+from ..redis.common import REDIS_ERRORS
+from ..redis.store import RedisLock
+from ..redlock.masters import Redlock
+from .rates import Rate
+
+logger = logging.getLogger(__name__)
+
+# How old the overrides a process decides with may be, at most (seconds).
+REFRESH = 0.5
+
+
+@dataclass(frozen=True)
+class Override:
+    """What an operator set for ``target``: rates in place of the code's (in its order),
+    a limit in place of ``limit=N``, and whether its calls are held back (``paused``)."""
+
+    target: str
+    rates: tuple[Rate, ...] | None = None
+    limit: int | None = None
+    paused: bool = False
+    changed_at: float = 0.0  # seconds since the epoch
+    changed_by: str = ""
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and not 1 <= self.limit <= MAX_SLOTS:
+            raise ConfigurationError(
+                f"limits for {self.target!r}: limit={self.limit} must be from 1 to {MAX_SLOTS}"
+            )
+        if self.rates is not None and not self.rates:
+            raise ConfigurationError(
+                f"limits for {self.target!r}: give at least one rate, or reset the override"
+            )
+
+    @property
+    def empty(self) -> bool:
+        return self.rates is None and self.limit is None and not self.paused
+
+    def describe(self) -> str:
+        """What it changes, as ``limits list`` shows it: ``rate 10/m, 500/d; paused``."""
+        said = []
+        if self.rates is not None:
+            said.append("rate " + ", ".join(str(rate) for rate in self.rates))
+        if self.limit is not None:
+            said.append(f"limit {self.limit}")
+        if self.paused:
+            said.append("paused")
+        return "; ".join(said) or "nothing"
+
+    def dumps(self) -> str:
+        rates = None if self.rates is None else [[r.limit, r.period, r.burst] for r in self.rates]
+        return json.dumps(
+            {
+                "rates": rates,
+                "limit": self.limit,
+                "paused": self.paused,
+                "at": self.changed_at,
+                "by": self.changed_by,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def loads(cls, target: str, raw: str) -> Override:
+        said = json.loads(raw)
+        rates = said.get("rates")
+        return cls(
+            target,
+            None if rates is None else tuple(Rate(int(n), float(p), int(b)) for n, p, b in rates),
+            said.get("limit"),
+            bool(said.get("paused")),
+            float(said.get("at") or 0.0),
+            str(said.get("by") or ""),
+        )
+
+
+class _Cached:
+    """The overrides as last read, and when; read again once older than ``REFRESH``."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._found: dict[str, Override] = {}
+        self._read_at = float("-inf")
+
+    def current(self) -> Mapping[str, Override]:
+        now = time.monotonic()
+        if now - self._read_at < REFRESH:
+            return self._found
+        with self._guard:
+            if now - self._read_at >= REFRESH:
+                try:
+                    self._found = self.read()
+                except REDIS_ERRORS as error:
+                    # The decision's own script meets the outage and its policy; until
+                    # then the last overrides read stand.
+                    logger.debug("overrides not read: %s", error)
+                self._read_at = now
+        return self._found
+
+    def find(self, name: str, families: Iterable[str]) -> Override | None:
+        """The override of the lock ``name``: its own, else its key template's or its
+        task's (``families``), first found."""
+        found = self.current()
+        if not found:
+            return None
+        for target in (name, *families):
+            override = found.get(target)
+            if override is not None:
+                return override
+        return None
+
+    def forget(self) -> None:
+        """Read again at the next decision (after this process changed one)."""
+        self._read_at = float("-inf")
+
+    def read(self) -> dict[str, Override]:
+        raise NotImplementedError
+
+
+class Overrides(_Cached):
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster)."""
+
+    def __init__(self, store: RedisLock) -> None:
+        super().__init__()
+        self._store = store
+        self.key = f"{store.prefix}:limits"
+
+    def read(self) -> dict[str, Override]:
+        raw = self._store.client.hgetall(self.key) or {}
+        found = {}
+        for target, value in raw.items():
+            name = text(target)
+            try:
+                found[name] = Override.loads(name, text(value))
+            except (ValueError, TypeError, KeyError) as error:
+                logger.warning("override of %r unreadable (%s): ignored", name, error)
+        return found
+
+    def all(self) -> dict[str, Override]:
+        """Every override, read now (the CLI, the locks page)."""
+        try:
+            return self.read()
+        except REDIS_ERRORS as error:
+            raise store_error(error, where=self._store.where) from error
+
+    def save(self, override: Override) -> None:
+        """Store ``override`` (one that changes nothing is removed)."""
+        client = self._store.client
+        try:
+            if override.empty:
+                client.hdel(self.key, override.target)
+            else:
+                client.hset(self.key, override.target, override.dumps())
+        except REDIS_ERRORS as error:
+            raise store_error(error, where=self._store.where) from error
+        self.forget()
+
+
+class MemoryOverrides(_Cached):
+    """On a ``MemoryLock`` (eager tests): this process's own."""
+
+    def __init__(self, store: MemoryLock) -> None:
+        super().__init__()
+        self._saved: dict[str, Override] = {}
+
+    def read(self) -> dict[str, Override]:
+        return dict(self._saved)
+
+    def all(self) -> dict[str, Override]:
+        return self.read()
+
+    def save(self, override: Override) -> None:
+        if override.empty:
+            self._saved.pop(override.target, None)
+        else:
+            self._saved[override.target] = override
+        self.forget()
+
+
+def changed(
+    old: Override | None,
+    target: str,
+    *,
+    rates: tuple[Rate, ...] | None = None,
+    limit: int | None = None,
+    paused: bool | None = None,
+    by: str = "",
+) -> Override:
+    """``old`` with what is given changed (the rest kept), stamped now."""
+    base = old if old is not None else Override(target)
+    return replace(
+        base,
+        rates=base.rates if rates is None else rates,
+        limit=base.limit if limit is None else limit,
+        paused=base.paused if paused is None else paused,
+        changed_at=time.time(),
+        changed_by=by,
+    )
+
+
+_made: weakref.WeakKeyDictionary[object, Overrides | MemoryOverrides] = weakref.WeakKeyDictionary()
+
+
+def overrides_of(store: object) -> Overrides | MemoryOverrides:
+    """The overrides of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
+    found = _made.get(store)
+    if found is not None:
+        return found
+    if isinstance(store, Redlock):
+        raise ConfigurationError(
+            f"run-time limits need one lock store; {store.where} is a Redlock of several "
+            "masters: use a standalone, Sentinel or Cluster lock store to change limits "
+            "at run time"
+        )
+    if isinstance(store, MemoryLock):
+        found = MemoryOverrides(store)
+    elif isinstance(store, RedisLock):
+        found = Overrides(store)
+    else:
+        raise ConfigurationError(f"run-time limits need a RedisLock or a MemoryLock, got {store!r}")
+    _made[store] = found
+    return found
+
+
+__all__ = ["REFRESH", "MemoryOverrides", "Override", "Overrides", "changed", "overrides_of"]
