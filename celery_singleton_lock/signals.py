@@ -28,6 +28,11 @@ for one more release.
   lock store's clock); ``deferred``: not yet, its message was sent again to arrive on
   it. ``remaining`` runs of the key may start now after it; the next may start at
   ``next_slot``.
+- ``limits_changed(sender=None, name, change, override, by)``: an operator changed the
+  limits of ``name`` (a task's name, a key template or a lock name: ``limits.set``,
+  ``celery singleton limits set``) in this process; ``change`` says what ("rate",
+  "limit", "pause", "resume", "reset", or several), ``override`` is the
+  ``Override`` now in force.
 - ``idempotent_repeat(sender=task, name, idempotency_key, task_id, state)``: at dispatch, a
   repeat of an idempotency key was answered with its first call (``task_id``, in
   ``state``: accepted, running, succeeded or failed); nothing was sent.
@@ -74,6 +79,9 @@ idempotent_replayed = Signal(
 )
 
 
+limits_changed = Signal(name="limits_changed", providing_args=_ARGS | {"change", "override", "by"})
+
+
 def send(signal: Signal, sender: object, name: str, **fields: object) -> None:
     """Send ``signal`` about the lock ``name`` (as ``name``, and as the deprecated ``key``)."""
     signal.send(sender=sender, name=name, key=name, **fields)
@@ -99,5 +107,6 @@ __all__ = [
     "lease_acquired",
     "lease_lost",
     "lease_released",
+    "limits_changed",
     "rate_asked",
 ]

@@ -1,4 +1,4 @@
-"""``celery -A proj singleton list|show|release|orphans|web``: see, explain and free locks.
+"""``celery -A proj singleton ...``: see, explain and free locks, and change limits at run time.
 
 A Celery CLI extension (the ``celery.commands`` entry point). It reads the app's own
 settings, so it talks to the same lock store, prefix and broker as the app's workers.
@@ -19,6 +19,7 @@ from ..exceptions import SingletonLockError
 from ..lease import ReleaseResult
 from . import idempotency_keys
 from .cli_base import EXAMPLES, Locks, exit_with, preload
+from .limits_command import limits
 from .liveness import Liveness
 from .lock_history import entries_of, shown
 from .lock_table import COLUMNS, cells, line
@@ -322,5 +323,7 @@ def history(ctx: click.Context, /, ref: str, count: int, as_json: bool, **_: obj
         click.echo(f"{fields['at']}  {fields['event']:<20} {extra}")
 
 
-# The locks page's command, in a module of its own (it loads the web extra).
+# The locks page's command, in a module of its own (it loads the web extra), and the
+# run-time limits' group.
 singleton.add_command(web)
+singleton.add_command(limits)

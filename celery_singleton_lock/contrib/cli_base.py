@@ -25,6 +25,7 @@ Examples:
   celery -A proj singleton release 2b6a8c1e-...              (refused while the holder lives)
   celery -A proj singleton orphans --release
   celery -A proj singleton history proj.tasks.sync:4f1c...   (with singleton_lock_history)
+  celery -A proj singleton limits set tenant:acme --pause     (held back; --resume lets go)
   celery -A proj singleton web --port 5556                    (the locks page, this machine only)
 """
 

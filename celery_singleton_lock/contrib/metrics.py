@@ -22,6 +22,9 @@ Metrics, each labelled by task name:
   done call answered at execution without running
 - ``celery_singleton_lock_rate_deferrals_total``: runs of a ``rate=`` task deferred to a
   later slot
+- ``celery_singleton_lock_limit_changes_total{target=..., change=...}``: limits changed
+  at run time in this process (``limits.set``: a rate, a limit, a pause, a resume, a
+  reset), labelled by what they apply to, not by task
 - ``celery_singleton_lock_rate_remaining{key=...}`` and
   ``celery_singleton_lock_rate_next_slot_timestamp_seconds{key=...}`` (gauges, the most
   recent answer of any process): for each limited key, the runs that may start now and
@@ -50,6 +53,7 @@ from ..signals import (
     lease_acquired,
     lease_lost,
     lease_released,
+    limits_changed,
     rate_asked,
 )
 
@@ -112,6 +116,12 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
         _histograms.update(
             wait=histogram("celery_singleton_lock_wait_seconds", "Time to the running lease"),
             hold=histogram("celery_singleton_lock_hold_seconds", "Time the lease was held"),
+        )
+        _counters["limits"] = prom.Counter(
+            "celery_singleton_lock_limit_changes",
+            "Limits changed at run time",
+            ["target", "change"],
+            **kwargs,
         )
         _counters["deferrals"] = counter(
             "celery_singleton_lock_rate_deferrals", "Runs deferred to a later slot of a rate"
@@ -198,6 +208,10 @@ def _rate(
     _gauges["next_slot"].labels(task, name).set(next_slot)
 
 
+def _limits(name: str = "", change: str = "", **_: object) -> None:
+    _counters["limits"].labels(name, change).inc()
+
+
 _RECEIVERS = (
     (dispatch_accepted, _accepted),
     (duplicate_refused, _refused),
@@ -210,6 +224,7 @@ _RECEIVERS = (
     (idempotent_repeat, _repeat),
     (idempotent_replayed, _replayed),
     (rate_asked, _rate),
+    (limits_changed, _limits),
 )
 
 

@@ -1,0 +1,213 @@
+"""Limits operators change at run time: ``limits.set(app, target, ...)``; ``limits list``'s rows.
+
+``target`` is what the change applies to: a task's name (every key of it), a key
+template shared by tasks (``"tenant:{tenant}"``) or one key's lock name
+(``"tenant:acme"``, as ``celery singleton list`` shows it). A key's own override wins
+over its template's, which wins over its task's. Each change is kept in the lock store
+(``lease.limits.overrides``), written in the target's history and announced by the
+``limits_changed`` signal; every worker decides with it within a second.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from celery import Celery
+
+from ..config.options import SingletonOptions, is_singleton
+from ..config.stores import LockStores
+from ..exceptions import ConfigurationError
+from ..lease import append_history
+from ..lease.history import Record
+from ..lease.limits.overrides import Override, changed, overrides_of
+from ..lease.limits.rates import Rate, parse_rate
+from ..signals import limits_changed
+from ..signals import send as send_signal
+from .locks import TaskNames
+
+
+def set(
+    app: Celery,
+    target: str,
+    *,
+    rate: object = None,
+    burst: int = 1,
+    limit: int | None = None,
+    paused: bool | None = None,
+    reset: bool = False,
+    by: str | None = None,
+) -> Override | None:
+    """Change ``target``'s limits now: ``rate`` (one rate or a list, in place of the
+    code's, in its order; ``burst`` for each), ``limit`` (in place of ``limit=N``),
+    ``paused`` (True: its calls are held back, never dropped; False: resumed), or
+    ``reset`` (the code's values again). What is not given is kept. Returns the
+    override in force (None after a reset)."""
+    if not reset and rate is None and limit is None and paused is None:
+        raise ConfigurationError(
+            f"{target!r}: nothing to change; give a rate, a limit, paused=True or False, "
+            "or reset=True"
+        )
+    tasks = tasks_of(app, target)
+    rates = None if rate is None else _rates(target, rate, burst)
+    if rates is not None and not all(opts.rate is not None for opts in tasks.values()):
+        raise ConfigurationError(
+            f"{target!r}: {_names(tasks)} has no rate= in its code; an override changes a "
+            "rate the code sets (give the task rate=... first)"
+        )
+    if limit is not None and not all(opts.limit is not None for opts in tasks.values()):
+        raise ConfigurationError(
+            f"{target!r}: {_names(tasks)} has no limit= in its code; an override changes "
+            "a limit the code sets (give the task limit=... first)"
+        )
+    store = LockStores.for_app(app).lock
+    overrides = overrides_of(store)
+    by = by or f"{getpass.getuser()}@{socket.gethostname()}"
+    old = overrides.all().get(target)
+    new = changed(None if reset else old, target, rates=rates, limit=limit, paused=paused, by=by)
+    overrides.save(new)
+    change = _change(reset, rates, limit, paused)
+    append_history(
+        store,
+        Record(store.keys(target).history, {}, {"by": by}),
+        "limits " + change,
+        now=new.describe(),
+    )
+    send_signal(limits_changed, None, target, change=change, override=new, by=by)
+    return None if new.empty else new
+
+
+def tasks_of(app: Celery, target: str) -> dict[str, SingletonOptions]:
+    """The tasks with a rate or a limit that ``target`` applies to (by name, by key
+    template, or the task of one lock name); ConfigurationError naming what to write
+    when there are none."""
+    found: dict[str, SingletonOptions] = {}
+    for name, task in app.tasks.items():
+        if not is_singleton(task):
+            continue
+        opts: SingletonOptions = task.singleton_options()
+        if opts.rate is None and opts.limit is None:
+            continue
+        if target in (name, opts.key.key):
+            found[name] = opts
+    if not found:
+        owner = TaskNames(app).of(target)
+        task = app.tasks.get(owner) if owner else None
+        if task is not None:
+            opts = task.singleton_options()
+            if opts.rate is not None or opts.limit is not None:
+                found[task.name] = opts
+    if not found:
+        raise ConfigurationError(
+            f"no task with a rate or a limit has keys named like {target!r}: give a task's "
+            "name (every key of it), its key template ('tenant:{tenant}') or one key's lock "
+            "name (celery singleton list shows them)"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class LimitRow:
+    """One line of ``limits list``: a target, the code's limits and the override."""
+
+    target: str
+    task: str | None
+    code: str
+    override: str
+    changed_at: float | None
+    changed_by: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            "task": self.task,
+            "code": self.code,
+            "override": self.override,
+            "changed_at": self.changed_at,
+            "changed_by": self.changed_by,
+        }
+
+
+def rows(app: Celery) -> list[LimitRow]:
+    """Every task with a rate or a limit (by its name, or its key template), with the
+    override in force, then every other override (one key's, or one whose task is
+    gone: ``reset`` removes it)."""
+    overrides = overrides_of(LockStores.for_app(app).lock).all()
+    out: list[LimitRow] = []
+    seen: list[str] = []
+    for name, task in sorted(app.tasks.items()):
+        if not is_singleton(task):
+            continue
+        opts = task.singleton_options()
+        if opts.rate is None and opts.limit is None:
+            continue
+        template = opts.key.key if isinstance(opts.key.key, str) else None
+        for target in (name, template):
+            if target is None or target in seen:
+                continue
+            if target == template and template not in overrides:
+                continue  # a template shows once it has an override of its own
+            seen.append(target)
+            out.append(_row(target, name, code_of(opts), overrides.get(target)))
+    names = TaskNames(app)
+    for target, override in sorted(overrides.items()):
+        if target not in seen:
+            task = names.of(target)
+            opts = app.tasks[task].singleton_options() if task in app.tasks else None
+            out.append(_row(target, task, code_of(opts) if opts else "?", override))
+    return out
+
+
+def code_of(opts: SingletonOptions) -> str:
+    """The limits the code gives a task: ``rate 60/m, 10000/d (cost); limit 3``."""
+    said = []
+    if opts.rate is not None:
+        if opts.rate.limits is None:
+            said.append("rate per plan")
+        else:
+            shown = [
+                str(each.rate) + ("" if each.cost is None else " (cost)")
+                for each in opts.rate.limits
+            ]
+            said.append("rate " + ", ".join(shown))
+    if opts.limit is not None:
+        said.append(f"limit {opts.limit}")
+    return "; ".join(said)
+
+
+def _row(target: str, task: str | None, code: str, override: Override | None) -> LimitRow:
+    if override is None:
+        return LimitRow(target, task, code, "", None, "")
+    return LimitRow(
+        target, task, code, override.describe(), override.changed_at, override.changed_by
+    )
+
+
+def _rates(target: str, rate: object, burst: int) -> tuple[Rate, ...]:
+    forms: Sequence[object] = (
+        rate
+        if isinstance(rate, list | tuple)
+        and not (len(rate) == 2 and isinstance(rate[0], int | float))
+        else [rate]
+    )
+    return tuple(parse_rate(form, burst, what=f"rate for {target}") for form in forms)
+
+
+def _change(
+    reset: bool, rates: tuple[Rate, ...] | None, limit: int | None, paused: bool | None
+) -> str:
+    if reset:
+        return "reset"
+    said = [name for name, given in (("rate", rates), ("limit", limit)) if given is not None]
+    if paused is not None:
+        said.append("pause" if paused else "resume")
+    return " ".join(said)
+
+
+def _names(tasks: dict[str, SingletonOptions]) -> str:
+    return ", ".join(sorted(tasks))
+
+
+__all__ = ["LimitRow", "code_of", "rows", "set", "tasks_of"]
