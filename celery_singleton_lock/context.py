@@ -72,10 +72,11 @@ class TaskContext:
         kept = getattr(self.store, "keeps_history", False)
         return bool(kept and (self.stores.config.history if wanted is None else wanted))
 
-    def override(self, lock_name: str) -> Override | None:
+    def override(self, lock_name: str, *, fresh: bool = False) -> Override | None:
         """An operator's override of this call's limits (``celery singleton limits set``):
         the lock's own, else its key template's or this task's. Only a task with a rate
-        or a limit has one; read at most every ``overrides.REFRESH`` seconds."""
+        or a limit has one; read at most every ``overrides.REFRESH`` seconds (``fresh``:
+        now)."""
         options = self.options
         if options.rate is None and options.limit is None:
             return None
@@ -85,7 +86,7 @@ class TaskContext:
             return None
         template = options.key.key
         families = (template, self.name) if isinstance(template, str) else (self.name,)
-        return overrides.find(lock_name, families)
+        return overrides.find(lock_name, families, fresh=fresh)
 
     def record(
         self,

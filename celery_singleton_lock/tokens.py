@@ -50,6 +50,10 @@ WINDOW_HEADER = "singleton_lock_window"
 # it was reserved (at dispatch, or by the execution that deferred the message), so the
 # run only checks it is due and counts nothing again.
 RATE_SLOT_HEADER = "singleton_lock_rate_slot"
+# When a run of a paused key was first held back (seconds since the epoch): after the
+# resume it goes as long after the resume as it came after the pause, so held-back runs
+# go in the order they came, as far apart as they came.
+HELD_HEADER = "singleton_lock_held"
 # Put by the worker's main process on the request it hands to its pool (never read
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.
@@ -284,3 +288,20 @@ def holder_state(held: object) -> str:
     if str(getattr(held, "key", "")).endswith(":throttle"):
         return "throttled"
     return read_token(getattr(held, "holder", None)).state or "unknown"
+
+
+def slot_header(at: float, reserved_at: float) -> str:
+    """A rate slot as it rides in a message: the slot, and when it was reserved (both
+    seconds since the epoch); a pause's end moves a slot reserved before it."""
+    return f"{at:.6f};{reserved_at:.6f}"
+
+
+def read_slot(value: object) -> tuple[float, float] | None:
+    """(slot, reserved at) of a ``slot_header`` (an older message's: reserved at 0)."""
+    if value is None:
+        return None
+    at, _, reserved = str(value).partition(";")
+    try:
+        return float(at), float(reserved or 0.0)
+    except ValueError:
+        return None

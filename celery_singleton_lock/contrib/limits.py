@@ -92,13 +92,11 @@ def tasks_of(app: Celery, target: str) -> dict[str, SingletonOptions]:
             continue
         if target in (name, opts.key.key):
             found[name] = opts
-    if not found:
-        owner = TaskNames(app).of(target)
-        task = app.tasks.get(owner) if owner else None
-        if task is not None:
-            opts = task.singleton_options()
+    if not found:  # one key's lock name: the task(s) whose keys it may be
+        for owner in TaskNames(app).all_of(target):
+            opts = app.tasks[owner].singleton_options()
             if opts.rate is not None or opts.limit is not None:
-                found[task.name] = opts
+                found[owner] = opts
     if not found:
         raise ConfigurationError(
             f"no task with a rate or a limit has keys named like {target!r}: give a task's "

@@ -102,11 +102,15 @@ class TaskNames:
                 self._templates.append((_template(key), name))
 
     def of(self, lock_name: str) -> str | None:
+        found = self.all_of(lock_name)
+        return found.pop() if len(found) == 1 else None
+
+    def all_of(self, lock_name: str) -> set[str]:
+        """Every task whose locks may be named ``lock_name`` (several share a template)."""
         head, sep, digest = lock_name.rpartition(":")
         if sep and head in self._names and len(digest) == 64:
-            return head
-        found = {task for pattern, task in self._templates if pattern.fullmatch(lock_name)}
-        return found.pop() if len(found) == 1 else None
+            return {head}
+        return {task for pattern, task in self._templates if pattern.fullmatch(lock_name)}
 
     def budget(self, task: str | None, ahead: float | None) -> tuple[int | None, float | None]:
         """(runs that may start now, seconds until the next may) of a rate of ``task``

@@ -184,9 +184,12 @@ class Mode:
 
     # -- start (the pool child) -----------------------------------------------------------
 
-    def admit(self, start: Start, call: Call, slot: float | None) -> Slot | None:
+    def admit(
+        self, start: Start, call: Call, slot: float | None, *, held: bool = False
+    ) -> Slot | None:
         """Before the running lease: a rate's slot for this run (``rate.py``), now or a
-        later one reserved for it; ``slot`` is one the message carries. None: no rate."""
+        later one reserved for it; ``slot`` is one the message carries (``held``: it was
+        held back by a pause, and is late for it by that). None: no rate."""
         return None
 
     def take(self, start: Start) -> Lease | Contended:

@@ -286,7 +286,12 @@ class Rated(Mode):
         limits = self.spec.for_call(name, *call, override)
         if limits is None:
             return None
-        slot = rates_of(store).ask(name, limits, "reserve" if how == "delay" else "take")
+        pause = override.pause if override is not None else None
+        rates = rates_of(store)
+        if how == "delay":
+            slot = rates.ask(name, limits, "reserve", paused=pause)
+        else:
+            slot = rates.ask(name, limits, "take", paused=pause)
         if slot.state == "refused":
             rate, units = limits[slot.limiting]
             cost = "" if units == 1 else f" (this call costs {units:g})"
@@ -302,16 +307,21 @@ class Rated(Mode):
 
     # -- start ------------------------------------------------------------------------
 
-    def admit(self, start: Start, call: Call, slot: float | None) -> Slot | None:
+    def admit(
+        self, start: Start, call: Call, slot: float | None, *, held: bool = False
+    ) -> Slot | None:
         limits = self.spec.for_call(start.name, *call, start.override)
         if limits is None:
             return None
         rates = rates_of(start.store)
+        pause = start.override.pause if start.override is not None else None
         if slot is not None:
-            due = rates.ask(start.name, limits, "due", at=slot, entry=start.entry)
-            if due.late <= max(min(rate.interval for rate, _ in limits), MIN_GRACE):
+            due = rates.ask(start.name, limits, "due", at=slot, entry=start.entry, paused=pause)
+            # A run held back by a pause is as late as every other held back with it
+            # (they come round on one cadence): kept on its slot, they keep their order.
+            if held or due.late <= max(min(rate.interval for rate, _ in limits), MIN_GRACE):
                 return due
-        return rates.ask(start.name, limits, "reserve", entry=start.entry)
+        return rates.ask(start.name, limits, "reserve", entry=start.entry, paused=pause)
 
     def take(self, start: Start) -> Lease | Contended:
         return self.inner.take(start)

@@ -15,7 +15,7 @@ from .. import outages
 from ..exceptions import LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, LockStore, PendingAcquire
 from ..modes.base import Call, Publish
-from ..tokens import RATE_SLOT_HEADER
+from ..tokens import RATE_SLOT_HEADER, slot_header
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -57,7 +57,7 @@ def slot_at_publish(
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
         return {}
-    return {} if slot is None else {RATE_SLOT_HEADER: f"{slot.at:.6f}"}
+    return {} if slot is None else {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
 
 
 def can_overlap(app: Celery, options: Mapping[str, object]) -> bool:

@@ -29,7 +29,6 @@ from ..exceptions import (
     DuplicateTaskError,
     LockNotAcquiredError,
     LockStoreUnavailableError,
-    RateLimitedError,
 )
 from ..holders import is_running_copy
 from ..lease import Contended, Lease, LockStore, append_history
@@ -48,6 +47,7 @@ from ..policies import (
 )
 from ..tokens import (
     ATTEMPT_HEADER,
+    HELD_HEADER,
     HOLD_HEADER,
     NAME_HEADER,
     RATE_SLOT_HEADER,
@@ -60,13 +60,15 @@ from ..tokens import (
     holder_state,
     holder_task_id,
     is_reservation_of,
+    read_slot,
     read_token,
     redrive_shape,
     reserved_exact,
     running_token,
 )
 from .holds import PendingHold
-from .resend import PAUSE_RECHECK, defer, hold_back, send_again
+from .paused import unless_paused
+from .resend import defer, send_again
 
 logger = logging.getLogger(__name__)
 
@@ -214,20 +216,21 @@ class Execution:
 
     def _admit(self) -> None:
         """A rate's slot before the running lease (``modes/rate.py``): a run with no slot
-        free now is sent again to arrive on the one reserved for it."""
+        free now is sent again to arrive on the one reserved for it. A paused key's run
+        is held back first (an operator's override)."""
         request = self.delivery.request
+        carried = read_slot(header(request, RATE_SLOT_HEADER))
         override = self.start.override
-        if override is not None and override.paused:
-            append_history(self.store, self.start.entry, "paused", target=override.target)
-            if not request.is_eager:
-                hold_back(self.delivery, self.lock_name, override.target)
-            raise RateLimitedError(  # eagerly, nothing to send again: the caller is told
-                f"{self.lock_name!r} is paused by an operator ({override.target!r})",
-                name=self.lock_name,
-                retry_after=PAUSE_RECHECK,
-            )
-        carried = header(request, RATE_SLOT_HEADER)
-        slot = self.mode.admit(self.start, self.call, None if carried is None else float(carried))
+        if override is not None:
+            override = unless_paused(self.context, self.delivery, self.start, override, carried)
+            # What the run decides with from here: the override read last (a resume
+            # read again moves the rate's schedule, ``Override.pause``).
+            self.start = replace(self.start, override=override)
+        at = None
+        if carried is not None:
+            at = carried[0] if override is None else override.moved(*carried)
+        held = header(request, HELD_HEADER) is not None
+        slot = self.mode.admit(self.start, self.call, at, held=held)
         if slot is None:
             return
         self._signal(

@@ -10,14 +10,17 @@ from celery.exceptions import Ignore
 
 from ..context import Delivery, Request
 from ..lease import Slot
+from ..lease.limits.overrides import RECHECK
 from ..tokens import (
     ATTEMPT_HEADER,
     BYPASS_OPTION,
+    HELD_HEADER,
     HOLD_HEADER,
     NAME_HEADER,
     OUTAGE_HEADER,
     RATE_SLOT_HEADER,
     TOKEN_HEADER,
+    slot_header,
 )
 from .holds import PendingHold
 
@@ -65,7 +68,7 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
         slot.wait,
         lock_name,
     )
-    at = f"{slot.at:.6f}"
+    at = slot_header(slot.at, slot.clock)
     # Passed as the library's own header: a copy of a request's headers (a retry's)
     # drops any slot, which only the deferral that reserved it may send.
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
@@ -73,18 +76,36 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
 
 
-# How often a run of a paused key looks again: a resume lets it go within this. The
-# runs held back come round in the order they came, one period apart each time.
-PAUSE_RECHECK = 1.0
+# How often a run of a paused key looks again (a resume lets it go within this).
+PAUSE_RECHECK = RECHECK
 
 
-def hold_back(delivery: Delivery, lock_name: str, target: str) -> NoReturn:
-    """Send the current message again in ``PAUSE_RECHECK`` seconds, with nothing of its
-    own (no slot: it asks for one once its key is resumed), and end this execution."""
+def hold_back(
+    delivery: Delivery,
+    lock_name: str,
+    target: str,
+    held_at: float,
+    countdown: float,
+    *,
+    slot: str | None = None,
+) -> NoReturn:
+    """Send the current message again in ``countdown`` seconds with when it was first
+    held back and the rate slot it carries (none: it asks for one once its key is
+    resumed), and end this execution."""
     request = delivery.request
-    logger.info("%s[%s] held back: %s is paused (%r)", delivery.name, request.id, lock_name, target)
-    headers = _again(request, lock_name, NAME_HEADER, lock_name)
-    delivery.resend(PAUSE_RECHECK, headers, {BYPASS_OPTION: True})
+    logger.info(
+        "%s[%s] held back %.2fs: %s is paused (%r)",
+        delivery.name,
+        request.id,
+        countdown,
+        lock_name,
+        target,
+    )
+    own = {HELD_HEADER: f"{held_at:.6f}"}
+    if slot is not None:
+        own[RATE_SLOT_HEADER] = slot
+    headers = {**_again(request, lock_name, HELD_HEADER, own[HELD_HEADER]), **own}
+    delivery.resend(countdown, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")
 
 

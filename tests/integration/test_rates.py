@@ -185,6 +185,17 @@ class TestSeveralLimitsAndCosts:
         assert [s.at - first.at for s in then[:2]] == pytest.approx([0.1, 0.4], abs=1e-6)
         assert then[2].now  # a call that costs nothing is never held back
 
+    def test_a_pause_moves_the_schedule_on_by_its_length_once(self, store: Any) -> None:
+        rates, rate = rates_of(store), Rate(10, 1.0)
+        slots = [rates.ask("held", rate, "reserve") for _ in range(3)]
+        began = slots[0].at + 0.05  # paused after the first slot, for 30 s
+        pause = (began, began + 30.0)
+        moved = rates.ask("held", rate, "reserve", paused=pause)
+        # The two slots after the pause's start moved on 30 s, and the next is after them.
+        assert moved.at - slots[0].at == pytest.approx(30.3, abs=1e-3)
+        again = rates.ask("held", rate, "reserve", paused=pause)  # moved once only
+        assert again.at - moved.at == pytest.approx(0.1, abs=1e-6)
+
     def test_a_cost_over_a_burst_is_refused_saying_what_to_change(self, store: Any) -> None:
         rates, rate = rates_of(store), Rate(1000, 60.0, burst=500)
         with pytest.raises(CostOverBurstError, match=r"burst=600"):

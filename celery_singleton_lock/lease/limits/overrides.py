@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 # How old the overrides a process decides with may be, at most (seconds).
 REFRESH = 0.5
+# How often a run held back by a pause looks again (seconds): a resume lets it go
+# within this.
+RECHECK = 1.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class Override:
     paused: bool = False
     changed_at: float = 0.0  # seconds since the epoch
     changed_by: str = ""
+    # The last pause: when it began, and when it ended (None while it lasts).
+    paused_at: float | None = None
+    resumed_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None and not 1 <= self.limit <= MAX_SLOTS:
@@ -60,7 +66,28 @@ class Override:
 
     @property
     def empty(self) -> bool:
-        return self.rates is None and self.limit is None and not self.paused
+        """Changes nothing, and no run waits on its last resume: removed when saved."""
+        nothing = self.rates is None and self.limit is None and not self.paused
+        return nothing and self.resumed_at is None
+
+    @property
+    def pause(self) -> tuple[float, float] | None:
+        """The last pause, once ended: when it began, and when the runs it held back go
+        on again: one ``RECHECK`` after the resume, when each has looked again (so every
+        one of them is on time, and they go in the order they came)."""
+        if self.paused_at is None or self.resumed_at is None:
+            return None
+        return self.paused_at, self.resumed_at + RECHECK
+
+    def moved(self, at: float, reserved_at: float) -> float:
+        """Where a time ``at`` fixed at ``reserved_at`` (a rate slot, or when a run was
+        first held back) is after the last pause: time stood still for the key, so one
+        fixed before the pause's end and falling after its start is as much later as
+        the pause lasted."""
+        began, ended = self.paused_at, self.resumed_at
+        if began is None or ended is None or reserved_at >= ended or at <= began:
+            return at
+        return at + ended + RECHECK - began
 
     def describe(self) -> str:
         """What it changes, as ``limits list`` shows it: ``rate 10/m, 500/d; paused``."""
@@ -71,6 +98,8 @@ class Override:
             said.append(f"limit {self.limit}")
         if self.paused:
             said.append("paused")
+        elif self.resumed_at is not None:
+            said.append("resumed")
         return "; ".join(said) or "nothing"
 
     def dumps(self) -> str:
@@ -82,6 +111,8 @@ class Override:
                 "paused": self.paused,
                 "at": self.changed_at,
                 "by": self.changed_by,
+                "paused_at": self.paused_at,
+                "resumed_at": self.resumed_at,
             },
             separators=(",", ":"),
         )
@@ -97,6 +128,8 @@ class Override:
             bool(said.get("paused")),
             float(said.get("at") or 0.0),
             str(said.get("by") or ""),
+            said.get("paused_at"),
+            said.get("resumed_at"),
         )
 
 
@@ -123,9 +156,11 @@ class _Cached:
                 self._read_at = now
         return self._found
 
-    def find(self, name: str, families: Iterable[str]) -> Override | None:
+    def find(self, name: str, families: Iterable[str], *, fresh: bool = False) -> Override | None:
         """The override of the lock ``name``: its own, else its key template's or its
-        task's (``families``), first found."""
+        task's (``families``), first found; ``fresh``: read now, not as last read."""
+        if fresh:
+            self.forget()
         found = self.current()
         if not found:
             return None
@@ -212,15 +247,24 @@ def changed(
     paused: bool | None = None,
     by: str = "",
 ) -> Override:
-    """``old`` with what is given changed (the rest kept), stamped now."""
+    """``old`` with what is given changed (the rest kept), stamped now; a pause and a
+    resume are timed (``Override.due``)."""
     base = old if old is not None else Override(target)
+    now = time.time()
+    paused_at, resumed_at = base.paused_at, base.resumed_at
+    if paused and not base.paused:
+        paused_at, resumed_at = now, None
+    elif paused is False and base.paused:
+        resumed_at = now
     return replace(
         base,
         rates=base.rates if rates is None else rates,
         limit=base.limit if limit is None else limit,
         paused=base.paused if paused is None else paused,
-        changed_at=time.time(),
+        changed_at=now,
         changed_by=by,
+        paused_at=paused_at,
+        resumed_at=resumed_at,
     )
 
 

@@ -79,6 +79,9 @@ def human_period(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+# A name's last pause: when it began and when it ended (seconds since the epoch).
+Pause = tuple[float, float]
+
 # What one call is charged: (its rate, the units it costs against it), per limit.
 Charges = Sequence[tuple[Rate, float]]
 
@@ -200,13 +203,17 @@ class Rates(_RatesOf):
         at: float = 0.0,
         *,
         entry: Record | None = None,
+        paused: Pause | None = None,
     ) -> Slot:
         """One script, one round trip (see the module's docstring): ``rate`` is one
         limit (a call costs one unit) or (rate, cost) pairs; ``at`` is the slot a
-        ``due`` asks about; ``entry``, the history entry it writes."""
+        ``due`` asks about; ``entry``, the history entry it writes; ``paused``, the
+        name's last pause (its schedule moves on by its length, once)."""
         limits = charges(rate)
         check_cost(name, limits)
+        began, ended = paused if paused is not None else (0.0, 0.0)
         args: list[int | str] = [how, round(at * 1e6) if how == "due" else 0]
+        args += [round(began * 1e6), round(ended * 1e6)]
         for each, cost in limits:
             interval = max(1, round(each.interval * 1e6))
             units = int(cost) if cost == int(cost) else repr(float(cost))
@@ -229,6 +236,7 @@ class MemoryRates(_RatesOf):
         super().__init__(store)
         self._memory = store
         self._tats: dict[str, list[float]] = {}  # key -> each limit's TAT, in order
+        self._applied: dict[str, float] = {}  # key -> the last resume its TATs moved for
 
     def ask(
         self,
@@ -238,6 +246,7 @@ class MemoryRates(_RatesOf):
         at: float = 0.0,
         *,
         entry: Record | None = None,  # no history here
+        paused: Pause | None = None,
     ) -> Slot:
         limits = charges(rate)
         check_cost(name, limits)
@@ -247,6 +256,10 @@ class MemoryRates(_RatesOf):
                 self._tats = {k: t for k, t in self._tats.items() if max(t, default=0) > now}
             key = self.key(name)
             stored = self._tats.get(key, [])
+            if paused is not None and paused[1] > self._applied.get(key, 0.0):
+                began, ended = paused  # the resume's move, made once
+                stored = [tat + ended - began if tat > began else tat for tat in stored]
+                self._tats[key], self._applied[key] = stored, ended
             tats = [max(stored[i] if i < len(stored) else now, now) for i in range(len(limits))]
             slot, limiting = now, 0
             for i, ((each, cost), tat) in enumerate(zip(limits, tats, strict=True)):
@@ -316,6 +329,7 @@ def rates_of(store: object) -> Rates | MemoryRates:
 __all__ = [
     "Charges",
     "MemoryRates",
+    "Pause",
     "Rate",
     "Rates",
     "Slot",

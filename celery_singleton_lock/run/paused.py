@@ -1,0 +1,69 @@
+"""A run of a key an operator paused: held back while the pause lasts, then let go in turn."""
+
+from __future__ import annotations
+
+import time
+
+from ..context import Delivery, TaskContext
+from ..exceptions import RateLimitedError
+from ..lease import append_history
+from ..lease.limits.overrides import Override
+from ..modes import Start
+from ..tokens import HELD_HEADER, RATE_SLOT_HEADER, header
+from .resend import PAUSE_RECHECK, hold_back
+
+
+def unless_paused(
+    context: TaskContext,
+    delivery: Delivery,
+    start: Start,
+    override: Override,
+    carried: tuple[float, float] | None,
+) -> Override | None:
+    """Hold this run back while an operator has its key paused (sent round again every
+    ``PAUSE_RECHECK`` seconds, never dropped). After the resume, each run held back
+    waits as long after it as it came after the pause began (``Override.moved``), so
+    they go in the order they came; a rate slot moves as much. ``carried``: the
+    message's slot. Returns the override in force."""
+    request = delivery.request
+    raw = header(request, HELD_HEADER)
+    held_at = float(raw) if raw is not None else None
+    if override.paused and not request.is_eager:
+        # Read again before sending it round once more: a resume this process has not
+        # read yet would cost the run a round of PAUSE_RECHECK, and its place.
+        fresh = context.override(start.name, fresh=True)
+        if fresh is None:
+            return None
+        override = fresh
+    if override.paused:
+        append_history(start.store, start.entry, "paused", target=override.target)
+        if request.is_eager:  # nothing to send again: the caller is told
+            raise RateLimitedError(
+                f"{start.name!r} is paused by an operator ({override.target!r})",
+                name=start.name,
+                retry_after=PAUSE_RECHECK,
+            )
+        first = held_at if held_at is not None else time.time()
+        slot = header(request, RATE_SLOT_HEADER)
+        hold_back(
+            delivery,
+            start.name,
+            override.target,
+            first,
+            PAUSE_RECHECK,
+            slot=None if slot is None else str(slot),
+        )
+    if held_at is not None:
+        # Every run it held back goes as long after the pause as it came after it
+        # began: in the order they came, as far apart (its slot moves as much).
+        wait = override.moved(held_at, held_at) - time.time()
+        if wait > 0.001:
+            hold_back(
+                delivery,
+                start.name,
+                override.target,
+                held_at,
+                wait,
+                slot=None if carried is None else str(header(request, RATE_SLOT_HEADER)),
+            )
+    return override

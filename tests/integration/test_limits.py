@@ -1,0 +1,216 @@
+"""Limits changed at run time (``limits.set``, ``celery singleton limits``): a pause that
+stops new starts and a resume that lets them go in order, a raised rate, a lowered
+limit, against a real worker; the commands, their history entries and their errors;
+and the same eagerly on both stores."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_singleton_lock import (
+    ConfigurationError,
+    RateLimitedError,
+    signals,
+    singleton_task,
+)
+from celery_singleton_lock.config.stores import LockStores
+from celery_singleton_lock.contrib import limits
+from celery_singleton_lock.lease.limits.overrides import REFRESH, Override, overrides_of
+
+from ..conftest import CeleryEnv
+from ..support.cli import cli
+from ..support.modes import concurrency, of
+from ..support.rates import check_rate, closest_slots, rated_runs
+from ..support.runs import runs, wait_for
+from ..support.servers import RedisServer
+from ..support.workers import Worker
+from .test_celery_eager import eager_app
+
+PAIR = "tests.support.celery_app.rated_pair"
+
+
+def clear(app: Celery) -> None:
+    overrides = overrides_of(LockStores.for_app(app).lock)
+    for target in overrides.all():
+        overrides.save(Override(target))
+
+
+@pytest.fixture(name="app")
+def fixture_app(cenv: CeleryEnv) -> Iterator[Any]:
+    """The test app's module, with no override left behind for the shared worker."""
+    yield cenv.app_module
+    clear(cenv.app_module.app)
+
+
+def item_runs(cenv: CeleryEnv, item: str) -> list[dict[str, Any]]:
+    return sorted((r for r in rated_runs(cenv) if r["item"] == item), key=lambda r: r["start"])
+
+
+class TestInAWorker:
+    def test_a_pause_stops_new_starts_within_a_second_and_a_resume_lets_them_go_in_order(
+        self, cenv: CeleryEnv, app: Any
+    ) -> None:
+        # One run at a time: no run of the key contends with another and requeues (which
+        # would put it behind the calls after it before the pause came).
+        worker = Worker(cenv.env, concurrency=1).start()
+        try:
+            self._pause_and_resume(cenv, app, worker)
+        finally:
+            worker.stop()
+
+    def _pause_and_resume(self, cenv: CeleryEnv, app: Any, worker: Worker) -> None:
+        # A free tenant's plan: 5 a second, so the calls are in line in the order made
+        # (each deferred well before its slot: none comes late and is put at the end).
+        item = f"free-pause-{uuid.uuid4().hex[:8]}"
+        name = app.planned.singleton_options().key.derive((item,), {})
+        calls = [app.planned.apply_async((item, n), queue=worker.queue) for n in range(20)]
+        wait_for(lambda: len(item_runs(cenv, item)) >= 5, 20, "the first runs")
+        limits.set(app.app, name, paused=True)
+        paused_at = time.time()
+        # Held back, not dropped: none starts while paused (a second is the promise).
+        time.sleep(2.5)
+        held = item_runs(cenv, item)
+        assert max(r["start"] for r in held) <= paused_at + 1.0
+        assert len(held) < 20, "the pause came too late to hold anything back"
+        limits.set(app.app, name, paused=False)
+        # Calls made after the resume queue behind the ones held back.
+        calls += [app.planned.apply_async((item, n), queue=worker.queue) for n in range(20, 23)]
+        assert sorted(c.get(timeout=30) for c in calls) == list(range(23)), "none lost"
+        done = item_runs(cenv, item)
+        assert len(done) == 23, "none twice"
+        resumed = [r["n"] for r in done if r["start"] > paused_at + 1.0]
+        assert resumed == sorted(resumed), f"let go in the order they came: {resumed}"
+        check_rate(done, 5, 1.0)  # the rate holds across the pause
+
+    def test_a_raised_rate_takes_effect_at_the_next_decisions(
+        self, cenv: CeleryEnv, app: Any, worker: Worker
+    ) -> None:
+        item = f"raise-{uuid.uuid4().hex[:8]}"
+        before = [app.rated_pair.apply_async((item, n), queue=worker.queue) for n in range(6)]
+        for call in before:
+            call.get(timeout=20)
+        assert closest_slots(item_runs(cenv, item)) == pytest.approx(0.1, abs=0.003)
+        limits.set(app.app, PAIR, rate="50/s")
+        time.sleep(REFRESH + 0.1)  # the promise: every process decides with it by then
+        after = [app.rated_pair.apply_async((item, n), queue=worker.queue) for n in range(6, 14)]
+        for call in after:
+            call.get(timeout=20)
+        later = [r for r in item_runs(cenv, item) if r["n"] >= 6]
+        assert closest_slots(later) == pytest.approx(0.02, abs=0.003)
+        check_rate(later, 50, 1.0)
+
+    def test_a_lowered_limit_holds_for_the_next_starts(
+        self, cenv: CeleryEnv, app: Any, worker: Worker
+    ) -> None:
+        limits.set(app.app, "tests.support.celery_app.export", limit=1)
+        time.sleep(REFRESH + 0.1)
+        item = f"one-{uuid.uuid4().hex[:8]}"
+        calls = [app.export.apply_async((item, 0.3), queue=worker.queue) for _ in range(4)]
+        for call in calls:
+            call.get(timeout=30)
+        done = of(runs(cenv), item)
+        assert len(done) == 4
+        assert concurrency(done) == 1, "limit=3 in the code, 1 by the operator"
+
+
+class TestCommands:
+    def test_set_list_history_and_reset(self, cenv: CeleryEnv, app: Any) -> None:
+        done = cli(cenv, "limits", "set", PAIR, "--rate", "5/s", "--rate", "100/m", "--limit", "1")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"{PAIR}: rate 5/s, 100/m; limit 1"
+        paused = cli(cenv, "limits", "set", PAIR, "--pause")
+        assert paused.stdout.strip() == f"{PAIR}: rate 5/s, 100/m; limit 1; paused"
+        listed = json.loads(cli(cenv, "limits", "list", "--json").stdout)
+        row = next(r for r in listed if r["target"] == PAIR)
+        assert row["code"] == "rate 10/s; limit 2"
+        assert row["override"] == "rate 5/s, 100/m; limit 1; paused"
+        assert "@" in row["changed_by"]
+        table = cli(cenv, "limits", "list").stdout
+        assert "rate 10/s; limit 2" in table
+        assert "rate 5/s, 100/m; limit 1; paused" in table
+        # Each change is in the target's history (the app keeps one: singleton_lock_history).
+        entries = json.loads(cli(cenv, "history", PAIR, "--json").stdout)
+        assert [e["event"] for e in entries[:2]] == ["limits pause", "limits rate limit"]
+        reset = cli(cenv, "limits", "set", PAIR, "--reset")
+        assert reset.stdout.strip() == f"{PAIR}: the code's limits"
+        listed = json.loads(cli(cenv, "limits", "list", "--json").stdout)
+        assert next(r for r in listed if r["target"] == PAIR)["override"] == ""
+
+    @pytest.mark.parametrize(
+        ("args", "says"),
+        [
+            (("nosuch.task", "--pause"), "no task with a rate or a limit has keys named like"),
+            (("tests.support.celery_app.rated", "--limit", "3"), "has no limit= in its code"),
+            (("tests.support.celery_app.export", "--rate", "5/s"), "has no rate= in its code"),
+            ((PAIR,), "nothing to change"),
+            ((PAIR, "--rate", "five a second"), "write calls per period"),
+        ],
+    )
+    def test_what_cannot_be_set_says_what_to_write(
+        self, cenv: CeleryEnv, app: Any, args: tuple[str, ...], says: str
+    ) -> None:
+        done = cli(cenv, "limits", "set", *args)
+        assert done.returncode == 1
+        assert says in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+class TestEagerly:
+    @pytest.fixture(name="eager", params=["memory", "redis"])
+    def fixture_eager(
+        self, request: pytest.FixtureRequest, raw: redis.Redis, redis_server: RedisServer
+    ) -> Celery:
+        url = "memory://" if request.param == "memory" else redis_server.url
+        return eager_app(url, f"limits-{request.param}-{uuid.uuid4().hex[:6]}")
+
+    def test_pause_resume_rate_and_reset_by_template(self, eager: Celery) -> None:
+        heard: list[dict[str, Any]] = []
+
+        def hear(**fields: Any) -> None:
+            heard.append(fields)
+
+        @singleton_task(
+            app=eager, shared=False, name=f"{eager.main}.sync", key="tenant:{tenant}", rate="2/s"
+        )
+        def sync(tenant: str) -> str:
+            return tenant
+
+        signals.limits_changed.connect(hear)
+        try:
+            limits.set(eager, "tenant:{tenant}", paused=True)
+            with pytest.raises(RateLimitedError, match="'tenant:acme' is paused"):
+                sync.delay("acme").get()
+            # A key's own override wins over its template's.
+            limits.set(eager, "tenant:beta", paused=False, rate="100/s")
+            assert [sync.delay("beta").get() for _ in range(3)] == ["beta"] * 3
+            limits.set(eager, "tenant:{tenant}", reset=True)
+            began = time.monotonic()
+            assert [sync.delay("acme").get() for _ in range(2)] == ["acme"] * 2
+            assert time.monotonic() - began >= 0.5 - 0.01  # the code's 2/s again
+        finally:
+            signals.limits_changed.disconnect(hear)
+        assert [(h["name"], h["change"]) for h in heard] == [
+            ("tenant:{tenant}", "pause"),
+            ("tenant:beta", "rate resume"),
+            ("tenant:{tenant}", "reset"),
+        ]
+        rows = {row.target: row for row in limits.rows(eager)}
+        assert rows[f"{eager.main}.sync"].code == "rate 2/s"
+        assert rows["tenant:beta"].override == "rate 100/s"
+        assert "tenant:{tenant}" not in rows  # reset: nothing left to show
+
+    def test_an_override_over_a_limit_is_refused(self, eager: Celery) -> None:
+        @singleton_task(app=eager, shared=False, name=f"{eager.main}.export", key=["n"], limit=2)
+        def export(n: int) -> int:
+            return n
+
+        with pytest.raises(ConfigurationError, match="limit=500 must be from 1 to 100"):
+            limits.set(eager, f"{eager.main}.export", limit=500)
