@@ -47,10 +47,8 @@ from ..policies import (
 )
 from ..tokens import (
     ATTEMPT_HEADER,
-    HELD_HEADER,
     HOLD_HEADER,
     NAME_HEADER,
-    RATE_SLOT_HEADER,
     REDRIVE_HEADER,
     RETRY_OF_HEADER,
     TOKEN_HEADER,
@@ -60,7 +58,6 @@ from ..tokens import (
     holder_state,
     holder_task_id,
     is_reservation_of,
-    read_slot,
     read_token,
     redrive_shape,
     reserved_exact,
@@ -219,18 +216,11 @@ class Execution:
         free now is sent again to arrive on the one reserved for it. A paused key's run
         is held back first (an operator's override)."""
         request = self.delivery.request
-        carried = read_slot(header(request, RATE_SLOT_HEADER))
-        override = self.start.override
-        if override is not None:
-            override = unless_paused(self.context, self.delivery, self.start, override, carried)
-            # What the run decides with from here: the override read last (a resume
-            # read again moves the rate's schedule, ``Override.pause``).
-            self.start = replace(self.start, override=override)
-        at = None
-        if carried is not None:
-            at = carried[0] if override is None else override.moved(*carried)
-        held = header(request, HELD_HEADER) is not None
-        slot = self.mode.admit(self.start, self.call, at, held=held)
+        after = unless_paused(self.context, self.delivery, self.start)
+        # What the run decides with from here: the override read last (a resume read
+        # again moves the rate's schedule, ``Override.pause``).
+        self.start = replace(self.start, override=after.override)
+        slot = self.mode.admit(self.start, self.call, after.slot, held=after.held)
         if slot is None:
             return
         self._signal(

@@ -3,17 +3,43 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from ..context import Delivery, TaskContext
 from ..exceptions import RateLimitedError
 from ..lease import append_history
 from ..lease.limits.overrides import Override
 from ..modes import Start
-from ..tokens import HELD_HEADER, RATE_SLOT_HEADER, header
+from ..tokens import HELD_HEADER, RATE_SLOT_HEADER, header, read_slot
 from .resend import PAUSE_RECHECK, hold_back
 
 
-def unless_paused(
+@dataclass(frozen=True)
+class AfterPause:
+    """What a run that may go decides with: the override in force, the rate slot its
+    message carries (moved by the last pause), and whether a pause held it back."""
+
+    override: Override | None
+    slot: float | None
+    held: bool
+
+
+def unless_paused(context: TaskContext, delivery: Delivery, start: Start) -> AfterPause:
+    """The run's ``AfterPause``, once ``held_back`` lets it go (it raises Ignore, or
+    RateLimitedError eagerly, while the key is paused)."""
+    request = delivery.request
+    carried = read_slot(header(request, RATE_SLOT_HEADER))
+    held = header(request, HELD_HEADER) is not None
+    override = start.override
+    if override is not None:
+        override = held_back(context, delivery, start, override, carried)
+    slot = None
+    if carried is not None:
+        slot = carried[0] if override is None else override.moved(*carried)
+    return AfterPause(override, slot, held)
+
+
+def held_back(
     context: TaskContext,
     delivery: Delivery,
     start: Start,

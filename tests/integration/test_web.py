@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
+from celery_singleton_lock.contrib import limits
 from celery_singleton_lock.lease import Lease, LockKeys, Rate, companion, rates_of
 from celery_singleton_lock.tokens import queued_token, running_token
 
@@ -204,6 +205,23 @@ class TestWithoutJavaScript:
             assert "No idempotency keys match" in page.request("/idempotency?state=failed").body
             assert 'href="/idempotency"' in page.request("/").body  # linked from every page
 
+    def test_the_limits_page_shows_an_override_beside_the_code(
+        self, cenv: CeleryEnv, held: Held
+    ) -> None:
+        app, target = cenv.app_module.app, "tests.support.celery_app.rated_pair"
+        limits.set(app, target, rate="2/s", paused=True, by="ops@web-test")
+        try:
+            with page_server(cenv.env) as page:
+                listing = page.request("/limits")
+                assert 'href="/limits"' in page.request("/").body  # linked from every page
+        finally:
+            limits.set(app, target, reset=True)
+        assert listing.status == 200
+        row = listing.body.split(f'data-target="{target}"', 1)[1].split("</tr>", 1)[0]
+        assert "<td>rate 10/s; limit 2</td>" in row
+        assert "<strong>rate 2/s; paused</strong>" in row
+        assert "ops@web-test" in row
+
     def test_a_page_never_shows_a_password(self, cenv: CeleryEnv, held: Held) -> None:
         with page_server(cenv.env) as page:
             body = page.request("/").body
@@ -370,6 +388,21 @@ class TestInABrowser:
             assert [r.get_attribute("data-event") for r in rows] == ["refused", "accepted"]
             holder = rows[0].find_element(By.CSS_SELECTOR, "td.holder").text
             assert holder == f"{first.id} (queued)"
+
+    def test_the_limits_page_in_a_browser(self, cenv: CeleryEnv, held: Held) -> None:
+        from selenium.webdriver.common.by import By
+
+        app, target = cenv.app_module.app, "tests.support.celery_app.export"
+        limits.set(app, target, limit=1, by="ops@browser")
+        try:
+            with page_server(cenv.env, "--refresh=0") as page, browser() as driver:
+                driver.get(f"{page.url}/")
+                driver.find_element(By.LINK_TEXT, "limits").click()
+                row = driver.find_element(By.CSS_SELECTOR, f'#limits tr[data-target="{target}"]')
+                assert row.get_attribute("data-override") == "limit 1"
+                assert "limit 3" in row.text  # the code's, beside it
+        finally:
+            limits.set(app, target, reset=True)
 
     def test_without_credentials_the_browser_gets_no_page(
         self, cenv: CeleryEnv, held: Held

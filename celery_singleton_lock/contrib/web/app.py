@@ -107,6 +107,7 @@ class LocksPage:
             ("GET", "/"): self.views.index,
             ("GET", "/lock"): self.views.lock,
             ("GET", "/idempotency"): self.views.idempotency,
+            ("GET", "/limits"): self.views.limits,
             ("POST", "/release"): self._release,
         }
         view = routes.get((method, path))

@@ -20,6 +20,7 @@ from ...config.stores import LockStores
 from ...exceptions import SingletonLockError
 from ...lease import ReleaseResult
 from .. import idempotency_keys
+from .. import limits as operator_limits
 from ..liveness import Liveness, Verdict
 from ..lock_history import entries_of, shown
 from ..locks import LockRow, app_rows, family_rows, new_call, operator_record, release
@@ -128,6 +129,15 @@ class Views:
             meanings=idempotency_keys.MEANINGS,
             now=time.time(),
         )
+
+    def limits(self, request: Request) -> Response:
+        """Every task with a rate or a limit: the code's values beside the override an
+        operator set (``celery singleton limits set``), and since when, by whom."""
+        try:
+            found = operator_limits.rows(self.app)
+        except SingletonLockError as error:
+            return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
+        return self.render(request, "limits.html", limits=found, now=time.time())
 
     def lock(self, request: Request) -> Response:
         """One lock: each hold with its holder's liveness, the task's options, what a
