@@ -7,6 +7,7 @@ from . import signals
 from .decorator import singleton_task
 from .exceptions import (
     ArgumentsMismatchError,
+    BackpressureError,
     ConfigurationError,
     CostOverBurstError,
     DuplicateTaskError,
@@ -52,6 +53,7 @@ from .worker.setupchecks import check_worker_setup
 __all__ = [
     "ArgumentsMismatchError",
     "AsyncRedisLock",
+    "BackpressureError",
     "ConfigurationError",
     "Contended",
     "ContentionPolicy",

@@ -93,6 +93,17 @@ class RateLimitedError(SingletonLockError):
     retry_after: float
 
 
+class BackpressureError(SingletonLockError):
+    """A key has as many calls waiting as its ``max_pending`` allows: the call was
+    refused before anything was published. ``retry_after``: seconds after which a place
+    is likely free (one waiting call starts per interval of a rate); ``waiting`` and
+    ``cap``: how many wait, and how many may."""
+
+    retry_after: float
+    waiting: int
+    cap: int
+
+
 class CostOverBurstError(SingletonLockError, ValueError):
     """A call costs more units than one of its rate limits lets start at once (its
     ``burst``): no slot could ever take it. Raised before anything is sent when the

@@ -32,6 +32,7 @@ from .lease import Lease
 from .modes.base import Publish
 from .publish.dispatch import (
     in_canvas,
+    place_at_publish,
     slot_at_publish,
 )
 from .publish.held import send_held
@@ -245,10 +246,11 @@ class SingletonTask(Task):  # type: ignore[misc]
                 own_headers.update(bypass)
             if redrive:
                 own_headers[REDRIVE_HEADER] = 1
-            elif not (bypass or canvas):  # a rate's slot, when it is taken at dispatch
-                own_headers.update(
-                    slot_at_publish(self.singleton_context, lock_name, call, options)
-                )
+            elif not (bypass or canvas):  # a place in line, and a rate's slot
+                task_id = task_id or uuid()
+                context = self.singleton_context
+                own_headers.update(place_at_publish(context, lock_name, task_id, call))
+                own_headers.update(slot_at_publish(context, lock_name, call, options, task_id))
             return publish(task_id, options, own_headers)
         return send_held(
             self,

@@ -54,6 +54,9 @@ RATE_SLOT_HEADER = "singleton_lock_rate_slot"
 # resume it goes as long after the resume as it came after the pause, so held-back runs
 # go in the order they came, as far apart as they came.
 HELD_HEADER = "singleton_lock_held"
+# Put at dispatch on a call that took a place among its key's waiting calls
+# (``max_pending``): its run leaves the place as it starts; a resend keeps it.
+BACKLOG_HEADER = "singleton_lock_waiting"
 # Put by the worker's main process on the request it hands to its pool (never read
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.

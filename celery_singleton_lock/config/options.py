@@ -11,7 +11,6 @@ from celery import Task
 from .._time import ttl_to_ms
 from ..exceptions import ConfigurationError
 from ..keys import KeySpec
-from ..lease.names import MAX_SLOTS
 from ..modes import (
     Cancel,
     Debounce,
@@ -29,6 +28,7 @@ from ..modes import (
 from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
 from .idempotency import Idempotency, idempotency_option, refused_by_mode
 from .incumbents import FOREIGN_OPTIONS, explain_unknown
+from .limits import limit_option, max_pending_option, rate_option
 
 OPTION_NAMES = (
     "key",
@@ -47,6 +47,7 @@ OPTION_NAMES = (
     "burst",
     "cost",
     "on_limited",
+    "max_pending",
     "terminate_on_cancel",
     "history",
     "idempotency",
@@ -77,6 +78,7 @@ class SingletonOptions:
     dedupe: bool
     reopen_on: frozenset[str] = frozenset()
     rate: RateSpec | None = None  # runs started per key per period, across workers
+    max_pending: int | None = None  # calls of a key waiting at once (with rate or limit)
     terminate_on_cancel: bool = False  # a cancelled run's prefork child is terminated
     history: bool | None = None  # keep each lock's history (None: the app's setting says)
     idempotency: Idempotency = field(default_factory=Idempotency)  # calls' idempotency keys
@@ -106,8 +108,8 @@ class SingletonOptions:
             func, bound = run.__func__, False
         else:
             func, bound = run, True
-        limit = _limit(name, raw)
-        rate = _rate(name, raw)
+        limit = limit_option(name, raw)
+        rate = rate_option(name, raw)
         debounce, max_wait = _debounce(name, raw)
         if limit is not None or rate is not None:
             lock = "while_executing"  # every call is sent; the runs are what is limited
@@ -154,6 +156,7 @@ class SingletonOptions:
             dedupe=lock != "while_executing",
             reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
             rate=rate,
+            max_pending=max_pending_option(name, raw, lock),
             terminate_on_cancel=terminate,
             history=_history_option(name, raw.get("history")),
             idempotency=idempotency_option(name, raw.get("idempotency"), key, refused),
@@ -300,59 +303,6 @@ def _debounce(name: str, raw: Mapping[str, object]) -> tuple[float | None, float
             f"drop {', '.join(clashes)}"
         )
     return debounce, max_wait
-
-
-def _limit(name: str, raw: Mapping[str, object]) -> int | None:
-    """``limit=N``: N executions per key at once, never refused at dispatch."""
-    limit = raw.get("limit")
-    if limit is None:
-        return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SLOTS:
-        raise ConfigurationError(
-            f"{name}: limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}"
-        )
-    clashes = _dispatch_options(raw)
-    if clashes:
-        raise ConfigurationError(
-            f"{name}: limit={limit} with {', '.join(clashes)}: a limit never refuses a "
-            "call at dispatch (every call queues and at most limit run at once); drop "
-            f"{', '.join(clashes)}, or use a lock scope without limit"
-        )
-    return limit
-
-
-def _rate(name: str, raw: Mapping[str, object]) -> RateSpec | None:
-    """``rate=``: runs started per key per period; every call is sent and none refused."""
-    if raw.get("rate") is None:
-        given = [option for option in ("burst", "cost", "on_limited") if option in raw]
-        if given:
-            raise ConfigurationError(
-                f"{name}: {' and '.join(given)} without rate: {' and '.join(given)} shape a "
-                "rate limit and do nothing alone; write rate='100/m' (or a callable of "
-                "the task's arguments) with them, or drop them"
-            )
-        return None
-    clashes = _dispatch_options(raw)
-    if clashes:
-        raise ConfigurationError(
-            f"{name}: rate with {', '.join(clashes)}: a rate never refuses a call at "
-            "dispatch (every call is sent and each run waits for its slot); drop "
-            f"{', '.join(clashes)}, or drop rate (throttle=... accepts one call per window)"
-        )
-    return RateSpec.build(
-        name, raw["rate"], raw.get("burst", 1), raw.get("on_limited", "defer"), raw.get("cost")
-    )
-
-
-def _dispatch_options(raw: Mapping[str, object]) -> list[str]:
-    """The options given that decide a call at dispatch: none apply where every call is
-    sent (``limit=``, ``rate=``)."""
-    clashes = [option for option in ("throttle", "on_duplicate", "debounce") if option in raw]
-    if raw.get("lock", "while_executing") != "while_executing":
-        clashes.append(f"lock={raw['lock']!r}")
-    if raw.get("dedupe") is True:
-        clashes.append("dedupe=True")
-    return clashes
 
 
 def _lock_scope(name: str, raw: Mapping[str, object]) -> str:

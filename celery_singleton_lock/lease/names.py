@@ -90,6 +90,11 @@ class LockKeys:
         return f"{self.lock}:history"
 
     @property
+    def backlog(self) -> str:
+        """The calls waiting for the lock (``max_pending``: ``limits.backlog``)."""
+        return f"{self.lock}:backlog"
+
+    @property
     def rate(self) -> str:
         """The lock's rate limit (``rates``): its next call's theoretical arrival time."""
         return f"{self.lock}:rate"

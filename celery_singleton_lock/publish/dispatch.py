@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, MutableMapping
@@ -12,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 from celery.signals import before_task_publish
 
 from .. import outages
-from ..exceptions import LockStoreUnavailableError, SingletonLockError
+from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, LockStore, PendingAcquire
+from ..lease.limits.backlog import backlog_of
 from ..modes.base import Call, Publish
-from ..tokens import RATE_SLOT_HEADER, slot_header
+from ..tokens import BACKLOG_HEADER, RATE_SLOT_HEADER, slot_header
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -46,6 +48,7 @@ def slot_at_publish(
     lock_name: str,
     call: Call,
     options: MutableMapping[str, object],
+    task_id: str = "",
 ) -> dict[str, object]:
     """A rate's slot for a call about to be sent (``on_limited="delay"`` or ``"raise"``),
     as the header it rides in; none without one, or when the store is unreachable and
@@ -57,7 +60,45 @@ def slot_at_publish(
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
         return {}
+    except SingletonLockError:
+        if context.options.max_pending is not None:  # refused: its place is free again
+            with contextlib.suppress(SingletonLockError):
+                backlog_of(context.store).leave(lock_name, task_id)
+        raise
     return {} if slot is None else {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
+
+
+def place_at_publish(
+    context: TaskContext, lock_name: str, task_id: str, call: Call
+) -> dict[str, object]:
+    """A place among the calls waiting for the key (``max_pending``), taken before the
+    call is published, as the header it rides in; ``BackpressureError`` when the key has
+    as many waiting as it may (nothing sent). Nothing without ``max_pending``, or when
+    the store is unreachable and fail_open sends the call anyway."""
+    cap = context.options.max_pending
+    if cap is None:
+        return {}
+    try:
+        place = backlog_of(context.store).enter(lock_name, task_id, cap, context.queue_ttl)
+    except LockStoreUnavailableError as error:
+        outages.at_dispatch(context, lock_name, error)  # fail_closed raises
+        return {}
+    if not place.taken:
+        # One waiting call starts per interval of a rate: a place is likely free by then
+        # (at the latest when the oldest place runs out by itself).
+        spec = context.options.rate
+        limits = spec.for_call(lock_name, *call) if spec is not None else None
+        likely = max((rate.interval for rate, _ in limits), default=1.0) if limits else 1.0
+        retry_after = min(likely, place.retry_after) if place.retry_after > 0 else likely
+        raise BackpressureError(
+            f"{lock_name!r} has {place.waiting} calls waiting, as many as max_pending="
+            f"{cap} allows: try again in {retry_after:.3f}s (or raise max_pending)",
+            name=lock_name,
+            retry_after=retry_after,
+            waiting=place.waiting,
+            cap=cap,
+        )
+    return {BACKLOG_HEADER: "1"}
 
 
 def can_overlap(app: Celery, options: Mapping[str, object]) -> bool:

@@ -63,6 +63,7 @@ from ..tokens import (
     reserved_exact,
     running_token,
 )
+from .backlog import leave_place
 from .holds import PendingHold
 from .paused import unless_paused
 from .resend import defer, send_again
@@ -196,6 +197,7 @@ class Execution:
             hold.let_go()
         self.mode.running(outcome, self.start)
         self.store.renew(outcome)
+        leave_place(self.delivery, self.lock_name)  # max_pending: the next call may queue
         return outcome
 
     def _unreachable(self, error: LockStoreUnavailableError) -> Lease:

@@ -22,6 +22,7 @@ from ..tokens import (
     TOKEN_HEADER,
     slot_header,
 )
+from .backlog import keep_place
 from .holds import PendingHold
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ def send_again(
         headers[OUTAGE_HEADER] = outages
     # Same id, links, chain and options as this message (what Celery's retry re-sends),
     # without counting as a retry of the task's own max_retries.
+    keep_place(delivery, lock_name)
     delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
     raise Ignore(f"requeued: {lock_name!r} is held by another execution")
 
@@ -72,6 +74,7 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     # Passed as the library's own header: a copy of a request's headers (a retry's)
     # drops any slot, which only the deferral that reserved it may send.
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
+    keep_place(delivery, lock_name)
     delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at}})
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
 
@@ -105,6 +108,7 @@ def hold_back(
     if slot is not None:
         own[RATE_SLOT_HEADER] = slot
     headers = {**_again(request, lock_name, HELD_HEADER, own[HELD_HEADER]), **own}
+    keep_place(delivery, lock_name)
     delivery.resend(countdown, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")
 

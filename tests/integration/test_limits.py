@@ -5,7 +5,9 @@ and the same eagerly on both stores."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import (
+    BackpressureError,
     ConfigurationError,
     RateLimitedError,
     signals,
@@ -214,3 +217,67 @@ class TestEagerly:
 
         with pytest.raises(ConfigurationError, match="limit=500 must be from 1 to 100"):
             limits.set(eager, f"{eager.main}.export", limit=500)
+
+
+class TestBackpressure:
+    def test_ten_producers_never_have_more_than_max_pending_waiting(
+        self, cenv: CeleryEnv, app: Any, worker: Worker
+    ) -> None:
+        item = f"cap-{uuid.uuid4().hex[:8]}"
+        name = app.capped.singleton_options().key.derive((item,), {})
+        backlog = cenv.lock_client()
+        key = LockStores.for_app(app.app).lock.keys(name).backlog
+        accepted: list[Any] = []
+        refused: list[BackpressureError] = []
+        guard = threading.Lock()
+        counter = itertools.count()
+        stop = time.monotonic() + 2.0
+
+        def produce() -> None:
+            while time.monotonic() < stop:
+                try:
+                    result = app.capped.apply_async((item, next(counter)), queue=worker.queue)
+                except BackpressureError as error:
+                    with guard:
+                        refused.append(error)
+                    time.sleep(error.retry_after)
+                else:
+                    with guard:
+                        accepted.append(result)
+
+        producers = [threading.Thread(target=produce) for _ in range(10)]
+        for thread in producers:
+            thread.start()
+        most = 0
+        while any(thread.is_alive() for thread in producers):
+            most = max(most, int(backlog.zcard(key)))
+        for thread in producers:
+            thread.join(10)
+        assert most <= 5, f"{most} calls waiting at once"
+        assert refused, "10 producers at 20/s were never refused"
+        assert all(0 < error.retry_after <= 0.05 + 1e-6 for error in refused)
+        assert refused[0].cap == 5
+        # Every accepted call ran, once; the refused ones were never sent.
+        ran = sorted(result.get(timeout=30) for result in accepted)
+        done = item_runs(cenv, item)
+        assert sorted(r["n"] for r in done) == ran
+        check_rate(done, 20, 1.0)
+        wait_for(lambda: backlog.zcard(key) == 0, 10, "every place freed")
+        print(
+            f"\n10 producers, 2 s: {len(accepted)} accepted, {len(refused)} refused, most waiting {most}"
+        )
+
+    def test_a_refused_call_sends_nothing_and_max_pending_needs_a_queue_to_cap(
+        self, cenv: CeleryEnv, app: Any
+    ) -> None:
+        parked = f"parked-{uuid.uuid4().hex[:8]}"
+        item = f"parked-{uuid.uuid4().hex[:8]}"
+        first = [app.capped.apply_async((item, n), queue=parked) for n in range(5)]
+        with pytest.raises(BackpressureError, match="5 calls waiting, as many as max_pending=5"):
+            app.capped.apply_async((item, 5), queue=parked)
+        broker = cenv.broker.client()
+        assert broker.llen(parked) == 5
+        broker.delete(parked)
+        assert len({r.id for r in first}) == 5
+        with pytest.raises(ConfigurationError, match="max_pending=3 with lock='until_executed'"):
+            singleton_task(app=app.app, shared=False, name="capless", max_pending=3)(lambda: None)

@@ -573,6 +573,12 @@ def rated_tokens(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
     return _rated(self, item, n, seconds)
 
 
+@singleton_task(app=app, bind=True, key=["item"], rate="20/s", max_pending=5)
+def capped(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """20 runs a second per item, and at most 5 calls of an item waiting (refused past)."""
+    return _rated(self, item, n, seconds)
+
+
 def tenant_plan(item: str, n: int = 0, seconds: float = 0.0) -> str:
     """A per-tenant plan: the paying tenants get four times the rate."""
     return "20/s" if item.startswith("gold") else "5/s"

@@ -1,0 +1,135 @@
+"""How many calls may wait for a name at once (``max_pending``): a place each, left as it runs.
+
+A key bound by a rate or a limit queues every call; without a cap its backlog grows
+without bound in the broker. Here each call takes a place before it is published (one
+script: refused, nothing sent, when ``cap`` calls wait already) and leaves it as its run
+starts. A call that never starts (its message lost, revoked) frees its place by itself
+after ``ttl`` seconds, renewed each time it is sent round again (a deferral, a requeue),
+so the count never stays too high for long and is never too low.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+from ...exceptions import ConfigurationError
+from ..memory import MemoryLock
+from ..redis import scripts
+from ..redis.common import REDIS_ERRORS
+from ..redis.store import RedisLock
+from ..redlock.masters import Redlock
+
+
+@dataclass(frozen=True)
+class Place:
+    """A call's answer: let in, how many wait with it, and when to try again if not."""
+
+    taken: bool
+    waiting: int
+    retry_after: float = 0.0  # seconds until the first place frees by itself, at the latest
+
+
+class Backlog:
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster: one key per name)."""
+
+    def __init__(self, store: RedisLock) -> None:
+        self._store = store
+        self._enter = store.client.register_script(scripts.BACKLOG_ENTER)
+
+    def enter(self, name: str, call: str, cap: int, ttl: float) -> Place:
+        """Take a place for ``call`` among the calls waiting for ``name`` (or keep its
+        own, renewed); refused when ``cap`` wait already."""
+        key = self._store.keys(name).backlog
+        try:
+            reply = self._enter(keys=[key], args=[call, cap, max(1, round(ttl * 1000))])
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, name)
+        taken, waiting, *rest = (int(part) for part in reply)
+        return Place(bool(taken), waiting, rest[0] / 1000 if rest else 0.0)
+
+    def renew(self, name: str, call: str, ttl: float) -> None:
+        """``call`` is sent round again (deferred, requeued): it keeps its place for
+        ``ttl`` more seconds (back in line if its place had run out: it is not dropped)."""
+        key = self._store.keys(name).backlog
+        try:
+            pipe = self._store.client.pipeline(transaction=False)
+            pipe.zadd(key, {call: self._store.clock.time() * 1000 + ttl * 1000})
+            pipe.pexpire(key, max(1, round(ttl * 1000)))
+            pipe.execute()
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, name)
+
+    def leave(self, name: str, call: str) -> None:
+        """``call``'s run starts: its place is free."""
+        try:
+            self._store.client.zrem(self._store.keys(name).backlog, call)
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, name)
+
+    def waiting(self, name: str) -> int:
+        """How many calls wait for ``name`` now (expired places included until the next
+        ``enter`` drops them)."""
+        try:
+            return int(self._store.client.zcard(self._store.keys(name).backlog))
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, name)
+
+
+class MemoryBacklog:
+    """``Backlog`` over a ``MemoryLock`` (eager tests), on the store's clock."""
+
+    def __init__(self, store: MemoryLock) -> None:
+        self._store = store
+        self._guard = threading.Lock()
+        self._places: dict[str, dict[str, float]] = {}  # name -> call -> until
+
+    def enter(self, name: str, call: str, cap: int, ttl: float) -> Place:
+        with self._guard:
+            now = self._store.clock.time()
+            places = {c: t for c, t in self._places.get(name, {}).items() if t > now}
+            self._places[name] = places
+            if call in places or len(places) < cap:
+                places[call] = now + ttl
+                return Place(True, len(places))
+            return Place(False, len(places), min(places.values()) - now)
+
+    def renew(self, name: str, call: str, ttl: float) -> None:
+        with self._guard:
+            self._places.setdefault(name, {})[call] = self._store.clock.time() + ttl
+
+    def leave(self, name: str, call: str) -> None:
+        with self._guard:
+            self._places.get(name, {}).pop(call, None)
+
+    def waiting(self, name: str) -> int:
+        with self._guard:
+            return len(self._places.get(name, {}))
+
+
+_made: weakref.WeakKeyDictionary[object, Backlog | MemoryBacklog] = weakref.WeakKeyDictionary()
+
+
+def backlog_of(store: object) -> Backlog | MemoryBacklog:
+    """The backlogs of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
+    found = _made.get(store)
+    if found is not None:
+        return found
+    if isinstance(store, Redlock):
+        raise ConfigurationError(
+            f"max_pending needs one lock store; {store.where} is a Redlock of several "
+            "masters, which cannot keep one count: use a standalone, Sentinel or Cluster "
+            "lock store for tasks with max_pending"
+        )
+    if isinstance(store, MemoryLock):
+        found = MemoryBacklog(store)
+    elif isinstance(store, RedisLock):
+        found = Backlog(store)
+    else:
+        raise ConfigurationError(f"max_pending needs a RedisLock or a MemoryLock, got {store!r}")
+    _made[store] = found
+    return found
+
+
+__all__ = ["Backlog", "MemoryBacklog", "Place", "backlog_of"]
