@@ -263,9 +263,7 @@ class TestBackpressure:
         assert sorted(r["n"] for r in done) == ran
         check_rate(done, 20, 1.0)
         wait_for(lambda: backlog.zcard(key) == 0, 10, "every place freed")
-        print(
-            f"\n10 producers, 2 s: {len(accepted)} accepted, {len(refused)} refused, most waiting {most}"
-        )
+        print(f"\n10 producers: {len(accepted)} accepted, {len(refused)} refused, {most} waiting")
 
     def test_a_refused_call_sends_nothing_and_max_pending_needs_a_queue_to_cap(
         self, cenv: CeleryEnv, app: Any
