@@ -32,6 +32,8 @@ from celery_singleton_lock import (
 from celery_singleton_lock.config.settings import SingletonConfig
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import HOLD, LockKeys, Rate, companion, rates_of
+from celery_singleton_lock.lease.limits.backlog import backlog_of
+from celery_singleton_lock.lease.limits.overrides import Override, overrides_of
 
 from ..conftest import CeleryEnv
 from ..support.apps import app_with, lock_url
@@ -128,6 +130,36 @@ class TestCluster:
             slots = [rates.ask(name, rate, "reserve") for _ in range(3)]
             assert [s.state for s in slots] == ["now", "reserved", "reserved"]
             assert slots[2].at - slots[0].at == pytest.approx(0.2, abs=1e-6)
+
+    def test_run_time_limits_several_rates_and_backlogs_on_every_master(
+        self, cluster: Cluster
+    ) -> None:
+        lock = RedisLock.from_url(cluster.url, prefix="ops")
+        rates, backlog = rates_of(lock), backlog_of(lock)
+        calls, tokens = Rate(10, 1.0), Rate(100, 60.0, burst=10)
+        names = [f"tenant:{i}" for i in range(12)]
+        assert len({cluster.master_of(backlog_key(lock, n)).port for n in names}) == 3
+        for name in names:
+            # Two limits and a cost in one script, on the name's own slot.
+            first = rates.ask(name, [(calls, 1.0), (tokens, 6.0)], "reserve")
+            second = rates.ask(name, [(calls, 1.0), (tokens, 6.0)], "reserve")
+            assert first.now
+            assert second.limiting == 1  # 6 + 6 tokens: over the token burst of 10
+            # A pause moves the schedule on by its length, once.
+            moved = rates.ask(name, calls, "reserve", paused=(first.at, first.at + 5.0))
+            assert moved.at - first.at > 5.0
+            # At most 2 waiting; a third is refused until one starts.
+            assert [backlog.enter(name, c, 2, 60).taken for c in "abc"] == [True, True, False]
+            backlog.leave(name, "a")
+            assert backlog.enter(name, "c", 2, 60).taken
+        # The operators' overrides: one hash in a slot of its own, read with the cluster.
+        overrides = overrides_of(lock)
+        overrides.save(Override("tenant:{id}", rates=(Rate(5, 1.0),), paused=True))
+        found = overrides.find("tenant:7", ["tenant:{id}"], fresh=True)
+        assert found is not None
+        assert found.paused
+        overrides.save(Override("tenant:{id}"))
+        assert overrides.find("tenant:7", ["tenant:{id}"], fresh=True) is None
 
     def test_a_lease_yields_to_its_pending_companion_on_the_cluster(self, cluster: Cluster) -> None:
         lock = RedisLock.from_url(cluster.url, prefix="yield")
@@ -601,3 +633,7 @@ class TestClientKinds:
         with pytest.raises(LockStoreUnavailableError) as failed:
             lock.try_acquire("x", 5)
         assert "hunter2" not in str(failed.value)
+
+
+def backlog_key(lock: RedisLock, name: str) -> str:
+    return lock.keys(name).backlog
