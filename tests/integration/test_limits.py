@@ -66,6 +66,9 @@ class TestInAWorker:
         worker = Worker(cenv.env, concurrency=1).start()
         try:
             self._pause_and_resume(cenv, app, worker)
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
         finally:
             worker.stop()
 
