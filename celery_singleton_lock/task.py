@@ -31,6 +31,7 @@ from .exceptions import DuplicateTaskError
 from .lease import Lease
 from .modes.base import Publish
 from .publish.dispatch import (
+    free_place,
     in_canvas,
     place_at_publish,
     slot_at_publish,
@@ -42,7 +43,9 @@ from .publish.retries import send_retry
 from .run import cancels, idempotent
 from .run.execution import Execution, failed_run
 from .tokens import (
+    BACKLOG_HEADER,
     BYPASS_OPTION,
+    CALL_HEADERS,
     HOLD_HEADER,
     NAME_HEADER,
     RATE_SLOT_HEADER,
@@ -250,7 +253,13 @@ class SingletonTask(Task):  # type: ignore[misc]
                 task_id = task_id or uuid()
                 context = self.singleton_context
                 own_headers.update(place_at_publish(context, lock_name, task_id, call))
-                own_headers.update(slot_at_publish(context, lock_name, call, options, task_id))
+                try:
+                    own_headers.update(slot_at_publish(context, lock_name, call, options))
+                    return publish(task_id, options, own_headers)
+                except BaseException:
+                    if BACKLOG_HEADER in own_headers:  # not sent: its place is free
+                        free_place(context, lock_name, task_id)
+                    raise
             return publish(task_id, options, own_headers)
         return send_held(
             self,
@@ -283,7 +292,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             if not isinstance(given, Mapping):
                 raise TypeError(f"{self.name}: headers= must be a dict, got {given!r}")
             headers = {**given, **own_headers}
-            for name in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
+            for name in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS):
                 if name not in own_headers:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
             task_id = task_id or uuid()  # as Celery would: the channel knows its message

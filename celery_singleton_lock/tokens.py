@@ -57,6 +57,9 @@ HELD_HEADER = "singleton_lock_held"
 # Put at dispatch on a call that took a place among its key's waiting calls
 # (``max_pending``): its run leaves the place as it starts; a resend keeps it.
 BACKLOG_HEADER = "singleton_lock_waiting"
+# One message's journey, not its call's: a retry or a copy of its request starts afresh
+# (a resend passes on what it keeps).
+CALL_HEADERS = (HELD_HEADER, BACKLOG_HEADER)
 # Put by the worker's main process on the request it hands to its pool (never read
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.

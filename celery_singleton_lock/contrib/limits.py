@@ -34,14 +34,15 @@ def set(
     target: str,
     *,
     rate: object = None,
-    burst: int = 1,
+    burst: int | None = None,
     limit: int | None = None,
     paused: bool | None = None,
     reset: bool = False,
     by: str | None = None,
 ) -> Override | None:
     """Change ``target``'s limits now: ``rate`` (one rate or a list, in place of the
-    code's, in its order; ``burst`` for each), ``limit`` (in place of ``limit=N``),
+    code's, in its order; ``burst`` for each, else the code's burst of the limit in its
+    place, checked against what the code charges a call), ``limit`` (in place of ``limit=N``),
     ``paused`` (True: its calls are held back, never dropped; False: resumed), or
     ``reset`` (the code's values again). What is not given is kept. Returns the
     override in force (None after a reset)."""
@@ -51,12 +52,12 @@ def set(
             "or reset=True"
         )
     tasks = tasks_of(app, target)
-    rates = None if rate is None else _rates(target, rate, burst)
-    if rates is not None and not all(opts.rate is not None for opts in tasks.values()):
+    if rate is not None and not all(opts.rate is not None for opts in tasks.values()):
         raise ConfigurationError(
             f"{target!r}: {_names(tasks)} has no rate= in its code; an override changes a "
             "rate the code sets (give the task rate=... first)"
         )
+    rates = None if rate is None else _rates(target, rate, burst, tasks)
     if limit is not None and not all(opts.limit is not None for opts in tasks.values()):
         raise ConfigurationError(
             f"{target!r}: {_names(tasks)} has no limit= in its code; an override changes "
@@ -183,14 +184,33 @@ def _row(target: str, task: str | None, code: str, override: Override | None) ->
     )
 
 
-def _rates(target: str, rate: object, burst: int) -> tuple[Rate, ...]:
-    forms: Sequence[object] = (
-        rate
-        if isinstance(rate, list | tuple)
-        and not (len(rate) == 2 and isinstance(rate[0], int | float))
-        else [rate]
+def _rates(
+    target: str, rate: object, burst: int | None, tasks: dict[str, SingletonOptions]
+) -> tuple[Rate, ...]:
+    """The rates given, each with ``burst`` or the code's burst of the limit in its
+    place; a burst below what the code charges a call there could let no call start."""
+    several = isinstance(rate, list | tuple) and not (
+        len(rate) == 2 and isinstance(rate[0], int | float)
     )
-    return tuple(parse_rate(form, burst, what=f"rate for {target}") for form in forms)
+    forms: Sequence[object] = rate if several else [rate]  # type: ignore[assignment]
+    specs = [opts.rate for opts in tasks.values() if opts.rate is not None]
+    out = []
+    for place, form in enumerate(forms):
+        bursts, costs = [], []
+        for spec in specs:
+            code = spec.limits[place] if spec.limits and place < len(spec.limits) else None
+            bursts.append(code.burst if code is not None else spec.burst)
+            costs.append(code.cost if code is not None and code.cost is not None else spec.cost)
+        given = parse_rate(form, burst or max(bursts, default=1), what=f"rate for {target}")
+        units = [cost for cost in costs if isinstance(cost, int | float)]
+        if units and max(units) > given.burst:
+            raise ConfigurationError(
+                f"{target!r}: rate {form!r} with burst {given.burst}: the code charges a call "
+                f"{max(units):g} units against the limit in its place, so no call could "
+                f"start; give --burst {int(-(-max(units) // 1))} or more"
+            )
+        out.append(given)
+    return tuple(out)
 
 
 def _change(

@@ -60,7 +60,11 @@ def list_limits(ctx: click.Context, /, *, as_json: bool, **_: object) -> None:
 @limits.command("set", cls=CeleryCommand, epilog=EXAMPLES)
 @click.argument("target")
 @click.option("--rate", "rates", multiple=True, help="A rate in place of the code's: 10/m, 5/s.")
-@click.option("--burst", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--burst",
+    type=click.IntRange(min=1),
+    help="Calls (or units) at once, for each --rate [default: the code's burst in its place].",
+)
 @click.option("--limit", type=click.IntRange(min=1), help="Runs at once per key, for limit=N.")
 @click.option("--pause", "paused", flag_value=True, default=None, help="Hold its calls back.")
 @click.option("--resume", "paused", flag_value=False, help="Let held-back calls go, in order.")
@@ -73,7 +77,7 @@ def set_limits(
     *,
     target: str,
     rates: tuple[str, ...],
-    burst: int,
+    burst: int | None,
     limit: int | None,
     paused: bool | None,
     reset: bool,

@@ -21,7 +21,8 @@ from .takeover import FRESH, TakeOver, WaitMode
 
 
 class SlotStore(Protocol):
-    """Counting leases of a store (``store.slots``): up to ``limit`` holders of a name."""
+    """Counting leases of a store (``store.slots``): up to ``limit`` holders of a name
+    (``cap``: fewer held at once, the slots above it looked at all the same)."""
 
     def try_acquire(
         self,
@@ -31,6 +32,7 @@ class SlotStore(Protocol):
         *,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease | Contended: ...
 
     def acquire(
@@ -42,6 +44,7 @@ class SlotStore(Protocol):
         timeout: object | None = None,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease: ...
 
 

@@ -327,13 +327,19 @@ class MemorySlots:
         *,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease | Contended:
         store, wanted = self._store, new_token(token)
         names = [slot(name, number) for number in range(1, check_limit(limit) + 1)]
         with store.guard:
-            # The caller's own slot first (a retry after a lost answer), then in order.
+            # The caller's own slot first (a retry after a lost answer), then in order;
+            # none while ``cap`` are held by others (a lowered limit).
+            holders = {held: store.holder(held) for held in names}
+            mine = [held for held in names if holders[held] == wanted]
+            others = [held for held in names if holders[held] not in (None, wanted)]
+            full = not mine and cap is not None and len(others) >= cap
             refused: list[Contended] = []
-            for held in sorted(names, key=lambda held: store.holder(held) != wanted):
+            for held in others if full else mine + [h for h in names if h not in mine]:
                 outcome = store.try_acquire(held, ttl, token=wanted)
                 if isinstance(outcome, Lease):
                     return outcome
@@ -350,13 +356,14 @@ class MemorySlots:
         timeout: object | None = None,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease:
         seconds = None if timeout is None else to_seconds(timeout, what="timeout")
         deadline = None if seconds is None else self._store.clock.monotonic() + seconds
         wanted = new_token(token)
         with self._store.guard:
             while True:
-                outcome = self.try_acquire(name, limit, ttl, token=wanted)
+                outcome = self.try_acquire(name, limit, ttl, token=wanted, cap=cap)
                 if isinstance(outcome, Lease):
                     return outcome
                 left = None if deadline is None else deadline - self._store.clock.monotonic()

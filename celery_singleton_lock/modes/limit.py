@@ -44,26 +44,31 @@ class Limit(Mode):
             )
             if isinstance(own, Lease):
                 return own
+        widest, cap = self.slots_of(start.override)
         return start.store.slots.try_acquire(
-            start.name,
-            self.limit_of(start.override),
-            start.ttl,
-            token=start.token,
-            entry=start.entry,
+            start.name, widest, start.ttl, token=start.token, entry=start.entry, cap=cap
         )
 
     def limit_of(self, override: Override | None) -> int:
         """The limit in force: an operator's, else the code's."""
         return override.limit if override is not None and override.limit else self.limit
 
+    def slots_of(self, override: Override | None) -> tuple[int, int | None]:
+        """The slots to look at and how many may be held: a raised limit's slots, or
+        the code's with a lowered limit as the cap (runs above it still count)."""
+        limit = self.limit_of(override)
+        return max(limit, self.limit), (limit if limit < self.limit else None)
+
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
+        widest, cap = self.slots_of(start.override)
         return waiting.slots.acquire(
             start.name,
-            self.limit_of(start.override),
+            widest,
             start.ttl,
             timeout=timeout,
             token=start.token,
             entry=start.entry,
+            cap=cap,
         )
 
     def running_names(self, name: str, override: Override | None = None) -> list[str]:

@@ -48,7 +48,6 @@ def slot_at_publish(
     lock_name: str,
     call: Call,
     options: MutableMapping[str, object],
-    task_id: str = "",
 ) -> dict[str, object]:
     """A rate's slot for a call about to be sent (``on_limited="delay"`` or ``"raise"``),
     as the header it rides in; none without one, or when the store is unreachable and
@@ -60,11 +59,6 @@ def slot_at_publish(
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
         return {}
-    except SingletonLockError:
-        if context.options.max_pending is not None:  # refused: its place is free again
-            with contextlib.suppress(SingletonLockError):
-                backlog_of(context.store).leave(lock_name, task_id)
-        raise
     return {} if slot is None else {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
 
 
@@ -99,6 +93,14 @@ def place_at_publish(
             cap=cap,
         )
     return {BACKLOG_HEADER: "1"}
+
+
+def free_place(context: TaskContext, lock_name: str, task_id: str) -> None:
+    """A call that took a place (``place_at_publish``) and then was not sent (refused
+    by its rate, the broker or the store): the place is free again. Never an error: a
+    place not freed runs out by itself."""
+    with contextlib.suppress(SingletonLockError):
+        backlog_of(context.store).leave(lock_name, task_id)
 
 
 def can_overlap(app: Celery, options: Mapping[str, object]) -> bool:

@@ -12,24 +12,28 @@ from ..tokens import BACKLOG_HEADER, header
 logger = logging.getLogger(__name__)
 
 
-def keep_place(delivery: Delivery, lock_name: str) -> None:
+def keep_place(delivery: Delivery, lock_name: str) -> dict[str, str]:
     """A message sent round again (deferred, requeued, held back) keeps its place,
-    renewed; never an error: the message goes round regardless."""
+    renewed: the header that says so, for the message sent. Never an error: the message
+    goes round regardless."""
     request = delivery.request
     context = delivery.context
     if header(request, BACKLOG_HEADER) is None or context.options.max_pending is None:
-        return
+        return {}
+    setattr(request, "singleton_place_kept", True)  # noqa: B010  (Celery's Context)
     try:
         backlog_of(context.store).renew(lock_name, request.id, context.queue_ttl)
     except SingletonLockError as error:
         logger.warning("%s: the place of %s not renewed (%s)", lock_name, request.id, error)
+    return {BACKLOG_HEADER: "1"}
 
 
 def leave_place(delivery: Delivery, lock_name: str) -> None:
-    """The run starts: its place is free for the next call. Never an error: a place not
-    freed runs out by itself (the queue ttl)."""
+    """The run starts, or ends without running and without being sent round again
+    (skipped, dropped, refused): its place is free for the next call. Never an error: a
+    place not freed runs out by itself (the queue ttl)."""
     request = delivery.request
-    if header(request, BACKLOG_HEADER) is None:
+    if header(request, BACKLOG_HEADER) is None or getattr(request, "singleton_place_kept", False):
         return
     try:
         backlog_of(delivery.context.store).leave(lock_name, request.id)

@@ -91,6 +91,17 @@ class Execution:
     def take(self) -> Lease:
         """The running lease, handed or taken now; a kept history records the start, a
         contention (a built-in policy's decision) and a rate's deferral in their trips."""
+        try:
+            lease = self._handed() or self._take()
+        except BaseException:
+            # Not run (skipped, dropped, refused), unless it was sent round again: its
+            # place among the key's waiting calls (max_pending) is free.
+            leave_place(self.delivery, self.lock_name)
+            raise
+        leave_place(self.delivery, self.lock_name)  # it runs: the next call may queue
+        return lease
+
+    def _handed(self) -> Lease | None:
         handed = self.handed
         if handed is not None and handed.fence is not None and handed.name == self.lock_name:
             # No round trip: the worker's main process took it, fenced, for this message
@@ -106,7 +117,7 @@ class Execution:
             self.store.renew(lease)
             return lease
         self._plan()
-        return self._take()
+        return None
 
     def _plan(self) -> None:
         """What taking the running lease needs when it was not handed, fenced, for this
@@ -197,7 +208,6 @@ class Execution:
             hold.let_go()
         self.mode.running(outcome, self.start)
         self.store.renew(outcome)
-        leave_place(self.delivery, self.lock_name)  # max_pending: the next call may queue
         return outcome
 
     def _unreachable(self, error: LockStoreUnavailableError) -> Lease:

@@ -29,14 +29,16 @@ def unless_paused(context: TaskContext, delivery: Delivery, start: Start) -> Aft
     RateLimitedError eagerly, while the key is paused)."""
     request = delivery.request
     carried = read_slot(header(request, RATE_SLOT_HEADER))
-    held = header(request, HELD_HEADER) is not None
     override = start.override
     if override is not None:
         override = held_back(context, delivery, start, override, carried)
     slot = None
     if carried is not None:
         slot = carried[0] if override is None else override.moved(*carried)
-    return AfterPause(override, slot, held)
+    # Late for its slot by the pause, as every run it held back: only while that pause
+    # is known (after a reset the slot is as it was, and a late run is given a new one).
+    held = header(request, HELD_HEADER) is not None
+    return AfterPause(override, slot, held and override is not None and override.pause is not None)
 
 
 def held_back(
@@ -62,14 +64,17 @@ def held_back(
             return None
         override = fresh
     if override.paused:
-        append_history(start.store, start.entry, "paused", target=override.target)
+        if held_at is None:  # its first round: once in the history, not every second
+            append_history(start.store, start.entry, "paused", target=override.target)
         if request.is_eager:  # nothing to send again: the caller is told
             raise RateLimitedError(
                 f"{start.name!r} is paused by an operator ({override.target!r})",
                 name=start.name,
                 retry_after=PAUSE_RECHECK,
             )
-        first = held_at if held_at is not None else time.time()
+        # Held during this pause, so not before it began (whatever this machine's clock
+        # says against the operator's).
+        first = held_at if held_at is not None else max(time.time(), override.paused_at or 0.0)
         slot = header(request, RATE_SLOT_HEADER)
         hold_back(
             delivery,

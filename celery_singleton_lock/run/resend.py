@@ -14,6 +14,7 @@ from ..lease.limits.overrides import RECHECK
 from ..tokens import (
     ATTEMPT_HEADER,
     BYPASS_OPTION,
+    CALL_HEADERS,
     HELD_HEADER,
     HOLD_HEADER,
     NAME_HEADER,
@@ -54,8 +55,8 @@ def send_again(
         headers[OUTAGE_HEADER] = outages
     # Same id, links, chain and options as this message (what Celery's retry re-sends),
     # without counting as a retry of the task's own max_retries.
-    keep_place(delivery, lock_name)
-    delivery.resend(countdown, headers, {BYPASS_OPTION: passed or True})
+    kept = keep_place(delivery, lock_name)
+    delivery.resend(countdown, headers, {BYPASS_OPTION: {**(passed or {}), **kept} or True})
     raise Ignore(f"requeued: {lock_name!r} is held by another execution")
 
 
@@ -74,8 +75,8 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     # Passed as the library's own header: a copy of a request's headers (a retry's)
     # drops any slot, which only the deferral that reserved it may send.
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
-    keep_place(delivery, lock_name)
-    delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at}})
+    kept = keep_place(delivery, lock_name)
+    delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at, **kept}})
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
 
 
@@ -108,7 +109,7 @@ def hold_back(
     if slot is not None:
         own[RATE_SLOT_HEADER] = slot
     headers = {**_again(request, lock_name, HELD_HEADER, own[HELD_HEADER]), **own}
-    keep_place(delivery, lock_name)
+    own.update(keep_place(delivery, lock_name))
     delivery.resend(countdown, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")
 
@@ -117,7 +118,7 @@ def _again(request: Request, lock_name: str, name: str, value: object) -> dict[s
     """The headers of this message sent again: its key, ``name``, and no hold or slot of
     its own (a slot it could not start on is spent)."""
     headers: dict[str, object] = {**(request.headers or {}), NAME_HEADER: lock_name}
-    for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER):
+    for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS):
         headers.pop(own, None)
     headers[name] = value
     return headers

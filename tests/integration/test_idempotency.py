@@ -474,7 +474,7 @@ def test_every_mode_that_keeps_the_first_call_answers_repeats(options: dict[str,
     )
     calls: list[str] = []
 
-    @singleton_task(app=app, name="idem.mode", key=["k"], **options)
+    @singleton_task(app=app, shared=False, name="idem.mode", key=["k"], **options)
     def task(k: str) -> str:
         calls.append(k)
         return k.upper()

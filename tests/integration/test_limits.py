@@ -20,12 +20,14 @@ from celery import Celery
 from celery_singleton_lock import (
     BackpressureError,
     ConfigurationError,
+    RateLimit,
     RateLimitedError,
     signals,
     singleton_task,
 )
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib import limits
+from celery_singleton_lock.lease.limits.backlog import backlog_of
 from celery_singleton_lock.lease.limits.overrides import REFRESH, Override, overrides_of
 
 from ..conftest import CeleryEnv
@@ -210,8 +212,30 @@ class TestEagerly:
         ]
         rows = {row.target: row for row in limits.rows(eager)}
         assert rows[f"{eager.main}.sync"].code == "rate 2/s"
-        assert rows["tenant:beta"].override == "rate 100/s"
+        assert rows["tenant:beta"].override == "rate 100/s; resumed"
         assert "tenant:{tenant}" not in rows  # reset: nothing left to show
+
+    def test_a_rate_override_keeps_the_code_s_burst_and_checks_its_cost(
+        self, eager: Celery
+    ) -> None:
+        @singleton_task(
+            app=eager,
+            shared=False,
+            name=f"{eager.main}.llm",
+            key=["n"],
+            rate=["10/s", RateLimit("100/m", burst=5, cost=3)],
+        )
+        def llm(n: int) -> int:
+            return n
+
+        target = f"{eager.main}.llm"
+        kept = limits.set(eager, target, rate=["20/s", "200/m"])
+        assert kept is not None
+        assert kept.rates is not None
+        assert [rate.burst for rate in kept.rates] == [1, 5]  # the code's, in their places
+        assert llm.delay(1).get() == 1
+        with pytest.raises(ConfigurationError, match=r"charges a call 3 units.*--burst 3"):
+            limits.set(eager, target, rate=["20/s", "200/m"], burst=2)
 
     def test_an_override_over_a_limit_is_refused(self, eager: Celery) -> None:
         @singleton_task(app=eager, shared=False, name=f"{eager.main}.export", key=["n"], limit=2)
@@ -267,6 +291,17 @@ class TestBackpressure:
         check_rate(done, 20, 1.0)
         wait_for(lambda: backlog.zcard(key) == 0, 10, "every place freed")
         print(f"\n10 producers: {len(accepted)} accepted, {len(refused)} refused, {most} waiting")
+
+    def test_a_call_its_rate_refuses_gives_its_place_back(self, cenv: CeleryEnv, app: Any) -> None:
+        parked, item = f"parked-{uuid.uuid4().hex[:8]}", f"refused-{uuid.uuid4().hex[:8]}"
+        app.capped_checked.apply_async((item, 0), queue=parked)
+        for n in range(1, 4):
+            with pytest.raises(RateLimitedError):
+                app.capped_checked.apply_async((item, n), queue=parked)
+        name = app.capped_checked.singleton_options().key.derive((item,), {})
+        store = LockStores.for_app(app.app).lock
+        assert backlog_of(store).waiting(name) == 1, "only the call sent waits"
+        cenv.broker.client().delete(parked)
 
     def test_a_refused_call_sends_nothing_and_max_pending_needs_a_queue_to_cap(
         self, cenv: CeleryEnv, app: Any

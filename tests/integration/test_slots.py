@@ -74,6 +74,22 @@ class TestSlots:
         assert retried.name == second.name, "never two slots for one token"
         assert store.holder(slot("r", 1)) is None
 
+    def test_a_cap_counts_the_slots_above_it(self, store: RedisLock | MemoryLock) -> None:
+        # Three slots held, then the limit lowered to 2: nothing starts until fewer run.
+        held = [store.slots.try_acquire("low", 3, 30, token=f"t{n}") for n in range(3)]
+        assert all(isinstance(lease, Lease) for lease in held)
+        assert isinstance(store.slots.try_acquire("low", 3, 30, token="new", cap=2), Contended)
+        store.release(held[0])
+        assert isinstance(store.slots.try_acquire("low", 3, 30, token="new", cap=2), Contended)
+        store.release(held[2])
+        got = store.slots.try_acquire("low", 3, 30, token="new", cap=2)
+        assert isinstance(got, Lease)
+        assert got.name.endswith("slot1")  # the lowest free one
+        # Its own slot is its own again whatever the cap (a retry after a lost answer).
+        again = store.slots.try_acquire("low", 3, 30, token="new", cap=1)
+        assert isinstance(again, Lease)
+        assert again.name == got.name
+
     @pytest.mark.parametrize("limit", [0, -1, 101, True, 2.0, "3"])
     def test_bad_limits_are_refused(self, store: RedisLock | MemoryLock, limit: object) -> None:
         with pytest.raises(ConfigurationError, match="limit must be an int from 1 to 100"):

@@ -579,6 +579,12 @@ def capped(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
     return _rated(self, item, n, seconds)
 
 
+@singleton_task(app=app, bind=True, key=["item"], rate="1/m", on_limited="raise", max_pending=3)
+def capped_checked(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """One a minute or RateLimitedError at dispatch, and at most 3 of an item waiting."""
+    return _rated(self, item, n, seconds)
+
+
 def tenant_plan(item: str, n: int = 0, seconds: float = 0.0) -> str:
     """A per-tenant plan: the paying tenants get four times the rate."""
     return "20/s" if item.startswith("gold") else "5/s"

@@ -41,9 +41,12 @@ class Backlog:
     def enter(self, name: str, call: str, cap: int, ttl: float) -> Place:
         """Take a place for ``call`` among the calls waiting for ``name`` (or keep its
         own, renewed); refused when ``cap`` wait already."""
+        return self._ask(name, call, cap, ttl, "enter")
+
+    def _ask(self, name: str, call: str, cap: int, ttl: float, how: str) -> Place:
         key = self._store.keys(name).backlog
         try:
-            reply = self._enter(keys=[key], args=[call, cap, max(1, round(ttl * 1000))])
+            reply = self._enter(keys=[key], args=[call, cap, max(1, round(ttl * 1000)), how])
         except REDIS_ERRORS as error:
             self._store.unavailable(error, name)
         taken, waiting, *rest = (int(part) for part in reply)
@@ -52,14 +55,7 @@ class Backlog:
     def renew(self, name: str, call: str, ttl: float) -> None:
         """``call`` is sent round again (deferred, requeued): it keeps its place for
         ``ttl`` more seconds (back in line if its place had run out: it is not dropped)."""
-        key = self._store.keys(name).backlog
-        try:
-            pipe = self._store.client.pipeline(transaction=False)
-            pipe.zadd(key, {call: self._store.clock.time() * 1000 + ttl * 1000})
-            pipe.pexpire(key, max(1, round(ttl * 1000)))
-            pipe.execute()
-        except REDIS_ERRORS as error:
-            self._store.unavailable(error, name)
+        self._ask(name, call, 0, ttl, "renew")  # on the server's clock, in one script
 
     def leave(self, name: str, call: str) -> None:
         """``call``'s run starts: its place is free."""

@@ -157,18 +157,18 @@ class _Cached:
         return self._found
 
     def find(self, name: str, families: Iterable[str], *, fresh: bool = False) -> Override | None:
-        """The override of the lock ``name``: its own, else its key template's or its
-        task's (``families``), first found; ``fresh``: read now, not as last read."""
+        """The override of the lock ``name``: each value its own, else its key template's,
+        else its task's (``families``), paused if any of them is; ``fresh``: read now,
+        not as last read."""
         if fresh:
             self.forget()
         found = self.current()
         if not found:
             return None
-        for target in (name, *families):
-            override = found.get(target)
-            if override is not None:
-                return override
-        return None
+        chain = [found[target] for target in (name, *families) if target in found]
+        if len(chain) < 2:
+            return chain[0] if chain else None
+        return merged(chain)
 
     def forget(self) -> None:
         """Read again at the next decision (after this process changed one)."""
@@ -238,6 +238,30 @@ class MemoryOverrides(_Cached):
         self.forget()
 
 
+def merged(chain: list[Override]) -> Override:
+    """Overrides of one lock, the most specific first, as one: a rate or a limit from the
+    first that sets it; paused or not as the latest pause or resume among them said (a
+    pause of the whole task after a key's resume pauses the key too)."""
+    said = [each for each in chain if each.paused or each.resumed_at is not None]
+    last = max(said, key=_said_at, default=None)
+    return replace(
+        chain[0],
+        target=(last or chain[0]).target,
+        rates=next((each.rates for each in chain if each.rates is not None), None),
+        limit=next((each.limit for each in chain if each.limit is not None), None),
+        paused=last is not None and last.paused,
+        paused_at=None if last is None else last.paused_at,
+        resumed_at=None if last is None else last.resumed_at,
+    )
+
+
+def _said_at(override: Override) -> float:
+    """When an override last said pause or resume."""
+    if override.paused:
+        return override.paused_at or 0.0
+    return override.resumed_at or 0.0
+
+
 def changed(
     old: Override | None,
     target: str,
@@ -254,8 +278,10 @@ def changed(
     paused_at, resumed_at = base.paused_at, base.resumed_at
     if paused and not base.paused:
         paused_at, resumed_at = now, None
-    elif paused is False and base.paused:
-        resumed_at = now
+    elif paused is False:
+        # A resume (of this target's pause, or said of a key whose task or template is
+        # paused: the latest said wins, ``merged``).
+        resumed_at = now if base.paused or base.resumed_at is None else base.resumed_at
     return replace(
         base,
         rates=base.rates if rates is None else rates,
@@ -292,4 +318,13 @@ def overrides_of(store: object) -> Overrides | MemoryOverrides:
     return found
 
 
-__all__ = ["REFRESH", "MemoryOverrides", "Override", "Overrides", "changed", "overrides_of"]
+__all__ = [
+    "RECHECK",
+    "REFRESH",
+    "MemoryOverrides",
+    "Override",
+    "Overrides",
+    "changed",
+    "merged",
+    "overrides_of",
+]

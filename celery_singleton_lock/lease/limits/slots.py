@@ -20,6 +20,7 @@ from ..lease import Lease
 from ..names import MAX_SLOTS, new_token, slot
 from ..outcomes import Contended, text
 from ..redis import scripts
+from ..redis.calls import Arg
 from ..redis.common import REDIS_ERRORS, Block, ScriptArgs, Step, Try
 from ..redis.waits import pop_within
 
@@ -41,13 +42,15 @@ class Slots:
         self._store = store
         self._script = store.client.register_script(scripts.ACQUIRE_SLOT)
 
-    def _argv(self, name: str, limit: int, token: str, ttl_ms: int, announce: bool) -> ScriptArgs:
+    def _argv(
+        self, name: str, limit: int, token: str, ttl_ms: int, *, announce: bool, cap: int | None
+    ) -> ScriptArgs:
         store, base = self._store, self._store.keys(name)
         held = [store.keys(slot(name, number)).lock for number in range(1, limit + 1)]
-        return {
-            "keys": [base.fence, base.waiters, *held],
-            "args": [token, ttl_ms, "1" if announce else "0"],
-        }
+        args: list[Arg] = [token, ttl_ms, "1" if announce else "0"]
+        if cap is not None and cap < limit:
+            args.append(cap)
+        return {"keys": [base.fence, base.waiters, *held], "args": args}
 
     def _try(
         self, name: str, token: str, argv: ScriptArgs, ttl_ms: int, entry: Record | None
@@ -94,14 +97,16 @@ class Slots:
         *,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease | Contended:
         """The lowest free slot of ``name`` as a ``Lease`` (its ``name`` is the slot's),
         or ``Contended`` naming the holder of the slot that frees soonest. One round trip.
-        """
+        ``cap``: fewer than ``limit`` may be held at once (a lowered limit), the slots
+        above it looked at all the same."""
         limit = check_limit(limit)
         ttl_ms = self._store.ttl_ms(ttl)
         token = new_token(token)
-        argv = self._argv(name, limit, token, ttl_ms, announce=False)
+        argv = self._argv(name, limit, token, ttl_ms, announce=False, cap=cap)
         return self._try(name, token, argv, ttl_ms, entry)
 
     def acquire(
@@ -113,6 +118,7 @@ class Slots:
         timeout: object | None = None,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease:
         """Wait up to ``timeout`` for a slot, woken by the release of any (push, FIFO).
 
@@ -126,7 +132,7 @@ class Slots:
         try:
             while True:
                 if isinstance(step, Try):
-                    argv = self._argv(name, limit, token, ttl_ms, announce=step.announce)
+                    argv = self._argv(name, limit, token, ttl_ms, announce=step.announce, cap=cap)
                     step = plan.send(self._try(name, token, argv, ttl_ms, entry))
                 elif isinstance(step, Block):
                     try:
@@ -154,7 +160,10 @@ class QuorumSlots:
         *,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease | Contended:
+        if cap is not None:
+            raise ConfigurationError("a lowered limit needs one lock store, not a Redlock")
         limit = check_limit(limit)
         token, busy = new_token(token), []
         for number in range(1, limit + 1):
@@ -174,13 +183,14 @@ class QuorumSlots:
         timeout: object | None = None,
         token: str | None = None,
         entry: Record | None = None,
+        cap: int | None = None,
     ) -> Lease:
         token = new_token(token)
         plan = self.store.nodes[0].acquire_plan(True, timeout, "spin")
         next(plan)
         try:
             while True:
-                step = plan.send(self.try_acquire(name, limit, ttl, token=token))
+                step = plan.send(self.try_acquire(name, limit, ttl, token=token, cap=cap))
                 time.sleep(getattr(step, "seconds", 0.0))
                 next(plan)
         except StopIteration as done:

@@ -2,26 +2,34 @@
 -- KEYS[1] fence key    KEYS[2] waiters key   KEYS[3..] the slots' lock keys, in order
 -- ARGV[1] owner token  ARGV[2] ttl in milliseconds
 -- ARGV[3] '1' if the caller will block on the signal when this fails, else '0'
+-- ARGV[4] optional: how many of the slots may be held at once (an operator lowered the
+--         limit: slots above it are still looked at, so their runs count)
 -- returns {1, fence, slot number}   the lowest free slot (or the caller's own again,
 --                                   so a retry after a lost reply is safe)
 --         {0, holder, pttl}          every slot held; the holder and ttl of the slot
 --                                   that frees soonest (-1: a slot has no TTL)
 -- Unlike acquire.lua it leaves a pending wake-up in place: another slot may be free for it.
-local free, soonest, holder = nil, nil, ''
+local free, own, soonest, holder, held = nil, nil, nil, '', 0
 for i = 3, #KEYS do
   local current = redis.pcall('GET', KEYS[i])
   if current == ARGV[1] then
-    free = i
+    own = i
     break
   elseif current == false then
     if free == nil then free = i end
   else
+    held = held + 1
     local pttl = redis.call('PTTL', KEYS[i])
     if soonest == nil or (pttl >= 0 and (soonest < 0 or pttl < soonest)) then
       soonest = pttl
       holder = type(current) == 'string' and current or ''
     end
   end
+end
+if own ~= nil then
+  free = own
+elseif ARGV[4] ~= nil and held >= tonumber(ARGV[4]) then
+  free = nil  -- as many run as the limit in force allows
 end
 if free ~= nil then
   redis.call('SET', KEYS[free], ARGV[1], 'PX', ARGV[2])
