@@ -31,10 +31,8 @@ from .exceptions import DuplicateTaskError
 from .lease import Lease
 from .modes.base import Publish
 from .publish.dispatch import (
-    free_place,
     in_canvas,
-    place_at_publish,
-    slot_at_publish,
+    send_in_line,
 )
 from .publish.held import send_held
 from .publish.idempotent import key_of_call, send_once
@@ -43,7 +41,6 @@ from .publish.retries import send_retry
 from .run import cancels, idempotent
 from .run.execution import Execution, failed_run
 from .tokens import (
-    BACKLOG_HEADER,
     BYPASS_OPTION,
     CALL_HEADERS,
     HOLD_HEADER,
@@ -250,16 +247,15 @@ class SingletonTask(Task):  # type: ignore[misc]
             if redrive:
                 own_headers[REDRIVE_HEADER] = 1
             elif not (bypass or canvas):  # a place in line, and a rate's slot
-                task_id = task_id or uuid()
-                context = self.singleton_context
-                own_headers.update(place_at_publish(context, lock_name, task_id, call))
-                try:
-                    own_headers.update(slot_at_publish(context, lock_name, call, options))
-                    return publish(task_id, options, own_headers)
-                except BaseException:
-                    if BACKLOG_HEADER in own_headers:  # not sent: its place is free
-                        free_place(context, lock_name, task_id)
-                    raise
+                return send_in_line(
+                    self.singleton_context,
+                    lock_name,
+                    call,
+                    task_id=task_id,
+                    options=options,
+                    publish=publish,
+                    own_headers=own_headers,
+                )
             return publish(task_id, options, own_headers)
         return send_held(
             self,

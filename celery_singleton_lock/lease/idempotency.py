@@ -12,7 +12,6 @@ inventory never lists them).
 from __future__ import annotations
 
 import threading
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -23,10 +22,10 @@ from redis.commands.core import Script
 
 from ..exceptions import ConfigurationError
 from .memory import MemoryLock
+from .per_store import PerStore
 from .redis import scripts
 from .redis.common import REDIS_ERRORS
 from .redis.store import RedisLock
-from .redlock.masters import Redlock
 
 # Stripe's bound: a key is an opaque string the caller makes (a UUID, a request's id).
 MAX_KEY_LENGTH = 255
@@ -286,32 +285,18 @@ class MemoryIdempotencyKeys:
             )
 
 
-_made: weakref.WeakKeyDictionary[object, IdempotencyKeys | MemoryIdempotencyKeys] = (
-    weakref.WeakKeyDictionary()
+_helpers = PerStore(
+    "idempotency keys",
+    "one record",
+    "for tasks called with idempotency keys",
+    IdempotencyKeys,
+    MemoryIdempotencyKeys,
 )
 
 
 def idempotency_keys_of(store: object) -> IdempotencyKeys | MemoryIdempotencyKeys:
     """The idempotency keys of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
-    found = _made.get(store)
-    if found is not None:
-        return found
-    if isinstance(store, Redlock):
-        raise ConfigurationError(
-            f"idempotency keys need one lock store; {store.where} is a Redlock of several "
-            "masters, which cannot keep one record: use a standalone, Sentinel or Cluster "
-            "lock store for tasks called with idempotency keys"
-        )
-    if isinstance(store, MemoryLock):
-        found = MemoryIdempotencyKeys(store)
-    elif isinstance(store, RedisLock):
-        found = IdempotencyKeys(store)
-    else:
-        raise ConfigurationError(
-            f"idempotency keys need a RedisLock or a MemoryLock, got {store!r}"
-        )
-    _made[store] = found
-    return found
+    return _helpers.of(store)
 
 
 __all__ = [

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import before_task_publish
+from kombu.utils.uuid import uuid
 
 from .. import outages
 from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
@@ -101,6 +102,30 @@ def free_place(context: TaskContext, lock_name: str, task_id: str) -> None:
     place not freed runs out by itself."""
     with contextlib.suppress(SingletonLockError):
         backlog_of(context.store).leave(lock_name, task_id)
+
+
+def send_in_line(
+    context: TaskContext,
+    lock_name: str,
+    call: Call,
+    *,
+    task_id: str | None,
+    options: dict[str, object],
+    publish: Publish,
+    own_headers: dict[str, object],
+) -> AsyncResult:
+    """A call its mode sends without a hold (a rate, a limit): its place among the key's
+    waiting calls (``max_pending``) and its rate's slot (``"delay"``, ``"raise"``) taken
+    first; a call then not sent gives its place back."""
+    task_id = task_id or uuid()
+    own_headers.update(place_at_publish(context, lock_name, task_id, call))
+    try:
+        own_headers.update(slot_at_publish(context, lock_name, call, options))
+        return publish(task_id, options, own_headers)
+    except BaseException:
+        if BACKLOG_HEADER in own_headers:  # not sent: its place is free
+            free_place(context, lock_name, task_id)
+        raise
 
 
 def can_overlap(app: Celery, options: Mapping[str, object]) -> bool:

@@ -63,10 +63,10 @@ from ..tokens import (
     reserved_exact,
     running_token,
 )
+from .admission import admit
 from .backlog import leave_place
 from .holds import PendingHold
-from .paused import unless_paused
-from .resend import defer, send_again
+from .resend import send_again
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ class Execution:
     def _take(self) -> Lease:
         hold = None
         try:
-            self._admit()
+            self.start = admit(self.delivery, self.mode, self.start, self.call)
             if self.role == "pending":
                 hold = PendingHold(
                     self.context,
@@ -222,33 +222,6 @@ class Execution:
                 outages=outage.outages,
             )
         return outage
-
-    def _admit(self) -> None:
-        """A rate's slot before the running lease (``modes/rate.py``): a run with no slot
-        free now is sent again to arrive on the one reserved for it. A paused key's run
-        is held back first (an operator's override)."""
-        request = self.delivery.request
-        after = unless_paused(self.context, self.delivery, self.start)
-        # What the run decides with from here: the override read last (a resume read
-        # again moves the rate's schedule, ``Override.pause``).
-        self.start = replace(self.start, override=after.override)
-        slot = self.mode.admit(self.start, self.call, after.slot, held=after.held)
-        if slot is None:
-            return
-        self._signal(
-            singleton_signals.rate_asked,
-            task_id=request.id,
-            slot=slot.at,
-            deferred=not slot.now,
-            remaining=slot.remaining,
-            next_slot=slot.free,
-        )
-        if not slot.now:  # recorded by the rate's script (``take``)
-            if not request.is_eager:
-                defer(self.delivery, self.lock_name, slot)
-            self.store.clock.sleep(slot.wait)  # eagerly, the caller waits for its slot
-        # The slot this run started on, in the lock store's clock (seconds since the epoch).
-        setattr(request, "singleton_rate_slot", slot.at)  # noqa: B010  (Celery's Context)
 
     def _unless_replaced(self, held: Contended | None) -> None:
         """Drop this message quietly if a later one of the same task id took its place.

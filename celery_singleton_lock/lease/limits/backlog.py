@@ -11,15 +11,13 @@ so the count never stays too high for long and is never too low.
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass
 
-from ...exceptions import ConfigurationError
 from ..memory import MemoryLock
+from ..per_store import PerStore
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
 from ..redis.store import RedisLock
-from ..redlock.masters import Redlock
 
 
 @dataclass(frozen=True)
@@ -104,28 +102,18 @@ class MemoryBacklog:
             return len(self._places.get(name, {}))
 
 
-_made: weakref.WeakKeyDictionary[object, Backlog | MemoryBacklog] = weakref.WeakKeyDictionary()
+_helpers = PerStore(
+    "max_pending",
+    "one count",
+    "for tasks with max_pending",
+    Backlog,
+    MemoryBacklog,
+)
 
 
 def backlog_of(store: object) -> Backlog | MemoryBacklog:
     """The backlogs of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
-    found = _made.get(store)
-    if found is not None:
-        return found
-    if isinstance(store, Redlock):
-        raise ConfigurationError(
-            f"max_pending needs one lock store; {store.where} is a Redlock of several "
-            "masters, which cannot keep one count: use a standalone, Sentinel or Cluster "
-            "lock store for tasks with max_pending"
-        )
-    if isinstance(store, MemoryLock):
-        found = MemoryBacklog(store)
-    elif isinstance(store, RedisLock):
-        found = Backlog(store)
-    else:
-        raise ConfigurationError(f"max_pending needs a RedisLock or a MemoryLock, got {store!r}")
-    _made[store] = found
-    return found
+    return _helpers.of(store)
 
 
 __all__ = ["Backlog", "MemoryBacklog", "Place", "backlog_of"]

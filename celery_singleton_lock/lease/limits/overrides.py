@@ -16,7 +16,6 @@ import json
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -25,9 +24,9 @@ from ..errors import store_error
 from ..memory import MemoryLock
 from ..names import MAX_SLOTS
 from ..outcomes import text
+from ..per_store import PerStore
 from ..redis.common import REDIS_ERRORS
 from ..redis.store import RedisLock
-from ..redlock.masters import Redlock
 from .rates import Rate
 
 logger = logging.getLogger(__name__)
@@ -294,28 +293,18 @@ def changed(
     )
 
 
-_made: weakref.WeakKeyDictionary[object, Overrides | MemoryOverrides] = weakref.WeakKeyDictionary()
+_helpers = PerStore(
+    "run-time limits",
+    "one hash",
+    "to change limits at run time",
+    Overrides,
+    MemoryOverrides,
+)
 
 
 def overrides_of(store: object) -> Overrides | MemoryOverrides:
     """The overrides of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
-    found = _made.get(store)
-    if found is not None:
-        return found
-    if isinstance(store, Redlock):
-        raise ConfigurationError(
-            f"run-time limits need one lock store; {store.where} is a Redlock of several "
-            "masters: use a standalone, Sentinel or Cluster lock store to change limits "
-            "at run time"
-        )
-    if isinstance(store, MemoryLock):
-        found = MemoryOverrides(store)
-    elif isinstance(store, RedisLock):
-        found = Overrides(store)
-    else:
-        raise ConfigurationError(f"run-time limits need a RedisLock or a MemoryLock, got {store!r}")
-    _made[store] = found
-    return found
+    return _helpers.of(store)
 
 
 __all__ = [

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import re
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -38,10 +37,10 @@ from typing import TYPE_CHECKING, Literal
 
 from ...exceptions import ConfigurationError, CostOverBurstError
 from ..memory import MemoryLock
+from ..per_store import PerStore
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
 from ..redis.store import RedisLock
-from ..redlock.masters import Redlock
 
 if TYPE_CHECKING:
     from ..history import Record
@@ -303,27 +302,18 @@ def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int
     return math.floor((now + tolerance - tat) / interval + 1e-9) + 1
 
 
-_made: weakref.WeakKeyDictionary[object, Rates | MemoryRates] = weakref.WeakKeyDictionary()
+_helpers = PerStore(
+    "rate limits",
+    "one counter",
+    "for rate-limited tasks",
+    Rates,
+    MemoryRates,
+)
 
 
 def rates_of(store: object) -> Rates | MemoryRates:
     """The rates of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once per store."""
-    found = _made.get(store)
-    if found is None and isinstance(store, Redlock):
-        raise ConfigurationError(
-            f"rate limits need one lock store; {store.where} is a Redlock of several masters, "
-            "which cannot keep one counter: use a standalone, Sentinel or Cluster lock store "
-            "for rate-limited tasks"
-        )
-    if found is None:
-        if isinstance(store, MemoryLock):
-            found = MemoryRates(store)
-        elif isinstance(store, RedisLock):
-            found = Rates(store)
-        else:
-            raise ConfigurationError(f"rate limits need a RedisLock or a MemoryLock, got {store!r}")
-        _made[store] = found
-    return found
+    return _helpers.of(store)
 
 
 __all__ = [

@@ -1,17 +1,49 @@
-"""A run of a key an operator paused: held back while the pause lasts, then let go in turn."""
+"""Before a run's lease: held back while an operator has its key paused, then its rate's slot."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .. import signals as singleton_signals
 from ..context import Delivery, TaskContext
 from ..exceptions import RateLimitedError
 from ..lease import append_history
 from ..lease.limits.overrides import Override
-from ..modes import Start
+from ..modes import Mode, Start
+from ..modes.base import Call
 from ..tokens import HELD_HEADER, RATE_SLOT_HEADER, header, read_slot
-from .resend import PAUSE_RECHECK, hold_back
+from .resend import PAUSE_RECHECK, defer, hold_back
+
+
+def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
+    """A paused key's run held back (an operator's override), then a rate's slot
+    (``modes/rate.py``): a run with no slot free now is sent again to arrive on the one
+    reserved for it. Returns what the run decides with from here: the override read
+    last (a resume read again moves the rate's schedule, ``Override.pause``)."""
+    request = delivery.request
+    after = unless_paused(delivery.context, delivery, start)
+    start = replace(start, override=after.override)
+    slot = mode.admit(start, call, after.slot, held=after.held)
+    if slot is None:
+        return start
+    singleton_signals.send(
+        singleton_signals.rate_asked,
+        delivery.sender,
+        start.name,
+        task_id=request.id,
+        slot=slot.at,
+        deferred=not slot.now,
+        remaining=slot.remaining,
+        next_slot=slot.free,
+    )
+    if not slot.now:  # recorded by the rate's script (``take``)
+        if not request.is_eager:
+            defer(delivery, start.name, slot)
+        start.store.clock.sleep(slot.wait)  # eagerly, the caller waits for its slot
+    # The slot this run started on, in the lock store's clock (seconds since the epoch).
+    setattr(request, "singleton_rate_slot", slot.at)  # noqa: B010  (Celery's Context)
+    return start
 
 
 @dataclass(frozen=True)
