@@ -347,7 +347,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         # Celery's Task.__call__ would push a fresh, id-less request over the worker's;
         # the worker's tracer has pushed the real one already, so run the body directly.
         began = time.monotonic()
-        lease = Execution(self._delivery(request), args, kwargs).take()
+        execution = Execution(self._delivery(request), args, kwargs)
+        lease = execution.take()
         acquired = time.monotonic()
         request.singleton_lease = lease
         singleton_signals.lease_taken(self, lease, request.id, acquired - began)
@@ -375,6 +376,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise
         finally:
             request.singleton_lease = None
+            results.release_also_held(request, self.singleton_context, execution.also_held)
             if lease.token and not getattr(request, _HANDED_OVER, False):
                 end = partial(self._release_at_end, request, lease, acquired)
                 # A run with an idempotency key keeps its lease until its outcome is

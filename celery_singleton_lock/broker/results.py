@@ -215,6 +215,17 @@ def release_at_end(
         release_or_warn(partial(store.release_nowait, entry=record), lease)
 
 
+def release_also_held(request: Context, context: TaskContext, leases: list[Lease]) -> None:
+    """What a run held besides its lease (a ``total_limit``'s slot), released as the run
+    ends, however it ends (a retry takes another when it runs); eagerly, waited for."""
+    store = context.store
+    for lease in leases:
+        if request.is_eager:
+            release_or_warn(store.release, lease)
+        else:
+            release_or_warn(store.release_nowait, lease)
+
+
 def store_started(task: Task, request: Context) -> None:
     """STARTED, as Celery's tracer would have stored it (same meta, same condition), by
     a singleton task once it holds its lease (``SingletonTask.on_bound`` says why)."""

@@ -1,4 +1,4 @@
-"""The options that limit a key's runs: ``limit=``, ``rate=`` (and its shape), ``max_pending=``."""
+"""The options that limit runs: ``limit=``, ``rate=``, ``max_pending=``, ``total_limit=``."""
 
 from __future__ import annotations
 
@@ -78,3 +78,21 @@ def max_pending_option(name: str, raw: Mapping[str, object], lock: str) -> int |
             "a key waiting already (add rate=... or limit=..., or drop max_pending)"
         )
     return cap
+
+
+def total_limit_option(name: str, raw: Mapping[str, object], limit: int | None) -> int | None:
+    """``total_limit=M`` next to ``limit=N``: at most M runs of the task at once across
+    all its keys."""
+    total = raw.get("total_limit")
+    if total is None:
+        return None
+    if isinstance(total, bool) or not isinstance(total, int) or not 1 <= total <= MAX_SLOTS:
+        raise ConfigurationError(
+            f"{name}: total_limit must be an int from 1 to {MAX_SLOTS}, got {total!r}"
+        )
+    if limit is None or limit < 2:
+        raise ConfigurationError(
+            f"{name}: total_limit={total} without limit=N (N >= 2): it caps the runs of "
+            "every key together, next to limit=N for each key; write limit=... with it"
+        )
+    return total

@@ -20,6 +20,7 @@ from ..modes import (
     RateSpec,
     Replace,
     Throttle,
+    Total,
     UntilExecuted,
     UntilExecuting,
     WhileExecuting,
@@ -28,7 +29,7 @@ from ..modes import (
 from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
 from .idempotency import Idempotency, idempotency_option, refused_by_mode
 from .incumbents import FOREIGN_OPTIONS, explain_unknown
-from .limits import limit_option, max_pending_option, rate_option
+from .limits import limit_option, max_pending_option, rate_option, total_limit_option
 
 OPTION_NAMES = (
     "key",
@@ -48,6 +49,7 @@ OPTION_NAMES = (
     "cost",
     "on_limited",
     "max_pending",
+    "total_limit",
     "terminate_on_cancel",
     "history",
     "idempotency",
@@ -79,6 +81,7 @@ class SingletonOptions:
     reopen_on: frozenset[str] = frozenset()
     rate: RateSpec | None = None  # runs started per key per period, across workers
     max_pending: int | None = None  # calls of a key waiting at once (with rate or limit)
+    total_limit: int | None = None  # runs of the task at once across keys (with limit)
     terminate_on_cancel: bool = False  # a cancelled run's prefork child is terminated
     history: bool | None = None  # keep each lock's history (None: the app's setting says)
     idempotency: Idempotency = field(default_factory=Idempotency)  # calls' idempotency keys
@@ -157,6 +160,7 @@ class SingletonOptions:
             reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
             rate=rate,
             max_pending=max_pending_option(name, raw, lock),
+            total_limit=total_limit_option(name, raw, limit),
             terminate_on_cancel=terminate,
             history=_history_option(name, raw.get("history")),
             idempotency=idempotency_option(name, raw.get("idempotency"), key, refused),
@@ -170,6 +174,8 @@ class SingletonOptions:
         )
         if isinstance(mode, Cancel):
             mode.terminate = self.terminate_on_cancel
+        if isinstance(mode, Limit) and self.total_limit is not None:
+            mode.total = Total(f"{self.key.name}#total", self.total_limit)
         mode.reopen_on = self.reopen_on
         return mode if self.rate is None else Rated(mode, self.rate)
 

@@ -3,7 +3,7 @@
 from .base import Mode, PublishHold, Start
 from .cancel import Cancel, cancel_options
 from .debounce import Debounce
-from .limit import Limit
+from .limit import Limit, Total
 from .rate import Rated, RateLimit, RateSpec
 from .replace import Replace, Replacement
 from .throttle import Throttle
@@ -24,6 +24,7 @@ __all__ = [
     "Replacement",
     "Start",
     "Throttle",
+    "Total",
     "UntilExecuted",
     "UntilExecuting",
     "WhileExecuting",

@@ -12,7 +12,7 @@ process). A mode is chosen once, when the task's options are checked
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from ..lease import Contended, Lease, LockStore, Slot, TakeOver, companion
@@ -97,6 +97,9 @@ class Start:
     store: LockStore
     entry: Record | None = None
     override: Override | None = None  # an operator's (``celery singleton limits set``)
+    # Leases the run holds besides its own (a ``total_limit`` slot): renewed and released
+    # with it.
+    held: list[Lease] = field(default_factory=list)
 
     def take_over(self, *, unless_replaced: str | None = None) -> TakeOver:
         """What of the key this message may take over: its own queued hold or reservation.
@@ -238,6 +241,11 @@ class Mode:
     def reopen(self, store: LockStore, request: object) -> None:
         """Free what still keeps the next call out after the run's own lease is gone
         (nothing here: the key is free once the run ends)."""
+
+    def also_held(self, name: str) -> list[str]:
+        """The locks a run of ``name`` may hold besides its own, each released apart when
+        its pool child dies (a ``total_limit``'s slots)."""
+        return []
 
     def running_names(self, name: str, override: Override | None = None) -> list[str]:
         """Every lock a run of ``name`` may hold (itself; a counting lease's slots, as

@@ -10,11 +10,19 @@
 An operator's override (``celery singleton limits set NAME --limit M``) replaces N for
 the next runs: a lowered limit lets runs above it finish, and starts none until fewer
 than M run.
+
+``total_limit=M`` (``Total``): a run holds a slot of the task's own counting lease too,
+taken after its key's slot (M for every key together): a run that would pass M meets
+``on_contention`` (``wait`` queues for the next free one, first come first served),
+having given its key's slot back. The task-wide slot is renewed and released with the
+run (``Start.held``), and a dead child's by its worker.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..lease import Contended, Lease, LockStore, TakeOver, companion, slot
@@ -24,12 +32,21 @@ if TYPE_CHECKING:
     from ..lease.limits.overrides import Override
 
 
+@dataclass(frozen=True)
+class Total:
+    """The task-wide counting lease of ``total_limit``: ``name``'s ``limit`` slots."""
+
+    name: str
+    limit: int
+
+
 class Limit(Mode):
     name = "limit"
     checks_dispatch = False
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, total: Total | None = None) -> None:
         self.limit = limit
+        self.total = total
 
     def take(self, start: Start) -> Lease | Contended:
         if start.role and start.role.startswith("slot"):
@@ -45,9 +62,23 @@ class Limit(Mode):
             if isinstance(own, Lease):
                 return own
         widest, cap = self.slots_of(start.override)
-        return start.store.slots.try_acquire(
+        outcome = start.store.slots.try_acquire(
             start.name, widest, start.ttl, token=start.token, entry=start.entry, cap=cap
         )
+        return self._within_total(start, outcome)
+
+    def _within_total(self, start: Start, outcome: Lease | Contended) -> Lease | Contended:
+        """The key's slot, and then one of the task's (``total_limit``): without one, the
+        key's slot is given back and the run is contended on the total."""
+        total = self.total
+        if total is None or not isinstance(outcome, Lease):
+            return outcome
+        gate = start.store.slots.try_acquire(total.name, total.limit, start.ttl, token=start.token)
+        if isinstance(gate, Lease):
+            start.held.append(gate)
+            return outcome
+        start.store.release(outcome)
+        return gate
 
     def limit_of(self, override: Override | None) -> int:
         """The limit in force: an operator's, else the code's."""
@@ -61,7 +92,8 @@ class Limit(Mode):
 
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         widest, cap = self.slots_of(start.override)
-        return waiting.slots.acquire(
+        began = time.monotonic()
+        lease = waiting.slots.acquire(
             start.name,
             widest,
             start.ttl,
@@ -70,6 +102,23 @@ class Limit(Mode):
             entry=start.entry,
             cap=cap,
         )
+        total = self.total
+        if total is None:
+            return lease
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - began))
+        try:  # in turn with every run of the task waiting for the total (first come, first served)
+            gate = waiting.slots.acquire(
+                total.name, total.limit, start.ttl, timeout=left, token=start.token
+            )
+        except BaseException:
+            start.store.release(lease)
+            raise
+        start.held.append(gate)
+        return lease
+
+    def also_held(self, name: str) -> list[str]:
+        total = self.total
+        return [] if total is None else [slot(total.name, n) for n in range(1, total.limit + 1)]
 
     def running_names(self, name: str, override: Override | None = None) -> list[str]:
         widest = max(self.limit, self.limit_of(override))

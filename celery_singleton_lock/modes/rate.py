@@ -340,6 +340,9 @@ class Rated(Mode):
     def running_names(self, name: str, override: Override | None = None) -> list[str]:
         return self.inner.running_names(name, override)
 
+    def also_held(self, name: str) -> list[str]:
+        return self.inner.also_held(name)
+
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)
 

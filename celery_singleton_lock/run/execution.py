@@ -101,6 +101,12 @@ class Execution:
         leave_place(self.delivery, self.lock_name)  # it runs: the next call may queue
         return lease
 
+    @property
+    def also_held(self) -> list[Lease]:
+        """What the run holds besides its lease (a ``total_limit``'s slot), once taken."""
+        start = getattr(self, "start", None)
+        return list(start.held) if start is not None else []
+
     def _handed(self) -> Lease | None:
         handed = self.handed
         if handed is not None and handed.fence is not None and handed.name == self.lock_name:
@@ -208,6 +214,8 @@ class Execution:
             hold.let_go()
         self.mode.running(outcome, self.start)
         self.store.renew(outcome)
+        for also in self.start.held:  # a total_limit's slot: renewed with the run
+            self.store.renew(also)
         return outcome
 
     def _unreachable(self, error: LockStoreUnavailableError) -> Lease:

@@ -144,10 +144,16 @@ class SingletonRequest(Request):  # type: ignore[misc]
             if result is ReleaseResult.RELEASED:
                 send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
                 return result
+        mode = task.singleton_options().mode
+        shape = (running_prefix(self.hostname, pid), f"|{self.id}")
+        # A total_limit's slot, whichever the child held (its lease's token's shape).
+        for name in mode.also_held(lock_name):
+            if store.release_matching(name, *shape) is ReleaseResult.RELEASED:
+                break
         # The key, or with limit=N whichever slot of it the child held.
         override = task.singleton_context.override(lock_name)  # a raised limit's slots
-        for name in task.singleton_options().mode.running_names(lock_name, override):
-            result = store.release_matching(name, running_prefix(self.hostname, pid), f"|{self.id}")
+        for name in mode.running_names(lock_name, override):
+            result = store.release_matching(name, *shape)
             if result is ReleaseResult.RELEASED:
                 send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
                 break

@@ -27,6 +27,7 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib import limits
+from celery_singleton_lock.lease import slot
 from celery_singleton_lock.lease.limits.backlog import backlog_of
 from celery_singleton_lock.lease.limits.overrides import REFRESH, Override, overrides_of
 
@@ -317,3 +318,35 @@ class TestBackpressure:
         assert len({r.id for r in first}) == 5
         with pytest.raises(ConfigurationError, match="max_pending=3 with lock='until_executed'"):
             singleton_task(app=app.app, shared=False, name="capless", max_pending=3)(lambda: None)
+
+
+class TestTotalLimit:
+    def test_fifty_keys_never_run_more_than_the_total_at_once(self, cenv: CeleryEnv) -> None:
+        app = cenv.app_module
+        worker = Worker(cenv.env, concurrency=8).start()
+        tag = uuid.uuid4().hex[:6]
+        try:
+            calls = [
+                app.export_total.apply_async((f"total-{tag}-{n}", 0.3), queue=worker.queue)
+                for n in range(50)
+            ]
+            for call in calls:
+                call.get(timeout=60)
+        finally:
+            worker.stop()
+        done = [r for r in runs(cenv) if str(r["item"]).startswith(f"total-{tag}-")]
+        assert len(done) == 50, "every key ran, once"
+        most = concurrency(done)
+        print(f"\n50 keys, limit=2, total_limit=3, 8 children: at most {most} at once")
+        assert most <= 3
+        assert most == 3, "the total is used, not just kept"
+        # Every slot of the total was given back.
+        store = LockStores.for_app(app.app).lock
+        total = "tests.support.celery_app.export_total#total"
+        assert all(store.holder(slot(total, n)) is None for n in range(1, 4))
+
+    def test_total_limit_needs_a_limit(self, cenv: CeleryEnv) -> None:
+        with pytest.raises(ConfigurationError, match="total_limit=3 without limit=N"):
+            singleton_task(app=cenv.app_module.app, shared=False, name="t", total_limit=3)(
+                lambda: None
+            )

@@ -427,6 +427,19 @@ def export(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> o
     return _work(self, item, seconds, mode)
 
 
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    limit=2,
+    total_limit=3,
+    on_contention=wait(timeout=60),
+)
+def export_total(self: Any, item: object, seconds: float = 0.0) -> object:
+    """Two at once per item, three at once for every item together; the rest wait."""
+    return _work(self, item, seconds, "ok")
+
+
 @singleton_task(app=app, bind=True, key=["item"], limit=3, on_contention=wait(timeout=30))
 def export_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
     """limit=3 whose fourth execution waits for a slot (push wake-up, first come first served)."""
