@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 import threading
 import time
 import uuid
@@ -35,7 +37,7 @@ from ..conftest import CeleryEnv
 from ..support.cli import cli
 from ..support.modes import concurrency, of
 from ..support.rates import check_rate, closest_slots, rated_runs
-from ..support.runs import runs, wait_for
+from ..support.runs import runs, started, wait_for
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 from .test_celery_eager import eager_app
@@ -344,6 +346,21 @@ class TestTotalLimit:
         store = LockStores.for_app(app.app).lock
         total = "tests.support.celery_app.export_total#total"
         assert all(store.holder(slot(total, n)) is None for n in range(1, 4))
+
+    def test_a_killed_child_gives_its_slot_of_the_total_back_within_a_second(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        app.export_total.apply_async((f"killed-{tag}", 30.0), queue=worker.queue)
+        [first] = wait_for(
+            lambda: [r for r in started(cenv) if r["item"] == f"killed-{tag}"], what="start"
+        )
+        store = LockStores.for_app(app.app).lock
+        total = "tests.support.celery_app.export_total#total"
+        held = [slot(total, n) for n in range(1, 4) if store.holder(slot(total, n))]
+        assert len(held) == 1, "the run holds one slot of the total"
+        os.kill(first["pid"], signal.SIGKILL)
+        wait_for(lambda: store.holder(held[0]) is None, 1.0, "the total's slot within 1 s")
 
     def test_total_limit_needs_a_limit(self, cenv: CeleryEnv) -> None:
         with pytest.raises(ConfigurationError, match="total_limit=3 without limit=N"):
