@@ -86,7 +86,10 @@ class Override:
         began, ended = self.paused_at, self.resumed_at
         if began is None or ended is None or reserved_at >= ended or at <= began:
             return at
-        return at + ended + RECHECK - began
+        # In whole microseconds, as the rate's script moves the schedule (``rates.ask``):
+        # a slot and the schedule after it stay exactly one interval apart.
+        length = round((ended + RECHECK) * 1e6) - round(began * 1e6)
+        return (round(at * 1e6) + length) / 1e6
 
     def describe(self) -> str:
         """What it changes, as ``limits list`` shows it: ``rate 10/m, 500/d; paused``."""
