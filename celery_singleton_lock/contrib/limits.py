@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import getpass
 import socket
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from celery import Celery
@@ -24,6 +23,7 @@ from ..lease import append_history
 from ..lease.history import Record
 from ..lease.limits.overrides import Override, changed, overrides_of
 from ..lease.limits.rates import Rate, parse_rate
+from ..modes.rate import rate_forms
 from ..signals import limits_changed
 from ..signals import send as send_signal
 from .locks import TaskNames
@@ -189,10 +189,7 @@ def _rates(
 ) -> tuple[Rate, ...]:
     """The rates given, each with ``burst`` or the code's burst of the limit in its
     place; a burst below what the code charges a call there could let no call start."""
-    several = isinstance(rate, list | tuple) and not (
-        len(rate) == 2 and isinstance(rate[0], int | float)
-    )
-    forms: Sequence[object] = rate if several else [rate]  # type: ignore[assignment]
+    forms = rate_forms(rate)
     specs = [opts.rate for opts in tasks.values() if opts.rate is not None]
     out = []
     for place, form in enumerate(forms):

@@ -101,15 +101,19 @@ def cost_option(cost: object, what: str, *rates: Rate) -> Cost | None:
 def rate_limits(value: object, burst: object, what: str) -> tuple[RateLimit, ...]:
     """A ``rate=`` (or a plan's answer): one rate in any of ``parse_rate``'s forms, a
     ``RateLimit``, or a list of them; a bare rate takes ``burst``."""
-    if isinstance(value, list) or (isinstance(value, tuple) and not _one_rate(value)):
-        items: Sequence[object] = value
-    else:
-        items = [value]
+    items = rate_forms(value)
     if not items:
         raise ConfigurationError(f"{what}=[]: give at least one rate, e.g. '100/m'")
     return tuple(
         item if isinstance(item, RateLimit) else _bare(item, burst, what) for item in items
     )
+
+
+def rate_forms(value: object) -> Sequence[object]:
+    """The rates a ``rate=`` names, in order: a list (or a tuple of them), or one."""
+    if isinstance(value, list) or (isinstance(value, tuple) and not _one_rate(value)):
+        return value
+    return [value]
 
 
 def _one_rate(value: tuple[object, ...]) -> bool:
@@ -164,12 +168,9 @@ class RateSpec:
 
     @property
     def costs(self) -> bool:
-        """Whether a call may cost other than one unit (checked at dispatch then)."""
-        return (
-            self.cost is not None
-            or any(limit.cost is not None for limit in self.limits or ())
-            or self.plan is not None
-        )
+        """Whether a call may cost other than one unit (checked at dispatch then; a
+        plan's own costs are known only when it is asked, at execution)."""
+        return self.cost is not None or any(limit.cost is not None for limit in self.limits or ())
 
     def limits_of(
         self, name: str, args: Sequence[object], kwargs: Mapping[str, object]
