@@ -354,6 +354,54 @@ class TestTotalLimit:
         total = "tests.support.celery_app.export_total#total"
         assert all(store.holder(slot(total, n)) is None for n in range(1, 4))
 
+    @pytest.mark.parametrize(("pool", "children"), [("prefork", 8), ("gevent", 8)])
+    def test_runs_waiting_for_the_total_start_in_the_order_they_came(
+        self, cenv: CeleryEnv, pool: str, children: int
+    ) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        worker = Worker(cenv.env, concurrency=children, pool=pool).start()
+        lock_server = cenv.lock_client()
+
+        def waiting() -> int:  # the runs blocked on a wake-up of the total (BLPOP)
+            return sum(1 for c in lock_server.client_list() if c["cmd"] == "blpop")
+
+        def of_this_test(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [r for r in records if f"-{tag}-" in str(r["item"])]
+
+        def first_start(items: list[str]) -> str | None:
+            found = [r["item"] for r in started(cenv) if r["item"] in items]
+            return found[0] if found else None
+
+        try:
+            # Three runs of three keys fill the total, each until its own go-key is set.
+            for n in range(3):
+                app.export_total.apply_async(
+                    (f"long-{tag}-{n}", 0.0, f"go-long-{tag}-{n}"), queue=worker.queue
+                )
+            wait_for(lambda: len(of_this_test(started(cenv))) == 3, 30, "the total full")
+            # Four more keys, one after the other: each waits for a slot of the total.
+            waiters = [f"late-{tag}-{n}" for n in range(4)]
+            for n, item in enumerate(waiters):
+                app.export_total.apply_async((item, 0.0, f"go-{item}"), queue=worker.queue)
+                wait_for(lambda n=n: waiting() == n + 1, 30, f"{n + 1} runs waiting")
+            # Each slot given back goes to the run that has waited longest.
+            checker = cenv.checker_client()
+            order: list[str] = []
+            left = list(waiters)
+            for freed in [f"long-{tag}-0", f"long-{tag}-1", f"long-{tag}-2", waiters[0]]:
+                checker.set(f"go-{freed}", 1)
+                order.append(wait_for(lambda: first_start(left), 30, "the next start"))
+                left.remove(order[-1])
+            assert order == waiters, f"started {order}, called {waiters}"
+            for item in waiters[1:]:
+                checker.set(f"go-{item}", 1)
+            wait_for(lambda: len(of_this_test(runs(cenv))) == 7, 30, "all seven done")
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
+        finally:
+            worker.stop()
+
     def test_a_killed_child_gives_its_slot_of_the_total_back_within_a_second(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:

@@ -20,6 +20,7 @@ import redis
 
 from celery_singleton_lock import (
     AsyncRedisLock,
+    BackpressureError,
     ConfigurationError,
     Contended,
     Lease,
@@ -37,6 +38,7 @@ from celery_singleton_lock.lease.limits.overrides import Override, overrides_of
 
 from ..conftest import CeleryEnv
 from ..support.apps import app_with, lock_url
+from ..support.modes import concurrency
 from ..support.rates import check_rate, rated_runs
 from ..support.redlock import held
 from ..support.runs import assert_no_overlap, runs, wait_for
@@ -288,6 +290,32 @@ def test_celery_end_to_end_on_a_cluster(cluster_env: CeleryEnv, cluster: Cluster
             "every lock released",
         )
         client.close()
+    finally:
+        worker.stop()
+
+
+def test_a_total_and_a_cap_on_waiting_calls_across_masters(
+    cluster_env: CeleryEnv, cluster: Cluster
+) -> None:
+    app = cluster_env.app_module
+    worker = Worker(cluster_env.env, concurrency=6, extra_env={"CSL_LOCK_URL": cluster.url})
+    worker.start()
+    try:
+        # 12 keys on every master, one total in a slot of its own: never more than 3 at once.
+        calls = [
+            app.export_total.apply_async((f"ct-{n}", 0.3), queue=worker.queue) for n in range(12)
+        ]
+        assert sorted(c.get(timeout=60) for c in calls) == sorted(f"ct-{n}" for n in range(12))
+        done = [r for r in runs(cluster_env) if str(r["item"]).startswith("ct-")]
+        assert len(done) == 12
+        assert concurrency(done) == 3
+        # At most 5 calls of a key waiting, counted in the key's slot; the sixth is refused.
+        parked = "parked-on-the-cluster"
+        for n in range(5):
+            app.capped.apply_async(("cp", n), queue=parked)
+        with pytest.raises(BackpressureError, match="max_pending=5"):
+            app.capped.apply_async(("cp", 5), queue=parked)
+        cluster_env.broker.client().delete(parked)
     finally:
         worker.stop()
 

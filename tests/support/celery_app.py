@@ -435,9 +435,18 @@ def export(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> o
     total_limit=3,
     on_contention=wait(timeout=60),
 )
-def export_total(self: Any, item: object, seconds: float = 0.0) -> object:
-    """Two at once per item, three at once for every item together; the rest wait."""
-    return _work(self, item, seconds, "ok")
+def export_total(self: Any, item: object, seconds: float = 0.0, until: str = "") -> object:
+    """Two at once per item, three at once for every item together; the rest wait.
+
+    ``until``: run on until the checker has that key (so a test frees slots one by one).
+    """
+    started = _begin(self, item)
+    deadline = time.monotonic() + 60.0
+    while until and not checker().exists(until) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(seconds)
+    _record(self, item, started)
+    return item
 
 
 @singleton_task(app=app, bind=True, key=["item"], limit=3, on_contention=wait(timeout=30))
