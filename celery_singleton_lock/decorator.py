@@ -54,6 +54,12 @@ def singleton_task(
     singleton = {name: options.pop(name) for name in OPTION_NAMES if name in options}
 
     def decorate(fun: Callable[..., object]) -> SingletonTask:
+        if not (inspect.isfunction(fun) or inspect.ismethod(fun)):
+            raise ConfigurationError(
+                f"singleton_task decorates a function (def ...), got {fun!r}; write "
+                "@singleton_task(key=[...]) above a def (a class-based task subclasses "
+                "SingletonTask)"
+            )
         if inspect.iscoroutinefunction(fun):
             raise ConfigurationError(f"{fun.__qualname__}: Celery tasks cannot be async def")
         # Validate before Celery sees the task: Celery registers shared tasks for every

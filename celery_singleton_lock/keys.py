@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import string
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import date, datetime, time
@@ -31,6 +30,7 @@ from decimal import Decimal
 from typing import Any, TypeAlias
 
 from .exceptions import ArgumentsMismatchError, ConfigurationError, KeyDerivationError
+from .keyformat import FormatKey
 from .lease.names import ROLE_MARK
 
 KeyOption: TypeAlias = "str | Sequence[str] | Callable[..., str] | None"
@@ -38,11 +38,6 @@ KeyOption: TypeAlias = "str | Sequence[str] | Callable[..., str] | None"
 # Keep lock names short whatever the arguments: readable part + fixed-length digest.
 MAX_READABLE = 128
 MAX_FORMATTED = 200
-
-# Values a format-string key may interpolate: their str() survives the JSON trip
-# unchanged. A list's str() would not ("(1, 2)" at the sender, "[1, 2]" at the worker).
-_FORMAT_SCALARS = (str, int, float, Decimal, uuid.UUID, datetime, date, time, bytes, type(None))
-
 
 # One encoder for every call: json.dumps builds a new one whenever options are given.
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True)
@@ -128,12 +123,6 @@ class _Bound:
         self.arguments = arguments
 
 
-def _root_field(field: str) -> str:
-    for separator in (".", "["):
-        field = field.split(separator, 1)[0]
-    return field
-
-
 class KeySpec:
     """How one task turns a call's arguments into a lock name. Validated when built."""
 
@@ -171,6 +160,7 @@ class KeySpec:
         if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params):
             self._plain = tuple((p.name, p.default) for p in params)
         self._fields: tuple[str, ...] = ()
+        self._format: FormatKey | None = None
         if callable(key):
             self._check_callable(key)
             self.key = key
@@ -178,7 +168,10 @@ class KeySpec:
         if key is None:
             return
         if isinstance(key, str):
-            self._fields = self._format_fields(key)
+            annotations = {p.name: p.annotation for p in params}
+            self._format = FormatKey(name, key, self._param_names, annotations)
+            self._check_known(list(self._format.names), f"key {key!r}")
+            self._fields = self._format.names
             self.key = key
         elif isinstance(key, Sequence) and all(isinstance(k, str) for k in key):
             names = [str(k) for k in key]
@@ -217,43 +210,6 @@ class KeySpec:
                 f"{self.name}: {what} names {unknown} which are not parameters of the task; "
                 f"its parameters are {sorted(self._param_names)}"
             )
-
-    def _format_fields(self, template: str) -> tuple[str, ...]:
-        try:
-            parsed = list(string.Formatter().parse(template))
-        except ValueError as error:
-            raise ConfigurationError(f"{self.name}: bad key format {template!r}: {error}") from None
-        if not template:
-            raise ConfigurationError(f"{self.name}: key must not be an empty string")
-        written = [f for _, f, _, _ in parsed if f is not None]
-        if not written and template in self._param_names:
-            raise ConfigurationError(
-                f"{self.name}: key={template!r} has no {{}} so it is one constant lock name "
-                f"shared by every call; did you mean key=[{template!r}] or "
-                f"key='{template.removesuffix('_id')}:{{{template}}}'? (One lock for every "
-                f"call on purpose: a name that is not a parameter, e.g. key='{self.name}', "
-                "or key=lambda **_: '<name>')"
-            )
-        nested = [
-            f"{{{f}}}"
-            for _, f, spec, _ in parsed
-            if f is not None and (_root_field(f) != f or "{" in (spec or ""))
-        ]
-        if nested:
-            raise ConfigurationError(
-                f"{self.name}: key {template!r} uses attribute access, indexing or nested "
-                f"fields ({', '.join(nested)}); a format key interpolates whole parameters. "
-                "Use a callable for more, e.g. key=lambda order, **_: f'order:{order[\"id\"]}'"
-            )
-        fields = [_root_field(f) for f in written]
-        positional = [f for f in fields if f == "" or f.isdigit()]
-        if positional:
-            raise ConfigurationError(
-                f"{self.name}: key {template!r} uses positional fields; name the parameters, "
-                "e.g. 'request:{request_idx}'"
-            )
-        self._check_known(fields, f"key {template!r}")
-        return tuple(dict.fromkeys(fields))
 
     def _bind(
         self, args: Sequence[object], kwargs: Mapping[str, object]
@@ -303,8 +259,9 @@ class KeySpec:
         key = self.key
         if callable(key):
             return self._named(self._call(key, bound), f"key callable {key!r}")
-        if isinstance(key, str):
-            return self._formatted(key, bound)
+        if self._format is not None:
+            values = {field: self._lookup(bound, field) for field in self._fields}
+            return self._named(self._format.render(values), f"key {key!r}")
         if key is None:
             selected = dict(bound.arguments)
         else:
@@ -351,20 +308,6 @@ class KeySpec:
         """The call's arguments gathered by the task's ``**kwargs``, if it takes them."""
         extra = bound.arguments.get(self._var_keyword or "")
         return extra if isinstance(extra, Mapping) else {}
-
-    def _formatted(self, template: str, bound: _Bound | inspect.BoundArguments) -> str:
-        values: dict[str, object] = {}
-        for field in self._fields:
-            value = self._lookup(bound, field)
-            if not isinstance(value, _FORMAT_SCALARS):
-                raise KeyDerivationError(
-                    f"{self.name}: key {template!r} interpolates {field!r}, a "
-                    f"{type(value).__name__}; a format key takes scalar arguments (str, int, "
-                    "UUID, ...). Use key=[...] or a callable for containers",
-                    param=field,
-                )
-            values[field] = value
-        return self._named(template.format_map(values), f"key {template!r}")
 
     def _named(self, name: object, what: str) -> str:
         if not isinstance(name, str) or not name:

@@ -131,6 +131,7 @@ class SingletonOptions:
                     "throttle=... alone, or a lock scope without throttle"
                 )
         on_duplicate = on_duplicate_option(raw.get("on_duplicate", "return"))
+        _check_dispatch_answer(name, raw, lock)
         if debounce is not None:
             on_duplicate = "replace"  # the latest arguments of a burst win
         terminate = cancel_options(name, raw, on_duplicate)
@@ -309,6 +310,22 @@ def _debounce(name: str, raw: Mapping[str, object]) -> tuple[float | None, float
             f"drop {', '.join(clashes)}"
         )
     return debounce, max_wait
+
+
+def _check_dispatch_answer(name: str, raw: Mapping[str, object], lock: str) -> None:
+    """``on_duplicate`` answers a duplicate at dispatch: ``lock='while_executing'`` sends
+    every call, so an answer given there would never be used (replace and cancel say
+    so themselves)."""
+    answer = raw.get("on_duplicate")
+    if lock != "while_executing" or answer is None or answer in ("replace", "cancel"):
+        return
+    given = "dedupe=False" if "lock" not in raw else "lock='while_executing'"
+    raise ConfigurationError(
+        f"{name}: on_duplicate={answer!r} with {given}: this lock scope checks nothing at "
+        "dispatch (every call is sent; a copy meets on_contention when it runs), so "
+        f"on_duplicate={answer!r} would never apply; drop on_duplicate, or use the default "
+        "lock='until_executed' (or lock='until_executing') to answer a duplicate at dispatch"
+    )
 
 
 def _lock_scope(name: str, raw: Mapping[str, object]) -> str:

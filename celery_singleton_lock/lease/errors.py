@@ -14,6 +14,9 @@ from redis.exceptions import ClusterError, RedisClusterException
 
 from ..exceptions import LockStoreConfigurationError, LockStoreUnavailableError, SingletonLockError
 
+# A standalone server's answer to SELECT past its last database.
+OUT_OF_RANGE = "DB index is out of range"
+
 # What a server's refusal means, by its error code or text: what to change, or None
 # for a transient state that ends by itself (a failover or a reload in progress).
 _REPLY_HINTS: tuple[tuple[tuple[str, ...], str | None], ...] = (
@@ -23,8 +26,14 @@ _REPLY_HINTS: tuple[tuple[tuple[str, ...], str | None], ...] = (
         "redis+cluster:// URL (or singleton_lock_client returning a RedisCluster)",
     ),
     (
-        ("SELECT is not allowed", "DB index is out of range"),
+        ("SELECT is not allowed",),
         "a cluster has only database 0: drop the /N database number from the URL",
+    ),
+    (
+        (OUT_OF_RANGE,),
+        "the server has no database of the URL's /N: a server has as many as its "
+        "`databases` setting (16 unless configured), numbered from 0; write a number "
+        "below that, or raise `databases` in the server's configuration",
     ),
     (
         ("READONLY",),
@@ -122,10 +131,21 @@ def _hint(error: Exception) -> str | None:
 
 
 def store_error(
-    error: Exception, *, where: str, name: str | None = None, key: str | None = None
+    error: Exception,
+    *,
+    where: str,
+    name: str | None = None,
+    key: str | None = None,
+    databases: int | None = None,
 ) -> SingletonLockError:
-    """The error to raise for ``error`` from the lock store at ``where``."""
+    """The error to raise for ``error`` from the lock store at ``where`` (``databases``:
+    how many the server has, when a database number was out of range)."""
     hint = _hint(error)
+    if databases is not None and OUT_OF_RANGE in str(error):
+        hint = (
+            f"the server has {databases} databases, 0 to {databases - 1}: write one of "
+            "those as the URL's /N, or raise `databases` in the server's configuration"
+        )
     if hint is None:
         return LockStoreUnavailableError(
             f"the lock store at {where} is unreachable ({type(error).__name__}: {error})",

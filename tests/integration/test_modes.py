@@ -77,6 +77,11 @@ class TestOptions:
             ({"limit": 3, "dedupe": True}, r"limit=3 with dedupe=True"),
             ({"on_duplicate": "replace", "dedupe": False}, r"replace' with lock='while_exec"),
             ({"on_duplicate": "replace", "throttle": 5}, r"replace' with throttle"),
+            (
+                {"lock": "while_executing", "on_duplicate": "raise"},
+                r"on_duplicate='raise' with lock='while_executing': .* checks nothing at dispatch",
+            ),
+            ({"dedupe": False, "on_duplicate": "return"}, r"'return' with dedupe=False"),
             ({"on_duplicate": "newest"}, r"on_duplicate='newest' is not supported"),
             ({"debounce": 5, "throttle": 5}, r"debounce with throttle"),
             ({"debounce": 5, "lock": "until_executed"}, r"debounce with lock"),
@@ -106,6 +111,11 @@ class TestOptions:
     def test_contradictions_fail_at_decoration(self, options: dict[str, Any], says: str) -> None:
         with pytest.raises(ConfigurationError, match=says):
             define(**options)
+
+    @pytest.mark.parametrize("what", ["not a function", None, type("Plain", (), {}), 3])
+    def test_the_decorator_takes_a_function_and_says_so(self, what: Any) -> None:
+        with pytest.raises(ConfigurationError, match="singleton_task decorates a function"):
+            singleton_task(key=["item"])(what)
 
     def test_rate(self) -> None:
         opts = define(rate="100/5m", burst=3).singleton_options()

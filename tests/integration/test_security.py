@@ -137,6 +137,17 @@ class TestAuth:
         assert caught.value.name == "job"
         assert caught.value.key == lock.keys("job").lock
 
+    def test_a_database_past_the_server_s_last_says_how_many_it_has(
+        self, password_server: RedisServer
+    ) -> None:
+        url = password_server.url.removesuffix("/0") + "/999"
+        with pytest.raises(
+            LockStoreConfigurationError, match="has 16 databases, 0 to 15"
+        ) as caught:
+            RedisLock.from_url(url).try_acquire("job", ttl=1)
+        assert "cluster" not in str(caught.value), "no Cluster to blame on a standalone server"
+        assert password_server.password not in str(caught.value)
+
 
 def test_the_settings_object_never_shows_a_password() -> None:
     """Error reporters print frame locals: the settings' repr hides every password."""

@@ -186,6 +186,27 @@ class TestSubsets:
             spec.derive(([1, 2],))
         assert caught.value.param == "request_idx"
 
+    def test_a_format_spec_is_checked_against_the_parameter_s_type(self) -> None:
+        def dated(when: datetime, n: int) -> None: ...
+
+        assert KeySpec(dated, name="d", key="run:{when:%Y}").derive((datetime(2024, 5, 1), 1)) == (
+            "run:2024"
+        )
+        assert KeySpec(dated, name="d", key="n:{n:05d}").derive((None, 7)) == "n:00007"
+        # An int never renders as %Y: said when the task is declared.
+        with pytest.raises(
+            ConfigurationError, match=r"writes \{n:%Y\}, which cannot render its int"
+        ):
+            KeySpec(dated, name="d", key="n:{n:%Y}")
+
+    def test_a_value_its_format_spec_cannot_write_names_the_key_and_the_value(self) -> None:
+        spec = KeySpec(anything, name="a", key="run:{when:%Y}")
+        with pytest.raises(
+            KeyDerivationError, match=r"cannot write when=5 as \{when:%Y\}"
+        ) as caught:
+            spec.derive((), {"when": 5})
+        assert caught.value.param == "when"
+
     def test_format_string_with_huge_values_stays_short(self) -> None:
         spec = KeySpec(process_request, name="p", key="request:{request_idx}")
         key = spec.derive(("x" * 10_000,))

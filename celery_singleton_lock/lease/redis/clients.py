@@ -31,7 +31,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from ...exceptions import ConfigurationError, LockStoreUnavailableError
 from .urls import (
@@ -308,3 +308,26 @@ def eviction_policy(client: SyncClient) -> str | None:
     if value is None:
         return None
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def database_count(client: object) -> int | None:
+    """How many databases a standalone server has (``CONFIG GET databases``, asked on
+    database 0: the client's own may not exist); None if it cannot be asked."""
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(pool, redis.ConnectionPool) or isinstance(pool, SentinelConnectionPool):
+        return None  # a cluster has database 0 only; a sentinel's pool finds its master
+    kwargs = {**pool.connection_kwargs, "db": 0}
+    probe = redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    )
+    try:
+        found: object = probe.config_get("databases")
+    except (redis.RedisError, OSError):
+        return None
+    finally:
+        probe.close()
+    value = found.get("databases") or found.get(b"databases") if isinstance(found, dict) else None
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None

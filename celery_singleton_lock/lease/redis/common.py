@@ -19,14 +19,14 @@ from redis.exceptions import RedisClusterException
 from ..._time import full_jitter, to_seconds, ttl_to_ms
 from ...exceptions import ConfigurationError
 from ..clock import SYSTEM_CLOCK, Clock
-from ..errors import store_error
+from ..errors import OUT_OF_RANGE, store_error
 from ..lease import YIELDED, Lease, LostCallback, valid_until
 from ..names import DEFAULT_PREFIX, LockKeys, new_token, validate_name, validate_prefix
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
 from ..takeover import TakeOver, WaitMode
 from . import scripts
 from .calls import Arg, Response
-from .clients import Client, describe, socket_timeout_of
+from .clients import Client, database_count, describe, is_async, socket_timeout_of
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,10 @@ class LockBase(Generic[ClientT, ScriptT]):
     def unavailable(self, error: Exception, name: str | None = None) -> NoReturn:
         """Raise what ``error`` means: the store is unreachable, or set up wrongly."""
         key = None if name is None else self.keys(name).lock
-        raise store_error(error, where=self.where, name=name, key=key) from error
+        count = None
+        if OUT_OF_RANGE in str(error) and not is_async(self.client):
+            count = database_count(self.client)  # (an asyncio client's error says less)
+        raise store_error(error, where=self.where, name=name, key=key, databases=count) from error
 
     def ttl_ms(self, ttl: object) -> int:
         """``ttl`` in milliseconds, refused if too long unless this store allows it."""
