@@ -25,6 +25,7 @@ from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from . import sweeper
 from .childwatch import child_watch
 from .reservations import reservations
+from .revokes import revoked_windows
 from .setupchecks import check_the_ride, check_worker_setup, refuse_bad_settings
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
     timer = getattr(sender, "timer", None)
     if timer is not None:
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)
+        timer.call_repeatedly(REVOKE_CHECK_INTERVAL, revoked_windows.reopen_revoked)
         # prefork's event loop restores dead workers' unacked messages on a timer; the
         # other pools only when idle (broker/restore.py).
         # The sender is the worker's consumer: its hub is the event loop (None without one).
@@ -138,6 +140,7 @@ def _release_revoked(
         return
     store = sender.singleton_context.store
     lock_name, token = header(request, NAME_HEADER), header(request, TOKEN_HEADER)
+    revoked_windows.forget(request.id)
     try:
         # An expired message did no work either: a revoke for reopen_on.
         sender.singleton_options().mode.ended("revoked", store, request)

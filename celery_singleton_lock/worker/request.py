@@ -37,6 +37,7 @@ from ..tokens import (
 )
 from .childwatch import child_watch, kill_and_wait
 from .reservations import reservations
+from .revokes import revoked_windows
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,10 @@ class SingletonRequest(Request):  # type: ignore[misc]
             # The message's headers as Celery copied them (not ``_context``, a Context
             # Celery would build per message here only for this).
             headers = self.request_dict
-            reservations.take(self.task.singleton_context, self.id, self.hostname, headers)
+            context = self.task.singleton_context
+            reservations.take(context, self.id, self.hostname, headers)
+            mode = self.task.singleton_options().mode
+            revoked_windows.watch(self.id, headers, mode, context.store)
             headers[LEASE_HEADER] = Handoff(self.id)
 
     def on_accepted(self, pid: int, time_accepted: float) -> object:
@@ -106,6 +110,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
             if isinstance(handoff, Handoff):
                 handoff.resolve()
             reservations.drop(self.id, release=False)
+            revoked_windows.forget(self.id)
         return result
 
     def terminate(self, pool: object, signal: int | str | None = None) -> None:

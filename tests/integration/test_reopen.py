@@ -61,12 +61,14 @@ class TestThrottle:
             3,
             "the window given back after terminate",
         )
-        # Revoked before it ran (an ETA message, dropped by the worker at its ETA).
-        eta = app.throttled_reopen.apply_async(("eta",), queue=q, countdown=1.5)
+        # Revoked before it ran, as the worker holds it for its ETA: given back as the
+        # revoke arrives, not 30 s later when Celery drops the message.
+        eta = app.throttled_reopen.apply_async(("eta",), queue=q, countdown=30)
+        wait_for(lambda: f"[{eta.id}] received" in worker.output(), 20, "the ETA message held")
         app.app.control.revoke(eta.id)
         wait_for(
             lambda: app.throttled_reopen.apply_async(("eta",), queue=q).id != eta.id,
-            6,
+            3,
             "the window given back after revoke",
         )
         assert not [r for r in runs(cenv) if r["id"] in (running.id, eta.id)]
