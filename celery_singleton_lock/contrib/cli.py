@@ -72,6 +72,11 @@ def _command(name: str) -> Callable[[Callable[..., object]], click.Command]:
     type=click.IntRange(min=1),
     help="Keys read per round trip.",
 )
+@click.option(
+    "--store-only",
+    is_flag=True,
+    help="Only what the store says: ask no worker which runs have started.",
+)
 @click.pass_context
 @preload
 def list_locks(
@@ -84,12 +89,15 @@ def list_locks(
     as_json: bool,
     keys: bool,
     batch: int,
+    store_only: bool,
     **_: object,
 ) -> None:
-    """Every lock under the prefix (what the store says; no worker is asked).
+    """Every lock under the prefix, and which runs have started (the workers holding a
+    running lease are asked once, as show does; --store-only asks none).
 
-    States: queued (message in the broker), reserved (a worker has it, not started),
-    running, throttled (a throttle window), limited (a rate's schedule: the runs that
+    States: queued (message in the broker), reserved (a worker has it, not started:
+    prefetched, waiting for its ETA or for the key), running (PID: the pool child's),
+    throttled (a throttle window), limited (a rate's schedule: the runs that
     may start now and when the next may), held (a value this library did not write).
     A limit=N key shows one row per slot held. With --idempotency: the idempotency
     keys (accepted, running, succeeded, failed) and the calls they are bound to.
@@ -110,9 +118,12 @@ def list_locks(
             and (min_age is None or (row.age is not None and row.age >= min_age))
         )
 
+    found = locks.rows(batch)
+    if not store_only:
+        found = map(Liveness(locks.app).as_seen, found)
     shown = 0
     counts: dict[str, int] = {}
-    for row in filter(wanted, locks.rows(batch)):
+    for row in filter(wanted, found):
         if as_json:
             click.echo(("[" if not shown else ",") + json.dumps(row.as_json()))
         else:
@@ -172,6 +183,7 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
     bases = {row.base_name for row in family}
     liveness = Liveness(locks.app)
     liveness.prepare(family)
+    family = [liveness.as_seen(row) for row in family]
     for base in sorted(bases):
         members = [row for row in family if row.base_name == base]
         task = locks.app.tasks.get(members[0].task) if members[0].task else None

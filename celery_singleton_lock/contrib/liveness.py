@@ -1,5 +1,5 @@
-"""Whether a lock's holder is still alive: worker pings and task lists, and queued
-messages looked for in the broker without consuming them.
+"""Whether a lock's holder is still alive, and whether its run has started: worker pings
+and task lists, and queued messages looked for in the broker without consuming them.
 
 - A reservation or running lease names its worker: alive while that worker answers a
   ping and still lists the task as active, reserved or scheduled.
@@ -16,8 +16,10 @@ messages looked for in the broker without consuming them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+from kombu.exceptions import OperationalError
 
 from ..broker import layout
 from .locks import LockRow
@@ -26,6 +28,10 @@ if TYPE_CHECKING:
     from celery import Celery
     from kombu.connection import Connection
     from kombu.transport.redis import Channel as RedisChannel
+
+
+# What ``inspect active`` lists: the runs in progress.
+ACTIVE = "active"
 
 
 @dataclass
@@ -43,6 +49,8 @@ class Liveness:
     _tasks: dict[str, set[str]] = field(default_factory=dict)
     # Where a worker has each task: active (started), reserved or scheduled (not yet).
     _where: dict[str, str] = field(default_factory=dict)
+    # The pool child running each active task (Celery's worker_pid).
+    _pids: dict[str, int] = field(default_factory=dict)
     _in_broker: dict[str, str] = field(default_factory=dict)
     _searched: set[str] = field(default_factory=set)
     _broker_note: str | None = None
@@ -80,6 +88,25 @@ class Liveness:
             return Verdict(None, self._broker_note)
         return Verdict(False, "its message is in no queue and no worker has it")
 
+    def as_seen(self, row: LockRow) -> LockRow:
+        """``row`` as its worker tells it (asked once, at the first running row): a
+        running lease whose run the worker has not started (taken as the message
+        arrived; the task is reserved or scheduled there) shows as ``reserved``, and a
+        run in progress names its pool child's pid. Unchanged when the worker does not
+        answer or no longer has the task (``orphans`` says which)."""
+        if row.state != "running" or row.worker is None or row.task_id is None:
+            return row
+        try:
+            alive, tasks = self._workers()
+        except (OSError, OperationalError):  # no broker to ask through: the store's word
+            self._alive = set()
+            return row
+        if row.worker not in alive or row.task_id not in tasks.get(row.worker, set()):
+            return row
+        if self._where.get(row.task_id) == ACTIVE:
+            return replace(row, pid=self._pids.get(row.task_id, row.pid))
+        return replace(row, state="reserved")
+
     # -- workers -----------------------------------------------------------------------
 
     def _workers(self) -> tuple[set[str], dict[str, set[str]]]:
@@ -93,6 +120,7 @@ class Liveness:
         self._alive = {name for reply in replies for name in reply}
         self._tasks = {}
         self._where = {}
+        self._pids = {}
         if not self._alive:
             return
         # Every worker asked answered the ping: the replies end as soon as all are in.
@@ -100,7 +128,7 @@ class Liveness:
             destination=sorted(self._alive), timeout=self.timeout, limit=len(self._alive)
         )
         listings = {
-            "active": inspect.active(),
+            ACTIVE: inspect.active(),
             "reserved (not started)": inspect.reserved(),
             "scheduled (waiting for its ETA)": inspect.scheduled(),
         }
@@ -112,6 +140,8 @@ class Liveness:
                     if request.get("id"):
                         ids.add(request["id"])
                         self._where.setdefault(request["id"], where)
+                    if where == ACTIVE and isinstance(request.get("worker_pid"), int):
+                        self._pids[request["id"]] = request["worker_pid"]
 
     def worker_queues(self) -> set[str]:
         """The queues the live workers consume from (``inspect active_queues``)."""

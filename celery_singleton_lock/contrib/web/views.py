@@ -72,7 +72,8 @@ class Views:
             if query.state == "orphaned":
                 page, whys = self._orphans(query)
             else:
-                page = page_of(app_rows(self.app, store), query)
+                seen = Liveness(self.app, timeout=LIVENESS_TIMEOUT).as_seen
+                page = page_of(map(seen, app_rows(self.app, store)), query)
             took = time.perf_counter() - started
         except SingletonLockError as error:
             return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
