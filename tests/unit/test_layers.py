@@ -19,7 +19,7 @@ NAME = PACKAGE.name
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("exceptions", "_time"),  # errors and durations: everything may raise or parse
     ("lease",),  # the lease layer: no Celery
-    ("tokens", "keys", "policies", "signals", "holders"),  # shared vocabulary
+    ("tokens", "keys", "keyformat", "policies", "signals", "holders"),  # shared vocabulary
     ("modes",),
     ("config",),
     ("context", "outages"),
