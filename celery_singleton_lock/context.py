@@ -9,7 +9,7 @@ it: store a state under its id, send it again). Model: tenacity's ``RetryCallSta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -120,6 +120,9 @@ class Request(Protocol):
     hostname: str | None
     is_eager: bool
     headers: Mapping[str, object] | None
+    # Written too: a later call's arguments, for the run and what it sends again.
+    args: Sequence[object] | None
+    kwargs: Mapping[str, object] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -261,6 +261,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             self,
             self.singleton_context,
             lock_name,
+            call,
             task_id=task_id,
             options=options,
             publish=publish,
@@ -349,6 +350,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         began = time.monotonic()
         execution = Execution(self._delivery(request), args, kwargs)
         lease = execution.take()
+        call_args, call_kwargs = execution.call  # a later call's, if it left them here
         acquired = time.monotonic()
         request.singleton_lease = lease
         singleton_signals.lease_taken(self, lease, request.id, acquired - began)
@@ -360,7 +362,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             replay = idempotent.begin(
                 self.singleton_context,
                 request,
-                (args, kwargs),
+                execution.call,
                 name=lease.name,
                 sender=self,
                 results=partial(idempotent.kept_results, self, request),
@@ -368,7 +370,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             if replay is not None:
                 return replay.answer()
             ran = True
-            return self.run(*args, **kwargs)
+            return self.run(*call_args, **call_kwargs)
         except Exception as error:
             cancels.ended(self, request, error, lease)  # REVOKED, if it was cancelled
             if ran:

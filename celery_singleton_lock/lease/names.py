@@ -95,6 +95,11 @@ class LockKeys:
         return f"{self.lock}:backlog"
 
     @property
+    def offer(self) -> str:
+        """A value offered to the lock's holder (``offers``): a later call's arguments."""
+        return f"{self.lock}:offer"
+
+    @property
     def rate(self) -> str:
         """The lock's rate limit (``rates``): its next call's theoretical arrival time."""
         return f"{self.lock}:rate"

@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from celery.utils import uuid
 
 from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended, Lease, LockStore
-from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token
+from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token, read_token
 from .base import Holder, Mode, Publish, Replacing
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
 
     from ..lease.history import Record
+    from ..lease.offers import Offered
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +101,9 @@ class Replacement:
         outage: Callable[[LockStoreUnavailableError], None],
         ride: RidingReplace | None = None,
         entry: Record | None = None,
+        offer: Callable[[str, str], Offered] | None = None,
     ) -> None:
+        self._offer = offer  # this call's arguments left for a started execution
         self._ride = ride  # the swap in the push's round trip, where the broker allows
         self._entry = entry  # what the take or the swap writes in a kept history
         self._refused = refused  # answer the call as a duplicate of ``held``
@@ -121,7 +125,11 @@ class Replacement:
             holder = held.holder
             queued_id = holder_task_id(holder)
             if holder and (queued_id is None or not holder.startswith(REPLACEABLE)):
-                return self._refused(held)  # running: its result covers this call
+                answer = self._started(held, queued_id)
+                if not isinstance(answer, Contended):
+                    return answer
+                held = answer  # it let go of the hold: try again against who has it now
+                continue
             try:
                 ridden = self._ridden(holder, queued_id) if queued_id is not None else None
                 if ridden is not None and queued_id is not None:
@@ -141,6 +149,24 @@ class Replacement:
             # started): try again against whoever holds it now.
             held = outcome
         return self._refused(held)
+
+    def _started(self, held: Contended, queued_id: str | None) -> AsyncResult | Contended:
+        """Held by an execution: a run in progress covers this call (its result); a
+        started pending call that waits for the key takes this call's arguments and runs
+        with them (``lease.offers``), unless it has let go of its hold meanwhile."""
+        holder = held.holder
+        waiting = self._mode.hold_role is not None and read_token(holder).state == "running"
+        if self._offer is None or not waiting or queued_id is None:
+            return self._refused(held)
+        try:
+            offered = self._offer(self._hold, holder)
+        except LockStoreUnavailableError as error:
+            self._outage(error)  # fail_open: as a duplicate
+            return self._refused(held)
+        if not offered.kept:
+            return replace(held, holder=offered.holder)
+        self._log(holder, queued_id)
+        return self._result(queued_id)
 
     def _ridden(self, holder: str, queued_id: str) -> Lease | Contended | None:
         """The swap and the new message's push in one round trip (None: cannot ride)."""

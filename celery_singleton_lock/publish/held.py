@@ -7,6 +7,7 @@ own script, or overlapped with Celery building the message), a duplicate answere
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,8 @@ from .. import outages
 from .. import signals as singleton_signals
 from ..exceptions import DuplicateTaskError, LockStoreUnavailableError
 from ..lease import HOLD, Contended
-from ..modes import Replace, Replacement
+from ..lease.offers import Offered, offers_of
+from ..modes import Replace, Replacement, arguments
 from ..modes.base import Publish
 from ..tokens import NAME_HEADER, holder_state, holder_task_id
 from .dispatch import Gate, GatedProducer, Sent, can_overlap, delay_of, refusals, send_gated
@@ -35,6 +37,7 @@ def send_held(
     task: Task,
     context: TaskContext,
     lock_name: str,
+    call: tuple[Sequence[object], Mapping[str, object]],
     *,
     task_id: str | None,
     options: dict[str, object],
@@ -100,6 +103,7 @@ def send_held(
             outage=outage,
             ride=None if ride is None else ride.replace,
             entry=record,
+            offer=offer_of(task, context, call),
         )
         if isinstance(mode, Replace)
         else duplicate,
@@ -127,6 +131,22 @@ def send_held(
     # producer waits for the answer just before anything is published.
     with task.app.producer_or_acquire(producer) as real:
         return send_gated(gate, sent, via=GatedProducer(real, gate))
+
+
+def offer_of(
+    task: Task, context: TaskContext, call: tuple[Sequence[object], Mapping[str, object]]
+) -> Callable[[str, str], Offered] | None:
+    """How a call leaves its arguments for a started execution of the pending call
+    (``Replacement``); None where the store cannot keep them (a Redlock)."""
+    offers = offers_of(context.store)
+    if offers is None:
+        return None
+
+    def offer(hold: str, holder: str) -> Offered:
+        value = arguments.dump(task.serializer, *call)
+        return offers.offer(hold, holder, value, context.queue_ttl)
+
+    return offer
 
 
 def answer_duplicate(

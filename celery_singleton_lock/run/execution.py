@@ -82,7 +82,7 @@ class Execution:
         self.context = context = delivery.context
         opts = context.options
         self.lock_name: str = header(request, NAME_HEADER) or opts.key.derive(args, kwargs)
-        self.call = (args, kwargs)
+        self.call: tuple[Sequence[object], Mapping[str, object]] = (args, kwargs)
         self.mode: Mode = opts.mode
         self.store: LockStore = context.store
         # The running lease the worker took for this message as it arrived, if it did.
@@ -192,6 +192,7 @@ class Execution:
                     self.queued,
                     self.shape,
                     self.token,
+                    offered=self.mode.replaces,
                 )
                 if self.mode.replaces:
                     # Claimed before the key, in one step: a later call can no longer
@@ -212,6 +213,9 @@ class Execution:
         elif hold is not None:
             # The run has the key: the next call may queue (and will see this run's data).
             hold.let_go()
+        newer = hold.offered() if hold is not None else None
+        if newer is not None:  # the newest call's arguments: this run is for it too
+            self.delivery.request.args, self.delivery.request.kwargs = self.call = newer
         self.mode.running(outcome, self.start)
         self.store.renew(outcome)
         for also in self.start.held:  # a total_limit's slot: renewed with the run

@@ -5,6 +5,9 @@ key: the key is for the running execution, so one call may run while the next wa
 When the execution gets the key's running lease it lets the hold go (the next call may
 queue, and will see data this run did not). While it cannot get the key it stays the
 pending call: it keeps the hold while it waits, and passes it to its requeued message.
+Where later calls replace the pending call's arguments (replace, cancel, debounce), one
+made while this execution holds the hold leaves them for it (``offered``): the execution
+runs, or is requeued, with the newest.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import logging
 from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease, TakeOver, companion
+from ..lease.offers import offers_of
+from ..modes import arguments
 from ..tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
 
 logger = logging.getLogger(__name__)
@@ -31,8 +36,11 @@ class PendingHold:
         queued: str | None,
         reserved: tuple[str, str] | None,
         token: str,
+        *,
+        offered: bool = False,
     ) -> None:
         self._context = context
+        self._offered = offered  # a later call may leave its arguments (replace, cancel)
         self._task_id = task_id
         self.role = role
         self.name = companion(lock_name, role)
@@ -116,3 +124,19 @@ class PendingHold:
                 store.release_token(self.name, self._queued)
         except LockStoreUnavailableError as error:
             logger.warning("%s: pending hold not released (%s); its ttl frees it", self.name, error)
+
+    def offered(self) -> tuple[list[object], dict[str, object]] | None:
+        """The arguments a later call left for this execution while it held the hold,
+        waiting for the key (``lease.offers``): read once, after the hold was let go or
+        passed on, so none comes after the read. None: it runs with its own."""
+        offers = offers_of(self._context.store) if self._offered else None
+        if offers is None:
+            return None
+        try:
+            value = offers.take(self.name, self._token)
+        except LockStoreUnavailableError as error:
+            logger.warning("%s: a later call's arguments not read (%s)", self.name, error)
+            return None
+        if value is None:
+            return None
+        return arguments.load(value, self._context.app.conf.accept_content)

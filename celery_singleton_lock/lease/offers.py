@@ -1,0 +1,103 @@
+"""A value offered to a lock's holder, kept only while that holder has the lock, taken once.
+
+A later call that finds a pending call's hold held by the execution of that call (it
+has started and waits for the key) cannot swap the message any more; it leaves its
+arguments here instead, for that execution to run with. ``offer`` keeps the value only
+while the holder named still holds the lock (one script), and ``take`` reads it once,
+after the holder let go of the lock: an offer either came before and is taken, or
+finds the holder gone and is not made, so none is lost.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .memory import MemoryLock
+from .per_store import PerStore
+from .redis import scripts
+from .redis.common import REDIS_ERRORS
+from .redis.store import RedisLock
+from .redlock.masters import Redlock
+
+
+@dataclass(frozen=True)
+class Offered:
+    """An offer's answer: kept, or who holds the lock instead ('' when it is free)."""
+
+    kept: bool
+    holder: str = ""
+
+
+class Offers:
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster: the offer shares its lock's slot)."""
+
+    def __init__(self, store: RedisLock) -> None:
+        self._store = store
+        self._offer = store.client.register_script(scripts.OFFER)
+        self._take = store.client.register_script(scripts.TAKE_OFFER)
+
+    def offer(self, name: str, holder: str, value: bytes, ttl: float) -> Offered:
+        """Keep ``value`` for ``holder`` of ``name`` for ``ttl`` seconds, if it holds it."""
+        keys = self._store.keys(name)
+        try:
+            reply = self._offer(
+                keys=[keys.lock, keys.offer], args=[holder, value, max(1, round(ttl * 1000))]
+            )
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, name)
+        if int(reply[0]) == 1:
+            return Offered(True)
+        current = reply[1]
+        return Offered(False, current.decode() if isinstance(current, bytes) else str(current))
+
+    def take(self, name: str, holder: str) -> bytes | None:
+        """The value offered to ``holder`` of ``name``, once (None: none was)."""
+        try:
+            found = self._take(keys=[self._store.keys(name).offer], args=[holder])
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, name)
+        return found if isinstance(found, bytes) else None
+
+
+class MemoryOffers:
+    """``Offers`` over a ``MemoryLock`` (eager tests)."""
+
+    def __init__(self, store: MemoryLock) -> None:
+        self._store = store
+        self._guard = threading.Lock()
+        self._kept: dict[str, tuple[str, bytes]] = {}
+
+    def offer(self, name: str, holder: str, value: bytes, ttl: float) -> Offered:
+        with self._guard:
+            current = self._store.holder(name) or ""
+            if current != holder:
+                return Offered(False, current)
+            self._kept[name] = (holder, value)
+            return Offered(True)
+
+    def take(self, name: str, holder: str) -> bytes | None:
+        with self._guard:
+            kept = self._kept.get(name)
+            if kept is None or kept[0] != holder:
+                return None
+            del self._kept[name]
+            return kept[1]
+
+
+_helpers = PerStore(
+    "offers to a waiting execution",
+    "one value beside a lock",
+    "for the newest call's arguments",
+    Offers,
+    MemoryOffers,
+)
+
+
+def offers_of(store: object) -> Offers | MemoryOffers | None:
+    """The offers of ``store``; None on a Redlock (its masters cannot keep one value
+    beside a lock: a later call gets the waiting execution's result as it is)."""
+    return None if isinstance(store, Redlock) else _helpers.of(store)
+
+
+__all__ = ["MemoryOffers", "Offered", "Offers", "offers_of"]
