@@ -1,126 +1,105 @@
-"""SVG charts for the figures pages, drawn from a run's numbers (no plotting library).
+"""Figures for the figures pages, drawn with matplotlib from a run's numbers, as SVG text.
 
-``grouped_bars``: bars per group and series (the benchmark ratios side by side, with the
-plain-Celery line at 1.0). ``timeline``: a per-second series with event marks (the soak's
-executions and kills). Both return an SVG document as text.
+``grouped_bars``: bars per group and series (the benchmark ratios side by side), each
+with the spread of the run's rounds as an error bar, and the plain-Celery line at 1.0.
+``timeline``: a per-second series with event marks (the soak's executions and kills).
+The SVG keeps its text as text and carries no date, so a page's figures change only
+when its numbers do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from html import escape
+import io
+import math
+from collections.abc import Mapping, Sequence
 
-COLOURS = ("#9e9e9e", "#ff8a65", "#ffd54f", "#3f51b5", "#26a69a", "#ab47bc")
-FONT = 'font-family="sans-serif" font-size="12"'
-SMALL = 'font-family="sans-serif" font-size="10"'
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+
+import matplotlib.pyplot as plt  # (after the backend is chosen)
+from matplotlib.figure import Figure
+
+STYLE = {
+    "svg.fonttype": "none",  # text stays text: searchable, and small
+    "svg.hashsalt": "celery-singleton-lock",  # the same ids every run
+    "font.size": 10,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
 
 
-def _frame(title: str, size: tuple[int, int], axis: tuple[int, float, int]) -> list[str]:
-    """The document, its background, its title and the x axis (left, height, right)."""
-    (width, height), (left, base, right) = size, axis
-    return [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}">',
-        f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{width / 2}" y="20" text-anchor="middle" {FONT} font-weight="bold">'
-        f"{escape(title)}</text>",
-        f'<line x1="{left}" y1="{base}" x2="{right}" y2="{base}" stroke="black"/>',
-    ]
+def _svg(figure: Figure) -> str:
+    out = io.StringIO()
+    figure.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(figure)
+    return out.getvalue()
 
 
 def grouped_bars(
     title: str,
     groups: Sequence[str],
     series: Sequence[str],
-    values: dict[tuple[str, str], float],
+    values: Mapping[tuple[str, str], float],
     *,
+    spread: Mapping[tuple[str, str], tuple[float, float]] | None = None,
     reference: float | None = 1.0,
-    unit: str = "x",
+    ylabel: str = "ratio to plain Celery",
 ) -> str:
-    """Bars of ``values[(group, series)]``, one cluster per group, a legend per series."""
-    width, height, left, bottom, top = 760, 300, 50, 60, 40
-    plot_w, plot_h = width - left - 20, height - top - bottom
-    peak = max([*values.values(), reference or 0.0, 0.1]) * 1.15
-    slot = plot_w / max(len(groups), 1)
-    bar = slot * 0.8 / max(len(series), 1)
-
-    def y(value: float) -> float:
-        return top + plot_h - value / peak * plot_h
-
-    out = _frame(title, (width, height), (left, top + plot_h, left + plot_w))
-    for g, group in enumerate(groups):
-        x0 = left + g * slot + slot * 0.1
+    """Bars of ``values[(group, series)]``, one cluster per group, a legend per series;
+    ``spread[(group, series)]``: (lowest, highest) of the rounds, drawn as an error bar."""
+    with plt.rc_context(STYLE):
+        figure, axes = plt.subplots(figsize=(8, 3.6))
+        width = 0.8 / max(len(series), 1)
         for s, name in enumerate(series):
-            value = values.get((group, name))
-            if value is None:
-                continue
-            x = x0 + s * bar
-            out.extend(
-                (
-                    f'<rect x="{x:.1f}" y="{y(value):.1f}" width="{bar - 2:.1f}" '
-                    f'height="{top + plot_h - y(value):.1f}" fill="{COLOURS[s % len(COLOURS)]}">'
-                    f"<title>{escape(name)}: {value:g}{unit}</title></rect>",
-                    f'<text x="{x + bar / 2 - 1:.1f}" y="{y(value) - 3:.1f}" text-anchor="middle" '
-                    f"{SMALL}>{value:g}</text>",
-                )
-            )
-        out.append(
-            f'<text x="{left + g * slot + slot / 2:.1f}" y="{top + plot_h + 16}" '
-            f'text-anchor="middle" {FONT}>{escape(group)}</text>'
+            xs = [g + (s - (len(series) - 1) / 2) * width for g in range(len(groups))]
+            heights = [values.get((group, name), math.nan) for group in groups]
+            low, high = [], []
+            for group, height in zip(groups, heights, strict=True):
+                lo, hi = (spread or {}).get((group, name), (height, height))
+                low.append(max(0.0, height - lo) if not math.isnan(height) else 0.0)
+                high.append(max(0.0, hi - height) if not math.isnan(height) else 0.0)
+            bars = axes.bar(
+                xs, heights, width * 0.95, label=name, yerr=[low, high], capsize=2,
+                error_kw={"elinewidth": 0.8, "ecolor": "#424242"},
+            )  # fmt: skip
+            labels = ["" if math.isnan(h) else f"{h:g}" for h in heights]
+            axes.bar_label(bars, labels=labels, padding=2, fontsize=7)
+        if reference is not None:
+            axes.axhline(reference, color="black", linestyle="--", linewidth=0.9)
+            axes.annotate(
+                f"plain Celery = {reference:g}", (1.0, reference),
+                xycoords=("axes fraction", "data"), xytext=(0, 3), textcoords="offset points",
+                ha="right", fontsize=8,
+            )  # fmt: skip
+        axes.set_xticks(range(len(groups)), list(groups))
+        axes.set_ylabel(ylabel)
+        axes.set_title(title)
+        axes.grid(axis="y", alpha=0.3)
+        axes.set_axisbelow(True)
+        axes.legend(
+            loc="upper center", bbox_to_anchor=(0.5, -0.1), ncols=len(series), frameon=False
         )
-    if reference is not None:
-        out.append(
-            f'<line x1="{left}" y1="{y(reference):.1f}" x2="{left + plot_w}" '
-            f'y2="{y(reference):.1f}" stroke="black" stroke-dasharray="4 3"/>'
-            f'<text x="{left - 4}" y="{y(reference) + 4:.1f}" text-anchor="end" {FONT}>'
-            f"{reference:g}{unit}</text>"
-        )
-    for s, name in enumerate(series):
-        x = left + s * 150
-        out.append(
-            f'<rect x="{x}" y="{height - 22}" width="12" height="12" '
-            f'fill="{COLOURS[s % len(COLOURS)]}"/>'
-            f'<text x="{x + 16}" y="{height - 12}" {FONT}>{escape(name)}</text>'
-        )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+        return _svg(figure)
 
 
 def timeline(
     title: str, per_second: Sequence[float], marks: Sequence[float], *, label: str, mark: str
 ) -> str:
-    """``per_second[i]`` as a line over seconds, with a red tick at each of ``marks`` (s)."""
-    width, height, left, bottom, top = 760, 260, 50, 50, 40
-    plot_w, plot_h = width - left - 20, height - top - bottom
-    seconds = max(len(per_second), 1)
-    peak = max([*per_second, 1.0]) * 1.15
-
-    def x(second: float) -> float:
-        return left + second / seconds * plot_w
-
-    def y(value: float) -> float:
-        return top + plot_h - value / peak * plot_h
-
-    points = " ".join(f"{x(i + 0.5):.1f},{y(v):.1f}" for i, v in enumerate(per_second))
-    out = [
-        *_frame(title, (width, height), (left, top + plot_h, left + plot_w)),
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="black"/>',
-        f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" {FONT}>{peak / 1.15:.0f}</text>',
-        f'<text x="{left + plot_w}" y="{top + plot_h + 16}" text-anchor="end" {FONT}>'
-        f"{seconds} s</text>",
-    ]
-    out += [
-        f'<line x1="{x(m):.1f}" y1="{top}" x2="{x(m):.1f}" y2="{top + plot_h}" '
-        'stroke="#e53935" stroke-width="1" opacity="0.6"/>'
-        for m in marks
-    ]
-    out.append(f'<polyline points="{points}" fill="none" stroke="#3f51b5" stroke-width="1.5"/>')
-    out.append(
-        f'<line x1="{left}" y1="{height - 16}" x2="{left + 14}" y2="{height - 16}" '
-        f'stroke="#3f51b5" stroke-width="2"/><text x="{left + 18}" y="{height - 12}" {FONT}>'
-        f'{escape(label)}</text><line x1="{left + 260}" y1="{height - 22}" x2="{left + 260}" '
-        f'y2="{height - 10}" stroke="#e53935"/><text x="{left + 266}" y="{height - 12}" '
-        f"{FONT}>{escape(mark)}</text>"
-    )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    """``per_second[i]`` as a line over seconds, with a red line at each of ``marks`` (s)."""
+    with plt.rc_context(STYLE):
+        figure, axes = plt.subplots(figsize=(8, 3.2))
+        seconds = [i + 0.5 for i in range(len(per_second))]
+        axes.plot(seconds, list(per_second), color="#3f51b5", linewidth=1.3, label=label)
+        for n, at in enumerate(marks):
+            axes.axvline(
+                at, color="#e53935", linewidth=0.8, alpha=0.6, label=mark if n == 0 else None
+            )
+        axes.set_xlim(0, max(len(per_second), 1))
+        axes.set_ylim(bottom=0)
+        axes.set_xlabel("seconds into the run")
+        axes.set_ylabel(label)
+        axes.set_title(title)
+        axes.grid(alpha=0.3)
+        axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=2, frameon=False)
+        return _svg(figure)

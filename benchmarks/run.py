@@ -74,6 +74,13 @@ def paired_ratio(values: list[float], plain: list[float]) -> float:
     return round(median([v / p for v, p in zip(values, plain, strict=True)]), 2)
 
 
+def paired_range(values: list[float], plain: list[float]) -> list[float]:
+    """The lowest and highest of the round-by-round ratios to plain Celery: the spread
+    the figures draw around the median."""
+    ratios = [v / p for v, p in zip(values, plain, strict=True)]
+    return [round(min(ratios), 2), round(max(ratios), 2)] if ratios else []
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
@@ -206,6 +213,7 @@ class Bench:
             s: {
                 "us_per_call": round(median(unique[s]), 1),
                 "ratio": paired_ratio(unique[s], unique["plain"]),
+                "ratio_range": paired_range(unique[s], unique["plain"]),
             }
             for s in DISPATCHED
         }
@@ -213,6 +221,7 @@ class Bench:
             s: {
                 "us_per_call": round(median(duplicate[s]), 1),
                 "ratio_to_plain_delay": paired_ratio(duplicate[s], unique["plain"]),
+                "ratio_to_plain_delay_range": paired_range(duplicate[s], unique["plain"]),
                 "messages_published": published[s],
             }
             for s in DISPATCHED
@@ -317,6 +326,7 @@ class Bench:
             s: {
                 "tasks_per_s": round(median(rates[s]), 1),
                 "ratio": paired_ratio(rates[s], rates["plain"]),
+                "ratio_range": paired_range(rates[s], rates["plain"]),
                 "lock_keys_left": leftover[s],
             }
             for s in ALL
@@ -791,14 +801,23 @@ def chart(r: dict[str, Any], config: str) -> str:
         for system in ALL
         if key != "dispatch_duplicate" or system != "plain"  # plain has no duplicate check
     }
+    # Each round's ratio, lowest to highest (runs from before the ranges were kept: none).
+    spread = {
+        (group, system): tuple(r[key][system][f"{field}_range"])
+        for key, (group, field) in CHARTED.items()
+        for system in ALL
+        if len(r[key].get(system, {}).get(f"{field}_range", ())) == 2
+    }
     names = {"plain": "plain Celery", "celery_singleton": "celery-singleton",
              "celery_once": "celery-once", "this": "celery-singleton-lock"}  # fmt: skip
     shown = {(group, names[system]): value for (group, system), value in values.items()}
     return grouped_bars(
-        f"Ratios to plain Celery, same run ({config})",
+        f"Ratios to plain Celery, same run ({config}): medians, bars from the lowest to "
+        "the highest round",
         [g for g, _ in CHARTED.values()],
         [names[s] for s in ALL],
         shown,
+        spread={(group, names[system]): (lo, hi) for (group, system), (lo, hi) in spread.items()},
     )
 
 
