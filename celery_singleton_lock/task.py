@@ -30,11 +30,8 @@ from .context import Delivery, TaskContext
 from .exceptions import DuplicateTaskError
 from .lease import Lease
 from .modes.base import Publish
-from .publish.dispatch import (
-    in_canvas,
-    send_in_line,
-)
-from .publish.held import send_held
+from .publish import route
+from .publish.dispatch import in_canvas
 from .publish.idempotent import key_of_call, send_once
 from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
@@ -44,9 +41,7 @@ from .tokens import (
     BYPASS_OPTION,
     CALL_HEADERS,
     HOLD_HEADER,
-    NAME_HEADER,
     RATE_SLOT_HEADER,
-    REDRIVE_HEADER,
     TOKEN_HEADER,
 )
 from .worker import hooks
@@ -199,7 +194,9 @@ class SingletonTask(Task):  # type: ignore[misc]
             else key_of_call(self.name, self.singleton_options(), call, options)
         )
         dispatch = partial(
-            self._dispatch,
+            route.dispatch,
+            self,
+            self.singleton_context,
             call,
             options=options,
             publish=publish,
@@ -221,51 +218,6 @@ class SingletonTask(Task):  # type: ignore[misc]
             send=partial(dispatch, task_id),
             result_of=self.AsyncResult,
             results_kept=not self.ignore_result and not isinstance(self.backend, DisabledBackend),
-        )
-
-    def _dispatch(
-        self,
-        call: tuple[Sequence[object], Mapping[str, object]],
-        task_id: str | None,
-        *,
-        options: dict[str, object],
-        publish: Publish,
-        producer: object,
-        bypass: object,
-        redrive: bool,
-        canvas: bool,
-    ) -> AsyncResult:
-        """The lock's dispatch of one call: held and published, or answered as a duplicate."""
-        args, kwargs = call
-        opts = self.singleton_options()
-        mode = opts.mode
-        lock_name = opts.key.derive(args, kwargs)  # KeyDerivationError: nothing sent
-        if bypass or not mode.checks_dispatch or canvas:
-            own_headers: dict[str, object] = {NAME_HEADER: lock_name}
-            if isinstance(bypass, dict):
-                own_headers.update(bypass)
-            if redrive:
-                own_headers[REDRIVE_HEADER] = 1
-            elif not (bypass or canvas):  # a place in line, and a rate's slot
-                return send_in_line(
-                    self.singleton_context,
-                    lock_name,
-                    call,
-                    task_id=task_id,
-                    options=options,
-                    publish=publish,
-                    own_headers=own_headers,
-                )
-            return publish(task_id, options, own_headers)
-        return send_held(
-            self,
-            self.singleton_context,
-            lock_name,
-            call,
-            task_id=task_id,
-            options=options,
-            publish=publish,
-            producer=producer,
         )
 
     def _publisher(
