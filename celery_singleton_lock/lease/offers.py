@@ -5,7 +5,8 @@ has started and waits for the key) cannot swap the message any more; it leaves i
 arguments here instead, for that execution to run with. ``offer`` keeps the value only
 while the holder named still holds the lock (one script), and ``take`` reads it once,
 after the holder let go of the lock: an offer either came before and is taken, or
-finds the holder gone and is not made, so none is lost.
+finds the holder gone and is not made, so none is lost. Offers are kept per holder (a
+hash beside the lock), so one to a later holder never replaces one not yet taken.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import threading
 from dataclasses import dataclass
 
 from .memory import MemoryLock
+from .outcomes import text
 from .per_store import PerStore
 from .redis import scripts
 from .redis.common import REDIS_ERRORS
 from .redis.store import RedisLock
 from .redlock.masters import Redlock
+
+# How long offers are kept untaken: an execution may wait for the key that long (its
+# hold renewed meanwhile), and one that ended without taking them leaves them this long.
+KEEP = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -48,8 +54,7 @@ class Offers:
             self._store.unavailable(error, name)
         if int(reply[0]) == 1:
             return Offered(True)
-        current = reply[1]
-        return Offered(False, current.decode() if isinstance(current, bytes) else str(current))
+        return Offered(False, text(reply[1]))
 
     def take(self, name: str, holder: str) -> bytes | None:
         """The value offered to ``holder`` of ``name``, once (None: none was)."""
@@ -57,6 +62,8 @@ class Offers:
             found = self._take(keys=[self._store.keys(name).offer], args=[holder])
         except REDIS_ERRORS as error:
             self._store.unavailable(error, name)
+        if isinstance(found, str):  # a client with decode_responses=True
+            return found.encode()
         return found if isinstance(found, bytes) else None
 
 
@@ -66,23 +73,19 @@ class MemoryOffers:
     def __init__(self, store: MemoryLock) -> None:
         self._store = store
         self._guard = threading.Lock()
-        self._kept: dict[str, tuple[str, bytes]] = {}
+        self._kept: dict[tuple[str, str], bytes] = {}  # (name, holder) -> value
 
     def offer(self, name: str, holder: str, value: bytes, ttl: float) -> Offered:
         with self._guard:
             current = self._store.holder(name) or ""
             if current != holder:
                 return Offered(False, current)
-            self._kept[name] = (holder, value)
+            self._kept[name, holder] = value
             return Offered(True)
 
     def take(self, name: str, holder: str) -> bytes | None:
         with self._guard:
-            kept = self._kept.get(name)
-            if kept is None or kept[0] != holder:
-                return None
-            del self._kept[name]
-            return kept[1]
+            return self._kept.pop((name, holder), None)
 
 
 _helpers = PerStore(
@@ -100,4 +103,4 @@ def offers_of(store: object) -> Offers | MemoryOffers | None:
     return None if isinstance(store, Redlock) else _helpers.of(store)
 
 
-__all__ = ["MemoryOffers", "Offered", "Offers", "offers_of"]
+__all__ = ["KEEP", "MemoryOffers", "Offered", "Offers", "offers_of"]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from celery.utils import uuid
 
 from ..exceptions import LockStoreUnavailableError
-from ..lease import HOLD, Contended, Lease, LockStore
+from ..lease import HOLD, Contended, Lease, LockStore, append_history
 from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token, read_token
 from .base import Holder, Mode, Publish, Replacing
 
@@ -165,6 +165,8 @@ class Replacement:
             return self._refused(held)
         if not offered.kept:
             return replace(held, holder=offered.holder)
+        # Where a history is kept: this call's arguments went to the waiting execution.
+        append_history(self._store, self._entry, "replaced", holder=holder)
         self._log(holder, queued_id)
         return self._result(queued_id)
 

@@ -17,7 +17,7 @@ from .. import outages
 from .. import signals as singleton_signals
 from ..exceptions import DuplicateTaskError, LockStoreUnavailableError
 from ..lease import HOLD, Contended
-from ..lease.offers import Offered, offers_of
+from ..lease.offers import KEEP, Offered, offers_of
 from ..modes import Replace, Replacement, arguments
 from ..modes.base import Publish
 from ..tokens import NAME_HEADER, holder_state, holder_task_id
@@ -103,7 +103,7 @@ def send_held(
             outage=outage,
             ride=None if ride is None else ride.replace,
             entry=record,
-            offer=offer_of(task, context, call),
+            offer=offer_of(task, context, call, options),
         )
         if isinstance(mode, Replace)
         else duplicate,
@@ -134,17 +134,22 @@ def send_held(
 
 
 def offer_of(
-    task: Task, context: TaskContext, call: tuple[Sequence[object], Mapping[str, object]]
+    task: Task,
+    context: TaskContext,
+    call: tuple[Sequence[object], Mapping[str, object]],
+    options: Mapping[str, object],
 ) -> Callable[[str, str], Offered] | None:
     """How a call leaves its arguments for a started execution of the pending call
-    (``Replacement``); None where the store cannot keep them (a Redlock)."""
+    (``Replacement``), serialized as its message would be; None where the store cannot
+    keep them (a Redlock)."""
     offers = offers_of(context.store)
     if offers is None:
         return None
+    serializer = str(options.get("serializer") or task.serializer)
 
     def offer(hold: str, holder: str) -> Offered:
-        value = arguments.dump(task.serializer, *call)
-        return offers.offer(hold, holder, value, context.queue_ttl)
+        value = arguments.dump(serializer, *call)
+        return offers.offer(hold, holder, value, max(context.queue_ttl, KEEP))
 
     return offer
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 
+from kombu.exceptions import KombuError
+
 from ..context import TaskContext
-from ..exceptions import LockStoreUnavailableError
+from ..exceptions import LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, TakeOver, companion
 from ..lease.offers import offers_of
 from ..modes import arguments
@@ -134,9 +136,10 @@ class PendingHold:
             return None
         try:
             value = offers.take(self.name, self._token)
-        except LockStoreUnavailableError as error:
+            if value is None:
+                return None
+            return arguments.load(value, self._context.app.conf.accept_content)
+        except (SingletonLockError, KombuError, ValueError) as error:
+            # The run goes on with its own (it holds the key now: it must not fail here).
             logger.warning("%s: a later call's arguments not read (%s)", self.name, error)
             return None
-        if value is None:
-            return None
-        return arguments.load(value, self._context.app.conf.accept_content)
