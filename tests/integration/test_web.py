@@ -68,6 +68,10 @@ def fixture_held(cenv: CeleryEnv) -> Iterator[Held]:
         reserved = app.latest_queued.apply_async((f"reserved-{tag}", "v"), countdown=300,
                                                  queue=worker.queue)  # fmt: skip
         queued = app.work.apply_async((f"queued-{tag}",), queue=f"parked-{tag}")
+        # The default lock: the worker takes the running lease as the message arrives,
+        # and its run has not started (its countdown): shown reserved, as the worker says.
+        prefetched = app.work.apply_async((f"prefetched-{tag}",), countdown=300,
+                                          queue=worker.queue)  # fmt: skip
         orphan = str(uuid.uuid4())  # a queued hold whose message is nowhere
         orphan_name = app.work.singleton_options().key.derive((f"orphan-{tag}",), {})
         assert isinstance(store.try_acquire(orphan_name, 600, token=queued_token(orphan)), Lease)
@@ -79,10 +83,14 @@ def fixture_held(cenv: CeleryEnv) -> Iterator[Held]:
             rates_of(store).ask(rate_name, Rate(1, 60.0), "reserve")
         wait_for(lambda: any(s["item"] == f"running-{tag}" for s in started(celery_env)), 20,
                  "the running task")  # fmt: skip
+        prefetched_name = app.work.singleton_options().key.derive((f"prefetched-{tag}",), {})
+        wait_for(lambda: (store.holder(prefetched_name) or "").startswith("x|"), 20,
+                 "the prefetched message's lease taken as it arrived")  # fmt: skip
         yield Held(
             ids={
                 "running": running.id,
                 "reserved": reserved.id,
+                "prefetched": prefetched.id,
                 "queued": queued.id,
                 "orphaned": orphan,
             },
@@ -90,6 +98,7 @@ def fixture_held(cenv: CeleryEnv) -> Iterator[Held]:
                 "running": key_of(app.work, f"running-{tag}"),
                 "reserved": key_of(app.latest_queued, f"reserved-{tag}", "v"),
                 "queued": key_of(app.work, f"queued-{tag}"),
+                "prefetched": key_of(app.work, f"prefetched-{tag}"),
                 "orphaned": key_of(app.work, f"orphan-{tag}"),
                 "throttled": str(store.keys(window).lock),
                 "limited": str(store.keys(rate_name).lock) + ":rate",
@@ -124,6 +133,8 @@ class TestWithoutJavaScript:
             for state in ("running", "reserved", "queued", "throttled", "limited"):
                 assert listed.get(held.keys[state]) == state, (state, listed)
             assert listed[held.keys["orphaned"]] == "queued"  # the store cannot tell
+            # A running lease whose run its worker has not started: reserved, as it says.
+            assert listed[held.keys["prefetched"]] == "reserved"
             only = rows_of(page.request("/?state=running&per=500").body)
             assert held.keys["running"] in only
             assert set(only.values()) == {"running"}

@@ -26,7 +26,7 @@ def bars(spread: dict[tuple[str, str], tuple[float, float]] | None = None) -> st
 def test_bars_show_each_value_the_legend_and_the_reference() -> None:
     shown = texts(bars())
     assert {"Ratios", "dispatch", "duplicate", "plain", "ours", "0.96", "0.34"} <= set(shown)
-    assert "plain Celery = 1" in shown
+    assert "plain Celery = 1" in shown  # in the legend
     # No bar (plain has no duplicate check): no label either.
     assert shown.count("1") == 1
 
