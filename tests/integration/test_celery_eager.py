@@ -26,17 +26,8 @@ from celery_singleton_lock import (
 from celery_singleton_lock.contrib.testing import hold, manual_clock
 from celery_singleton_lock.tokens import holder_task_id, queued_token, running_token
 
+from ..support.apps import eager_app
 from ..support.servers import RedisServer
-
-
-def eager_app(url: str, name: str) -> Celery:
-    app = Celery(name, set_as_current=False)
-    app.conf.update(
-        task_always_eager=True,
-        singleton_lock_url=url,
-        singleton_lock_prefix="eager",
-    )
-    return app
 
 
 @pytest.fixture(name="app", params=["memory", "redis"])

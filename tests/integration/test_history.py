@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from celery_singleton_lock import IdempotencyConflictError
 from celery_singleton_lock.lease import Lease
 from celery_singleton_lock.tokens import queued_token
 
@@ -194,6 +195,12 @@ class TestIdempotencyInTheHistory:
         )
         assert copy.get(timeout=20) == "ih"
         wait_for(lambda: "idempotent replay" in events(cenv, task, "ih"), 10, "the replay")
+        # The same key for other arguments: refused, and written in that call's lock.
+        with pytest.raises(IdempotencyConflictError):
+            task.apply_async(("ih-other",), idempotency_key=key, queue=worker.queue)
+        [conflict] = story(cenv, task, "ih-other")
+        assert conflict["event"] == "idempotency conflict"
+        assert (conflict["idempotency_key"], conflict["id"]) == (key, first.id)
         entries = {entry["event"]: entry for entry in story(cenv, task, "ih")}
         assert entries["idempotent repeat"]["id"] == first.id
         assert entries["idempotent repeat"]["idempotency_key"] == key

@@ -16,6 +16,7 @@ from celery import Celery
 from celery_singleton_lock import (
     ConfigurationError,
     IdempotencyConflictError,
+    IdempotencyResultMissingError,
     LockStoreUnavailableError,
     signals,
     singleton_task,
@@ -191,6 +192,23 @@ class TestCopies:
         assert copy.get(timeout=20) == "c"
         assert len(of(runs(cenv), "c")) == 1
 
+    def test_a_copy_after_the_first_result_expired_says_so_without_running(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        charge = cenv.app_module.charge
+        key = _key()
+        first = charge.apply_async(("gone",), idempotency_key=key, queue=worker.queue)
+        assert first.get(timeout=20) == "gone"
+        wait_for(lambda: _record(charge, key).state == "succeeded", 10, "recorded")
+        first.forget()  # as result_expires would, before the idempotency window ends
+        copy = charge.app.send_task(
+            charge.name, ("gone",), headers={"Idempotency-Key": key}, queue=worker.queue
+        )
+        with pytest.raises(IdempotencyResultMissingError, match="raise result_expires") as raised:
+            copy.get(timeout=20)
+        assert first.id in str(raised.value)  # (the result backend keeps the message)
+        assert len(of(runs(cenv), "gone")) == 1, "the copy did not run the work again"
+
     def test_a_copy_with_other_arguments_fails_without_running(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
@@ -360,6 +378,26 @@ class TestModes:
 
         with pytest.raises(ConfigurationError, match="debounce"):
             debounced.apply_async(("a",), idempotency_key="k1")
+        with pytest.raises(ConfigurationError, match="on_duplicate='cancel'"):
+            singleton_task(app=app, name="idem.cancel", on_duplicate="cancel", idempotency=True)(
+                lambda k: k
+            )
+        with pytest.raises(ConfigurationError, match="limit=3: a copy of a call could run"):
+            singleton_task(app=app, name="idem.limit", limit=3, idempotency=True)(lambda k: k)
+
+    def test_a_redlock_refuses_keys_at_the_first_keyed_call_saying_why(self) -> None:
+        app = Celery("idem-redlock", set_as_current=False)
+        app.conf.update(
+            task_always_eager=True,
+            singleton_lock_url="redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+        )
+
+        @singleton_task(app=app, name="idem.redlock")
+        def keyed(k: str) -> str:
+            return k
+
+        with pytest.raises(ConfigurationError, match="Redlock of several masters"):
+            keyed.apply_async(("a",), idempotency_key="k1")
 
     def test_eager_calls_with_a_key_run_once(self) -> None:
         app = Celery("idem-eager", set_as_current=False)

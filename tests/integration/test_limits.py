@@ -34,13 +34,13 @@ from celery_singleton_lock.lease.limits.backlog import backlog_of
 from celery_singleton_lock.lease.limits.overrides import REFRESH, Override, overrides_of
 
 from ..conftest import CeleryEnv
+from ..support.apps import eager_app
 from ..support.cli import cli
 from ..support.modes import concurrency, of
 from ..support.rates import check_rate, closest_slots, rated_runs
 from ..support.runs import runs, started, wait_for
 from ..support.servers import RedisServer
 from ..support.workers import Worker
-from .test_celery_eager import eager_app
 
 PAIR = "tests.support.celery_app.rated_pair"
 

@@ -1,4 +1,5 @@
-"""Celery apps a test configures: a bare one of given settings, the test app's lock store moved."""
+"""Celery apps a test configures: a bare one of given settings, an eager one, the test
+app's lock store moved."""
 
 from __future__ import annotations
 
@@ -9,12 +10,20 @@ from typing import Any
 from ..conftest import CeleryEnv
 
 
-def app_with(**conf: Any) -> Any:
+def app_with(main: str = "topology-test", **conf: Any) -> Any:
     from celery import Celery
 
-    app = Celery("topology-test", set_as_current=False)
+    app = Celery(main, set_as_current=False)
     app.conf.update(conf)
     return app
+
+
+def eager_app(url: str, name: str) -> Any:
+    """An app whose calls run eagerly, with its locks at ``url`` (``memory://`` or a
+    server's), under a prefix of their own."""
+    return app_with(
+        main=name, task_always_eager=True, singleton_lock_url=url, singleton_lock_prefix="eager"
+    )
 
 
 @contextlib.contextmanager
