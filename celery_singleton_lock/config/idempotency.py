@@ -127,8 +127,28 @@ def warn_if_results_are_short(
 ) -> None:
     """At decoration: say when a repeat could not read the first call's result (``conf``:
     the app's Celery settings)."""
-    if not options.given:
+    if options.given:
+        _say_if_short(task, options, conf, ignore_result)
+
+
+# Tasks whose first call with a key of its own was checked (their options name no keys).
+_checked_at_call: set[str] = set()
+
+
+def warn_once_for_call_keys(
+    task: str, options: Idempotency, conf: Mapping[str, object], ignore_result: bool
+) -> None:
+    """At a task's first call with ``idempotency_key=`` when its options declare no keys
+    (so decoration said nothing): the same warning, once per task and process."""
+    if options.given or task in _checked_at_call:
         return
+    _checked_at_call.add(task)
+    _say_if_short(task, options, conf, ignore_result)
+
+
+def _say_if_short(
+    task: str, options: Idempotency, conf: Mapping[str, object], ignore_result: bool
+) -> None:
     backend = str(conf.get("result_backend") or "")
     expires = conf.get("result_expires")
     result_expires = expires.total_seconds() if isinstance(expires, timedelta) else expires

@@ -17,6 +17,7 @@ from celery import states
 
 from .. import outages
 from .. import signals as singleton_signals
+from ..config.idempotency import warn_once_for_call_keys
 from ..config.options import SingletonOptions
 from ..context import TaskContext
 from ..exceptions import IdempotencyConflictError, LockStoreUnavailableError
@@ -66,6 +67,12 @@ def send_once(
     """Claim ``key`` for this call (``task_id``) and ``send`` it, or answer a repeat with
     the first call's result (``result_of`` its id). ``results_kept``: the task's results
     are stored, so a first call in flight can be seen to have failed."""
+    warn_once_for_call_keys(
+        context.name,
+        context.options.idempotency,
+        context.app.conf,
+        bool(getattr(sender, "ignore_result", False)),
+    )
     fingerprint = context.options.key.fingerprint(*call)
     given = options.get("headers") or {}
     if isinstance(given, Mapping):  # also when sent unchecked: its copies meet the key

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.beat import ScheduleEntry, Scheduler
 
 from celery_singleton_lock import (
     ConfigurationError,
@@ -208,6 +209,27 @@ class TestCopies:
             copy.get(timeout=20)
         assert first.id in str(raised.value)  # (the result backend keeps the message)
         assert len(of(runs(cenv), "gone")) == 1, "the copy did not run the work again"
+
+    def test_a_beat_entry_sent_twice_with_its_key_runs_once(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """celery beat sends an entry through the task's apply_async with the entry's
+        options: a key in its headers makes a doubled tick (two beats, a restart) one call."""
+        charge = cenv.app_module.charge
+        key = _key()
+        entry = ScheduleEntry(
+            name="nightly-charge",
+            task=charge.name,
+            args=("beat",),
+            options={"queue": worker.queue, "headers": {"Idempotency-Key": key}},
+            app=charge.app,
+        )
+        beat = Scheduler(charge.app, lazy=True)
+        first = beat.apply_async(entry, advance=False)
+        again = beat.apply_async(entry, advance=False)
+        assert again.id == first.id
+        assert first.get(timeout=20) == "beat"
+        assert len(of(runs(cenv), "beat")) == 1
 
     def test_a_copy_with_other_arguments_fails_without_running(
         self, cenv: CeleryEnv, worker: Worker
@@ -439,6 +461,26 @@ class TestModes:
         assert "idem.ignored: ignore_result is set" in said
         assert "idem.kept" not in said
 
+    def test_a_task_keyed_per_call_only_warns_at_its_first_keyed_call(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        app = Celery("idem-warn-call", set_as_current=False)
+        app.conf.update(task_always_eager=True, singleton_lock_url="memory://", result_expires=3600)
+
+        @singleton_task(app=app, name="idem.per_call")
+        def per_call(k: str) -> str:
+            return k
+
+        app.finalize()
+        assert "idem.per_call" not in caplog.text  # no keys declared: nothing to say yet
+        per_call.apply_async(("a",))
+        assert "idem.per_call" not in caplog.text  # a call without a key: nothing either
+        per_call.apply_async(("a",), idempotency_key="k-1")
+        per_call.apply_async(("b",), idempotency_key="k-2")
+        said = [r.getMessage() for r in caplog.records if "idem.per_call" in r.getMessage()]
+        assert len(said) == 1, said  # once per task
+        assert "task_always_eager without task_store_eager_result" in said[0]
+
     def test_a_bad_key_says_what_to_pass(self) -> None:
         app = Celery("idem-bad", set_as_current=False)
         app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
@@ -554,3 +596,51 @@ class TestOutages:
                 task.apply_async(("a",), idempotency_key="o1", queue=queue)
                 assert _queued(cenv, queue) == 1  # sent without the check, logged
             app.close()
+
+
+class TestWebEndpoint:
+    def test_a_repeated_request_gets_202_with_the_same_id_then_200_with_the_result(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """The docs' endpoint (docs/idempotency.md), with a real worker: 202 while the
+        first call runs, the same id for a repeat, 409 for another body, then 200."""
+        import fastapi
+        from fastapi.responses import JSONResponse
+        from fastapi.testclient import TestClient
+
+        charge = cenv.app_module.charge
+        api = fastapi.FastAPI()
+
+        @api.post("/charges/{item}")
+        def endpoint(
+            item: str, seconds: float, idempotency_key: str = fastapi.Header()
+        ) -> JSONResponse:
+            try:
+                result = charge.apply_async(
+                    (item, seconds), idempotency_key=idempotency_key, queue=worker.queue
+                )
+            except IdempotencyConflictError as error:
+                body = {"error": str(error), "task_id": error.task_id}
+                return JSONResponse(body, status_code=409)
+            if result.ready():
+                return JSONResponse({"task_id": result.id, "result": result.get()})
+            return JSONResponse({"task_id": result.id}, status_code=202)
+
+        key = _key()
+        with TestClient(api) as client:
+
+            def send(item: str, seconds: float = 1.0) -> Any:
+                headers = {"Idempotency-Key": key}
+                return client.post(f"/charges/{item}?seconds={seconds}", headers=headers)
+
+            first, repeat = send("web"), send("web")
+            assert (first.status_code, repeat.status_code) == (202, 202)
+            assert repeat.json()["task_id"] == first.json()["task_id"]
+            mismatch = send("other")
+            assert mismatch.status_code == 409
+            assert mismatch.json()["task_id"] == first.json()["task_id"]
+            charge.AsyncResult(first.json()["task_id"]).get(timeout=20)
+            done = send("web")
+        assert done.status_code == 200
+        assert done.json() == {"task_id": first.json()["task_id"], "result": "web"}
+        assert len(of(runs(cenv), "web")) == 1
