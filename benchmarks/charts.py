@@ -44,10 +44,10 @@ def grouped_bars(
     *,
     spread: Mapping[tuple[str, str], tuple[float, float]] | None = None,
     reference: float | None = 1.0,
-    ylabel: str = "ratio to plain Celery",
 ) -> str:
     """Bars of ``values[(group, series)]``, one cluster per group, a legend per series;
     ``spread[(group, series)]``: (lowest, highest) of the rounds, drawn as an error bar."""
+    spreads = spread or {}
     with plt.rc_context(STYLE):
         figure, axes = plt.subplots(figsize=(8, 3.6))
         width = 0.8 / max(len(series), 1)
@@ -56,9 +56,10 @@ def grouped_bars(
             heights = [values.get((group, name), math.nan) for group in groups]
             low, high = [], []
             for group, height in zip(groups, heights, strict=True):
-                lo, hi = (spread or {}).get((group, name), (height, height))
-                low.append(max(0.0, height - lo) if not math.isnan(height) else 0.0)
-                high.append(max(0.0, hi - height) if not math.isnan(height) else 0.0)
+                lo, hi = spreads.get((group, name), (height, height))
+                shown = not math.isnan(height)
+                low.append(max(0.0, height - lo) if shown else 0.0)
+                high.append(max(0.0, hi - height) if shown else 0.0)
             bars = axes.bar(
                 xs, heights, width * 0.95, label=name, yerr=[low, high], capsize=2,
                 error_kw={"elinewidth": 0.8, "ecolor": "#424242"},
@@ -72,7 +73,7 @@ def grouped_bars(
                 label=f"plain Celery = {reference:g}",
             )  # fmt: skip
         axes.set_xticks(range(len(groups)), list(groups))
-        axes.set_ylabel(ylabel)
+        axes.set_ylabel("ratio to plain Celery")
         axes.set_title(title)
         axes.grid(axis="y", alpha=0.3)
         axes.set_axisbelow(True)

@@ -12,10 +12,6 @@ from decimal import Decimal
 
 from .exceptions import ConfigurationError, KeyDerivationError
 
-# Values a format-string key may interpolate: their str() survives the JSON trip
-# unchanged. A list's str() would not ("(1, 2)" at the sender, "[1, 2]" at the worker).
-SCALARS = (str, int, float, Decimal, uuid.UUID, datetime, date, time, bytes, type(None))
-
 # One value of each scalar: a format spec that renders none of them is a typo, and one
 # that cannot render a parameter's annotated type fails at every call.
 _SAMPLES: dict[type, object] = {
@@ -30,6 +26,11 @@ _SAMPLES: dict[type, object] = {
     bytes: b"x",
 }
 _BY_NAME = {kind.__name__: kind for kind in _SAMPLES}
+# Values a format-string key may interpolate: their str() survives the JSON trip
+# unchanged. A list's str() would not ("(1, 2)" at the sender, "[1, 2]" at the worker).
+SCALARS = (*_SAMPLES, type(None))
+# The standard library's conversion (!r, !s, !a) and format spec, field by field.
+_FORMATTER = string.Formatter()
 
 
 def _root(field: str) -> str:
@@ -48,13 +49,7 @@ class Field:
 
     def render(self, value: object) -> str:
         """``value`` as the template writes it (``ValueError``/``TypeError`` if it cannot)."""
-        if self.conversion == "r":
-            value = repr(value)
-        elif self.conversion == "a":
-            value = ascii(value)
-        elif self.conversion == "s":
-            value = str(value)
-        return format(value, self.spec)
+        return _FORMATTER.format_field(_FORMATTER.convert_field(value, self.conversion), self.spec)
 
     def written(self) -> str:
         conversion = f"!{self.conversion}" if self.conversion else ""

@@ -141,7 +141,7 @@ def store_error(
     """The error to raise for ``error`` from the lock store at ``where`` (``databases``:
     how many the server has, when a database number was out of range)."""
     hint = _hint(error)
-    if databases is not None and OUT_OF_RANGE in str(error):
+    if databases is not None:  # asked only for a database number out of range
         hint = (
             f"the server has {databases} databases, 0 to {databases - 1}: write one of "
             "those as the URL's /N, or raise `databases` in the server's configuration"

@@ -35,7 +35,7 @@ def dispatch(
     args, kwargs = call
     opts = context.options
     lock_name = opts.key.derive(args, kwargs)  # KeyDerivationError: nothing sent
-    if not (bypass or not opts.mode.checks_dispatch or canvas):
+    if opts.mode.checks_dispatch and not bypass and not canvas:
         return send_held(
             task,
             context,

@@ -37,7 +37,7 @@ from ..tokens import (
 )
 from .childwatch import child_watch, kill_and_wait
 from .reservations import reservations
-from .revokes import revoked_windows
+from .revokes import carries_window, revoked_windows
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +94,9 @@ class SingletonRequest(Request):  # type: ignore[misc]
             headers = self.request_dict
             context = self.task.singleton_context
             reservations.take(context, self.id, self.hostname, headers)
-            mode = self.task.singleton_options().mode
-            revoked_windows.watch(self.id, headers, mode, context.store)
+            if carries_window(headers):
+                mode = self.task.singleton_options().mode
+                revoked_windows.watch(self.id, headers, mode, context.store)
             headers[LEASE_HEADER] = Handoff(self.id)
 
     def on_accepted(self, pid: int, time_accepted: float) -> object:

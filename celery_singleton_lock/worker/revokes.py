@@ -41,14 +41,12 @@ class RevokedWindows:
         self._guard = threading.Lock()
         self._waiting: dict[str, Waiting] = {}
 
-    def __len__(self) -> int:
-        return len(self._waiting)
-
     def watch(
         self, task_id: str, headers: Mapping[str, object], mode: Mode, store: LockStore
     ) -> None:
-        """Note a received message, if it carries a window ``reopen_on`` gives back."""
-        if header(headers, WINDOW_HEADER) is None or "revoked" not in mode.reopen_on:
+        """Note a received message that carries a window (``carries_window``), if
+        ``reopen_on`` gives it back on a revoke."""
+        if "revoked" not in mode.reopen_on:
             return
         with self._guard:
             self._waiting[task_id] = Waiting(mode, store, headers)
@@ -73,6 +71,12 @@ class RevokedWindows:
                 logger.warning("revoked %s: its window stays (%s)", task_id, error)
             else:
                 logger.info("revoked %s: its window is open again", task_id)
+
+
+def carries_window(headers: Mapping[str, object]) -> bool:
+    """Whether a received message carries a window to give back (one header read: the
+    check every message pays)."""
+    return header(headers, WINDOW_HEADER) is not None
 
 
 revoked_windows = RevokedWindows()
