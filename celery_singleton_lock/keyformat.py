@@ -49,7 +49,8 @@ class Field:
 
     def render(self, value: object) -> str:
         """``value`` as the template writes it (``ValueError``/``TypeError`` if it cannot)."""
-        return _FORMATTER.format_field(_FORMATTER.convert_field(value, self.conversion), self.spec)
+        converted = _FORMATTER.convert_field(value, self.conversion)  # !r, !s, !a or none
+        return format(converted, self.spec)
 
     def written(self) -> str:
         conversion = f"!{self.conversion}" if self.conversion else ""
