@@ -6,7 +6,8 @@ arguments here instead, for that execution to run with. ``offer`` keeps the valu
 while the holder named still holds the lock (one script), and ``take`` reads it once,
 after the holder let go of the lock: an offer either came before and is taken, or
 finds the holder gone and is not made, so none is lost. Offers are kept per holder (a
-hash beside the lock), so one to a later holder never replaces one not yet taken.
+hash beside the lock), so one to a later holder never replaces one not yet taken, and
+live as long as the lock (renewed with it): a holder that dies leaves none behind.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ from .redis import scripts
 from .redis.common import REDIS_ERRORS
 from .redis.store import RedisLock
 from .redlock.masters import Redlock
-
-# How long offers are kept untaken: an execution may wait for the key that long (its
-# hold renewed meanwhile), and one that ended without taking them leaves them this long.
-KEEP = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -43,13 +40,11 @@ class Offers:
         self._offer = store.client.register_script(scripts.OFFER)
         self._take = store.client.register_script(scripts.TAKE_OFFER)
 
-    def offer(self, name: str, holder: str, value: bytes, ttl: float) -> Offered:
-        """Keep ``value`` for ``holder`` of ``name`` for ``ttl`` seconds, if it holds it."""
+    def offer(self, name: str, holder: str, value: bytes) -> Offered:
+        """Keep ``value`` for ``holder`` of ``name`` while it holds it, if it does."""
         keys = self._store.keys(name)
         try:
-            reply = self._offer(
-                keys=[keys.lock, keys.offer], args=[holder, value, max(1, round(ttl * 1000))]
-            )
+            reply = self._offer(keys=[keys.lock, keys.offer], args=[holder, value])
         except REDIS_ERRORS as error:
             self._store.unavailable(error, name)
         if int(reply[0]) == 1:
@@ -75,7 +70,7 @@ class MemoryOffers:
         self._guard = threading.Lock()
         self._kept: dict[tuple[str, str], bytes] = {}  # (name, holder) -> value
 
-    def offer(self, name: str, holder: str, value: bytes, ttl: float) -> Offered:
+    def offer(self, name: str, holder: str, value: bytes) -> Offered:
         with self._guard:
             current = self._store.holder(name) or ""
             if current != holder:
@@ -103,4 +98,4 @@ def offers_of(store: object) -> Offers | MemoryOffers | None:
     return None if isinstance(store, Redlock) else _helpers.of(store)
 
 
-__all__ = ["KEEP", "MemoryOffers", "Offered", "Offers", "offers_of"]
+__all__ = ["MemoryOffers", "Offered", "Offers", "offers_of"]

@@ -17,7 +17,7 @@ from .. import outages
 from .. import signals as singleton_signals
 from ..exceptions import DuplicateTaskError, LockStoreUnavailableError
 from ..lease import HOLD, Contended
-from ..lease.offers import KEEP, Offered, offers_of
+from ..lease.offers import Offered, offers_of
 from ..modes import Replace, Replacement, arguments
 from ..modes.base import Publish
 from ..tokens import NAME_HEADER, holder_state, holder_task_id
@@ -149,7 +149,7 @@ def offer_of(
 
     def offer(hold: str, holder: str) -> Offered:
         value = arguments.dump(serializer, *call)
-        return offers.offer(hold, holder, value, max(context.queue_ttl, KEEP))
+        return offers.offer(hold, holder, value)
 
     return offer
 

@@ -14,6 +14,7 @@ from celery_singleton_lock.lease import HOLD, Lease
 from celery_singleton_lock.lease.offers import offers_of
 from celery_singleton_lock.modes import arguments
 
+from ..support.runs import wait_for
 from ..support.servers import RedisServer
 
 
@@ -35,13 +36,13 @@ def test_an_offer_is_kept_only_for_the_holder_and_taken_once(store: object) -> N
     assert offers is not None
     first = held(store.try_acquire("k", 30, token="x|h|1|n1|id1", take=HOLD))  # type: ignore[attr-defined]
     value = arguments.dump("json", ("v2",), {"when": datetime(2026, 1, 1)})
-    assert offers.offer("k", first.token, value, 60).kept
+    assert offers.offer("k", first.token, value).kept
     newer = arguments.dump("json", ("v3",), {})
-    assert offers.offer("k", first.token, newer, 60).kept  # the newest replaces it
-    refused = offers.offer("k", "x|h|1|n0|id0", value, 60)
+    assert offers.offer("k", first.token, newer).kept  # the newest replaces it
+    refused = offers.offer("k", "x|h|1|n0|id0", value)
     assert (refused.kept, refused.holder) == (False, first.token)
     store.release(first)  # type: ignore[attr-defined]
-    gone = offers.offer("k", first.token, value, 60)
+    gone = offers.offer("k", first.token, value)
     assert (gone.kept, gone.holder) == (False, "")  # let go: the call meets the free hold
     taken = offers.take("k", first.token)
     assert taken is not None
@@ -53,10 +54,10 @@ def test_an_offer_to_a_later_holder_leaves_one_not_yet_taken(store: object) -> N
     offers = offers_of(store)
     assert offers is not None
     first = held(store.try_acquire("p", 30, token="x|h|1|a|id1", take=HOLD))  # type: ignore[attr-defined]
-    assert offers.offer("p", first.token, arguments.dump("json", ("for-a",), {}), 60).kept
+    assert offers.offer("p", first.token, arguments.dump("json", ("for-a",), {})).kept
     store.release(first)  # type: ignore[attr-defined]
     second = held(store.try_acquire("p", 30, token="x|h|2|b|id2", take=HOLD))  # type: ignore[attr-defined]
-    assert offers.offer("p", second.token, arguments.dump("json", ("for-b",), {}), 60).kept
+    assert offers.offer("p", second.token, arguments.dump("json", ("for-b",), {})).kept
     a, b = offers.take("p", first.token), offers.take("p", second.token)
     assert a is not None
     assert b is not None
@@ -74,3 +75,20 @@ def test_any_serializer_travels_and_the_app_s_accept_content_is_kept() -> None:
 
 def test_a_redlock_keeps_no_offers() -> None:
     assert offers_of(Redlock.from_url("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")) is None
+
+
+def test_an_offer_lives_as_long_as_its_lock_renewed_with_it(redis_server: RedisServer) -> None:
+    # A holder that dies without taking its offer must leave no key behind.
+    client = redis.Redis.from_url(redis_server.url)
+    store = RedisLock(client, prefix="offers-ttl")
+    offers = offers_of(store)
+    assert offers is not None
+    lease = held(store.try_acquire("d", 5, token="x|h|1|d|id1", take=HOLD))
+    assert offers.offer("d", lease.token, arguments.dump("json", ("v",), {})).kept
+    lock_key, offer_key = store.keys("d").lock, store.keys("d").offer
+    assert 0 < client.pttl(offer_key) <= client.pttl(lock_key) + 5
+    store.extend(lease, 60)
+    assert client.pttl(offer_key) > 5_000  # renewed with the lock
+    store.extend(lease, 0.2)  # the holder stops renewing: both go together
+    wait_for(lambda: not client.exists(lock_key), 5, "the lock to expire")
+    wait_for(lambda: not client.exists(offer_key), 1, "its offers to expire with it")

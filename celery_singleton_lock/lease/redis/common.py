@@ -251,7 +251,7 @@ class LockBase(Generic[ClientT, ScriptT]):
         and its ttl in milliseconds."""
         Lease.require(lease, "extend")
         keys = self.keys(lease.name)
-        chosen = [keys.lock, keys.fence]
+        chosen = [keys.lock, keys.fence, keys.offer]
         if lease.yields_to is not None:
             chosen.append(self.keys(lease.yields_to[0]).lock)
         return chosen, self.ttl_ms(lease.ttl if ttl is None else ttl)
