@@ -104,9 +104,7 @@ def held_back(
                 name=start.name,
                 retry_after=PAUSE_RECHECK,
             )
-        # Held during this pause, so not before it began (whatever this machine's clock
-        # says against the operator's).
-        first = held_at if held_at is not None else max(time.time(), override.paused_at or 0.0)
+        first = held_at if held_at is not None else place(override, carried)
         slot = header(request, RATE_SLOT_HEADER)
         hold_back(
             delivery,
@@ -130,3 +128,14 @@ def held_back(
                 slot=None if carried is None else str(header(request, RATE_SLOT_HEADER)),
             )
     return override
+
+
+def place(override: Override, carried: tuple[float, float] | None) -> float:
+    """Where a run first held back by ``override``'s pause stands in line: the rate slot
+    its message carries (the order its calls were given slots), else now. A message sent
+    to arrive on its slot may come late, on a busy worker after calls given later slots;
+    its slot keeps its place. Not before the pause began, whatever this machine's clock
+    says against the operator's."""
+    now = time.time()
+    came = now if carried is None else min(now, carried[0])
+    return max(came, override.paused_at or 0.0)

@@ -3,6 +3,8 @@ times, and where a slot or a held-back run is after the pause."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from celery_singleton_lock import ConfigurationError
@@ -53,3 +55,17 @@ def test_an_override_out_of_range_is_refused() -> None:
         Override("k", limit=0)
     with pytest.raises(ConfigurationError, match="give at least one rate"):
         Override("k", rates=())
+
+
+def test_a_run_first_held_back_stands_in_line_at_its_rate_slot() -> None:
+    # A message sent to arrive on its slot may come late, after calls given later slots
+    # (a busy worker): its slot keeps its place in the line the resume lets go.
+    from celery_singleton_lock.run.admission import place
+
+    pause = changed(None, "k", paused=True)
+    assert pause.paused_at is not None
+    began = pause.paused_at
+    assert place(pause, (began - 3.0, began - 4.0)) == began  # due before the pause
+    assert place(pause, (began + 1e-3, began - 1.0)) == pytest.approx(began + 1e-3)
+    assert place(pause, (began + 3600.0, began)) <= time.time()  # never ahead of now
+    assert began <= place(pause, None) <= time.time()  # no slot: when it came
