@@ -21,9 +21,10 @@ def fixture_queue(cenv: CeleryEnv) -> Any:
     broker.delete(QUEUE)
 
 
-@pytest.fixture(name="three_workers")
+@pytest.fixture(name="three_workers", scope="module")
 def fixture_three_workers(celery_env: CeleryEnv, worker: Worker) -> Any:
-    """The shared worker and two more on its queue: six pool children in all."""
+    """The shared worker and two more on its queue: six pool children in all (for the
+    module: tests that kill one start their own)."""
     extra = [Worker(celery_env.env, queue=worker.queue) for _ in range(2)]
     try:
         for each in extra:

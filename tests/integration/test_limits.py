@@ -38,7 +38,7 @@ from ..support.apps import eager_app
 from ..support.cli import cli
 from ..support.modes import concurrency, of
 from ..support.rates import check_rate, closest_slots, rated_runs
-from ..support.runs import runs, started, wait_for
+from ..support.runs import runs, started, wait_for, waiting_for_a_wake_up
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 
@@ -363,10 +363,9 @@ class TestTotalLimit:
     ) -> None:
         app, tag = cenv.app_module, uuid.uuid4().hex[:6]
         worker = Worker(cenv.env, concurrency=children, pool=pool).start()
-        lock_server = cenv.lock_client()
 
         def waiting() -> int:  # the runs blocked on a wake-up of the total (BLPOP)
-            return sum(1 for c in lock_server.client_list() if c["cmd"] == "blpop")
+            return waiting_for_a_wake_up(cenv)
 
         def of_this_test(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return [r for r in records if f"-{tag}-" in str(r["item"])]

@@ -40,7 +40,7 @@ def value(found: dict[Any, float], name: str, **labels: str) -> float:
     return found.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-@pytest.fixture(name="metrics_worker")
+@pytest.fixture(name="metrics_worker", scope="module")
 def fixture_metrics_worker(celery_env: CeleryEnv) -> Iterator[tuple[Worker, int]]:
     port = free_port()
     worker = Worker(celery_env.env, extra_env={"CSL_METRICS_PORT": str(port)}).start()

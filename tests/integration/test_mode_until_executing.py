@@ -12,7 +12,14 @@ from ..support.modes import (
     of,
     storm,
 )
-from ..support.runs import assert_no_overlap, runs, started, wait_for
+from ..support.runs import (
+    assert_no_overlap,
+    requeued,
+    runs,
+    started,
+    wait_for,
+    waiting_for_a_wake_up,
+)
 from ..support.workers import Worker
 
 
@@ -43,7 +50,7 @@ class TestUntilExecutingInAWorker:
         first = refresh.apply_async(("s2", 1.5), queue=worker.queue)
         wait_for(lambda: started(cenv), 10, "first run")
         pending = refresh.apply_async(("s2",), queue=worker.queue)
-        time.sleep(0.5)  # it has met the running key and been requeued meanwhile
+        wait_for(lambda: requeued(worker.output(), pending.id), 10, "the pending call requeued")
         later = {refresh.apply_async(("s2",), queue=worker.queue).id for _ in range(5)}
         assert later == {pending.id}
         assert pending.get(timeout=20) == "s2"
@@ -56,7 +63,8 @@ class TestUntilExecutingInAWorker:
         first = patient.apply_async(("s3", 1.5), queue=worker.queue)
         wait_for(lambda: started(cenv), 10, "first run")
         pending = patient.apply_async(("s3",), queue=worker.queue)
-        time.sleep(0.5)  # parked in the second child, waiting for the push wake-up
+        # Parked in the second child, waiting for the push wake-up.
+        wait_for(lambda: waiting_for_a_wake_up(cenv), 10, "the pending call parked")
         assert {patient.apply_async(("s3",), queue=worker.queue).id for _ in range(5)} == {
             pending.id
         }
@@ -88,7 +96,7 @@ class TestUntilExecutingInAWorker:
         refresh.apply_async(("s5", 30.0), queue=worker.queue)
         [begun] = wait_for(lambda: started(cenv), 10, "run")
         pending = refresh.apply_async(("s5",), queue=worker.queue)
-        time.sleep(0.5)
+        wait_for(lambda: requeued(worker.output(), pending.id), 10, "the pending call requeued")
         killed = time.monotonic()
         os.kill(begun["pid"], signal.SIGKILL)
         assert pending.get(timeout=20) == "s5"

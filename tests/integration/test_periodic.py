@@ -17,7 +17,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from ..conftest import CeleryEnv
 from ..support.runs import assert_no_overlap, lock_keys, runs, wait_for
@@ -55,30 +58,38 @@ def _queued(cenv: CeleryEnv, queue: str) -> int:
     return int(cenv.broker.client().llen(queue))
 
 
+@pytest.fixture(name="tick_worker", scope="module")
+def fixture_tick_worker(celery_env: CeleryEnv) -> Iterator[Worker]:
+    """A worker of its own (two children) for the ticks, shared by the tests that leave
+    its queue empty."""
+    worker = Worker(celery_env.env, concurrency=2).start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
 class TestPeriodic:
-    def test_beat_dedupes_its_ticks_at_dispatch(self, cenv: CeleryEnv) -> None:
-        worker = Worker(cenv.env, concurrency=2).start()
-        try:
-            beat = {
-                **cenv.env,
-                "CSL_QUEUE": worker.queue,
-                "CSL_BEAT_TASK": "tests.support.celery_app.work",
-                "CSL_BEAT_EVERY": "0.3",
-                "CSL_BEAT_SECONDS": "1.5",
-            }
-            ticks = _beat(beat, 12).count(TICK)
-            wait_for(lambda: not lock_keys(cenv), 10, "the last run to end")
-            records = runs(cenv)
-            print(f"\nbeat: {ticks} ticks 0.3 s apart, {len(records)} runs of a 1.5 s task")
-            # One run at a time, each tick during a run (or while one is queued) refused:
-            # about one run in five ticks; one in three even if a loaded machine spaced
-            # the ticks twice as far apart.
-            assert 1 <= len(records) <= ticks // 3
-            assert_no_overlap(records)
-            assert _queued(cenv, worker.queue) == 0
-            assert "requeued" not in worker.output()
-        finally:
-            worker.stop()
+    def test_beat_dedupes_its_ticks_at_dispatch(self, cenv: CeleryEnv, tick_worker: Worker) -> None:
+        worker, mark = tick_worker, len(tick_worker.output())
+        beat = {
+            **cenv.env,
+            "CSL_QUEUE": worker.queue,
+            "CSL_BEAT_TASK": "tests.support.celery_app.work",
+            "CSL_BEAT_EVERY": "0.3",
+            "CSL_BEAT_SECONDS": "1.5",
+        }
+        ticks = _beat(beat, 12).count(TICK)
+        wait_for(lambda: not lock_keys(cenv), 10, "the last run to end")
+        records = runs(cenv)
+        print(f"\nbeat: {ticks} ticks 0.3 s apart, {len(records)} runs of a 1.5 s task")
+        # One run at a time, each tick during a run (or while one is queued) refused:
+        # about one run in five ticks; one in three even if a loaded machine spaced
+        # the ticks twice as far apart.
+        assert 1 <= len(records) <= ticks // 3
+        assert_no_overlap(records)
+        assert _queued(cenv, worker.queue) == 0
+        assert "requeued" not in worker.output()[mark:]
 
     def test_ticks_sent_by_name_pile_up_under_requeue(self, cenv: CeleryEnv) -> None:
         worker = Worker(cenv.env, concurrency=2).start()
@@ -93,23 +104,22 @@ class TestPeriodic:
         finally:
             worker.stop()  # its queue, with the piled-up ticks, is never consumed again
 
-    def test_ticks_sent_by_name_are_skipped_under_fail(self, cenv: CeleryEnv) -> None:
-        worker = Worker(cenv.env, concurrency=2).start()
-        try:
-            app, strict = cenv.app_module.app, cenv.app_module.strict
-            sent = []
-            for _ in range(5):
-                sent.append(app.send_task(strict.name, ("tick", 1.0), queue=worker.queue))
-                time.sleep(0.3)
-            wait_for(lambda: all(r.ready() for r in sent), 20, "every tick ended")
-            records = runs(cenv)
-            print(f"\nsend_task ticks under fail: {len(records)} of {len(sent)} ran")
-            # Ticks at 0, 0.3, ..., 1.2 s of a 1 s task: the first runs, those during it
-            # are skipped, at most one more runs; nothing is left queued or requeued.
-            assert 1 <= len(records) <= 2
-            assert_no_overlap(records)
-            assert _queued(cenv, worker.queue) == 0
-            assert "requeued" not in worker.output()
-            assert not lock_keys(cenv)
-        finally:
-            worker.stop()
+    def test_ticks_sent_by_name_are_skipped_under_fail(
+        self, cenv: CeleryEnv, tick_worker: Worker
+    ) -> None:
+        worker, mark = tick_worker, len(tick_worker.output())
+        app, strict = cenv.app_module.app, cenv.app_module.strict
+        sent = []
+        for _ in range(5):
+            sent.append(app.send_task(strict.name, ("tick", 1.0), queue=worker.queue))
+            time.sleep(0.3)
+        wait_for(lambda: all(r.ready() for r in sent), 20, "every tick ended")
+        records = runs(cenv)
+        print(f"\nsend_task ticks under fail: {len(records)} of {len(sent)} ran")
+        # Ticks at 0, 0.3, ..., 1.2 s of a 1 s task: the first runs, those during it
+        # are skipped, at most one more runs; nothing is left queued or requeued.
+        assert 1 <= len(records) <= 2
+        assert_no_overlap(records)
+        assert _queued(cenv, worker.queue) == 0
+        assert "requeued" not in worker.output()[mark:]
+        assert not lock_keys(cenv)

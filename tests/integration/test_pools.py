@@ -20,7 +20,14 @@ from celery_singleton_lock import DuplicateTaskError
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.rates import check_rate, rated_runs
-from ..support.runs import assert_no_overlap, lock_keys, runs, started, wait_for
+from ..support.runs import (
+    assert_no_overlap,
+    lock_keys,
+    runs,
+    started,
+    wait_for,
+    waiting_for_a_wake_up,
+)
 from ..support.workers import Worker
 
 POOLS = ["prefork", "threads", "gevent", "eventlet", "solo"]
@@ -107,7 +114,7 @@ class TestEveryPool:
         holder = _send(cenv, pool_worker, patient, "wait", 2.0)
         wait_for(lambda: started(cenv), what="the holder started")
         waiter = _send(cenv, pool_worker, patient, "wait", 0.0)
-        time.sleep(0.3)  # the waiter is taken and parks on the wake-up
+        wait_for(lambda: waiting_for_a_wake_up(cenv), what="the waiter parked on the wake-up")
         # While the waiter is parked on the push wake-up, the pool still runs other work.
         other = work.apply_async(("elsewhere", 0.0), queue=pool_worker.queue)
         assert other.get(timeout=20) == "elsewhere"
@@ -168,7 +175,8 @@ class TestEveryPool:
         results = [work.apply_async((f"cost-{n}",), queue=pool_worker.queue) for n in range(tasks)]
         for result in results:
             result.get(timeout=60)
-        time.sleep(0.5)  # the last release is read after the task reports success
+        # The last release comes after the task reports success.
+        wait_for(lambda: lock_keys(cenv) == [], 5, "the last release")
         spent = _calls(store) - before
         lines = pool_worker.output().splitlines()[log_before:]
         ours = [line for line in lines if "received" not in line and "succeeded" not in line]

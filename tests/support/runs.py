@@ -34,6 +34,16 @@ def lock_keys(cenv: CeleryEnv) -> list[bytes]:
     return [k for k in cenv.lock_client().scan_iter("t:*") if not k.endswith((b":fence",))]
 
 
+def waiting_for_a_wake_up(cenv: CeleryEnv) -> int:
+    """The clients parked on a release's push wake-up (BLPOP) on the lock store's server."""
+    return sum(1 for c in cenv.lock_client().client_list() if c["cmd"] == "blpop")
+
+
+def requeued(worker_output: str, task_id: str) -> bool:
+    """Whether the worker logged the message of ``task_id`` requeued (``run.resend``)."""
+    return f"[{task_id}] requeued in " in worker_output
+
+
 def assert_no_overlap(records: list[dict[str, Any]]) -> None:
     by_start = sorted(records, key=lambda r: r["start"])
     for a, b in itertools.pairwise(by_start):
