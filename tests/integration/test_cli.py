@@ -183,8 +183,8 @@ def test_a_rate_shows_what_may_start_now_and_when_the_next_may(cenv: CeleryEnv) 
     refused = cli(cenv, "release", row["key"])
     assert refused.returncode == 1
     assert "is a rate's schedule, not a lock" in refused.stderr
-    time.sleep(0.5)
-    assert listed(cenv, "--state", "limited") == []  # nothing left once the slots passed
+    # Nothing left once the slots passed.
+    wait_for(lambda: listed(cenv, "--state", "limited") == [], 5, "the slots passed")
 
 
 @pytest.mark.slow

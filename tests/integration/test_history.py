@@ -172,7 +172,7 @@ class TestHistory:
         store = task.singleton_context.store
         name = task.singleton_options().key.derive(("h7",), {})
         assert isinstance(store.try_acquire(name, 0.05, token=queued_token("gone")), Lease)
-        time.sleep(0.1)
+        wait_for(lambda: store.holder(name) is None, 5, "the hold expired")
         row_token = queued_token("gone")
         record = task.singleton_context.record(
             name, "gone", release=("released", "lost", "expired")
