@@ -26,7 +26,7 @@ from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 
-from ..lease import RidingRelease, Server, server_of
+from ..lease import RidingRelease, Server, pushes_of, server_of
 from ..lease.history import Record
 from ..outages import release_or_warn
 from . import versions
@@ -174,7 +174,7 @@ def release_with_result(
     server as its own ACL user, and nothing runs before that write that could want the
     lock free: a run with callbacks or a chain sends them before its result is stored.
     """
-    backend, pushes = task.backend, context.store.pushes
+    backend, pushes = task.backend, pushes_of(context.store)
     if (
         not context.stores.config.ride_broker
         or not versions.TESTED_HERE  # a backend named by its path, on another Celery

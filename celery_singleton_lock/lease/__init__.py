@@ -1,17 +1,17 @@
 """The Redis lease: owner-checked, fenced, renewed locks on any redis-py client; no Celery."""
 
 from .clock import Clock, ManualClock
-from .interface import LockStore, PushStore, SlotStore
+from .interface import LockStore, SlotStore
 from .lease import Lease
 from .limits.rates import Rate, Slot, parse_rate, rates_of
 from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .outcomes import Contended, ExtendResult, ReleaseResult
+from .pending import PendingAcquire
 from .redis.aio import AsyncRedisLock
 from .redis.clients import build as client_from_url
 from .redis.clients import describe
-from .redis.pending import PendingAcquire
-from .redis.pushes import Push, PushRefused, RidingRelease, RidingTake
+from .redis.pushes import Push, Pushes, PushRefused, RidingRelease, RidingTake, pushes_of
 from .redis.recording import append as append_history
 from .redis.recording import entries as history_entries
 from .redis.servers import Server, server_of
@@ -38,7 +38,7 @@ __all__ = [
     "PendingAcquire",
     "Push",
     "PushRefused",
-    "PushStore",
+    "Pushes",
     "Rate",
     "RedisLock",
     "Redlock",
@@ -58,6 +58,7 @@ __all__ = [
     "get_renewer",
     "history_entries",
     "parse_rate",
+    "pushes_of",
     "rates_of",
     "server_of",
     "slot",

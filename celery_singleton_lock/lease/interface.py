@@ -1,4 +1,4 @@
-"""``LockStore``: the interface ``RedisLock`` and ``MemoryLock`` share for the Celery layer.
+"""``LockStore``: what the Celery layer asks of a lock store, on Redis, a Redlock or in memory.
 
 ``entry`` (a ``history.Record``): the history entry an operation writes in its own
 step, on a store that keeps histories; the others take it and write nothing.
@@ -14,9 +14,7 @@ from .history import Record
 from .lease import Lease, LostCallback
 from .names import Held, LockKeys
 from .outcomes import Contended, ExtendResult, ReleaseResult
-from .redis.pending import PendingAcquire
-from .redis.pushes import Push, RidingRelease, RidingTake
-from .redis.servers import Server
+from .pending import PendingAcquire
 from .takeover import FRESH, TakeOver, WaitMode
 
 
@@ -48,36 +46,6 @@ class SlotStore(Protocol):
     ) -> Lease: ...
 
 
-class PushStore(Protocol):
-    """Lock operations riding a broker's round trips on the store's own server."""
-
-    server: Server
-
-    def hold_and_push(
-        self, name: str, ttl: object, push: Push, *, token: str, entry: Record | None = None
-    ) -> Lease | Contended: ...
-
-    def swap_and_push(
-        self,
-        name: str,
-        expected: str,
-        ttl: object,
-        push: Push,
-        *,
-        token: str,
-        record: str,
-        entry: Record | None = None,
-    ) -> Lease | Contended: ...
-
-    def riding_take(
-        self, name: str, ttl: object, *, token: str, take: TakeOver, entry: Record | None = None
-    ) -> RidingTake | None: ...
-
-    def riding_release(
-        self, lease: Lease, *, entry: Record | None = None
-    ) -> RidingRelease | None: ...
-
-
 class LockStore(Protocol):
     """What the Celery layer asks of a lock store, on Redis or in memory."""
 
@@ -86,9 +54,6 @@ class LockStore(Protocol):
 
     @property
     def slots(self) -> SlotStore: ...
-
-    @property
-    def pushes(self) -> PushStore | None: ...
 
     def keys(self, name: str) -> LockKeys: ...
 

@@ -18,11 +18,11 @@ from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from .clock import SYSTEM_CLOCK, Clock
 from .lease import YIELDED, Lease, LostCallback
-from .limits.slots import check_limit
 from .names import (
     DEFAULT_PREFIX,
     Held,
     LockKeys,
+    check_limit,
     new_token,
     parse_key,
     slot,
@@ -30,7 +30,7 @@ from .names import (
     validate_prefix,
 )
 from .outcomes import LOSS, Contended, ExtendResult, ReleaseResult
-from .redis.pending import PendingAcquire
+from .pending import PendingAcquire
 from .takeover import FRESH, TakeOver
 
 if TYPE_CHECKING:
@@ -84,11 +84,6 @@ class MemoryLock:
     @property
     def slots(self) -> MemorySlots:
         return MemorySlots(self)
-
-    @property
-    def pushes(self) -> None:
-        """Nothing to push to: a broker never shares this store's server."""
-        return None
 
     def keys(self, name: str) -> LockKeys:
         return LockKeys.build(self.prefix, validate_name(name))

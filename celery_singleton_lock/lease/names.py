@@ -49,6 +49,13 @@ def slot(name: str, number: int) -> str:
     return companion(name, f"slot{number}")
 
 
+def check_limit(limit: object) -> int:
+    """``limit`` as a counting lease's number of slots (1 to ``MAX_SLOTS``)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SLOTS:
+        raise ConfigurationError(f"limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}")
+    return limit
+
+
 def companion(name: str, role: str) -> str:
     """The name of a second lock beside ``name`` (e.g. its pending call's hold).
 

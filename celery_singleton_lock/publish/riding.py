@@ -23,9 +23,10 @@ from ..lease import (
     Lease,
     LockStore,
     Push,
+    Pushes,
     PushRefused,
-    PushStore,
     Server,
+    pushes_of,
 )
 from ..modes.base import Mode, Publish, Replacing
 from ..outages import release_or_warn
@@ -69,7 +70,7 @@ class PushedHold:
     def __init__(
         self,
         store: LockStore,
-        pushes: PushStore,
+        pushes: Pushes,
         lock_name: str,
         ttl: float,
         *,
@@ -174,12 +175,12 @@ def answered_early(
     return refused(Contended(hold, store.keys(hold).lock, holder, None))
 
 
-def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) -> PushStore | None:
+def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
     """The pushes a dispatch of ``context``'s task with ``options`` may ride; None: it
     holds apart. Eagerly nothing is published; ``connection=`` makes Celery use its own
     producer; a broker on another server pushes no hold (said by its URL, before a
     producer is taken to ask its channel)."""
-    pushes = context.store.pushes
+    pushes = pushes_of(context.store)
     config = context.stores.config
     if pushes is None or not config.ride_broker:
         return None
@@ -207,7 +208,7 @@ class Ride:
     server a broker channel may push to (``store.pushes``)."""
 
     store: LockStore
-    pushes: PushStore
+    pushes: Pushes
     hold: str  # the lock the dispatch holds
     outage: Callable[[LockStoreUnavailableError], None]
     producers: Callable[[], AbstractContextManager[Producer]]  # the app's producer_or_acquire

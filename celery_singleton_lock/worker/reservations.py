@@ -35,6 +35,7 @@ from ..lease import (
     Server,
     TakeOver,
     companion,
+    pushes_of,
 )
 from ..lease.history import Record
 from ..tokens import (
@@ -146,7 +147,7 @@ class Reservations:
             return None
         context: TaskContext = task.singleton_context
         plan = _plan(context, task_id, hostname, Received.of(headers))
-        pushes = context.store.pushes
+        pushes = pushes_of(context.store)
         if plan is None or pushes is None or not pushes.server.same_user(server):
             return None
         try:

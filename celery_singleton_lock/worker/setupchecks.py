@@ -11,6 +11,7 @@ from ..broker.transport import missed_ride
 from ..config.incumbents import foreign_settings
 from ..config.options import is_singleton
 from ..exceptions import ConfigurationError, SingletonLockError
+from ..lease import pushes_of
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -55,7 +56,7 @@ def check_worker_setup(app: Celery) -> list[str]:
             "noeviction there, or give the locks a Redis of their own (singleton_lock_url)"
         )
     # Outside the tested releases nothing rides, as the WARNING at binding said.
-    pushes = tasks[0].singleton_context.store.pushes if versions.TESTED_HERE else None
+    pushes = pushes_of(tasks[0].singleton_context.store) if versions.TESTED_HERE else None
     ride = tasks[0].singleton_context.stores.config.ride_broker
     for missed_by in (missed_ride, missed_result_ride):
         missed = None if pushes is None else missed_by(app, pushes.server, enabled=ride)

@@ -81,7 +81,26 @@ def _crossings(module: list[str], is_package: bool, source: str) -> list[str]:
     return crossings
 
 
+# The lease core: what every store shares, naming none of them. The stores (``redis/``,
+# ``redlock/``, ``limits/``) build on it; the helpers over every store (idempotency,
+# offers) and the package's face sit above them.
+LEASE_CORE = (
+    "clock", "errors", "history", "interface", "lease", "memory", "names", "outcomes",
+    "pending", "renewal", "takeover",
+)  # fmt: skip
+STORES = ("redis", "redlock", "limits")
+
+
 class TestLayers:
+    def test_the_lease_core_names_no_store(self) -> None:
+        found = []
+        for name in LEASE_CORE:
+            path = PACKAGE / "lease" / f"{name}.py"
+            for line, target in _imports(["lease", name], False, path.read_text()):
+                if target[:1] == ["lease"] and target[1:2] and target[1] in STORES:
+                    found.append(f"lease.{name}:{line} imports {'.'.join(target)}")
+        assert found == []
+
     def test_no_module_imports_from_a_higher_layer_or_another_process(self) -> None:
         found = []
         for path in sorted(PACKAGE.rglob("*.py")):

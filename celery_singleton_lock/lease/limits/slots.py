@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...exceptions import ConfigurationError
 from ..lease import Lease
-from ..names import MAX_SLOTS, new_token, slot
+from ..names import check_limit, new_token, slot
 from ..outcomes import Contended, text
 from ..redis import scripts
 from ..redis.calls import Arg
@@ -26,12 +26,6 @@ from ..redis.waits import pop_within
 
 if TYPE_CHECKING:
     from ..history import Record
-
-
-def check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SLOTS:
-        raise ConfigurationError(f"limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}")
-    return limit
 
 
 class Slots:

@@ -333,3 +333,11 @@ class Pushes:
     def _db(self, push: Push) -> int | str:
         """The list's database for the script: '' when it is the store's own."""
         return "" if push.db is None or push.db == self.server.db else push.db
+
+
+def pushes_of(store: object) -> Pushes | None:
+    """The pushes of ``store`` (``RedisLock.pushes``): one Redis server a broker may
+    share. None for a store in memory, a Redlock (no broker shares N masters), a
+    Cluster, or one that waits for replicas."""
+    found = getattr(store, "pushes", None)
+    return found if isinstance(found, Pushes) else None

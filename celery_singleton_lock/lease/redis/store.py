@@ -18,14 +18,15 @@ from ..lease import Lease, LostCallback
 from ..limits.slots import Slots
 from ..names import DEFAULT_PREFIX, Held
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
+from ..pending import PendingAcquire
 from ..renewal import Renewer, get_renewer
 from ..takeover import FRESH, TakeOver, WaitMode
 from . import recording
+from .answers import SentAcquire
 from .calls import Arg, Response, run_script
 from .clients import SyncClient, build, eviction_policy, is_async
 from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try
 from .inventory import BATCH, family, scan
-from .pending import PendingAcquire
 from .pipelining import Pipelining
 from .pushes import Pushes
 from .replicas import acknowledged, replicas_option, with_acks
@@ -151,7 +152,7 @@ class RedisLock(LockBase[SyncClient, Script]):
                 )
         except REDIS_ERRORS as error:
             self.unavailable(error, call.name)
-        return PendingAcquire(self, call, reply.sent_at or sent_at, reply)
+        return PendingAcquire(SentAcquire(self, call, reply.sent_at or sent_at, reply))
 
     def acquire(
         self,

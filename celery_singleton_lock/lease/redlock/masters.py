@@ -22,9 +22,9 @@ from ..lease import YIELDED, Lease, LostCallback, valid_until
 from ..limits.slots import QuorumSlots
 from ..names import DEFAULT_PREFIX, Held, LockKeys, new_token
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult
+from ..pending import PendingAcquire
 from ..redis import scripts
 from ..redis.inventory import BATCH
-from ..redis.pending import PendingAcquire
 from ..redis.store import RedisLock
 from ..redis.urls import redlock_masters
 from ..renewal import Renewer, get_renewer
@@ -94,10 +94,6 @@ class Redlock:
         if self._slots is None:
             self._slots = QuorumSlots(self)
         return self._slots
-
-    @property
-    def pushes(self) -> None:
-        return None  # no broker shares N masters
 
     def keys(self, name: str) -> LockKeys:
         return self.nodes[0].keys(name)

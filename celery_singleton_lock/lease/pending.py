@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from typing import NoReturn, Protocol
+from typing import Protocol
 
-from ..lease import Lease
-from ..outcomes import Contended
-from .calls import Response
-from .common import REDIS_ERRORS, Call
-from .replies import Reply
+from .lease import Lease
+from .outcomes import Contended
 
 
-class _Store(Protocol):
-    def outcome_of(self, call: Call, *, sent_at: float, reply: Response) -> Lease | Contended: ...
+class Answer(Protocol):
+    """A store's answer to one acquire, not read yet (on Redis: a reply on its way)."""
 
-    def unavailable(self, error: Exception, name: str | None = None) -> NoReturn: ...
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def token(self) -> str: ...
+
+    def lease_if_granted(self) -> Lease:
+        """The lease the acquire grants if the answer is yes (its fence not known yet)."""
+        ...
+
+    def read(self) -> Lease | Contended:
+        """Read the answer (once): store errors raise here."""
+        ...
 
 
 class PendingAcquire:
@@ -25,46 +34,33 @@ class PendingAcquire:
     ``Lease`` it grants holds the lock until released or expired.
     """
 
-    __slots__ = ("_call", "_lock", "_outcome", "_reply", "_sent_at")
+    __slots__ = ("_answer", "_outcome")
 
-    def __init__(
-        self,
-        lock: _Store | None,
-        call: Call | None,
-        sent_at: float,
-        reply: Reply | None,
-        *,
-        outcome: Lease | Contended | None = None,
-    ) -> None:
-        self._lock = lock
-        self._call = call
-        self._sent_at = sent_at
-        self._reply = reply
+    def __init__(self, answer: Answer | None, *, outcome: Lease | Contended | None = None) -> None:
+        self._answer = answer
         self._outcome = outcome
 
     @classmethod
     def settled(cls, outcome: Lease | Contended) -> PendingAcquire:
         """One whose answer is already known (stores without a wire, e.g. memory)."""
-        return cls(None, None, 0.0, None, outcome=outcome)
+        return cls(None, outcome=outcome)
 
-    def _sent(self) -> tuple[_Store, Call, Reply]:
-        # Every unsettled one was made with its store, call and reply.
-        assert self._lock is not None  # noqa: S101
-        assert self._call is not None  # noqa: S101
-        assert self._reply is not None  # noqa: S101
-        return self._lock, self._call, self._reply
+    def _sent(self) -> Answer:
+        # Every unsettled one was made with its answer.
+        assert self._answer is not None  # noqa: S101
+        return self._answer
 
     @property
     def name(self) -> str:
-        return self._sent()[1].name if self._outcome is None else self._outcome.name
+        return self._sent().name if self._outcome is None else self._outcome.name
 
     @property
     def token(self) -> str:
         """The token the acquire asked the lock under."""
-        if self._call is None:
+        if self._answer is None:
             assert self._outcome is not None  # noqa: S101  (a settled one)
             return self._outcome.token if isinstance(self._outcome, Lease) else ""
-        return self._call.token
+        return self._answer.token
 
     def lease_if_granted(self) -> Lease | None:
         """The lease this grants if the answer is yes, before it is read: to renew at once.
@@ -76,14 +72,9 @@ class PendingAcquire:
         """
         if self._outcome is not None:
             return self._outcome if isinstance(self._outcome, Lease) else None
-        return self._sent()[1].lease(fence=0, sent_at=self._sent_at)
+        return self._sent().lease_if_granted()
 
     def outcome(self) -> Lease | Contended:
         if self._outcome is None:
-            lock, call, sent = self._sent()
-            try:
-                reply = sent.get()
-            except REDIS_ERRORS as error:
-                lock.unavailable(error, call.name)
-            self._outcome = lock.outcome_of(call, sent_at=self._sent_at, reply=reply)
+            self._outcome = self._sent().read()
         return self._outcome
