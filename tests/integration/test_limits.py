@@ -87,7 +87,14 @@ class TestInAWorker:
         item = f"free-pause-{uuid.uuid4().hex[:8]}"
         name = app.planned.singleton_options().key.derive((item,), {})
         calls = [app.planned.apply_async((item, n), queue=worker.queue) for n in range(20)]
-        wait_for(lambda: len(item_runs(cenv, item)) >= 5, 20, "the first runs")
+
+        def in_line() -> bool:  # every call run, or deferred to a slot of its own
+            out, ran = worker.output(), {r["id"] for r in item_runs(cenv, item)}
+            return all(c.id in ran or f"[{c.id}] deferred" in out for c in calls)
+
+        # Before the pause every call is in the rate's line (a call first seen while
+        # paused has no slot: it takes one after the resume, maybe after later calls).
+        wait_for(lambda: len(item_runs(cenv, item)) >= 5 and in_line(), 20, "the calls in line")
         limits.set(app.app, name, paused=True)
         paused_at = time.time()
         # Held back, not dropped: none starts while paused (a second is the promise).
