@@ -7,7 +7,8 @@ while the holder named still holds the lock (one script), and ``take`` reads it 
 after the holder let go of the lock: an offer either came before and is taken, or
 finds the holder gone and is not made, so none is lost. Offers are kept per holder (a
 hash beside the lock), so one to a later holder never replaces one not yet taken, and
-live as long as the lock (renewed with it): a holder that dies leaves none behind.
+live as long again as the lock (renewed with it): the holder reads them just after it
+let go (or after a renewal that came late), and one that dies leaves none for long.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Offers:
         self._take = store.client.register_script(scripts.TAKE_OFFER)
 
     def offer(self, name: str, holder: str, value: bytes) -> Offered:
-        """Keep ``value`` for ``holder`` of ``name`` while it holds it, if it does."""
+        """Keep ``value`` for ``holder`` of ``name``, if it holds it (twice the lock's ttl)."""
         keys = self._store.keys(name)
         try:
             reply = self._offer(keys=[keys.lock, keys.offer], args=[holder, value])

@@ -130,12 +130,20 @@ def held_back(
     return override
 
 
+# Where the runs due before a pause stand: in the first moment after it began.
+EARLY_LINE = 0.01
+
+
 def place(override: Override, carried: tuple[float, float] | None) -> float:
     """Where a run first held back by ``override``'s pause stands in line: the rate slot
-    its message carries (the order its calls were given slots), else now. A message sent
-    to arrive on its slot may come late, on a busy worker after calls given later slots;
-    its slot keeps its place. Not before the pause began, whatever this machine's clock
-    says against the operator's."""
-    now = time.time()
+    its message carries (the order its calls were given slots: a message sent to arrive
+    on its slot may come late, on a busy worker after calls given later slots), else
+    when it came. Never before the pause began (whatever this machine's clock says
+    against the operator's): the runs whose slots fell before it stand first, in their
+    slots' order, within ``EARLY_LINE`` of its start, so the resume moves them as it
+    moves every other (``Override.moved`` leaves a time before the pause as it is)."""
+    now, began = time.time(), override.paused_at or 0.0
     came = now if carried is None else min(now, carried[0])
-    return max(came, override.paused_at or 0.0)
+    if came > began:
+        return came
+    return began + EARLY_LINE / (1.0 + began - came)

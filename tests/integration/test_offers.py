@@ -77,8 +77,8 @@ def test_a_redlock_keeps_no_offers() -> None:
     assert offers_of(Redlock.from_url("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")) is None
 
 
-def test_an_offer_lives_as_long_as_its_lock_renewed_with_it(redis_server: RedisServer) -> None:
-    # A holder that dies without taking its offer must leave no key behind.
+def test_an_offer_lives_a_ttl_past_its_lock_renewed_with_it(redis_server: RedisServer) -> None:
+    # A holder that dies without taking its offer must leave no key behind for long.
     client = redis.Redis.from_url(redis_server.url)
     store = RedisLock(client, prefix="offers-ttl")
     offers = offers_of(store)
@@ -86,9 +86,10 @@ def test_an_offer_lives_as_long_as_its_lock_renewed_with_it(redis_server: RedisS
     lease = held(store.try_acquire("d", 5, token="x|h|1|d|id1", take=HOLD))
     assert offers.offer("d", lease.token, arguments.dump("json", ("v",), {})).kept
     lock_key, offer_key = store.keys("d").lock, store.keys("d").offer
-    assert 0 < client.pttl(offer_key) <= client.pttl(lock_key) + 5
+    # As long again as the lock: read just after the holder let go, or a late renewal.
+    assert 5_000 < client.pttl(offer_key) <= 10_000  # the lock's ttl is 5 s
     store.extend(lease, 60)
-    assert client.pttl(offer_key) > 5_000  # renewed with the lock
-    store.extend(lease, 0.2)  # the holder stops renewing: both go together
+    assert client.pttl(offer_key) > 60_000  # renewed with the lock
+    store.extend(lease, 0.2)  # the holder stops renewing: the offers go a ttl later
     wait_for(lambda: not client.exists(lock_key), 5, "the lock to expire")
-    wait_for(lambda: not client.exists(offer_key), 1, "its offers to expire with it")
+    wait_for(lambda: not client.exists(offer_key), 2, "its offers a ttl after it")

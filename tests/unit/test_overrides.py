@@ -62,10 +62,15 @@ def test_a_run_first_held_back_stands_in_line_at_its_rate_slot() -> None:
     # (a busy worker): its slot keeps its place in the line the resume lets go.
     from celery_singleton_lock.run.admission import place
 
-    pause = changed(None, "k", paused=True)
-    assert pause.paused_at is not None
-    began = pause.paused_at
-    assert place(pause, (began - 3.0, began - 4.0)) == began  # due before the pause
+    began = time.time() - 60.0
+    pause = Override("k", paused=True, paused_at=began)
     assert place(pause, (began + 1e-3, began - 1.0)) == pytest.approx(began + 1e-3)
     assert place(pause, (began + 3600.0, began)) <= time.time()  # never ahead of now
     assert began <= place(pause, None) <= time.time()  # no slot: when it came
+    # Due before the pause: first, in their slots' order, just after the pause began,
+    # so the resume moves them as every other held back.
+    early, earlier = place(pause, (began - 0.2, began - 1.0)), place(pause, (began - 3.0, 0.0))
+    assert began < earlier < early <= began + 0.01
+    resumed = Override("k", paused_at=began, resumed_at=began + 30.0)
+    let_go = [resumed.moved(at, at) for at in (earlier, early, began + 1.0)]
+    assert began + 30.0 + RECHECK < let_go[0] < let_go[1] < let_go[2]

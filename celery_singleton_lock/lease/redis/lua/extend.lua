@@ -13,8 +13,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
--- Offers live as long as their lock: taken by the holder as it lets go, or gone with it
--- (a missing key is left missing).
-redis.call('PEXPIRE', KEYS[3], ARGV[2])
+-- Offers live as long again as their lock (offer.lua): taken by the holder as it lets go,
+-- or gone a ttl after it (a missing key is left missing).
+redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[2]))
 if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 1 then return 2 end
 return 1
