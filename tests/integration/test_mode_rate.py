@@ -166,10 +166,14 @@ class TestDispatch:
         assert [r.get(timeout=20) for r in results] == list(range(8))
         records = sorted(rated_runs(cenv), key=lambda r: r["slot"])
         check_rate(records, 10, 1.0)
-        # Each was sent once, on its slot: in the order of the calls.
-        assert [r["n"] for r in records] == list(range(8))
-        gaps = [b["slot"] - a["slot"] for a, b in itertools.pairwise(records)]
-        assert gaps == pytest.approx([0.1] * 7, abs=0.002)
+        # Each was sent once, on the slot its call reserved: in the order of the calls,
+        # one interval apart. A message that reached the worker later than its grace (a
+        # busy machine) was given the next free slot there instead, and says so.
+        log = worker.output()
+        kept = [r for r in records if f"[{r['id']}] deferred" not in log]
+        assert [r["n"] for r in kept] == sorted(r["n"] for r in kept)
+        for a, b in itertools.pairwise(kept):
+            assert b["slot"] - a["slot"] == pytest.approx(0.1 * (b["n"] - a["n"]), abs=0.002)
 
     def test_raise_refuses_before_anything_is_sent_and_says_when(
         self, cenv: CeleryEnv, worker: Worker
