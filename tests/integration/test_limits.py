@@ -82,8 +82,9 @@ class TestInAWorker:
     def _pause_and_resume(self, cenv: CeleryEnv, app: Any, worker: Worker) -> None:
         # A free tenant's plan: 5 a second. The calls take their places in line (rate
         # slots) as the worker first sees them; a deferred message that comes back later
-        # than its slot's grace (a busy worker: it is queued behind the other calls) is
-        # given the next free slot instead, so the line is the slots' order.
+        # than its slot's grace (a busy worker: it is queued behind the other calls)
+        # starts then, or on the next free slot, and its slot says which: the line is
+        # the slots' order.
         item = f"free-pause-{uuid.uuid4().hex[:8]}"
         name = app.planned.singleton_options().key.derive((item,), {})
         calls = [app.planned.apply_async((item, n), queue=worker.queue) for n in range(20)]

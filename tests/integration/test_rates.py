@@ -14,9 +14,10 @@ import pytest
 import redis
 
 from celery_singleton_lock import ConfigurationError, CostOverBurstError, MemoryLock, RedisLock
+from celery_singleton_lock.lease.clock import ManualClock
 from celery_singleton_lock.lease.limits.rates import Rate, parse_rate, rates_of
 
-from ..support.rates import most_units
+from ..support.rates import most_in_a_window, most_units
 
 
 @pytest.fixture(name="store", params=["redis", "memory"])
@@ -106,6 +107,69 @@ class TestAnswers:
         assert due.at == pytest.approx(later.at)
         # Asking counted nothing: the next reservation is the one after ``later``.
         assert rates.ask("d", rate, "reserve").at == pytest.approx(later.at + 0.2, abs=1e-6)
+
+
+class TestLateRuns:
+    """A run that comes later than its grace (its worker was saturated, or died holding
+    it) starts now if the runs that started leave room, else on the next free slot."""
+
+    def test_late_runs_start_now_while_the_starts_leave_room(self, store: Any) -> None:
+        if isinstance(store, MemoryLock):  # time moved by hand; Redis's passes
+            store = MemoryLock(prefix="test", clock=ManualClock())
+        rates, rate = rates_of(store), Rate(10, 1.0)  # a run every 0.1 s; grace 0.1 s
+        slots = [rates.ask("late", rate, "reserve") for _ in range(3)]
+        wait_until_past(rates.ask("late", rate, "peek").clock, slots[-1].at + 0.15, store)
+        late = [rates.ask("late", rate, "due", at=s.at, grace=0.1) for s in slots]
+        # The first starts now, not on its slot; the others would start with it: each is
+        # given the next free slot instead, in the order they came, 0.1 s apart.
+        assert [a.state for a in late] == ["now", "reserved", "reserved"]
+        assert late[0].at > slots[-1].at + 0.1
+        gaps = [b.at - a.at for a, b in itertools.pairwise(late)]
+        assert gaps == pytest.approx([0.1, 0.1], abs=1e-3)
+        # One whose turn is near waits for it where it is: now, after the wait, on the
+        # first start the runs that started leave (a slot reserved is a promise of the
+        # schedule; whoever starts first takes the start, the other is given another).
+        near = rates.ask("late", rate, "due", at=slots[0].at, grace=0.1, near=0.5)
+        assert near.state == "now"
+        assert near.at - late[0].at == pytest.approx(0.1, abs=1e-3)
+        assert near.wait == pytest.approx(near.at - near.clock, abs=1e-6)
+
+    def test_runs_late_on_every_return_all_start_within_the_rate(self) -> None:
+        # Workers that stay behind: every message comes back 0.5 s after its slot, five
+        # times the grace. Were a late run only given a new slot, none would ever start.
+        clock = ManualClock()
+        rates, rate, lag = rates_of(MemoryLock(prefix="test", clock=clock)), Rate(10, 1.0), 0.5
+        pending: list[tuple[float, int, float | None]] = [
+            (clock.time(), n, None) for n in range(40)
+        ]
+        started: dict[int, float] = {}
+        for _ in range(40 * 20):  # bounded: a livelock fails instead of hanging
+            if not pending:
+                break
+            pending.sort()
+            arrives, n, slot = pending.pop(0)
+            clock.advance(max(0.0, arrives - clock.time()))
+            if slot is None:
+                answer = rates.ask("busy", rate, "start", near=0.05)
+            else:
+                answer = rates.ask("busy", rate, "due", at=slot, grace=0.1, near=0.05)
+            if answer.now:
+                started[n] = answer.at
+            else:
+                pending.append((answer.at + lag, n, answer.at))
+        assert sorted(started) == list(range(40)), f"{40 - len(started)} never started"
+        starts = sorted(started.values())
+        assert most_in_a_window(starts, 1.0) <= 10  # the rate, in every window
+        took = starts[-1] - starts[0]
+        assert took < 40 / 10 * 2, f"{took:.1f}s: late runs cost the rate more than half"
+
+
+def wait_until_past(now: float, moment: float, store: Any) -> None:
+    """Until the rate's clock is past ``moment``: advanced (memory), or waited (Redis)."""
+    if isinstance(store, MemoryLock) and isinstance(store.clock, ManualClock):
+        store.clock.advance(max(0.0, moment - now))
+    else:
+        time.sleep(max(0.0, moment - now))
 
 
 class TestRedis:

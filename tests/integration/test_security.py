@@ -28,6 +28,7 @@ from celery_singleton_lock.config.settings import SingletonConfig
 from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.redis.clients import describe as redacted_url
 
+from ..support.runs import wait_for
 from ..support.servers import RedisServer
 
 SECRET = "s3cr3t-Pa55word"
@@ -276,6 +277,15 @@ def test_redacted_url_for_unix_sockets() -> None:
     assert redacted_url(client) == "unix://***@/tmp/x.sock?db=0"
 
 
+def answers(lock: Redlock) -> bool:
+    """Whether a majority of ``lock``'s masters answer a read (connections made)."""
+    try:
+        lock.holder("warm-up")
+    except LockStoreUnavailableError:
+        return False
+    return True
+
+
 def test_redlock_over_tls_with_a_password_never_shows_it(tmp_path: Path) -> None:
     """``redlocks://:password@h1,h2,h3``: every master over TLS with the same credentials;
     a wrong password on the masters is a configuration error that names no secret."""
@@ -298,6 +308,9 @@ def test_redlock_over_tls_with_a_password_never_shows_it(tmp_path: Path) -> None
             raise
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in servers)
         lock = Redlock.from_url(f"redlocks://:{SECRET}@{hosts}/0", ssl_ca_certs=str(ca_file))
+        # Connected first: three TLS handshakes can take longer on a loaded machine than
+        # a try waits for answers (part of its ttl), which would be an outage here.
+        wait_for(lambda: answers(lock), 30, "the masters answering over TLS")
         lease = lock.acquire("job", ttl=5, blocking=False)
         assert lock.release(lease) is ReleaseResult.RELEASED
         assert SECRET not in repr(lock)

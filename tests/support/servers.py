@@ -110,11 +110,21 @@ class RedisServer:
                     f"redis-server exited: {(self.dir / 'redis.log').read_text()[-2000:]}"
                 )
             with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
+                if self._answers():
+                    return self
             time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"redis-server did not listen on {self.port} within {timeout}s")
+
+    def _answers(self) -> bool:
+        """Whether the server answers a PING (any reply, a NOAUTH too): its event loop
+        runs, so every listener is open (a port accepts connections before that, and a
+        unix socket may not exist yet). A TLS port is only connected to."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as connection:
+            if self.tls:
+                return True
+            connection.sendall(b"PING\r\n")
+            return connection.recv(64)[:1] in (b"+", b"-")
 
     def stop(self) -> None:
         if self.process is None:

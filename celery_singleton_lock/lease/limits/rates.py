@@ -17,10 +17,20 @@ decided in one script: a call is charged against every one of them at the latest
 any of them gives, or against none. A limit is its place in the list: a rate changed in
 place keeps its schedule.
 
-Four ways to ask (``how``): ``take`` a slot now or be refused (``retry_after``);
-``reserve`` a slot now or the next free one, counted at once, so calls deferred in turn
-keep their order and never share a slot; ``peek`` at the budget without taking; and
-whether a slot reserved earlier is ``due`` yet (on the same clock, counting nothing).
+At dispatch, three ways to ask (``how``) of the schedule: ``take`` a slot now or be
+refused (``retry_after``); ``reserve`` a slot now or the next free one, counted at once,
+so calls deferred in turn keep their order and never share a slot; ``peek`` at the
+budget without taking. At a run's start, two: ``start`` on the next free slot, and
+whether a slot reserved earlier is ``due``. A run whose slot is ``near`` (less than
+sending the message round would cost) waits for it where it is: ``now``, with a ``wait``.
+
+A run starts through a second GCRA beside the schedule, the gate, which counts the slots
+runs started on. On its slot if it comes within its ``grace``; later than that (its
+worker was saturated, or died holding it) as soon as the gate has room if that is near,
+else on the next free slot. Slots alone would leave a late run only a new slot, and on
+workers that stay behind every run is late again: the slots pass unused and nothing
+starts. The gate lets through exactly what the schedule would: no window of the slots
+runs start on holds more than the rate.
 
 The clock is the server's (``TIME``), one for every worker; the in-memory store uses
 its own process's.
@@ -45,7 +55,10 @@ from ..redis.store import RedisLock
 if TYPE_CHECKING:
     from ..history import Record
 
-How = Literal["take", "reserve", "peek", "due"]
+How = Literal["take", "reserve", "peek", "start", "due"]
+
+# ``grace`` for a run that starts on its slot however late (a pause held it back).
+ANY_LATENESS = -1.0
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _CELERY_FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
@@ -203,16 +216,20 @@ class Rates(_RatesOf):
         *,
         entry: Record | None = None,
         paused: Pause | None = None,
+        grace: float = 0.0,
+        near: float = 0.0,
     ) -> Slot:
         """One script, one round trip (see the module's docstring): ``rate`` is one
         limit (a call costs one unit) or (rate, cost) pairs; ``at`` is the slot a
         ``due`` asks about; ``entry``, the history entry it writes; ``paused``, the
-        name's last pause (its schedule moves on by its length, once)."""
+        name's last pause (its schedule moves on by its length, once); ``grace``, how
+        late a run may start on its slot (``ANY_LATENESS``: however late); ``near``, how
+        soon a run's slot must come for it to wait there (``now``, with ``wait``)."""
         limits = charges(rate)
         check_cost(name, limits)
         began, ended = paused if paused is not None else (0.0, 0.0)
         args: list[int | str] = [how, round(at * 1e6) if how == "due" else 0]
-        args += [round(began * 1e6), round(ended * 1e6)]
+        args += [round(began * 1e6), round(ended * 1e6), _micros(grace), _micros(near)]
         for each, cost in limits:
             interval = max(1, round(each.interval * 1e6))
             units = int(cost) if cost == int(cost) else repr(float(cost))
@@ -235,6 +252,7 @@ class MemoryRates(_RatesOf):
         super().__init__(store)
         self._memory = store
         self._tats: dict[str, list[float]] = {}  # key -> each limit's TAT, in order
+        self._gates: dict[str, list[float]] = {}  # key -> each limit's start TAT
         self._applied: dict[str, float] = {}  # key -> the last resume its TATs moved for
 
     def ask(
@@ -246,6 +264,8 @@ class MemoryRates(_RatesOf):
         *,
         entry: Record | None = None,  # no history here
         paused: Pause | None = None,
+        grace: float = 0.0,
+        near: float = 0.0,
     ) -> Slot:
         limits = charges(rate)
         check_cost(name, limits)
@@ -253,13 +273,16 @@ class MemoryRates(_RatesOf):
             now = self._memory.clock.time()
             if len(self._tats) > 1000:  # names whose next call is due hold nothing
                 self._tats = {k: t for k, t in self._tats.items() if max(t, default=0) > now}
+                self._gates = {k: g for k, g in self._gates.items() if k in self._tats}
             key = self.key(name)
-            stored = self._tats.get(key, [])
+            stored, gates = self._tats.get(key, []), self._gates.get(key, [])
             if paused is not None and paused[1] > self._applied.get(key, 0.0):
                 began, ended = paused  # the resume's move, made once
                 stored = [tat + ended - began if tat > began else tat for tat in stored]
-                self._tats[key], self._applied[key] = stored, ended
+                gates = [tat + ended - began if tat > began else tat for tat in gates]
+                self._tats[key], self._gates[key], self._applied[key] = stored, gates, ended
             tats = [max(stored[i] if i < len(stored) else now, now) for i in range(len(limits))]
+            gated = [gates[i] if i < len(gates) else 0.0 for i in range(len(limits))]
             slot, limiting = now, 0
             for i, ((each, cost), tat) in enumerate(zip(limits, tats, strict=True)):
                 tolerance = (each.burst - 1) * each.interval
@@ -277,16 +300,53 @@ class MemoryRates(_RatesOf):
                 wait = max(0.0, slot - now)
                 return Slot(_STATES[state], slot, wait, left or 0, now, free, limiting)
 
-            if how == "due":
-                return answer(2 if at > now else 1, at, tats)
+            def charged(times: list[float], at: float) -> list[float]:
+                return [
+                    max(tat, at) + cost * each.interval if cost > 0 else tat
+                    for (each, cost), tat in zip(limits, times, strict=True)
+                ]
+
+            # The gate (see the module's docstring): the earliest a run may start.
+            # (Less a microsecond: the script's sums are whole microseconds, these not.)
+            gate = max(
+                (
+                    tat + (cost - each.burst) * each.interval - 1e-6
+                    for (each, cost), tat in zip(limits, gated, strict=True)
+                    if cost > 0
+                ),
+                default=0.0,
+            )
+            if how == "due" and at > now + near:
+                return answer(2, at, tats)  # early: counts nothing
             if how == "peek" or (how == "take" and slot > now):
                 return answer(0 if slot > now else 1, slot, tats)
-            tats = [
-                max(tat, slot) + cost * each.interval if cost > 0 else tat
-                for (each, cost), tat in zip(limits, tats, strict=True)
-            ]
+            begins = None
+            if how in ("start", "due"):
+                slot, begins = _start(how, at, slot, gate, now=now, grace=grace, near=near)
+            if begins is not None:
+                self._gates[key] = charged(gated, begins)
+                if how == "due":  # its slot was counted when it was reserved
+                    return answer(1, begins, tats)
+            tats = charged(tats, slot)
             self._tats[key] = tats
+            if begins is not None:
+                return answer(1, begins, tats)
             return answer(2 if slot > now else 1, slot, tats)
+
+
+def _start(
+    how: How, at: float, slot: float, gate: float, *, now: float, grace: float, near: float
+) -> tuple[float, float | None]:
+    """A run's start (the script's steps): (the schedule's slot, the slot it starts on or
+    None). ``due``: on its slot ``at`` within its grace, else the ``gate``'s opening if
+    ``near``; ``start``: the later of the schedule's ``slot`` and the gate's, if near."""
+    if how == "due":
+        if grace < 0 or (now - at <= grace and gate <= at):
+            return slot, at
+        opening = max(gate, now)
+        return (slot, opening) if opening <= now + near else (max(slot, gate), None)
+    slot = max(slot, gate)
+    return slot, (max(slot, now) if slot <= now + near else None)
 
 
 def budget(rate: Rate, ahead: float) -> tuple[int, float]:
@@ -294,6 +354,10 @@ def budget(rate: Rate, ahead: float) -> tuple[int, float]:
     schedule (the next call's theoretical arrival time) is ``ahead`` seconds from now."""
     tolerance = (rate.burst - 1) * rate.interval
     return _remaining(0.0, tolerance, ahead, rate.interval), max(0.0, ahead - tolerance)
+
+
+def _micros(seconds: float) -> int:
+    return -1 if seconds < 0 else round(seconds * 1e6)
 
 
 def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int:
@@ -317,6 +381,7 @@ def rates_of(store: object) -> Rates | MemoryRates:
 
 
 __all__ = [
+    "ANY_LATENESS",
     "Charges",
     "MemoryRates",
     "Pause",
