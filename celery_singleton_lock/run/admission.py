@@ -27,7 +27,7 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
     request = delivery.request
     after = unless_paused(delivery.context, delivery, start)
     start = replace(start, override=after.override)
-    slot = mode.admit(start, call, after.slot, held=after.held)
+    slot = mode.admit(start, call, after.slot, held=after.held, eager=request.is_eager)
     if slot is None:
         return start
     singleton_signals.send(
@@ -40,8 +40,8 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
         remaining=slot.remaining,
         next_slot=slot.free,
     )
-    if slot.now and after.slot is not None and slot.at > after.slot:
-        # Later than its grace: it starts when the rate's gate has room, not on its slot.
+    if slot.now and after.slot is not None and slot.clock > after.slot and slot.at > after.slot:
+        # Late: it starts when the rate's gate has room, not on its slot.
         logger.info(
             "%s[%s] late for its slot of %s's rate by %.3fs: starts in %.3fs",
             delivery.name,

@@ -1,10 +1,11 @@
 """Per-name rate limits: GCRA in one script per call, a slot now or the next one reserved.
 
 GCRA (the generic cell rate algorithm: redis-cell's and Stripe's, ``scripts.RATE``)
-keeps one number per name and limit, the theoretical arrival time (TAT) of the next
-call, in a key beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the
-inventory lists) that expires once every TAT has passed: O(1) memory, nothing left
-behind. It is exact: with ``limit`` units per ``period`` and a ``burst`` of B, units
+keeps two numbers per name and limit, the theoretical arrival time (TAT) of the next
+call's slot (the schedule) and of the next run's start (the gate, below), in a key
+beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the inventory lists)
+that expires once every TAT has passed: O(1) memory, nothing left behind. It is exact:
+with ``limit`` units per ``period`` and a ``burst`` of B, units
 start no closer than ``period / limit`` apart once the burst is spent, and no window of
 length W holds more than B - 1 + ceil(W * limit / period) of them (with B = 1 and one
 unit a call, at most ``limit`` calls in any window of ``period``). A sliding-window
@@ -29,8 +30,10 @@ runs started on. On its slot if it comes within its ``grace``; later than that (
 worker was saturated, or died holding it) as soon as the gate has room if that is near,
 else on the next free slot. Slots alone would leave a late run only a new slot, and on
 workers that stay behind every run is late again: the slots pass unused and nothing
-starts. The gate lets through exactly what the schedule would: no window of the slots
-runs start on holds more than the rate.
+starts. The gate lets through what the schedule would: no window of the slots runs
+start on holds more than the rate (plus ``burst - 1``), however late they come or the
+order they come in; a run a pause held back starts on its slot however late, if the
+gate lets it.
 
 The clock is the server's (``TIME``), one for every worker; the in-memory store uses
 its own process's.
@@ -172,11 +175,6 @@ class Slot:
     limiting: int = 0  # which of the name's limits set the slot (its place in the list)
 
     @property
-    def late(self) -> float:
-        """Seconds the slot had passed when it was asked about (``due``)."""
-        return max(0.0, self.clock - self.at)
-
-    @property
     def now(self) -> bool:
         return self.state == "now"
 
@@ -216,7 +214,7 @@ class Rates(_RatesOf):
         *,
         entry: Record | None = None,
         paused: Pause | None = None,
-        grace: float = 0.0,
+        grace: float = ANY_LATENESS,
         near: float = 0.0,
     ) -> Slot:
         """One script, one round trip (see the module's docstring): ``rate`` is one
@@ -264,7 +262,7 @@ class MemoryRates(_RatesOf):
         *,
         entry: Record | None = None,  # no history here
         paused: Pause | None = None,
-        grace: float = 0.0,
+        grace: float = ANY_LATENESS,
         near: float = 0.0,
     ) -> Slot:
         limits = charges(rate)
@@ -272,8 +270,10 @@ class MemoryRates(_RatesOf):
         with self._memory.guard:
             now = self._memory.clock.time()
             if len(self._tats) > 1000:  # names whose next call is due hold nothing
-                self._tats = {k: t for k, t in self._tats.items() if max(t, default=0) > now}
-                self._gates = {k: g for k, g in self._gates.items() if k in self._tats}
+                ahead = {k for k, t in self._tats.items() if max(t, default=0) > now}
+                ahead |= {k for k, g in self._gates.items() if max(g, default=0) > now}
+                self._tats = {k: t for k, t in self._tats.items() if k in ahead}
+                self._gates = {k: g for k, g in self._gates.items() if k in ahead}
             key = self.key(name)
             stored, gates = self._tats.get(key, []), self._gates.get(key, [])
             if paused is not None and paused[1] > self._applied.get(key, 0.0):
@@ -341,7 +341,7 @@ def _start(
     None). ``due``: on its slot ``at`` within its grace, else the ``gate``'s opening if
     ``near``; ``start``: the later of the schedule's ``slot`` and the gate's, if near."""
     if how == "due":
-        if grace < 0 or (now - at <= grace and gate <= at):
+        if (grace < 0 or now - at <= grace) and gate <= at:
             return slot, at
         opening = max(gate, now)
         return (slot, opening) if opening <= now + near else (max(slot, gate), None)

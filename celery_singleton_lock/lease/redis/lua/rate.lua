@@ -148,7 +148,7 @@ if how == 'due' then
   -- On its slot if it came within its grace (the slot was counted when it was
   -- reserved), else the gate's next opening if near.
   local gate = opens()
-  if grace < 0 or (now - reserved <= grace and gate <= reserved) then
+  if (grace < 0 or now - reserved <= grace) and gate <= reserved then
     at = reserved
   elseif math.max(gate, now) <= now + near then
     at = math.max(gate, now)
