@@ -29,7 +29,7 @@ from datetime import timedelta
 from ..exceptions import ConfigurationError, RateLimitedError
 from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_of
 from ..lease.limits.overrides import Override
-from ..lease.limits.rates import ANY_LATENESS, Charges, check_cost
+from ..lease.limits.rates import ANY_LATENESS, Charges, How, check_cost
 from .base import Call, Holder, Mode, Start
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
@@ -39,7 +39,8 @@ _PLAN_CACHE_SIZE = 10_000
 # A message that reaches its slot later than one interval of its rate, or than this if
 # more (its worker died holding it and it was redelivered; the workers were saturated),
 # does not start on it: late runs must not bunch up with the runs after them. It starts
-# now if the runs that started leave room (the rate's gate), else on the next free slot.
+# when the runs that started leave room (the rate's gate) if that is near, else on the
+# next free slot.
 # So in any window, runs start at most ceil(grace / interval) more often than the rate
 # (one more, for rates up to 20 a second).
 MIN_GRACE = 0.05
@@ -330,26 +331,15 @@ class Rated(Mode):
             return None
         rates = rates_of(start.store)
         pause = start.override.pause if start.override is not None else None
-        grace = max(min(rate.interval for rate, _ in limits), MIN_GRACE)
-        if slot is None:
-            near = EAGER_NEAR if eager else NEAR
-            return rates.ask(
-                start.name, limits, "start", entry=start.entry, paused=pause, near=near
-            )
         # A run held back by a pause is as late as every other held back with it (they
         # come round on one cadence): kept on its slot, they keep their order.
-        if held:
-            grace = ANY_LATENESS
+        grace = ANY_LATENESS if held else max(min(r.interval for r, _ in limits), MIN_GRACE)
+        how: How = "start" if slot is None else "due"
+        near = EAGER_NEAR if eager else NEAR  # (an eager call carries no slot)
         return rates.ask(
-            start.name,
-            limits,
-            "due",
-            at=slot,
-            entry=start.entry,
-            paused=pause,
-            grace=grace,
-            near=NEAR,
-        )
+            start.name, limits, how, at=slot or 0.0, entry=start.entry, paused=pause,
+            grace=grace, near=near,
+        )  # fmt: skip
 
     def take(self, start: Start) -> Lease | Contended:
         return self.inner.take(start)
