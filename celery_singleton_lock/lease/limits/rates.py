@@ -291,12 +291,14 @@ class MemoryRates(_RatesOf):
                     slot, limiting = fits, i
 
             def answer(state: int, slot: float, tats: list[float]) -> Slot:
+                # By the schedule and the gate both, as the script answers.
                 left, free = None, now
-                for (each, _), tat in zip(limits, tats, strict=True):
+                for (each, _), tat, gate in zip(limits, tats, gated, strict=True):
+                    ahead = max(tat, gate)
                     tolerance = (each.burst - 1) * each.interval
-                    room = _remaining(now, tolerance, tat, each.interval)
+                    room = _remaining(now, tolerance, ahead, each.interval)
                     left = room if left is None else min(left, room)
-                    free = max(free, tat - tolerance)
+                    free = max(free, ahead - tolerance)
                 wait = max(0.0, slot - now)
                 return Slot(_STATES[state], slot, wait, left or 0, now, free, limiting)
 
@@ -324,7 +326,7 @@ class MemoryRates(_RatesOf):
             if how in ("start", "due"):
                 slot, begins = _start(how, at, slot, gate, now=now, grace=grace, near=near)
             if begins is not None:
-                self._gates[key] = charged(gated, begins)
+                gated = self._gates[key] = charged(gated, begins)
                 if how == "due":  # its slot was counted when it was reserved
                     return answer(1, begins, tats)
             tats = charged(tats, slot)

@@ -88,15 +88,18 @@ for i = 7, #ARGV, 3 do
 end
 
 local function answer(state, at, tats)
-  -- the one-unit calls every limit lets start now after this one, and when the next may
+  -- the one-unit calls every limit lets start now after this one, and when the next may:
+  -- by the schedule and the gate both (a late run that started at the gate's opening
+  -- moved the gate past the schedule)
   local left, free = nil, now
   for i, limit in ipairs(limits) do
+    local ahead = math.max(tats[i], limit.gate)
     local room = 0
-    if now + limit.tolerance >= tats[i] then
-      room = math.floor((now + limit.tolerance - tats[i]) / limit.interval) + 1
+    if now + limit.tolerance >= ahead then
+      room = math.floor((now + limit.tolerance - ahead) / limit.interval) + 1
     end
     if left == nil or room < left then left = room end
-    free = math.max(free, tats[i] - limit.tolerance)
+    free = math.max(free, ahead - limit.tolerance)
   end
   return {state, at, math.max(0, at - now), left or 0, now, free, limiting}
 end
