@@ -249,7 +249,9 @@ class TestCopies:
     ) -> None:
         durable = cenv.app_module.charge_durable
         key, queue = _key(), "idem-redelivery"
-        env = {"CSL_VISIBILITY_TIMEOUT": "2"}
+        # A short lease: the redelivery contends with the dead worker's lease until it
+        # runs out (its requeues back off meanwhile), then ends without running.
+        env = {"CSL_VISIBILITY_TIMEOUT": "2", "CSL_TTL": "3"}
         # The whole worker dies once the success is stored, before the ack; the message
         # comes back to the next worker, which ends with that result without running.
         doomed = Worker(cenv.env, extra_env=env, queue=queue).start()
