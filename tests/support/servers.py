@@ -40,6 +40,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def tls_args(where: Path) -> tuple[tuple[str, ...], Path]:
+    """A server's TLS options with a private CA's certificate for 127.0.0.1 (written under
+    ``where``), and the CA's file a client trusts it with."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert_file, key_file, ca_file = where / "c.pem", where / "k.pem", where / "ca.pem"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    ca.cert_pem.write_to_path(str(ca_file))
+    args = ("--tls-port", "--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file),
+            "--tls-ca-cert-file", str(ca_file), "--tls-auth-clients", "no")  # fmt: skip
+    return args, ca_file
+
+
 class RedisServer:
     """One redis-server child process; restartable on the same port."""
 
