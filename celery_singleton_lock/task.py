@@ -24,7 +24,7 @@ from celery.utils import uuid
 from . import broker
 from . import signals as singleton_signals
 from .broker import results
-from .config.idempotency import warn_if_results_are_short
+from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
 from .exceptions import DuplicateTaskError
@@ -35,7 +35,7 @@ from .publish.dispatch import in_canvas
 from .publish.idempotent import key_of_call, send_once
 from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
-from .run import cancels, idempotent
+from .run import cancels, replays
 from .run.execution import Execution, failed_run
 from .tokens import (
     BYPASS_OPTION,
@@ -311,13 +311,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         cancels.watch(self, request, lease)
         ran = False  # the body was called (a replayed outcome is not a run that failed)
         try:
-            replay = idempotent.begin(
+            replay = replays.begin(
                 self.singleton_context,
                 request,
                 execution.call,
                 name=lease.name,
                 sender=self,
-                results=partial(idempotent.kept_results, self, request),
+                results=partial(replays.kept_results, self, request),
             )
             if replay is not None:
                 return replay.answer()
@@ -335,7 +335,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 end = partial(self._release_at_end, request, lease, acquired)
                 # A run with an idempotency key keeps its lease until its outcome is
                 # written, after Celery stored the result: no copy starts in between.
-                if not idempotent.release_after_end(request, end):
+                if not replays.release_after_end(request, end):
                     end(ride=True)
 
     def _release_at_end(

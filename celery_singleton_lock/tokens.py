@@ -64,7 +64,7 @@ CALL_HEADERS = (HELD_HEADER, BACKLOG_HEADER)
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.
 LEASE_HEADER = "singleton_lock_lease"
-# The call's idempotency key (``config/idempotency.py``): its work is done once per key.
+# The call's idempotency key (``config/idempotency_options.py``): its work is done once per key.
 IDEMPOTENCY_HEADER = "singleton_lock_idempotency_key"
 
 

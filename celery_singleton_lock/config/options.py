@@ -27,9 +27,9 @@ from ..modes import (
     cancel_options,
 )
 from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
-from .idempotency import Idempotency, idempotency_option, refused_by_mode
+from .idempotency_options import Idempotency, idempotency_option, refused_by_mode
 from .incumbents import FOREIGN_OPTIONS, explain_unknown
-from .limits import limit_option, max_pending_option, rate_option, total_limit_option
+from .limit_options import limit_option, max_pending_option, rate_option, total_limit_option
 
 OPTION_NAMES = (
     "key",

@@ -17,7 +17,7 @@ from celery import states
 
 from .. import outages
 from .. import signals as singleton_signals
-from ..config.idempotency import warn_once_for_call_keys
+from ..config.idempotency_options import warn_once_for_call_keys
 from ..config.options import SingletonOptions
 from ..context import TaskContext
 from ..exceptions import IdempotencyConflictError, LockStoreUnavailableError

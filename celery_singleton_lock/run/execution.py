@@ -64,8 +64,8 @@ from ..tokens import (
     running_token,
 )
 from .admission import admit
-from .backlog import leave_place
 from .holds import PendingHold
+from .places import leave_place
 from .resend import send_again
 
 logger = logging.getLogger(__name__)

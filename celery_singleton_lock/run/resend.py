@@ -23,8 +23,8 @@ from ..tokens import (
     TOKEN_HEADER,
     slot_header,
 )
-from .backlog import keep_place
 from .holds import PendingHold
+from .places import keep_place
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""Limits on a name: up to N holders at once (slots), and a rate (GCRA) per name."""
+"""Limits on a name: holders at once (slots), a rate (GCRA), calls waiting, operators' overrides."""
