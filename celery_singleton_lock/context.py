@@ -1,10 +1,8 @@
 """The typed views of a singleton task its helpers get: ``TaskContext`` and ``Delivery``.
 
-Helpers (the execution, a pending hold, the worker's reservations, the outage policy)
-read what they need of a task through these objects instead of the task itself:
-``TaskContext`` is the task's options, the app's lock stores and the lease times in
-force; ``Delivery`` is one message being run (its request, and what may be done with
-it: store a state under its id, send it again). Model: tenacity's ``RetryCallState``.
+Helpers (the execution, a pending hold, the worker's reservations, the outage policy) read
+what they need of a task through these objects instead of the task itself. Model:
+tenacity's ``RetryCallState``.
 """
 
 from __future__ import annotations
@@ -25,8 +23,9 @@ if TYPE_CHECKING:
 
 
 class TaskContext:
-    """What one singleton task's helpers may read of it. Cheap to make: it caches nothing,
-    so a test that swaps the app's settings (``LockStores.forget``) is seen at once."""
+    """What one singleton task's helpers may read of it: the task's options, the app's lock
+    stores and the lease times in force. Cheap to make: it caches nothing, so a test that
+    swaps the app's settings (``LockStores.forget``) is seen at once."""
 
     __slots__ = ("_options", "app", "name")
 
@@ -127,7 +126,8 @@ class Request(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One delivery of a singleton task's message, as its execution sees it.
+    """One delivery of a singleton task's message, as its execution sees it: its request,
+    and what may be done with it (store a state under its id, send it again).
 
     The task makes one per run (``SingletonTask.__call__``); the execution reads the
     request through it and acts on the message only through its two callables.

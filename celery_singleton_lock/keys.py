@@ -1,21 +1,8 @@
 """Canonical lock names from a task name and the arguments of one call.
 
-The sender derives the name before publishing and a worker may derive it again from
-the message it received, after the arguments went through Celery's JSON serializer.
-Both must get the same name, and two calls must share a name only when they are the
-same call. So arguments are bound to the function's signature (defaults applied,
-keyword order irrelevant) and encoded canonically with a type tag per value, in the
-shapes JSON carries (a tuple is a list, a dict key is a string), then hashed.
-
-``key`` chooses what identifies a call:
-
-- ``None``: every argument;
-- a list of parameter names: just those (checked against the signature up front);
-- a format string such as ``"request:{request_idx}"``: the formatted text *is* the lock
-  name, not prefixed with the task name, so different tasks naming the same request
-  share one lock;
-- a callable: receives the call's arguments by name (defaults applied) and returns
-  the lock name as a string, shared across tasks like a format string.
+The sender derives the name before publishing and a worker may derive it again after the
+arguments went through Celery's JSON serializer: both must get the same name, and two calls
+must share a name only when they are the same call.
 """
 
 from __future__ import annotations
@@ -124,7 +111,22 @@ class _Bound:
 
 
 class KeySpec:
-    """How one task turns a call's arguments into a lock name. Validated when built."""
+    """How one task turns a call's arguments into a lock name. Validated when built.
+
+    Arguments are bound to the function's signature (defaults applied, keyword order
+    irrelevant) and encoded canonically with a type tag per value (``encode``), in the
+    shapes JSON carries (a tuple is a list, a dict key is a string), then hashed.
+
+    ``key`` chooses what identifies a call:
+
+    - ``None``: every argument;
+    - a list of parameter names: just those (checked against the signature up front);
+    - a format string such as ``"request:{request_idx}"``: the formatted text *is* the lock
+      name, not prefixed with the task name, so different tasks naming the same request
+      share one lock;
+    - a callable: receives the call's arguments by name (defaults applied) and returns
+      the lock name as a string, shared across tasks like a format string.
+    """
 
     def __init__(
         self,

@@ -1,15 +1,8 @@
 """What to do when a key is taken: small policy objects that read as configuration.
 
-On a duplicate at dispatch (``on_duplicate``): ``"return"`` the holder's AsyncResult,
-``"raise"`` ``DuplicateTaskError``, or ``"replace"`` a queued holder's arguments with
-this call's (the queued call keeps its task id; a running one is never replaced). On
-contention at execution (``on_contention``): ``fail``, ``skip``, ``requeue(max_tries=...,
-backoff=..., cap=...)`` or ``wait(timeout=..., then=...)``; the strings ``"fail"``,
-``"skip"``, ``"requeue"`` and ``"wait"`` mean those with their defaults.
-
-A contention policy is a callable from a ``ContentionState`` to a decision (``Fail``,
-``Skip``, ``Requeue`` or ``Wait``). It does no I/O, so it is tested with a state built by hand,
-the way tenacity tests its ``stop``/``wait`` policies.
+``on_duplicate`` decides at dispatch and ``on_contention`` at execution (docs/configuration.md
+lists their values). A contention policy does no I/O, so it is tested with a state built by
+hand, the way tenacity tests its ``stop``/``wait`` policies.
 """
 
 from __future__ import annotations
@@ -23,6 +16,9 @@ from typing import Literal, Protocol, TypeAlias
 from ._time import full_jitter, to_seconds
 from .exceptions import ConfigurationError
 
+# "return" the holder's AsyncResult, "raise" DuplicateTaskError, "replace" a queued holder's
+# arguments with this call's (it keeps its task id; a running one is never replaced), or
+# "cancel" a run in progress.
 OnDuplicate: TypeAlias = Literal["return", "raise", "replace", "cancel"]
 ON_DUPLICATE: tuple[OnDuplicate, ...] = ("return", "raise", "replace", "cancel")
 
@@ -109,6 +105,10 @@ Decision: TypeAlias = Fail | Skip | Requeue | Wait
 
 
 class ContentionPolicy(Protocol):
+    """A callable from a ``ContentionState`` to a decision (``Fail``, ``Skip``, ``Requeue``
+    or ``Wait``): ``fail``, ``skip``, ``requeue(max_tries=..., backoff=..., cap=...)``,
+    ``wait(timeout=..., then=...)``, or one of your own."""
+
     def __call__(self, state: ContentionState) -> Decision: ...
 
 
@@ -192,6 +192,7 @@ class wait:
         return Wait(timeout=self.timeout)
 
 
+# The strings on_contention takes: each policy with its defaults.
 _SHORTCUTS: dict[str, Callable[[], ContentionPolicy]] = {
     "fail": fail,
     "skip": skip,

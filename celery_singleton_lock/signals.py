@@ -1,44 +1,8 @@
 """Signals for metrics and logging, in Celery's own style (``signal.connect(receiver)``).
 
-Sent synchronously in the process where the event happens; a receiver that raises is
-logged and ignored (Celery's ``Signal.send`` semantics), so a metrics bug never stops a
-task. ``name`` is the lock's name; receivers get it as ``key`` too, its 0.1 spelling,
-for one more release.
-
-- ``dispatch_accepted(sender=task, name, task_id)``: at dispatch, the call took its hold
-  and was published.
-- ``duplicate_refused(sender=task, name, holder_id)``: at dispatch, a duplicate was refused.
-- ``execution_contended(sender=task, name, holder_id, decision)``: at execution, the key was
-  held by someone else; ``decision`` is the policy's ``Fail``, ``Requeue`` or ``Wait``.
-- ``execution_skipped(sender=task, name, task_id, holder_id)``: at execution, the
-  contention policy said ``skip``: the call ended quietly (state ``IGNORED``).
-- ``copy_dropped(sender=task, name, task_id, holder_state)``: at execution, a message
-  carrying the task id of the lock's holder (a redelivery, a same-id ``send_task``) was
-  dropped without storing anything under that id.
-- ``lease_acquired(sender=task, name, task_id, fence, waited)``: an execution took its
-  running lease, ``waited`` seconds after it started trying (contention included).
-- ``lease_released(sender=task, name, task_id, held)``: it gave the lease back after
-  ``held`` seconds (sent as the release is sent).
-- ``lease_lost(sender=task, name, task_id)``: renewal found the lease gone while the task
-  ran (connected receivers only: nothing is registered per task otherwise).
-- ``dead_child_released(sender=task, name, task_id, pid)``: the worker's main process
-  released the lease of a pool child that died.
-- ``rate_asked(sender=task, name, task_id, slot, deferred, remaining, next_slot)``: at
-  execution, a run of a ``rate=`` task was given its slot (seconds since the epoch, the
-  lock store's clock); ``deferred``: not yet, its message was sent again to arrive on
-  it. ``remaining`` runs of the key may start now after it; the next may start at
-  ``next_slot``.
-- ``limits_changed(sender=None, name, change, override, by)``: an operator changed the
-  limits of ``name`` (a task's name, a key template or a lock name: ``limits.set``,
-  ``celery singleton limits set``) in this process; ``change`` says what ("rate",
-  "limit", "pause", "resume", "reset", or several), ``override`` is the
-  ``Override`` now in force.
-- ``idempotent_repeat(sender=task, name, idempotency_key, task_id, state)``: at dispatch, a
-  repeat of an idempotency key was answered with its first call (``task_id``, in
-  ``state``: accepted, running, succeeded or failed); nothing was sent.
-- ``idempotent_replayed(sender=task, name, idempotency_key, task_id, answered_by)``: at
-  execution, a copy of a call whose key's work was done ended with the outcome of
-  ``answered_by`` without running the body.
+Sent synchronously in the process where the event happens; a receiver that raises is logged
+and ignored (Celery's ``Signal.send`` semantics), so a metrics bug never stops a task. Each
+is sent with ``sender=task`` (``limits_changed``: None) and the lock's ``name``.
 """
 
 from __future__ import annotations
@@ -51,34 +15,57 @@ from .lease import Lease
 # for one release (it is the lock's name, not its Redis key; read ``name``).
 _ARGS = {"name", "key"}
 
+# At dispatch, the call took its hold and was published.
 dispatch_accepted = Signal(name="dispatch_accepted", providing_args=_ARGS | {"task_id"})
+# At dispatch, a duplicate was refused.
 duplicate_refused = Signal(name="duplicate_refused", providing_args=_ARGS | {"holder_id"})
+# At execution, the key was held by someone else; ``decision`` is the policy's ``Fail``,
+# ``Requeue`` or ``Wait``.
 execution_contended = Signal(
     name="execution_contended", providing_args=_ARGS | {"holder_id", "decision"}
 )
+# At execution, the contention policy said ``skip``: the call ended quietly (state IGNORED).
 execution_skipped = Signal(
     name="execution_skipped", providing_args=_ARGS | {"task_id", "holder_id"}
 )
+# At execution, a message carrying the task id of the lock's holder (a redelivery, a
+# same-id ``send_task``) was dropped without storing anything under that id.
 copy_dropped = Signal(name="copy_dropped", providing_args=_ARGS | {"task_id", "holder_state"})
+# The worker's main process released the lease of a pool child that died (``pid``).
 dead_child_released = Signal(name="dead_child_released", providing_args=_ARGS | {"task_id", "pid"})
+# An execution took its running lease, ``waited`` seconds after it started trying
+# (contention included).
 lease_acquired = Signal(
     name="lease_acquired", providing_args=_ARGS | {"task_id", "fence", "waited"}
 )
+# At execution, a run of a ``rate=`` task was given its ``slot`` (seconds since the epoch,
+# the lock store's clock); ``deferred``: not yet, its message was sent again to arrive on
+# it. ``remaining`` runs of the key may start now after it; the next at ``next_slot``.
 rate_asked = Signal(
     name="rate_asked",
     providing_args=_ARGS | {"task_id", "slot", "deferred", "remaining", "next_slot"},
 )
+# An execution gave its lease back after ``held`` seconds (sent as the release is sent).
 lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
+# Renewal found the lease gone while the task ran (``lease_taken``).
 lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id"})
+# At dispatch, a repeat of an idempotency key was answered with its first call
+# (``task_id``, in ``state``: accepted, running, succeeded or failed); nothing was sent.
 idempotent_repeat = Signal(
     name="idempotent_repeat", providing_args=_ARGS | {"idempotency_key", "task_id", "state"}
 )
+# At execution, a copy of a call whose key's work was done ended with the outcome of
+# ``answered_by`` without running the body.
 idempotent_replayed = Signal(
     name="idempotent_replayed",
     providing_args=_ARGS | {"idempotency_key", "task_id", "answered_by"},
 )
 
 
+# An operator changed the limits of ``name`` (a task's name, a key template or a lock name:
+# ``limits.set``, ``celery singleton limits set``) in this process, sent with sender=None.
+# ``change`` says what ("rate", "limit", "pause", "resume", "reset", or several);
+# ``override`` is the ``Override`` now in force.
 limits_changed = Signal(name="limits_changed", providing_args=_ARGS | {"change", "override", "by"})
 
 

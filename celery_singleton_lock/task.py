@@ -1,13 +1,8 @@
 """``SingletonTask``: the Celery lifecycle of a singleton task, at dispatch and at execution.
 
-Dispatch (``apply_async``, and so ``delay``, signatures and canvas): derive the key,
-take a *queued hold* on it in one round trip and publish with the key and the hold's
-token in the message headers; a duplicate gets ``on_duplicate``. Execution (the worker,
-or eagerly): take the *running lease* for the key the sender computed, taking over the
-message's own hold in the same step, renew it while the body runs, expose it as
-``self.lease``, and release it however the body ends. A message that arrives without a
-hold of its own (``send_task``, beat, a redelivery) meets ``on_contention``.
-Tokens and headers are in ``tokens.py``; the gate around publish in ``publish/dispatch.py``.
+Dispatch takes a *queued hold* on the call's key and publishes; execution takes the *running
+lease*, taking over the message's own hold in the same step. Tokens and headers are in
+``tokens.py``; the gate around publish in ``publish/dispatch.py``.
 """
 
 from __future__ import annotations
@@ -62,6 +57,14 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     Options go in the ``singleton`` task option (``@app.task(base=SingletonTask,
     singleton={"key": ["order_id"]})``) or as keywords of ``@singleton_task``.
+
+    Dispatch (``apply_async``, and so ``delay``, signatures and canvas): derive the key,
+    take a *queued hold* on it in one round trip and publish with the key and the hold's
+    token in the message headers; a duplicate gets ``on_duplicate``. Execution (the worker,
+    or eagerly): take the *running lease* for the key the sender computed, taking over the
+    message's own hold in the same step, renew it while the body runs, expose it as
+    ``self.lease``, and release it however the body ends. A message that arrives without a
+    hold of its own (``send_task``, beat, a redelivery) meets ``on_contention``.
     """
 
     singleton: ClassVar[Mapping[str, object] | None] = None

@@ -1,15 +1,8 @@
 """The message headers and lock tokens the Celery layer writes and reads.
 
-Tokens say who holds a key, so that another process can act for the holder:
-``q|<nonce>|<task id>`` for a queued hold, ``r|<host>|<nonce>|<task id>`` once a
-worker has received the message (its main process renews that reservation, so a
-worker that dies with prefetched messages frees their keys within ``ttl``, see
-``worker/request.py``), ``x|<host>|<pid>|<nonce>|<task id>`` for a running lease. Where the
-mode allows, the main process takes the running lease itself as the message arrives
-(under its own pid) and hands it to the run (``LEASE_HEADER``) instead of reserving.
-The worker's main process releases a dead child's lease by its shape (see
-``worker.SingletonRequest``); a redelivered copy of the same task id is a different
-execution with a different token, so it can never pass for the owner.
+Tokens say who holds a key, so that another process can act for the holder (a worker's main
+process frees a dead child's lease by its shape). A redelivered copy of the same task id is
+a different execution with a different token, so it can never pass for the owner.
 """
 
 from __future__ import annotations
@@ -140,6 +133,7 @@ def _nonce() -> str:
 
 
 def queued_token(task_id: str) -> str:
+    """A queued hold, taken at dispatch: ``q|<nonce>|<task id>``."""
     return f"q|{_nonce()}|{task_id}"
 
 
@@ -179,7 +173,11 @@ def reserved_shape(hostname: str, task_id: str) -> tuple[str, str]:
 def reserved_token(task_id: str, hostname: str, queued: str) -> str:
     """The reservation of the message whose queued hold is ``queued``: it keeps that
     hold's nonce, so the message's execution can name it exactly (another message of
-    the same task id, e.g. a replacement of its arguments, never matches it)."""
+    the same task id, e.g. a replacement of its arguments, never matches it).
+
+    ``r|<host>|<nonce>|<task id>``, once a worker has received the message: its main
+    process renews that reservation, so a worker that dies with prefetched messages frees
+    their keys within ``ttl`` (see ``worker/request.py``)."""
     prefix, suffix = reserved_shape(hostname, task_id)
     return f"{prefix}{_nonce_of(queued)}{suffix}"
 
@@ -216,6 +214,12 @@ def running_prefix(hostname: str, pid: int) -> str:
 
 
 def running_token(task_id: str, hostname: str, pid: int) -> str:
+    """A running lease: ``x|<host>|<pid>|<nonce>|<task id>``.
+
+    Where the mode allows, the worker's main process takes the running lease itself as
+    the message arrives (under its own pid) and hands it to the run (``LEASE_HEADER``)
+    instead of reserving. The main process releases a dead child's lease by its shape
+    (see ``worker.SingletonRequest``)."""
     return f"{running_prefix(hostname, pid)}{_nonce()}|{task_id}"
 
 

@@ -1,33 +1,8 @@
 """The broker ride: every dependence on kombu's and Celery's Redis internals, installed per app.
 
-On a Redis broker that is also the lock store's server, lock operations ride the
-round trips Celery makes anyway. Everything that subclasses, overrides or writes the
-layout of kombu's or Celery's Redis internals to do so lives here:
-
-- ``transport``: kombu's Redis channel; a dispatch's hold is taken by the script that
-  pushes its message (``Channel._put``, ``_put_fanout``, ``_purge`` overridden).
-- ``unacked``: kombu's unacked bookkeeping; a received message's take rides the
-  pipeline that records it (``QoS.append``, ``pipe_or_acquire``).
-- ``results``: Celery's Redis result backend; a run's release rides its result's write
-  (``RedisBackend.set``).
-- ``restore``: kombu's restore of dead workers' messages, on a timer for workers that
-  have no event loop (``QoS.restore_visible``).
-- ``connection``: the app's connection class, resolving kombu's Redis transports to ours
-  and keeping the app's ride; a publish hands its hold and note down through it.
-- ``state``: what the ride is told by the worker and the task binding (``AppRide``),
-  and by a publish (``Outgoing``).
-- ``layout``: kombu's queue lists, unacked hash and bindings, read by the orphan check.
-- ``selfcheck``: a worker's probe, as it starts, that kombu reads what the ride writes.
-- ``versions``: the kombu and Celery releases all of it is tested on.
-
-``install(app)`` is the one switch: the task binding calls it when
-``singleton_lock_ride_broker`` is True (the default), and ``uninstall(app)`` when it is
-False. It changes that app alone: its connection class (``app.amqp.Connection``, a
-subclass of its own that keeps the app's ride) and its loader's result-backend aliases.
-Outside the tested releases it installs nothing and says so once; every lock operation
-then takes its own round trip. A worker whose kombu
-reads otherwise than the ride writes turns it off for itself (``selfcheck``); producers
-keep riding, and the workers that agree sweep their notes.
+On a Redis broker that is also the lock store's server, lock operations ride the round
+trips Celery makes anyway. Whatever subclasses, overrides or writes the layout of kombu's
+or Celery's Redis internals to do so lives here (docs/design.md lists the submodules).
 """
 
 from __future__ import annotations
@@ -50,8 +25,16 @@ def install(app: Celery) -> bool:
     """Make ``app`` ride: its Redis broker connections use ``RedisTransport`` (or
     ``SentinelTransport``), its Redis result backends ``RedisBackend`` (or
     ``SentinelBackend``). False, with one WARNING per process, when the installed kombu
-    or Celery is outside ``versions.TESTED``: nothing is installed. Installing again
-    keeps what the app's ride was told."""
+    or Celery is outside ``versions.TESTED``: nothing is installed, and every lock
+    operation then takes its own round trip. Installing again keeps what the app's ride
+    was told.
+
+    The one switch: the task binding calls it when ``singleton_lock_ride_broker`` is True
+    (the default), and ``uninstall(app)`` when it is False. It changes that app alone: its
+    connection class (``app.amqp.Connection``, a subclass of its own that keeps the app's
+    ride) and its loader's result-backend aliases. A worker whose kombu reads otherwise
+    than the ride writes turns it off for itself (``selfcheck``); producers keep riding,
+    and the workers that agree sweep their notes."""
     reason = versions.outside()
     if reason is not None:
         versions.warn_once(reason)

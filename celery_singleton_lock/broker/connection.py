@@ -1,15 +1,8 @@
 """The connection class of an app that rides: kombu's Redis transports resolve to the app's own.
 
-Celery makes every broker connection of an app through ``app.amqp.Connection`` (kombu's
-``Connection``). ``install`` gives the app a subclass of its own (``for_app``), which
-keeps the app's ride (``state.AppRide``) and names, in place of kombu's Redis or
-Sentinel transport, a subclass of ``RedisTransport`` or ``SentinelTransport`` made for
-that app and keeping the same ride. kombu hands a connection's transport class on to
-the connections its pools and clones make, so the app's producers and consumers all
-ride, and no other app does. A broker URL changed after the install (``memory://`` in
-tests) is still honoured: each connection looks at its own URL, and so does a failover
-to the next one. A transport the app names by its path (``broker_transport``) is kept;
-one of ours (or a subclass of it) is made the app's own the same way.
+Celery makes every broker connection of an app through ``app.amqp.Connection``, and kombu
+hands a connection's transport class on to the connections its pools and clones make: so
+the app's producers and consumers all ride, and no other app does.
 """
 
 from __future__ import annotations
@@ -30,7 +23,15 @@ if TYPE_CHECKING:
 
 class RidingConnection(Connection):
     """kombu's ``Connection``, naming the app's riding transport where kombu's Redis or
-    Sentinel transport would serve the URL's scheme."""
+    Sentinel transport would serve the URL's scheme.
+
+    ``install`` gives the app a subclass of its own (``for_app``), which keeps the app's
+    ride (``state.AppRide``) and names, in place of kombu's Redis or Sentinel transport, a
+    subclass of ``RedisTransport`` or ``SentinelTransport`` made for that app and keeping
+    the same ride. A broker URL changed after the install (``memory://`` in tests) is
+    still honoured: each connection looks at its own URL, and so does a failover to the
+    next one. A transport the app names by its path (``broker_transport``) is kept; one of
+    ours (or a subclass of it) is made the app's own the same way."""
 
     # The app's ride, and its transports by the class they replace: set on the app's
     # own subclass (``for_app``); on this class, nothing rides.

@@ -2,9 +2,7 @@
 
 For the liveness check of queued holds (``contrib.liveness``): which task ids have a
 message waiting in a queue or delivered and not acked. Every key is named whole here,
-kombu's ``global_keyprefix`` included, and read on a client that prefixes nothing:
-kombu's own client prefixes some commands' keys (``LLEN``, ``SMEMBERS``) and not others
-(``LRANGE``, ``HSCAN``, ``SCAN``).
+kombu's ``global_keyprefix`` included, and read on a client that prefixes nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +34,10 @@ class KombuChannel(Protocol):
 
 
 def plain_client(channel: KombuChannel) -> redis.Redis:
-    """kombu's channel's client, without its key prefixing (same connection pool)."""
+    """kombu's channel's client, without its key prefixing (same connection pool).
+
+    kombu's own client prefixes some commands' keys (``LLEN``, ``SMEMBERS``) and not
+    others (``LRANGE``, ``HSCAN``, ``SCAN``): here every key is named whole instead."""
     return redis.Redis(connection_pool=channel.client.connection_pool)
 
 

@@ -1,14 +1,8 @@
 """Dead workers' unacked messages restored on a timer in workers without an event loop.
 
-On a Redis broker kombu keeps each delivered message in the ``unacked`` set until it is
-acked, and puts back the ones older than ``visibility_timeout`` (their worker died).
-A prefork worker does that on its event loop's timer, every ``unacked_restore_interval``
-seconds. A worker without one (gevent, eventlet, threads, solo) only does it when a
-poll of its queues comes back empty, so under steady load a killed worker's messages
-stay unacked past their timeout, and their queued holds keep their keys, until the load
-eases (the mode soak's stale unacked count grew all through it). Here such a worker calls
-kombu's own ``QoS.restore_visible`` on its timer as prefork does; kombu's mutex in Redis
-keeps it to one restore at a time across all workers.
+A worker without one (gevent, eventlet, threads, solo) restores only when a poll of its
+queues comes back empty, so under steady load a killed worker's messages, and their queued
+holds, stay past their timeout. Such a worker calls kombu's ``QoS.restore_visible`` on a timer.
 """
 
 from __future__ import annotations
@@ -29,7 +23,17 @@ DEFAULT_INTERVAL = 10.0
 
 def stale_restorer(app: Celery) -> tuple[float, Callable[[], None], Callable[[], None]] | None:
     """(interval, restore, close) for a Redis broker's worker without an event loop, or
-    None when the broker keeps no unacked set of this kind (RabbitMQ, SQS, memory)."""
+    None when the broker keeps no unacked set of this kind (RabbitMQ, SQS, memory).
+
+    On a Redis broker kombu keeps each delivered message in the ``unacked`` set until it
+    is acked, and puts back the ones older than ``visibility_timeout`` (their worker
+    died). A prefork worker does that on its event loop's timer, every
+    ``unacked_restore_interval`` seconds. A worker without one only does it when a poll
+    of its queues comes back empty, so under steady load a killed worker's messages stay
+    unacked past their timeout, and their queued holds keep their keys, until the load
+    eases (the mode soak's stale unacked count grew all through it). ``restore`` calls
+    kombu's own ``QoS.restore_visible`` on the timer as prefork does; kombu's mutex in
+    Redis keeps it to one restore at a time across all workers."""
     connection = app.connection_for_write()
     if connection.transport.driver_type != "redis":
         connection.release()

@@ -1,19 +1,8 @@
 """Celery's Redis result backend, sending a finished run's release with its result.
 
-A run that ends with its result stored in the lock store's Redis server (the default
-shape: broker, results and locks on one server) has its release added to the pipeline
-Celery sends to store the result (``SET`` + ``PUBLISH``, in a transaction): the lock is
-free in the same step as the result is visible, and the task costs no round trip of its
-own. Any run whose result is not written (ignored results, ``Ignore``, ``Reject``, a
-result already stored) is released on its own round trip when the task's tracer is
-done (``task_postrun``), so a release is never lost.
-
-An app that rides (``broker.install``) resolves ``redis://`` and
-``rediss://`` result backends to ``RedisBackend`` and ``sentinel://`` to
-``SentinelBackend``, through Celery's per-app table of backend aliases
-(``app.loader.override_backends``); a backend the app names by class is kept. It
-behaves exactly as Celery's own for every write that carries no release. A singleton
-task's STARTED is stored here too, once the run holds its lease.
+A run whose result is stored on the lock store's Redis server (the default shape: broker,
+results and locks on one server) has its release sent in Celery's write of that result:
+the lock is free in the same step as the result is visible, at no round trip of its own.
 """
 
 from __future__ import annotations
@@ -55,7 +44,14 @@ def _text(key: object) -> str:
 
 class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyped
     """Celery's Redis result backend; a result write with a release pending for its
-    task (``release_with_result``) sends the release in the same transaction."""
+    task (``release_with_result``) sends the release in the same transaction.
+
+    The release is added to the pipeline Celery sends to store the result (``SET`` +
+    ``PUBLISH``, in a transaction). Any run whose result is not written (ignored results,
+    ``Ignore``, ``Reject``, a result already stored) is released on its own round trip
+    when the task's tracer is done (``task_postrun``), so a release is never lost. It
+    behaves exactly as Celery's own for every write that carries no release. A singleton
+    task's STARTED is stored here too, once the run holds its lease (``store_started``)."""
 
     _singleton_server: Server | None = None
     # result key -> the release its write carries, and the lock store's database: filled
@@ -269,7 +265,8 @@ def install(app: Celery) -> None:
     """From now on ``app`` resolves ``redis://`` and ``rediss://`` result backends to
     ``RedisBackend``, ``sentinel://`` to ``SentinelBackend`` (a backend made before keeps
     its class; one the app names by class, or an alias the app's loader overrides
-    itself, is kept)."""
+    itself, is kept). Through Celery's per-app table of backend aliases
+    (``app.loader.override_backends``): no other app is changed."""
     loader = app.loader
     overrides = dict(getattr(loader, "override_backends", None) or {})
     missing = {

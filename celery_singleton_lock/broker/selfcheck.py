@@ -1,17 +1,8 @@
 """A worker's check, as it starts, that kombu still reads what the ride writes: one probe.
 
-The contract tests pin kombu's layout on the releases CI runs; this checks the release
-the worker actually runs on, with its own settings (``global_keyprefix``, priorities).
-Three probe messages (two on one priority's list, one on another) go out through the
-riding channel's push (``basic_publish`` to a queue of their own under the lock prefix,
-noted in transit as a singleton call's message is) and come back through kombu's own
-consumer path (``basic_get``, which records each as unacked in the riding
-bookkeeping). The check wants: each message back, in the order pushed; kombu's unacked
-hash holding it under its delivery tag as ``[message, exchange, routing key]`` (what
-the transit sweep and the orphan check read); and gone from it once acked. Any
-difference turns the ride off for the process (``broker.turn_off``): every lock
-operation then takes its own round trip, and an ERROR names what differed. The probe
-leaves nothing behind: its lists, its notes and its unacked entries go with it.
+The contract tests pin kombu's layout on the releases CI runs; this checks the release the
+worker actually runs on, with its own settings (``global_keyprefix``, priorities). Any
+difference turns the ride off for the process (``broker.turn_off``), with an ERROR.
 """
 
 from __future__ import annotations
@@ -45,7 +36,17 @@ class _Probe:
 
 def differences(app: Celery, prefix: str) -> str | None:
     """What differs between the ride and kombu on ``app``'s broker (None: nothing, or
-    the broker is not ridden here). ``prefix``: the lock prefix the probe is noted under."""
+    the broker is not ridden here). ``prefix``: the lock prefix the probe is noted under.
+
+    Three probe messages (two on one priority's list, one on another) go out through the
+    riding channel's push (``basic_publish`` to a queue of their own under the lock
+    prefix, noted in transit as a singleton call's message is) and come back through
+    kombu's own consumer path (``basic_get``, which records each as unacked in the riding
+    bookkeeping). The check wants: each message back, in the order pushed; kombu's unacked
+    hash holding it under its delivery tag as ``[message, exchange, routing key]`` (what
+    the transit sweep and the orphan check read); and gone from it once acked. With the
+    ride turned off on a difference, every lock operation takes its own round trip. The
+    probe leaves nothing behind: its lists, its notes and its unacked entries go with it."""
     with app.connection_for_write() as connection:
         connection.ensure_connection(max_retries=1)
         channel = connection.default_channel

@@ -1,16 +1,8 @@
 """What an app's ride is told by the code around kombu, and the shapes it is told in.
 
-kombu calls the riding channel and its unacked bookkeeping from inside its own code,
-with kombu's arguments only. What they need beyond those arrives two ways, both as
-arguments our own code passes down, never through a module-level mailbox:
-
-- per app (``AppRide``, kept by the app's connection class, ``broker.install``): what
-  the worker's main process rides on a received message (``receipts``), what a purge
-  gives up (``purges``), whether the broker lets the lock prefix's notes be written, and
-  whether the worker's self-check turned the ride off;
-- per publish (``Outgoing``, on the publishing connection for as long as one message is
-  published, ``transport.publishing``): the dispatch's hold to take in the push
-  (``HoldWithPush``) and how its message is noted in transit (``NoteSource``).
+kombu calls the riding channel and its unacked bookkeeping with kombu's arguments only.
+What they need beyond those is passed down by our own code, never through a module-level
+mailbox: per app (``AppRide``) and per publish (``Outgoing``).
 """
 
 from __future__ import annotations
@@ -65,7 +57,8 @@ Purges: TypeAlias = Callable[[object, list[str]], None]
 
 @dataclass(eq=False)
 class AppRide:
-    """One app's ride in this process, beyond any one message."""
+    """One app's ride in this process, beyond any one message; kept by the app's
+    connection class (``broker.install``)."""
 
     # The worker's main process, once it consumes: what a received message rides.
     receipts: Receipts | None = None
@@ -82,7 +75,11 @@ class AppRide:
 @dataclass(eq=False)
 class Outgoing:
     """What one publish on a connection carries to the channel that puts its message;
-    each is taken once, by the first put of that message's task id."""
+    each is taken once, by the first put of that message's task id.
+
+    On the publishing connection for as long as one message is published
+    (``connection.publishing``): the dispatch's hold to take in the push
+    (``HoldWithPush``) and how its message is noted in transit (``NoteSource``)."""
 
     hold: HoldWithPush | None = None
     notes: NoteSource | None = None

@@ -1,18 +1,8 @@
 """kombu's Redis transport with a singleton dispatch's hold taken in its message's push.
 
-A unique dispatch costs what plain Celery's does: one round trip, a script that takes the
-hold and pushes the message together (``lease.redis.pushes``), or pushes nothing when the call
-is a duplicate. There is no moment with a hold and no message (a producer killed between
-the two would leave one for ``queue_ttl``), nor a message and no hold.
-
-An app that rides (``broker.install``) resolves kombu's Redis and Sentinel transports to
-``RedisTransport`` and ``SentinelTransport``, which behave exactly as kombu's own for any
-message without a hold to take; a transport the app names (``broker_transport``) is
-kept. Every singleton call's message is noted in transit as it is pushed
-(``lease.redis.transit``): by the hold's script, or, with no hold riding (a lock store on
-another server, a mode without a dispatch hold), by a script that replaces kombu's LPUSH
-in the same one round trip. Every other message (other tasks, canvas, fanout) is put as
-kombu puts it. Received messages are recorded by ``unacked.QoS``.
+A unique dispatch costs what plain Celery's does: one round trip, a script that takes the hold
+and pushes the message together (``lease.redis.pushes``), or pushes nothing for a duplicate.
+There is no moment with a hold and no message, nor a message and no hold.
 """
 
 from __future__ import annotations
@@ -56,7 +46,15 @@ NOTED_PROPERTY = "singleton_lock_noted"
 
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel; a message with a hold to take is pushed by the hold's script,
-    and a received one's take rides its unacked bookkeeping (``QoS``)."""
+    and a received one's take rides its unacked bookkeeping (``QoS``).
+
+    ``_put``, ``_put_fanout`` and ``_purge`` are overridden. Taking the hold in the push
+    means a producer killed between the two cannot leave a hold with no message for
+    ``queue_ttl``. Every singleton call's message is noted in transit as it is pushed
+    (``lease.redis.transit``): by the hold's script, or, with no hold riding (a lock store
+    on another server, a mode without a dispatch hold), by a script that replaces kombu's
+    LPUSH in the same one round trip. Every other message (other tasks, canvas, fanout) is
+    put as kombu puts it. Received messages are recorded by ``unacked.QoS``."""
 
     QoS = QoS
     _singleton_server: Server | None = None
@@ -191,7 +189,12 @@ class Riding:
 
 
 class RedisTransport(Riding, kombu_redis.Transport):
-    """kombu's Redis transport with ``Channel``: ``broker_transport`` names it."""
+    """kombu's Redis transport with ``Channel``: ``broker_transport`` names it.
+
+    An app that rides (``broker.install``) resolves kombu's Redis and Sentinel transports
+    to ``RedisTransport`` and ``SentinelTransport``, which behave exactly as kombu's own
+    for any message without a hold to take; a transport the app names
+    (``broker_transport``) is kept."""
 
     # Named by hand (``broker_transport``) outside the tested releases: kombu's own.
     Channel = Channel if versions.TESTED_HERE else kombu_redis.Channel

@@ -1,10 +1,8 @@
 """kombu's Redis unacked bookkeeping, with a received singleton message's lock commands riding it.
 
-kombu records each message it delivers as unacked in one pipeline (``QoS.append``).
-A received singleton message's take (``lease.RidingTake``) and the clearing of its
-in-transit note (``lease.ClearNote``) are sent first in that same pipeline: no round
-trip of their own, and a note is cleared in the very step that makes the message
-kombu's to restore. The worker says what rides (``broker.on_receipt``).
+kombu records each delivered message as unacked in one pipeline (``QoS.append``); a received
+singleton message's take and its in-transit note's clearing go first in it: no round trip of
+their own, and the note is cleared in the very step that makes the message kombu's to restore.
 """
 
 from __future__ import annotations
@@ -27,7 +25,11 @@ logger = logging.getLogger(__name__)
 class QoS(kombu_redis.QoS):
     """kombu's Redis acknowledgement emulation; a received singleton message's take, and
     the clearing of its in-transit note, are sent in the same pipeline as the unacked
-    bookkeeping kombu sends for it anyway."""
+    bookkeeping kombu sends for it anyway.
+
+    The take is a ``lease.RidingTake``, the clearing a ``lease.ClearNote``; both are sent
+    first in the pipeline ``append`` gets from ``pipe_or_acquire``. The worker says what
+    rides (``broker.on_receipt``)."""
 
     # What rides the pipeline of the message being appended (kombu sends it from
     # inside ``append``, on the consumer's own thread).

@@ -1,12 +1,8 @@
 """The kombu and Celery releases the ride is tested on.
 
-The ride subclasses kombu's Redis channel, its unacked bookkeeping and Celery's Redis
-result backend, and its scripts write kombu's queue and unacked layout. A release that
-changes any of those could make a message skip kombu's bookkeeping or land where no
-consumer reads. So the ride installs only on the releases CI runs it on (the matrix's
-oldest and the newest, and the contract tests of ``tests/unit/test_broker_contract.py``
-on each); on any other, every lock operation takes its own round trip: correct, a
-little slower, and said once per process.
+The ride subclasses kombu's Redis channel, its unacked bookkeeping and Celery's Redis result
+backend, and writes kombu's layout: a release that changes any of those could lose a message.
+So it installs only on the releases CI runs; elsewhere each lock operation has its own round trip.
 """
 
 from __future__ import annotations
@@ -18,8 +14,10 @@ import re
 
 logger = logging.getLogger(__name__)
 
-# [first, below): the releases the ride is tested on. Raise the upper bound only with a
-# CI run of the contract tests and the matrix on the new release.
+# [first, below): the releases the ride is tested on (the CI matrix's oldest and newest,
+# each with tests/unit/test_broker_contract.py): a release that changes kombu's layout
+# could make a message skip kombu's bookkeeping or land where no consumer reads. Raise the
+# upper bound only with a CI run of the contract tests and the matrix on the new release.
 TESTED = {
     "kombu": ((5, 3), (5, 8)),
     "celery": ((5, 3), (5, 8)),

@@ -1,9 +1,8 @@
 """A task's idempotency options: where a call's key comes from, how long it keeps its first call.
 
 Any singleton task takes ``apply_async(..., idempotency_key=k)``; the task option
-``singleton={"idempotency": {...}}`` sets the window (a day, as Stripe keeps keys),
-``keep_failures``, and ``key_from``: a parameter of the task, or ``"header:<name>"``,
-so a key travels without each caller passing it.
+``singleton={"idempotency": {...}}`` sets the window, ``keep_failures`` and ``key_from`` (a
+task parameter, or ``"header:<name>"``, so a key travels without each caller passing it).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from ..lease.idempotency import check_key
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_WINDOW = 24 * 3600.0
+DEFAULT_WINDOW = 24 * 3600.0  # a day, as Stripe keeps keys
 HEADER = "header:"
 _OPTIONS = ("key_from", "window", "keep_failures")
 

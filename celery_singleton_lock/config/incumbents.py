@@ -1,10 +1,8 @@
 """The incumbents' option and setting names, and typos of ours, with what to write instead.
 
-Celery turns any unknown task keyword into a class attribute and any unknown
-``apply_async`` keyword into a message property, so ``unique_on=[...]`` ported from
-celery-singleton, or ``once={...}`` from celery-once, would be accepted and do nothing:
-the task would lock on all its arguments and the dedupe the project relied on would be
-gone without a word. These names are refused where they are written instead.
+Celery accepts any unknown task or ``apply_async`` keyword, so ``unique_on=[...]`` ported from
+celery-singleton, or ``once={...}`` from celery-once, would do nothing: the task would lock on
+all its arguments, the dedupe gone without a word. These names are refused where written.
 """
 
 from __future__ import annotations
@@ -18,7 +16,9 @@ if TYPE_CHECKING:
     from celery.app.utils import Settings
 
 
-# Task options of celery-singleton and celery-once -> what to write here instead.
+# Task options of celery-singleton and celery-once -> what to write here instead. Celery
+# would make an unknown task keyword a class attribute, an unknown apply_async one a
+# message property.
 FOREIGN_OPTIONS = {
     "unique_on": "key=[...] with the same parameter names (e.g. key=['table_id'])",
     "once": (

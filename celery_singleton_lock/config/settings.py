@@ -1,10 +1,8 @@
 """One object that reads the app's ``singleton_lock_*`` settings, validated once, cached on the app.
 
-Settings come from ``app.conf``, so every way of configuring Celery works, including
-Django's ``app.config_from_object("django.conf:settings", namespace="CELERY")`` with
-``CELERY_SINGLETON_LOCK_TTL = 60`` in ``settings.py``. An explicit value wins over the
-default; a bad value, or a misspelt ``singleton_lock_*`` key, is refused with a
-message naming the setting (as celery-redbeat's ``RedBeatConfig`` does).
+Settings come from ``app.conf``, so every way of configuring Celery works, Django's included.
+A bad value, or a misspelt ``singleton_lock_*`` key, is refused with a message naming the
+setting.
 """
 
 from __future__ import annotations
@@ -218,6 +216,12 @@ class SingletonConfig:
 
     @classmethod
     def from_conf(cls, conf: Settings) -> SingletonConfig:
+        """The settings in ``conf``: an explicit value wins over the default; a bad value,
+        or a misspelt ``singleton_lock_*`` key, is refused with a message naming the
+        setting (as celery-redbeat's ``RedBeatConfig`` does).
+
+        Under Django, ``app.config_from_object("django.conf:settings", namespace="CELERY")``
+        with ``CELERY_SINGLETON_LOCK_TTL = 60`` in ``settings.py`` sets ``ttl``."""
         try:
             return cls._from_conf(conf)
         except ConfigurationError as error:

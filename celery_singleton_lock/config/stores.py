@@ -1,9 +1,8 @@
 """The lock store an app uses, built once from its settings and cached on the app.
 
-Two clients on the same Redis: ``lock`` for the one-round-trip operations, with a
-socket timeout so a dispatch never hangs on a partitioned server, and ``waiting`` for
-blocking waits (``on_contention=wait``), whose BLPOP may legitimately take longer than
-any sensible socket timeout. ``memory://`` gives the in-process store for eager tests.
+Two clients on the same Redis: ``lock``, whose socket timeout keeps a dispatch from hanging on
+a partitioned server, and ``waiting``, whose BLPOP (``on_contention=wait``) may take longer
+than any sensible socket timeout. ``memory://`` gives the in-process store for eager tests.
 """
 
 from __future__ import annotations
@@ -119,6 +118,7 @@ class LockStores:
 
     @property
     def lock(self) -> LockStore:
+        """The store for the one-round-trip operations, with a socket timeout."""
         # Many threads may dispatch their first call at once: each built store has its own
         # connection pool, so all but one built here would open connections past the bound.
         if self._lock is None:
@@ -129,6 +129,9 @@ class LockStores:
 
     @property
     def waiting(self) -> LockStore:
+        """The store for blocking waits (``on_contention=wait``), without a socket timeout:
+        its BLPOP may take longer than any sensible one (with the user's own client, or a
+        Redlock, it is ``lock`` itself)."""
         if self._waiting is None:
             if self.config.client_factory is not None or isinstance(self.lock, Redlock):
                 # the user's client: its timeouts are theirs; a Redlock's waits poll

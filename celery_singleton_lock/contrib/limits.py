@@ -1,11 +1,8 @@
 """Limits operators change at run time: ``limits.set(app, target, ...)``; ``limits list``'s rows.
 
-``target`` is what the change applies to: a task's name (every key of it), a key
-template shared by tasks (``"tenant:{tenant}"``) or one key's lock name
-(``"tenant:acme"``, as ``celery singleton list`` shows it). A key's own override wins
-over its template's, which wins over its task's. Each change is kept in the lock store
-(``lease.limits.overrides``), written in the target's history and announced by the
-``limits_changed`` signal; every worker decides with it within a second.
+``target`` is a task's name, a key template shared by tasks or one key's lock name; the most
+specific override wins. Each change is kept in the lock store, and every worker decides
+with it within a second.
 """
 
 from __future__ import annotations
@@ -45,7 +42,14 @@ def set(
     place, checked against what the code charges a call), ``limit`` (in place of ``limit=N``),
     ``paused`` (True: its calls are held back, never dropped; False: resumed), or
     ``reset`` (the code's values again). What is not given is kept. Returns the
-    override in force (None after a reset)."""
+    override in force (None after a reset).
+
+    ``target`` is what the change applies to: a task's name (every key of it), a key
+    template shared by tasks (``"tenant:{tenant}"``) or one key's lock name
+    (``"tenant:acme"``, as ``celery singleton list`` shows it). A key's own override wins
+    over its template's, which wins over its task's. Each change is kept in the lock store
+    (``lease.limits.overrides``), written in the target's history and announced by the
+    ``limits_changed`` signal; every worker decides with it within a second."""
     if not reset and rate is None and limit is None and paused is None:
         raise ConfigurationError(
             f"{target!r}: nothing to change; give a rate, a limit, paused=True or False, "

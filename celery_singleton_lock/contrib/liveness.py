@@ -1,16 +1,7 @@
-"""Whether a lock's holder is still alive, and whether its run has started: worker pings
-and task lists, and queued messages looked for in the broker without consuming them.
+"""Whether a lock's holder is still alive, and whether its run has started.
 
-- A reservation or running lease names its worker: alive while that worker answers a
-  ping and still lists the task as active, reserved or scheduled.
-- A queued hold names only its task id. Messages move queue -> the broker's unacked set
-  -> a worker, so they are looked for in that order (a message moving meanwhile is
-  seen at its next stop), and releases are owner-checked: a hold that changed hands
-  since (a worker reserved it) is never released.
-- On a Redis broker every queue's lists (all priority levels) and the unacked hash are
-  read in batches (``broker.layout``: kombu's keys, its ``global_keyprefix`` included).
-  An AMQP broker (RabbitMQ) cannot be searched without consuming: a queued hold counts
-  as gone only when every queue is empty and no worker has the task.
+Workers are asked (a ping, then the tasks they list); queued messages are looked for in the
+broker without consuming them.
 """
 
 from __future__ import annotations
@@ -42,6 +33,21 @@ class Verdict:
 
 @dataclass
 class Liveness:
+    """Worker pings and task lists, and queued messages looked for in the broker without
+    consuming them, for the rows of one listing.
+
+    - A reservation or running lease names its worker: alive while that worker answers a
+      ping and still lists the task as active, reserved or scheduled.
+    - A queued hold names only its task id. Messages move queue -> the broker's unacked set
+      -> a worker, so they are looked for in that order (a message moving meanwhile is
+      seen at its next stop), and releases are owner-checked: a hold that changed hands
+      since (a worker reserved it) is never released.
+    - On a Redis broker every queue's lists (all priority levels) and the unacked hash are
+      read in batches (``broker.layout``: kombu's keys, its ``global_keyprefix`` included).
+      An AMQP broker (RabbitMQ) cannot be searched without consuming: a queued hold counts
+      as gone only when every queue is empty and no worker has the task.
+    """
+
     app: Celery
     queues: Iterable[str] = ()
     timeout: float = 1.0
@@ -56,7 +62,7 @@ class Liveness:
     _broker_note: str | None = None
 
     def prepare(self, rows: Iterable[LockRow]) -> None:
-        """Look for the queued holds' messages first, then ask the workers (see above)."""
+        """Look for the queued holds' messages first, then ask the workers (the class says why)."""
         queued = {r.task_id for r in rows if r.state == "queued" and r.task_id}
         if queued:
             self._search_broker(queued)  # asks the workers their queues first

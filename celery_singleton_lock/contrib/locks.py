@@ -1,9 +1,8 @@
-"""An app's locks as an operator sees them: rows with state, task, worker and age, and
-whether each holder is still alive (what ``celery singleton`` prints and releases).
+"""An app's locks as an operator sees them: what ``celery singleton`` lists and releases.
 
-Reading the lock store never asks a worker anything; ``Liveness`` does, through Celery's
-remote control (ping, then ``inspect`` active / reserved / scheduled of the workers that
-answered), and looks for queued messages in the broker without consuming them.
+Rows with state, task, worker and age, and whether each holder is still alive. Reading the
+lock store never asks a worker anything; ``liveness.Liveness`` does, through Celery's remote
+control (ping, then ``inspect``), and looks for queued messages in the broker.
 """
 
 from __future__ import annotations

@@ -1,35 +1,8 @@
 """Prometheus metrics from the library's signals (the extra: ``celery-singleton-lock[prometheus]``).
 
-In a producer (a web process), call ``install()`` once: the figures join the process's
-default registry, which your existing ``/metrics`` endpoint serves. In a worker, set
-``singleton_lock_metrics_port``: the worker's main process serves them, its pool
-children's included (Prometheus's multiprocess mode, in a directory made for the worker
-unless ``PROMETHEUS_MULTIPROC_DIR`` names one).
-
-Metrics, each labelled by task name:
-
-- ``celery_singleton_lock_dispatches_total{outcome="accepted"|"refused"}``
-- ``celery_singleton_lock_contentions_total{decision="requeue"|"wait"|"skip"|"fail"}``
-- ``celery_singleton_lock_copies_dropped_total``: deliveries of a message whose task id
-  held the lock (redeliveries, same-id ``send_task``), dropped without a result
-- ``celery_singleton_lock_leases_total{event="acquired"|"released"|"lost"}``
-- ``celery_singleton_lock_dead_child_releases_total``
-- ``celery_singleton_lock_wait_seconds`` (histogram): from an execution's start to its
-  lease, contention included
-- ``celery_singleton_lock_hold_seconds`` (histogram): how long executions held the lease
-- ``celery_singleton_lock_idempotent_total{outcome="repeat"|"replayed"}``: repeats of an
-  idempotency key answered at dispatch with the first call (nothing sent), and copies of a
-  done call answered at execution without running
-- ``celery_singleton_lock_rate_deferrals_total``: runs of a ``rate=`` task deferred to a
-  later slot
-- ``celery_singleton_lock_limit_changes_total{target=..., change=...}``: limits changed
-  at run time in this process (``limits.set``: a rate, a limit, a pause, a resume, a
-  reset), labelled by what they apply to, not by task
-- ``celery_singleton_lock_rate_remaining{key=...}`` and
-  ``celery_singleton_lock_rate_next_slot_timestamp_seconds{key=...}`` (gauges, the most
-  recent answer of any process): for each limited key, the runs that may start now and
-  when the next may (the lock store's clock). One series per key: a rate keyed per
-  tenant has a series per tenant
+In a producer (a web process) call ``install()`` once: the figures join the process's default
+registry. In a worker set ``singleton_lock_metrics_port``: its main process serves them, its
+pool children's included. Each is labelled by task name (docs/operations.md lists them).
 """
 
 from __future__ import annotations
@@ -80,7 +53,10 @@ def _prometheus() -> types.ModuleType:
 
 
 def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
-    """Create the metrics (once per process) and count the library's signals into them."""
+    """Create the metrics (once per process) and count the library's signals into them.
+
+    In a producer, the default registry is the one your existing ``/metrics`` endpoint
+    serves."""
     with _guard:
         if _installed:
             return _installed
@@ -101,6 +77,8 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
                 "celery_singleton_lock_contentions", "Executions contended", "decision"
             ),
             leases=counter("celery_singleton_lock_leases", "Running leases", "event"),
+            # Redeliveries and same-id send_task calls of a holder's message, dropped
+            # without a result.
             copies=counter(
                 "celery_singleton_lock_copies_dropped", "Copies of a holder's message dropped"
             ),
@@ -117,6 +95,8 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
             wait=histogram("celery_singleton_lock_wait_seconds", "Time to the running lease"),
             hold=histogram("celery_singleton_lock_hold_seconds", "Time the lease was held"),
         )
+        # limits.set in this process (a rate, a limit, a pause, a resume, a reset):
+        # labelled by what the change applies to, not by task.
         _counters["limits"] = prom.Counter(
             "celery_singleton_lock_limit_changes",
             "Limits changed at run time",
@@ -231,6 +211,8 @@ _RECEIVERS = (
 def serve_worker(port: object, addr: object = "127.0.0.1") -> int:
     """In a worker's main process, before its pool starts: count into Prometheus's
     multiprocess files (the children inherit the mode) and serve them all on ``port``.
+    The files go in a directory made for the worker unless ``PROMETHEUS_MULTIPROC_DIR``
+    names one.
 
     Returns the port served (a free one when ``port`` is 0).
     """

@@ -1,14 +1,7 @@
-"""pytest fixtures for testing your singleton tasks (registered by the ``pytest11`` entry
-point; nothing happens unless a test asks for a fixture).
+"""pytest fixtures for testing your singleton tasks, registered by the ``pytest11`` entry point.
 
-- ``singleton_lock_url``: the lock store for the tests, ``memory://`` unless you pass
-  ``--singleton-lock-url redis://...`` (or override the fixture).
-- ``singleton_app``: the app whose locks the tests use: Celery's ``celery_app`` fixture
-  when the test uses it, else the current app. Override it to return your project's.
-- ``singleton_locks``: points that app at that store, clears it before and after the
-  test, and gives the helpers of ``celery_singleton_lock.contrib.testing`` bound to the app.
-- ``singleton_clock``: with ``singleton_locks`` on ``memory://``, its time moved by hand:
-  ``singleton_clock.advance(60)`` (``testing.manual_clock``); skips the test on Redis.
+Nothing happens unless a test asks for a fixture. They wrap the helpers of
+``celery_singleton_lock.contrib.testing`` (docs/testing.md lists both).
 """
 
 from __future__ import annotations
@@ -66,12 +59,16 @@ class SingletonLocks:
 
 @pytest.fixture
 def singleton_lock_url(request: pytest.FixtureRequest) -> str:
+    """The lock store for the tests, ``memory://`` unless you pass
+    ``--singleton-lock-url redis://...`` (or override the fixture)."""
     url: str | None = request.config.getoption("--singleton-lock-url")
     return url or "memory://"
 
 
 @pytest.fixture
 def singleton_app(request: pytest.FixtureRequest) -> Celery:
+    """The app whose locks the tests use: Celery's ``celery_app`` fixture when the test
+    uses it, else the current app. Override it to return your project's."""
     if "celery_app" in request.fixturenames:
         return request.getfixturevalue("celery_app")
     from celery import current_app  # noqa: PLC0415  (the app as the test left it)
@@ -81,6 +78,9 @@ def singleton_app(request: pytest.FixtureRequest) -> Celery:
 
 @pytest.fixture
 def singleton_locks(singleton_app: Celery, singleton_lock_url: str) -> Iterator[SingletonLocks]:
+    """Points ``singleton_app`` at ``singleton_lock_url``'s store, clears it before and after
+    the test, and gives the helpers of ``celery_singleton_lock.contrib.testing`` bound to
+    the app."""
     app = singleton_app
     saved = app.conf.get("singleton_lock_url")
     LockStores.forget(app)
@@ -97,6 +97,8 @@ def singleton_locks(singleton_app: Celery, singleton_lock_url: str) -> Iterator[
 
 @pytest.fixture
 def singleton_clock(singleton_locks: SingletonLocks) -> Iterator[ManualClock]:
+    """With ``singleton_locks`` on ``memory://``, its time moved by hand:
+    ``singleton_clock.advance(60)`` (``testing.manual_clock``); skips the test on Redis."""
     # A suite run with --singleton-lock-url redis://... skips the tests that move time.
     try:
         context = testing.manual_clock(singleton_locks.app)

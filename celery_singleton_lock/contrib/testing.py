@@ -1,17 +1,8 @@
-"""Helpers for testing your own singleton tasks: hold a call's lock as another worker
-would, list and clear locks, and assert what a call would meet.
+"""Helpers for testing your own singleton tasks: hold a call's lock, list, clear and assert.
 
 They work on the task's own app and lock store: ``memory://`` for eager tests
-(``task_always_eager``) and Celery's in-process ``celery_worker`` fixture, or a real
-Redis. The pytest plugin (``celery_singleton_lock.contrib.pytest_plugin``) wraps them in
-fixtures; everything here also works without pytest.
-
-    with hold(send_invoice, 42) as holder:      # as if another worker ran it
-        result = send_invoice.delay(42)
-        assert result.id == holder.task_id       # refused: the holder's id comes back
-
-    with manual_clock() as clock:               # memory:// counts time when told
-        clock.advance(60)                       # ttls, windows and rate slots: a minute on
+(``task_always_eager``) and Celery's in-process ``celery_worker`` fixture, or a real Redis.
+The pytest plugin (``contrib.pytest_plugin``) wraps them in fixtures; all work without pytest.
 """
 
 from __future__ import annotations
@@ -71,6 +62,10 @@ def hold(task: SingletonTask, *args: object, **kwargs: object) -> Iterator[HeldC
     returns the holder's ``AsyncResult``; ``on_duplicate="raise"`` raises), and an
     execution meets it (``on_contention``). With ``throttle=`` the window is held; with
     ``limit=N`` every slot is. Released on exit.
+
+        with hold(send_invoice, 42) as holder:      # as if another worker ran it
+            result = send_invoice.delay(42)
+            assert result.id == holder.task_id       # refused: the holder's id comes back
     """
     opts, name = _call(task, args, kwargs)
     store = _store(task.app)
@@ -95,7 +90,11 @@ def manual_clock(app: Celery | None = None) -> Iterator[ManualClock]:
     ``ManualClock`` whose ``advance(seconds)`` runs ttls out, ends throttle windows and
     brings rate slots due at once; an eager call waiting for its slot moves it itself.
     The machine's clock again on exit, ahead by the time advanced (the locks taken
-    meanwhile were counted on it)."""
+    meanwhile were counted on it).
+
+        with manual_clock() as clock:               # memory:// counts time when told
+            clock.advance(60)                       # ttls, windows and rate slots: a minute on
+    """
     store = _store(app)
     if not isinstance(store, MemoryLock):
         raise ConfigurationError(

@@ -1,9 +1,8 @@
 """The clock a lease counts its time on: the machine's, or a manual one a test moves by hand.
 
 A Redis lease ends on the server's clock, so ``RedisLock`` always counts on the machine's.
-``MemoryLock`` (the store for ``task_always_eager`` tests) keeps its own time and takes a
-``ManualClock``: then ttls run out, windows close and rate slots come due when the test
-says ``clock.advance(seconds)``, not after a real wait.
+``MemoryLock`` (for ``task_always_eager`` tests) keeps its own time on a ``ManualClock``: ttls
+run out, windows close and rate slots come due at ``clock.advance(seconds)``, not a real wait.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Redis errors told apart: an outage (``LockStoreUnavailableError``) or a misconfiguration.
 
 Only "the server cannot be reached" is an outage, the one case where waiting (or
-``fail_open``) makes sense. Everything else the server or the client says no to
-(wrong topology, a replica, a refused password or command, a full client pool, a key
-of the wrong type) will say no again, so it becomes a ``LockStoreConfigurationError``
-whose message says what to change.
+``fail_open``) makes sense. Everything else the server or the client says no to will say no
+again, so it becomes a ``LockStoreConfigurationError`` whose message says what to change.
 """
 
 from __future__ import annotations
@@ -108,7 +106,9 @@ def _reply_hint(error: Exception, message: str) -> str | None:
 
 
 def _hint(error: Exception) -> str | None:
-    """What to change, for an error that is a configuration problem; None for an outage."""
+    """What to change, for an error that is a configuration problem (wrong topology, a
+    replica, a refused password or command, a full client pool, a key of the wrong type:
+    each says no again); None for an outage."""
     message = str(error)
     if isinstance(error, redis.ResponseError | redis.AuthenticationError):
         return _reply_hint(error, message)

@@ -1,11 +1,8 @@
 """A lock's history: what a store's operation writes in it (``Record``), and its entries.
 
-A lock keeps its entries in ``LockKeys.history`` (its hash tag: one Cluster slot with the
-lock, so the lock's own scripts may write it). Each caller of a store's operation says
-what it records, as an argument (``entry=``): for each kind of script, the event of each
-outcome, what else each entry says, and what the caller decided of a refusal beforehand
-(``Record.refused``: what a worker does about a contention, known before its take). How
-one Redis server writes and reads them: ``lease.redis.recording``.
+A lock keeps its entries in ``LockKeys.history`` (its hash tag: one Cluster slot with the lock,
+so the lock's own scripts may write it). Each caller of a store's operation says what it
+records (``entry=``); how one Redis server writes and reads them: ``lease.redis.recording``.
 """
 
 from __future__ import annotations
@@ -24,7 +21,8 @@ class Record:
     writes in its lock's history) around the operations given it (their ``entry``):
     for each kind of script, the event of each outcome (ok, refused, gone), '' or no
     kind for no entry. ``fields``: what else each entry says (task, task id, ...);
-    ``refused``: what else a refusal by a script of a kind says (the decision taken)."""
+    ``refused``: what else a refusal by a script of a kind says (the decision the caller
+    took beforehand: what a worker does about a contention, known before its take)."""
 
     key: str
     events: Mapping[Kind, tuple[str, str, str]]

@@ -1,12 +1,8 @@
 """Idempotency keys: a caller's key bound to its first call's id and arguments, for a window.
 
-A record per key (``lua/idempotency_*.lua`` say its fields) answers three questions:
-which call was first (``claim``), whether a run may do the work or must answer from
-the first one's outcome (``begin``), and how that run ended (``end``). Stripe's keys
-are the model: the first call is kept for the window (a day by default), a repeat
-gets its answer, the same key with other arguments is refused. The records live
-beside the locks, under the prefix, outside the locks' own namespace (the lock
-inventory never lists them).
+Stripe's keys are the model: the first call is kept for the window (a day by default), a
+repeat gets its answer, the same key with other arguments is refused. The records live beside
+the locks, under the prefix, outside the locks' own namespace (the lock inventory never lists them).
 """
 
 from __future__ import annotations
@@ -100,7 +96,12 @@ def _text(value: object) -> str:
 
 
 class IdempotencyKeys:
-    """The idempotency keys of one ``RedisLock``: one script, one round trip each."""
+    """The idempotency keys of one ``RedisLock``: one script, one round trip each.
+
+    A record per key (``lua/idempotency_*.lua`` say its fields) answers three questions:
+    which call was first (``claim``), whether a run may do the work or must answer from
+    the first one's outcome (``begin``), and how that run ended (``end``).
+    """
 
     def __init__(self, store: RedisLock) -> None:
         self.store = store

@@ -2,13 +2,7 @@
 
 A later call that finds a pending call's hold held by the execution of that call (it
 has started and waits for the key) cannot swap the message any more; it leaves its
-arguments here instead, for that execution to run with. ``offer`` keeps the value only
-while the holder named still holds the lock (one script), and ``take`` reads it once,
-after the holder let go of the lock: an offer either came before and is taken, or
-finds the holder gone and is not made, so none is lost. Offers are kept per holder (a
-hash beside the lock), so one to a later holder never replaces one not yet taken, and
-live as long again as the lock (renewed with it): the holder reads them just after it
-let go (or after a renewal that came late), and one that dies leaves none for long.
+arguments here instead, for that execution to run with.
 """
 
 from __future__ import annotations
@@ -34,7 +28,16 @@ class Offered:
 
 
 class Offers:
-    """On a ``RedisLock`` (standalone, Sentinel or Cluster: the offer shares its lock's slot)."""
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster: the offer shares its lock's slot).
+
+    ``offer`` keeps the value only while the holder named still holds the lock (one
+    script), and ``take`` reads it once, after the holder let go of the lock: an offer
+    either came before and is taken, or finds the holder gone and is not made, so none is
+    lost. Offers are kept per holder (a hash beside the lock), so one to a later holder
+    never replaces one not yet taken, and live as long again as the lock (renewed with
+    it): the holder reads them just after it let go (or after a renewal that came late),
+    and one that dies leaves none for long.
+    """
 
     def __init__(self, store: RedisLock) -> None:
         self._store = store

@@ -1,15 +1,8 @@
 """The watchdog: one scheduler thread per process renews every lease every ttl/3, one lane per node.
 
-One scheduler for all leases (not one thread per lock, as redis-py's and many
-watchdogs do). Due renewals go to a lane per store and Redis node, which extends
-everything due on that node in one round trip (a pipeline), so one stalled node
-delays only its own leases. Every renewal also has a deadline, the lease's expiry:
-a renewal still unanswered then reports the lease lost (``on_lost``) at that moment,
-no later than ``check()`` starts raising.
-
-Fork-safe: Celery's prefork pool forks children from a process that may be renewing;
-a child starts with a fresh, empty renewer and never renews (or reports as lost) its
-parent's leases.
+One scheduler for all leases (not one thread per lock, as redis-py's and many watchdogs
+do); a stalled node delays only its own leases, and a lease whose renewal goes unanswered is
+reported lost at its expiry. Fork-safe: a prefork child never renews its parent's leases.
 """
 
 from __future__ import annotations
@@ -155,7 +148,14 @@ class _Lane:
 
 
 class Renewer:
-    """Keeps registered leases alive until they are discarded or found lost."""
+    """Keeps registered leases alive until they are discarded or found lost.
+
+    Due renewals go to a lane per store and Redis node, which extends everything due on
+    that node in one round trip (a pipeline), so one stalled node delays only its own
+    leases. Every renewal also has a deadline, the lease's expiry: a renewal still
+    unanswered then reports the lease lost (``on_lost``) at that moment, no later than
+    ``check()`` starts raising.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -314,6 +314,9 @@ def get_renewer() -> Renewer:
 
 
 def _forget_parent_leases() -> None:
+    # Celery's prefork pool forks children from a process that may be renewing: a child
+    # starts with a fresh, empty renewer and never renews (or reports as lost) its
+    # parent's leases.
     global _renewer  # noqa: PLW0603  (per-process state by design)
     # The parent's threads do not exist in the child and its Condition may have been
     # held at fork time: replace it rather than reuse any of it.

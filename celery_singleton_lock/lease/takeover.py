@@ -1,10 +1,7 @@
 """How a take is made: what it may take the key over from (``TakeOver``), how it waits.
 
-A queued message's hold becomes its running lease in one step (the take passes the
-key from the hold's token to the lease's); a hold whose random part the taker cannot
-know is named by its shape; a message that a later call replaced must never take the
-key, even once it is free. Every store's ``try_acquire``, ``begin_try_acquire`` and
-``acquire`` take this one value rather than four keywords each.
+Every store's ``try_acquire``, ``begin_try_acquire`` and ``acquire`` take this one value
+rather than four keywords each.
 """
 
 from __future__ import annotations
@@ -18,6 +15,11 @@ from ..exceptions import ConfigurationError
 @dataclass(frozen=True)
 class TakeOver:
     """What a take may take the key over from, and what it makes.
+
+    A queued message's hold becomes its running lease in one step (the take passes the
+    key from the hold's token to the lease's); a hold whose random part the taker cannot
+    know is named by its shape; a message that a later call replaced must never take the
+    key, even once it is free.
 
     ``replace``: a holder's token the take may take over (the hold its own message took
     at dispatch); ``shape``: or any holder's token starting with ``shape[0]`` and ending

@@ -1,12 +1,8 @@
 """``Mode``: what a singleton task does to the lock store at each stage of a call's life.
 
-A call lives through four stages (``docs/design.md``): **publish** (the producer takes
-a hold before its message leaves), **receipt** (the worker's main process turns that
-hold into its reservation, ``worker/reservations.py``: the same for every mode that
-holds), **start** (the pool child or green thread takes the running lease) and **end**
-(the running lease is released however the run ends; a dead child's by the main
-process). A mode is chosen once, when the task's options are checked
-(``SingletonOptions.mode``); nothing else branches on the options that chose it.
+The stages are publish, receipt, start and end (``docs/design.md``; ``Mode`` says what each
+does). A mode is chosen once, when the task's options are checked (``SingletonOptions.mode``);
+nothing else branches on the options that chose it.
 """
 
 from __future__ import annotations
@@ -111,6 +107,15 @@ class Start:
 
 class Mode:
     """A lock type: one subclass per mode (``modes/<name>.py``), on one shared lock store.
+
+    A call lives through four stages:
+
+    - publish: the producer takes a hold before its message leaves.
+    - receipt: the worker's main process turns that hold into its reservation
+      (``worker/reservations.py``): the same for every mode that holds.
+    - start: the pool child or green thread takes the running lease.
+    - end: the running lease is released however the run ends; a dead child's by the main
+      process.
 
     The defaults are those of a call held on its key from publish to the end of its run
     (``until_executed``); a mode overrides the stages it does differently.

@@ -1,19 +1,7 @@
 """``on_duplicate="cancel"``: the newest call wins; a run in progress is cancelled for it.
 
-- publish: as ``lock="until_executing"`` with ``replace``: a pending hold beside the
-  key. A call made while a run is in progress becomes the pending call (and a later
-  one replaces its arguments); the pending hold is what cancels the run.
-- receipt: the worker reserves the hold, as every holding mode does.
-- start: as ``until_executing``: the running lease on the key taken afresh (after the
-  run it cancelled has let go: never overlapping), the pending hold let go. The lease
-  then yields to the key's pending hold (``Lease.yield_to``): its renewal looks every
-  ``CANCEL_CHECK`` seconds, in the renewal's own script, and once a newer call is
-  pending the run is cancelled: ``self.lease.cancelled``, ``self.lease.check()`` raises
-  ``TaskCancelledError``, ``on_cancel`` is called, and with ``terminate_on_cancel`` a
-  prefork child is terminated (``run/cancels.py``).
-- end: the running lease is released however the run ends (a cancelled run ends in
-  REVOKED when it raises ``TaskCancelledError``); the pending call then starts, with a
-  greater fence.
+A call made while a run is in progress becomes the pending call, and its hold beside the
+key cancels the run. The stages (publish, receipt, start, end) are in ``Cancel``'s docstring.
 """
 
 from __future__ import annotations
@@ -59,7 +47,23 @@ def cancel_options(name: str, raw: Mapping[str, object], on_duplicate: str) -> b
 
 class Cancel(Replace):
     """The pending call of ``until_executing`` + ``replace``, cancelling the run in
-    progress (``terminate``: a prefork child is terminated too)."""
+    progress (``terminate``: a prefork child is terminated too).
+
+    - publish: as ``lock="until_executing"`` with ``replace``: a pending hold beside the
+      key. A call made while a run is in progress becomes the pending call (and a later
+      one replaces its arguments); the pending hold is what cancels the run.
+    - receipt: the worker reserves the hold, as every holding mode does.
+    - start: as ``until_executing``: the running lease on the key taken afresh (after the
+      run it cancelled has let go: never overlapping), the pending hold let go. The lease
+      then yields to the key's pending hold (``Lease.yield_to``): its renewal looks every
+      ``CANCEL_CHECK`` seconds, in the renewal's own script, and once a newer call is
+      pending the run is cancelled: ``self.lease.cancelled``, ``self.lease.check()`` raises
+      ``TaskCancelledError``, ``on_cancel`` is called, and with ``terminate_on_cancel`` a
+      prefork child is terminated (``run/cancels.py``).
+    - end: the running lease is released however the run ends (a cancelled run ends in
+      REVOKED when it raises ``TaskCancelledError``); the pending call then starts, with a
+      greater fence.
+    """
 
     name = "cancel"
 

@@ -1,13 +1,6 @@
 """``debounce=<seconds>`` (``max_wait=``): one run after a burst of calls, with its last arguments.
 
-- publish: the burst's first call is sent with ``countdown=debounce`` and a pending
-  hold beside the key whose token also says when the burst began; each later call of
-  the burst replaces the queued call's arguments and postpones it (``Replacement``),
-  but never past ``max_wait`` after the burst began.
-- receipt: the worker reserves the hold (keeping when the burst began).
-- start: as ``until_executing``: the running lease on the key taken afresh, the pending
-  hold let go once it is taken, so a call made during the run starts a new burst.
-- end: the running lease on the key is released.
+The stages (publish, receipt, start, end) are in ``Debounce``'s docstring.
 """
 
 from __future__ import annotations
@@ -21,6 +14,19 @@ from .replace import Replace
 
 
 class Debounce(Replace):
+    """One run per burst of calls, with the last call's arguments: a ``Replace`` whose hold
+    is pending beside the key, its message sent again later by each call of the burst.
+
+    - publish: the burst's first call is sent with ``countdown=debounce`` and a pending
+      hold beside the key whose token also says when the burst began; each later call of
+      the burst replaces the queued call's arguments and postpones it (``Replacement``),
+      but never past ``max_wait`` after the burst began.
+    - receipt: the worker reserves the hold (keeping when the burst began).
+    - start: as ``until_executing``: the running lease on the key taken afresh, the pending
+      hold let go once it is taken, so a call made during the run starts a new burst.
+    - end: the running lease on the key is released.
+    """
+
     name = "debounce"
 
     def __init__(self, debounce: float, max_wait: float | None) -> None:

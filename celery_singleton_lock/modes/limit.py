@@ -1,21 +1,8 @@
 """``limit=N``: up to N executions of a key at once, each in a slot of its own.
 
-- publish: no hold; every call is sent.
-- receipt: nothing to reserve.
-- start: the lowest free slot (``lease.limits.slots``: one script, fences increasing across
-  slots); a retry's message first takes back the slot its attempt ran in.
-  ``on_contention=wait`` is woken by the release of any slot, first come first served.
-- end: the slot is released; a dead child's slot by its worker (any of the N).
-
-An operator's override (``celery singleton limits set NAME --limit M``) replaces N for
-the next runs: a lowered limit lets runs above it finish, and starts none until fewer
-than M run.
-
-``total_limit=M`` (``Total``): a run holds a slot of the task's own counting lease too,
-taken after its key's slot (M for every key together): a run that would pass M meets
-``on_contention`` (``wait`` queues for the next free one, first come first served),
-having given its key's slot back. The task-wide slot is renewed and released with the
-run (``Start.held``), and a dead child's by its worker.
+An operator's override (``celery singleton limits set``) replaces N for the next runs;
+``total_limit=M`` caps every key of the task together (``Total``). The stages (publish,
+receipt, start, end) are in ``Limit``'s docstring.
 """
 
 from __future__ import annotations
@@ -34,13 +21,34 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Total:
-    """The task-wide counting lease of ``total_limit``: ``name``'s ``limit`` slots."""
+    """The task-wide counting lease of ``total_limit``: ``name``'s ``limit`` slots.
+
+    A run holds one of these too, taken after its key's slot (``limit`` for every key
+    together): a run that would pass ``limit`` meets ``on_contention`` (``wait`` queues for
+    the next free one, first come first served), having given its key's slot back. The
+    task-wide slot is renewed and released with the run (``Start.held``), and a dead
+    child's by its worker.
+    """
 
     name: str
     limit: int
 
 
 class Limit(Mode):
+    """Up to N runs of a key at once, each in a slot of its own (and one of ``total``'s, if set).
+
+    - publish: no hold; every call is sent.
+    - receipt: nothing to reserve.
+    - start: the lowest free slot (``lease.limits.slots``: one script, fences increasing
+      across slots); a retry's message first takes back the slot its attempt ran in.
+      ``on_contention=wait`` is woken by the release of any slot, first come first served.
+    - end: the slot is released; a dead child's slot by its worker (any of the N).
+
+    An operator's override (``celery singleton limits set NAME --limit M``) replaces N for
+    the next runs: a lowered limit lets runs above it finish, and starts none until fewer
+    than M run.
+    """
+
     name = "limit"
     checks_dispatch = False
 

@@ -1,22 +1,8 @@
 """``rate="100/m"``: at most so many runs of a key start per period, across every worker.
 
-- publish: no hold, every call is sent. ``on_limited="delay"`` reserves the call's slot
-  first and sends it with the countdown to it; ``on_limited="raise"`` takes a slot now or
-  raises ``RateLimitedError`` before anything is sent. Either way the slot rides in the
-  message (``RATE_SLOT_HEADER``) and is not counted again.
-- start: a slot before the running lease (``lease.limits.rates``, GCRA: one script). Free now:
-  the run goes on. Not yet: the next free slot is reserved for it and the message sent
-  again, same task id, to arrive on it; deferred calls so run in the order they were
-  deferred, each on a slot of its own. A message carrying a slot asks whether it is due
-  on the server's clock: early, it is sent on again for what is left; within its grace,
-  it starts on it; later (a saturated or dead worker), it starts now if the runs that
-  started leave room, else it is given the next free slot. Then the inner mode's
-  running lease: one run at a time per key, or ``limit=N``.
-- end: as the inner mode. The slot is spent however the run ends; a retry is a new
-  start and asks for a slot of its own.
-
 Several limits (``rate=["60/m", "10000/d"]``) and a cost per call (``cost=``, or a
-``RateLimit``'s own) are one ask: every limit must admit the run, in one script.
+``RateLimit``'s own) are one ask: every limit must admit the run, in one script. The
+stages (publish, receipt, start, end) are in ``Rated``'s docstring.
 """
 
 from __future__ import annotations
@@ -249,7 +235,24 @@ class RateSpec:
 
 
 class Rated(Mode):
-    """A rate in front of the mode that runs the call (``WhileExecuting`` or ``Limit``)."""
+    """A rate in front of the mode that runs the call (``WhileExecuting`` or ``Limit``).
+
+    - publish: no hold, every call is sent. ``on_limited="delay"`` reserves the call's
+      slot first and sends it with the countdown to it; ``on_limited="raise"`` takes a slot
+      now or raises ``RateLimitedError`` before anything is sent. Either way the slot rides
+      in the message (``RATE_SLOT_HEADER``) and is not counted again.
+    - receipt: nothing to reserve.
+    - start: a slot before the running lease (``lease.limits.rates``, GCRA: one script).
+      Free now: the run goes on. Not yet: the next free slot is reserved for it and the
+      message sent again, same task id, to arrive on it; deferred calls so run in the order
+      they were deferred, each on a slot of its own. A message carrying a slot asks whether
+      it is due on the server's clock: early, it is sent on again for what is left; within
+      its grace, it starts on it; later (a saturated or dead worker), it starts now if the
+      runs that started leave room, else it is given the next free slot. Then the inner
+      mode's running lease: one run at a time per key, or ``limit=N``.
+    - end: as the inner mode. The slot is spent however the run ends; a retry is a new
+      start and asks for a slot of its own.
+    """
 
     name = "rate"
     checks_dispatch = False

@@ -1,20 +1,8 @@
 """``on_duplicate="replace"``: a later call's arguments swapped into the queued call.
 
-- publish: a queued hold as the lock scope says (on the key, or beside it with
-  ``lock="until_executing"``). A call refused by a queued or reserved holder replaces
-  it (``Replacement``); one refused by a running holder gets that run's result.
-- receipt: the worker reserves the hold, as every holding mode does.
-- start: a replaced message finds its hold swapped and is dropped quietly; otherwise
-  as its scope (``until_executed`` / ``until_executing``).
-- end: as its scope.
-
 The queued call keeps its task id, so every caller holds the ``AsyncResult`` of the run
-that will cover its call. The later call publishes a new message under that id and
-moves the queued hold to it in one compare-and-swap (``RedisLock.swap``): only while the
-holder is a queued or reserved message, never a running one (replace never cancels a
-run). The replaced message finds the hold taken by another message of its own id when
-it arrives, and the worker drops it quietly (``run/execution.py``): acked, no result, not
-REVOKED, which Celery's revoke by id would also do to its replacement.
+that will cover its call (how: ``Replacement``). The stages (publish, receipt, start, end)
+are in ``Replace``'s docstring.
 """
 
 from __future__ import annotations
@@ -56,7 +44,16 @@ class RidingReplace(Protocol):
 
 class Replace(Mode):
     """A queued call's arguments replaced by a later call's (held on the key, or beside
-    it when ``pending``)."""
+    it when ``pending``).
+
+    - publish: a queued hold as the lock scope says (on the key, or beside it with
+      ``lock="until_executing"``). A call refused by a queued or reserved holder replaces
+      it (``Replacement``); one refused by a running holder gets that run's result.
+    - receipt: the worker reserves the hold, as every holding mode does.
+    - start: a replaced message finds its hold swapped and is dropped quietly; otherwise
+      as its scope (``until_executed`` / ``until_executing``).
+    - end: as its scope.
+    """
 
     name = "replace"
     replaces = True
@@ -81,7 +78,15 @@ class Replace(Mode):
 
 
 class Replacement:
-    """What a dispatch needs to replace the queued call it was refused by."""
+    """What a dispatch needs to replace the queued call it was refused by.
+
+    The later call publishes a new message under the queued call's task id and moves the
+    queued hold to it in one compare-and-swap (``RedisLock.swap``): only while the holder
+    is a queued or reserved message, never a running one (replace never cancels a run).
+    The replaced message finds the hold taken by another message of its own id when it
+    arrives, and the worker drops it quietly (``run/execution.py``): acked, no result, not
+    REVOKED, which Celery's revoke by id would also do to its replacement.
+    """
 
     def __init__(
         self,

@@ -1,14 +1,6 @@
 """``throttle=<seconds>``: at most one accepted call per key and window; runs exclusive.
 
-- publish: a window hold beside the key (``companion(key, "throttle")``) for the
-  window's length; nobody takes it over or gives it back: it runs out by itself. A
-  call inside the window is refused; the message carries no hold of its own.
-- receipt: nothing to reserve (the window is not the message's).
-- start: the running lease on the key, as ``while_executing``: two accepted calls of
-  consecutive windows never run at once.
-- end: the running lease is released; the window runs out on its own, or with
-  ``reopen_on`` is given back when the run fails or is revoked (owner-checked: the
-  window's token rides in the message), so the next call is accepted at once.
+The stages (publish, receipt, start, end) are in ``Throttle``'s docstring.
 """
 
 from __future__ import annotations
@@ -22,6 +14,19 @@ from .base import Holder, Mode, PublishHold
 
 
 class Throttle(Mode):
+    """At most one accepted call per key and window, its run exclusive on the key.
+
+    - publish: a window hold beside the key (``companion(key, "throttle")``) for the
+      window's length; nobody takes it over or gives it back: it runs out by itself. A
+      call inside the window is refused; the message carries no hold of its own.
+    - receipt: nothing to reserve (the window is not the message's).
+    - start: the running lease on the key, as ``while_executing``: two accepted calls of
+      consecutive windows never run at once.
+    - end: the running lease is released; the window runs out on its own, or with
+      ``reopen_on`` is given back when the run fails or is revoked (owner-checked: the
+      window's token rides in the message), so the next call is accepted at once.
+    """
+
     name = "throttle"
     hold_role = "throttle"
 

@@ -1,10 +1,6 @@
 """``lock="while_executing"`` (``dedupe=False``): never refused at dispatch, one run at a time.
 
-- publish: no hold; every call is sent (the per-call ``dedupe=False`` of other modes
-  publishes the same way, once).
-- receipt: nothing to reserve.
-- start: the running lease on the key, or ``on_contention`` (wait, requeue, skip, fail).
-- end: the running lease is released.
+The stages (publish, receipt, start, end) are in ``WhileExecuting``'s docstring.
 """
 
 from __future__ import annotations
@@ -15,6 +11,15 @@ from .base import Holder, Mode
 
 
 class WhileExecuting(Mode):
+    """Never refused at dispatch; one run of a key at a time.
+
+    - publish: no hold; every call is sent (the per-call ``dedupe=False`` of other modes
+      publishes the same way, once).
+    - receipt: nothing to reserve.
+    - start: the running lease on the key, or ``on_contention`` (wait, requeue, skip, fail).
+    - end: the running lease is released.
+    """
+
     name = "while_executing"
     checks_dispatch = False
 

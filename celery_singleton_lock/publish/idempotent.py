@@ -2,9 +2,7 @@
 
 The claim is one round trip before the call's own dispatch. A repeat with the same
 arguments gets the first call's ``AsyncResult`` (queued, running or done) and nothing
-is sent; other arguments raise ``IdempotencyConflictError`` before anything is sent. A
-claimed call that is not sent after all (refused as a duplicate of another call, or
-its publish failed) frees its key, so the client's retry is a first call again.
+is sent; other arguments raise ``IdempotencyConflictError`` before anything is sent.
 """
 
 from __future__ import annotations
@@ -66,7 +64,11 @@ def send_once(
 ) -> AsyncResult:
     """Claim ``key`` for this call (``task_id``) and ``send`` it, or answer a repeat with
     the first call's result (``result_of`` its id). ``results_kept``: the task's results
-    are stored, so a first call in flight can be seen to have failed."""
+    are stored, so a first call in flight can be seen to have failed.
+
+    A claimed call that is not sent after all (refused as a duplicate of another call, or
+    its publish failed) frees its key (``forget``), so the client's retry is a first call
+    again."""
     warn_once_for_call_keys(
         context.name,
         context.options.idempotency,

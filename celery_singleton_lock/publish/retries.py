@@ -1,9 +1,8 @@
 """A retry of the running task: its lease handed to the retry's message as it is sent.
 
 Celery's ``Task.retry`` re-sends the running task under the same id. The running lease
-passes to the retry's message in one step (``hand_over``), so no other call can take
-the key between this execution's end and the retry's start; unless the mode reopens
-after a failure (``reopen_on``), when the retry is sent holding nothing.
+passes to the retry's message in one step (``hand_over``), so no other call can take the
+key between this execution's end and the retry's start (unless ``reopen_on`` frees it at a failure).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""A dispatch's lock operations riding its message's push: the hold, or a replacing
-call's swap, taken by the script that pushes the message (``broker.publishing``).
+"""A dispatch's lock operations riding its message's push: its hold, or a replacing call's swap.
 
-For a lock store that is the broker's Redis server (``store.pushes``): one round trip,
-the one plain Celery makes; a duplicate pushes nothing, and there is never a hold
-without its message. Elsewhere the hold is taken just before the channel pushes.
+Where the lock store is the broker's Redis server (``store.pushes``), the script that pushes
+the message takes them: one round trip, the one plain Celery makes; a duplicate pushes nothing,
+and there is never a hold without its message (elsewhere: ``PushedHold``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """A run cancelled by a newer call (``on_duplicate="cancel"``): its hook, its hard stop, its end.
 
-The lease learns it (``Lease.yield_to``: the renewal finds the key's pending call).
-Then the task's ``on_cancel(task_id, lease)`` is called, on a thread of its own so that
-a slow hook never holds up the renewal of other leases, and
-with ``terminate_on_cancel`` the worker is asked, through Celery's remote control, to
-terminate the run (``revoke(terminate=True)``: prefork; the worker's main process
-stores REVOKED and releases the dead child's lease, as for any terminated run). A run
-that stops by raising ``TaskCancelledError`` (``self.lease.check()``) ends in REVOKED:
-not FAILURE, not retried, and not SUCCESS with half its work done.
+The lease learns it (``Lease.yield_to``: the renewal finds the key's pending call). A run
+that stops by raising ``TaskCancelledError`` (``self.lease.check()``) ends in REVOKED: not
+FAILURE, not retried, and not SUCCESS with half its work done.
 """
 
 from __future__ import annotations
@@ -45,7 +40,11 @@ class Cancellable(Protocol):
 
 def watch(task: Cancellable, request: Context, lease: Lease) -> None:
     """Call ``task.on_cancel`` once ``lease`` is cancelled, and terminate the run if the
-    task says so (nothing for a lease that yields to nothing)."""
+    task says so (nothing for a lease that yields to nothing).
+
+    With ``terminate_on_cancel`` the worker is asked, through Celery's remote control, to
+    terminate the run (``revoke(terminate=True)``: prefork); its main process stores
+    REVOKED and releases the dead child's lease, as for any terminated run."""
     if lease.yields_to is None:
         return
     task_id, hostname = request.id, request.hostname

@@ -1,12 +1,8 @@
 """One execution's way to its running lease: the message's own hold, a slot, contention, requeue.
 
-The message names its key and its own hold (``tokens.py``): a queued hold or the
-worker's reservation of it on the key (taken over in one step), a pending call's hold
-beside the key (``holds.py``: let go once the run has the key), or a retry's slot of a
-counting lease (taken back). Without one, or when it is gone, the execution contends:
-``on_contention`` waits (push wake-up), requeues with backoff, skips or fails. A copy
-of the holder's own message (same task id: a redelivery) is dropped whatever the policy:
-it must not write a state or result under the id its original is running as.
+The message names its key and its own hold (``tokens.py``; which holds: ``Execution``).
+Without one, or when it is gone, the execution contends: ``on_contention`` waits (push
+wake-up), requeues with backoff, skips or fails; a redelivered copy of the holder is dropped.
 """
 
 from __future__ import annotations
@@ -72,7 +68,12 @@ logger = logging.getLogger(__name__)
 
 
 class Execution:
-    """The running lease of one delivery of a task's message, taken once by ``take()``."""
+    """The running lease of one delivery of a task's message, taken once by ``take()``.
+
+    The message's own hold is a queued hold or the worker's reservation of it on the key
+    (taken over in one step), a pending call's hold beside the key (``holds.py``: let go
+    once the run has the key), or a retry's slot of a counting lease (taken back).
+    """
 
     def __init__(
         self, delivery: Delivery, args: Sequence[object], kwargs: Mapping[str, object]
@@ -276,7 +277,11 @@ class Execution:
 
     def _drop_copy(self, held: Contended) -> NoReturn:
         """End this delivery without a trace under its id: Ignore stores no state, fires
-        no errback, and acks (Celery's tracer); the original's result stays its own."""
+        no errback, and acks (Celery's tracer); the original's result stays its own.
+
+        A copy of the holder's own message (same task id: a redelivery) is dropped whatever
+        the policy: it must not write a state or result under the id its original is
+        running as."""
         delivery, request = self.delivery, self.delivery.request
         state = holder_state(held)
         self._signal(singleton_signals.copy_dropped, task_id=request.id, holder_state=state)

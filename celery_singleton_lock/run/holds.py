@@ -2,12 +2,6 @@
 
 At dispatch such a call holds the companion lock ``companion(key, "pending")``, not the
 key: the key is for the running execution, so one call may run while the next waits.
-When the execution gets the key's running lease it lets the hold go (the next call may
-queue, and will see data this run did not). While it cannot get the key it stays the
-pending call: it keeps the hold while it waits, and passes it to its requeued message.
-Where later calls replace the pending call's arguments (replace, cancel, debounce), one
-made while this execution holds the hold leaves them for it (``offered``): the execution
-runs, or is requeued, with the newest.
 """
 
 from __future__ import annotations
@@ -27,7 +21,15 @@ logger = logging.getLogger(__name__)
 
 
 class PendingHold:
-    """The hold of the message being executed: queued at dispatch, or reserved since."""
+    """The hold of the message being executed: queued at dispatch, or reserved since.
+
+    When the execution gets the key's running lease it lets the hold go (the next call may
+    queue, and will see data this run did not). While it cannot get the key it stays the
+    pending call: it keeps the hold while it waits, and passes it to its requeued message.
+    Where later calls replace the pending call's arguments (replace, cancel, debounce), one
+    made while this execution holds the hold leaves them for it (``offered``): the
+    execution runs, or is requeued, with the newest.
+    """
 
     def __init__(  # noqa: PLR0917  (the message's hold, as the execution knows it)
         self,

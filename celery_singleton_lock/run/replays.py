@@ -1,13 +1,8 @@
 """A run of a call with an idempotency key: it does the work once per key, or answers instead.
 
-``begin`` runs holding the call's running lease, so no other run of the same call is
-alive. If the key's work is done (succeeded, or failed and kept), the run answers with
-that outcome, read from the result backend under the id of the run that did it, and the
-body does not run: a redelivery after success but before the ack, a ``send_task`` or a
-beat tick carrying the key. A key bound to other arguments fails the run. The end is
-written once Celery has stored the result (``task_postrun``): a worker that dies in
-between leaves the record running, and the next run of the call finds that stored
-success instead of running again.
+``begin`` runs holding the call's running lease, so no other run of the same call is alive.
+If the key's work is done (succeeded, or failed and kept), the run answers with that outcome
+instead: a redelivery after success before the ack, a ``send_task`` or beat tick with the key.
 """
 
 from __future__ import annotations
@@ -107,7 +102,10 @@ def begin(
 ) -> Replay | None:
     """None: the body runs (its end is written after it); else the ``Replay`` to answer
     with. ``results``: the task's result backend (None when it keeps no results), asked
-    only for a run with a key."""
+    only for a run with a key.
+
+    The outcome is read from the result backend under the id of the run that did the
+    work. A key bound to other arguments fails the run."""
     task_id = str(getattr(request, "id", ""))
     key = key_of(context, request, *call)
     if key is None:
@@ -254,6 +252,9 @@ _OUTCOMES: dict[str, Outcome] = {
 def _at_postrun(
     sender: object = None, task_id: str | None = None, state: str | None = None, **_: object
 ) -> None:
+    """Write a keyed run's end once Celery has stored its result (``task_postrun``): a
+    worker that dies in between leaves the record running, and the next run of the call
+    finds that stored success instead of running again (``begin``)."""
     request = getattr(sender, "request", None)
     key = getattr(request, RUN_KEY, None)
     if key is None or task_id is None:

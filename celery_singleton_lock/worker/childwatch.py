@@ -1,9 +1,8 @@
 """The release of a dead pool child's lease: the main process watches its children (prefork).
 
-A child killed by SIGKILL, by the hard time limit or by ``revoke(terminate=True)`` runs
-no ``finally``. The main process watches each child that ran a singleton task (a pidfd
-where Linux has one, else a poll of ``/proc``) and, when one dies, asks the requests it
-was running to release what the child held.
+A child killed by SIGKILL, by the hard time limit or by ``revoke(terminate=True)`` runs no
+``finally``. The main process watches each child that ran a singleton task (``ChildWatch``)
+and, when one dies, asks the requests it was running to release what the child held.
 """
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ class ChildWatch:
     which was seen to take several seconds; a lease must not wait that long. One daemon
     thread in the main process sleeps in poll() on a pidfd per pool child (Linux 5.3+),
     so it costs nothing per task and wakes only when a child exits. Elsewhere it polls
-    the watched children every ``INTERVAL``. Nothing is kept per task: on a child's
-    death the tasks it was running are Celery's own active requests with that pid.
+    the watched children (``/proc``) every ``INTERVAL``. Nothing is kept per task: on a
+    child's death the tasks it was running are Celery's own active requests with that pid.
     """
 
     INTERVAL = 0.05

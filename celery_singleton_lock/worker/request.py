@@ -1,15 +1,8 @@
 """``SingletonRequest``: Celery's Request in the worker's main process, for singleton tasks.
 
-It reserves a received message's key (``reservations.py``), hands the reservation to
-the pool child that starts the task, and releases what a dead child held.
-
-A child killed by SIGKILL, by the hard time limit or by ``revoke(terminate=True)`` runs
-no ``finally``; without help its lease would block the key until its TTL. Celery
-reports each of these deaths to the main process through the task's ``Request``
-class, and ``SingletonTask`` names this one. The main process knows the child's pid
-and the task id, which together with the worker's hostname are the fixed part of the
-child's lease token (see ``tokens.running_token``), so it can release exactly that
-lease — never a redelivered copy's, which runs under another pid or host.
+It reserves a received message's key (``reservations.py``), hands the reservation to the
+pool child that starts the task, and releases what a dead child held: a killed child runs no
+``finally``, and without help its lease would block the key until its TTL.
 """
 
 from __future__ import annotations
@@ -78,6 +71,10 @@ class Handoff:
 class SingletonRequest(Request):  # type: ignore[misc]
     """Celery's Request, plus reservations and the release of a dead child's lease.
 
+    A child killed by SIGKILL, by the hard time limit or by ``revoke(terminate=True)``
+    runs no ``finally``. Celery reports each of these deaths to the main process through
+    the task's ``Request`` class, and ``SingletonTask`` names this one.
+
     Celery's generated request class overrides ``on_success`` without calling this
     one's, so nothing here may rely on it: per-task state lives in Celery's own tables.
     """
@@ -142,7 +139,11 @@ class SingletonRequest(Request):  # type: ignore[misc]
 
     def _release_running(self, store: LockStore, lock_name: str, pid: int) -> ReleaseResult:
         """Release the running lease a dead child held: the one this process took for it
-        as the message arrived, or the one the child took itself (by its pid)."""
+        as the message arrived, or the one the child took itself (by its pid).
+
+        The child's pid and the task id, with the worker's hostname, are the fixed part of
+        the child's lease token (``tokens.running_token``): exactly that lease is released,
+        never a redelivered copy's, which runs under another pid or host."""
         task = self.task
         handoff = self.request_dict.get(LEASE_HEADER)
         if isinstance(handoff, Handoff) and handoff.token:

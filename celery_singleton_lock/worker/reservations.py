@@ -1,15 +1,8 @@
 """The worker's reservations: a received message's hold, made this worker's and renewed.
 
 A received message's queued hold (``queue_ttl`` long, taken at dispatch) becomes a
-*reservation* of this worker (``ttl`` long, renewed by its main process) in one step.
-A worker killed with prefetched or ETA messages then frees their keys within ``ttl``
-instead of ``queue_ttl``; the messages come back from the broker in time and run. A
-revoked message gives it back at once (``drop_revoked``), not when its ETA comes.
-
-Where the mode allows (``Mode.starts_at_receipt``), that one step takes the running
-lease itself, fenced: the main process hands it to the run with the request
-(``handed``), and the run starts without a round trip of its own. Otherwise the run
-takes the reservation over as it starts.
+*reservation* of this worker (``ttl`` long, renewed by its main process) in one step: a worker
+killed with prefetched or ETA messages frees their keys within ``ttl``, not ``queue_ttl``.
 """
 
 from __future__ import annotations
@@ -69,7 +62,14 @@ class Reservations:
     """This worker's reservations by task id.
 
     Entries live from the message's receipt until its run starts, it is revoked
-    or expires, or the worker shuts down: nothing outlives the message.
+    or expires, or the worker shuts down: nothing outlives the message. A killed worker's
+    prefetched or ETA messages come back from the broker in time and run: their keys are
+    free by then (within ``ttl``).
+
+    Where the mode allows (``Mode.starts_at_receipt``), the one step that reserves takes
+    the running lease itself, fenced: the main process hands it to the run with the
+    request (``handed``), and the run starts without a round trip of its own. Otherwise
+    the run takes the reservation over as it starts.
     """
 
     def __init__(self) -> None:

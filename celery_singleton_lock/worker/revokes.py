@@ -3,9 +3,6 @@
 With ``reopen_on=("revoked",)`` a revoked call gives its window back so the next call is
 accepted. Celery discards a revoked message it holds only when it would run it: at its
 ETA (``countdown=30``: 30 s later), or when a pool child is free for a prefetched one.
-The worker's main process looks for revokes every ``REVOKE_CHECK_INTERVAL`` (with the
-reservations, ``hooks``) and reopens the window then. Reopening is owner-checked by the
-window's token, so the discard that comes later frees nothing a newer call holds.
 """
 
 from __future__ import annotations
@@ -58,7 +55,11 @@ class RevokedWindows:
                 self._waiting.pop(task_id, None)
 
     def reopen_revoked(self) -> None:
-        """Give back the windows of the messages revoked since (every ~0.5 s)."""
+        """Give back the windows of the messages revoked since.
+
+        The worker's main process calls this every ``REVOKE_CHECK_INTERVAL`` (~0.5 s, with
+        the reservations: ``hooks``). Reopening is owner-checked by the window's token, so
+        the discard that comes later frees nothing a newer call holds."""
         if not self._waiting:
             return
         revoked = worker_state.revoked

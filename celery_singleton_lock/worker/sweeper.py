@@ -1,10 +1,8 @@
 """The worker's part in finding lost messages: clear a received one's note, sweep on a timer.
 
 A singleton message pushed with its hold is noted in transit (``lease.redis.transit``) until a
-worker records it as unacked; the note is cleared in that very pipeline (``riders``).
-Every worker sweeps the notes on its timer (``Sweeper``): a message popped by a worker
-killed before it recorded it is pushed again ``singleton_lock_transit_timeout`` to
-twice that after it went missing, where kombu's Redis transport loses it for good.
+worker records it as unacked (``riders`` clears the note in that pipeline). Workers sweep the
+notes and push again a message lost in between, which kombu's Redis transport loses for good.
 """
 
 from __future__ import annotations
@@ -65,7 +63,11 @@ def riders(
 
 class Sweeper:
     """Every ``interval`` s on the worker's timer: the notes swept on a connection of
-    its own to the broker (``lease.Transit.sweep``), each hold asked of the lock store."""
+    its own to the broker (``lease.Transit.sweep``), each hold asked of the lock store.
+
+    A message popped by a worker killed before it recorded it as unacked is pushed again
+    ``singleton_lock_transit_timeout`` (``wait``) to twice that after it went missing,
+    where kombu's Redis transport loses it for good."""
 
     def __init__(self, app: Celery, wait: float) -> None:
         self.app = app

@@ -1,8 +1,7 @@
 """The locks page as a WSGI app: routing, basic auth, CSRF, security headers and static files.
 
-``LocksPage(app)`` is a plain WSGI callable: serve it with ``celery singleton web``
-(waitress), mount it in a WSGI or ASGI project (``asgi.py``, ``django.py``), or call it
-in a test. Links are built from ``SCRIPT_NAME``, so it works under any mount path.
+A plain WSGI callable, served by ``celery singleton web``, mounted in a WSGI or ASGI project or
+called in a test; links are built from ``SCRIPT_NAME``, so it works under any mount path.
 What each page shows is ``views.py``'s.
 """
 
@@ -48,7 +47,10 @@ HEADERS = [
 
 class LocksPage:
     """The WSGI app: ``LocksPage(celery_app, allow_release=True, basic_auth="u:p")``;
-    keywords override the app's ``singleton_lock_web_*`` settings."""
+    keywords override the app's ``singleton_lock_web_*`` settings.
+
+    Serve it with ``celery singleton web`` (waitress), mount it in a WSGI or ASGI project
+    (``asgi.py``, ``django.py``), or call it in a test."""
 
     def __init__(self, app: Celery, **overrides: object) -> None:
         self.settings = WebSettings.from_app(app, **overrides)

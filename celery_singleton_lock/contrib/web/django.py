@@ -1,10 +1,8 @@
 """The locks page mounted in a Django project: URL patterns whose view hands Django's request to it.
 
-``path("admin/locks/", include(urls(celery_app, wrap=admin.site.admin_view)))`` puts it
-behind the admin's login (staff only), as an admin page; any other decorator works
-too (``login_required``, ``permission_required(...)``). Django's CSRF middleware is
-left out for it: its release forms carry the page's own CSRF token, signed with the
-project's ``SECRET_KEY``.
+Behind the admin's login, or any decorator of yours (``urls(..., wrap=...)``). Django's CSRF
+middleware is left out for it: its release forms carry the page's own CSRF token, signed
+with the project's ``SECRET_KEY``.
 """
 
 from __future__ import annotations
@@ -31,7 +29,11 @@ def urls(
     app: Celery, *, wrap: Callable[[View], View] | None = None, **settings: object
 ) -> list[URLPattern]:
     """The page's URL patterns, to ``include()`` under the path of your choice.
-    ``settings``: as ``LocksPage``'s (``allow_release=True``, ...)."""
+    ``settings``: as ``LocksPage``'s (``allow_release=True``, ...).
+
+    ``path("admin/locks/", include(urls(celery_app, wrap=admin.site.admin_view)))`` puts it
+    behind the admin's login (staff only), as an admin page; any other decorator works too
+    for ``wrap`` (``login_required``, ``permission_required(...)``)."""
     if "secret" not in settings:
         # Every process of the project signs the same way (a random secret would not).
         key = str(django_settings.SECRET_KEY).encode()

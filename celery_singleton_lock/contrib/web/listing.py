@@ -1,9 +1,8 @@
 """One page of the app's locks, filtered and sorted by age, read in one streamed pass.
 
-The store is read a batch at a time (``LockStore.holdings``: SCAN, never KEYS); only the
-rows of the page asked for are kept (a heap of ``page * per`` rows at most), with
-counts per state of every lock that passed the other filters. Memory is bounded by
-the page, whatever the number of locks.
+The store is read a batch at a time (``LockStore.holdings``: SCAN, never KEYS) and only the
+rows of the page asked for are kept: memory is bounded by the page, whatever the number of
+locks.
 """
 
 from __future__ import annotations
@@ -86,7 +85,9 @@ class Page:
 
 
 def page_of(rows: Iterable[LockRow], query: Query) -> Page:
-    """The page ``query`` asks for, in one pass over ``rows``."""
+    """The page ``query`` asks for, in one pass over ``rows``: a heap of ``page * per``
+    rows at most is kept, with counts per state of every lock that passed the other
+    filters."""
     counts: dict[str, int] = {}
     total = 0
     keep = min(query.page * query.per, MAX_RANKED)

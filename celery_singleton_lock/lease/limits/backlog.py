@@ -1,11 +1,8 @@
 """How many calls may wait for a name at once (``max_pending``): a place each, left as it runs.
 
 A key bound by a rate or a limit queues every call; without a cap its backlog grows
-without bound in the broker. Here each call takes a place before it is published (one
-script: refused, nothing sent, when ``cap`` calls wait already) and leaves it as its run
-starts. A call that never starts (its message lost, revoked) frees its place by itself
-after ``ttl`` seconds, renewed each time it is sent round again (a deferral, a requeue),
-so the count never stays too high for long and is never too low.
+without bound in the broker. Here each call takes a place before it is published (refused,
+nothing sent, when ``cap`` calls wait already) and leaves it as its run starts.
 """
 
 from __future__ import annotations
@@ -30,7 +27,12 @@ class Place:
 
 
 class Backlog:
-    """On a ``RedisLock`` (standalone, Sentinel or Cluster: one key per name)."""
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster: one key per name).
+
+    A call that never starts (its message lost, revoked) frees its place by itself after
+    ``ttl`` seconds, renewed each time it is sent round again (a deferral, a requeue), so
+    the count never stays too high for long and is never too low.
+    """
 
     def __init__(self, store: RedisLock) -> None:
         self._store = store
@@ -38,7 +40,7 @@ class Backlog:
 
     def enter(self, name: str, call: str, cap: int, ttl: float) -> Place:
         """Take a place for ``call`` among the calls waiting for ``name`` (or keep its
-        own, renewed); refused when ``cap`` wait already."""
+        own, renewed), in one script; refused when ``cap`` wait already."""
         return self._ask(name, call, cap, ttl, "enter")
 
     def _ask(self, name: str, call: str, cap: int, ttl: float, how: str) -> Place:

@@ -1,13 +1,8 @@
 """Operators' overrides of a name's limits (a rate, a limit, a pause), kept in the lock store.
 
-An operator changes a limit without a deploy (``celery singleton limits set``): the
-override is one field of one hash, ``<prefix>:limits``, keyed by its target (a lock
-name, a key template or a task name), its value a small JSON object. Every process
-reads the whole hash at most every ``REFRESH`` seconds (one HGETALL, only for tasks with
-a rate or a limit) and hands what it found to the scripts of its next decisions, as
-their arguments: a change reaches every decision within a second, and on a Cluster the
-hash may live in a slot of its own (a decision's script sees only its key's slot).
-Overrides are few (what an operator set), so the hash stays small.
+An operator changes a limit without a deploy (``celery singleton limits set``). Every
+process reads the overrides at most every ``REFRESH`` seconds and hands them to the scripts
+of its next decisions, as their arguments: a change reaches every decision within a second.
 """
 
 from __future__ import annotations
@@ -181,7 +176,15 @@ class _Cached:
 
 
 class Overrides(_Cached):
-    """On a ``RedisLock`` (standalone, Sentinel or Cluster)."""
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster).
+
+    An override is one field of one hash, ``<prefix>:limits``, keyed by its target (a lock
+    name, a key template or a task name), its value a small JSON object. A process reads
+    the whole hash (one HGETALL, only for tasks with a rate or a limit) and passes what it
+    found to its decisions' scripts as arguments, so on a Cluster the hash may live in a
+    slot of its own (a decision's script sees only its key's slot). Overrides are few
+    (what an operator set), so the hash stays small.
+    """
 
     def __init__(self, store: RedisLock) -> None:
         super().__init__()

@@ -1,42 +1,8 @@
 """Per-name rate limits: GCRA in one script per call, a slot now or the next one reserved.
 
-GCRA (the generic cell rate algorithm: redis-cell's and Stripe's, ``scripts.RATE``)
-keeps two numbers per name and limit, the theoretical arrival time (TAT) of the next
-call's slot (the schedule) and of the next run's start (the gate, below), in a key
-beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the inventory lists)
-that expires once every TAT has passed: O(1) memory, nothing left behind. It is exact:
-with ``limit`` units per ``period`` and a ``burst`` of B, units
-start no closer than ``period / limit`` apart once the burst is spent, and no window of
-length W holds more than B - 1 + ceil(W * limit / period) of them (with B = 1 and one
-unit a call, at most ``limit`` calls in any window of ``period``). A sliding-window
-counter is approximate and a sliding log costs a list entry per call; GCRA needs
-neither. A call may cost several units (``cost``: tokens, bytes): its TAT moves on by
-that many intervals, so a cost above the burst could never start and is refused.
-
-Several limits of one name (``"60/m"`` and ``"10000/d"``; calls and tokens a minute) are
-decided in one script: a call is charged against every one of them at the latest slot
-any of them gives, or against none. A limit is its place in the list: a rate changed in
-place keeps its schedule.
-
-At dispatch, three ways to ask (``how``) of the schedule: ``take`` a slot now or be
-refused (``retry_after``); ``reserve`` a slot now or the next free one, counted at once,
-so calls deferred in turn keep their order and never share a slot; ``peek`` at the
-budget without taking. At a run's start, two: ``start`` on the next free slot, and
-whether a slot reserved earlier is ``due``. A run whose slot is ``near`` (less than
-sending the message round would cost) waits for it where it is: ``now``, with a ``wait``.
-
-A run starts through a second GCRA beside the schedule, the gate, which counts the slots
-runs started on. On its slot if it comes within its ``grace``; later than that (its
-worker was saturated, or died holding it) as soon as the gate has room if that is near,
-else on the next free slot. Slots alone would leave a late run only a new slot, and on
-workers that stay behind every run is late again: the slots pass unused and nothing
-starts. The gate lets through what the schedule would: no window of the slots runs
-start on holds more than the rate (plus ``burst - 1``), however late they come or the
-order they come in; a run a pause held back starts on its slot however late, if the
-gate lets it.
-
-The clock is the server's (``TIME``), one for every worker; the in-memory store uses
-its own process's.
+GCRA (the generic cell rate algorithm: redis-cell's and Stripe's) is exact and keeps O(1)
+memory per name; a second GCRA, the gate, lets a run that comes late still start, never more
+than the rate lets through. How both work: ``Rates``, as ``lua/rate.lua`` runs them.
 """
 
 from __future__ import annotations
@@ -198,7 +164,42 @@ class _RatesOf:
 
 
 class Rates(_RatesOf):
-    """On a ``RedisLock`` (not imported: the lease layer keeps no cycle)."""
+    """On a ``RedisLock`` (not imported: the lease layer keeps no cycle): ``scripts.RATE``.
+
+    GCRA keeps two numbers per name and limit, the theoretical arrival time (TAT) of the
+    next call's slot (the schedule) and of the next run's start (the gate, below), in a key
+    beside the name's lock (``LockKeys.rate``: bookkeeping, not a lock the inventory lists)
+    that expires once every TAT has passed: O(1) memory, nothing left behind. It is exact:
+    with ``limit`` units per ``period`` and a ``burst`` of B, units start no closer than
+    ``period / limit`` apart once the burst is spent, and no window of length W holds more
+    than B - 1 + ceil(W * limit / period) of them (with B = 1 and one unit a call, at most
+    ``limit`` calls in any window of ``period``). A sliding-window counter is approximate
+    and a sliding log costs a list entry per call; GCRA needs neither. A call may cost
+    several units (``cost``: tokens, bytes): its TAT moves on by that many intervals, so a
+    cost above the burst could never start and is refused.
+
+    Several limits of one name (``"60/m"`` and ``"10000/d"``; calls and tokens a minute)
+    are decided in one script: a call is charged against every one of them at the latest
+    slot any of them gives, or against none. A limit is its place in the list: a rate
+    changed in place keeps its schedule.
+
+    At dispatch, three ways to ask (``how``) of the schedule: ``take`` a slot now or be
+    refused (``retry_after``); ``reserve`` a slot now or the next free one, counted at
+    once, so calls deferred in turn keep their order and never share a slot; ``peek`` at
+    the budget without taking. At a run's start, two: ``start`` on the next free slot, and
+    whether a slot reserved earlier is ``due``. A run whose slot is ``near`` (less than
+    sending the message round would cost) waits for it where it is: ``now``, with a ``wait``.
+
+    A run starts through a second GCRA beside the schedule, the gate, which counts the
+    slots runs started on. On its slot if it comes within its ``grace``; later than that
+    (its worker was saturated, or died holding it) as soon as the gate has room if that is
+    near, else on the next free slot. Slots alone would leave a late run only a new slot,
+    and on workers that stay behind every run is late again: the slots pass unused and
+    nothing starts. The gate lets through what the schedule would: no window of the slots
+    runs start on holds more than the rate (plus ``burst - 1``), however late they come or
+    the order they come in; a run a pause held back starts on its slot however late, if
+    the gate lets it. The clock is the server's (``TIME``), one for every worker.
+    """
 
     def __init__(self, store: RedisLock) -> None:
         super().__init__(store)
@@ -217,7 +218,7 @@ class Rates(_RatesOf):
         grace: float = ANY_LATENESS,
         near: float = 0.0,
     ) -> Slot:
-        """One script, one round trip (see the module's docstring): ``rate`` is one
+        """One script, one round trip (see the class's docstring): ``rate`` is one
         limit (a call costs one unit) or (rate, cost) pairs; ``at`` is the slot a
         ``due`` asks about; ``entry``, the history entry it writes; ``paused``, the
         name's last pause (its schedule moves on by its length, once); ``grace``, how
@@ -308,7 +309,7 @@ class MemoryRates(_RatesOf):
                     for (each, cost), tat in zip(limits, times, strict=True)
                 ]
 
-            # The gate (see the module's docstring): the earliest a run may start.
+            # The gate (see ``Rates``): the earliest a run may start.
             # (Less a microsecond: the script's sums are whole microseconds, these not.)
             gate = max(
                 (

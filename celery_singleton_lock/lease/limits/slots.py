@@ -1,13 +1,8 @@
 """Counting leases: up to ``limit`` holders of one name at once, each in a slot of its own.
 
 A slot (``names.slot``) is an ordinary lock: renewed, extended, released, and released
-by shape for a dead holder with the scripts every lock uses. Only taking one differs:
-``scripts.ACQUIRE_SLOT`` takes the lowest free slot in one step with a fence from the
-name's own fence key, so fences increase across slots, and a release of any slot wakes
-the oldest waiter (the slots share the name's signal and waiters keys; BLPOP serves its
-waiters first come, first served).
-
-On a Redlock (``QuorumSlots``) slot N is a Redlock lease of its own, taken in order.
+by shape for a dead holder with the scripts every lock uses. Only taking one differs
+(``Slots``); on a Redlock slot N is a Redlock lease of its own (``QuorumSlots``).
 """
 
 from __future__ import annotations
@@ -29,7 +24,13 @@ if TYPE_CHECKING:
 
 
 class Slots:
-    """The counting leases of one ``RedisLock`` (``lock.slots``)."""
+    """The counting leases of one ``RedisLock`` (``lock.slots``).
+
+    ``scripts.ACQUIRE_SLOT`` takes the lowest free slot in one step with a fence from the
+    name's own fence key, so fences increase across slots, and a release of any slot wakes
+    the oldest waiter (the slots share the name's signal and waiters keys; BLPOP serves its
+    waiters first come, first served).
+    """
 
     def __init__(self, store: Any) -> None:
         # A RedisLock (not imported: it builds this, and the layer keeps no cycle).
@@ -141,7 +142,8 @@ class Slots:
 
 class QuorumSlots:
     """Up to ``limit`` holders of a name on a Redlock: slot N is a Redlock lease of its own,
-    so no two holders share a slot on a majority (per-master counting would allow more)."""
+    taken in order, so no two holders share a slot on a majority (per-master counting would
+    allow more)."""
 
     def __init__(self, store: Any) -> None:  # a Redlock (which builds this)
         self.store = store

@@ -1,9 +1,9 @@
-"""How each kind of sent call finishes: its replies become the answer, or it goes again
-through redis-py's own path (``fallback``) after a transport error or an error reply it
-knows how to rescue (NOSCRIPT, an old server's syntax error).
+"""How each kind of sent call finishes: its replies become the answer, or redis-py runs it again.
 
-Replies are ``Response``: redis-py reads them untyped (``read_response``, ``ResponseT``),
-and each call's ``convert`` knows the shape its command answers with."""
+A call goes again through redis-py's own path (``fallback``) after a transport error or an
+error reply it knows how to rescue (NOSCRIPT, an old server's syntax error). Replies are
+``Response`` (redis-py reads them untyped); each call's ``convert`` knows their shape.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from .clients import AsyncClient, SyncClient
 # A key or argument of a call we send (``pipelining.pack`` writes exactly these).
 Arg: TypeAlias = "str | bytes | int"
 # A reply as redis-py's parser returns it (bytes, int, None, a list of them, an error),
-# or an answer built from replies. redis-py types replies as ``Any`` (``ResponseT``):
-# this name marks the one place our types stop at its boundary.
+# or an answer built from replies. redis-py types replies as ``Any`` (``read_response``,
+# ``ResponseT``): this name marks the one place our types stop at its boundary.
 Response: TypeAlias = Any
 
 

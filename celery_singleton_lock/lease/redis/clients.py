@@ -1,21 +1,8 @@
 """A redis-py client from a URL for every topology (standalone, Sentinel, Cluster); its description.
 
-URL forms:
-
-- ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), ``unix:///path?db=N``:
-  redis-py's own ``from_url`` (``valkey://`` and ``valkeys://``, Valkey's forms, are read
-  as ``redis://`` and ``rediss://``); ``redis+socket:///path?virtual_host=N``, kombu's form of a
-  socket (a broker's, found as the default lock store), is read as ``unix://``.
-- ``sentinel://[[user]:password@]host:26379;sentinel://host2:26379/0`` with
-  ``master_name`` (and optionally ``sentinel_kwargs``, ``min_other_sentinels``) in the
-  options: kombu's form for a Sentinel broker. The password is the master's; the
-  sentinels' own credentials go in ``sentinel_kwargs``.
-- ``redis+cluster://[[user]:password@]host:port[,host2:port2...]`` (``rediss+cluster://``
-  for TLS): a Redis Cluster, given by one or more seed nodes. kombu has no cluster
-  form; this one keeps the ``redis`` scheme readable and marks the topology the way
-  ``redis+socket://`` marks a socket, and a list of seeds survives one being down.
-
-``describe`` says where any of these clients connects, never with its password.
+``build`` reads redis-py's and Valkey's own URLs, kombu's forms of a socket and of Sentinel,
+and ``redis+cluster://`` for a Cluster (kombu has none); ``describe`` says where any of these
+clients connects, never with its password.
 """
 
 from __future__ import annotations
@@ -85,6 +72,23 @@ def build(
     bounded: bool = False,
 ) -> Client:
     """A client for ``url``; ``options`` are redis-py keyword arguments (plus Sentinel's).
+
+    URL forms:
+
+    - ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS),
+      ``unix:///path?db=N``: redis-py's own ``from_url`` (``valkey://`` and ``valkeys://``,
+      Valkey's forms, are read as ``redis://`` and ``rediss://``);
+      ``redis+socket:///path?virtual_host=N``, kombu's form of a socket (a broker's, found
+      as the default lock store), is read as ``unix://``.
+    - ``sentinel://[[user]:password@]host:26379;sentinel://host2:26379/0`` with
+      ``master_name`` (and optionally ``sentinel_kwargs``, ``min_other_sentinels``) in the
+      options: kombu's form for a Sentinel broker. The password is the master's; the
+      sentinels' own credentials go in ``sentinel_kwargs``.
+    - ``redis+cluster://[[user]:password@]host:port[,host2:port2...]``
+      (``rediss+cluster://`` for TLS): a Redis Cluster, given by one or more seed nodes.
+      kombu has no cluster form; this one keeps the ``redis`` scheme readable and marks
+      the topology the way ``redis+socket://`` marks a socket, and a list of seeds
+      survives one being down.
 
     ``bounded``: a standalone sync client gets a ``BlockingConnectionPool`` (its
     ``max_connections`` and ``timeout`` options apply).

@@ -1,13 +1,8 @@
 """Every lock a store holds under its prefix, read in bounded batches: what operators list.
 
-Reading only: SCAN (never KEYS) over the prefix, on a Cluster over every master (redis-py's
-cluster client scans each primary), then one round trip per batch for the batch's
-holders, time left and fences: one script on a single server (``lua/read_holds.lua``: 100,000 locks
-list in about a second), a pipeline of reads on a Cluster, whose keys span its nodes.
-Memory is bounded by the batch, whatever the count.
-Bookkeeping keys (fences, wake-up signals, waiter lists, replaced-token sets) are not
-locks and are not listed; a name's rate (``rates``) is, as role ``"rate"`` with its
-schedule (the next call's theoretical arrival time) for a token.
+Reading only: SCAN (never KEYS), then one round trip per batch; memory is bounded by the
+batch, whatever the count. Bookkeeping keys (fences, wake-up signals, waiter lists,
+replaced-token sets) are not locks and are not listed; a name's rate (``rates``) is.
 """
 
 from __future__ import annotations
@@ -40,8 +35,12 @@ READ = scripts.source("read_holds")
 def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:
     """Every lock ``lock``'s store holds under its prefix, a batch at a time.
 
-    Two round trips per batch (SCAN, then one pipeline); a lock released meanwhile is
-    left out. Raises the store's errors (unreachable, or set up wrongly).
+    Two round trips per batch: SCAN over the prefix (on a Cluster over every master:
+    redis-py's cluster client scans each primary), then the batch's holders, time left
+    and fences in one: one script on a single server (``lua/read_holds.lua``: 100,000
+    locks list in about a second), a pipeline of reads on a Cluster, whose keys span its
+    nodes. A lock released meanwhile is left out. Raises the store's errors (unreachable,
+    or set up wrongly).
     """
     client, prefix = lock.client, lock.prefix
     pending: list[tuple[str, str, str | None]] = []
@@ -75,7 +74,9 @@ def family(lock: _Store, name: str) -> Iterator[Held]:
 
 
 def _rate_key(prefix: str, key: str) -> tuple[str, str | None] | None:
-    """(name, "rate") of a name's rate key (``LockKeys.rate``); None for anything else."""
+    """(name, "rate") of a name's rate key (``LockKeys.rate``); None for anything else.
+    Listed as role ``"rate"`` with its schedule (the next call's theoretical arrival
+    time) for a token."""
     if not key.endswith(":rate"):
         return None
     parsed = parse_key(prefix, key[: -len(":rate")])

@@ -1,29 +1,8 @@
 """Script calls split in two, send now and read later, on redis-py's public connection API.
 
-The lease's hot path (one call per dispatch, per start, per release) takes a connection
-from the client's pool, writes the commands with ``Connection.send_packed_command`` and
-returns; ``Reply.get()`` reads the answers with ``Connection.read_response`` and puts
-the connection back. In between the caller does its own work (Celery builds the message
-while Redis runs the script), or does not wait at all (``defer``: a release at the end
-of a task, whose answer is read with the next call of any thread).
-
-Everything redis-py does for a connection still happens: its health check before a
-write, its handshake (AUTH, HELLO for RESP3, SELECT, credential providers), its parser
-(hiredis when installed, RESP2 and RESP3, push messages, ``decode_responses``). Only
-the per-command machinery (retry wrapper, reply callbacks) is skipped, and that is
-where a failure goes: after a transport error or a NOSCRIPT the call is made again
-through redis-py's ``Script``, which retries by the client's policy and reloads the
-script. That is safe because every call gives the same answer when run twice for one
-token. A store's pipelining keeps one connection between calls (a pool with room to spare:
-``SPARE_FROM``), so a process's next call skips the pool's lock and queue;
-every other connection goes back at once, so any number of short-lived threads or
-greenlets share the pool's few connections.
-
-A queued message's hold needs no script: ``SET NX PX GET`` with ``PTTL`` answers the
-same question at a tenth of the server time, on Redis 7.0 and later.
-
-Clients this module cannot drive directly (cluster, sentinel-managed failover aside,
-single-connection, client-side caching) take redis-py's path for every call.
+The lease's hot path (one call per dispatch, per start, per release) writes a call and
+returns: the caller does its own work while Redis runs the script (Celery builds the message),
+or does not wait at all (``defer``). How, and what of redis-py's it keeps: ``Pipelining``.
 """
 
 from __future__ import annotations
@@ -98,7 +77,10 @@ def takes_command_name(pool: ConnectionPool) -> bool:
 
 
 def drivable(client: object) -> TypeGuard[redis.Redis]:
-    """Whether ``client`` is a pooled sync client whose connections we may drive ourselves."""
+    """Whether ``client`` is a pooled sync client whose connections we may drive ourselves.
+
+    Clients this module cannot drive directly (cluster, sentinel-managed failover aside,
+    single-connection, client-side caching) take redis-py's path for every call."""
     pool = getattr(client, "connection_pool", None)
     return (
         isinstance(client, redis.Redis)
@@ -109,7 +91,26 @@ def drivable(client: object) -> TypeGuard[redis.Redis]:
 
 
 class Pipelining:
-    """Sends scripts for one client; ``direct`` is False when redis-py must do it all."""
+    """Sends scripts for one client; ``direct`` is False when redis-py must do it all.
+
+    A call takes a connection from the client's pool, writes the commands with
+    ``Connection.send_packed_command`` and returns; ``Reply.get()`` reads the answers with
+    ``Connection.read_response`` and puts the connection back. In between the caller does
+    its own work, or does not wait at all (``defer``: a release at the end of a task,
+    whose answer is read with the next call of any thread).
+
+    Everything redis-py does for a connection still happens: its health check before a
+    write, its handshake (AUTH, HELLO for RESP3, SELECT, credential providers), its parser
+    (hiredis when installed, RESP2 and RESP3, push messages, ``decode_responses``). Only
+    the per-command machinery (retry wrapper, reply callbacks) is skipped, and that is
+    where a failure goes: after a transport error or a NOSCRIPT the call is made again
+    through redis-py's ``Script``, which retries by the client's policy and reloads the
+    script. That is safe because every call gives the same answer when run twice for one
+    token. One connection is kept between calls (a pool with room to spare:
+    ``SPARE_FROM``), so a process's next call skips the pool's lock and queue; every other
+    connection goes back at once, so any number of short-lived threads or greenlets
+    share the pool's few connections.
+    """
 
     __slots__ = (
         "_encoding",
@@ -279,7 +280,8 @@ class Pipelining:
     def send_hold(
         self, key: str, token: str, ttl_ms: int, fallback: Callable[[], Response]
     ) -> Reply:
-        """The unfenced acquire without a script: ``SET NX PX GET`` and ``PTTL``, pipelined.
+        """The unfenced acquire (a queued message's hold) without a script: ``SET NX PX GET``
+        and ``PTTL``, pipelined.
 
         Answers like the acquire script (``{1, 0}`` or ``{0, holder, pttl}``) at a tenth
         of its server time. ``fallback`` runs that script instead where the server is

@@ -1,11 +1,8 @@
 """Lock operations riding a broker's round trips on the lock store's own server.
 
-For a broker whose queues live on the lock store's Redis server (kombu's Redis
-transport): a hold and the push of its message in one script and one round trip (the
-message is pushed only if the hold is taken, so there is no moment with a hold and no
-message, or a message and no hold); a received message's take, added to the
-pipeline the broker sends to record the message as unacked (``RidingTake``); and a
-finished run's release, added to the pipeline that stores its result (``RidingRelease``).
+For a broker whose queues live on the lock store's Redis server (kombu's Redis transport):
+a hold and its message's push in one script (``Pushes.hold_and_push``); a received message's
+take and a finished run's release in other clients' pipelines (``RidingTake``, ``RidingRelease``).
 """
 
 from __future__ import annotations
@@ -71,7 +68,8 @@ class Push:
 
 
 class RidingTake:
-    """One try for a lock, sent in another client's pipeline to the lock store's server.
+    """One try for a lock, sent in another client's pipeline to the lock store's server
+    (the broker's, recording a received message as unacked).
 
     ``add`` puts it on the pipeline (EVALSHA of the acquire script wrapped to switch to
     the lock's database); ``read`` takes the pipeline's reply for it. ``outcome`` is then
@@ -260,7 +258,11 @@ class Pushes:
         self, name: str, ttl: object, push: Push, *, token: str, entry: Record | None = None
     ) -> Lease | Contended:
         """Hold ``name`` for ``ttl`` (unfenced, like a dispatch's hold) and push ``push``;
-        or ``Contended`` naming the holder, with nothing pushed. One round trip."""
+        or ``Contended`` naming the holder, with nothing pushed. One round trip.
+
+        The message is pushed only if the hold is taken, so there is no moment with a hold
+        and no message, or a message and no hold.
+        """
         call = self._call(name, ttl, token, replace="")
         keys: list[Arg] = [call.keys.lock, push.key]
         args: list[Arg] = [call.token, call.ttl_ms, push.payload]

@@ -1,11 +1,8 @@
 """A lock's history on one Redis server: each entry written in its operation's own step.
 
-A script run with a ``Record`` is wrapped (``recorded``): the stream's key is its last key
-and the record's spec its last argument, both taken off before the script runs; its
-reply says what happened (taken or refused, and by whom; released or found expired;
-swapped; a rate's slot now or later), and the wrapper adds the matching entry
-(``XADD ... MAXLEN ~ n``) and renews the stream's expiry. An event no script decides (a
-contention policy of the user's own) is ``append``ed: one pipelined round trip of its own.
+A script run with a ``Record`` is wrapped (``recorded``) to add the entry its reply calls
+for. An event no script decides (a contention policy of the user's own) is ``append``ed:
+one pipelined round trip of its own.
 """
 
 from __future__ import annotations
@@ -59,7 +56,14 @@ HOLDER = "return redis.call('GET', KEYS[1])"
 
 
 def recorded(script: str, kind: Kind) -> str:
-    """``script`` writing its ``Record``'s entry in the same step (see above)."""
+    """``script`` writing its ``Record``'s entry in the same step.
+
+    The stream's key is the script's last key and the record's spec its last argument,
+    both taken off before the script runs; its reply says what happened (taken or
+    refused, and by whom; released or found expired; swapped; a rate's slot now or
+    later), and the wrapper adds the matching entry (``XADD ... MAXLEN ~ n``) and renews
+    the stream's expiry.
+    """
     return f"""local history = table.remove(KEYS)
 local spec = cjson.decode(table.remove(ARGV))
 local function run()

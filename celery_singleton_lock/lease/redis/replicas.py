@@ -1,13 +1,8 @@
 """Replica acknowledgement (``WAIT``): the option, and what too few acknowledgements mean.
 
-With ``replicas=N`` every acquire and renewal is followed, on the same connection, by
-``WAIT N timeout``. An acquire that fewer than N replicas acknowledged is given back
-and reported as contended; a renewal that fewer acknowledged counts as failed (retried,
-and the lease is lost if none succeeds before its ttl). As Redisson's
-``checkLockSyncedSlaves``: it narrows the window in which a failover loses a lease,
-it is not consensus. WAIT does not make a write durable on the replica's disk, a
-replica acknowledging and then dying still loses it, and a failover can still promote
-a replica that missed the write. Fencing is what keeps writes safe.
+As Redisson's ``checkLockSyncedSlaves``: it narrows the window in which a failover loses a
+lease, it is not consensus. WAIT does not make a write durable on the replica's disk (one
+can acknowledge and die; a failover can promote one that missed it): fencing keeps writes safe.
 """
 
 from __future__ import annotations
@@ -25,7 +20,14 @@ logger = logging.getLogger(__name__)
 
 
 def replicas_option(replicas: object, timeout: object, client: object) -> tuple[int, int] | None:
-    """``(replicas, timeout in ms)`` for WAIT, or None when no acknowledgement is asked."""
+    """``(replicas, timeout in ms)`` for WAIT, or None when no acknowledgement is asked.
+
+    With ``replicas=N`` every acquire and renewal is followed, on the same connection, by
+    ``WAIT N timeout``. An acquire that fewer than N replicas acknowledged is given back
+    and reported as contended (``with_acks``); a renewal that fewer acknowledged counts
+    as failed (``acknowledged``: retried, and the lease is lost if none succeeds before
+    its ttl).
+    """
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
         raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
     seconds = to_seconds(timeout, what="replica_timeout")

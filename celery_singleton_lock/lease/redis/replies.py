@@ -1,9 +1,7 @@
 """A sent call's answer (``Reply``), read from its connection the first time it is asked.
 
-``pipelining.Pipelining`` writes a call and returns a ``Reply`` at once; reading it takes
-the call's replies off the connection, gives the connection back (or to the next call)
-and lets the call's ``SentCall`` turn the replies into the answer, or go again through
-redis-py's own path after a transport error.
+``pipelining.Pipelining`` writes a call and returns a ``Reply`` at once: the caller does its
+own work while the server answers.
 """
 
 from __future__ import annotations
@@ -31,7 +29,12 @@ Pending: TypeAlias = tuple[Lender, Connection, int, SentCall]
 
 
 class Reply:
-    """The answer to a sent call, read from its connection on first ``get()``."""
+    """The answer to a sent call, read from its connection on first ``get()``.
+
+    Reading takes the call's replies off the connection, gives the connection back (or to
+    the next call) and lets the call's ``SentCall`` turn the replies into the answer, or
+    go again through redis-py's own path after a transport error.
+    """
 
     __slots__ = ("_error", "_pending", "_value", "sent_at")
 

@@ -1,17 +1,8 @@
 """Every Lua script a lock runs, each read from its own file in ``lua/``.
 
-Each file opens with its contract: what it does, the KEYS and ARGV it takes and what it
-returns (sidekiq-unique-jobs' ``lua/`` and BullMQ's ``commands/`` are the models).
-Helpers several scripts share live in ``lua/includes/`` and are pulled in by a line
-``--- @include "name"`` (each once per script), never copied. The constants here are the
-scripts' text, comments left out (they would travel with every EVAL); the stores
-register them per client (EVALSHA, reloaded after a server restart by redis-py's
-``Script``), never in module state.
-
-All keys a script touches belong to one lock and share its hash tag (``names.LockKeys``):
-one Redis Cluster slot, never CROSSSLOT; the push scripts also touch a broker's lists.
-Scripts call ``TIME`` before writing, which replicates safely with effects replication
-(the default since Redis 5; the README's floor is 6.2).
+All keys a script touches belong to one lock and share its hash tag (``names.LockKeys``): one
+Redis Cluster slot, never CROSSSLOT; the push scripts also touch a broker's lists. Scripts call
+``TIME`` before writing, safe with effects replication (the default since Redis 5; we need 6.2).
 """
 
 from __future__ import annotations
@@ -25,7 +16,13 @@ _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"\s*$')
 
 def source(name: str) -> str:
     """The script ``lua/<name>.lua`` as sent to Redis: its includes expanded (each helper
-    once), its comment lines left out."""
+    once), its comment lines left out.
+
+    Each file opens with its contract: what it does, the KEYS and ARGV it takes and what
+    it returns (sidekiq-unique-jobs' ``lua/`` and BullMQ's ``commands/`` are the models).
+    Helpers several scripts share live in ``lua/includes/`` and are pulled in by a line
+    ``--- @include "name"`` (each once per script), never copied.
+    """
     return "".join(_lines(name, set()))
 
 
@@ -43,6 +40,9 @@ def _lines(name: str, included: set[str]) -> list[str]:
     return lines
 
 
+# The scripts' text, comments left out (they would travel with every EVAL); the stores
+# register them per client (EVALSHA, reloaded after a server restart by redis-py's
+# ``Script``), never in module state.
 ACQUIRE = source("acquire")
 HOLD_AND_PUSH = source("hold_and_push")
 ACQUIRE_SLOT = source("acquire_slot")

@@ -3,24 +3,6 @@
 kombu's Redis transport pops a message (BRPOP) and only then records it as unacked: a
 worker killed between the two, or a connection lost with the reply in flight, loses
 the message (celery/celery#7950), and its hold keeps the key for ``queue_ttl``.
-
-A message pushed with a hold is *noted* on the broker's server, in the push's own round
-trip: by the script that takes the hold and pushes (``pushes``, the lock store being
-the broker's server), or by ``Transit.push`` (a lock store elsewhere). The pipeline
-that records it as unacked clears the note (``ClearNote``, riding it).
-
-``Transit.sweep`` (every worker's timer) looks at notes that are due. A message is gone
-when a message pushed to its list after it has been received (a list is popped in
-order), or its list is empty, or it is not among the 1,000 entries popped next of a
-list no longer than that: never a scan of a long backlog. Gone and not unacked, it is
-looked at again ``wait`` later; still gone then, and its hold still standing under its
-token (asked of the lock store), it is pushed again (``PUSH_AGAIN``) at the end of its
-list popped next, as kombu restores. A worker that popped it a moment ago has cleared
-the note long before, so only a message nobody holds comes back; one that came back
-twice meets its own lease as any redelivered copy does. Notes of messages received,
-or whose hold moved on or ran out, are dropped. The notes live in the lists' database
-under the lock prefix, and every script here is sent as EVAL (not EVALSHA: kombu's
-key-prefixing client rewrites EVALSHA's first key).
 """
 
 from __future__ import annotations
@@ -43,7 +25,8 @@ if TYPE_CHECKING:
 NOTE_KEYS = 5
 
 # The scripts (lua/: each file says its KEYS, ARGV and replies; the notes' helpers
-# are lua/includes/note.lua, where.lua and forget.lua).
+# are lua/includes/note.lua, where.lua and forget.lua). Each is sent as EVAL, not
+# EVALSHA: kombu's key-prefixing client rewrites EVALSHA's first key.
 PUSH = scripts.source("push_noted")
 SWEEP = scripts.source("sweep")
 PUSH_AGAIN = scripts.source("push_again")
@@ -82,7 +65,13 @@ class Note:
 
 class Transit:
     """The notes on one broker server (``client``: any redis-py client of the lists'
-    database, kombu's own included), under the lock prefix ``prefix``."""
+    database, kombu's own included), under the lock prefix ``prefix``.
+
+    A message pushed with a hold is *noted* on the broker's server, in the push's own
+    round trip: by the script that takes the hold and pushes (``pushes``, the lock store
+    being the broker's server), or by ``push`` (a lock store elsewhere). The pipeline
+    that records it as unacked clears the note (``ClearNote``, riding it).
+    """
 
     def __init__(self, client: Any, prefix: str, *, where: str = "the broker") -> None:
         self.client = client
@@ -114,7 +103,19 @@ class Transit:
     ) -> list[str]:
         """Look at the notes that are due; push again each message missing for ``wait``
         whose hold ``holds(name, token)`` still; the delivery tags pushed. ``unacked``:
-        kombu's unacked hash, as the server names it (with kombu's key prefix)."""
+        kombu's unacked hash, as the server names it (with kombu's key prefix).
+
+        Run by every worker's timer. A message is gone when a message pushed to its list
+        after it has been received (a list is popped in order), or its list is empty, or
+        it is not among the 1,000 entries popped next of a list no longer than that:
+        never a scan of a long backlog. Gone and not unacked, it is looked at again
+        ``wait`` later; still gone then, and its hold still standing under its token
+        (asked of the lock store), it is pushed again (``PUSH_AGAIN``) at the end of its
+        list popped next, as kombu restores. A worker that popped it a moment ago has
+        cleared the note long before, so only a message nobody holds comes back; one that
+        came back twice meets its own lease as any redelivered copy does. Notes of
+        messages received, or whose hold moved on or ran out, are dropped.
+        """
         keys = [*self.keys, unacked]
         missing = self._eval(SWEEP, keys, [max(1, round(wait * 1000)), limit]) or []
         owed: list[str] = []

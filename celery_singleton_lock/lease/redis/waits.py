@@ -2,11 +2,7 @@
 
 The waiting client has no socket timeout, since a BLPOP may rightly block longer than
 any sensible one; so a frozen server, or one cut off by a partition, would hold
-redis-py's ``blpop`` for ever (TCP never says a silent peer is gone). Here the wait
-reads its answer with a deadline instead: past ``seconds + GRACE`` the connection is
-dropped and the store counts as unreachable (the caller's outage policy applies). A
-wake-up popped on the server just then is lost with it; the waiters it would have
-woken still wake by their own timeouts, which never outlast the holder's ttl.
+redis-py's ``blpop`` for ever (TCP never says a silent peer is gone).
 """
 
 from __future__ import annotations
@@ -28,7 +24,13 @@ GRACE = 2.0
 def pop_within(client: SyncClient, key: str, seconds: float) -> Response:
     """``BLPOP key seconds``: its answer, or ``redis.TimeoutError`` once ``seconds +
     GRACE`` have passed without one. None also when a cluster has moved the key (the
-    next try follows it the client's own way)."""
+    next try follows it the client's own way).
+
+    Past that deadline the connection is dropped and the store counts as unreachable
+    (the caller's outage policy applies). A wake-up popped on the server just then is
+    lost with it; the waiters it would have woken still wake by their own timeouts,
+    which never outlast the holder's ttl.
+    """
     if isinstance(client, RedisCluster):  # the node that serves the key
         node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
         client = client.get_redis_connection(node)

@@ -1,11 +1,7 @@
 """``Redlock``: leases held on a majority of independent Redis masters, fenced across holders.
 
-antirez's algorithm (redis.io, "Distributed Locks with Redis"): one token set on every
-master at once; held when a majority granted it, for ``ttl * 0.99 - 2 ms`` from before the
-first send (``lease.valid_until``), else given back on every master. Renewal keeps it while
-a majority confirms; release goes to every master. The fence is the greatest a majority
-gave, raised on every master and confirmed by a majority still holding our token: why
-fences then increase across holders, and what that assumes, docs/topologies.md "Redlock".
+antirez's algorithm (redis.io, "Distributed Locks with Redis"); how a lease is taken, kept
+and fenced on the masters: ``Redlock``.
 """
 
 from __future__ import annotations
@@ -46,6 +42,13 @@ MIN_MASTERS = 3
 
 class Redlock:
     """Leases on a majority of ``nodes`` (one ``RedisLock`` per independent master).
+
+    One token set on every master at once; held when a majority granted it, for
+    ``ttl * 0.99 - 2 ms`` from before the first send (``lease.valid_until``), else given
+    back on every master. Renewal keeps it while a majority confirms; release goes to
+    every master. The fence is the greatest a majority gave, raised on every master and
+    confirmed by a majority still holding our token: why fences then increase across
+    holders, and what that assumes, docs/topologies.md "Redlock".
 
     The same interface as ``RedisLock`` (``LockStore``); waits poll with jittered
     backoff (the masters share no wake-up), and nothing rides a broker's round trips.

@@ -2,9 +2,7 @@
 
 Each master has a small thread pool of its own, so a frozen master only backs up its own
 queue (a call that waited past its deadline is dropped unsent), and a decision never waits
-for it once the others have settled the answer. Fork-safe: a pool child makes its own
-pools on first use (threads do not survive a fork). Under gevent the pools' threads are
-greenlets, as Celery's patched ``threading`` makes them.
+for it once the others have settled the answer.
 """
 
 from __future__ import annotations
@@ -57,7 +55,12 @@ class Answers(Generic[T]):
 
 
 class Quorum:
-    """A fan-out over ``count`` masters; ``needed`` (a majority) must agree."""
+    """A fan-out over ``count`` masters; ``needed`` (a majority) must agree.
+
+    Fork-safe: a pool child makes its own pools on first use (threads do not survive a
+    fork). Under gevent the pools' threads are greenlets, as Celery's patched
+    ``threading`` makes them.
+    """
 
     def __init__(self, count: int) -> None:
         self.count = count
