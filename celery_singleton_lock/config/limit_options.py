@@ -11,13 +11,9 @@ from ..modes import RateSpec
 
 def limit_option(name: str, raw: Mapping[str, object]) -> int | None:
     """``limit=N``: N executions per key at once, never refused at dispatch."""
-    limit = raw.get("limit")
+    limit = _runs_at_once(name, raw, "limit")
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_SLOTS:
-        raise ConfigurationError(
-            f"{name}: limit must be an int from 1 to {MAX_SLOTS}, got {limit!r}"
-        )
     clashes = _dispatch_options(raw)
     if clashes:
         raise ConfigurationError(
@@ -83,16 +79,24 @@ def max_pending_option(name: str, raw: Mapping[str, object], lock: str) -> int |
 def total_limit_option(name: str, raw: Mapping[str, object], limit: int | None) -> int | None:
     """``total_limit=M`` next to ``limit=N``: at most M runs of the task at once across
     all its keys."""
-    total = raw.get("total_limit")
+    total = _runs_at_once(name, raw, "total_limit")
     if total is None:
         return None
-    if isinstance(total, bool) or not isinstance(total, int) or not 1 <= total <= MAX_SLOTS:
-        raise ConfigurationError(
-            f"{name}: total_limit must be an int from 1 to {MAX_SLOTS}, got {total!r}"
-        )
     if limit is None or limit < 2:
         raise ConfigurationError(
             f"{name}: total_limit={total} without limit=N (N >= 2): it caps the runs of "
             "every key together, next to limit=N for each key; write limit=... with it"
         )
     return total
+
+
+def _runs_at_once(name: str, raw: Mapping[str, object], option: str) -> int | None:
+    """``option``'s count of runs at once (None when not given), checked."""
+    value = raw.get(option)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SLOTS:
+        raise ConfigurationError(
+            f"{name}: {option} must be an int from 1 to {MAX_SLOTS}, got {value!r}"
+        )
+    return value
