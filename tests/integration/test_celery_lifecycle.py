@@ -15,7 +15,15 @@ from celery_singleton_lock import DuplicateTaskError
 from celery_singleton_lock.tokens import LEASE_HEADER
 
 from ..conftest import CeleryEnv
-from ..support.runs import assert_no_overlap, lock_keys, runs, started, wait_for
+from ..support.runs import (
+    UNTIL_OPENED,
+    assert_no_overlap,
+    lock_keys,
+    open_gate,
+    runs,
+    started,
+    wait_for,
+)
 from ..support.workers import Worker
 
 APP = "tests.support.celery_app"  # the test app's module: its tasks' name prefix
@@ -266,11 +274,12 @@ class TestBypass:
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
         strict = cenv.app_module.strict
-        first = strict.apply_async(("p", 1.5), queue=worker.queue)
+        first = strict.apply_async(("p", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), what="first start")
         second = strict.apply_async(("p",), queue=worker.queue)
         with pytest.raises(DuplicateTaskError) as caught:
             second.get(timeout=20)
+        open_gate(cenv, "p")
         assert first.id in str(caught.value)
         assert first.get(timeout=20) == "p"
         # One greppable INFO line says why; the failure is expected, not an ERROR.

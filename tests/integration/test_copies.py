@@ -17,7 +17,7 @@ import pytest
 from celery import states
 
 from ..conftest import CeleryEnv
-from ..support.runs import runs, started, wait_for
+from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
 from ..support.workers import Worker
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ class TestCopyOfTheRunningMessage:
         app = cenv.app_module.app
         task = getattr(cenv.app_module, POLICIES[policy])
         item = f"copy-{policy}-{pool_worker.pool}"
-        original = task.apply_async((item, 1.5), queue=pool_worker.queue)
+        original = task.apply_async((item, UNTIL_OPENED), queue=pool_worker.queue)
         poller = StatePoller(original)
         wait_for(lambda: started(cenv), what="the original's start")
         copy = app.send_task(
@@ -92,6 +92,7 @@ class TestCopyOfTheRunningMessage:
         )
         assert copy.id == original.id
         wait_dropped(pool_worker, task.name, original.id)
+        open_gate(cenv, item)
         assert original.get(timeout=20) == item
         seen = poller.stop()
         print(f"\n{policy} on {pool_worker.pool}: states {seen}")
@@ -127,11 +128,12 @@ class TestCopyOnAnotherWorker:
         app = cenv.app_module.app
         task = cenv.app_module.exclusive_fail
         item = f"elsewhere-{pool_worker.pool}"
-        original = task.apply_async((item, 1.5), queue=pool_worker.queue)
+        original = task.apply_async((item, UNTIL_OPENED), queue=pool_worker.queue)
         poller = StatePoller(original)
         wait_for(lambda: started(cenv), what="the original's start")
         app.send_task(task.name, (item,), task_id=original.id, queue=worker.queue)
         wait_dropped(worker, task.name, original.id)
+        open_gate(cenv, item)
         assert original.get(timeout=20) == item
         assert states.FAILURE not in poller.stop()
         assert len(runs(cenv)) == 1
@@ -167,12 +169,13 @@ class TestSkip:
         app = cenv.app_module.app
         task = getattr(cenv.app_module, task_name)
         item = f"skip-{task_name}-{pool_worker.pool}"
-        holder = task.apply_async((item, 1.5), queue=pool_worker.queue)
+        holder = task.apply_async((item, UNTIL_OPENED), queue=pool_worker.queue)
         wait_for(lambda: started(cenv), what="the holder's start")
         copy = app.send_task(
             task.name, (item,), queue=pool_worker.queue, link_error=cenv.app_module.note_error.s()
         )
         wait_for(lambda: copy.state == states.IGNORED, 10, "the copy's IGNORED state")
+        open_gate(cenv, item)
         assert holder.get(timeout=20) == item
         assert len(runs(cenv)) == 1
         log = pool_worker.output().split(copy.id, 1)[1]

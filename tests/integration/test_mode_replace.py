@@ -18,7 +18,7 @@ from ..support.modes import (
     of,
     storm,
 )
-from ..support.runs import runs, started, wait_for
+from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
 from ..support.workers import Worker
 
 
@@ -51,10 +51,11 @@ class TestReplaceInAWorker:
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
         latest = cenv.app_module.latest
-        first = latest.apply_async(("r3", "v0", 1.5), queue=worker.queue)
+        first = latest.apply_async(("r3", "v0", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), 10, "first run")
         ids = storm(latest, "r3", worker.queue, calls=5, extra=("storm",))
         final = latest.apply_async(("r3", "final"), queue=worker.queue)
+        open_gate(cenv, "r3")
         assert ids == {final.id} != {first.id}
         assert final.get(timeout=20) == "final"
         records = of(runs(cenv), "r3")

@@ -13,7 +13,9 @@ from ..support.modes import (
     storm,
 )
 from ..support.runs import (
+    UNTIL_OPENED,
     assert_no_overlap,
+    open_gate,
     requeued,
     runs,
     started,
@@ -28,9 +30,10 @@ class TestUntilExecutingInAWorker:
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
         refresh = cenv.app_module.refresh
-        first = refresh.apply_async(("s1", 1.5), queue=worker.queue)
+        first = refresh.apply_async(("s1", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), 10, "first run")
         ids = storm(refresh, "s1", worker.queue)
+        open_gate(cenv, "s1")
         assert len(ids) == 1, "a storm during a run queues exactly one pending call"
         [pending] = ids
         assert pending != first.id
@@ -47,11 +50,12 @@ class TestUntilExecutingInAWorker:
         # Two children: the pending call starts at once, finds the key running, and
         # requeues; it stays the pending call, so later calls still get its result.
         refresh = cenv.app_module.refresh
-        first = refresh.apply_async(("s2", 1.5), queue=worker.queue)
+        first = refresh.apply_async(("s2", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), 10, "first run")
         pending = refresh.apply_async(("s2",), queue=worker.queue)
         wait_for(lambda: requeued(worker.output(), pending.id), 10, "the pending call requeued")
         later = {refresh.apply_async(("s2",), queue=worker.queue).id for _ in range(5)}
+        open_gate(cenv, "s2")
         assert later == {pending.id}
         assert pending.get(timeout=20) == "s2"
         assert [r["id"] for r in of(runs(cenv), "s2")] == [first.id, pending.id]
@@ -60,7 +64,7 @@ class TestUntilExecutingInAWorker:
 
     def test_a_waiting_pending_call_keeps_its_place(self, cenv: CeleryEnv, worker: Worker) -> None:
         patient = cenv.app_module.refresh_waiting
-        first = patient.apply_async(("s3", 1.5), queue=worker.queue)
+        first = patient.apply_async(("s3", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), 10, "first run")
         pending = patient.apply_async(("s3",), queue=worker.queue)
         # Parked in the second child, waiting for the push wake-up.
@@ -68,6 +72,7 @@ class TestUntilExecutingInAWorker:
         assert {patient.apply_async(("s3",), queue=worker.queue).id for _ in range(5)} == {
             pending.id
         }
+        open_gate(cenv, "s3")
         assert pending.get(timeout=20) == "s3"
         records = of(runs(cenv), "s3")
         assert [r["id"] for r in records] == [first.id, pending.id]

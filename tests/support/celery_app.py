@@ -167,10 +167,19 @@ def _begin(task: Any, item: object) -> float:
     return started
 
 
+def _pause(item: object, seconds: float) -> None:
+    """Sleep ``seconds``; a negative value (``runs.UNTIL_OPENED``) waits instead until the
+    test opens the item's gate, at most -seconds."""
+    if seconds < 0:
+        checker().blpop([f"gate:{item}"], timeout=-seconds)
+    else:
+        time.sleep(seconds)
+
+
 def _hold(task: Any, item: Any, seconds: float) -> Any:
     """The plain execution: hold the key for ``seconds``, record it, return the item."""
     started = _begin(task, item)
-    time.sleep(seconds)
+    _pause(item, seconds)
     _record(task, item, started)
     return item
 
@@ -183,7 +192,7 @@ def _work(task: Any, item: object, seconds: float, mode: str) -> object:
         except SoftTimeLimitExceeded:
             _record(task, item, started, soft_handled=True)
             return "soft-handled"
-    time.sleep(seconds)
+    _pause(item, seconds)
     if mode == "retry" and task.request.retries == 0:
         _record(task, item, started, retrying=True)
         raise task.retry(countdown=1.0, max_retries=1)
@@ -457,7 +466,7 @@ def export_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
 
 def _versioned(task: Any, item: object, version: str, seconds: float) -> str:
     started = _begin(task, item)
-    time.sleep(seconds)
+    _pause(item, seconds)
     _record(task, item, started, version=version)
     return version
 
