@@ -20,7 +20,7 @@ from celery_singleton_lock import (
 )
 
 from ..conftest import CeleryEnv
-from ..support.runs import lock_keys, runs, started, wait_for
+from ..support.runs import UNTIL_OPENED, lock_keys, open_gate, runs, started, wait_for
 from ..support.servers import RedisServer, free_port
 from ..support.workers import Worker
 
@@ -399,10 +399,11 @@ class TestDispatchHolds:
 
     def test_a_redrive_never_takes_a_running_lease(self, cenv: CeleryEnv, worker: Worker) -> None:
         strict = cenv.app_module.strict
-        running = strict.apply_async(("busy", 2.0), queue=worker.queue)
+        running = strict.apply_async(("busy", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), what="the first execution started")
         redrive = strict.apply_async(("busy",), dedupe=False, queue=worker.queue)
         with pytest.raises(DuplicateTaskError):
             redrive.get(timeout=20)
+        open_gate(cenv, "busy")
         assert running.get(timeout=20) == "busy"
         assert [r["id"] for r in runs(cenv)] == [running.id]

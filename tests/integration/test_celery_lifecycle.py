@@ -23,6 +23,7 @@ from ..support.runs import (
     runs,
     started,
     wait_for,
+    waiting_for_a_wake_up,
 )
 from ..support.workers import Worker
 
@@ -295,11 +296,12 @@ class TestBypass:
 
     def test_requeue_is_bounded_then_fails(self, cenv: CeleryEnv, worker: Worker) -> None:
         impatient = cenv.app_module.impatient
-        holder = impatient.apply_async(("r", 3.0), queue=worker.queue)
+        holder = impatient.apply_async(("r", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), what="holder start")
         contender = impatient.apply_async(("r",), queue=worker.queue)
         with pytest.raises(DuplicateTaskError, match="gave up after 2 requeues"):
             contender.get(timeout=20)
+        open_gate(cenv, "r")
         assert holder.get(timeout=20) == "r"
         assert len(runs(cenv)) == 1
 
@@ -307,9 +309,11 @@ class TestBypass:
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
         patient = cenv.app_module.patient
-        first = patient.apply_async(("q", 1.0), queue=worker.queue)
+        first = patient.apply_async(("q", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: started(cenv), what="first start")
         second = patient.apply_async(("q",), queue=worker.queue)
+        wait_for(lambda: waiting_for_a_wake_up(cenv), 10, "the second parked")
+        open_gate(cenv, "q")
         assert second.get(timeout=20) == "q"
         a, b = sorted(runs(cenv), key=lambda r: r["start"])
         assert a["id"] == first.id

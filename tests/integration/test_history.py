@@ -16,7 +16,7 @@ from celery_singleton_lock.tokens import queued_token
 
 from ..conftest import CeleryEnv
 from ..support.cli import cli
-from ..support.runs import started, wait_for
+from ..support.runs import UNTIL_OPENED, open_gate, started, wait_for
 from ..support.workers import Worker
 
 
@@ -76,10 +76,11 @@ class TestHistory:
 
     def test_a_contended_run_says_what_it_did(self, cenv: CeleryEnv, worker: Worker) -> None:
         task = cenv.app_module.chronicled_strict  # no dispatch check; contention fails
-        first = task.apply_async(("h2", 2.0), queue=worker.queue)
+        first = task.apply_async(("h2", UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: any(s["id"] == first.id for s in started(cenv)), 20, "the first run")
         second = task.apply_async(("h2",), queue=worker.queue)
         second.get(timeout=20, propagate=False)
+        open_gate(cenv, "h2")
         entries = story(cenv, task, "h2")
         [contended] = [e for e in entries if e["event"] == "contended"]
         assert contended["id"] == second.id
@@ -95,9 +96,11 @@ class TestHistory:
         # nothing; a policy of the user's own: an entry of its own after each refusal.
         task = getattr(cenv.app_module, task_name)
         item = f"h11-{task_name}"
-        first = task.apply_async((item, 1.0), queue=worker.queue)
+        first = task.apply_async((item, UNTIL_OPENED), queue=worker.queue)
         wait_for(lambda: any(s["id"] == first.id for s in started(cenv)), 20, "the first run")
         second = task.apply_async((item,), queue=worker.queue)
+        wait_for(lambda: "contended" in events(cenv, task, item), 20, "the second contended")
+        open_gate(cenv, item)
         assert [first.get(timeout=20), second.get(timeout=30)] == [item, item]
         wait_for(lambda: events(cenv, task, item).count("released") == 2, 10, "both releases")
         entries = story(cenv, task, item)

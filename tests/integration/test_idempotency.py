@@ -30,7 +30,7 @@ from ..conftest import CeleryEnv
 from ..support.cli import cli
 from ..support.docs_runner import definition
 from ..support.modes import of
-from ..support.runs import runs, started, wait_for
+from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
 from ..support.workers import ROOT, Worker
 
 
@@ -89,14 +89,17 @@ class TestRepeats:
         assert _record(charge, key).state == "accepted"
 
         key = _key()
-        first = charge.apply_async(("slow", 1.0), idempotency_key=key, queue=worker.queue)
+        first = charge.apply_async(("slow", UNTIL_OPENED), idempotency_key=key, queue=worker.queue)
         wait_for(lambda: any(s["id"] == first.id for s in started(cenv)), 20, "running")
         assert _record(charge, key).state == "running"
-        while_running = charge.apply_async(("slow", 1.0), idempotency_key=key, queue=worker.queue)
+        while_running = charge.apply_async(
+            ("slow", UNTIL_OPENED), idempotency_key=key, queue=worker.queue
+        )
         assert while_running.id == first.id
+        open_gate(cenv, "slow")
         assert first.get(timeout=20) == "slow"
         wait_for(lambda: _record(charge, key).state == "succeeded", 10, "recorded")
-        after = charge.apply_async(("slow", 1.0), idempotency_key=key, queue=worker.queue)
+        after = charge.apply_async(("slow", UNTIL_OPENED), idempotency_key=key, queue=worker.queue)
         assert after.id == first.id
         assert after.get(timeout=5) == "slow"
         assert len(of(runs(cenv), "slow")) == 1

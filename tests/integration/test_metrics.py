@@ -19,7 +19,7 @@ from celery_singleton_lock import DuplicateTaskError
 from celery_singleton_lock.contrib import metrics
 
 from ..conftest import CeleryEnv
-from ..support.runs import started, wait_for
+from ..support.runs import UNTIL_OPENED, open_gate, started, wait_for
 from ..support.servers import free_port
 from ..support.workers import Worker
 
@@ -66,13 +66,14 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
     plain = [app.work.apply_async((f"u{i}",), queue=queue) for i in range(4)]
     assert first.get(timeout=30) == "m1"
     assert [r.get(timeout=30) for r in plain] == [f"u{i}" for i in range(4)]
-    holder = app.strict.apply_async(("s", 1.0), queue=queue)
+    holder = app.strict.apply_async(("s", UNTIL_OPENED), queue=queue)
     wait_for(lambda: any(s["item"] == "s" for s in started(cenv)), 20, "strict started")
     with pytest.raises(DuplicateTaskError):
         app.strict.apply_async(("s",), queue=queue).get(timeout=30)
     # A copy of the holder's own message (its task id): dropped, and counted.
     app.app.send_task(app.strict.name, ("s",), task_id=holder.id, queue=queue)
     wait_for(lambda: "copy of running task dropped" in worker.output(), 20, "copy dropped")
+    open_gate(cenv, "s")
     assert holder.get(timeout=30) == "s"
     app.work.apply_async(("k", 30.0), queue=queue)
     wait_for(lambda: any(s["item"] == "k" for s in started(cenv)), 20, "k started")

@@ -125,10 +125,14 @@ if os.environ.get("CSL_BEAT_TASK"):
 _checker: redis.Redis | None = None
 
 
+def _check_url() -> str:
+    return os.environ.get("CSL_CHECK_URL", "redis://127.0.0.1:6379/1")
+
+
 def checker() -> redis.Redis:
     global _checker  # noqa: PLW0603  (one client per process, created after fork)
     if _checker is None:
-        _checker = redis.Redis.from_url(os.environ.get("CSL_CHECK_URL", "redis://127.0.0.1:6379/1"))
+        _checker = redis.Redis.from_url(_check_url())
     return _checker
 
 
@@ -167,11 +171,17 @@ def _begin(task: Any, item: object) -> float:
     return started
 
 
+GATE_CLIENT = "test-gate"
+
+
 def _pause(item: object, seconds: float) -> None:
     """Sleep ``seconds``; a negative value (``runs.UNTIL_OPENED``) waits instead until the
     test opens the item's gate, at most -seconds."""
     if seconds < 0:
-        checker().blpop([f"gate:{item}"], timeout=-seconds)
+        # A connection of its own, named, so a count of the clients parked on a push
+        # wake-up (``runs.waiting_for_a_wake_up``) leaves it out.
+        with redis.Redis.from_url(_check_url(), client_name=GATE_CLIENT) as gate:
+            gate.blpop([f"gate:{item}"], timeout=-seconds)
     else:
         time.sleep(seconds)
 
