@@ -15,7 +15,7 @@ from ..support.modes import (
     name_of,
     of,
 )
-from ..support.runs import runs, started, wait_for
+from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
 from ..support.workers import Worker
 
 
@@ -40,16 +40,19 @@ class TestLimitInWorkers:
         self, cenv: CeleryEnv, three_workers: list[Worker]
     ) -> None:
         export, queue = cenv.app_module.export_waiting, three_workers[0].queue
-        long = [export.apply_async(("l3", 4.0), queue=queue) for _ in range(3)]
+        long = [export.apply_async(("l3", UNTIL_OPENED), queue=queue) for _ in range(3)]
         begun = wait_for(lambda: len(started(cenv)) == 3 and started(cenv), 20, "three runs")
         waiting = [export.apply_async(("l3", 0.2), queue=queue) for _ in range(2)]
         time.sleep(1.0)
         assert len(started(cenv)) == 3, "the fourth waits for a slot"
         killed = time.monotonic()
         os.kill(begun[0]["pid"], signal.SIGKILL)
-        # The other runs last ~2.5 s more: only the dead child's slot can serve a waiter now.
+        # The other runs hold their slots until the gate opens: only the dead child's slot
+        # can serve a waiter now.
         wait_for(lambda: any(r.ready() for r in waiting), 1.5, "the dead child's slot to a waiter")
         assert time.monotonic() - killed < 1.5
+        for _ in range(2):
+            open_gate(cenv, "l3")
         survivors = [r for r in long if r.id != begun[0]["id"]]
         for result in [*survivors, *waiting]:
             assert result.get(timeout=20) == "l3"
