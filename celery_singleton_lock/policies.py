@@ -217,6 +217,18 @@ def contention_policy(value: object) -> ContentionPolicy:
     )
 
 
+def longest_requeue(policy: ContentionPolicy) -> float | None:
+    """The longest countdown a built-in ``on_contention`` policy requeues with (None: it
+    never requeues, or it is the user's own and its countdowns are unknown)."""
+    if isinstance(policy, wait):
+        return longest_requeue(policy.then)
+    if isinstance(policy, requeue) and policy.max_tries > 0:
+        # Try n waits at most min(cap, backoff * 2**n), and the last try is max_tries - 1.
+        ceiling = min(policy.cap, policy.backoff * 2.0 ** min(policy.max_tries - 1, 62))
+        return max(policy.floor, ceiling)
+    return None
+
+
 def decided_ahead(policy: ContentionPolicy, state: ContentionState) -> Decision | None:
     """What a built-in ``policy`` will decide for ``state``, asked before the holder is
     known (theirs rest on the attempt and the wait alone): the take that meets the

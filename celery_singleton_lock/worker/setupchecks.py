@@ -12,6 +12,7 @@ from ..config.incumbents import foreign_settings
 from ..config.options import is_singleton
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..lease import pushes_of
+from ..policies import longest_requeue
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -72,6 +73,16 @@ def check_worker_setup(app: Celery) -> list[str]:
                 f"visibility_timeout={visibility}s, so a running task can be redelivered; the "
                 "lock keeps the copy from running alongside (it is requeued) but it runs again "
                 "afterwards. Raise visibility_timeout above the time limit"
+            )
+        cap = longest_requeue(task.singleton_options().on_contention)
+        if visibility and cap is not None and cap >= visibility:
+            # kombu puts back an unacked message older than visibility_timeout, and a
+            # requeued call waits out its countdown unacked in the worker that holds it.
+            warnings.append(
+                f"{task.name}: on_contention requeues with countdowns up to {cap}s, not below "
+                f"the broker's visibility_timeout={visibility}s, so a requeued call can be "
+                "handed out twice; its copy is dropped, after a round of contention. Write "
+                f"requeue(cap=...) below {visibility}, or raise visibility_timeout"
             )
     return warnings
 

@@ -325,6 +325,13 @@ class TestStartupWarnings:
             )
             assert "maxmemory-policy noeviction" in log
             assert "tests.support.celery_app.limited: time_limit=1.0s is not below" in log
+            # The default requeue waits up to 60 s; latest's, 0.2 s at most.
+            assert (
+                "tests.support.celery_app.work: on_contention requeues with countdowns up to "
+                "60.0s, not below the broker's visibility_timeout=1.0s" in log
+            )
+            assert "requeue(cap=...) below 1.0, or raise visibility_timeout" in log
+            assert "celery_app.latest: on_contention" not in log
         finally:
             worker.stop()
             store.cleanup()

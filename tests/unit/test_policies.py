@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from celery_singleton_lock.policies import (
     Wait,
     contention_policy,
     fail,
+    longest_requeue,
     on_duplicate_option,
     requeue,
     skip,
@@ -76,6 +78,27 @@ class TestRequeue:
     def test_bad_options_are_refused(self, options: dict[str, object]) -> None:
         with pytest.raises(ConfigurationError, match="requeue"):
             requeue(**options)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        "policy",
+        [
+            requeue(),
+            requeue(max_tries=2, backoff=0.05, cap=0.2),
+            requeue(max_tries=3, backoff=10, cap=7200),
+            requeue(max_tries=1, backoff=0, floor=0.3),
+        ],
+    )
+    def test_the_longest_countdown_is_the_longest_any_try_gets(self, policy: requeue) -> None:
+        longest = replace(policy, rng=lambda: 1.0)
+        tries = [longest(state(n)) for n in range(policy.max_tries)]
+        assert longest_requeue(policy) == max(t.countdown for t in tries if isinstance(t, Requeue))
+
+    def test_a_policy_that_never_requeues_has_no_longest_countdown(self) -> None:
+        assert longest_requeue(requeue(max_tries=0)) is None
+        assert longest_requeue(fail()) is None
+        assert longest_requeue(wait(then=skip())) is None
+        assert longest_requeue(lambda s: Requeue(99)) is None  # the user's own: unknown
+        assert longest_requeue(wait(then=requeue(cap=5))) == 5
 
 
 class TestWait:
