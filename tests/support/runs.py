@@ -36,7 +36,7 @@ machine makes them."""
 
 
 def open_gate(cenv: CeleryEnv, item: str) -> None:
-    """Let a run started with ``celery_app.UNTIL_OPENED`` seconds finish."""
+    """Let a run started with ``UNTIL_OPENED`` seconds finish."""
     cenv.checker_client().rpush(f"gate:{item}", 1)
 
 
