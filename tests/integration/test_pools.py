@@ -149,6 +149,8 @@ class TestEveryPool:
         wait_for(lambda: lock_keys(cenv) == [], what="the key given back")
         if mode in ("ok", "retry"):
             assert result.get(timeout=20) == f"end-{mode}"
+        if mode == "fail":
+            _wait_failure_logged(pool_worker, result.id)
         _settle_results(result)
 
     def test_a_hard_time_limit_gives_the_key_back(
@@ -159,6 +161,7 @@ class TestEveryPool:
         limited = cenv.app_module.limited
         result = limited.apply_async(("limit", 5.0), queue=pool_worker.queue)
         wait_for(lambda: result.state == "FAILURE", 20, "the hard time limit")
+        _wait_failure_logged(pool_worker, result.id)
         wait_for(lambda: lock_keys(cenv) == [], 2.0, "the key given back")
         assert runs(cenv) == []
         if pool_worker.pool == "prefork":
@@ -200,6 +203,16 @@ class TestEveryPool:
         assert stats["child_watch"] is (pool_worker.pool == "prefork")
         assert stats["reservations"] == 0
         _settle_results(*results)
+
+
+def _wait_failure_logged(worker: Worker, task_id: str) -> None:
+    """Celery logs a failure (ERROR, with its traceback) after it stores it: wait for the
+    line, or a later test on this worker that counts log lines would count it."""
+
+    def logged() -> bool:
+        return any(task_id in line and "ERROR/" in line for line in worker.output().splitlines())
+
+    wait_for(logged, 10, f"the failure of {task_id} logged")
 
 
 def _calls(store: Any) -> int:
