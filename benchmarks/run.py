@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.charts import grouped_bars  # noqa: E402  (after the path is set)
+from benchmarks.targets import checks, left  # noqa: E402
 from tests.support.rabbitmq import RabbitMQServer, rabbitmq_available  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
@@ -677,9 +678,16 @@ def render(results: dict[str, Any], command: str) -> str:
 
 
 def _sections(r: dict[str, Any], config: str) -> list[str]:
-    def table(title: str, rows: dict[str, dict[str, Any]], note: str) -> list[str]:
+    def table(
+        title: str,
+        rows: dict[str, dict[str, Any]],
+        note: str,
+        first: str = "system",
+        level: int = 2,
+    ) -> list[str]:
         columns = list(next(iter(rows.values())).keys())
-        lines = [f"## {title}", "", note, "", "| system | " + " | ".join(columns) + " |"]
+        head = f"| {first} | " + " | ".join(columns) + " |"
+        lines = [f"{'#' * level} {title}", "", note, "", head]
         lines.append("|---|" + "---|" * len(columns))
         for system, row in rows.items():
             lines.append(f"| {system} | " + " | ".join(str(row[c]) for c in columns) + " |")
@@ -782,6 +790,26 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
     for key, (title, note) in notes.items():
         if key in r:
             out += table(title, r[key], note)
+        if key == "cost" and left(config, r.get("cost", {})):
+            out += table(
+                "What is left, per process",
+                left(config, r["cost"]),
+                "This project's CPU per task over plain Celery's in each process above, "
+                "beside the better incumbent's over plain's, and what this project's part "
+                "of that process pays for.",
+                first="process",
+                level=3,
+            )
+    found = checks(config, r)
+    if found:
+        out += table(
+            "10. Targets",
+            found,
+            "The figures this project is held to in this configuration, against this "
+            "run's (ratios to plain Celery, or to the incumbents' in the same run); where "
+            "one is not reached, section 8 shows per process what is left.",
+            first="#",
+        )
     return out
 
 
