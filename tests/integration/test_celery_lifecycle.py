@@ -283,7 +283,16 @@ class TestBypass:
         open_gate(cenv, "p")
         assert first.id in str(caught.value)
         assert first.get(timeout=20) == "p"
-        # One greppable INFO line says why; the failure is expected, not an ERROR.
+
+        # One greppable INFO line says why; the failure is expected, not an ERROR. Celery
+        # logs a failure after it stores it: wait for the line, not for the state.
+        def expected_failure_logged() -> bool:
+            return any(
+                second.id in line and "raised expected: DuplicateTaskError" in line
+                for line in worker.output().splitlines()
+            )
+
+        wait_for(expected_failure_logged, what="the expected failure logged")
         log = worker.output()
         lock = strict.singleton_options().key.derive(("p",), {})
         assert (
