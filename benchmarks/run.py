@@ -232,13 +232,28 @@ class Bench:
         self, systems: tuple[str, ...], tag: str, queue: str, size: int, slices: int
     ) -> list[tuple[str, float]]:
         """Microseconds per unique dispatch of each system, interleaved in slices."""
+
+        def call(system: str, slice_no: int, i: int) -> None:
+            self.bench.SYSTEMS[system].apply_async((f"{tag}-{slice_no}-{i}",), queue=queue)
+
+        return self._sliced(systems, size, slices, call)
+
+    def _sliced(
+        self,
+        systems: tuple[str, ...],
+        size: int,
+        slices: int,
+        call: Callable[[str, int, int], None],
+    ) -> list[tuple[str, float]]:
+        """Microseconds per ``call(system, slice, i)`` of each system: ``size`` calls a
+        slice, the systems in a fresh order every slice, so a drift of the machine's
+        speed falls on all of them alike."""
         spent = dict.fromkeys(systems, 0.0)
         for slice_no in range(slices):
             for system in self.order(systems):
-                task = self.bench.SYSTEMS[system]
                 began = time.perf_counter()
                 for i in range(size):
-                    task.apply_async((f"{tag}-{slice_no}-{i}",), queue=queue)
+                    call(system, slice_no, i)
                 spent[system] += time.perf_counter() - began
         return [(s, spent[s] / (size * slices) * 1e6) for s in systems]
 
@@ -254,15 +269,12 @@ class Bench:
         calls = {system: (f"dup-{system}",) for system in systems}
         for system in systems:  # the call the others duplicate
             self.bench.SYSTEMS[system].apply_async(calls[system], queue=queues[system])
-        spent = dict.fromkeys(systems, 0.0)
-        for _ in range(slices):
-            for system in self.order(systems):
-                task = self.bench.SYSTEMS[system]
-                began = time.perf_counter()
-                for _ in range(size):
-                    task.apply_async(calls[system], queue=queues[system])
-                spent[system] += time.perf_counter() - began
-        return [(s, (spent[s] / (size * slices) * 1e6, self.queued(queues[s]))) for s in systems]
+
+        def call(system: str, slice_no: int, i: int) -> None:
+            self.bench.SYSTEMS[system].apply_async(calls[system], queue=queues[system])
+
+        timed = self._sliced(systems, size, slices, call)
+        return [(s, (us, self.queued(queues[s]))) for s, us in timed]
 
     # -- 7: the lock modes ---------------------------------------------------------------
 
