@@ -31,10 +31,11 @@ def _free(port: int) -> bool:
 
 
 def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too, below the kernel's
-    ephemeral range so no outgoing connection takes it meanwhile."""
+    """A free port whose cluster bus port (+10000) is free too, both below the kernel's
+    ephemeral range (32768 and up here) so no outgoing connection takes either before
+    the node binds it (a bus port taken so left the cluster unformed)."""
     for _ in range(1000):
-        port = random.randint(20000, 30000)
+        port = random.randint(20000, 22700)
         if _free(port) and _free(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
@@ -80,6 +81,15 @@ class Cluster:
         return node.client(socket_timeout=2)
 
     def start(self) -> Cluster:
+        """The nodes started and joined; if that fails, every node is stopped (by PID)
+        before the error goes on: the caller has no cluster to clean up."""
+        try:
+            return self._start()
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def _start(self) -> Cluster:
         for node in self.nodes:
             node.start()
         first = self.client(self.nodes[0])
