@@ -229,7 +229,9 @@ class TestRedis:
 class TestSeveralLimitsAndCosts:
     def test_a_call_refused_by_one_limit_is_charged_against_none(self, store: Any) -> None:
         rates = rates_of(store)
-        loose, tight = Rate(100, 1.0, burst=5), Rate(2, 10.0, burst=2)
+        # The loose limit refills one unit a second: a loaded machine's pause of a few
+        # milliseconds between the asks must not give back what they were charged.
+        loose, tight = Rate(100, 100.0, burst=5), Rate(2, 10.0, burst=2)
         both = [(loose, 1.0), (tight, 1.0)]
         assert [rates.ask("two", both).state for _ in range(3)] == ["now", "now", "refused"]
         refused = rates.ask("two", both)
