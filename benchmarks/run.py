@@ -38,12 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.charts import grouped_bars  # noqa: E402  (after the path is set)
-from benchmarks.targets import checks, left  # noqa: E402
+from benchmarks.targets import INCUMBENTS, checks, left  # noqa: E402
 from tests.support.rabbitmq import RabbitMQServer, rabbitmq_available  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
 
-INCUMBENTS = ("celery_singleton", "celery_once")
 ALL = ("plain", *INCUMBENTS, "this")
 # The dispatch tables' rows: every system, and this project called with idempotency keys.
 DISPATCHED = (*ALL, "this_idempotent")
@@ -815,10 +814,11 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
     for key, (title, note) in notes.items():
         if key in r:
             out += table(title, r[key], note)
-        if key == "cost" and left(config, r.get("cost", {})):
+        rest = left(config, r["cost"]) if key == "cost" and key in r else {}
+        if rest:
             out += table(
                 "What is left, per process",
-                left(config, r["cost"]),
+                rest,
                 "This project's CPU per task over plain Celery's in each process above, "
                 "beside the better incumbent's over plain's, and what this project's part "
                 "of that process pays for.",

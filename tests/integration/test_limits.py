@@ -117,7 +117,7 @@ class TestInAWorker:
         # pass none of the runs held back that kept their place (among themselves, as their
         # workers took them). A run already late for its slot when the pause began (its
         # slot passed by the runs after it: a loaded worker) takes the next free slot as it
-        # is let go (docs/operations.md), which may be after theirs: seen once in a run.
+        # is let go (docs/operations.md), which may be after theirs: seen in loaded CI runs.
         later = [r for r in done if r["n"] >= 20]
         first_later = min(r["slot"] for r in later)
         moved_on = [r["n"] for r in held_back if r["slot"] >= first_later]
