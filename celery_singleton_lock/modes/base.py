@@ -207,6 +207,10 @@ class Mode:
         for its slot however far). None: no rate."""
         return None
 
+    def held_back(self, start: Start, seconds: float) -> None:
+        """A pause holds this run back: its message comes round in ``seconds``. What it
+        asks for once let go must still be there then (a rate's schedule, ``rate.py``)."""
+
     def take(self, start: Start) -> Lease | Contended:
         """Try once for the running lease: the key, taking over the message's own hold
         on it (queued, or reserved by the worker that received it)."""

@@ -34,6 +34,10 @@ MIN_GRACE = 0.05
 # thread held that long) rather than being sent round the broker to it, which costs
 # about as much and may arrive late.
 NEAR = 0.05
+# How late a paused key's held-back message may come round (a queue that far behind)
+# and still find its rate's schedule to move on: its key is one short string, and the
+# first decision after the resume sets its expiry back to the schedule's.
+HELD_COMES_ROUND = 3600.0
 # An eager call waits for its slot wherever it is (the caller waits): up to a day.
 EAGER_NEAR = 86400.0
 ON_LIMITED = ("defer", "delay", "raise")
@@ -343,6 +347,11 @@ class Rated(Mode):
             start.name, limits, how, at=slot or 0.0, entry=start.entry, paused=pause,
             grace=grace, near=near,
         )  # fmt: skip
+
+    def held_back(self, start: Start, seconds: float) -> None:
+        # The resume moves the schedule on by the pause's length (rate.lua), at the first
+        # decision after it: kept until then, however long the pause.
+        rates_of(start.store).keep(start.name, seconds + HELD_COMES_ROUND)
 
     def take(self, start: Start) -> Lease | Contended:
         return self.inner.take(start)

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, replace
 
 from .. import signals as singleton_signals
-from ..context import Delivery, TaskContext
+from ..context import Delivery
 from ..exceptions import RateLimitedError
 from ..lease import append_history
 from ..lease.limits.overrides import Override
@@ -25,7 +25,7 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
     reserved for it. Returns what the run decides with from here: the override read
     last (a resume read again moves the rate's schedule, ``Override.pause``)."""
     request = delivery.request
-    after = unless_paused(delivery.context, delivery, start)
+    after = unless_paused(delivery, mode, start)
     start = replace(start, override=after.override)
     slot = mode.admit(start, call, after.slot, held=after.held, eager=request.is_eager)
     if slot is None:
@@ -69,14 +69,14 @@ class AfterPause:
     held: bool
 
 
-def unless_paused(context: TaskContext, delivery: Delivery, start: Start) -> AfterPause:
+def unless_paused(delivery: Delivery, mode: Mode, start: Start) -> AfterPause:
     """The run's ``AfterPause``, once ``held_back`` lets it go (it raises Ignore, or
     RateLimitedError eagerly, while the key is paused)."""
     request = delivery.request
     carried = read_slot(header(request, RATE_SLOT_HEADER))
     override = start.override
     if override is not None:
-        override = held_back(context, delivery, start, override, carried)
+        override = held_back(delivery, mode, start, override, carried)
     slot = None
     if carried is not None:
         slot = carried[0] if override is None else override.moved(*carried)
@@ -87,8 +87,8 @@ def unless_paused(context: TaskContext, delivery: Delivery, start: Start) -> Aft
 
 
 def held_back(
-    context: TaskContext,
     delivery: Delivery,
+    mode: Mode,
     start: Start,
     override: Override,
     carried: tuple[float, float] | None,
@@ -104,7 +104,7 @@ def held_back(
     if override.paused and not request.is_eager:
         # Read again before sending it round once more: a resume this process has not
         # read yet would cost the run a round of PAUSE_RECHECK, and its place.
-        fresh = context.override(start.name, fresh=True)
+        fresh = delivery.context.override(start.name, fresh=True)
         if fresh is None:
             return None
         override = fresh
@@ -119,6 +119,7 @@ def held_back(
             )
         first = held_at if held_at is not None else place(override, carried)
         slot = header(request, RATE_SLOT_HEADER)
+        mode.held_back(start, PAUSE_RECHECK)
         hold_back(
             delivery,
             start.name,
@@ -132,6 +133,7 @@ def held_back(
         # began: in the order they came, as far apart (its slot moves as much).
         wait = override.moved(held_at, held_at) - time.time()
         if wait > 0.001:
+            mode.held_back(start, wait)
             hold_back(
                 delivery,
                 start.name,

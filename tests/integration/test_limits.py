@@ -32,6 +32,7 @@ from celery_singleton_lock.contrib import limits
 from celery_singleton_lock.lease import slot
 from celery_singleton_lock.lease.limits.backlog import backlog_of
 from celery_singleton_lock.lease.limits.overrides import REFRESH, Override, overrides_of
+from celery_singleton_lock.lease.limits.rates import rates_of
 
 from ..conftest import CeleryEnv
 from ..support.apps import eager_app
@@ -56,6 +57,19 @@ def fixture_app(cenv: CeleryEnv) -> Iterator[Any]:
     """The test app's module, with no override left behind for the shared worker."""
     yield cenv.app_module
     clear(cenv.app_module.app)
+
+
+def schedule_end(store: Any, name: str) -> float:
+    """Where ``name``'s rate schedule ends: its first limit's next slot (``rate.lua``)."""
+    raw = store.client.get(rates_of(store).key(name))
+    assert raw is not None, f"no schedule for {name!r}"
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return int(text.split("|")[0].split(";")[0].split(",")[0]) / 1e6
+
+
+def server_time(store: Any) -> float:
+    seconds, micros = store.client.time()
+    return float(seconds) + micros / 1e6
 
 
 def item_runs(cenv: CeleryEnv, item: str) -> list[dict[str, Any]]:
@@ -99,11 +113,18 @@ class TestInAWorker:
         limits.set(app.app, name, paused=True)
         paused_at = time.time()
         # Held back, not dropped: none starts while paused (a second is the promise).
-        time.sleep(2.5)
+        # The pause outlasts the rate's schedule as it stood (its key would expire):
+        # the runs held back keep it for the resume to move on.
+        store = LockStores.for_app(app.app).lock
+        wait_for(lambda: time.time() > paused_at + 1.0, 5, "the pause in force")
+        end = schedule_end(store, name)
+        wait_for(lambda: server_time(store) > end + 0.5, 10, "the schedule passed")
         held = item_runs(cenv, item)
         assert max(r["start"] for r in held) <= paused_at + 1.0
         assert len(held) < 20, "the pause came too late to hold anything back"
         limits.set(app.app, name, paused=False)
+        began, ended = overrides_of(store).all()[name].pause or (0.0, 0.0)
+        moved_end = end + (ended - began if end > began else 0.0)
         # Calls made after the resume queue behind the ones held back.
         calls += [app.planned.apply_async((item, n), queue=worker.queue) for n in range(20, 23)]
         assert sorted(c.get(timeout=30) for c in calls) == list(range(23)), "none lost"
@@ -120,6 +141,7 @@ class TestInAWorker:
         # is let go (docs/operations.md), which may be after theirs: seen in loaded CI runs.
         later = [r for r in done if r["n"] >= 20]
         first_later = min(r["slot"] for r in later)
+        assert first_later >= moved_end - 1e-3, "the calls after the resume go after the line"
         moved_on = [r["n"] for r in held_back if r["slot"] >= first_later]
         assert len(moved_on) <= 2, f"calls after the resume passed held-back runs {moved_on}"
         check_rate(done, 5, 1.0)  # the rate holds across the pause

@@ -18,6 +18,7 @@ from celery_singleton_lock.lease.clock import ManualClock
 from celery_singleton_lock.lease.limits.rates import Rate, parse_rate, rates_of
 
 from ..support.rates import most_in_a_window, most_units
+from ..support.runs import wait_for
 
 
 @pytest.fixture(name="store", params=["redis", "memory"])
@@ -276,6 +277,43 @@ class TestSeveralLimitsAndCosts:
         assert moved.at - slots[0].at == pytest.approx(30.3, abs=1e-3)
         again = rates.ask("held", rate, "reserve", paused=pause)  # moved once only
         assert again.at - moved.at == pytest.approx(0.1, abs=1e-6)
+
+    def test_a_schedule_outlives_a_longer_pause_while_runs_are_held_back(
+        self, client: redis.Redis
+    ) -> None:
+        # Three slots 50 ms apart: their key expires once the last has passed. A pause
+        # began after the first and outlasts them; only the runs it held back, going
+        # round, keep the schedule (``keep``) for the resume to move on.
+        rates, rate = rates_of(RedisLock(client, prefix="test")), Rate(20, 1.0)
+        kept = [rates.ask("kept", rate, "reserve") for _ in range(3)]
+        lost = [rates.ask("lost", rate, "reserve") for _ in range(3)]
+        rates.keep("kept", 30.0)
+        wait_for(lambda: not client.exists(rates.key("lost")), 5, "the schedule expired")
+        assert client.exists(rates.key("kept"))
+        began = kept[0].at + 0.01
+        pause = (began, began + 30.0)
+        moved = rates.ask("kept", rate, "reserve", paused=pause)
+        # Behind the two slots the pause moved on, as with a short pause.
+        assert moved.at - kept[-1].at == pytest.approx(30.05, abs=1e-3)
+        # Without it the first call after the resume would take a slot at once, beside
+        # the held-back runs' moved ones: over the rate.
+        after = rates.ask("lost", rate, "reserve", paused=(lost[0].at + 0.01, began + 30.0))
+        assert after.at == after.clock
+        # The first decision after the resume set the key's expiry back to its schedule's.
+        assert client.pttl(rates.key("kept")) <= (moved.at - moved.clock + 0.06) * 1000
+
+    def test_in_memory_a_kept_schedule_is_spared_when_passed_ones_are_let_go(self) -> None:
+        clock = ManualClock()
+        rates, rate = rates_of(MemoryLock(prefix="test", clock=clock)), Rate(20, 1.0)
+        kept = [rates.ask(name, rate, "reserve") for name in ("kept", "lost")]
+        rates.keep("kept", 30.0)
+        clock.advance(1.0)
+        for n in range(1001):  # past 1000 names, those whose slots have passed go
+            rates.ask(f"other-{n}", rate, "reserve")
+        pause = (kept[0].at - 0.01, kept[0].at + 29.0)
+        moved = [rates.ask(name, rate, "reserve", paused=pause) for name in ("kept", "lost")]
+        assert moved[0].at == pytest.approx(kept[0].at + 29.06, abs=1e-6)
+        assert moved[1].at == moved[1].clock  # its schedule was let go
 
     def test_a_cost_over_a_burst_is_refused_saying_what_to_change(self, store: Any) -> None:
         rates, rate = rates_of(store), Rate(1000, 60.0, burst=500)

@@ -7,19 +7,17 @@ than the rate lets through. How both work: ``Rates``, as ``lua/rate.lua`` runs t
 
 from __future__ import annotations
 
+import logging
 import math
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Literal
 
-from ...exceptions import ConfigurationError, CostOverBurstError
 from ..memory import MemoryLock
 from ..per_store import PerStore
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
 from ..redis.store import RedisLock
+from .rate_forms import Charges, Pause, Rate, charges, check_cost, human_period, parse_rate
 
 if TYPE_CHECKING:
     from ..history import Record
@@ -29,103 +27,7 @@ How = Literal["take", "reserve", "peek", "start", "due"]
 # ``grace`` for a run that starts on its slot however late (a pause held it back).
 ANY_LATENESS = -1.0
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_CELERY_FORM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smhd])\s*$")
-
-
-@dataclass(frozen=True)
-class Rate:
-    """``limit`` calls per ``period`` seconds, up to ``burst`` of them back to back."""
-
-    limit: int
-    period: float
-    burst: int = 1
-
-    @property
-    def interval(self) -> float:
-        """Seconds between two calls once the burst is spent."""
-        return self.period / self.limit
-
-    def __str__(self) -> str:
-        text = f"{self.limit}/{human_period(self.period)}"
-        return text if self.burst == 1 else f"{text} (burst {self.burst})"
-
-
-def human_period(seconds: float) -> str:
-    """A period as Celery's rate_limit writes it: ``m`` for 60, ``5m`` for 300."""
-    for unit, size in reversed(_UNITS.items()):
-        count = seconds / size
-        if count >= 1 and count == int(count):
-            return unit if count == 1 else f"{int(count)}{unit}"
-    return f"{seconds:g}s"
-
-
-# A name's last pause: when it began and when it ended (seconds since the epoch).
-Pause = tuple[float, float]
-
-# What one call is charged: (its rate, the units it costs against it), per limit.
-Charges = Sequence[tuple[Rate, float]]
-
-
-def charges(rate: Rate | Charges, cost: float = 1.0) -> Charges:
-    """``ask``'s limits: one ``Rate`` at ``cost`` units, or (rate, cost) pairs already."""
-    return [(rate, cost)] if isinstance(rate, Rate) else rate
-
-
-def check_cost(name: str, limits: Charges) -> None:
-    """Refuse a cost no slot could ever take: more units than a limit's burst."""
-    for rate, cost in limits:
-        if cost > rate.burst:
-            raise CostOverBurstError(
-                f"{name!r}: a call costing {cost:g} units can never start under {rate}, "
-                f"which lets at most {rate.burst} start at once: raise that limit's burst "
-                f"to the largest cost (burst={math.ceil(cost)}), or split the call"
-            )
-        if cost < 0:
-            raise CostOverBurstError(f"{name!r}: a call's cost must be 0 or more, not {cost:g}")
-
-
-def parse_rate(value: object, burst: object = 1, *, what: str = "rate") -> Rate:
-    """A ``Rate`` from Celery's ``rate_limit`` forms (``"100/m"``, ``"10/s"``, ``"5/h"``; a
-    number: per second), ``"100/5m"``, ``(100, timedelta(minutes=1))`` or
-    ``(100, 60.0)``, or a ``Rate``; ``burst`` calls may start back to back."""
-    if isinstance(value, Rate):
-        return value if burst == 1 else Rate(value.limit, value.period, _burst(burst, what))
-    limit: object
-    period: object
-    if isinstance(value, str):
-        match = _CELERY_FORM.match(value)
-        if match is None:
-            raise ConfigurationError(
-                f"{what}={value!r}: write calls per period the way Celery's rate_limit does, "
-                "e.g. '100/m', '10/s', '5/h', or '100/5m'"
-            )
-        limit = float(match.group(1))
-        period = float(match.group(2) or 1) * _UNITS[match.group(3)]
-    elif isinstance(value, tuple) and len(value) == 2:
-        limit, period = value
-        if isinstance(period, timedelta):
-            period = period.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        limit, period = value, 1.0
-    else:
-        raise ConfigurationError(
-            f"{what}={value!r}: write '100/m' (Celery's rate_limit form), a number per "
-            "second, or (calls, timedelta(...))"
-        )
-    if isinstance(limit, bool) or not isinstance(limit, int | float) or limit <= 0:
-        raise ConfigurationError(f"{what}={value!r}: the number of calls must be positive")
-    if not isinstance(period, int | float) or isinstance(period, bool) or period <= 0:
-        raise ConfigurationError(f"{what}={value!r}: the period must be positive")
-    if limit != int(limit):  # "0.5/s" is one call every two seconds
-        return Rate(1, float(period) / float(limit), _burst(burst, what))
-    return Rate(int(limit), float(period), _burst(burst, what))
-
-
-def _burst(burst: object, what: str) -> int:
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-        raise ConfigurationError(f"{what}: burst={burst!r} must be a whole number of calls >= 1")
-    return burst
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -205,6 +107,7 @@ class Rates(_RatesOf):
         super().__init__(store)
         self._redis = store
         self._script = store.client.register_script(scripts.RATE)
+        self._keep = store.client.register_script(scripts.KEEP_RATE)
 
     def ask(
         self,
@@ -242,6 +145,18 @@ class Rates(_RatesOf):
             _STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6, limiting - 1
         )
 
+    def keep(self, name: str, seconds: float) -> None:
+        """Keep ``name``'s schedule at least ``seconds`` more, though every slot on it
+        has passed (``lua/keep_rate.lua``): a run a pause held back comes round to a
+        schedule the resume still has to move on. Without it the key would expire during
+        a pause longer than its schedule, and calls made after the resume would take
+        slots beside the held-back runs' moved ones: over the rate. Never an error: the
+        run goes round anyway, and an outage meets its next decision's own script."""
+        try:
+            self._keep(keys=[self.key(name)], args=[max(1, math.ceil(seconds * 1000))])
+        except REDIS_ERRORS as error:
+            logger.debug("the schedule of %r not kept: %s", name, error)
+
 
 class MemoryRates(_RatesOf):
     """``Rates`` over a ``MemoryLock`` (eager tests), on the store's clock: the script's
@@ -253,6 +168,7 @@ class MemoryRates(_RatesOf):
         self._tats: dict[str, list[float]] = {}  # key -> each limit's TAT, in order
         self._gates: dict[str, list[float]] = {}  # key -> each limit's start TAT
         self._applied: dict[str, float] = {}  # key -> the last resume its TATs moved for
+        self._kept: dict[str, float] = {}  # key -> kept until (``keep``), on the clock
 
     def ask(
         self,
@@ -273,6 +189,8 @@ class MemoryRates(_RatesOf):
             if len(self._tats) > 1000:  # names whose next call is due hold nothing
                 ahead = {k for k, t in self._tats.items() if max(t, default=0) > now}
                 ahead |= {k for k, g in self._gates.items() if max(g, default=0) > now}
+                ahead |= {k for k, until in self._kept.items() if until > now}
+                self._kept = {k: until for k, until in self._kept.items() if until > now}
                 self._tats = {k: t for k, t in self._tats.items() if k in ahead}
                 self._gates = {k: g for k, g in self._gates.items() if k in ahead}
             key = self.key(name)
@@ -335,6 +253,14 @@ class MemoryRates(_RatesOf):
             if begins is not None:
                 return answer(1, begins, tats)
             return answer(2 if slot > now else 1, slot, tats)
+
+    def keep(self, name: str, seconds: float) -> None:
+        """``Rates.keep``: spared when names whose slots have all passed are let go."""
+        with self._memory.guard:
+            key = self.key(name)
+            if key in self._tats or key in self._gates:
+                until = self._memory.clock.time() + seconds
+                self._kept[key] = max(self._kept.get(key, until), until)
 
 
 def _start(
