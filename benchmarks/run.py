@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -289,9 +290,9 @@ class Bench:
                 self.bench.SYSTEMS[system].apply_async((f"warm-{round_no}",), queue=queue)
             for system, us in self._unique_round(MODES, f"m-{round_no}", queue, size, slices):
                 unique[system].append(us)
-            for system in MODES:
-                us, published[system] = self._duplicates(system, n, queue)
+            for system, (us, sent) in self._duplicate_round(MODES, queue, size, slices):
                 duplicate[system].append(us)
+                published[system] = sent
         trips: dict[str, float] = {}
         for system in MODES:
             self.reset(queue)
@@ -324,25 +325,16 @@ class Bench:
     def end_to_end(self) -> None:
         n = self.args.tasks
         workers = self.workers("bench-e2e")
+        size = max(1, n // E2E_SLICES)
         rates: dict[str, list[float]] = {s: [] for s in ALL}
-        leftover: dict[str, int] = {}
+        alone: dict[str, list[float]] = {s: [] for s in ALL}
         try:
             for round_no in range(self.args.rounds):
-                for system in self.order():
-                    task, queue = self.bench.SYSTEMS[system], workers[self.bench.side(system)].queue
-                    self.reset()
-                    began = time.perf_counter()
-                    for i in range(n):
-                        task.apply_async((f"e-{round_no}-{i}",), queue=queue)
-                    self.wait_marks(system, n, 300)
-                    rates[system].append(n / (time.perf_counter() - began))
-                    time.sleep(0.2)  # releases land after the body's last mark
-                    keys = [
-                        k
-                        for k in self.lr.scan_iter("*")
-                        if not k.endswith(b":fence") and not k.startswith(b"celery-task-meta-")
-                    ]
-                    leftover[system] = len(keys)
+                through = self._through(workers, f"e-{round_no}", size, E2E_SLICES)
+                for system in ALL:
+                    rates[system].append(size * E2E_SLICES / through[system].seconds)
+                    alone[system].append(through[system].alone_rate)
+            leftover = {s: self._keys_left(workers, s, size) for s in ALL}
         finally:
             for worker in workers.values():
                 worker.stop()
@@ -351,10 +343,65 @@ class Bench:
                 "tasks_per_s": round(median(rates[s]), 1),
                 "ratio": paired_ratio(rates[s], rates["plain"]),
                 "ratio_range": paired_range(rates[s], rates["plain"]),
+                "worker_alone_tasks_per_s": round(median(alone[s]), 1),
+                "worker_alone_ratio": paired_ratio(alone[s], alone["plain"]),
                 "lock_keys_left": leftover[s],
             }
             for s in ALL
         }
+
+    def _through(
+        self,
+        workers: dict[str, Worker],
+        tag: str,
+        size: int,
+        slices: int,
+        measured: Callable[[str, Worker], Callable[[], None]] | None = None,
+    ) -> dict[str, Through]:
+        """How each system took ``size`` distinct tasks through its worker (dispatched,
+        then run), summed over ``slices``: the systems in a fresh order every slice, as
+        ``_sliced``, so a drift of the machine's speed falls on all alike.
+        ``measured(system, worker)`` is called before each system's slice and returns
+        what to call after it."""
+        self.reset()
+        through = {s: Through() for s in ALL}
+        for slice_no in range(slices):
+            for system in self.order():
+                task, worker = self.bench.SYSTEMS[system], workers[self.bench.side(system)]
+                done = measured(system, worker) if measured is not None else None
+                began = time.perf_counter()
+                for i in range(size):
+                    task.apply_async((f"{tag}-{slice_no}-{i}",), queue=worker.queue)
+                sent = time.time()
+                self.wait_marks(system, (slice_no + 1) * size, 300)
+                through[system].seconds += time.perf_counter() - began
+                if done is not None:
+                    done()
+                # The tasks its worker ran alone, once the last was sent: the backlog.
+                ends = [
+                    float(mark.decode().rsplit("|", 1)[1])
+                    for mark in self.r.lrange(f"marks:{system}", slice_no * size, -1)
+                ]
+                after = [end for end in ends if end > sent]
+                if after:
+                    through[system].alone += len(after)
+                    through[system].alone_seconds += max(after) - sent
+        return through
+
+    def _keys_left(self, workers: dict[str, Worker], system: str, size: int) -> int:
+        """Lock keys left once ``size`` distinct tasks of ``system`` have run (fence
+        bookkeeping, which expires with its lease, and results not counted)."""
+        task, worker = self.bench.SYSTEMS[system], workers[self.bench.side(system)]
+        self.reset()
+        for i in range(size):
+            task.apply_async((f"left-{i}",), queue=worker.queue)
+        self.wait_marks(system, size, 300)
+        time.sleep(0.2)  # releases land after the body's last mark
+        return sum(
+            1
+            for k in self.lr.scan_iter("*")
+            if not k.endswith(b":fence") and not k.startswith(b"celery-task-meta-")
+        )
 
     # -- 4: contended hand-off -------------------------------------------------------------
 
@@ -561,28 +608,18 @@ class Bench:
         if self.rabbitmq is not None and self.rabbitmq.process is not None:
             sessions["rabbitmq"] = self.rabbitmq.process.pid  # its processes' session
         spent: dict[str, dict[str, list[float]]] = {s: {} for s in ALL}
+        size = max(1, n // E2E_SLICES)
         try:
             for round_no in range(self.args.rounds):
-                for system in self.order():
-                    task, worker = self.bench.SYSTEMS[system], workers[self.bench.side(system)]
-                    self.reset()
-                    for server in servers.values():
-                        server.client().config_resetstat()
-                    before = cpu_seconds(worker.pid, servers, sessions)
-                    for i in range(n):
-                        task.apply_async((f"c-{round_no}-{i}",), queue=worker.queue)
-                    self.wait_marks(system, n, 300)
-                    time.sleep(0.2)  # releases land after the body's last mark
-                    after = cpu_seconds(worker.pid, servers, sessions)
-                    row = {k: (after[k] - before[k]) / n * 1e6 for k in before}
-                    row["total"] = sum(row.values())
-                    for name, server in servers.items():
-                        stats = server.client().info("commandstats")
-                        row[f"{name}_scripts"] = (
-                            sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in SCRIPTS)
-                            / n
-                        )
-                    for key, value in row.items():
+                used: dict[str, dict[str, float]] = {s: {} for s in ALL}
+                measured = self._metered(servers, sessions, used)
+                self._through(workers, f"c-{round_no}", size, E2E_SLICES, measured)
+                for system, row in used.items():
+                    per_task = {k: v / (size * E2E_SLICES) * 1e6 for k, v in row.items()}
+                    per_task["total"] = sum(
+                        v for k, v in per_task.items() if not k.endswith("_scripts")
+                    )
+                    for key, value in per_task.items():
                         spent[system].setdefault(key, []).append(value)
         finally:
             for worker in workers.values():
@@ -598,8 +635,56 @@ class Bench:
             row["floor_ratio"] = round(plain / (plain + scripts), 2)
         self.results["cost"] = cost
 
+    @staticmethod
+    def _metered(
+        servers: dict[str, RedisServer],
+        sessions: dict[str, int],
+        used: dict[str, dict[str, float]],
+    ) -> Callable[[str, Worker], Callable[[], None]]:
+        """``_through``'s ``measured``: adds each slice's CPU seconds of every process,
+        and each server's seconds in scripts, to ``used[system]``."""
+
+        def measured(system: str, worker: Worker) -> Callable[[], None]:
+            for server in servers.values():
+                server.client().config_resetstat()
+            before = cpu_seconds(worker.pid, servers, sessions)
+
+            def done() -> None:
+                time.sleep(0.05)  # the last task's result and release land
+                after = cpu_seconds(worker.pid, servers, sessions)
+                row = used[system]
+                for key, value in before.items():
+                    row[key] = row.get(key, 0.0) + after[key] - value
+                for name, server in servers.items():
+                    stats = server.client().info("commandstats")
+                    in_scripts = sum(
+                        int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in SCRIPTS
+                    )
+                    row[f"{name}_scripts"] = row.get(f"{name}_scripts", 0.0) + in_scripts / 1e6
+
+            return done
+
+        return measured
+
+
+@dataclass
+class Through:
+    """One system's tasks taken through its worker in ``Bench._through``'s slices: the
+    seconds from each slice's first dispatch to its last run, and the tasks its worker
+    ran alone once the slice's last was sent (the backlog) and the seconds they took."""
+
+    seconds: float = 0.0
+    alone: int = 0
+    alone_seconds: float = 0.0
+
+    @property
+    def alone_rate(self) -> float:
+        return self.alone / self.alone_seconds if self.alone_seconds else 0.0
+
 
 SCRIPTS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall")
+# End to end (3 and 8), every round runs the systems in this many slices.
+E2E_SLICES = 4
 
 
 def _stat_cpu(pid: int) -> float:
@@ -736,8 +821,12 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
         "end_to_end": (
             "3. End-to-end throughput",
             "Distinct tasks through one prefork worker (concurrency 2), dispatch included; "
-            "ratio: the median of the rounds' ratios to plain; lock keys left afterwards (fence bookkeeping, which expires with the lease, "
-            "not counted).",
+            "each round runs the systems in 4 slices, in a fresh order per slice, each "
+            "slice timed from its first dispatch to its last task's run. Ratio: the median "
+            "of the rounds' ratios to plain. worker_alone: the rate at which the worker "
+            "ran the tasks still queued once a slice's last was sent (no producer beside "
+            "it), and its ratio. Lock keys left after a further batch (fence bookkeeping, "
+            "which expires with the lease, not counted).",
         ),
         "hand_off": (
             "4. Contended hand-off",
@@ -784,7 +873,7 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
         ),
         "cost": (
             "8. Where the time goes",
-            "CPU microseconds per task of each process, end to end as in 3 (1 producer, "
+            "CPU microseconds per task of each process, end to end in slices as in 3 (1 producer, "
             "the worker's main process, its 2 pool children, the Redis server(s), the "
             "RabbitMQ node's processes where it is the broker), and the "
             "servers' time inside scripts (`INFO commandstats`); medians of the rounds. "
