@@ -615,22 +615,28 @@ class Bench:
                 measured = self._metered(servers, sessions, used)
                 self._through(workers, f"c-{round_no}", size, E2E_SLICES, measured)
                 for system, row in used.items():
+                    wall = row.pop(WALL)
                     per_task = {k: v / (size * E2E_SLICES) * 1e6 for k, v in row.items()}
-                    per_task["total"] = sum(
-                        v for k, v in per_task.items() if not k.endswith("_scripts")
-                    )
+                    processes = [v for k, v in row.items() if not k.endswith("_scripts")]
+                    per_task["total"] = sum(processes) / (size * E2E_SLICES) * 1e6
                     for key, value in per_task.items():
                         spent[system].setdefault(key, []).append(value)
+                    spent[system].setdefault("cores", []).append(sum(processes) / wall)
         finally:
             for worker in workers.values():
                 worker.stop()
-        cost = {s: {f"{k}_us": round(median(v)) for k, v in spent[s].items()} for s in ALL}
+        cost: dict[str, dict[str, float]] = {
+            s: {f"{k}_us": round(median(v)) for k, v in spent[s].items() if k != "cores"}
+            for s in ALL
+        }
         plain = cost["plain"]["total_us"]
-        for row in cost.values():
+        for system, row in cost.items():
             scripts = sum(v for k, v in row.items() if k.endswith("_scripts_us"))
-            # Throughput follows total CPU on this machine: plain's total over each
-            # system's, and what that ratio would be if the servers' time in scripts
-            # were all a system added (its clients costing nothing): the floor.
+            # Plain's total over each system's (what throughput would follow were the
+            # cores the limit: ``cores_used`` says how near they were), and what that
+            # ratio would be if the servers' time in scripts were all a system added
+            # (its clients costing nothing): the floor.
+            row["cores_used"] = round(median(spent[system]["cores"]), 2)
             row["cpu_ratio"] = round(plain / row["total_us"], 2)
             row["floor_ratio"] = round(plain / (plain + scripts), 2)
         self.results["cost"] = cost
@@ -642,17 +648,20 @@ class Bench:
         used: dict[str, dict[str, float]],
     ) -> Callable[[str, Worker], Callable[[], None]]:
         """``_through``'s ``measured``: adds each slice's CPU seconds of every process,
-        and each server's seconds in scripts, to ``used[system]``."""
+        each server's seconds in scripts, and its wall-clock seconds (``WALL``) to
+        ``used[system]``."""
 
         def measured(system: str, worker: Worker) -> Callable[[], None]:
             for server in servers.values():
                 server.client().config_resetstat()
             before = cpu_seconds(worker.pid, servers, sessions)
+            began = time.perf_counter()
 
             def done() -> None:
                 time.sleep(0.05)  # the last task's result and release land
                 after = cpu_seconds(worker.pid, servers, sessions)
                 row = used[system]
+                row[WALL] = row.get(WALL, 0.0) + time.perf_counter() - began
                 for key, value in before.items():
                     row[key] = row.get(key, 0.0) + after[key] - value
                 for name, server in servers.items():
@@ -685,6 +694,8 @@ class Through:
 SCRIPTS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall")
 # End to end (3 and 8), every round runs the systems in this many slices.
 E2E_SLICES = 4
+# The wall-clock seconds of a system's slices, beside their CPU seconds (``_metered``).
+WALL = "wall"
 
 
 def _stat_cpu(pid: int) -> float:
@@ -877,9 +888,13 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "the worker's main process, its 2 pool children, the Redis server(s), the "
             "RabbitMQ node's processes where it is the broker), and the "
             "servers' time inside scripts (`INFO commandstats`); medians of the rounds. "
-            "The machine has 2 cores, so throughput follows the total: `cpu_ratio` is "
-            "plain's total over the system's; `floor_ratio` what it would be if the lock "
-            "work in the servers' scripts were all the system added (clients free).",
+            "`cores_used`: those processes' CPU over the slices' wall-clock time, of the "
+            "machine's 2. `cpu_ratio` is plain's total over the system's: the throughput "
+            "ratio were the cores the limit. Below 2 cores they are not the whole limit: "
+            "every message passes through the worker's main process in turn, which also "
+            "waits for its round trips and for the cores its pool children hold (section "
+            "3's worker_alone). `floor_ratio`: cpu_ratio if the lock work in the servers' "
+            "scripts were all the system added (clients as plain's).",
         ),
         "rate_starts": (
             "9. A rate-limited run's start",
