@@ -287,7 +287,7 @@ class TestSeveralLimitsAndCosts:
         rates, rate = rates_of(RedisLock(client, prefix="test")), Rate(20, 1.0)
         kept = [rates.ask("kept", rate, "reserve") for _ in range(3)]
         lost = [rates.ask("lost", rate, "reserve") for _ in range(3)]
-        rates.keep("kept", 30.0)
+        rates.keep("kept", 3600.0)
         wait_for(lambda: not client.exists(rates.key("lost")), 5, "the schedule expired")
         assert client.exists(rates.key("kept"))
         began = kept[0].at + 0.01
@@ -301,6 +301,15 @@ class TestSeveralLimitsAndCosts:
         assert after.at == after.clock
         # The first decision after the resume set the key's expiry back to its schedule's.
         assert client.pttl(rates.key("kept")) <= (moved.at - moved.clock + 0.06) * 1000
+
+    def test_keep_never_makes_a_schedule_nor_shortens_one(self, client: redis.Redis) -> None:
+        rates, rate = rates_of(RedisLock(client, prefix="test")), Rate(1, 60.0)
+        rates.keep("none", 60.0)  # nothing reserved: nothing to move
+        assert not client.exists(rates.key("none"))
+        rates.ask("far", rate, "reserve")
+        rates.ask("far", rate, "reserve")  # its schedule ends two minutes on
+        rates.keep("far", 1.0)
+        assert client.pttl(rates.key("far")) > 100_000
 
     def test_in_memory_a_kept_schedule_is_spared_when_passed_ones_are_let_go(self) -> None:
         clock = ManualClock()
