@@ -635,7 +635,7 @@ class Bench:
             # Plain's total over each system's (what throughput would follow were the
             # cores the limit: ``cores_used`` says how near they were), and what that
             # ratio would be if the servers' time in scripts were all a system added
-            # (its clients costing nothing): the floor.
+            # (its clients costing what plain's do): the floor.
             row["cores_used"] = round(median(spent[system]["cores"]), 2)
             row["cpu_ratio"] = round(plain / row["total_us"], 2)
             row["floor_ratio"] = round(plain / (plain + scripts), 2)
@@ -832,7 +832,7 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
         "end_to_end": (
             "3. End-to-end throughput",
             "Distinct tasks through one prefork worker (concurrency 2), dispatch included; "
-            "each round runs the systems in 4 slices, in a fresh order per slice, each "
+            f"each round runs the systems in {E2E_SLICES} slices, in a fresh order per slice, each "
             "slice timed from its first dispatch to its last task's run. Ratio: the median "
             "of the rounds' ratios to plain. worker_alone: the rate at which the worker "
             "ran the tasks still queued once a slice's last was sent (no producer beside "
