@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .config.options import SingletonOptions
 from .config.stores import LockStores
+from .config.visibility import longest_countdown
 from .exceptions import ConfigurationError
 from .lease import LockStore, split_role
 from .lease.history import Record
@@ -62,6 +63,12 @@ class TaskContext:
     def queue_ttl(self) -> float:
         """How long a queued hold lasts: the task's own, else the app's."""
         return self.options.queue_ttl or self.stores.config.queue_ttl
+
+    @property
+    def longest_countdown(self) -> float | None:
+        """The longest a message this library sends with a countdown may wait in one hop:
+        below the broker's ``visibility_timeout`` (``config.visibility``); None: no limit."""
+        return longest_countdown(self.app.conf)
 
     @property
     def keeps_history(self) -> bool:

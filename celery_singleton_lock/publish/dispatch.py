@@ -60,7 +60,14 @@ def slot_at_publish(
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
         return {}
-    return {} if slot is None else {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
+    if slot is None:
+        return {}
+    longest, countdown = context.longest_countdown, options.get("countdown")
+    if longest is not None and isinstance(countdown, int | float) and countdown > longest:
+        # No longer than the broker's visibility_timeout lets it wait unacked: it
+        # arrives early and is sent on to its slot (``run/resend.defer``).
+        options["countdown"] = longest
+    return {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
 
 
 def place_at_publish(

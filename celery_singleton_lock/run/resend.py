@@ -73,20 +73,23 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     """Send the current message again to arrive on ``slot`` of its key's rate (reserved
     for it), keeping its task id, and end this execution."""
     request = delivery.request
+    countdown = max(0.0, slot.wait - ARRIVE_EARLY)
+    hop = _one_hop(delivery, countdown)
     logger.info(
-        "%s[%s] deferred %.3fs to its slot of %s's rate",
+        "%s[%s] deferred %.3fs to its slot of %s's rate%s",
         delivery.name,
         request.id,
         slot.wait,
         lock_name,
+        _hop_text(hop, countdown),
     )
     at = slot_header(slot.at, slot.clock)
     # Passed as the library's own header: a copy of a request's headers (a retry's)
-    # drops any slot, which only the deferral that reserved it may send.
+    # drops any slot, which only the deferral that reserved it may send. A hop that
+    # arrives early is deferred again to the same slot (it counts nothing).
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
     kept = keep_place(delivery, lock_name)
-    countdown = max(0.0, slot.wait - ARRIVE_EARLY)
-    delivery.resend(countdown, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at, **kept}})
+    delivery.resend(hop, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at, **kept}})
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
 
 
@@ -107,21 +110,37 @@ def hold_back(
     held back and the rate slot it carries (none: it asks for one once its key is
     resumed), and end this execution."""
     request = delivery.request
+    hop = _one_hop(delivery, countdown)
     logger.info(
-        "%s[%s] held back %.2fs: %s is paused (%r)",
+        "%s[%s] held back %.2fs: %s is paused (%r)%s",
         delivery.name,
         request.id,
         countdown,
         lock_name,
         target,
+        _hop_text(hop, countdown),
     )
     own = {HELD_HEADER: f"{held_at:.6f}"}
     if slot is not None:
         own[RATE_SLOT_HEADER] = slot
     headers = {**_again(request, lock_name, HELD_HEADER, own[HELD_HEADER]), **own}
     own.update(keep_place(delivery, lock_name))
-    delivery.resend(countdown, headers, {BYPASS_OPTION: own})
+    # A hop that arrives early is held back again for the rest (``admission.held_back``).
+    delivery.resend(hop, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")
+
+
+def _one_hop(delivery: Delivery, countdown: float) -> float:
+    """As much of ``countdown`` as the message may wait unacked in the worker that will
+    hold it, before the broker hands it out again (``config.visibility``)."""
+    longest = delivery.context.longest_countdown
+    return countdown if longest is None else min(countdown, longest)
+
+
+def _hop_text(hop: float, countdown: float) -> str:
+    if hop >= countdown:
+        return ""
+    return f" (sent {hop:.1f}s on: the broker's visibility_timeout)"
 
 
 def _again(request: Request, lock_name: str, name: str, value: object) -> dict[str, object]:

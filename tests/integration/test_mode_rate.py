@@ -213,3 +213,46 @@ class TestWithLimit:
         assert sorted(r["n"] for r in records) == list(range(10))
         check_rate(records, 10, 1.0)
         assert concurrency(records) <= 2
+
+
+class TestLongerThanTheVisibilityTimeout:
+    """A Redis broker hands out again a message unacked for ``visibility_timeout``, and
+    a deferred call waits out its countdown unacked in the worker holding it: a wait
+    longer than that goes in hops, so no call of a long backlog runs twice."""
+
+    @pytest.mark.parametrize("task_name", ["rated_slowly", "delayed_slowly"])
+    def test_a_backlog_longer_than_the_visibility_timeout_runs_each_call_once_on_its_slot(
+        self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch, task_name: str
+    ) -> None:
+        visibility = 1.0  # the worker's and (below) this producer's: kombu's sweep runs every 1 s
+        rated = getattr(cenv.app_module, task_name)
+        options = {
+            **(cenv.app_module.app.conf.broker_transport_options or {}),
+            "visibility_timeout": visibility,
+        }
+        monkeypatch.setitem(cenv.app_module.app.conf, "broker_transport_options", options)
+        worker = Worker(cenv.env, extra_env={"CSL_VISIBILITY_TIMEOUT": str(visibility)}).start()
+        try:
+            calls = [rated.apply_async((task_name, n), queue=worker.queue) for n in range(3)]
+            assert [c.get(timeout=30) for c in calls] == [0, 1, 2]
+            ids = {c.id for c in calls}
+            broker = cenv.broker.client()
+
+            def settled() -> bool:  # nothing of ours left to be handed out again
+                unacked = b"".join(broker.hvals("unacked"))
+                return broker.llen(worker.queue) == 0 and not any(
+                    i.encode() in unacked for i in ids
+                )
+
+            wait_for(settled, 10, "no message of the backlog left unacked or queued")
+            log = worker.output()
+        finally:
+            worker.stop()
+        records = sorted(
+            (r for r in rated_runs(cenv) if r["item"] == task_name), key=lambda r: r["slot"]
+        )
+        assert [r["n"] for r in records] == [0, 1, 2], f"each call ran once:\n{log[-3000:]}"
+        check_rate(records, 1, 2.0)
+        # The last call waited about 4 s for its slot, in hops shorter than the timeout.
+        hops = log.count(f"[{calls[2].id}] deferred")
+        assert hops >= 4, log[-3000:]

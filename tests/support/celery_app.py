@@ -642,6 +642,18 @@ def delayed(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
     return _rated(self, item, n, seconds)
 
 
+@singleton_task(app=app, bind=True, key=["item"], rate="1/2s")
+def rated_slowly(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """One run every 2 s per item: a backlog waits seconds for its slots (deferred)."""
+    return _rated(self, item, n, seconds)
+
+
+@singleton_task(app=app, bind=True, key=["item"], rate="1/2s", on_limited="delay")
+def delayed_slowly(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """One run every 2 s per item, each sent with the countdown to its slot."""
+    return _rated(self, item, n, seconds)
+
+
 @singleton_task(app=app, bind=True, key=["item"], rate="10/s", burst=2, on_limited="raise")
 def rate_checked(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
     """Refused with RateLimitedError at dispatch over 10/s (two back to back)."""

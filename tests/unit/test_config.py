@@ -16,6 +16,7 @@ from kombu.transport import redis as kombu_redis
 from celery_singleton_lock import ConfigurationError, broker, singleton_task
 from celery_singleton_lock.broker import RedisTransport
 from celery_singleton_lock.config.settings import SingletonConfig
+from celery_singleton_lock.config.visibility import longest_countdown, visibility_timeout
 
 
 def app_with(**settings: Any) -> Celery:
@@ -337,3 +338,31 @@ class TestRidingTheBroker:
         app.conf.broker_url = "memory://"  # as a project's test settings do
         with app.connection_for_write() as connection:
             assert connection.get_transport_cls().__module__ == "kombu.transport.memory"
+
+
+class TestVisibilityTimeout:
+    """How long a message may wait unacked in a worker: the hops of a long deferral."""
+
+    @pytest.mark.parametrize(
+        ("broker", "options", "expected"),
+        [
+            ("redis://b:6379/0", {}, 3600.0),  # kombu's default
+            ("rediss://b:6380/0", {"visibility_timeout": 600}, 600.0),
+            ("sentinel://s:26379;sentinel://t:26379", {"visibility_timeout": "90"}, 90.0),
+            ("redis+socket:///tmp/redis.sock", {}, 3600.0),
+            ("sqs://", {}, 1800.0),
+            ("redis://b:6379/0", {"visibility_timeout": "soon"}, 3600.0),  # kombu says
+            ("amqp://guest@r:5672//", {"visibility_timeout": 60}, None),  # none on RabbitMQ
+            ("memory://", {}, None),
+        ],
+    )
+    def test_the_brokers_timeout(self, broker: str, options: dict[str, Any], expected: Any) -> None:
+        conf = app_with(broker_url=broker, broker_transport_options=options).conf
+        assert visibility_timeout(conf) == expected
+
+    def test_a_hop_is_at_most_half_of_it(self) -> None:
+        conf = app_with(
+            broker_url="redis://b/0", broker_transport_options={"visibility_timeout": 60}
+        ).conf
+        assert longest_countdown(conf) == 30.0
+        assert longest_countdown(app_with(broker_url="amqp://r//").conf) is None

@@ -1,0 +1,42 @@
+"""The longest countdown a message may wait out in a worker before its broker hands it out again.
+
+A Redis or SQS broker gives a message out again once it has been unacked for its
+``visibility_timeout``, and a countdown is waited out unacked in the worker: it would run
+twice. The waits the library chooses (a rate's slot, a paused key's resume) go in hops.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .settings import broker_write_url
+
+if TYPE_CHECKING:
+    from celery.app.utils import Settings
+
+# kombu's own defaults, by the broker URL's scheme (its Redis and SQS channels').
+VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+# One hop waits at most this share of the timeout: a message is received a little after
+# it is sent, and the producer's clock (which sets the ETA) is not the worker's.
+HOP_SHARE = 0.5
+
+
+def visibility_timeout(conf: Settings) -> float | None:
+    """The broker's ``visibility_timeout`` (seconds), or None for a broker without one
+    (RabbitMQ: an unacked message stays with its consumer)."""
+    scheme = broker_write_url(conf).partition("://")[0].lower().split("+")[0]
+    default = VISIBILITY_DEFAULTS.get(scheme)
+    if default is None:
+        return None
+    given = (conf.broker_transport_options or {}).get("visibility_timeout")
+    try:
+        seconds = float(given) if given is not None else default
+    except (TypeError, ValueError):
+        return default  # kombu refuses it as it connects, in its own words
+    return seconds if seconds > 0 else default
+
+
+def longest_countdown(conf: Settings) -> float | None:
+    """How long one hop of a wait may be on this app's broker (None: as long as it likes)."""
+    seconds = visibility_timeout(conf)
+    return None if seconds is None else seconds * HOP_SHARE
