@@ -14,17 +14,26 @@ from .settings import broker_write_url
 if TYPE_CHECKING:
     from celery.app.utils import Settings
 
-# kombu's own defaults, by the broker URL's scheme (its Redis and SQS channels').
+# kombu's own defaults, by the broker URL's scheme (its Redis and SQS channels'); the
+# transport option ``visibility_timeout`` sets it.
 VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+# RabbitMQ closes the channel of a consumer that holds a delivery unacked longer than
+# its ``consumer_timeout`` (30 minutes by default, a server setting no client can read),
+# and every message the worker held is delivered again.
+CONSUMER_TIMEOUT = 1800.0
+RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
 # One hop waits at most this share of the timeout: a message is received a little after
 # it is sent, and the producer's clock (which sets the ETA) is not the worker's.
 HOP_SHARE = 0.5
 
 
 def visibility_timeout(conf: Settings) -> float | None:
-    """The broker's ``visibility_timeout`` (seconds), or None for a broker without one
-    (RabbitMQ: an unacked message stays with its consumer)."""
+    """How long the broker lets a message stay unacked (seconds): its
+    ``visibility_timeout``, RabbitMQ's default ``consumer_timeout``; None for a broker
+    with neither."""
     scheme = broker_write_url(conf).partition("://")[0].lower().split("+")[0]
+    if scheme in RABBITMQ_SCHEMES:
+        return CONSUMER_TIMEOUT
     default = VISIBILITY_DEFAULTS.get(scheme)
     if default is None:
         return None

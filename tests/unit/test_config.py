@@ -352,7 +352,9 @@ class TestVisibilityTimeout:
             ("redis+socket:///tmp/redis.sock", {}, 3600.0),
             ("sqs://", {}, 1800.0),
             ("redis://b:6379/0", {"visibility_timeout": "soon"}, 3600.0),  # kombu says
-            ("amqp://guest@r:5672//", {"visibility_timeout": 60}, None),  # none on RabbitMQ
+            # RabbitMQ's consumer_timeout, its server's default: kombu has no option for it
+            ("amqp://guest@r:5672//", {"visibility_timeout": 60}, 1800.0),
+            ("pyamqp://guest@r:5672//", {}, 1800.0),
             ("memory://", {}, None),
         ],
     )
@@ -365,4 +367,5 @@ class TestVisibilityTimeout:
             broker_url="redis://b/0", broker_transport_options={"visibility_timeout": 60}
         ).conf
         assert longest_countdown(conf) == 30.0
-        assert longest_countdown(app_with(broker_url="amqp://r//").conf) is None
+        assert longest_countdown(app_with(broker_url="amqp://r//").conf) == 900.0
+        assert longest_countdown(app_with(broker_url="memory://").conf) is None
