@@ -200,6 +200,8 @@ class MemoryRates(_RatesOf):
                 stored = [tat + ended - began if tat > began else tat for tat in stored]
                 gates = [tat + ended - began if tat > began else tat for tat in gates]
                 self._tats[key], self._gates[key], self._applied[key] = stored, gates, ended
+                # Written with its own expiry again, as the script's SET does: no longer kept.
+                self._kept.pop(key, None)
             tats = [max(stored[i] if i < len(stored) else now, now) for i in range(len(limits))]
             gated = [gates[i] if i < len(gates) else 0.0 for i in range(len(limits))]
             slot, limiting = now, 0
