@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -20,7 +21,7 @@ matplotlib.use("Agg")  # files only: no display, no GUI toolkit
 import matplotlib.pyplot as plt  # (after the backend is chosen)
 from matplotlib.figure import Figure
 
-STYLE = {
+STYLE: Any = {  # matplotlib types its rc keys as a Literal of every name
     "svg.fonttype": "none",  # text stays text: searchable, and small
     "svg.hashsalt": "celery-singleton-lock",  # the same ids every run
     "font.size": 10,

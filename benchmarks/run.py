@@ -32,8 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import kombu
 import redis
+from kombu.connection import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,6 +64,10 @@ MODES = (
 )
 # A rate-limited run's start: one limit, and two limits with a cost (section 9).
 RATED = ("plain", "this_rate", "this_rates")
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def median(values: list[float]) -> float:
@@ -163,7 +167,7 @@ class Bench:
         """Messages waiting in ``queue`` on the broker."""
         if self.rabbitmq is None:
             return int(self.r.llen(queue))
-        with kombu.Connection(self.env["BENCH_BROKER_URL"]) as connection:
+        with Connection(self.env["BENCH_BROKER_URL"]) as connection:
             channel = connection.default_channel
             return int(channel.queue_declare(queue, passive=True).message_count)
 
@@ -172,7 +176,7 @@ class Bench:
             self.r.delete(queue)
             return
         # A connection of its own: a purge of a queue not declared yet closes its channel.
-        connection = kombu.Connection(self.env["BENCH_BROKER_URL"])
+        connection = Connection(self.env["BENCH_BROKER_URL"])
         with connection, contextlib.suppress(*connection.channel_errors):
             connection.default_channel.queue_purge(queue)
 
@@ -379,7 +383,7 @@ class Bench:
                     done()
                 # The tasks its worker ran alone, once the last was sent: the backlog.
                 ends = [
-                    float(mark.decode().rsplit("|", 1)[1])
+                    float(_text(mark).rsplit("|", 1)[1])
                     for mark in self.r.lrange(f"marks:{system}", slice_no * size, -1)
                 ]
                 after = [end for end in ends if end > sent]
@@ -408,7 +412,7 @@ class Bench:
     def gaps(self, system: str) -> list[float]:
         spans = sorted(
             (float(s), float(e))
-            for _, s, e in (m.decode().split("|") for m in self.r.lrange(f"marks:{system}", 0, -1))
+            for _, s, e in (_text(m).split("|") for m in self.r.lrange(f"marks:{system}", 0, -1))
         )
         return [b[0] - a[1] for a, b in itertools.pairwise(spans)]
 
