@@ -9,40 +9,58 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .settings import broker_write_url
-
 if TYPE_CHECKING:
     from celery.app.utils import Settings
 
-# kombu's own defaults, by the broker URL's scheme (its Redis and SQS channels'); the
-# transport option ``visibility_timeout`` sets it.
-VISIBILITY_DEFAULTS = {"redis": 3600.0, "rediss": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+# kombu's own defaults, by transport (its channels'); the transport option
+# ``visibility_timeout`` sets it.
+VISIBILITY_DEFAULTS = {
+    "redis": 3600.0,
+    "rediss": 3600.0,
+    "sentinel": 3600.0,
+    "sqs": 1800.0,
+    "slmq": 1800.0,
+    "pgmq": 1800.0,
+}
 # RabbitMQ closes the channel of a consumer that holds a delivery unacked longer than
 # its ``consumer_timeout`` (30 minutes by default, a server setting no client can read),
 # and every message the worker held is delivered again.
 CONSUMER_TIMEOUT = 1800.0
-RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp", "librabbitmq")
+RABBITMQ_TRANSPORTS = ("amqp", "amqps", "pyamqp", "librabbitmq")
 # One hop waits at most this share of the timeout: a message is received a little after
 # it is sent, and the producer's clock (which sets the ETA) is not the worker's.
 HOP_SHARE = 0.5
 
 
+def transport_of(conf: Settings) -> str:
+    """The broker transport workers consume from: ``broker_transport`` if set, else the
+    scheme of ``broker_read_url`` / ``broker_url`` (the first of a failover list); Celery's
+    default, amqp, without either."""
+    named = conf.get("broker_transport")
+    if isinstance(named, str) and named:
+        return named.lower()
+    url = conf.get("broker_read_url") or conf.get("broker_url") or "amqp://"
+    first = ";".join(url) if isinstance(url, list | tuple) else str(url)
+    return first.split(";")[0].partition("://")[0].strip().lower().split("+")[0] or "amqp"
+
+
 def visibility_timeout(conf: Settings) -> float | None:
     """How long the broker lets a message stay unacked (seconds): its
-    ``visibility_timeout``, RabbitMQ's default ``consumer_timeout``; None for a broker
-    with neither."""
-    scheme = broker_write_url(conf).partition("://")[0].lower().split("+")[0]
-    if scheme in RABBITMQ_SCHEMES:
+    ``visibility_timeout``, or RabbitMQ's default ``consumer_timeout``; None for a broker
+    with neither, or a timeout of 0 or less (every unacked message is handed out again
+    at once: no hop is short enough)."""
+    transport = transport_of(conf)
+    if transport in RABBITMQ_TRANSPORTS:
         return CONSUMER_TIMEOUT
-    default = VISIBILITY_DEFAULTS.get(scheme)
+    default = VISIBILITY_DEFAULTS.get(transport)
     if default is None:
         return None
-    given = (conf.broker_transport_options or {}).get("visibility_timeout")
+    given = (conf.get("broker_transport_options") or {}).get("visibility_timeout")
     try:
         seconds = float(given) if given is not None else default
     except (TypeError, ValueError):
-        return default  # kombu refuses it as it connects, in its own words
-    return seconds if seconds > 0 else default
+        return default  # not a number: kombu's own reading of it fails, not ours
+    return seconds if seconds > 0 else None
 
 
 def longest_countdown(conf: Settings) -> float | None:

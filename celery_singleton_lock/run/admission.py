@@ -30,16 +30,20 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
     slot = mode.admit(start, call, after.slot, held=after.held, eager=request.is_eager)
     if slot is None:
         return start
-    singleton_signals.send(
-        singleton_signals.rate_asked,
-        delivery.sender,
-        start.name,
-        task_id=request.id,
-        slot=slot.at,
-        deferred=not slot.now,
-        remaining=slot.remaining,
-        next_slot=slot.free,
-    )
+    # Early, on the slot it carries: one hop of a wait longer than the broker lets a
+    # message wait unacked (``config.visibility``), no new decision to report.
+    hop = not slot.now and after.slot is not None and slot.at <= after.slot + 1e-6
+    if not hop:
+        singleton_signals.send(
+            singleton_signals.rate_asked,
+            delivery.sender,
+            start.name,
+            task_id=request.id,
+            slot=slot.at,
+            deferred=not slot.now,
+            remaining=slot.remaining,
+            next_slot=slot.free,
+        )
     if slot.now and after.slot is not None and slot.clock > after.slot and slot.at > after.slot:
         # Late: it starts when the rate's gate has room, not on its slot.
         logger.info(

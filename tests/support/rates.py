@@ -67,3 +67,18 @@ def check_rate(records: list[dict[str, Any]], limit: int, period: float) -> dict
         "lag_p50_ms": statistics.median(lags) * 1000,
         "lag_max_ms": max(lags) * 1000,
     }
+
+
+def all_delivered(cenv: CeleryEnv, worker: Any, ids: set[str]) -> bool:
+    """No message of ``ids`` left to be handed out again (queued or unacked on the
+    broker), and every delivery the worker received of them finished (ran or was sent
+    on): from then on no copy of them can run."""
+    broker = cenv.broker.client()
+    unacked = b"".join(broker.hvals("unacked"))
+    if broker.llen(worker.queue) or any(i.encode() in unacked for i in ids):
+        return False
+    log = worker.output()
+    return all(
+        log.count(f"[{i}] received") == log.count(f"[{i}] succeeded") + log.count(f"[{i}] ignored")
+        for i in ids
+    )

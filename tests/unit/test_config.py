@@ -344,22 +344,38 @@ class TestVisibilityTimeout:
     """How long a message may wait unacked in a worker: the hops of a long deferral."""
 
     @pytest.mark.parametrize(
-        ("broker", "options", "expected"),
+        ("settings", "expected"),
         [
-            ("redis://b:6379/0", {}, 3600.0),  # kombu's default
-            ("rediss://b:6380/0", {"visibility_timeout": 600}, 600.0),
-            ("sentinel://s:26379;sentinel://t:26379", {"visibility_timeout": "90"}, 90.0),
-            ("redis+socket:///tmp/redis.sock", {}, 3600.0),
-            ("sqs://", {}, 1800.0),
-            ("redis://b:6379/0", {"visibility_timeout": "soon"}, 3600.0),  # kombu says
+            ({"broker_url": "redis://b:6379/0"}, 3600.0),  # kombu's default
+            ({"broker_url": "rediss://b:6380/0", "visibility_timeout": 600}, 600.0),
+            (
+                {"broker_url": "sentinel://s:26379;sentinel://t:26379", "visibility_timeout": "90"},
+                90.0,
+            ),
+            ({"broker_url": "REDIS+socket:///tmp/redis.sock"}, 3600.0),
+            ({"broker_url": ["redis://a/0", "redis://b/0"], "visibility_timeout": 120}, 120.0),
+            ({"broker_url": "sqs://"}, 1800.0),
+            ({"broker_url": "redis://b:6379/0", "visibility_timeout": "soon"}, 3600.0),
+            ({"broker_url": "redis://b:6379/0", "visibility_timeout": 0}, None),  # no hop helps
+            # Workers read from broker_read_url; broker_transport names the transport.
+            ({"broker_url": "amqp://w//", "broker_read_url": "redis://r/0"}, 3600.0),
+            ({"broker_url": "sqs://", "broker_transport": "redis"}, 3600.0),
             # RabbitMQ's consumer_timeout, its server's default: kombu has no option for it
-            ("amqp://guest@r:5672//", {"visibility_timeout": 60}, 1800.0),
-            ("pyamqp://guest@r:5672//", {}, 1800.0),
-            ("memory://", {}, None),
+            ({"broker_url": "amqp://guest@r:5672//", "visibility_timeout": 60}, 1800.0),
+            ({"broker_url": "pyamqp://guest@r:5672//"}, 1800.0),
+            ({}, 1800.0),  # no broker_url: Celery's default, amqp
+            ({"broker_url": "memory://"}, None),
+            ({"broker_url": "filesystem://"}, None),
         ],
     )
-    def test_the_brokers_timeout(self, broker: str, options: dict[str, Any], expected: Any) -> None:
-        conf = app_with(broker_url=broker, broker_transport_options=options).conf
+    def test_the_brokers_timeout(self, settings: dict[str, Any], expected: Any) -> None:
+        given = dict(settings)
+        options = (
+            {"visibility_timeout": given.pop("visibility_timeout")}
+            if "visibility_timeout" in given
+            else {}
+        )
+        conf = app_with(**given, broker_transport_options=options).conf
         assert visibility_timeout(conf) == expected
 
     def test_a_hop_is_at_most_half_of_it(self) -> None:
