@@ -62,11 +62,13 @@ def slot_at_publish(
         return {}
     if slot is None:
         return {}
-    longest, countdown = context.longest_countdown, options.get("countdown")
-    if longest is not None and isinstance(countdown, int | float) and countdown > longest:
-        # No longer than the broker's visibility_timeout lets it wait unacked: it
-        # arrives early and is sent on to its slot (``run/resend.defer``).
-        options["countdown"] = longest
+    countdown = options.get("countdown")  # "delay"'s, to the slot
+    if isinstance(countdown, int | float):
+        longest = context.longest_countdown
+        if longest is not None and countdown > longest:
+            # No longer than the broker's visibility_timeout lets it wait unacked: it
+            # arrives early and is sent on to its slot (``run/resend.defer``).
+            options["countdown"] = longest
     return {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
 
 
