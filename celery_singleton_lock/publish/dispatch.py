@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, MutableMapping
@@ -14,6 +15,7 @@ from celery.signals import before_task_publish
 from kombu.utils.uuid import uuid
 
 from .. import outages
+from ..config.visibility import redelivers_after
 from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, LockStore, PendingAcquire
 from ..lease.limits.backlog import backlog_of
@@ -42,6 +44,29 @@ def delay_of(options: Mapping[str, object]) -> float:
         return 0.0  # none (or not a time: Celery refuses it as it builds the message)
     now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
     return max(0.0, (eta - now).total_seconds())
+
+
+def warn_past_visibility(context: TaskContext, options: Mapping[str, object]) -> None:
+    """A call's own ``countdown`` / ``eta`` longer than the broker's ``visibility_timeout``:
+    a WARNING, once per task and process. kombu hands the message out again while it
+    waits unacked in a worker, and each copy runs after the one before has ended (the
+    lock keeps them from running at once, not from running again)."""
+    delay = delay_of(options)
+    limit = redelivers_after(context.app.conf) if delay else None
+    if limit is not None and delay >= limit:
+        _warn_once(context.name, limit)
+
+
+@functools.cache
+def _warn_once(task: str, limit: float) -> None:
+    logger.warning(
+        "%s: a countdown or eta reaches the broker's visibility_timeout (%gs): the "
+        "message is handed out again while it waits, and runs again after its run. "
+        "Raise broker_transport_options['visibility_timeout'] above the longest "
+        "countdown (Celery's caveat for ETA tasks on Redis and SQS)",
+        task,
+        limit,
+    )
 
 
 def slot_at_publish(

@@ -121,6 +121,31 @@ class TestOverlappedDispatch:
         assert published(queue) == 5
 
 
+class TestCountdownPastTheVisibilityTimeout:
+    def test_a_countdown_the_broker_would_hand_out_again_is_warned_of_once(
+        self, cenv: CeleryEnv, queue: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: Any
+    ) -> None:
+        # kombu would hand the message out again while it waits, and it would run again
+        # after its run: Celery's caveat, said where the call is made.
+        conf = cenv.app_module.app.conf
+        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 123.5}
+        monkeypatch.setitem(conf, "broker_transport_options", options)
+        work = cenv.app_module.work
+        with caplog.at_level("WARNING", logger="celery_singleton_lock"):
+            work.apply_async((f"soon-{time.monotonic_ns()}",), countdown=60, queue=QUEUE)
+            assert "visibility_timeout" not in caplog.text  # within it: nothing to say
+            for n in range(2):
+                work.apply_async((f"late-{n}-{time.monotonic_ns()}",), countdown=200, queue=QUEUE)
+        said = [
+            r.getMessage()
+            for r in caplog.records
+            if "visibility_timeout (123.5s)" in r.getMessage()
+        ]
+        assert len(said) == 1, said
+        assert said[0].startswith(f"{work.name}: a countdown or eta reaches")
+        assert published(queue) == 3, "it is sent all the same"
+
+
 class TestLeanCalls:
     def test_acquire_by_the_holders_own_token_is_granted_again(self, lock: RedisLock) -> None:
         first = lock.try_acquire("own", 10, token="tok-1")
