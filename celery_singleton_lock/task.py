@@ -30,7 +30,7 @@ from .publish.dispatch import in_canvas
 from .publish.idempotent import key_of_call, send_once
 from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
-from .run import cancels, replays
+from .run import cancels, eta, replays
 from .run.execution import Execution, failed_run
 from .tokens import (
     BYPASS_OPTION,
@@ -304,6 +304,10 @@ class SingletonTask(Task):  # type: ignore[misc]
         # the worker's tracer has pushed the real one already, so run the body directly.
         began = time.monotonic()
         execution = Execution(self._delivery(request), args, kwargs)
+        if not request.is_eager and eta.ahead(execution.delivery):
+            # Early for its own ETA (a countdown longer than the broker lets it wait):
+            # sent on with its hold, before anything is taken or counted.
+            eta.send_on(execution.delivery, execution.lock_name, execution.handed)
         lease = execution.take()
         call_args, call_kwargs = execution.call  # a later call's, if it left them here
         acquired = time.monotonic()

@@ -50,6 +50,10 @@ HELD_HEADER = "singleton_lock_held"
 # Put at dispatch on a call that took a place among its key's waiting calls
 # (``max_pending``): its run leaves the place as it starts; a resend keeps it.
 BACKLOG_HEADER = "singleton_lock_waiting"
+# A call whose own countdown or eta is longer than its broker lets a message wait
+# unacked is sent to arrive early, with its ETA (seconds since the epoch) here: each
+# early arrival is sent on with its hold (``run/eta.py``).
+ETA_HEADER = "singleton_lock_eta"
 # One message's journey, not its call's: a retry or a copy of its request starts afresh
 # (a resend passes on what it keeps).
 CALL_HEADERS = (HELD_HEADER, BACKLOG_HEADER)

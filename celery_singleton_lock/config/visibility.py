@@ -67,10 +67,3 @@ def longest_countdown(conf: Settings) -> float | None:
     """How long one hop of a wait may be on this app's broker (None: as long as it likes)."""
     seconds = visibility_timeout(conf)
     return None if seconds is None else seconds * HOP_SHARE
-
-
-def redelivers_after(conf: Settings) -> float | None:
-    """The ``visibility_timeout`` past which the broker hands an unacked message to
-    another consumer while its worker still holds it (None: RabbitMQ, which closes the
-    holder's channel instead, or a broker without one)."""
-    return None if transport_of(conf) in RABBITMQ_TRANSPORTS else visibility_timeout(conf)

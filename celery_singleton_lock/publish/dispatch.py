@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, MutableMapping
@@ -15,12 +14,11 @@ from celery.signals import before_task_publish
 from kombu.utils.uuid import uuid
 
 from .. import outages
-from ..config.visibility import redelivers_after
 from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, LockStore, PendingAcquire
 from ..lease.limits.backlog import backlog_of
 from ..modes.base import Call, Publish
-from ..tokens import BACKLOG_HEADER, RATE_SLOT_HEADER, slot_header
+from ..tokens import BACKLOG_HEADER, ETA_HEADER, RATE_SLOT_HEADER, slot_header
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -46,27 +44,20 @@ def delay_of(options: Mapping[str, object]) -> float:
     return max(0.0, (eta - now).total_seconds())
 
 
-def warn_past_visibility(context: TaskContext, options: Mapping[str, object]) -> None:
-    """A call's own ``countdown`` / ``eta`` longer than the broker's ``visibility_timeout``:
-    a WARNING, once per task and process. kombu hands the message out again while it
-    waits unacked in a worker, and each copy runs after the one before has ended (the
-    lock keeps them from running at once, not from running again)."""
+def long_wait(context: TaskContext, options: dict[str, object]) -> None:
+    """A call's own ``countdown`` / ``eta`` longer than the broker lets a message wait
+    unacked in a worker (``config.visibility``): sent to arrive early instead, its ETA in
+    a header, and sent on in hops until it (``run/eta.py``). Waited out whole, kombu
+    would hand it out again meanwhile, and each copy would run, one after the other."""
     delay = delay_of(options)
-    limit = redelivers_after(context.app.conf) if delay else None
-    if limit is not None and delay >= limit:
-        _warn_once(context.name, limit)
-
-
-@functools.cache
-def _warn_once(task: str, limit: float) -> None:
-    logger.warning(
-        "%s: a countdown or eta reaches the broker's visibility_timeout (%gs): the "
-        "message is handed out again while it waits, and runs again after its run. "
-        "Raise broker_transport_options['visibility_timeout'] above the longest "
-        "countdown (Celery's caveat for ETA tasks on Redis and SQS)",
-        task,
-        limit,
-    )
+    longest = context.longest_countdown if delay else None
+    if longest is None or delay <= longest:
+        return
+    given = options.get("headers")
+    headers = dict(given) if isinstance(given, Mapping) else {}
+    headers[ETA_HEADER] = f"{time.time() + delay:.6f}"
+    options.pop("eta", None)
+    options.update(countdown=longest, headers=headers)
 
 
 def slot_at_publish(

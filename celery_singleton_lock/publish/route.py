@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..tokens import NAME_HEADER, REDRIVE_HEADER
-from .dispatch import send_in_line, warn_past_visibility
+from .dispatch import long_wait, send_in_line
 from .held import send_held
 
 if TYPE_CHECKING:
@@ -34,8 +34,8 @@ def dispatch(
     """The lock's dispatch of one call: held and published, or answered as a duplicate."""
     args, kwargs = call
     opts = context.options
-    if not bypass:  # (our own resends wait in hops)
-        warn_past_visibility(context, options)
+    if not bypass:  # (our own resends come with their hops)
+        long_wait(context, options)
     lock_name = opts.key.derive(args, kwargs)  # KeyDerivationError: nothing sent
     if opts.mode.checks_dispatch and not bypass and not canvas:
         return send_held(

@@ -18,8 +18,10 @@ from celery_singleton_lock import (
     LockStoreUnavailableError,
     singleton_task,
 )
+from celery_singleton_lock.config.stores import LockStores
 
 from ..conftest import CeleryEnv
+from ..support.rates import all_delivered, rated_runs
 from ..support.runs import UNTIL_OPENED, lock_keys, open_gate, runs, started, wait_for
 from ..support.servers import RedisServer, free_port
 from ..support.workers import Worker
@@ -414,3 +416,42 @@ class TestDispatchHolds:
         open_gate(cenv, "busy")
         assert running.get(timeout=20) == "busy"
         assert [r["id"] for r in runs(cenv)] == [running.id]
+
+
+class TestCountdownPastTheVisibilityTimeout:
+    """A call's own countdown longer than the broker lets a message wait unacked: kombu
+    would hand it out again while it waits, and each copy would run in turn (measured
+    without the hops: three runs of one call). It arrives early and is sent on in hops,
+    holding its key throughout, and runs once, at its ETA."""
+
+    @pytest.mark.parametrize("name", ["work", "durable", "rated_slowly"])
+    def test_it_runs_once_at_its_eta_and_keeps_its_key_meanwhile(
+        self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch, name: str
+    ) -> None:
+        visibility = 3.0  # the workers' and this producer's: hops of 1.5 s
+        conf = cenv.app_module.app.conf
+        options = {**(conf.broker_transport_options or {}), "visibility_timeout": visibility}
+        monkeypatch.setitem(conf, "broker_transport_options", options)
+        task = getattr(cenv.app_module, name)
+        worker = Worker(cenv.env, extra_env={"CSL_VISIBILITY_TIMEOUT": str(visibility)}).start()
+        item = f"eta-{name}-{time.monotonic_ns()}"
+        try:
+            sent_at = time.time()
+            call = task.apply_async((item,), countdown=6, queue=worker.queue)
+            wait_for(lambda: "sent 1.5s on" in worker.output(), 10, "a hop")
+            if name != "rated_slowly":  # (a rate holds no key: every call is sent)
+                again = task.apply_async((item,), queue=worker.queue)
+                assert again.id == call.id, "the key is held while the call waits"
+            assert call.get(timeout=30) is not None
+            wait_for(lambda: all_delivered(cenv, worker, {call.id}), 15, "every delivery done")
+            log = worker.output()
+        finally:
+            worker.stop()
+        records = rated_runs(cenv) if name == "rated_slowly" else runs(cenv)
+        mine = [r for r in records if r["item"] == item]
+        assert len(mine) == 1, f"it ran once:\n{log[-3000:]}"
+        assert mine[0]["start"] >= sent_at + 6 - 0.1, "not before its eta"
+        assert log.count(f"[{call.id}] waits") >= 3, log[-3000:]
+        name_ = task.singleton_options().key.derive((item,), {})
+        held = LockStores.for_app(cenv.app_module.app).lock.keys(name_).lock
+        assert not cenv.lock_client().exists(held), "nothing left held"

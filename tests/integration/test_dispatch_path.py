@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from celery.signals import before_task_publish
 from celery_singleton_lock import Contended, ExtendResult, Lease, RedisLock
 from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.redis import pipelining
-from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER
+from celery_singleton_lock.tokens import ETA_HEADER, NAME_HEADER, TOKEN_HEADER
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.forks import in_forked_child
@@ -122,28 +123,24 @@ class TestOverlappedDispatch:
 
 
 class TestCountdownPastTheVisibilityTimeout:
-    def test_a_countdown_the_broker_would_hand_out_again_is_warned_of_once(
-        self, cenv: CeleryEnv, queue: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: Any
+    def test_a_countdown_the_broker_would_hand_out_again_is_sent_to_arrive_early(
+        self, cenv: CeleryEnv, queue: redis.Redis, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        # kombu would hand the message out again while it waits, and it would run again
-        # after its run: Celery's caveat, said where the call is made.
+        # Waited out whole, kombu would hand the message out again while it waits.
         conf = cenv.app_module.app.conf
-        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 123.5}
+        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 100}
         monkeypatch.setitem(conf, "broker_transport_options", options)
         work = cenv.app_module.work
-        with caplog.at_level("WARNING", logger="celery_singleton_lock"):
-            work.apply_async((f"soon-{time.monotonic_ns()}",), countdown=60, queue=QUEUE)
-            assert "visibility_timeout" not in caplog.text  # within it: nothing to say
-            for n in range(2):
-                work.apply_async((f"late-{n}-{time.monotonic_ns()}",), countdown=200, queue=QUEUE)
-        said = [
-            r.getMessage()
-            for r in caplog.records
-            if "visibility_timeout (123.5s)" in r.getMessage()
-        ]
-        assert len(said) == 1, said
-        assert said[0].startswith(f"{work.name}: a countdown or eta reaches")
-        assert published(queue) == 3, "it is sent all the same"
+        work.apply_async((f"soon-{time.monotonic_ns()}",), countdown=40, queue=QUEUE)
+        sent_at = time.time()
+        work.apply_async((f"late-{time.monotonic_ns()}",), countdown=500, queue=QUEUE)
+        late, soon = (json.loads(m) for m in queue.lrange(QUEUE, 0, -1))
+        assert ETA_HEADER not in soon["headers"], "within the timeout: as Celery sends it"
+        eta = float(late["headers"][ETA_HEADER])
+        assert eta == pytest.approx(sent_at + 500, abs=1.0)
+        # Celery's own eta: one hop, half the timeout (an ISO time, the producer's clock).
+        hop = datetime.fromisoformat(late["headers"]["eta"]).timestamp() - sent_at
+        assert hop == pytest.approx(50, abs=1.0)
 
 
 class TestLeanCalls:

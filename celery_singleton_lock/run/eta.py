@@ -1,0 +1,107 @@
+"""A call's own countdown longer than its broker lets a message wait: waited out in hops.
+
+Celery holds an ETA message unacked until then, and a Redis or SQS broker hands it out
+again after ``visibility_timeout``: each copy would run. Dispatch sends it to arrive early
+(``publish/dispatch.long_wait``); each early arrival is sent on with its hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import NoReturn
+
+from celery.exceptions import Ignore
+
+from ..context import Delivery
+from ..exceptions import SingletonLockError
+from ..lease import Lease, companion
+from ..tokens import (
+    BYPASS_OPTION,
+    ETA_HEADER,
+    HOLD_HEADER,
+    NAME_HEADER,
+    TOKEN_HEADER,
+    HandedLease,
+    header,
+    reserved_token,
+)
+from .places import keep_place
+
+logger = logging.getLogger(__name__)
+
+# A call this close to its ETA runs now: Celery held it until the ETA its last hop gave.
+NEAR = 0.05
+
+
+def ahead(delivery: Delivery) -> float:
+    """Seconds until the call's own ETA, when it was sent to arrive early (0: none, or due)."""
+    raw = header(delivery.request, ETA_HEADER)
+    try:
+        left = float(raw) - time.time() if raw is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+    return left if left > NEAR else 0.0
+
+
+def send_on(delivery: Delivery, lock_name: str, handed: HandedLease | None) -> NoReturn:
+    """Send the message on towards its ETA (one more hop), its hold handed back to it as
+    it was sent (the queued hold's token: the next worker takes it over as it receives
+    it), and end this execution."""
+    request, context = delivery.request, delivery.context
+    left = ahead(delivery)
+    longest = context.longest_countdown
+    countdown = left if longest is None else min(left, longest)
+    queued, role = header(request, TOKEN_HEADER), header(request, HOLD_HEADER)
+    own: dict[str, object] = {ETA_HEADER: header(request, ETA_HEADER)}
+    if queued is not None:
+        _hand_back(delivery, lock_name, handed, queued=queued, role=role, countdown=countdown)
+        own[TOKEN_HEADER] = queued
+        if role is not None:
+            own[HOLD_HEADER] = role
+    logger.info(
+        "%s[%s] waits %.1fs more for its eta: sent %.1fs on (the broker's visibility_timeout)",
+        delivery.name,
+        request.id,
+        left,
+        countdown,
+    )
+    own.update(keep_place(delivery, lock_name))
+    headers = {**(request.headers or {}), NAME_HEADER: lock_name, **own}
+    delivery.resend(countdown, headers, {BYPASS_OPTION: own})
+    raise Ignore(f"sent on towards its eta, in {left:.1f}s")
+
+
+def _hand_back(
+    delivery: Delivery,
+    lock_name: str,
+    handed: HandedLease | None,
+    *,
+    queued: str,
+    role: str | None,
+    countdown: float,
+) -> None:
+    """The key (or its companion) back to the message's queued hold, from the running
+    lease the worker took as the message arrived or from its reservation, as a worker
+    shutting down hands its messages' holds back (``Reservations.hand_back``)."""
+    request, context = delivery.request, delivery.context
+    store = context.store
+    if handed is not None and role is None:
+        name, token = handed.name, handed.token
+    else:
+        name = companion(lock_name, role) if role else lock_name
+        token = reserved_token(request.id, request.hostname or "", queued)
+    held = Lease.handed(
+        name,
+        store.keys(name).lock,
+        token,
+        fence=0,
+        ttl=context.ttl,
+        expires_at=time.monotonic() + context.ttl,
+    )
+    try:
+        # Gone (a worker that died with it, a newer call that replaced it): the next
+        # arrival finds no hold and contends, as any message whose hold was lost.
+        store.hand_over(held, context.queue_ttl + countdown, token=queued)
+    except SingletonLockError as error:
+        logger.warning("%s: the hold of %s not handed back (%s)", lock_name, request.id, error)
