@@ -17,7 +17,7 @@ from ..lease import Contended, Lease, split_role
 from ..modes.base import Publish
 from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
-from .dispatch import delay_of
+from .dispatch import delay_of, long_wait
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -38,6 +38,7 @@ def send_retry(
     running lease is the message's (the execution then does not release it)."""
     store = context.store
     token = queued_token(task_id)
+    long_wait(context, options)  # a countdown past the broker's visibility_timeout: hops
     # A slot of a counting lease (limit=N) is named beside the key: the retry's
     # message carries the key and which slot it keeps.
     lock_name, role = split_role(running.name)

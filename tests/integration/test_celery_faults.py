@@ -455,3 +455,22 @@ class TestCountdownPastTheVisibilityTimeout:
         name_ = task.singleton_options().key.derive((item,), {})
         held = LockStores.for_app(cenv.app_module.app).lock.keys(name_).lock
         assert not cenv.lock_client().exists(held), "nothing left held"
+
+    def test_a_retry_with_a_longer_countdown_runs_once_more_at_its_eta(
+        self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        visibility = 3.0  # the worker's (its retry is sent from there): hops of 1.5 s
+        worker = Worker(cenv.env, extra_env={"CSL_VISIBILITY_TIMEOUT": str(visibility)}).start()
+        item = f"retry-later-{time.monotonic_ns()}"
+        work = cenv.app_module.work
+        try:
+            call = work.apply_async((item, 0.0, "retry_later"), queue=worker.queue)
+            assert call.get(timeout=30) == item
+            wait_for(lambda: all_delivered(cenv, worker, {call.id}), 15, "every delivery done")
+            log = worker.output()
+        finally:
+            worker.stop()
+        mine = sorted((r for r in runs(cenv) if r["item"] == item), key=lambda r: r["start"])
+        assert [r.get("retrying", False) for r in mine] == [True, False], log[-3000:]
+        assert mine[1]["start"] >= mine[0]["end"] + 5 - 0.1, "the retry waited its countdown"
+        assert log.count(f"[{call.id}] waits") >= 2, log[-3000:]

@@ -203,9 +203,9 @@ def _work(task: Any, item: object, seconds: float, mode: str) -> object:
             _record(task, item, started, soft_handled=True)
             return "soft-handled"
     _pause(item, seconds)
-    if mode == "retry" and task.request.retries == 0:
+    if mode in ("retry", "retry_later") and task.request.retries == 0:
         _record(task, item, started, retrying=True)
-        raise task.retry(countdown=1.0, max_retries=1)
+        raise task.retry(countdown=1.0 if mode == "retry" else 5.0, max_retries=1)
     if mode == "fail":
         _record(task, item, started, failed=True)
         raise ValueError(f"failing on purpose for {item}")

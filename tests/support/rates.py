@@ -78,7 +78,8 @@ def all_delivered(cenv: CeleryEnv, worker: Any, ids: set[str]) -> bool:
     if broker.llen(worker.queue) or any(i.encode() in unacked for i in ids):
         return False
     log = worker.output()
+    ended = ("succeeded", "ignored", "retry:")  # how Celery logs a delivery's end
     return all(
-        log.count(f"[{i}] received") == log.count(f"[{i}] succeeded") + log.count(f"[{i}] ignored")
+        log.count(f"[{i}] received") == sum(log.count(f"[{i}] {end}") for end in ended)
         for i in ids
     )
