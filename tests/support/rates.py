@@ -80,6 +80,5 @@ def all_delivered(cenv: CeleryEnv, worker: Any, ids: set[str]) -> bool:
     log = worker.output()
     ended = ("succeeded", "ignored", "retry:")  # how Celery logs a delivery's end
     return all(
-        log.count(f"[{i}] received") == sum(log.count(f"[{i}] {end}") for end in ended)
-        for i in ids
+        log.count(f"[{i}] received") == sum(log.count(f"[{i}] {end}") for end in ended) for i in ids
     )
