@@ -49,6 +49,9 @@ def long_wait(context: TaskContext, options: dict[str, object]) -> None:
     unacked in a worker (``config.visibility``): sent to arrive early instead, its ETA in
     a header, and sent on in hops until it (``run/eta.py``). Waited out whole, kombu
     would hand it out again meanwhile, and each copy would run, one after the other."""
+    eta = options.get("eta")
+    if isinstance(eta, datetime) and eta.tzinfo is None and options.get("countdown") is None:
+        return  # read in the worker's timezone: no ETA of ours could say when it is
     delay = delay_of(options)
     longest = context.longest_countdown if delay else None
     if longest is None or delay <= longest:

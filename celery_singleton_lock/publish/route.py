@@ -34,7 +34,7 @@ def dispatch(
     """The lock's dispatch of one call: held and published, or answered as a duplicate."""
     args, kwargs = call
     opts = context.options
-    if not bypass:  # (our own resends come with their hops)
+    if redrive or not bypass:  # (our own resends come with their hops)
         long_wait(context, options)
     lock_name = opts.key.derive(args, kwargs)  # KeyDerivationError: nothing sent
     if opts.mode.checks_dispatch and not bypass and not canvas:

@@ -15,7 +15,8 @@ from celery.exceptions import Ignore
 
 from ..context import Delivery
 from ..exceptions import SingletonLockError
-from ..lease import Lease, companion
+from ..lease import Contended, Lease, TakeOver, companion
+from ..outages import release_or_warn
 from ..tokens import (
     BYPASS_OPTION,
     ETA_HEADER,
@@ -24,7 +25,7 @@ from ..tokens import (
     TOKEN_HEADER,
     HandedLease,
     header,
-    reserved_token,
+    reserved_exact,
 )
 from .places import keep_place
 
@@ -47,15 +48,24 @@ def ahead(delivery: Delivery) -> float:
 def send_on(delivery: Delivery, lock_name: str, handed: HandedLease | None) -> NoReturn:
     """Send the message on towards its ETA (one more hop), its hold handed back to it as
     it was sent (the queued hold's token: the next worker takes it over as it receives
-    it), and end this execution."""
+    it), and end this execution. A message a later call replaced is dropped instead."""
     request, context = delivery.request, delivery.context
     left = ahead(delivery)
     longest = context.longest_countdown
     countdown = left if longest is None else min(left, longest)
     queued, role = header(request, TOKEN_HEADER), header(request, HOLD_HEADER)
     own: dict[str, object] = {ETA_HEADER: header(request, ETA_HEADER)}
+    kept = None
     if queued is not None:
-        _hand_back(delivery, lock_name, handed, queued=queued, role=role, countdown=countdown)
+        kept = _hand_back(delivery, lock_name, handed, queued=queued, role=role, ttl=countdown)
+        if isinstance(kept, Contended) and kept.replaced:
+            logger.info(
+                "%s[%s] dropped: a later call replaced its arguments for %r",
+                delivery.name,
+                request.id,
+                lock_name,
+            )
+            raise Ignore("replaced by a later call under the same task id")
         own[TOKEN_HEADER] = queued
         if role is not None:
             own[HOLD_HEADER] = role
@@ -68,7 +78,12 @@ def send_on(delivery: Delivery, lock_name: str, handed: HandedLease | None) -> N
     )
     own.update(keep_place(delivery, lock_name))
     headers = {**(request.headers or {}), NAME_HEADER: lock_name, **own}
-    delivery.resend(countdown, headers, {BYPASS_OPTION: own})
+    try:
+        delivery.resend(countdown, headers, {BYPASS_OPTION: own})
+    except BaseException:
+        if isinstance(kept, Lease):  # no message will come for it
+            release_or_warn(context.store.release, kept)
+        raise
     raise Ignore(f"sent on towards its eta, in {left:.1f}s")
 
 
@@ -79,29 +94,24 @@ def _hand_back(
     *,
     queued: str,
     role: str | None,
-    countdown: float,
-) -> None:
-    """The key (or its companion) back to the message's queued hold, from the running
-    lease the worker took as the message arrived or from its reservation, as a worker
-    shutting down hands its messages' holds back (``Reservations.hand_back``)."""
+    ttl: float,
+) -> Lease | Contended | None:
+    """The key (or its companion) back to the message's queued hold for the hop and the
+    queue: from the running lease the worker took as the message arrived, or from its
+    reservation (by shape: a worker's tasks may spell its host otherwise), as a worker
+    shutting down hands its messages' holds back (``Reservations.hand_back``). Never
+    taken from a later call that replaced this one (``Contended.replaced``)."""
     request, context = delivery.request, delivery.context
-    store = context.store
-    if handed is not None and role is None:
-        name, token = handed.name, handed.token
-    else:
-        name = companion(lock_name, role) if role else lock_name
-        token = reserved_token(request.id, request.hostname or "", queued)
-    held = Lease.handed(
-        name,
-        store.keys(name).lock,
-        token,
-        fence=0,
-        ttl=context.ttl,
-        expires_at=time.monotonic() + context.ttl,
+    name = companion(lock_name, role) if role else lock_name
+    take = TakeOver(
+        replace=handed.token if handed is not None and role is None else None,
+        shape=reserved_exact(request.id, queued),
+        fenced=False,
+        unless_replaced=queued if context.options.mode.replaces else None,
     )
     try:
-        # Gone (a worker that died with it, a newer call that replaced it): the next
-        # arrival finds no hold and contends, as any message whose hold was lost.
-        store.hand_over(held, context.queue_ttl + countdown, token=queued)
+        return context.store.try_acquire(name, context.queue_ttl + ttl, token=queued, take=take)
     except SingletonLockError as error:
+        # The next arrival finds no hold and contends, as any message whose hold was lost.
         logger.warning("%s: the hold of %s not handed back (%s)", lock_name, request.id, error)
+        return None

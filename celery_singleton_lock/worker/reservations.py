@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from celery.worker import state as worker_state
@@ -32,6 +34,7 @@ from ..lease import (
 )
 from ..lease.history import Record
 from ..tokens import (
+    ETA_HEADER,
     HOLD_HEADER,
     NAME_HEADER,
     TOKEN_HEADER,
@@ -45,6 +48,10 @@ if TYPE_CHECKING:
     from celery import Celery
 
 logger = logging.getLogger(__name__)
+
+# A delivery due this far or more before its call's own ETA is a hop its run only sends
+# on: reserved, not started (no running lease, no start in a kept history, per hop).
+EARLY = 1.0
 
 
 @dataclass
@@ -293,14 +300,18 @@ class Received:
     lock_name: str | None
     queued: str | None
     role: str | None
+    # Sent to arrive before its own ETA (``run/eta.py``): its run only sends it on.
+    early: bool = False
 
     @classmethod
     def of(cls, headers: object) -> Received:
         """From a request, or from a message's headers themselves."""
+        eta = header(headers, ETA_HEADER)
         return cls(
             header(headers, NAME_HEADER),
             header(headers, TOKEN_HEADER),
             header(headers, HOLD_HEADER),
+            early=eta is not None and _a_hop(eta, header(headers, "eta")),
         )
 
 
@@ -314,10 +325,19 @@ def _plan(context: TaskContext, task_id: str, hostname: str, received: Received)
     # The running lease's token is new to this delivery: a redelivered copy of the
     # message received meanwhile cannot take it for its own.
     replaced = queued if context.options.mode.replaces else None
-    if role is None and context.options.mode.starts_at_receipt:
+    if role is None and context.options.mode.starts_at_receipt and not received.early:
         token = running_token(task_id, hostname, os.getpid())
         return _Plan(name, token, queued, True, replaced)
     return _Plan(name, reserved_token(task_id, hostname, queued), queued, False, replaced)
+
+
+def _a_hop(eta: object, celery_eta: object) -> bool:
+    """Whether the call's own ETA is later than this delivery's (Celery's ``eta``): a hop."""
+    try:
+        due = datetime.fromisoformat(str(celery_eta)).timestamp() if celery_eta else time.time()
+        return float(str(eta)) > due + EARLY
+    except ValueError:
+        return False
 
 
 def _started(context: TaskContext, plan: _Plan, task_id: str) -> Record | None:

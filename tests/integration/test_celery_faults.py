@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import time
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -424,52 +425,70 @@ class TestCountdownPastTheVisibilityTimeout:
     without the hops: three runs of one call). It arrives early and is sent on in hops,
     holding its key throughout, and runs once, at its ETA."""
 
-    @pytest.mark.parametrize("name", ["work", "durable", "rated_slowly"])
-    def test_it_runs_once_at_its_eta_and_keeps_its_key_meanwhile(
-        self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch, name: str
-    ) -> None:
-        visibility = 3.0  # the workers' and this producer's: hops of 1.5 s
+    VISIBILITY = 3.0  # the workers' and this producer's: hops of 1.5 s
+
+    @pytest.fixture(name="hopping")
+    def fixture_hopping(self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch) -> Any:
+        """A worker whose broker hands a message out again after 3 s. (Each hop's hold
+        handed back: ``test_eta_hops.py``; here the worker holds each hop meanwhile.)"""
         conf = cenv.app_module.app.conf
-        options = {**(conf.broker_transport_options or {}), "visibility_timeout": visibility}
+        options = {**(conf.broker_transport_options or {}), "visibility_timeout": self.VISIBILITY}
         monkeypatch.setitem(conf, "broker_transport_options", options)
-        task = getattr(cenv.app_module, name)
-        worker = Worker(cenv.env, extra_env={"CSL_VISIBILITY_TIMEOUT": str(visibility)}).start()
-        item = f"eta-{name}-{time.monotonic_ns()}"
+        extra = {"CSL_VISIBILITY_TIMEOUT": str(self.VISIBILITY)}
+        worker = Worker(cenv.env, extra_env=extra).start()
         try:
-            sent_at = time.time()
-            call = task.apply_async((item,), countdown=6, queue=worker.queue)
-            wait_for(lambda: "sent 1.5s on" in worker.output(), 10, "a hop")
-            if name != "rated_slowly":  # (a rate holds no key: every call is sent)
-                again = task.apply_async((item,), queue=worker.queue)
-                assert again.id == call.id, "the key is held while the call waits"
-            assert call.get(timeout=30) is not None
-            wait_for(lambda: all_delivered(cenv, worker, {call.id}), 15, "every delivery done")
-            log = worker.output()
+            yield worker
         finally:
             worker.stop()
+
+    @pytest.mark.parametrize("name", ["work", "durable", "refresh", "rated_slowly"])
+    def test_it_runs_once_at_its_eta_and_keeps_its_key_meanwhile(
+        self, cenv: CeleryEnv, hopping: Worker, name: str
+    ) -> None:
+        task = getattr(cenv.app_module, name)
+        item = f"eta-{name}-{time.monotonic_ns()}"
+        sent_at = time.time()
+        call = task.apply_async((item,), countdown=6, queue=hopping.queue)
+        # Two hops on: the first arrival's hold is no longer the one held.
+        wait_for(lambda: hopping.output().count(f"[{call.id}] waits") >= 2, 10, "two hops")
+        if name != "rated_slowly":  # (a rate holds no key: every call is sent)
+            again = task.apply_async((item,), queue=hopping.queue)
+            assert again.id == call.id, "the key is held while the call waits"
+        assert call.get(timeout=30) is not None
+        wait_for(lambda: all_delivered(cenv, hopping, {call.id}), 15, "every delivery done")
+        log = hopping.output()
         records = rated_runs(cenv) if name == "rated_slowly" else runs(cenv)
         mine = [r for r in records if r["item"] == item]
         assert len(mine) == 1, f"it ran once:\n{log[-3000:]}"
         assert mine[0]["start"] >= sent_at + 6 - 0.1, "not before its eta"
-        assert log.count(f"[{call.id}] waits") >= 3, log[-3000:]
         name_ = task.singleton_options().key.derive((item,), {})
         held = LockStores.for_app(cenv.app_module.app).lock.keys(name_).lock
         assert not cenv.lock_client().exists(held), "nothing left held"
 
-    def test_a_retry_with_a_longer_countdown_runs_once_more_at_its_eta(
-        self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch
+    def test_a_later_call_replaces_it_while_it_waits(
+        self, cenv: CeleryEnv, hopping: Worker
     ) -> None:
-        visibility = 3.0  # the worker's (its retry is sent from there): hops of 1.5 s
-        worker = Worker(cenv.env, extra_env={"CSL_VISIBILITY_TIMEOUT": str(visibility)}).start()
+        latest = cenv.app_module.latest_queued
+        item = f"eta-replaced-{time.monotonic_ns()}"
+        first = latest.apply_async((item, "v1"), countdown=6, queue=hopping.queue)
+        wait_for(lambda: f"[{first.id}] waits" in hopping.output(), 10, "a hop")
+        second = latest.apply_async((item, "v2"), countdown=6, queue=hopping.queue)
+        assert second.id == first.id, "the queued call takes the newer arguments"
+        assert second.get(timeout=30) == "v2"
+        wait_for(lambda: all_delivered(cenv, hopping, {first.id}), 15, "every delivery done")
+        log = hopping.output()
+        mine = [r for r in runs(cenv) if r["item"] == item]
+        assert [r["version"] for r in mine] == ["v2"], f"the newer ran, once:\n{log[-3000:]}"
+
+    def test_a_retry_with_a_longer_countdown_runs_once_more_at_its_eta(
+        self, cenv: CeleryEnv, hopping: Worker
+    ) -> None:
         item = f"retry-later-{time.monotonic_ns()}"
         work = cenv.app_module.work
-        try:
-            call = work.apply_async((item, 0.0, "retry_later"), queue=worker.queue)
-            assert call.get(timeout=30) == item
-            wait_for(lambda: all_delivered(cenv, worker, {call.id}), 15, "every delivery done")
-            log = worker.output()
-        finally:
-            worker.stop()
+        call = work.apply_async((item, 0.0, "retry_later"), queue=hopping.queue)
+        assert call.get(timeout=30) == item
+        wait_for(lambda: all_delivered(cenv, hopping, {call.id}), 15, "every delivery done")
+        log = hopping.output()
         mine = sorted((r for r in runs(cenv) if r["item"] == item), key=lambda r: r["start"])
         assert [r.get("retrying", False) for r in mine] == [True, False], log[-3000:]
         assert mine[1]["start"] >= mine[0]["end"] + 5 - 0.1, "the retry waited its countdown"
