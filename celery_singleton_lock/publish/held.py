@@ -21,7 +21,16 @@ from ..lease.offers import Offered, offers_of
 from ..modes import Replace, Replacement, arguments
 from ..modes.base import Publish
 from ..tokens import NAME_HEADER, holder_state, holder_task_id
-from .dispatch import Gate, GatedProducer, Sent, can_overlap, delay_of, refusals, send_gated
+from .dispatch import (
+    Gate,
+    GatedProducer,
+    Sent,
+    can_overlap,
+    delay_of,
+    long_wait,
+    refusals,
+    send_gated,
+)
 from .riding import Ride, duplicate_answered, ridden_by
 
 if TYPE_CHECKING:
@@ -62,6 +71,7 @@ def send_held(
     if early is not None:
         return early
     mode.prepare(task.name, options)
+    long_wait(context, options)  # a debounce's own window, past the broker's: hops
     planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
     hold, ttl, token, own_headers = planned.lock, planned.ttl, planned.token, planned.headers
     outage = partial(outages.at_dispatch, context, lock_name)
