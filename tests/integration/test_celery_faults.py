@@ -427,15 +427,29 @@ class TestCountdownPastTheVisibilityTimeout:
 
     VISIBILITY = 3.0  # the workers' and this producer's: hops of 1.5 s
 
-    @pytest.fixture(name="hopping")
-    def fixture_hopping(self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch) -> Any:
+    @pytest.fixture(
+        name="hopping",
+        params=[
+            "prefork",
+            # In-process pools read the main process's hand-off as it is (CI's one-offs).
+            pytest.param("threads", marks=pytest.mark.oneoff),
+            pytest.param("gevent", marks=pytest.mark.oneoff),
+        ],
+    )
+    def fixture_hopping(
+        self, cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    ) -> Any:
         """A worker whose broker hands a message out again after 3 s. (Each hop's hold
         handed back: ``test_eta_hops.py``; here the worker holds each hop meanwhile.)"""
         conf = cenv.app_module.app.conf
         options = {**(conf.broker_transport_options or {}), "visibility_timeout": self.VISIBILITY}
         monkeypatch.setitem(conf, "broker_transport_options", options)
         extra = {"CSL_VISIBILITY_TIMEOUT": str(self.VISIBILITY)}
-        worker = Worker(cenv.env, extra_env=extra).start()
+        pool = request.param
+        worker = Worker(
+            cenv.env, extra_env=extra, pool=pool, concurrency=2 if pool == "prefork" else 4
+        )
+        worker.start()
         try:
             yield worker
         finally:
