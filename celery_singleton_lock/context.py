@@ -64,11 +64,12 @@ class TaskContext:
         """How long a queued hold lasts: the task's own, else the app's."""
         return self.options.queue_ttl or self.stores.config.queue_ttl
 
-    @property
-    def longest_countdown(self) -> float | None:
-        """The longest a message this library sends with a countdown may wait in one hop:
-        below the broker's ``visibility_timeout`` (``config.visibility``); None: no limit."""
-        return longest_countdown(self.app.conf)
+    def one_hop(self, countdown: float) -> float:
+        """As much of ``countdown`` as a message may wait unacked in the worker holding it
+        before the broker hands it out again: below its ``visibility_timeout``
+        (``config.visibility``); the rest is waited in further hops."""
+        longest = longest_countdown(self.app.conf)
+        return countdown if longest is None else min(countdown, longest)
 
     @property
     def keeps_history(self) -> bool:

@@ -53,14 +53,14 @@ def long_wait(context: TaskContext, options: dict[str, object]) -> None:
     if isinstance(eta, datetime) and eta.tzinfo is None and options.get("countdown") is None:
         return  # read in the worker's timezone: no ETA of ours could say when it is
     delay = delay_of(options)
-    longest = context.longest_countdown if delay else None
-    if longest is None or delay <= longest:
+    hop = context.one_hop(delay) if delay else delay
+    if hop >= delay:
         return
     given = options.get("headers")
     headers = dict(given) if isinstance(given, Mapping) else {}
     headers[ETA_HEADER] = f"{time.time() + delay:.6f}"
     options.pop("eta", None)
-    options.update(countdown=longest, headers=headers)
+    options.update(countdown=hop, headers=headers)
 
 
 def slot_at_publish(
@@ -83,11 +83,9 @@ def slot_at_publish(
         return {}
     countdown = options.get("countdown")  # "delay"'s, to the slot
     if isinstance(countdown, int | float):
-        longest = context.longest_countdown
-        if longest is not None and countdown > longest:
-            # No longer than the broker's visibility_timeout lets it wait unacked: it
-            # arrives early and is sent on to its slot (``run/resend.defer``).
-            options["countdown"] = longest
+        # No longer than the broker lets it wait unacked: it arrives early and is sent
+        # on to its slot (``run/resend.defer``).
+        options["countdown"] = context.one_hop(countdown)
     return {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
 
 

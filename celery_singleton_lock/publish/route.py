@@ -34,8 +34,6 @@ def dispatch(
     """The lock's dispatch of one call: held and published, or answered as a duplicate."""
     args, kwargs = call
     opts = context.options
-    if redrive or not bypass:  # (our own resends come with their hops)
-        long_wait(context, options)
     lock_name = opts.key.derive(args, kwargs)  # KeyDerivationError: nothing sent
     if opts.mode.checks_dispatch and not bypass and not canvas:
         return send_held(
@@ -48,6 +46,8 @@ def dispatch(
             publish=publish,
             producer=producer,
         )
+    if redrive or not bypass:  # (held calls: after their mode's own countdown, in send_held)
+        long_wait(context, options)
     own_headers: dict[str, object] = {NAME_HEADER: lock_name}
     if isinstance(bypass, dict):
         own_headers.update(bypass)

@@ -51,8 +51,7 @@ def send_on(delivery: Delivery, lock_name: str, handed: HandedLease | None) -> N
     it), and end this execution. A message a later call replaced is dropped instead."""
     request, context = delivery.request, delivery.context
     left = ahead(delivery)
-    longest = context.longest_countdown
-    countdown = left if longest is None else min(left, longest)
+    countdown = context.one_hop(left)
     queued, role = header(request, TOKEN_HEADER), header(request, HOLD_HEADER)
     own: dict[str, object] = {ETA_HEADER: header(request, ETA_HEADER)}
     kept = None

@@ -74,7 +74,7 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     for it), keeping its task id, and end this execution."""
     request = delivery.request
     countdown = max(0.0, slot.wait - ARRIVE_EARLY)
-    hop = _one_hop(delivery, countdown)
+    hop = delivery.context.one_hop(countdown)
     logger.info(
         "%s[%s] deferred %.3fs to its slot of %s's rate%s",
         delivery.name,
@@ -110,7 +110,7 @@ def hold_back(
     held back and the rate slot it carries (none: it asks for one once its key is
     resumed), and end this execution."""
     request = delivery.request
-    hop = _one_hop(delivery, countdown)
+    hop = delivery.context.one_hop(countdown)
     logger.info(
         "%s[%s] held back %.2fs: %s is paused (%r)%s",
         delivery.name,
@@ -128,13 +128,6 @@ def hold_back(
     # A hop that arrives early is held back again for the rest (``admission.held_back``).
     delivery.resend(hop, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")
-
-
-def _one_hop(delivery: Delivery, countdown: float) -> float:
-    """As much of ``countdown`` as the message may wait unacked in the worker that will
-    hold it, before the broker hands it out again (``config.visibility``)."""
-    longest = delivery.context.longest_countdown
-    return countdown if longest is None else min(countdown, longest)
 
 
 def _hop_text(hop: float, countdown: float) -> str:
