@@ -38,6 +38,8 @@ from .tokens import (
     HOLD_HEADER,
     RATE_SLOT_HEADER,
     TOKEN_HEADER,
+    header,
+    retry_token,
 )
 from .worker import hooks
 
@@ -186,6 +188,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                     running,
                     task_id,
                     options,
+                    token=retry_token(task_id, header(request, TOKEN_HEADER), request.retries),
                     publish=publish,
                     handed_over=partial(setattr, request, _HANDED_OVER, True),
                 )

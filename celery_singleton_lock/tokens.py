@@ -141,6 +141,30 @@ def queued_token(task_id: str) -> str:
     return f"q|{_nonce()}|{task_id}"
 
 
+def requeue_token(task_id: str, queued: str | None, attempt: int) -> str:
+    """The queued hold a running message passes to its requeue, sent as ``attempt``."""
+    return _passed(task_id, queued, str(attempt))
+
+
+def retry_token(task_id: str, queued: str | None, retries: int) -> str:
+    """The queued hold a running attempt (``retries`` so far) passes to its retry."""
+    return _passed(task_id, queued, f"r{retries + 1}")
+
+
+def _passed(task_id: str, queued: str | None, step: str) -> str:
+    # Named from the running message's own queued hold and which send it is, so that the
+    # worker's main process can name it too: a pool child killed between passing the
+    # hold and sending the message leaves a hold no message carries, which the main
+    # process then frees (worker/request.py) rather than leave the key held for
+    # queue_ttl. A message without a queued hold of its own passes to a fresh one.
+    parts = (queued or "").split("|")
+    if len(parts) != 3 or parts[0] != "q" or not parts[1]:
+        return queued_token(task_id)
+    # The first message's nonce, whatever sends came since (a debounce's burst is over).
+    first = parts[1].partition("~")[0].partition("+")[0]
+    return f"q|{first}+{step}|{task_id}"
+
+
 def debounced_token(task_id: str, burst_began: float) -> str:
     """A queued hold of a debounced call: its nonce also carries when the burst began
     (ms since the epoch), which later calls of the burst read to honour ``max_wait``."""

@@ -16,7 +16,7 @@ from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease, split_role
 from ..modes.base import Publish
 from ..outages import release_or_warn
-from ..tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER, queued_token
+from ..tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER
 from .dispatch import delay_of, long_wait
 
 if TYPE_CHECKING:
@@ -31,13 +31,14 @@ def send_retry(
     task_id: str,
     options: dict[str, object],
     *,
+    token: str,
     publish: Publish,
     handed_over: Callable[[], None],
 ) -> AsyncResult:
-    """Publish the retry's message holding ``running``'s key; ``handed_over()`` once the
-    running lease is the message's (the execution then does not release it)."""
+    """Publish the retry's message holding ``running``'s key under ``token`` (a queued
+    hold, ``tokens.retry_token``); ``handed_over()`` once the running lease is the
+    message's (the execution then does not release it)."""
     store = context.store
-    token = queued_token(task_id)
     long_wait(context, options)  # a countdown past the broker's visibility_timeout: hops
     # A slot of a counting lease (limit=N) is named beside the key: the retry's
     # message carries the key and which slot it keeps.

@@ -15,7 +15,7 @@ from ..exceptions import LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, TakeOver, companion
 from ..lease.offers import offers_of
 from ..modes import arguments
-from ..tokens import HOLD_HEADER, TOKEN_HEADER, queued_token
+from ..tokens import HOLD_HEADER, TOKEN_HEADER, requeue_token
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +95,10 @@ class PendingHold:
         if self._lease is not None:
             self._context.store.renew(self._lease)
 
-    def pass_on(self, ttl: float) -> dict[str, str]:
-        """Hand the hold to the requeued message; the headers that message carries."""
+    def pass_on(self, ttl: float, attempt: int) -> dict[str, str]:
+        """Hand the hold to the message requeued as ``attempt``; the headers it carries."""
         store = self._context.store
-        token = queued_token(self._task_id)
+        token = requeue_token(self._task_id, self._queued, attempt)
         try:
             if self._lease is not None:
                 outcome = store.hand_over(self._lease, ttl, token=token)

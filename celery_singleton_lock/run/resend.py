@@ -50,7 +50,9 @@ def send_again(
     )
     headers = _again(request, lock_name, ATTEMPT_HEADER, attempt)
     # The requeued message stays the pending call: its hold goes with it.
-    passed = hold.pass_on(delivery.context.queue_ttl + countdown) if hold is not None else {}
+    passed = (
+        hold.pass_on(delivery.context.queue_ttl + countdown, attempt) if hold is not None else {}
+    )
     newer = hold.offered() if hold is not None else None
     if newer is not None:  # a later call's arguments, left while this one held the hold
         request.args, request.kwargs = newer

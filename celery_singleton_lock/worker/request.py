@@ -20,12 +20,16 @@ from ..lease import LockStore, ReleaseResult, companion
 from ..signals import dead_child_released
 from ..signals import send as send_signal
 from ..tokens import (
+    ATTEMPT_HEADER,
     HOLD_HEADER,
     LEASE_HEADER,
     NAME_HEADER,
     TOKEN_HEADER,
     header,
+    header_count,
+    requeue_token,
     reserved_shape,
+    retry_token,
     running_prefix,
 )
 from .childwatch import child_watch, kill_and_wait
@@ -157,10 +161,13 @@ class SingletonRequest(Request):  # type: ignore[misc]
         for name in mode.also_held(lock_name):
             if store.release_matching(name, *shape) is ReleaseResult.RELEASED:
                 break
+        # Or the hold it passed to its retry's message, which it may have died sending.
+        retries = header_count(self.request_dict, "retries")
+        retried = retry_token(self.id, header(self.request_dict, TOKEN_HEADER), retries)
         # The key, or with limit=N whichever slot of it the child held.
         override = task.singleton_context.override(lock_name)  # a raised limit's slots
         for name in mode.running_names(lock_name, override):
-            result = store.release_matching(name, *shape)
+            result = store.release_matching(name, *shape, or_shape=(retried, ""))
             if result is ReleaseResult.RELEASED:
                 send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
                 break
@@ -188,8 +195,16 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 if kill:
                     kill_and_wait(pid)
                 result = self._release_running(store, lock_name, pid)
-                if role == "pending":  # a child that died waiting kept the hold meanwhile
-                    store.release_matching(hold, running_prefix(self.hostname, pid), f"|{self.id}")
+                if role == "pending":  # a child that died waiting kept the hold meanwhile,
+                    # or passed it to its requeue, which it may have died sending
+                    queued = header(self.request_dict, TOKEN_HEADER)
+                    attempt = header_count(self.request_dict, ATTEMPT_HEADER) + 1
+                    store.release_matching(
+                        hold,
+                        running_prefix(self.hostname, pid),
+                        f"|{self.id}",
+                        or_shape=(requeue_token(self.id, queued, attempt), ""),
+                    )
                 logger.info(
                     "released %s for %s[%s] after its pool child %d died: %s",
                     lock_name,

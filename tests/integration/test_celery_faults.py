@@ -30,6 +30,15 @@ from ..support.workers import Worker
 pytestmark = pytest.mark.slow
 
 
+def child_died(worker: Worker, task_id: str) -> bool:
+    """Whether the worker's main process released what the dead child of ``task_id`` held."""
+    return f"[{task_id}] after its pool child " in worker.output()
+
+
+def pending_holds(cenv: CeleryEnv) -> list[bytes]:
+    return [k for k in lock_keys(cenv) if k.endswith(b":pending")]
+
+
 def queue_length(cenv: CeleryEnv, queue: str) -> int:
     return int(cenv.broker.client().llen(queue))
 
@@ -55,6 +64,36 @@ class TestWorkerDeath:
         again = work.apply_async(("whole",), queue=worker.queue)
         assert again.id != result.id
         assert again.get(timeout=20) == "whole"
+
+    def test_a_child_killed_sending_a_requeue_frees_the_hold_it_passed_on(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        # The pending call's run passes its hold to its requeue's message, then dies
+        # sending it: the worker's main process frees that hold, which no message carries.
+        refresh = cenv.app_module.refresh
+        item = f"{cenv.app_module.DIES_SENDING}-requeue"
+        refresh.apply_async((item, UNTIL_OPENED), queue=worker.queue)
+        wait_for(lambda: started(cenv), what="first run")
+        pending = refresh.apply_async((item,), queue=worker.queue)
+        wait_for(lambda: child_died(worker, pending.id), 10, "the child's death")
+        # (the first run still holds the key: the hold beside it is the one passed on)
+        wait_for(lambda: not pending_holds(cenv), 3, "the passed-on hold freed")
+        later = refresh.apply_async((item,), queue=worker.queue)
+        assert later.id != pending.id, "a new call queues: no hold is left behind"
+        open_gate(cenv, item)
+        assert later.get(timeout=20) == item
+
+    def test_a_child_killed_sending_a_retry_frees_the_key_it_passed_on(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work = cenv.app_module.work
+        item = f"{cenv.app_module.DIES_SENDING}-retry"
+        first = work.apply_async((item, 0.0, "retry"), queue=worker.queue)
+        wait_for(lambda: child_died(worker, first.id), 10, "the child's death")
+        wait_for(lambda: not lock_keys(cenv), 3, "the key freed")
+        again = work.apply_async((item,), queue=worker.queue)
+        assert again.id != first.id
+        assert again.get(timeout=20) == item
 
     def test_killed_worker_frees_the_keys_of_messages_it_had_prefetched(
         self, cenv: CeleryEnv, worker: Worker

@@ -23,6 +23,7 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+from celery.signals import before_task_publish
 
 from celery_singleton_lock import (
     LockLostError,
@@ -35,6 +36,7 @@ from celery_singleton_lock import (
     skip,
     wait,
 )
+from celery_singleton_lock.tokens import ATTEMPT_HEADER, RETRY_OF_HEADER
 
 app = Celery("tests.support.celery_app")
 app.conf.update(
@@ -837,6 +839,21 @@ def chronicled_cancel(self: Any, item: str, seconds: float = 0.0) -> str:
                 on_duplicate="replace")  # fmt: skip
 def chronicled_pending(self: Any, item: str, version: str) -> str:
     return version
+
+
+# A run of an item named so dies (SIGKILL) as it sends its message on: a requeue, after
+# it passed the pending call's hold to that message, or a retry, after it passed the key.
+DIES_SENDING = "dies-sending"
+
+
+@before_task_publish.connect
+def _die_sending_on(body: Any = None, headers: Any = None, **_: Any) -> None:
+    args = body[0] if isinstance(body, (list, tuple)) and body else ()
+    sent_on = isinstance(headers, dict) and (
+        ATTEMPT_HEADER in headers or RETRY_OF_HEADER in headers
+    )
+    if sent_on and args and str(args[0]).startswith(DIES_SENDING):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class KillAfterSuccess(SingletonTask):
