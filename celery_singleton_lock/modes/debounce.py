@@ -6,10 +6,10 @@ The stages (publish, receipt, start, end) are in ``Debounce``'s docstring.
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from ..exceptions import ConfigurationError
-from ..tokens import burst_began, debounced_token
+from ..tokens import ETA_HEADER, burst_began, debounced_token
 from .replace import Replace
 
 
@@ -55,4 +55,9 @@ class Debounce(Replace):
         delay = self.debounce
         if self.max_wait is not None:
             delay = max(0.0, min(delay, began + self.max_wait - now))
-        return debounced_token(queued_id, began), queue_ttl + delay, {**options, "countdown": delay}
+        successor = {**options, "countdown": delay}
+        given = options.get("headers")
+        if isinstance(given, Mapping) and ETA_HEADER in given:
+            # The end of this call's own window, which it was to hop to: not the successor's.
+            successor["headers"] = {k: v for k, v in given.items() if k != ETA_HEADER}
+        return debounced_token(queued_id, began), queue_ttl + delay, successor

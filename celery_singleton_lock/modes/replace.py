@@ -107,7 +107,11 @@ class Replacement:
         ride: RidingReplace | None = None,
         entry: Record | None = None,
         offer: Callable[[str, str], Offered] | None = None,
+        long_wait: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
+        # A successor's countdown past the broker's visibility_timeout: sent in hops
+        # (``publish.dispatch.long_wait``), as the first call's was.
+        self._long_wait = long_wait
         self._offer = offer  # this call's arguments left for a started execution
         self._ride = ride  # the swap in the push's round trip, where the broker allows
         self._entry = entry  # what the take or the swap writes in a kept history
@@ -179,9 +183,7 @@ class Replacement:
         """The swap and the new message's push in one round trip (None: cannot ride)."""
         if self._ride is None or not holder:
             return None
-        token, ttl, options = self._mode.successor(
-            queued_id, holder, self._options, self._ttl, self._queue_ttl
-        )
+        token, ttl, options = self._successor(queued_id, holder)
         replacing = Replacing(
             holder=holder,
             record=queued_form(holder),
@@ -192,6 +194,15 @@ class Replacement:
             headers={**self._ours, TOKEN_HEADER: token},
         )
         return self._ride(replacing, self._publish)
+
+    def _successor(self, queued_id: str, holder: str) -> tuple[str, float, dict[str, object]]:
+        """(token, hold ttl, publish options) of the message replacing ``holder``'s."""
+        token, ttl, options = self._mode.successor(
+            queued_id, holder, self._options, self._ttl, self._queue_ttl
+        )
+        if self._long_wait is not None:
+            self._long_wait(options)
+        return token, ttl, options
 
     def _log(self, holder: str, queued_id: str) -> None:
         if holder:
@@ -215,9 +226,7 @@ class Replacement:
                 self._hold, self._ttl, token=token, take=HOLD, entry=self._entry
             )
             return outcome, queued_id, token, self._ttl, self._options
-        token, ttl, options = self._mode.successor(
-            queued_id, holder, self._options, self._ttl, self._queue_ttl
-        )
+        token, ttl, options = self._successor(queued_id, holder)
         # Recorded as the queued hold it was made from: the replaced message asks by that.
         outcome = store.swap(
             self._hold, holder, ttl, token=token, record=queued_form(holder), entry=self._entry

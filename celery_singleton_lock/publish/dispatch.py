@@ -90,7 +90,11 @@ def slot_at_publish(
 
 
 def place_at_publish(
-    context: TaskContext, lock_name: str, task_id: str, call: Call
+    context: TaskContext,
+    lock_name: str,
+    task_id: str,
+    call: Call,
+    options: Mapping[str, object],
 ) -> dict[str, object]:
     """A place among the calls waiting for the key (``max_pending``), taken before the
     call is published, as the header it rides in; ``BackpressureError`` when the key has
@@ -100,7 +104,9 @@ def place_at_publish(
     if cap is None:
         return {}
     try:
-        place = backlog_of(context.store).enter(lock_name, task_id, cap, context.queue_ttl)
+        # Kept for as long as the call may wait, its own countdown included (a hop).
+        ttl = context.queue_ttl + delay_of(options)
+        place = backlog_of(context.store).enter(lock_name, task_id, cap, ttl)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
         return {}
@@ -144,7 +150,7 @@ def send_in_line(
     waiting calls (``max_pending``) and its rate's slot (``"delay"``, ``"raise"``) taken
     first; a call then not sent gives its place back."""
     task_id = task_id or uuid()
-    own_headers.update(place_at_publish(context, lock_name, task_id, call))
+    own_headers.update(place_at_publish(context, lock_name, task_id, call, options))
     try:
         own_headers.update(slot_at_publish(context, lock_name, call, options))
         return publish(task_id, options, own_headers)

@@ -114,6 +114,7 @@ def send_held(
             ride=None if ride is None else ride.replace,
             entry=record,
             offer=offer_of(task, context, call, options),
+            long_wait=partial(long_wait, context),
         )
         if isinstance(mode, Replace)
         else duplicate,

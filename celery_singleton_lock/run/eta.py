@@ -75,7 +75,7 @@ def send_on(delivery: Delivery, lock_name: str, handed: HandedLease | None) -> N
         left,
         countdown,
     )
-    own.update(keep_place(delivery, lock_name))
+    own.update(keep_place(delivery, lock_name, countdown))
     headers = {**(request.headers or {}), NAME_HEADER: lock_name, **own}
     try:
         delivery.resend(countdown, headers, {BYPASS_OPTION: own})

@@ -12,9 +12,10 @@ from ..tokens import BACKLOG_HEADER, header
 logger = logging.getLogger(__name__)
 
 
-def keep_place(delivery: Delivery, lock_name: str) -> dict[str, str]:
-    """A message sent round again (deferred, requeued, held back) keeps its place,
-    renewed: the header that says so, for the message sent. Never an error: the message
+def keep_place(delivery: Delivery, lock_name: str, countdown: float) -> dict[str, str]:
+    """A message sent round again in ``countdown`` seconds (deferred, requeued, held
+    back, sent on towards its ETA) keeps its place, renewed for as long as it may then
+    wait: the header that says so, for the message sent. Never an error: the message
     goes round regardless."""
     request = delivery.request
     context = delivery.context
@@ -22,7 +23,7 @@ def keep_place(delivery: Delivery, lock_name: str) -> dict[str, str]:
         return {}
     setattr(request, "singleton_place_kept", True)  # noqa: B010  (Celery's Context)
     try:
-        backlog_of(context.store).renew(lock_name, request.id, context.queue_ttl)
+        backlog_of(context.store).renew(lock_name, request.id, context.queue_ttl + countdown)
     except SingletonLockError as error:
         logger.warning("%s: the place of %s not renewed (%s)", lock_name, request.id, error)
     return {BACKLOG_HEADER: "1"}

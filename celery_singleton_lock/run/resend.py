@@ -60,7 +60,7 @@ def send_again(
         headers[OUTAGE_HEADER] = outages
     # Same id, links, chain and options as this message (what Celery's retry re-sends),
     # without counting as a retry of the task's own max_retries.
-    kept = keep_place(delivery, lock_name)
+    kept = keep_place(delivery, lock_name, countdown)
     delivery.resend(countdown, headers, {BYPASS_OPTION: {**(passed or {}), **kept} or True})
     raise Ignore(f"requeued: {lock_name!r} is held by another execution")
 
@@ -90,7 +90,7 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     # drops any slot, which only the deferral that reserved it may send. A hop that
     # arrives early is deferred again to the same slot (it counts nothing).
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
-    kept = keep_place(delivery, lock_name)
+    kept = keep_place(delivery, lock_name, hop)
     delivery.resend(hop, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at, **kept}})
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
 
@@ -126,7 +126,7 @@ def hold_back(
     if slot is not None:
         own[RATE_SLOT_HEADER] = slot
     headers = {**_again(request, lock_name, HELD_HEADER, own[HELD_HEADER]), **own}
-    own.update(keep_place(delivery, lock_name))
+    own.update(keep_place(delivery, lock_name, hop))
     # A hop that arrives early is held back again for the rest (``admission.held_back``).
     delivery.resend(hop, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")

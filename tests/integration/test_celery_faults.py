@@ -494,6 +494,27 @@ class TestCountdownPastTheVisibilityTimeout:
         finally:
             worker.stop()
 
+    def test_a_waiting_calls_place_is_kept_for_each_hops_wait(
+        self, cenv: CeleryEnv, hopping: Worker
+    ) -> None:
+        # (max_pending: a place among the key's waiting calls, renewed as it goes round)
+        capped = cenv.app_module.capped
+        item = f"eta-place-{time.monotonic_ns()}"
+        call = capped.apply_async((item,), countdown=6, queue=hopping.queue)
+        name = capped.singleton_options().key.derive((item,), {})
+        place = LockStores.for_app(cenv.app_module.app).lock.keys(name).backlog
+        client, queue_ttl = cenv.lock_client(), capped.singleton_context.queue_ttl
+
+        def left() -> float:
+            """Seconds until the call's place runs out, on the lock server's clock."""
+            seconds, micros = client.time()
+            return float(client.zscore(place, call.id) or 0) / 1000 - seconds - micros / 1e6
+
+        wait_for(lambda: f"[{call.id}] waits" in hopping.output(), 10, "a hop")
+        # Sent 1.5 s on: its place lasts queue_ttl after it next arrives, not before.
+        wait_for(lambda: left() > queue_ttl + 1.0, 3, "the place renewed for the hop too")
+        assert call.get(timeout=30) is not None
+
     @pytest.mark.parametrize("name", ["work", "durable", "refresh", "rated_slowly"])
     def test_it_runs_once_at_its_eta_and_keeps_its_key_meanwhile(
         self, cenv: CeleryEnv, hopping: Worker, name: str

@@ -17,9 +17,11 @@ import redis
 from celery.signals import before_task_publish
 
 from celery_singleton_lock import Contended, ExtendResult, Lease, RedisLock
+from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.redis import pipelining
-from celery_singleton_lock.tokens import ETA_HEADER, NAME_HEADER, TOKEN_HEADER
+from celery_singleton_lock.modes.debounce import Debounce
+from celery_singleton_lock.tokens import ETA_HEADER, NAME_HEADER, TOKEN_HEADER, debounced_token
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.forks import in_forked_child
@@ -141,6 +143,50 @@ class TestCountdownPastTheVisibilityTimeout:
         # Celery's own eta: one hop, half the timeout (an ISO time, the producer's clock).
         hop = datetime.fromisoformat(late["headers"]["eta"]).timestamp() - sent_at
         assert hop == pytest.approx(50, abs=1.0)
+
+    def test_a_later_call_of_a_long_debounce_sends_its_successor_in_hops_too(
+        self, cenv: CeleryEnv, queue: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A debounce of 0.5 s on a broker that hands a message out again after 0.6 s
+        # (one hop: 0.3 s): each call of the burst sends the queued call on in hops.
+        conf = cenv.app_module.app.conf
+        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 0.6}
+        monkeypatch.setitem(conf, "broker_transport_options", options)
+        debounced, item = cenv.app_module.debounced, f"burst-{time.monotonic_ns()}"
+        first = debounced.apply_async((item, "v1"), queue=QUEUE)
+        sent_at = time.time()
+        later = debounced.apply_async((item, "v2"), queue=QUEUE)
+        assert later.id == first.id
+        newest = json.loads(queue.lrange(QUEUE, 0, -1)[0])
+        assert newest["headers"]["argsrepr"] == repr((item, "v2"))
+        hop = datetime.fromisoformat(newest["headers"]["eta"]).timestamp() - sent_at
+        assert hop == pytest.approx(0.3, abs=0.1)
+        eta = float(newest["headers"][ETA_HEADER])
+        assert eta == pytest.approx(sent_at + 0.5, abs=0.1)
+
+    def test_a_waiting_calls_place_lasts_its_countdown_too(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        capped = cenv.app_module.capped  # max_pending: a place among the waiting calls
+        item = f"place-{time.monotonic_ns()}"
+        call = capped.apply_async((item,), countdown=30, queue=QUEUE)
+        name = capped.singleton_options().key.derive((item,), {})
+        place = LockStores.for_app(cenv.app_module.app).lock.keys(name).backlog
+        client = cenv.lock_client()
+        seconds, micros = client.time()
+        left = float(client.zscore(place, call.id) or 0) / 1000 - seconds - micros / 1e6
+        assert left == pytest.approx(capped.singleton_context.queue_ttl + 30, abs=1.0)
+
+
+class TestDebounceSuccessor:
+    def test_its_window_ends_by_max_wait_whatever_the_call_was_sent_to_hop_to(self) -> None:
+        began = time.time() - 1.3  # the burst began 1.3 s ago: 0.2 s of max_wait left
+        holder = debounced_token("id-1", began)
+        stale = {"countdown": 0.3, "headers": {ETA_HEADER: f"{time.time() + 0.5}", "x": "y"}}
+        _, ttl, options = Debounce(0.5, 1.5).successor("id-1", holder, stale, 1.0, 10.0)
+        assert options["countdown"] == pytest.approx(0.2, abs=0.05)
+        assert options["headers"] == {"x": "y"}
+        assert ttl == pytest.approx(10.2, abs=0.05)
 
 
 class TestLeanCalls:
