@@ -343,8 +343,11 @@ class Rated(Mode):
         grace = ANY_LATENESS if held else max(min(r.interval for r, _ in limits), MIN_GRACE)
         how: How = "start" if slot is None else "due"
         near = EAGER_NEAR if eager else NEAR  # (an eager call carries no slot)
+        # A kept history says a run was deferred once, when its slot was reserved: a
+        # carried slot that is not due yet is a hop of that wait (``run/resend.defer``).
+        entry = start.entry if slot is None else None
         return rates.ask(
-            start.name, limits, how, at=slot or 0.0, entry=start.entry, paused=pause,
+            start.name, limits, how, at=slot or 0.0, entry=entry, paused=pause,
             grace=grace, near=near,
         )  # fmt: skip
 

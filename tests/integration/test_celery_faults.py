@@ -20,6 +20,7 @@ from celery_singleton_lock import (
     singleton_task,
 )
 from celery_singleton_lock.config.stores import LockStores
+from celery_singleton_lock.contrib.lock_history import entries_of
 
 from ..conftest import CeleryEnv
 from ..support.rates import all_delivered, rated_runs
@@ -514,6 +515,21 @@ class TestCountdownPastTheVisibilityTimeout:
         # Sent 1.5 s on: its place lasts queue_ttl after it next arrives, not before.
         wait_for(lambda: left() > queue_ttl + 1.0, 3, "the place renewed for the hop too")
         assert call.get(timeout=30) is not None
+
+    def test_a_deferral_in_hops_is_one_entry_in_a_kept_history(
+        self, cenv: CeleryEnv, hopping: Worker
+    ) -> None:
+        rated = cenv.app_module.chronicled_rated  # 1 run per 2 s: the second deferred 2 s
+        item = f"eta-history-{time.monotonic_ns()}"
+        calls = [rated.apply_async((item, n), queue=hopping.queue) for n in range(2)]
+        assert [c.get(timeout=30) for c in calls] == [0, 1]
+        second = next(c for c in calls if f"[{c.id}] deferred" in hopping.output())
+        # (its first hop arrives 0.5 s before its slot, and is deferred again)
+        assert hopping.output().count(f"[{second.id}] deferred") == 2
+        name = rated.singleton_options().key.derive((item, 0), {})
+        _, entries = entries_of(LockStores.for_app(cenv.app_module.app).lock, name)
+        deferred = [e for e in entries if e.event == "rate-limited"]
+        assert [e.fields.get("id") for e in deferred] == [second.id]
 
     @pytest.mark.parametrize("name", ["work", "durable", "refresh", "rated_slowly"])
     def test_it_runs_once_at_its_eta_and_keeps_its_key_meanwhile(
