@@ -48,8 +48,12 @@ def lock_keys(cenv: CeleryEnv) -> list[bytes]:
 def waiting_for_a_wake_up(cenv: CeleryEnv) -> int:
     """The clients parked on a release's push wake-up (BLPOP) on the lock store's server."""
     clients = cenv.lock_client().client_list()
-    # Not a test task's run held on its gate (``celery_app.GATE_CLIENT``).
-    return sum(1 for c in clients if c["cmd"] == "blpop" and c["name"] != "test-gate")
+    # Blocked now (flag b: ``cmd`` is only the last command, so an idle pooled connection
+    # whose last wait is over still shows blpop), and not a test task's run held on its
+    # gate (``celery_app.GATE_CLIENT``).
+    return sum(
+        1 for c in clients if c["cmd"] == "blpop" and "b" in c["flags"] and c["name"] != "test-gate"
+    )
 
 
 def requeued(worker_output: str, task_id: str) -> bool:
