@@ -156,8 +156,12 @@ def _passed(task_id: str, queued: str | None, step: str) -> str:
     # worker's main process can name it too: a pool child killed between passing the
     # hold and sending the message leaves a hold no message carries, which the main
     # process then frees (worker/request.py) rather than leave the key held for
-    # queue_ttl. A message without a queued hold of its own passes to a fresh one.
-    parts = (queued or "").split("|")
+    # queue_ttl. It cannot tell that window from a death just after the send: then the
+    # message sent waits without its hold (a later call may queue beside it; the runs
+    # still never overlap), the lesser harm. A message without a queued hold of its own
+    # (no dispatch check: while_executing, limit) passes to a fresh one. Its age (a
+    # hold's "since") is the first message's: how long the call has been waiting.
+    parts = (queued or "").split("|", 2)
     if len(parts) != 3 or parts[0] != "q" or not parts[1]:
         return queued_token(task_id)
     # The first message's nonce, whatever sends came since (a debounce's burst is over).

@@ -344,8 +344,10 @@ class Rated(Mode):
         how: How = "start" if slot is None else "due"
         near = EAGER_NEAR if eager else NEAR  # (an eager call carries no slot)
         # A kept history says a run was deferred once, when its slot was reserved: a
-        # carried slot that is not due yet is a hop of that wait (``run/resend.defer``).
-        entry = start.entry if slot is None else None
+        # carried slot not due for a while yet is a hop of that wait (``run/resend.defer``),
+        # while a late one may be deferred anew (recorded).
+        early = slot is not None and slot > start.store.clock.time() + near
+        entry = None if early else start.entry
         return rates.ask(
             start.name, limits, how, at=slot or 0.0, entry=entry, paused=pause,
             grace=grace, near=near,

@@ -66,36 +66,6 @@ class TestWorkerDeath:
         assert again.id != result.id
         assert again.get(timeout=20) == "whole"
 
-    def test_a_child_killed_sending_a_requeue_frees_the_hold_it_passed_on(
-        self, cenv: CeleryEnv, worker: Worker
-    ) -> None:
-        # The pending call's run passes its hold to its requeue's message, then dies
-        # sending it: the worker's main process frees that hold, which no message carries.
-        refresh = cenv.app_module.refresh
-        item = f"{cenv.app_module.DIES_SENDING}-requeue"
-        refresh.apply_async((item, UNTIL_OPENED), queue=worker.queue)
-        wait_for(lambda: started(cenv), what="first run")
-        pending = refresh.apply_async((item,), queue=worker.queue)
-        wait_for(lambda: child_died(worker, pending.id), 10, "the child's death")
-        # (the first run still holds the key: the hold beside it is the one passed on)
-        wait_for(lambda: not pending_holds(cenv), 3, "the passed-on hold freed")
-        later = refresh.apply_async((item,), queue=worker.queue)
-        assert later.id != pending.id, "a new call queues: no hold is left behind"
-        open_gate(cenv, item)
-        assert later.get(timeout=20) == item
-
-    def test_a_child_killed_sending_a_retry_frees_the_key_it_passed_on(
-        self, cenv: CeleryEnv, worker: Worker
-    ) -> None:
-        work = cenv.app_module.work
-        item = f"{cenv.app_module.DIES_SENDING}-retry"
-        first = work.apply_async((item, 0.0, "retry"), queue=worker.queue)
-        wait_for(lambda: child_died(worker, first.id), 10, "the child's death")
-        wait_for(lambda: not lock_keys(cenv), 3, "the key freed")
-        again = work.apply_async((item,), queue=worker.queue)
-        assert again.id != first.id
-        assert again.get(timeout=20) == item
-
     def test_killed_worker_frees_the_keys_of_messages_it_had_prefetched(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
@@ -166,6 +136,50 @@ class TestWorkerDeath:
         assert "pool child" not in worker.output()
         del results
         gc.collect()
+
+
+class TestAChildKilledSendingOn:
+    """A pool child SIGKILLed as it sends its message on, after it passed that message
+    its hold: the worker's main process frees the hold, which no message carries."""
+
+    @pytest.fixture(name="dying")
+    def fixture_dying(self, cenv: CeleryEnv) -> Any:
+        """A prefork worker whose runs of ``DIES_SENDING`` items die sending on."""
+        worker = Worker(cenv.env, extra_env={"CSL_DIES_SENDING": "1"}).start()
+        try:
+            yield worker
+        finally:
+            worker.stop()
+
+    def test_a_child_killed_sending_a_requeue_frees_the_hold_it_passed_on(
+        self, cenv: CeleryEnv, dying: Worker
+    ) -> None:
+        # The pending call's run passes its hold to its requeue's message, then dies
+        # sending it: the worker's main process frees that hold, which no message carries.
+        refresh = cenv.app_module.refresh
+        item = f"{cenv.app_module.DIES_SENDING}-requeue"
+        refresh.apply_async((item, UNTIL_OPENED), queue=dying.queue)
+        wait_for(lambda: started(cenv), what="first run")
+        pending = refresh.apply_async((item,), queue=dying.queue)
+        wait_for(lambda: child_died(dying, pending.id), 10, "the child's death")
+        # (the first run still holds the key: the hold beside it is the one passed on)
+        wait_for(lambda: not pending_holds(cenv), 3, "the passed-on hold freed")
+        later = refresh.apply_async((item,), queue=dying.queue)
+        assert later.id != pending.id, "a new call queues: no hold is left behind"
+        open_gate(cenv, item)
+        assert later.get(timeout=20) == item
+
+    def test_a_child_killed_sending_a_retry_frees_the_key_it_passed_on(
+        self, cenv: CeleryEnv, dying: Worker
+    ) -> None:
+        work = cenv.app_module.work
+        item = f"{cenv.app_module.DIES_SENDING}-retry"
+        first = work.apply_async((item, 0.0, "retry"), queue=dying.queue)
+        wait_for(lambda: child_died(dying, first.id), 10, "the child's death")
+        wait_for(lambda: not lock_keys(cenv), 3, "the key freed")
+        again = work.apply_async((item,), queue=dying.queue)
+        assert again.id != first.id
+        assert again.get(timeout=20) == item
 
 
 class TestWorkerStart:
