@@ -77,7 +77,10 @@ def item_runs(cenv: CeleryEnv, item: str) -> list[dict[str, Any]]:
 
 
 class TestInAWorker:
-    @pytest.mark.parametrize(("pool", "children"), [("prefork", 1), ("gevent", 4)])
+    @pytest.mark.parametrize(
+        ("pool", "children"),
+        [("prefork", 1), pytest.param("gevent", 4, marks=pytest.mark.oneoff)],  # (CI's one-offs)
+    )
     def test_a_pause_stops_new_starts_within_a_second_and_a_resume_lets_them_go_in_order(
         self, cenv: CeleryEnv, app: Any, pool: str, children: int
     ) -> None:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 VISIBILITY = 4.0
 
 
-@pytest.mark.parametrize("pool", ["gevent", "threads"])
+@pytest.mark.parametrize("pool", [pytest.param("gevent", marks=pytest.mark.oneoff), "threads"])
 def test_a_killed_workers_message_comes_back_while_the_queue_stays_busy(
     cenv: CeleryEnv, pool: str
 ) -> None:
