@@ -141,9 +141,12 @@ class SingletonRequest(Request):  # type: ignore[misc]
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
 
-    def _release_running(self, store: LockStore, lock_name: str, pid: int) -> ReleaseResult:
+    def _release_running(
+        self, store: LockStore, lock_name: str, pid: int, queued: str | None
+    ) -> ReleaseResult:
         """Release the running lease a dead child held: the one this process took for it
-        as the message arrived, or the one the child took itself (by its pid).
+        as the message arrived, or the one the child took itself (by its pid); or the
+        hold it passed to its retry's message (named from ``queued``, the message's).
 
         The child's pid and the task id, with the worker's hostname, are the fixed part of
         the child's lease token (``tokens.running_token``): exactly that lease is released,
@@ -163,7 +166,7 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 break
         # Or the hold it passed to its retry's message, which it may have died sending.
         retries = header_count(self.request_dict, "retries")
-        retried = retry_token(self.id, header(self.request_dict, TOKEN_HEADER), retries)
+        retried = retry_token(self.id, queued, retries)
         # The key, or with limit=N whichever slot of it the child held.
         override = task.singleton_context.override(lock_name)  # a raised limit's slots
         for name in mode.running_names(lock_name, override):
@@ -188,16 +191,16 @@ class SingletonRequest(Request):  # type: ignore[misc]
         store = task.singleton_context.store
         pid = self.worker_pid
         role = header(self.request_dict, HOLD_HEADER)
+        queued = header(self.request_dict, TOKEN_HEADER)  # the message's own hold
         # The message's own hold: on the key, or beside it (lock="until_executing").
         hold = companion(lock_name, role) if role else lock_name
         try:
             if pid and child_watch.enabled:
                 if kill:
                     kill_and_wait(pid)
-                result = self._release_running(store, lock_name, pid)
+                result = self._release_running(store, lock_name, pid, queued)
                 if role == "pending":  # a child that died waiting kept the hold meanwhile,
                     # or passed it to its requeue, which it may have died sending
-                    queued = header(self.request_dict, TOKEN_HEADER)
                     attempt = header_count(self.request_dict, ATTEMPT_HEADER) + 1
                     store.release_matching(
                         hold,
@@ -215,7 +218,6 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 )
             # A child that died before taking over leaves the reservation or the hold.
             reservations.drop(self.id, release=True)
-            queued = header(self.request_dict, TOKEN_HEADER)
             store.release_matching(
                 hold,
                 *reserved_shape(self.hostname, self.id),
