@@ -151,6 +151,18 @@ def retry_token(task_id: str, queued: str | None, retries: int) -> str:
     return _passed(task_id, queued, f"r{retries + 1}")
 
 
+def retry_shape(task_id: str, queued: str | None, retries: int) -> tuple[str, str]:
+    """(prefix, suffix) of the hold ``retry_token`` names, for the worker's main process
+    to free it after the attempt's pool child died: that token exactly, or for a message
+    without a queued hold of its own (nothing to name it from) any queued hold of this
+    task id's retry, which only another copy of the same task id, retrying at the same
+    count at the same moment, could also have."""
+    step = f"r{retries + 1}"
+    if _first_nonce(queued) is None:
+        return "q|", f"+{step}|{task_id}"
+    return _passed(task_id, queued, step), ""
+
+
 def _passed(task_id: str, queued: str | None, step: str) -> str:
     # Named from the running message's own queued hold and which send it is, so that the
     # worker's main process can name it too: a pool child killed between passing the
@@ -159,14 +171,20 @@ def _passed(task_id: str, queued: str | None, step: str) -> str:
     # queue_ttl. It cannot tell that window from a death just after the send: then the
     # message sent waits without its hold (a later call may queue beside it; the runs
     # still never overlap), the lesser harm. A message without a queued hold of its own
-    # (no dispatch check: while_executing, limit) passes to a fresh one. Its age (a
+    # (no dispatch check: while_executing, limit) passes to a fresh nonce with the same
+    # step, which the main process finds by that step (``retry_shape``). Its age (a
     # hold's "since") is the first message's: how long the call has been waiting.
+    first = _first_nonce(queued) or _nonce()
+    return f"q|{first}+{step}|{task_id}"
+
+
+def _first_nonce(queued: str | None) -> str | None:
+    """The first message's nonce in a queued hold, whatever sends came since (a
+    debounce's burst is over); None for no queued hold."""
     parts = (queued or "").split("|", 2)
     if len(parts) != 3 or parts[0] != "q" or not parts[1]:
-        return queued_token(task_id)
-    # The first message's nonce, whatever sends came since (a debounce's burst is over).
-    first = parts[1].partition("~")[0].partition("+")[0]
-    return f"q|{first}+{step}|{task_id}"
+        return None
+    return parts[1].partition("~")[0].partition("+")[0]
 
 
 def debounced_token(task_id: str, burst_began: float) -> str:

@@ -152,7 +152,7 @@ COMBOS: dict[str, tuple[list[str], dict[str, str], list[str]]] = {
 # Combinations run at once, and pytest-xdist processes each: four on two cores.
 AT_ONCE = int(os.environ.get("CSL_MATRIX_AT_ONCE", "2"))
 PROCESSES = "2" if AT_ONCE > 1 else "3"
-# Seconds each took alone (one run, rounded): the longest start first.
+# Seconds each took in a CI run (two at once, rounded): the longest start first.
 WEIGHT = {"separate-lock-server": 460, "redis5-celery5.3": 295, "server6.2": 150}
 
 

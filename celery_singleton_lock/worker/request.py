@@ -29,7 +29,7 @@ from ..tokens import (
     header_count,
     requeue_token,
     reserved_shape,
-    retry_token,
+    retry_shape,
     running_prefix,
 )
 from .childwatch import child_watch, kill_and_wait
@@ -166,11 +166,11 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 break
         # Or the hold it passed to its retry's message, which it may have died sending.
         retries = header_count(self.request_dict, "retries")
-        retried = retry_token(self.id, queued, retries)
+        retried = retry_shape(self.id, queued, retries)
         # The key, or with limit=N whichever slot of it the child held.
         override = task.singleton_context.override(lock_name)  # a raised limit's slots
         for name in mode.running_names(lock_name, override):
-            result = store.release_matching(name, *shape, or_shape=(retried, ""))
+            result = store.release_matching(name, *shape, or_shape=retried)
             if result is ReleaseResult.RELEASED:
                 send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
                 break

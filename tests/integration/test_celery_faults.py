@@ -169,11 +169,18 @@ class TestAChildKilledSendingOn:
         open_gate(cenv, item)
         assert later.get(timeout=20) == item
 
+    @pytest.mark.parametrize(
+        "task",
+        ["work", "work_while_executing", "export"],
+        ids=["default", "while_executing", "limit"],
+    )
     def test_a_child_killed_sending_a_retry_frees_the_key_it_passed_on(
-        self, cenv: CeleryEnv, dying: Worker
+        self, cenv: CeleryEnv, dying: Worker, task: str
     ) -> None:
-        work = cenv.app_module.work
-        item = f"{cenv.app_module.DIES_SENDING}-retry"
+        # while_executing and limit=N: the message has no queued hold of its own, so the
+        # retry's is fresh; the main process finds it by the retry's count and task id.
+        work = getattr(cenv.app_module, task)
+        item = f"{cenv.app_module.DIES_SENDING}-retry-{task}"
         first = work.apply_async((item, 0.0, "retry"), queue=dying.queue)
         wait_for(lambda: child_died(dying, first.id), 10, "the child's death")
         wait_for(lambda: not lock_keys(cenv), 3, "the key freed")

@@ -292,6 +292,12 @@ def impatient(self: Any, item: object, seconds: float = 0.0) -> object:
     return _hold(self, item, seconds)
 
 
+@singleton_task(app=app, bind=True, key=["item"], lock="while_executing")
+def work_while_executing(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> object:
+    """No dispatch check: held only while it runs (its retry keeps the key meanwhile)."""
+    return _work(self, item, seconds, mode)
+
+
 @singleton_task(app=app, bind=True, key=["item"], on_contention="fail")
 def exclusive_fail(self: Any, item: object, seconds: float = 0.0) -> object:
     """Deduped at dispatch; a copy that reaches execution anyway fails at once."""

@@ -10,6 +10,7 @@ from celery_singleton_lock.tokens import (
     read_token,
     requeue_token,
     reserved_token,
+    retry_shape,
     retry_token,
 )
 
@@ -60,3 +61,21 @@ class TestPassedHolds:
     def test_without_a_queued_hold_each_is_fresh(self) -> None:
         assert requeue_token("id-1", None, 1) != requeue_token("id-1", None, 1)
         assert retry_token("id-1", "not a token", 0).startswith("q|")
+
+    def test_the_worker_finds_a_fresh_retry_hold_by_its_step_and_task(self) -> None:
+        # while_executing and limit: the message has no queued hold to name it from.
+        for queued in (None, "not a token"):
+            passed = retry_token("id-1", queued, 1)
+            prefix, suffix = retry_shape("id-1", queued, 1)
+            assert passed.startswith(prefix)
+            assert passed.endswith(suffix)
+            assert read_token(passed).task_id == "id-1"
+            assert read_token(passed).since is not None
+            # Not the hold of another attempt, another task id or a running lease.
+            for other in (retry_token("id-1", queued, 0), retry_token("id-12", queued, 1)):
+                assert not other.endswith(suffix)
+            assert prefix == "q|"
+
+    def test_with_a_queued_hold_the_worker_names_the_retry_hold_exactly(self) -> None:
+        queued = queued_token("id-1")
+        assert retry_shape("id-1", queued, 2) == (retry_token("id-1", queued, 2), "")
