@@ -128,6 +128,20 @@ def place_at_publish(
     return {BACKLOG_HEADER: "1"}
 
 
+def stretch_place(context: TaskContext, lock_name: str, task_id: str, added: float) -> None:
+    """The place of a call whose slot (``on_limited="delay"``) put off its run by ``added``
+    seconds after the place was taken: renewed for the wait, when the place would have
+    less than half its ``queue_ttl`` left as the run comes due. A shorter wait costs no
+    round trip; a longer one (a backlog, a short ``queue_ttl``) one, so the place is not
+    gone while its call still waits, letting in more than ``max_pending``."""
+    if added <= context.queue_ttl / 2:
+        return
+    try:
+        backlog_of(context.store).renew(lock_name, task_id, context.queue_ttl + added)
+    except SingletonLockError as error:  # it is sent regardless, as a renewal at a hop is
+        logger.warning("%s: the place of %s not renewed (%s)", lock_name, task_id, error)
+
+
 def free_place(context: TaskContext, lock_name: str, task_id: str) -> None:
     """A call that took a place (``place_at_publish``) and then was not sent (refused
     by its rate, the broker or the store): the place is free again. Never an error: a
@@ -151,8 +165,11 @@ def send_in_line(
     first; a call then not sent gives its place back."""
     task_id = task_id or uuid()
     own_headers.update(place_at_publish(context, lock_name, task_id, call, options))
+    entered = delay_of(options)
     try:
         own_headers.update(slot_at_publish(context, lock_name, call, options))
+        if BACKLOG_HEADER in own_headers:
+            stretch_place(context, lock_name, task_id, delay_of(options) - entered)
         return publish(task_id, options, own_headers)
     except BaseException:
         if BACKLOG_HEADER in own_headers:  # not sent: its place is free

@@ -177,6 +177,26 @@ class TestCountdownPastTheVisibilityTimeout:
         left = float(client.zscore(place, call.id) or 0) / 1000 - seconds - micros / 1e6
         assert left == pytest.approx(capped.singleton_context.queue_ttl + 30, abs=1.0)
 
+    def test_a_place_lasts_the_wait_its_slot_puts_the_call_off_by(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        # on_limited="delay": the slot, and so the countdown, is known only after the
+        # place was taken; a wait longer than half the queue_ttl renews the place.
+        delayed = cenv.app_module.capped_delayed  # 1/m, queue_ttl=10
+        item = f"place-{time.monotonic_ns()}"
+        name = delayed.singleton_options().key.derive((item,), {})
+        place = LockStores.for_app(cenv.app_module.app).lock.keys(name).backlog
+        client = cenv.lock_client()
+
+        def left(task_id: str) -> float:
+            seconds, micros = client.time()
+            return float(client.zscore(place, task_id) or 0) / 1000 - seconds - micros / 1e6
+
+        now = delayed.apply_async((item,), queue=QUEUE)  # its slot is now
+        later = delayed.apply_async((item,), queue=QUEUE)  # a minute on
+        assert left(now.id) == pytest.approx(10, abs=1.0)
+        assert left(later.id) == pytest.approx(10 + 60, abs=2.0)
+
 
 class TestDebounceSuccessor:
     def test_its_window_ends_by_max_wait_whatever_the_call_was_sent_to_hop_to(self) -> None:
