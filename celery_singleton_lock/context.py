@@ -66,9 +66,9 @@ class TaskContext:
 
     def one_hop(self, countdown: float) -> float:
         """As much of ``countdown`` as a message may wait unacked in the worker holding it
-        before the broker hands it out again: below its ``visibility_timeout``
-        (``config.visibility``); the rest is waited in further hops."""
-        longest = longest_countdown(self.app.conf)
+        before the broker hands it out again: below its ``visibility_timeout`` (RabbitMQ:
+        its ``consumer_timeout``; ``config.visibility``); the rest is waited in further hops."""
+        longest = longest_countdown(self.app.conf, self.stores.config.consumer_timeout)
         return countdown if longest is None else min(countdown, longest)
 
     @property

@@ -7,9 +7,7 @@ setting.
 
 from __future__ import annotations
 
-import difflib
 import importlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -19,6 +17,7 @@ from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from ..lease import DEFAULT_PREFIX, validate_prefix
 from ..lease.redis.urls import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
+from .spelling import in_users_words, refuse_unknown_keys
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -45,6 +44,9 @@ DEFAULTS: dict[str, object] = {
     # A singleton message pushed with its hold and then lost between the broker's pop
     # and its unacked record (a worker killed there) is pushed again after this long.
     "singleton_lock_transit_timeout": 10.0,
+    # A RabbitMQ server's consumer_timeout (its default), which no client can read: the
+    # library's own long waits go in hops shorter than it (config/visibility.py).
+    "singleton_lock_consumer_timeout": 1800.0,
     # Each lock's history (lease.history): off unless asked for; its length and lifetime.
     "singleton_lock_history": False,
     "singleton_lock_history_length": 100,
@@ -186,6 +188,8 @@ class SingletonConfig:
     replica_timeout: float = 0.5
     # Seconds a message pushed with its hold may be missing before it is pushed again (0: off).
     transit_timeout: float = 10.0
+    # A RabbitMQ broker's consumer_timeout, in seconds (0: the server has none).
+    consumer_timeout: float = 1800.0
     # Each lock keeps its history (a task's own ``history=`` option wins), its entries
     # about this many, expiring this long (s) after the last.
     history: bool = False
@@ -226,14 +230,14 @@ class SingletonConfig:
             return cls._from_conf(conf)
         except ConfigurationError as error:
             # Named as the user wrote them: CELERY_SINGLETON_LOCK_TTL under Django.
-            spelt = _in_users_words(str(error), conf)
+            spelt = in_users_words(str(error), conf)
             if spelt == str(error):
                 raise
             raise ConfigurationError(spelt) from None
 
     @classmethod
     def _from_conf(cls, conf: Settings) -> SingletonConfig:
-        _refuse_unknown_keys(conf)
+        refuse_unknown_keys(conf, DEFAULTS, FOREIGN_KEYS)
 
         def get(name: str) -> object:
             value = conf.get(name)
@@ -277,7 +281,18 @@ class SingletonConfig:
             replica_timeout=to_seconds(
                 get("singleton_lock_replica_timeout"), what="singleton_lock_replica_timeout"
             ),
-            transit_timeout=_transit_timeout(get("singleton_lock_transit_timeout")),
+            transit_timeout=_seconds_or_off(
+                "singleton_lock_transit_timeout",
+                get("singleton_lock_transit_timeout"),
+                "the seconds a message lost between the broker's pop and a worker's receipt "
+                "waits before it is pushed again (10 by default), or 0 to push nothing again",
+            ),
+            consumer_timeout=_seconds_or_off(
+                "singleton_lock_consumer_timeout",
+                get("singleton_lock_consumer_timeout"),
+                "your RabbitMQ server's consumer_timeout in seconds (1800, its default, "
+                "unless rabbitmq.conf sets it), or 0 if it has none",
+            ),
             **_history(get),
         )
 
@@ -325,62 +340,11 @@ def broker_write_url(conf: Settings) -> str:
     return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
 
 
-def _refuse_unknown_keys(conf: Settings) -> None:
-    # Named as the user wrote them: CELERY_SINGLETON_LOCK_TLL in a Django settings.py
-    # (namespace "CELERY"), singleton_lock_tll in a celeryconfig.
-    unknown: dict[str, str] = {}  # as written -> our name
-    for key in list(conf.keys()):
-        written = str(key)
-        lowered = written.lower()
-        for prefix in ("celery_singleton_lock_", "singleton_lock_"):
-            if lowered.startswith(prefix):
-                name = "singleton_lock_" + lowered[len(prefix) :]
-                if name not in DEFAULTS and name not in FOREIGN_KEYS:
-                    unknown[written] = name
-                break
-    if not unknown:
-        return
-    described = []
-    for written, name in sorted(unknown.items()):
-        hint = difflib.get_close_matches(name, list(DEFAULTS), n=1)
-        described.append(
-            f"{written} (did you mean {_as_written(hint[0], written)}?)" if hint else written
-        )
-    known = sorted(_as_written(n, next(iter(unknown))) for n in DEFAULTS)
-    raise ConfigurationError(
-        f"unknown setting {', '.join(described)}; known settings are {', '.join(known)}"
-    )
-
-
-_OUR_NAME = re.compile(r"(?<![A-Za-z_])singleton_lock_[a-z_]+")
-
-
-def _in_users_words(message: str, conf: Settings) -> str:
-    """``message`` with our setting names spelt as the app's settings spell them."""
-    like = next(
-        (str(k) for k in list(conf.keys()) if str(k).lower().startswith("celery_singleton_lock_")),
-        None,
-    )
-    if like is None:
-        return message
-    return _OUR_NAME.sub(lambda found: _as_written(found.group(0), like), message)
-
-
-def _as_written(name: str, like: str) -> str:
-    """Our setting ``name`` spelt the way ``like`` was (its namespace and case)."""
-    head = like[: len("celery_")] if like.lower().startswith("celery_singleton_lock_") else ""
-    spelt = head + name
-    return spelt.upper() if like.isupper() else spelt
-
-
-def _transit_timeout(value: object) -> float:
-    seconds = to_seconds(value, what="singleton_lock_transit_timeout")
+def _seconds_or_off(name: str, value: object, use: str) -> float:
+    """A timeout in seconds where 0 turns it off; ``use`` says what to write instead."""
+    seconds = to_seconds(value, what=name)
     if seconds < 0:
-        raise ConfigurationError(
-            f"singleton_lock_transit_timeout={value!r}: use the seconds a message lost "
-            "between the broker's pop and a worker's receipt waits before it is pushed "
-            "again (10 by default), or 0 to push nothing again"
-        )
+        raise ConfigurationError(f"{name}={value!r}: use {use}")
     return seconds
 
 

@@ -23,8 +23,9 @@ VISIBILITY_DEFAULTS = {
     "pgmq": 1800.0,
 }
 # RabbitMQ closes the channel of a consumer that holds a delivery unacked longer than
-# its ``consumer_timeout`` (30 minutes by default, a server setting no client can read),
-# and every message the worker held is delivered again.
+# its ``consumer_timeout`` (30 minutes by default, a server setting no client can read:
+# ``singleton_lock_consumer_timeout`` says what the server's is), and every message the
+# worker held is delivered again.
 CONSUMER_TIMEOUT = 1800.0
 RABBITMQ_TRANSPORTS = ("amqp", "amqps", "pyamqp", "librabbitmq")
 # One hop waits at most this share of the timeout: a message is received a little after
@@ -44,14 +45,15 @@ def transport_of(conf: Settings) -> str:
     return first.split(";")[0].partition("://")[0].strip().lower().split("+")[0] or "amqp"
 
 
-def visibility_timeout(conf: Settings) -> float | None:
+def visibility_timeout(conf: Settings, consumer_timeout: float = CONSUMER_TIMEOUT) -> float | None:
     """How long the broker lets a message stay unacked (seconds): its
-    ``visibility_timeout``, or RabbitMQ's default ``consumer_timeout``; None for a broker
-    with neither, or a timeout of 0 or less (every unacked message is handed out again
-    at once: no hop is short enough)."""
+    ``visibility_timeout``, or on RabbitMQ ``consumer_timeout`` (the server's, as
+    ``singleton_lock_consumer_timeout`` gives it; 0: the server has none); None for a
+    broker with neither, or a timeout of 0 or less (every unacked message is handed out
+    again at once: no hop is short enough)."""
     transport = transport_of(conf)
     if transport in RABBITMQ_TRANSPORTS:
-        return CONSUMER_TIMEOUT
+        return consumer_timeout if consumer_timeout > 0 else None
     default = VISIBILITY_DEFAULTS.get(transport)
     if default is None:
         return None
@@ -63,7 +65,7 @@ def visibility_timeout(conf: Settings) -> float | None:
     return seconds if seconds > 0 else None
 
 
-def longest_countdown(conf: Settings) -> float | None:
+def longest_countdown(conf: Settings, consumer_timeout: float = CONSUMER_TIMEOUT) -> float | None:
     """How long one hop of a wait may be on this app's broker (None: as long as it likes)."""
-    seconds = visibility_timeout(conf)
+    seconds = visibility_timeout(conf, consumer_timeout)
     return None if seconds is None else seconds * HOP_SHARE

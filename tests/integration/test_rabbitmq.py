@@ -110,6 +110,26 @@ class TestOnRabbitMQ:
         check_rate(rated_runs(cenv), 20, 1.0)
         _forget(*results)
 
+    def test_a_deferral_goes_in_hops_shorter_than_the_consumer_timeout_it_is_told(
+        self, cenv: CeleryEnv, rabbit: RabbitMQServer, amqp: kombu.Connection
+    ) -> None:
+        # singleton_lock_consumer_timeout=2: a run deferred to its slot (1/2s) is sent on
+        # in hops of at most 1 s, and each call still runs once, on its slot.
+        worker = Worker(_env(cenv, rabbit), extra_env={"CSL_CONSUMER_TIMEOUT": "2"}).start()
+        try:
+            rated = cenv.app_module.rated_slowly
+            results = [
+                rated.apply_async(("r-hops", n), queue=worker.queue, connection=amqp)
+                for n in range(3)
+            ]
+            assert [r.get(timeout=30) for r in results] == list(range(3))
+            assert "(sent 1.0s on:" in worker.output()
+            ran = [r["n"] for r in rated_runs(cenv) if r["item"] == "r-hops"]
+            assert sorted(ran) == [0, 1, 2]
+            _forget(*results)
+        finally:
+            worker.stop()
+
     def test_a_newer_call_cancels_the_run_in_progress_through_rabbitmq(
         self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection
     ) -> None:

@@ -5,7 +5,8 @@ Configured from the environment so one module serves every worker the tests star
 ``CSL_LOCK_URL`` (the lock store, a separate server so tests can take it down alone),
 ``CSL_CHECK_URL`` (where executions are recorded, outside the lock store),
 ``CSL_VISIBILITY_TIMEOUT``, ``CSL_RIDE`` (0: kombu's own transport),
-``CSL_TRANSIT_TIMEOUT``, ``CSL_KEYPREFIX`` (kombu's ``global_keyprefix``).
+``CSL_TRANSIT_TIMEOUT``, ``CSL_KEYPREFIX`` (kombu's ``global_keyprefix``),
+``CSL_CONSUMER_TIMEOUT`` (a RabbitMQ broker's, as the app says it is).
 
 Each execution appends ``{"task", "id", "item", "fence", "pid", "start", "end", ...}``
 to the list ``runs`` on the checker, so tests can assert who ran, when, and whether two
@@ -63,6 +64,8 @@ app.conf.update(
         else {}
     ),
     singleton_lock_on_redis_error=os.environ.get("CSL_ON_REDIS_ERROR", "fail_closed"),
+    # A RabbitMQ server's consumer_timeout, as the app says it is (CSL_CONSUMER_TIMEOUT).
+    singleton_lock_consumer_timeout=float(os.environ.get("CSL_CONSUMER_TIMEOUT", "1800")),
     # The version matrix runs the lock store on RESP3 too (CSL_PROTOCOL=3).
     singleton_lock_transport_options={
         **({"protocol": int(os.environ["CSL_PROTOCOL"])} if os.environ.get("CSL_PROTOCOL") else {}),

@@ -378,6 +378,25 @@ class TestVisibilityTimeout:
         conf = app_with(**given, broker_transport_options=options).conf
         assert visibility_timeout(conf) == expected
 
+    def test_rabbitmqs_is_the_consumer_timeout_the_app_says_its_server_has(self) -> None:
+        rabbit = app_with(broker_url="amqp://r//", singleton_lock_consumer_timeout=600)
+        seconds = SingletonConfig.from_app(rabbit).consumer_timeout
+        assert seconds == 600.0
+        assert visibility_timeout(rabbit.conf, seconds) == 600.0
+        assert longest_countdown(rabbit.conf, seconds) == 300.0
+        # 0: the server has none (consumer_timeout = false): a wait needs no hop.
+        assert longest_countdown(rabbit.conf, 0.0) is None
+        # A Redis broker's own visibility_timeout is what counts there.
+        assert longest_countdown(app_with(broker_url="redis://b/0").conf, 600.0) == 1800.0
+
+    @pytest.mark.parametrize(
+        ("bad", "said"),
+        [(-1, "use your RabbitMQ server's consumer_timeout"), ("soon", "a number of seconds")],
+    )
+    def test_a_bad_consumer_timeout_says_what_to_write(self, bad: object, said: str) -> None:
+        with pytest.raises(ConfigurationError, match=f"singleton_lock_consumer_timeout.*{said}"):
+            SingletonConfig.from_app(app_with(singleton_lock_consumer_timeout=bad))
+
     def test_a_hop_is_at_most_half_of_it(self) -> None:
         conf = app_with(
             broker_url="redis://b/0", broker_transport_options={"visibility_timeout": 60}
