@@ -42,21 +42,25 @@ LEASE = [
     )
 ]  # fmt: skip
 
-# The scripts that ride kombu's round trips (their replies come back through kombu's
-# client), each with a worker once. The ride's other tests vary what is ours, the same
-# on every client: what a worker says of its settings (TestConfiguration), and the
-# transit sweep in its other shapes (a key prefix, a lock store apart, limit=N); they
-# run on the lowest kombu claimed (CELERY) and in the inner loop.
+# The scripts that ride kombu's round trips (their replies, and a server's refusals,
+# come back through kombu's client), each with a worker once. The ride's other tests
+# vary what is ours, the same on every client: what a worker logs of its settings, and
+# the transit sweep with a key prefix or a lock store apart; they run on the lowest
+# kombu claimed (CELERY) and in the inner loop.
 RIDE = [
     *(f"tests/integration/test_broker_ride.py::{name}" for name in (
         "TestSameServer", "TestReleaseRides", "TestReplacingRides", "TestWorkerRides",
         "TestUnixSocket", "TestProducersKilledMidStorm",
+        # an ACL refusal of the push's script, as each client and server words it
+        "TestConfiguration::test_a_lock_store_user_that_may_not_push_holds_apart_and_nothing_is_lost",
+        "TestConfiguration::test_off_the_hold_is_a_round_trip_of_its_own_before_the_push",
     )),
     "tests/integration/test_transit.py::TestNotes",
-    *(f"tests/integration/test_transit.py::TestWorkers::{name}[riding]" for name in (
-        "test_a_call_lost_in_transit_runs_once_and_frees_its_key",
-        "test_received_calls_are_never_pushed_again",
-        "test_a_purge_frees_the_keys_of_the_calls_it_threw_away",
+    *(f"tests/integration/test_transit.py::TestWorkers::{name}" for name in (
+        "test_a_call_lost_in_transit_runs_once_and_frees_its_key[riding]",
+        "test_a_call_lost_in_transit_runs_once_and_frees_its_key[limit (no hold of its own)]",
+        "test_received_calls_are_never_pushed_again[riding]",
+        "test_a_purge_frees_the_keys_of_the_calls_it_threw_away[riding]",
     )),
 ]  # fmt: skip
 CLIENT = [*LEASE, *RIDE]

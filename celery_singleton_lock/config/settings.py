@@ -287,12 +287,7 @@ class SingletonConfig:
                 "the seconds a message lost between the broker's pop and a worker's receipt "
                 "waits before it is pushed again (10 by default), or 0 to push nothing again",
             ),
-            consumer_timeout=_seconds_or_off(
-                "singleton_lock_consumer_timeout",
-                get("singleton_lock_consumer_timeout"),
-                "your RabbitMQ server's consumer_timeout in seconds (1800, its default, "
-                "unless rabbitmq.conf sets it), or 0 if it has none",
-            ),
+            consumer_timeout=_consumer_timeout(get("singleton_lock_consumer_timeout")),
             **_history(get),
         )
 
@@ -345,6 +340,17 @@ def _seconds_or_off(name: str, value: object, use: str) -> float:
     seconds = to_seconds(value, what=name)
     if seconds < 0:
         raise ConfigurationError(f"{name}={value!r}: use {use}")
+    return seconds
+
+
+def _consumer_timeout(value: object) -> float:
+    use = (
+        "your RabbitMQ server's consumer_timeout in seconds (rabbitmq.conf gives it in "
+        "milliseconds: divide by 1000; 1800 by default), or 0 if it has none"
+    )
+    seconds = _seconds_or_off("singleton_lock_consumer_timeout", value, use)
+    if seconds >= 1_000_000:  # 11.6 days: rabbitmq.conf's milliseconds, copied as they are
+        raise ConfigurationError(f"singleton_lock_consumer_timeout={value!r} seconds: use {use}")
     return seconds
 
 

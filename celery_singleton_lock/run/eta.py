@@ -69,7 +69,7 @@ def send_on(delivery: Delivery, lock_name: str, handed: HandedLease | None) -> N
         if role is not None:
             own[HOLD_HEADER] = role
     logger.info(
-        "%s[%s] waits %.1fs more for its eta: sent %.1fs on (the broker's visibility_timeout)",
+        "%s[%s] waits %.1fs more for its eta: sent %.1fs on (the broker's unacked timeout)",
         delivery.name,
         request.id,
         left,

@@ -135,7 +135,8 @@ def hold_back(
 def _hop_text(hop: float, countdown: float) -> str:
     if hop >= countdown:
         return ""
-    return f" (sent {hop:.1f}s on: the broker's visibility_timeout)"
+    # visibility_timeout on Redis and SQS, consumer_timeout on RabbitMQ
+    return f" (sent {hop:.1f}s on: the broker's unacked timeout)"
 
 
 def _again(request: Request, lock_name: str, name: str, value: object) -> dict[str, object]:

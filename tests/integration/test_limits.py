@@ -181,7 +181,7 @@ class TestInAWorker:
         done = item_runs(cenv, item)
         assert [r["n"] for r in done] == [0, 1], f"each ran once:\n{log[-4000:]}"
         assert done[1]["start"] >= resumed_at + 3.5, "it kept its place: as late after the resume"
-        assert "the broker's visibility_timeout" in log, log[-4000:]
+        assert "the broker's unacked timeout" in log, log[-4000:]
 
     def test_a_raised_rate_takes_effect_at_the_next_decisions(
         self, cenv: CeleryEnv, app: Any, worker: Worker

@@ -391,7 +391,11 @@ class TestVisibilityTimeout:
 
     @pytest.mark.parametrize(
         ("bad", "said"),
-        [(-1, "use your RabbitMQ server's consumer_timeout"), ("soon", "a number of seconds")],
+        [
+            (-1, "use your RabbitMQ server's consumer_timeout"),
+            ("soon", "a number of seconds"),
+            (1_800_000, "in milliseconds: divide by 1000"),  # rabbitmq.conf's, copied
+        ],
     )
     def test_a_bad_consumer_timeout_says_what_to_write(self, bad: object, said: str) -> None:
         with pytest.raises(ConfigurationError, match=f"singleton_lock_consumer_timeout.*{said}"):
