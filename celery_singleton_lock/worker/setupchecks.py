@@ -10,6 +10,7 @@ from ..broker.results import missed_ride as missed_result_ride
 from ..broker.transport import missed_ride
 from ..config.incumbents import foreign_settings
 from ..config.options import is_singleton
+from ..config.visibility import RABBITMQ_TRANSPORTS, transport_of, visibility_timeout
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..lease import pushes_of
 from ..policies import longest_requeue
@@ -63,26 +64,46 @@ def check_worker_setup(app: Celery) -> list[str]:
         missed = None if pushes is None else missed_by(app, pushes.server, enabled=ride)
         if missed:
             warnings.append(missed)
-    transport = app.conf.broker_transport_options or {}
-    visibility = transport.get("visibility_timeout")
+    warnings += _unacked_too_long(app, tasks)
+    return warnings
+
+
+def _unacked_too_long(app: Celery, tasks: list[Task]) -> list[str]:
+    """Tasks whose messages can wait unacked longer than the broker allows: Redis (and
+    SQS) hand them out again after ``visibility_timeout``, RabbitMQ closes the channel
+    after its ``consumer_timeout`` and delivers again all it held."""
+    timeout = visibility_timeout(
+        app.conf, tasks[0].singleton_context.stores.config.consumer_timeout
+    )
+    if timeout is None:
+        return []
+    rabbitmq = transport_of(app.conf) in RABBITMQ_TRANSPORTS
+    named = "consumer_timeout" if rabbitmq else "visibility_timeout"
+    raise_it = (
+        "raise the server's consumer_timeout (and singleton_lock_consumer_timeout with it)"
+        if rabbitmq
+        else "raise visibility_timeout (broker_transport_options)"
+    )
+    warnings = []
     for task in tasks:
         limit = task.time_limit or app.conf.task_time_limit
-        if visibility and limit and limit >= visibility:
+        # Only a late ack keeps a running task's message unacked; an early one is acked
+        # as the run starts.
+        if task.acks_late and limit and limit >= timeout:
             warnings.append(
-                f"{task.name}: time_limit={limit}s is not below the broker's "
-                f"visibility_timeout={visibility}s, so a running task can be redelivered; the "
-                "lock keeps the copy from running alongside (it is requeued) but it runs again "
-                "afterwards. Raise visibility_timeout above the time limit"
+                f"{task.name}: time_limit={limit}s with acks_late is not below the broker's "
+                f"{named}={timeout}s, so a running task can be redelivered; the lock keeps "
+                "the copy from running alongside (it is requeued) but it runs again "
+                f"afterwards. {raise_it[0].upper()}{raise_it[1:]} above the time limit"
             )
         cap = longest_requeue(task.singleton_options().on_contention)
-        if visibility and cap is not None and cap >= visibility:
-            # kombu puts back an unacked message older than visibility_timeout, and a
-            # requeued call waits out its countdown unacked in the worker that holds it.
+        if cap is not None and cap >= timeout:
+            # A requeued call waits out its countdown unacked in the worker that holds it.
             warnings.append(
                 f"{task.name}: on_contention requeues with countdowns up to {cap}s, not below "
-                f"the broker's visibility_timeout={visibility}s, so a requeued call can be "
-                "handed out twice; its copy is dropped, after a round of contention. Write "
-                f"requeue(cap=...) below {visibility}, or raise visibility_timeout"
+                f"the broker's {named}={timeout}s, so a requeued call can be handed out "
+                "twice; its copy is dropped, after a round of contention. Write "
+                f"requeue(cap=...) below {timeout}, or {raise_it}"
             )
     return warnings
 

@@ -388,7 +388,12 @@ class TestStartupWarnings:
                 "the warning",
             )
             assert "maxmemory-policy noeviction" in log
-            assert "tests.support.celery_app.limited: time_limit=1.0s is not below" in log
+            # Acked late, its message is unacked while it runs; acked early, it is not.
+            assert (
+                "tests.support.celery_app.durable_limited: time_limit=2.0s with acks_late is "
+                "not below the broker's visibility_timeout=1.0s" in log
+            )
+            assert "celery_app.limited: time_limit" not in log
             # The default requeue waits up to 60 s; latest's, 0.2 s at most.
             assert (
                 "tests.support.celery_app.work: on_contention requeues with countdowns up to "

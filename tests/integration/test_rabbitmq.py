@@ -123,7 +123,14 @@ class TestOnRabbitMQ:
                 for n in range(3)
             ]
             assert [r.get(timeout=30) for r in results] == list(range(3))
-            assert "(sent 1.0s on:" in worker.output()
+            log = worker.output()
+            assert "(sent 1.0s on: the broker's unacked timeout)" in log
+            # and at start it warned of what waits unacked longer than the timeout
+            assert (
+                "durable_limited: time_limit=2.0s with acks_late is not below the broker's "
+                "consumer_timeout=2.0s" in log
+            )
+            assert "or raise the server's consumer_timeout (and singleton_lock_consumer" in log
             ran = [r["n"] for r in rated_runs(cenv) if r["item"] == "r-hops"]
             assert sorted(ran) == [0, 1, 2]
             _forget(*results)

@@ -236,6 +236,12 @@ def limited(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> 
     return _work(self, item, seconds, mode)
 
 
+@singleton_task(app=app, bind=True, key=["item"], acks_late=True, time_limit=2.0)
+def durable_limited(self: Any, item: object, seconds: float = 0.0) -> object:
+    """acks_late with a time limit: the message stays unacked while it runs."""
+    return _hold(self, item, seconds)
+
+
 @singleton_task(app=app, bind=True, key=["item"], acks_late=True, reject_on_worker_lost=True)
 def durable(self: Any, item: object, seconds: float = 0.0) -> object:
     """acks_late + reject_on_worker_lost: a killed child's message is redelivered."""
