@@ -12,7 +12,7 @@ import pytest
 
 from celery_singleton_lock import IdempotencyConflictError
 from celery_singleton_lock.lease import Lease
-from celery_singleton_lock.tokens import queued_token
+from celery_singleton_lock.tokens import RATE_SLOT_HEADER, queued_token, slot_header
 
 from ..conftest import CeleryEnv
 from ..support.cli import cli
@@ -124,6 +124,23 @@ class TestHistory:
         last = story(cenv, task, "h3", "v1")[-1]
         assert last["event"] == "released by operator"
         assert last["by"].startswith("celery singleton, ")
+
+    def test_a_late_slot_deferred_anew_is_recorded(self, cenv: CeleryEnv, worker: Worker) -> None:
+        # A call carrying a slot a minute late (its worker was down, say) is deferred
+        # anew behind the run that took the slot now: one more rate-limited entry, as a
+        # hop's early slot (the same wait, sent on) records none.
+        rated = cenv.app_module.chronicled_rated  # 1/2s
+        first = rated.apply_async(("h6", 0), queue=worker.queue)
+        assert first.get(timeout=20) == 0
+        now = time.time()
+        late = rated.apply_async(
+            ("h6", 1),
+            queue=worker.queue,
+            headers={RATE_SLOT_HEADER: slot_header(now - 60, now - 61)},
+        )
+        assert late.get(timeout=20) == 1
+        deferred = [e for e in story(cenv, rated, "h6") if e["event"] == "rate-limited"]
+        assert [e["id"] for e in deferred] == [late.id]
 
     def test_a_rate_limited_run_and_a_cancelled_one(self, cenv: CeleryEnv, worker: Worker) -> None:
         rated = cenv.app_module.chronicled_rated
