@@ -40,9 +40,9 @@ def refuse_unknown_keys(conf: Settings, known: Collection[str], foreign: Collect
         described.append(
             f"{written} (did you mean {_as_written(hint[0], written)}?)" if hint else written
         )
-    known = sorted(_as_written(n, next(iter(unknown))) for n in known)
+    listed = sorted(_as_written(n, next(iter(unknown))) for n in known)
     raise ConfigurationError(
-        f"unknown setting {', '.join(described)}; known settings are {', '.join(known)}"
+        f"unknown setting {', '.join(described)}; known settings are {', '.join(listed)}"
     )
 
 
