@@ -17,7 +17,7 @@ from celery_singleton_lock import ConfigurationError, CostOverBurstError, Memory
 from celery_singleton_lock.lease.clock import ManualClock
 from celery_singleton_lock.lease.limits.rates import Rate, parse_rate, rates_of
 
-from ..support.rates import most_in_a_window, most_units
+from ..support.rates import most_in_a_window, most_units, needless_refusals
 from ..support.runs import wait_for
 
 
@@ -192,17 +192,20 @@ class TestRedis:
     def test_many_clients_never_exceed_the_rate_in_any_window(self, client: redis.Redis) -> None:
         rate, seconds = Rate(50, 1.0), 1.6
         taken: list[float] = []
+        answers: list[tuple[float, bool, list[float]]] = []
         guard = threading.Lock()
+        name = f"hot-{time.monotonic_ns()}"  # no schedule left by an earlier run
 
         def hammer() -> None:
             rates = rates_of(RedisLock(client, prefix="test"))
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
-                answer = rates.ask("hot", rate)
-                if answer.now:
-                    with guard:
+                answer = rates.ask(name, rate)
+                with guard:
+                    answers.append((answer.clock, answer.now, [1.0]))
+                    if answer.now:
                         taken.append(answer.at)
-                else:
+                if not answer.now:
                     time.sleep(min(answer.wait, 0.005))
 
         threads = [threading.Thread(target=hammer) for _ in range(4)]
@@ -216,7 +219,10 @@ class TestRedis:
         )
         print(f"rate 50/s over {seconds}s, 4 clients: {len(taken)} taken, at most {most} in 1 s")
         assert most <= rate.limit
-        assert len(taken) >= int(seconds * rate.limit * 0.9)
+        # The rate is used: no call was refused that it had room for when it asked (how
+        # many are taken in all depends on how often the clients got a core to ask).
+        assert len(taken) > 1
+        assert needless_refusals(answers, [rate]) == []
 
     def test_the_key_lasts_only_until_the_next_call_is_due(self, client: redis.Redis) -> None:
         rates = rates_of(RedisLock(client, prefix="test"))
@@ -334,7 +340,9 @@ class TestSeveralLimitsAndCosts:
         # Requests a second and tokens per 2 s, each call 1 to 4 tokens, 4 clients.
         calls, tokens = Rate(30, 1.0), Rate(120, 2.0, burst=8)
         taken: list[tuple[float, float]] = []
+        answers: list[tuple[float, bool, list[float]]] = []
         guard = threading.Lock()
+        name = f"llm-{time.monotonic_ns()}"  # no schedule left by an earlier run
 
         def hammer(seed: int) -> None:
             rates = rates_of(RedisLock(client, prefix="test"))
@@ -343,11 +351,12 @@ class TestSeveralLimitsAndCosts:
             while time.monotonic() < deadline:
                 cost = float(n % 4 + 1)
                 n += 1
-                answer = rates.ask("llm", [(calls, 1.0), (tokens, cost)])
-                if answer.now:
-                    with guard:
+                answer = rates.ask(name, [(calls, 1.0), (tokens, cost)])
+                with guard:
+                    answers.append((answer.clock, answer.now, [1.0, cost]))
+                    if answer.now:
                         taken.append((answer.at, cost))
-                else:
+                if not answer.now:
                     time.sleep(min(answer.wait, 0.005))
 
         threads = [threading.Thread(target=hammer, args=(s,)) for s in range(4)]
@@ -358,4 +367,6 @@ class TestSeveralLimitsAndCosts:
         assert most_units([(at, 1.0) for at, _ in taken], 1.0) <= calls.limit
         assert most_units(taken, 2.0) <= tokens.burst - 1 + tokens.limit
         print(f"2 limits, 4 clients: {len(taken)} calls, {sum(c for _, c in taken):g} tokens")
-        assert sum(c for _, c in taken) >= 0.8 * (120 + 120 * 0.5)  # the limit is used
+        # Both limits are used: no call was refused that they had room for as it asked.
+        assert len(taken) > 1
+        assert needless_refusals(answers, [calls, tokens]) == []

@@ -8,6 +8,8 @@ import json
 import statistics
 from typing import Any
 
+from celery_singleton_lock.lease.limits.rates import Rate
+
 from ..conftest import CeleryEnv
 
 
@@ -82,3 +84,37 @@ def all_delivered(cenv: CeleryEnv, worker: Any, ids: set[str]) -> bool:
     return all(
         log.count(f"[{i}] received") == sum(log.count(f"[{i}] {end}") for end in ended) for i in ids
     )
+
+
+def needless_refusals(
+    answers: list[tuple[float, bool, list[float]]], limits: list[Rate]
+) -> list[float]:
+    """The refusals a GCRA over ``limits`` would have let through, replaying ``answers``
+    ((the server's clock as it answered, taken or not, units per limit)) in the server's
+    order, in whole microseconds as rate.lua counts (its interval is rounded to one).
+
+    The check that a rate is used, whatever the load: a starved client asks less often,
+    but every call it was refused must have been over a limit when it asked. (Answers at
+    the same microsecond go takes first: the side that never flags a refusal wrongly.)
+    """
+    steps = [(max(1, round(r.interval * 1e6)), r.burst - 1) for r in limits]
+    tats = [0] * len(limits)
+    needless = []
+    for clock, taken, units in sorted(answers, key=lambda a: (a[0], not a[1])):
+        now = round(clock * 1e6)
+        fits = max(
+            (
+                tat + (cost - 1) * interval - burst * interval
+                for (interval, burst), tat, cost in zip(steps, tats, units, strict=True)
+                if cost > 0
+            ),
+            default=now,
+        )
+        if taken:
+            tats = [
+                round(max(tat, now) + cost * interval)
+                for (interval, _), tat, cost in zip(steps, tats, units, strict=True)
+            ]
+        elif fits <= now:
+            needless.append(clock)
+    return needless
