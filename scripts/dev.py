@@ -315,9 +315,10 @@ def test(args: list[str]) -> int:
 
 def beyond_the_inner_loop(phases: Phases, env: dict[str, str]) -> None:
     """What CI runs after the inner loop: the one-offs, the chaos suite, the matrix."""
-    # The load tests one at a time: each loads both cores on purpose, and a rate's
+    # The one-offs spread as the inner loop is (most wait on servers and workers); the
+    # load tests one at a time: each loads both cores on purpose, and a rate's
     # throughput drops under load another puts on it (docs/modes.md, "At execution").
-    one_offs = [*xdist("2"), "tests", "-m", "oneoff and not load"]
+    one_offs = [*xdist(), "tests", "-m", "oneoff and not load"]
     valkey = ensure_valkey_tls()
     if valkey:
         env["VALKEY_TLS_SERVER_BIN"] = valkey
