@@ -336,6 +336,7 @@ def row_states(driver: Any) -> dict[str, str]:
     )
 
 
+@pytest.mark.oneoff  # a Chromium each: in CI's one-offs (the page's server side is tested above)
 @pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs chromium and chromium-driver")
 class TestInABrowser:
     def test_the_list_refreshes_in_place_and_filters(self, cenv: CeleryEnv, held: Held) -> None:
