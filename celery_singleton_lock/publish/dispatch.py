@@ -165,10 +165,11 @@ def send_in_line(
     first; a call then not sent gives its place back."""
     task_id = task_id or uuid()
     own_headers.update(place_at_publish(context, lock_name, task_id, call, options))
-    entered = delay_of(options)
+    placed = BACKLOG_HEADER in own_headers
+    entered = delay_of(options) if placed else 0.0  # (no work for a call without a place)
     try:
         own_headers.update(slot_at_publish(context, lock_name, call, options))
-        if BACKLOG_HEADER in own_headers:
+        if placed:
             stretch_place(context, lock_name, task_id, delay_of(options) - entered)
         return publish(task_id, options, own_headers)
     except BaseException:
