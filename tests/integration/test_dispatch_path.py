@@ -21,7 +21,14 @@ from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import HOLD
 from celery_singleton_lock.lease.redis import pipelining
 from celery_singleton_lock.modes.debounce import Debounce
-from celery_singleton_lock.tokens import ETA_HEADER, NAME_HEADER, TOKEN_HEADER, debounced_token
+from celery_singleton_lock.tokens import (
+    ETA_HEADER,
+    NAME_HEADER,
+    RATE_SLOT_HEADER,
+    TOKEN_HEADER,
+    debounced_token,
+    read_slot,
+)
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.forks import in_forked_child
@@ -196,6 +203,70 @@ class TestCountdownPastTheVisibilityTimeout:
         later = delayed.apply_async((item,), queue=QUEUE)  # a minute on
         assert left(now.id) == pytest.approx(10, abs=1.0)
         assert left(later.id) == pytest.approx(10 + 60, abs=2.0)
+
+    def test_a_wait_within_half_the_queue_ttl_leaves_the_place_as_taken(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        soon = cenv.app_module.capped_soon  # 1/4s, queue_ttl=10: a wait of 4 s
+        item = f"place-{time.monotonic_ns()}"
+        place = self._place(cenv, soon, item)
+        soon.apply_async((item,), queue=QUEUE)
+        later = soon.apply_async((item,), queue=QUEUE)
+        assert self._left(cenv, place, later.id) == pytest.approx(10, abs=1.0)
+        eta = json.loads(queue.lrange(QUEUE, 0, -1)[0])["headers"]["eta"]
+        assert datetime.fromisoformat(eta).timestamp() - time.time() == pytest.approx(4, abs=1)
+
+    def test_a_wait_cut_into_hops_keeps_the_place_for_the_first_hop(
+        self, cenv: CeleryEnv, queue: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # A broker that hands a message out again after 40 s: the call waiting a minute
+        # for its slot goes in hops of 20 s, and each hop renews its place (its run's
+        # ``run/places.keep_place``), so the place need only last the first.
+        conf = cenv.app_module.app.conf
+        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 40}
+        monkeypatch.setitem(conf, "broker_transport_options", options)
+        delayed = cenv.app_module.capped_delayed  # 1/m, queue_ttl=10
+        item = f"place-{time.monotonic_ns()}"
+        place = self._place(cenv, delayed, item)
+        delayed.apply_async((item,), queue=QUEUE)
+        sent_at = time.time()
+        later = delayed.apply_async((item,), queue=QUEUE)
+        assert self._left(cenv, place, later.id) == pytest.approx(10 + 20, abs=2.0)
+        headers = json.loads(queue.lrange(QUEUE, 0, -1)[0])["headers"]
+        assert datetime.fromisoformat(headers["eta"]).timestamp() - sent_at == pytest.approx(
+            20, abs=1
+        )
+        slot = read_slot(headers[RATE_SLOT_HEADER])
+        assert slot is not None
+        assert slot[0] - sent_at == pytest.approx(60, abs=2)
+
+    def test_a_call_not_sent_after_its_place_was_renewed_gives_it_back(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        delayed = cenv.app_module.capped_delayed
+        item = f"place-{time.monotonic_ns()}"
+        place = self._place(cenv, delayed, item)
+        first = delayed.apply_async((item,), queue=QUEUE)
+        # Celery parses ``expires`` as it builds the message: after the place was taken
+        # and renewed for the minute's wait, before anything was sent.
+        with pytest.raises(ValueError, match=r"invalid literal|Expected 4 digits"):
+            delayed.apply_async((item,), queue=QUEUE, expires="not-a-date")
+        client = cenv.lock_client()
+        assert [m.decode() for m in client.zrange(place, 0, -1)] == [first.id]
+        assert published(queue) == 1
+
+    @staticmethod
+    def _place(cenv: CeleryEnv, task: Any, item: str) -> str:
+        """The key of ``task``'s places among the calls of ``item`` waiting."""
+        name = task.singleton_options().key.derive((item,), {})
+        return str(LockStores.for_app(cenv.app_module.app).lock.keys(name).backlog)
+
+    @staticmethod
+    def _left(cenv: CeleryEnv, place: str, task_id: str) -> float:
+        """Seconds left of ``task_id``'s place, by the lock server's clock."""
+        client = cenv.lock_client()
+        seconds, micros = client.time()
+        return float(client.zscore(place, task_id) or 0) / 1000 - seconds - micros / 1e6
 
 
 class TestDebounceSuccessor:

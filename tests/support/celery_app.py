@@ -646,6 +646,15 @@ def capped_delayed(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> in
     return _rated(self, item, n, seconds)
 
 
+@singleton_task(
+    app=app, bind=True, key=["item"], rate="1/4s", on_limited="delay", max_pending=3, queue_ttl=10
+)
+def capped_soon(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
+    """One run per 4 s per item, each call sent with the countdown to its slot: a wait
+    shorter than half its queue_ttl."""
+    return _rated(self, item, n, seconds)
+
+
 @singleton_task(app=app, bind=True, key=["item"], rate="1/m", on_limited="raise", max_pending=3)
 def capped_checked(self: Any, item: str, n: int = 0, seconds: float = 0.0) -> int:
     """One a minute or RateLimitedError at dispatch, and at most 3 of an item waiting."""
