@@ -50,6 +50,15 @@ def published(broker: redis.Redis) -> int:
     return int(broker.llen(QUEUE))
 
 
+def handed_out_again_after(
+    cenv: CeleryEnv, monkeypatch: pytest.MonkeyPatch, seconds: float
+) -> None:
+    """The broker hands an unacked message out again after ``seconds`` (for this test)."""
+    conf = cenv.app_module.app.conf
+    options = {**(conf.broker_transport_options or {}), "visibility_timeout": seconds}
+    monkeypatch.setitem(conf, "broker_transport_options", options)
+
+
 class TestOverlappedDispatch:
     def test_unique_is_published_with_its_hold_and_duplicates_are_not(
         self, cenv: CeleryEnv, queue: redis.Redis
@@ -136,9 +145,7 @@ class TestCountdownPastTheVisibilityTimeout:
         self, cenv: CeleryEnv, queue: redis.Redis, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         # Waited out whole, kombu would hand the message out again while it waits.
-        conf = cenv.app_module.app.conf
-        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 100}
-        monkeypatch.setitem(conf, "broker_transport_options", options)
+        handed_out_again_after(cenv, monkeypatch, 100)
         work = cenv.app_module.work
         work.apply_async((f"soon-{time.monotonic_ns()}",), countdown=40, queue=QUEUE)
         sent_at = time.time()
@@ -156,9 +163,7 @@ class TestCountdownPastTheVisibilityTimeout:
     ) -> None:
         # A debounce of 0.5 s on a broker that hands a message out again after 0.6 s
         # (one hop: 0.3 s): each call of the burst sends the queued call on in hops.
-        conf = cenv.app_module.app.conf
-        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 0.6}
-        monkeypatch.setitem(conf, "broker_transport_options", options)
+        handed_out_again_after(cenv, monkeypatch, 0.6)
         debounced, item = cenv.app_module.debounced, f"burst-{time.monotonic_ns()}"
         first = debounced.apply_async((item, "v1"), queue=QUEUE)
         sent_at = time.time()
@@ -222,9 +227,7 @@ class TestCountdownPastTheVisibilityTimeout:
         # A broker that hands a message out again after 40 s: the call waiting a minute
         # for its slot goes in hops of 20 s, and each hop renews its place (its run's
         # ``run/places.keep_place``), so the place need only last the first.
-        conf = cenv.app_module.app.conf
-        options = {**(conf.broker_transport_options or {}), "visibility_timeout": 40}
-        monkeypatch.setitem(conf, "broker_transport_options", options)
+        handed_out_again_after(cenv, monkeypatch, 40)
         delayed = cenv.app_module.capped_delayed  # 1/m, queue_ttl=10
         item = f"place-{time.monotonic_ns()}"
         place = self._place(cenv, delayed, item)
