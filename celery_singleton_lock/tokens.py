@@ -155,8 +155,9 @@ def retry_shape(task_id: str, queued: str | None, retries: int) -> tuple[str, st
     """(prefix, suffix) of the hold ``retry_token`` names, for the worker's main process
     to free it after the attempt's pool child died: that token exactly, or for a message
     without a queued hold of its own (nothing to name it from) any queued hold of this
-    task id's retry, which only another copy of the same task id, retrying at the same
-    count at the same moment, could also have."""
+    task id's retry, which only another copy of the same task id (a reused ``task_id=``,
+    a redelivery) waiting out its retry at the same count could also have: so the worker
+    looks for the child's own lease on every slot first."""
     step = f"r{retries + 1}"
     if _first_nonce(queued) is None:
         return "q|", f"+{step}|{task_id}"

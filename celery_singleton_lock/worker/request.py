@@ -169,11 +169,17 @@ class SingletonRequest(Request):  # type: ignore[misc]
         retried = retry_shape(self.id, queued, retries)
         # The key, or with limit=N whichever slot of it the child held.
         override = task.singleton_context.override(lock_name)  # a raised limit's slots
-        for name in mode.running_names(lock_name, override):
-            result = store.release_matching(name, *shape, or_shape=retried)
-            if result is ReleaseResult.RELEASED:
-                send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
-                break
+        names = list(mode.running_names(lock_name, override))
+        # Over several slots, the child's own lease is looked for on each before any
+        # retry's hold: another copy of this task id may wait out its retry on a slot.
+        passes = [(shape, retried)] if len(names) == 1 else [(shape, None), (retried, None)]
+        result = ReleaseResult.EXPIRED
+        for own, also in passes:
+            for name in names:
+                result = store.release_matching(name, *own, or_shape=also)
+                if result is ReleaseResult.RELEASED:
+                    send_signal(dead_child_released, task, lock_name, task_id=self.id, pid=pid)
+                    return result
         return result
 
     def release_for_dead_child(self, *, kill: bool) -> None:

@@ -10,6 +10,7 @@ from ..broker.results import missed_ride as missed_result_ride
 from ..broker.transport import missed_ride
 from ..config.incumbents import foreign_settings
 from ..config.options import is_singleton
+from ..config.spelling import in_users_words
 from ..config.visibility import RABBITMQ_TRANSPORTS, transport_of, visibility_timeout
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..lease import pushes_of
@@ -65,7 +66,8 @@ def check_worker_setup(app: Celery) -> list[str]:
         if missed:
             warnings.append(missed)
     warnings += _unacked_too_long(app, tasks)
-    return warnings
+    # Our settings as the app writes them (``CELERY_SINGLETON_LOCK_URL`` under Django).
+    return [in_users_words(warning, app.conf) for warning in warnings]
 
 
 def _unacked_too_long(app: Celery, tasks: list[Task]) -> list[str]:

@@ -6,7 +6,9 @@ import gc
 import importlib
 import logging
 import os
+import signal
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -16,11 +18,14 @@ from celery_singleton_lock import (
     ConfigurationError,
     DuplicateTaskError,
     KeyDerivationError,
+    Lease,
     LockStoreUnavailableError,
     singleton_task,
 )
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib.lock_history import entries_of
+from celery_singleton_lock.tokens import retry_token
+from celery_singleton_lock.worker.setupchecks import check_worker_setup
 
 from ..conftest import CeleryEnv
 from ..support.rates import all_delivered, rated_runs
@@ -187,6 +192,39 @@ class TestAChildKilledSendingOn:
         again = work.apply_async((item,), queue=dying.queue)
         assert again.id != first.id
         assert again.get(timeout=20) == item
+
+
+class TestAChildKilledBesideAnotherCopy:
+    def test_its_own_slot_is_freed_never_another_copy_s_retry(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        # Two copies of one task id (a reused task_id=) on limit=3's slots: one waits out
+        # its retry with the hold its run passed on (on the first slot), the other's
+        # child is killed mid-run. Both match the shape the worker frees a retry's hold
+        # by; the dead child's own lease is the one freed.
+        export, item = cenv.app_module.export, f"copies-{uuid.uuid4().hex[:8]}"
+        task_id = str(uuid.uuid4())
+        store = LockStores.for_app(cenv.app_module.app).lock
+        first, second, _ = export.singleton_options().mode.running_names(
+            export.singleton_options().key.derive((item,), {})
+        )
+        retry_hold = retry_token(task_id, None, 0)  # what the first copy's retry waits with
+        assert isinstance(store.try_acquire(first, 60, token=retry_hold), Lease)
+        export.apply_async((item, UNTIL_OPENED), task_id=task_id, queue=worker.queue)
+        wait_for(lambda: started(cenv), what="the second copy's run")
+        assert holder(cenv, store, second) is not None, "the run took the next slot"
+        os.kill(started(cenv)[0]["pid"], signal.SIGKILL)
+        wait_for(lambda: child_died(worker, task_id), 10, "the child's death")
+        assert holder(cenv, store, second) is None, "the dead child's slot is free"
+        assert holder(cenv, store, first) == retry_hold, "the other copy's retry keeps its slot"
+        store.release_token(first, retry_hold)
+        open_gate(cenv, item)
+
+
+def holder(cenv: CeleryEnv, store: Any, name: str) -> str | None:
+    """The token holding lock ``name`` now, if any."""
+    value = cenv.lock_client().get(store.keys(name).lock)
+    return None if value is None else value.decode()
 
 
 class TestWorkerStart:
@@ -404,6 +442,21 @@ class TestStartupWarnings:
         finally:
             worker.stop()
             store.cleanup()
+
+    def test_a_warning_spells_our_settings_as_the_app_does(self, cenv: CeleryEnv) -> None:
+        # Under Django: CELERY_SINGLETON_LOCK_CONSUMER_TIMEOUT, not the name Celery's own
+        # settings are read by.
+        module = importlib.reload(importlib.import_module("tests.support.django_style_app"))
+        module.app.conf.update(
+            broker_url="amqp://guest:guest@127.0.0.1:5672//",
+            CELERY_SINGLETON_LOCK_URL=cenv.lock.url,
+            CELERY_SINGLETON_LOCK_CONSUMER_TIMEOUT=30,
+        )
+        warnings = "\n".join(check_worker_setup(module.app))
+        print(warnings)
+        assert "countdowns up to 60.0s, not below the broker's consumer_timeout=30.0s" in warnings
+        assert "(and CELERY_SINGLETON_LOCK_CONSUMER_TIMEOUT with it)" in warnings
+        assert "singleton_lock_" not in warnings
 
     def test_healthy_setup_gives_no_warning(self, cenv: CeleryEnv, worker: Worker) -> None:
         # The session's worker: a setup check would warn. Its log also says what it

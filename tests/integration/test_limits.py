@@ -388,6 +388,21 @@ class TestBackpressure:
         assert backlog_of(store).waiting(name) == 1, "only the call sent waits"
         cenv.broker.client().delete(parked)
 
+    def test_a_shorter_place_taken_later_never_shortens_a_longer_one(
+        self, cenv: CeleryEnv, app: Any
+    ) -> None:
+        # A place renewed for its slot's wait (70 s), then another call's of 1 s: the set
+        # of places lives as long as its last place, not as the last call asked.
+        store = LockStores.for_app(app.app).lock
+        backlog, name = backlog_of(store), f"places-{uuid.uuid4().hex[:8]}"
+        assert backlog.enter(name, "waits-for-its-slot", 3, 10).taken
+        backlog.renew(name, "waits-for-its-slot", 70)
+        assert backlog.enter(name, "soon", 3, 1).taken
+        key = store.keys(name).backlog
+        assert int(cenv.lock_client().pttl(key)) > 60_000
+        backlog.leave(name, "waits-for-its-slot")
+        backlog.leave(name, "soon")
+
     def test_a_refused_call_sends_nothing_and_max_pending_needs_a_queue_to_cap(
         self, cenv: CeleryEnv, app: Any
     ) -> None:

@@ -21,7 +21,9 @@ if not known and ARGV[4] ~= 'renew' and waiting >= tonumber(ARGV[2]) then
   return {0, waiting, tonumber(first[2]) - now}
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
--- Every place ends within ttl from now: the set with it.
-redis.call('PEXPIRE', KEYS[1], ttl)
+-- The set ends with its last place, which may be another call's, kept longer than this
+-- one's (a place renewed for its slot's wait): never with this call's.
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+redis.call('PEXPIREAT', KEYS[1], tonumber(last[2]))
 if known then return {1, waiting} end
 return {1, waiting + 1}
