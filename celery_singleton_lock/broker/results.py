@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import os
 from functools import partial
+from importlib.resources import files
 from typing import TYPE_CHECKING
 
 from celery import states
 from celery.backends.redis import RedisBackend as CeleryRedisBackend
 from celery.backends.redis import SentinelBackend as CelerySentinelBackend
+from celery.exceptions import BackendStoreError
+from kombu.utils.encoding import bytes_to_str
 
 from ..lease import RidingRelease, Server, pushes_of, server_of
 from ..lease.history import Record
+from ..lease.redis.scripts import source
 from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
@@ -37,6 +41,9 @@ _REPLACED = {"redis": BACKEND, "rediss": BACKEND, "sentinel": SENTINEL_BACKEND}
 # checks the size limit of a value before sending, and a huge value is no common case.
 RIDING_LIMIT = 1 << 20
 
+# Celery's result write, with the read of the stored result it sends first in its own step.
+STORE_RESULT = source("store_result", files(__package__) / "lua")
+
 
 def _text(key: object) -> str:
     return key.decode() if isinstance(key, bytes) else str(key)
@@ -51,7 +58,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     ``Ignore``, ``Reject``, a result already stored) is released on its own round trip
     when the task's tracer is done (``task_postrun``), so a release is never lost. It
     behaves exactly as Celery's own for every write that carries no release. A singleton
-    task's STARTED is stored here too, once the run holds its lease (``store_started``)."""
+    task's STARTED is stored here too, once the run holds its lease (``store_started``).
+
+    Celery reads the stored result before each write, to leave a success as it is. A write
+    that carries a release reads it in its own step instead (``lua/store_result.lua``):
+    the same answer, a round trip fewer."""
 
     _singleton_server: Server | None = None
     # result key -> the release its write carries, and the lock store's database: filled
@@ -59,6 +70,9 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     # result, or failing that at task_postrun (``release_uncarried``). Celery keeps one backend per
     # thread, and a run's end and its result's write are on the run's own thread.
     _singleton_releases: dict[str, tuple[RidingRelease, int]] | None = None
+
+    # (result key, task id) of the write in progress whose read is folded into it.
+    _singleton_unread: tuple[str, str] | None = None
 
     def server(self) -> Server | None:
         """Where this backend stores results (None: not one standalone server)."""
@@ -98,12 +112,57 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             release = pending[0]
             release_or_warn(lambda _: release.alone(), release.lease)
 
+    def _store_result(
+        self,
+        task_id: str,
+        result: object,
+        state: str,
+        traceback: object = None,
+        request: object = None,
+        **kwargs: object,
+    ) -> object:
+        """Celery's (``KeyValueStoreBackend._store_result``), but for a result whose write
+        carries its run's release the read of the stored result goes in the write's own
+        step; every other write reads first on a round trip of its own, as Celery's.
+
+        Only results Celery encodes as JSON (the script reads their ``status``)."""
+        key = self.get_key_for_task(task_id)
+        releases = self._singleton_releases
+        if not releases or _text(key) not in releases or self.serializer != "json":
+            return super()._store_result(
+                task_id, result, state, traceback=traceback, request=request, **kwargs
+            )
+        meta = self._get_result_meta(
+            result=result, state=state, traceback=traceback, request=request
+        )
+        meta["task_id"] = bytes_to_str(task_id)
+        self._singleton_unread = (_text(key), task_id)
+        try:
+            self._set_with_state(key, self.encode(meta), state)
+        except BackendStoreError as error:
+            raise BackendStoreError(str(error), state=state, task_id=task_id) from error
+        finally:
+            self._singleton_unread = None
+        return result
+
+    def _stored_success(self, key: object) -> bool:
+        """Whether a success is stored under ``key``, for a write that was to read it in
+        its own step but goes as Celery sends it after all: Celery's read, on its own
+        round trip (False when Celery read it already)."""
+        unread = self._singleton_unread
+        if unread is None or unread[0] != _text(key):
+            return False
+        self._singleton_unread = None
+        return bool(self._get_task_meta_for(unread[1])["status"] == states.SUCCESS)
+
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
         releases = self._singleton_releases
         if not releases or _text(key) not in releases:
             return super().set(key, value, *args, **kwargs)
         if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
             self._release_alone(key)
+            if self._stored_success(key):
+                return None
             return super().set(key, value, *args, **kwargs)
         # Celery >= 5.4 passes the result's own expiry (None: the backend's); 5.3 none.
         expires = args[0] if args else kwargs.pop("expires", None)
@@ -126,7 +185,8 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
                 raise
             # The server refused the release as it was queued (an ACL user without the
             # lock's keys), which aborted the transaction: the result alone.
-            self._write(key, value, expires, None)
+            if not self._stored_success(key):
+                self._write(key, value, expires, None)
             pending[0].alone()
             return
         if pending is not None:
@@ -140,17 +200,24 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         self, key: object, value: object, expires: object, pending: tuple[RidingRelease, int] | None
     ) -> list[object]:
         """Celery's own write (``SETEX`` or ``SET``, then ``PUBLISH``, one transaction),
-        with the pending release first in it."""
+        with the pending release first in it; for a result whose read was left to it
+        (``_store_result``), a script that reads, writes and publishes."""
+        unread = self._singleton_unread
         with self.client.pipeline() as pipe:
             if pending is not None:
                 pending[0].add(pipe, pending[1])
-            if expires:
-                # SETEX as Celery sends it (redis-py 8 warns on its setex method).
-                seconds = getattr(expires, "total_seconds", None)
-                pipe.execute_command("SETEX", key, int(seconds()) if seconds else expires, value)
+            seconds = getattr(expires, "total_seconds", None)
+            ttl = int(seconds()) if seconds else expires
+            if pending is not None and unread is not None and unread[0] == _text(key):
+                # The body, not the digest: nothing to load first, nothing lost to NOSCRIPT.
+                pipe.eval(STORE_RESULT, 1, key, value, ttl or 0)
             else:
-                pipe.set(key, value)
-            pipe.publish(key, value)
+                if expires:
+                    # SETEX as Celery sends it (redis-py 8 warns on its setex method).
+                    pipe.execute_command("SETEX", key, ttl, value)
+                else:
+                    pipe.set(key, value)
+                pipe.publish(key, value)
             replies: list[object] = pipe.execute(raise_on_error=pending is None)
             return replies
 

@@ -328,23 +328,26 @@ class TestWorkerRides:
     ) -> None:
         """Dispatch (the hold in the push), receipt (the running lease in the pipeline
         that records the message as unacked), start (none: the lease is handed to the
-        run), end (the release, in the transaction that stores the result)."""
+        run), end (the release, in the transaction that stores the result). One fewer
+        than plain Celery's: Celery reads a result before it writes it, and the write of
+        a run's result here reads it in its own step (``lua/store_result.lua``)."""
         counted = produce_with_worker(same_server_env(shared, cenv), LIFECYCLE, pool)
         print(counted)
         plain = (counted["plain"] + counted["again"]) / 2
         # A margin for wake-ups the idle rate does not predict (measured: 0.1).
-        assert counted["unique"] - plain <= 0.3 + RESULT_NOISE, counted
+        assert counted["unique"] - plain <= -1 + 0.3 + RESULT_NOISE, counted
         assert holds(at(shared, 1)) == {}
 
 
 def assert_rides(counted: dict[str, Any], lifecycle: dict[str, Any], channel: str) -> None:
-    """A dispatch and a task lifecycle make the round trips plain Celery's make."""
+    """A dispatch makes the round trips plain Celery's makes, a task lifecycle one fewer."""
     print(counted, lifecycle)
     assert counted["channel"] == f"celery_singleton_lock.broker.transport.{channel}"
     assert counted["unique_median"] == counted["plain_median"], counted
     assert counted["pushed_by_duplicates"] == 0, counted
     plain = (lifecycle["plain"] + lifecycle["again"]) / 2
-    assert lifecycle["unique"] - plain <= 0.3 + RESULT_NOISE, lifecycle
+    # One fewer: the result's write reads what is stored in its own step.
+    assert lifecycle["unique"] - plain <= -1 + 0.3 + RESULT_NOISE, lifecycle
 
 
 class TestUnixSocket:

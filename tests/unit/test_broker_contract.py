@@ -96,6 +96,18 @@ class TestOverriddenMembers:
             (celery_redis.RedisBackend, "set", ["self", "key", "value", *EXPIRES, "retry_policy"]),
             (celery_redis.RedisBackend, "_set", ["self", "key", "value", *EXPIRES]),
             (celery_redis.RedisBackend, "get_key_for_task", ["self", "task_id", "key"]),
+            (
+                celery_redis.RedisBackend,
+                "_store_result",
+                ["self", "task_id", "result", "state", "traceback", "request", "kwargs"],
+            ),
+            (
+                celery_redis.RedisBackend,
+                "_get_result_meta",
+                ["self", "result", "state", "traceback", "request", "format_date", "encode"],
+            ),
+            (celery_redis.RedisBackend, "_set_with_state", ["self", "key", "value", "state"]),
+            (celery_redis.RedisBackend, "_get_task_meta_for", ["self", "task_id"]),
             (celery_redis.RedisBackend, "on_task_call", ["self", "producer", "task_id"]),
             (Connection, "get_transport_cls", ["self"]),
             (Connection, "Pool", ["self", "limit", "kwargs"]),
@@ -255,6 +267,19 @@ class TestResultWrite:
             backend, "celery-task-meta-1", "v", *[expires][: len(EXPIRES)]
         )
         assert [command for command, _ in client.sent] == commands
+
+    def test_celery_reads_a_stored_result_first_and_leaves_a_success(self) -> None:
+        # What broker/lua/store_result.lua does in the write's own step, and the meta
+        # it writes (``RedisBackend._store_result`` makes it as Celery does).
+        source = inspect.getsource(celery_redis.RedisBackend._store_result)
+        read = source.index("current_meta = self._get_task_meta_for(task_id)")
+        kept = source.index("if current_meta['status'] == states.SUCCESS:")
+        meta = source.index("meta = self._get_result_meta(result=result, state=state,")
+        written = source.index(
+            "self._set_with_state(self.get_key_for_task(task_id), self.encode(meta), state)"
+        )
+        assert meta < read < kept < written
+        assert "meta['task_id'] = bytes_to_str(task_id)" in source
 
     def test_set_hands_the_write_to_ensure(self) -> None:
         source = inspect.getsource(celery_redis.RedisBackend.set)

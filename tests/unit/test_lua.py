@@ -14,7 +14,9 @@ from celery_singleton_lock.lease.redis import scripts, transit
 from ..support.workers import ROOT
 
 LUA = ROOT / "celery_singleton_lock" / "lease" / "redis" / "lua"
-SCRIPTS = sorted(LUA.glob("*.lua"))
+# The scripts that know Celery's or kombu's layout live with the broker ride.
+BROKER_LUA = ROOT / "celery_singleton_lock" / "broker" / "lua"
+SCRIPTS = sorted([*LUA.glob("*.lua"), *BROKER_LUA.glob("*.lua")])
 HELPERS = sorted((LUA / "includes").glob("*.lua"))
 INCLUDE = re.compile(r'^--- @include "([a-z_]+)"', re.MULTILINE)
 
@@ -66,7 +68,7 @@ class TestSource:
 
     def test_what_is_sent_has_no_comment_lines(self) -> None:
         for path in SCRIPTS:
-            text = scripts.source(path.stem)
+            text = scripts.source(path.stem, path.parent)
             assert not [line for line in text.splitlines() if line.lstrip().startswith("--")]
             assert "redis.call" in text or "redis.pcall" in text, path.stem
 

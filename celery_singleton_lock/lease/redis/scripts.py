@@ -8,33 +8,41 @@ Redis Cluster slot, never CROSSSLOT; the push scripts also touch a broker's list
 from __future__ import annotations
 
 import re
+import sys
 from importlib.resources import files
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:
+        from importlib.abc import Traversable
 
 _LUA = files(__package__) / "lua"
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"\s*$')
 
 
-def source(name: str) -> str:
-    """The script ``lua/<name>.lua`` as sent to Redis: its includes expanded (each helper
-    once), its comment lines left out.
+def source(name: str, folder: Traversable = _LUA) -> str:
+    """The script ``lua/<name>.lua`` (or ``<name>.lua`` in ``folder``) as sent to Redis:
+    its includes expanded (each helper once), its comment lines left out.
 
     Each file opens with its contract: what it does, the KEYS and ARGV it takes and what
     it returns (sidekiq-unique-jobs' ``lua/`` and BullMQ's ``commands/`` are the models).
     Helpers several scripts share live in ``lua/includes/`` and are pulled in by a line
     ``--- @include "name"`` (each once per script), never copied.
     """
-    return "".join(_lines(name, set()))
+    return "".join(_lines(folder, name, set()))
 
 
-def _lines(name: str, included: set[str]) -> list[str]:
+def _lines(folder: Traversable, name: str, included: set[str]) -> list[str]:
     lines = []
-    for line in (_LUA / f"{name}.lua").read_text().splitlines(keepends=True):
+    for line in (folder / f"{name}.lua").read_text().splitlines(keepends=True):
         helper = _INCLUDE.match(line)
         if helper is not None:
             path = f"includes/{helper.group(1)}"
             if path not in included:
                 included.add(path)
-                lines += _lines(path, included)
+                lines += _lines(folder, path, included)
         elif not line.lstrip().startswith("--"):
             lines.append(line)
     return lines

@@ -1,0 +1,27 @@
+-- Store a task's result as Celery's Redis result backend does (the value, then a PUBLISH
+-- of it on the key's channel), unless a success is stored under the key already.
+--
+-- Celery reads the stored result before every write and leaves a success as it is, so a
+-- lost worker's copy of a task that ran again cannot overwrite it
+-- (KeyValueStoreBackend._store_result). Here that read is the write's own first step:
+-- the same answer, a round trip fewer, and nothing can land between the read and the write.
+--
+-- KEYS[1] the result's key (celery-task-meta-<task id>, with any global key prefix)
+-- ARGV[1] the result as Celery encoded it (JSON, whose "status" field this reads)
+-- ARGV[2] seconds the result is kept (0: for ever, as with result_expires=None)
+-- returns 1 stored and published, 0 left as it was (a success was stored)
+local stored = redis.call('GET', KEYS[1])
+if stored then
+  local decoded, meta = pcall(cjson.decode, stored)
+  if decoded and type(meta) == 'table' and meta['status'] == 'SUCCESS' then
+    return 0
+  end
+end
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  redis.call('SETEX', KEYS[1], ttl, ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1

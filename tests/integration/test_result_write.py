@@ -1,0 +1,85 @@
+"""A run's result write: a success stored already is left as it is, anything else is
+replaced and published.
+
+Celery reads the stored result before each write. In the default shape a run's write
+(which carries its release) reads it in its own step (``broker/lua/store_result.lua``);
+elsewhere Celery's own read does: the answer must be the same.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from celery import states
+
+from ..conftest import CeleryEnv
+from ..support.runs import runs, wait_for
+from ..support.workers import Worker
+
+
+def stored(cenv: CeleryEnv, task_id: str) -> dict[str, Any]:
+    """The result stored for ``task_id``, as Celery encoded it."""
+    key = cenv.app_module.app.backend.get_key_for_task(task_id)
+    value = cenv.broker.client().get(key)
+    assert value is not None
+    found: dict[str, Any] = json.loads(value)
+    return found
+
+
+def store(cenv: CeleryEnv, task_id: str, status: str, result: object) -> None:
+    """A result stored for ``task_id`` as Celery's JSON encodes it."""
+    key = cenv.app_module.app.backend.get_key_for_task(task_id)
+    meta = {"status": status, "result": result, "traceback": None, "children": []}
+    cenv.broker.client().set(key, json.dumps({**meta, "task_id": task_id}))
+
+
+def lock_held(cenv: CeleryEnv, item: str) -> bool:
+    name = cenv.app_module.work.singleton_options().key.derive((item,), {})
+    return bool(cenv.lock_client().exists(f"t:{{{name}}}"))
+
+
+class TestTheResultWrite:
+    def test_a_success_stored_already_is_left_as_it_is(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        # A lost worker's copy of a task that ran again finishes last: Celery keeps the
+        # success it finds, and so does the write that reads it in its own step.
+        work, item, task_id = (
+            cenv.app_module.work,
+            f"kept-{uuid.uuid4().hex[:8]}",
+            str(uuid.uuid4()),
+        )
+        store(cenv, task_id, states.SUCCESS, "the first run's")
+        work.apply_async((item,), task_id=task_id, queue=worker.queue)
+        wait_for(lambda: any(r["item"] == item for r in runs(cenv)), 20, "the run")
+        # The release goes in the result's write (or after it): once free, it was sent.
+        wait_for(lambda: not lock_held(cenv, item), 10, "the key freed")
+        assert stored(cenv, task_id)["result"] == "the first run's"
+        assert stored(cenv, task_id)["status"] == states.SUCCESS
+
+    def test_anything_else_stored_is_replaced_and_published(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work, item, task_id = cenv.app_module.work, f"new-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+        backend = cenv.app_module.app.backend
+        store(cenv, task_id, states.STARTED, {"pid": 1, "hostname": "lost"})
+        listener = cenv.broker.client().pubsub()
+        listener.subscribe(backend.get_key_for_task(task_id))
+        assert wait_for(lambda: listener.get_message(timeout=0.1), 5, "the subscription")
+        result = work.apply_async((item,), task_id=task_id, queue=worker.queue)
+        assert result.get(timeout=20) == item
+        # (the run's STARTED is published first: the test app tracks starts)
+        statuses: list[str] = []
+
+        def success_published() -> bool:
+            message = listener.get_message(timeout=0.1)
+            if message is not None and message["type"] == "message":
+                statuses.append(json.loads(message["data"])["status"])
+            return states.SUCCESS in statuses
+
+        wait_for(success_published, 5, "the success published")
+        listener.close()
+        assert stored(cenv, task_id)["result"] == item
+        wait_for(lambda: not lock_held(cenv, item), 10, "the key freed")
