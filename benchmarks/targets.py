@@ -112,9 +112,10 @@ PAYS_FOR = {
         "worker_main": "the fenced running lease, riding the pipeline that records the "
         "message as unacked (with its transit note cleared); the lease handed to the child",
         "pool_children": "the run under the handed lease (renewed by a thread that "
-        "sleeps until it is due); the release riding the result write",
+        "sleeps until it is due); the release riding the result write, which reads the "
+        "stored result in its own step (Celery reads it on a round trip first)",
         "redis": "the three scripts in place of plain commands: hold + push + note, "
-        "take + clear, release",
+        "take + clear, release + the result's write",
     },
     "separate": {
         "producer": "the key; the hold on the lock server (its own round trip, "
@@ -134,8 +135,10 @@ PAYS_FOR = {
         "Celery building the message)",
         "worker_main": "the running lease taken at receipt (its own round trip; the "
         "answer read as the run is handed to the pool); nothing rides on AMQP",
-        "pool_children": "the run under the handed lease; the release riding the result write",
-        "redis": "hold, take and release (three scripts)",
+        "pool_children": "the run under the handed lease; the release riding the result "
+        "write, which reads the stored result in its own step",
+        "redis": "hold, take and release + the result's write (three scripts, and one "
+        "in place of Celery's write)",
         "rabbitmq": "the lock's headers in every message",
     },
 }

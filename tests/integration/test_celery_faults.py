@@ -24,7 +24,7 @@ from celery_singleton_lock import (
 )
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib.lock_history import entries_of
-from celery_singleton_lock.tokens import retry_token
+from celery_singleton_lock.tokens import OUTAGE_HEADER, OUTAGE_MAX_REQUEUES, retry_token
 from celery_singleton_lock.worker.setupchecks import check_worker_setup
 
 from ..conftest import CeleryEnv
@@ -409,6 +409,30 @@ class TestLockStoreDown:
             assert "UNLOCKED (fail_open)" in reckless.output()
         finally:
             reckless.stop()
+            store.cleanup()
+
+    def test_fail_closed_gives_up_after_its_requeues_with_the_outage_as_the_failure(
+        self, cenv: CeleryEnv
+    ) -> None:
+        # A call requeued through a whole outage (about an hour) fails with the store's
+        # error: never run unlocked, never requeued for ever.
+        store = RedisServer().start()
+        outage = Worker({**cenv.env, "CSL_LOCK_URL": store.url}).start()
+        try:
+            store.kill()
+            result = cenv.app_module.app.send_task(
+                "tests.support.celery_app.work",
+                ("outage-for-good",),
+                queue=outage.queue,
+                headers={OUTAGE_HEADER: str(OUTAGE_MAX_REQUEUES)},
+            )
+            with pytest.raises(LockStoreUnavailableError, match="it is not requeued again"):
+                result.get(timeout=30)
+            assert runs(cenv) == []
+            assert queue_length(cenv, outage.queue) == 0
+            assert f"through {OUTAGE_MAX_REQUEUES} requeues" in outage.output()
+        finally:
+            outage.stop()
             store.cleanup()
 
 

@@ -165,6 +165,8 @@ def test_a_worker_warns_once_for_each_incumbent_setting(celery_env: CeleryEnv) -
         ("ONCE", "use singleton_lock_url"),
         ("singleton_key_prefix", "use singleton_lock_prefix"),
         ("singleton_raise_on_duplicate", "use the task option on_duplicate='raise'"),
+        ("singleton_backend_url", "use singleton_lock_url"),
+        ("singleton_lock_expiry", "use singleton_lock_ttl (how long a dead worker's lease"),
     ]:
         assert log.count(f"{setting} is a setting of another library") == 1
         assert instead in log.split(f"{setting} is a setting", 1)[1].splitlines()[0]

@@ -115,6 +115,7 @@ if os.environ.get("CSL_FOREIGN_SETTINGS"):
     app.conf.singleton_key_prefix = "SINGLETONLOCK_"
     app.conf.singleton_raise_on_duplicate = True
     app.conf.singleton_backend_url = "redis://:hunter2@127.0.0.1:1/0"
+    app.conf.singleton_lock_expiry = 60
 
 if os.environ.get("CSL_BEAT_TASK"):
     # For the beat tests: one entry that ticks every CSL_BEAT_EVERY seconds.
