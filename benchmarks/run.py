@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -1056,7 +1056,7 @@ def main() -> int:
             return done.returncode
         configs[config] = {"results": json.loads(part.read_text())}
         part.unlink()
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = ("python3 scripts/dev.py bench " + " ".join(sys.argv[1:])).strip()
     if args.only and saved_path.exists():
         # Some scenarios only: they replace theirs in the last full run's page, and the

@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +75,7 @@ def main() -> int:
         for server in (broker, locks, checker):
             server.cleanup()
     lines = [
-        f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, pool {args.pool}, {args.tasks} tasks",
+        f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, pool {args.pool}, {args.tasks} tasks",
         "",
         "| tasks run | main process RSS | reservations | watched children | lock-store "
         "clients | elapsed |",

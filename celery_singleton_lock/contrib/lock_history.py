@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ..lease import LockStore
 from ..lease import history_entries as entries
@@ -28,7 +28,7 @@ def lock_name_of(prefix: str, ref: str) -> str:
 def shown(entry: Entry) -> dict[str, str]:
     """An entry as the CLI and the page show it: when (UTC, ISO 8601), what, and the
     rest, a holder's token read as its task id (and state)."""
-    at = datetime.fromtimestamp(entry.at_ms / 1000, tz=timezone.utc)
+    at = datetime.fromtimestamp(entry.at_ms / 1000, tz=UTC)
     out = {"at": at.isoformat(timespec="milliseconds"), "event": entry.event}
     for name, value in entry.fields.items():
         holder = read_token(value) if name == "holder" else None

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import before_task_publish
@@ -40,7 +40,7 @@ def delay_of(options: Mapping[str, object]) -> float:
         eta = datetime.fromisoformat(eta)
     if not isinstance(eta, datetime):
         return 0.0  # none (or not a time: Celery refuses it as it builds the message)
-    now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
+    now = datetime.now(eta.tzinfo or UTC) if eta.tzinfo else datetime.now()
     return max(0.0, (eta - now).total_seconds())
 
 

@@ -11,7 +11,7 @@ import argparse
 import json
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +186,7 @@ def render(data: dict[str, Any], command: str, charts: dict[str, str] | None = N
         "",
         f"- command: `{command}`",
         f"- scale: `{data['scale']}`",
-        f"- date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- date: {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- machine: {machine()}",
         "",
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -40,7 +40,7 @@ scalars = (
     | st.floats(allow_nan=False)
     | st.text()
     | st.uuids()
-    | st.datetimes(timezones=st.none() | st.just(timezone.utc))
+    | st.datetimes(timezones=st.none() | st.just(UTC))
     | st.dates()
     | st.times()
     | st.decimals(allow_nan=False, allow_infinity=False)

@@ -4,10 +4,10 @@ what is sent to Redis is the code alone."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from celery_singleton_lock.lease.redis import scripts, transit
 

@@ -127,7 +127,7 @@ class AsyncRedisLock(LockBase[AsyncClient, AsyncScript]):
                 result: ExtendResult | Exception = await asyncio.wait_for(
                     self.extend(lease), timeout=max(lease.remaining(), 0.001)
                 )
-            except (Exception, asyncio.TimeoutError) as error:
+            except (TimeoutError, Exception) as error:
                 result = error
             delay = next_delay(lease, result)
 

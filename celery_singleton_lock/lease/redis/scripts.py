@@ -8,15 +8,11 @@ Redis Cluster slot, never CROSSSLOT; the push scripts also touch a broker's list
 from __future__ import annotations
 
 import re
-import sys
 from importlib.resources import files
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    if sys.version_info >= (3, 11):
-        from importlib.resources.abc import Traversable
-    else:
-        from importlib.abc import Traversable
+    from importlib.resources.abc import Traversable
 
 _LUA = files(__package__) / "lua"
 _INCLUDE = re.compile(r'^--- @include "([a-z_]+)"\s*$')

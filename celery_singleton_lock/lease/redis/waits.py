@@ -66,5 +66,5 @@ async def pop_within_async(client: AsyncClient, key: str, seconds: float) -> Res
     """``pop_within`` for an asyncio client (cancelling the read drops its connection)."""
     try:
         return await asyncio.wait_for(client.blpop([key], timeout=seconds), seconds + GRACE)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise unanswered(seconds) from None
