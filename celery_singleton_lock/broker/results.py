@@ -41,8 +41,13 @@ _REPLACED = {"redis": BACKEND, "rediss": BACKEND, "sentinel": SENTINEL_BACKEND}
 # checks the size limit of a value before sending, and a huge value is no common case.
 RIDING_LIMIT = 1 << 20
 
-# Celery's result write, with the read of the stored result it sends first in its own step.
+# Celery's result write, with the read of the stored result it sends first in its own step;
+# its answer when the stored value is not one it can read (Celery's code reads it then).
 STORE_RESULT = source("store_result", files(__package__) / "lua")
+UNREADABLE = -1
+# The largest stored result the script reads (Redis does nothing else meanwhile): a larger
+# one is read by Celery's code, on a round trip of its own.
+READ_IN_SCRIPT = 64 * 1024
 
 
 def _text(key: object) -> str:
@@ -67,12 +72,13 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     _singleton_server: Server | None = None
     # result key -> the release its write carries, and the lock store's database: filled
     # by a run as its body ends (``carry_release``) and emptied by the write of its
-    # result, or failing that at task_postrun (``release_uncarried``). Celery keeps one backend per
-    # thread, and a run's end and its result's write are on the run's own thread.
+    # result, or failing that at task_postrun (``release_uncarried``). By result key, as
+    # the next dict: Celery keeps a backend per thread, or one for every thread with
+    # ``result_backend_thread_safe``, and a run's end and its result's write are on the
+    # run's own thread.
     _singleton_releases: dict[str, tuple[RidingRelease, int]] | None = None
-
-    # (result key, task id) of the write in progress whose read is folded into it.
-    _singleton_unread: tuple[str, str] | None = None
+    # result key -> task id, while a write in progress is to read what is stored itself.
+    _singleton_unread: dict[str, str] | None = None
 
     def server(self) -> Server | None:
         """Where this backend stores results (None: not one standalone server)."""
@@ -94,9 +100,10 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     def carry_release(self, task_id: str, release: RidingRelease, db: int) -> None:
         """Have the write of ``task_id``'s result send ``release`` (in the lock store's
         database ``db``) in its own transaction."""
-        releases = self._singleton_releases
-        if releases is None:
-            releases = self._singleton_releases = {}
+        # setdefault: made once, whichever thread comes first.
+        releases: dict[str, tuple[RidingRelease, int]] = self.__dict__.setdefault(
+            "_singleton_releases", {}
+        )
         releases[_text(self.get_key_for_task(task_id))] = (release, db)
 
     def release_uncarried(self, task_id: str) -> None:
@@ -125,10 +132,12 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         carries its run's release the read of the stored result goes in the write's own
         step; every other write reads first on a round trip of its own, as Celery's.
 
-        Only results Celery encodes as JSON (the script reads their ``status``)."""
-        key = self.get_key_for_task(task_id)
+        Only results this backend encodes as JSON; a stored value the script cannot read
+        as Celery's JSON (another serializer, compressed, large) is read by Celery's own
+        code after all (``_write_as_celery``)."""
+        key = _text(self.get_key_for_task(task_id))
         releases = self._singleton_releases
-        if not releases or _text(key) not in releases or self.serializer != "json":
+        if not releases or key not in releases or self.serializer != "json":
             return super()._store_result(
                 task_id, result, state, traceback=traceback, request=request, **kwargs
             )
@@ -136,24 +145,27 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             result=result, state=state, traceback=traceback, request=request
         )
         meta["task_id"] = bytes_to_str(task_id)
-        self._singleton_unread = (_text(key), task_id)
+        unread: dict[str, str] = self.__dict__.setdefault("_singleton_unread", {})
+        unread[key] = task_id
         try:
-            self._set_with_state(key, self.encode(meta), state)
+            self._set_with_state(self.get_key_for_task(task_id), self.encode(meta), state)
         except BackendStoreError as error:
             raise BackendStoreError(str(error), state=state, task_id=task_id) from error
         finally:
-            self._singleton_unread = None
+            unread.pop(key, None)
         return result
 
-    def _stored_success(self, key: object) -> bool:
-        """Whether a success is stored under ``key``, for a write that was to read it in
-        its own step but goes as Celery sends it after all: Celery's read, on its own
-        round trip (False when Celery read it already)."""
+    def _unread(self, key: object) -> str | None:
+        """The task id of ``key``'s write in progress when it is to read what is stored
+        itself (``_store_result``); None when Celery read it already."""
         unread = self._singleton_unread
-        if unread is None or unread[0] != _text(key):
-            return False
-        self._singleton_unread = None
-        return bool(self._get_task_meta_for(unread[1])["status"] == states.SUCCESS)
+        return None if not unread else unread.get(_text(key))
+
+    def _write_as_celery(self, key: object, value: object, expires: object, task_id: str) -> None:
+        """Celery's read of ``task_id``'s stored result, then its write unless a success
+        is stored: for a write that was to read in its own step but cannot."""
+        if self._get_task_meta_for(task_id)["status"] != states.SUCCESS:
+            self._write(key, value, expires, None)
 
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
         releases = self._singleton_releases
@@ -161,8 +173,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             return super().set(key, value, *args, **kwargs)
         if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
             self._release_alone(key)
-            if self._stored_success(key):
-                return None
+            task_id = self._unread(key)
+            if task_id is not None:  # Celery's read, which its _store_result left to us
+                stored = self._get_task_meta_for(task_id)
+                if stored["status"] == states.SUCCESS:
+                    return None
             return super().set(key, value, *args, **kwargs)
         # Celery >= 5.4 passes the result's own expiry (None: the backend's); 5.3 none.
         expires = args[0] if args else kwargs.pop("expires", None)
@@ -173,6 +188,11 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             expires = self.expires
         releases = self._singleton_releases or {}
         pending = releases.pop(_text(key), None)
+        task_id = self._unread(key)
+        if pending is None and task_id is not None:
+            # Celery's retry of a write whose release went on its own meanwhile.
+            self._write_as_celery(key, value, expires, task_id)
+            return
         try:
             replies = self._write(key, value, expires, pending)
         except BaseException as error:
@@ -184,14 +204,22 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
                     releases[_text(key)] = pending
                 raise
             # The server refused the release as it was queued (an ACL user without the
-            # lock's keys), which aborted the transaction: the result alone.
-            if not self._stored_success(key):
+            # lock's keys), which aborted the transaction: the release alone, first (a
+            # write that fails now is tried again without it), then the result.
+            release = pending[0]
+            release_or_warn(lambda _: release.alone(), release.lease)
+            if task_id is None:
                 self._write(key, value, expires, None)
-            pending[0].alone()
+            else:
+                self._write_as_celery(key, value, expires, task_id)
             return
         if pending is not None:
             pending[0].read(replies[0])
             replies = replies[1:]
+        if task_id is not None and replies and replies[0] == UNREADABLE:
+            # A stored value the script cannot read as Celery's JSON: Celery's read decides.
+            self._write_as_celery(key, value, expires, task_id)
+            return
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
@@ -202,15 +230,14 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         """Celery's own write (``SETEX`` or ``SET``, then ``PUBLISH``, one transaction),
         with the pending release first in it; for a result whose read was left to it
         (``_store_result``), a script that reads, writes and publishes."""
-        unread = self._singleton_unread
         with self.client.pipeline() as pipe:
             if pending is not None:
                 pending[0].add(pipe, pending[1])
             seconds = getattr(expires, "total_seconds", None)
             ttl = int(seconds()) if seconds else expires
-            if pending is not None and unread is not None and unread[0] == _text(key):
+            if pending is not None and self._unread(key) is not None:
                 # The body, not the digest: nothing to load first, nothing lost to NOSCRIPT.
-                pipe.eval(STORE_RESULT, 1, key, value, ttl or 0)
+                pipe.eval(STORE_RESULT, 1, key, value, ttl or 0, READ_IN_SCRIPT)
             else:
                 if expires:
                     # SETEX as Celery sends it (redis-py 8 warns on its setex method).

@@ -12,7 +12,10 @@ import json
 import uuid
 from typing import Any
 
+import pytest
 from celery import states
+
+from celery_singleton_lock.broker.results import READ_IN_SCRIPT
 
 from ..conftest import CeleryEnv
 from ..support.runs import runs, wait_for
@@ -82,4 +85,28 @@ class TestTheResultWrite:
         wait_for(success_published, 5, "the success published")
         listener.close()
         assert stored(cenv, task_id)["result"] == item
+        key = backend.get_key_for_task(task_id)
+        assert 0 < cenv.broker.client().ttl(key) <= backend.expires  # result_expires kept
         wait_for(lambda: not lock_held(cenv, item), 10, "the key freed")
+
+    @pytest.mark.parametrize(
+        ("status", "kept"),
+        [(states.SUCCESS, True), (states.STARTED, False)],
+        ids=["success", "other"],
+    )
+    def test_a_stored_value_too_large_to_read_in_the_write_is_read_as_celery_reads_it(
+        self, cenv: CeleryEnv, worker: Worker, status: str, kept: bool
+    ) -> None:
+        # Past what the write's own step reads (store_result.lua's ARGV[3]), Celery's
+        # code reads it: a success is kept, anything else replaced, as always.
+        work, item, task_id = cenv.app_module.work, f"big-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+        big = "x" * (READ_IN_SCRIPT + 1)
+        store(cenv, task_id, status, big)
+        result = work.apply_async((item,), task_id=task_id, queue=worker.queue)
+        wait_for(lambda: any(r["item"] == item for r in runs(cenv)), 20, "the run")
+        wait_for(lambda: not lock_held(cenv, item), 10, "the key freed")
+        if kept:
+            assert stored(cenv, task_id)["result"] == big
+        else:
+            assert result.get(timeout=20) == item
+            assert stored(cenv, task_id)["status"] == states.SUCCESS
