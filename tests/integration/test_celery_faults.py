@@ -430,7 +430,12 @@ class TestLockStoreDown:
                 result.get(timeout=30)
             assert runs(cenv) == []
             assert queue_length(cenv, outage.queue) == 0
-            assert f"through {OUTAGE_MAX_REQUEUES} requeues" in outage.output()
+            # (logged as the failure is reported, which may come after its result)
+            wait_for(
+                lambda: f"through {OUTAGE_MAX_REQUEUES} requeues" in outage.output(),
+                10,
+                "the failure logged",
+            )
         finally:
             outage.stop()
             store.cleanup()
