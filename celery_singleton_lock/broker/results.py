@@ -135,7 +135,8 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         Only results this backend encodes as JSON; a stored value the script cannot read
         as Celery's JSON (another serializer, compressed, large) is read by Celery's own
         code after all (``_write_as_celery``)."""
-        key = _text(self.get_key_for_task(task_id))
+        stored_at = self.get_key_for_task(task_id)
+        key = _text(stored_at)
         releases = self._singleton_releases
         if not releases or key not in releases or self.serializer != "json":
             return super()._store_result(
@@ -148,7 +149,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         unread: dict[str, str] = self.__dict__.setdefault("_singleton_unread", {})
         unread[key] = task_id
         try:
-            self._set_with_state(self.get_key_for_task(task_id), self.encode(meta), state)
+            self._set_with_state(stored_at, self.encode(meta), state)
         except BackendStoreError as error:
             raise BackendStoreError(str(error), state=state, task_id=task_id) from error
         finally:
@@ -161,10 +162,14 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         unread = self._singleton_unread
         return None if not unread else unread.get(_text(key))
 
+    def _succeeded(self, task_id: str) -> bool:
+        """Celery's read: whether a success is stored for ``task_id``."""
+        return bool(self._get_task_meta_for(task_id)["status"] == states.SUCCESS)
+
     def _write_as_celery(self, key: object, value: object, expires: object, task_id: str) -> None:
         """Celery's read of ``task_id``'s stored result, then its write unless a success
         is stored: for a write that was to read in its own step but cannot."""
-        if self._get_task_meta_for(task_id)["status"] != states.SUCCESS:
+        if not self._succeeded(task_id):
             self._write(key, value, expires, None)
 
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
@@ -174,10 +179,9 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
             self._release_alone(key)
             task_id = self._unread(key)
-            if task_id is not None:  # Celery's read, which its _store_result left to us
-                stored = self._get_task_meta_for(task_id)
-                if stored["status"] == states.SUCCESS:
-                    return None
+            # Celery's read, which its _store_result left to us
+            if task_id is not None and self._succeeded(task_id):
+                return None
             return super().set(key, value, *args, **kwargs)
         # Celery >= 5.4 passes the result's own expiry (None: the backend's); 5.3 none.
         expires = args[0] if args else kwargs.pop("expires", None)
@@ -194,7 +198,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             self._write_as_celery(key, value, expires, task_id)
             return
         try:
-            replies = self._write(key, value, expires, pending)
+            replies = self._write(key, value, expires, pending, reads=task_id is not None)
         except BaseException as error:
             if pending is None or not pending[0].unsent(error):
                 # Nothing was run (the connection broke): Celery's retry policy sends
@@ -225,17 +229,23 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
                 raise reply
 
     def _write(
-        self, key: object, value: object, expires: object, pending: tuple[RidingRelease, int] | None
+        self,
+        key: object,
+        value: object,
+        expires: object,
+        pending: tuple[RidingRelease, int] | None,
+        *,
+        reads: bool = False,
     ) -> list[object]:
         """Celery's own write (``SETEX`` or ``SET``, then ``PUBLISH``, one transaction),
-        with the pending release first in it; for a result whose read was left to it
-        (``_store_result``), a script that reads, writes and publishes."""
+        with the pending release first in it; with ``reads`` (its read left to it by
+        ``_store_result``), a script that reads, writes and publishes."""
         with self.client.pipeline() as pipe:
             if pending is not None:
                 pending[0].add(pipe, pending[1])
             seconds = getattr(expires, "total_seconds", None)
             ttl = int(seconds()) if seconds else expires
-            if pending is not None and self._unread(key) is not None:
+            if pending is not None and reads:
                 # The body, not the digest: nothing to load first, nothing lost to NOSCRIPT.
                 pipe.eval(STORE_RESULT, 1, key, value, ttl or 0, READ_IN_SCRIPT)
             else:
