@@ -42,9 +42,10 @@ def differences(app: Celery, prefix: str) -> str | None:
     riding channel's push (``basic_publish`` to a queue of their own under the lock
     prefix, noted in transit as a singleton call's message is) and come back through
     kombu's own consumer path (``basic_get``, which records each as unacked in the riding
-    bookkeeping). The check wants: each message back, in the order pushed; kombu's unacked
-    hash holding it under its delivery tag as ``[message, exchange, routing key]`` (what
-    the transit sweep and the orphan check read); and gone from it once acked. With the
+    bookkeeping, ``bookkeeping``). The check wants: each message back, in the order pushed;
+    kombu's unacked hash holding it under its delivery tag as ``[message, exchange, routing
+    key]`` (what the transit sweep and the orphan check read) and its index the tag (what
+    kombu's restore reads); and gone from both once acked. With the
     ride turned off on a difference, every lock operation takes its own round trip. The
     probe leaves nothing behind: its lists, its notes and its unacked entries go with it."""
     with app.connection_for_write() as connection:
@@ -84,6 +85,7 @@ def _received(
     channel: Channel, client: Any, queue: str, sent: list[str], delivered: list[object]
 ) -> str | None:
     unacked = layout.prefix_of(channel) + channel.unacked_key
+    index = layout.prefix_of(channel) + channel.unacked_index_key
     received: list[str | None] = []
     for _ in sent:
         got = channel.basic_get(queue)
@@ -100,11 +102,22 @@ def _received(
                 f"kombu's unacked bookkeeping is not a hash {unacked!r} of delivery tag -> "
                 f"[message, exchange, routing key]: found {_shown(value)}"
             )
-    acked = _ack(channel, delivered)
-    if any(client.hexists(unacked, tag) for tag in acked):
-        return f"an acked message stays in kombu's unacked hash {unacked!r}"
+        if client.zscore(index, got.delivery_tag) is None:
+            # What kombu's restore reads to find messages unacked too long.
+            return f"a received message is not in kombu's unacked index {index!r}"
+    left = _left_once_acked(client, _ack(channel, delivered), unacked, index)
+    if left is not None:
+        return left
     if received[:2] != sent[:2]:
         return "kombu does not pop a queue's messages in the order the ride pushes them"
+    return None
+
+
+def _left_once_acked(client: Any, acked: list[object], unacked: str, index: str) -> str | None:
+    if any(client.hexists(unacked, tag) for tag in acked):
+        return f"an acked message stays in kombu's unacked hash {unacked!r}"
+    if any(client.zscore(index, tag) is not None for tag in acked):
+        return f"an acked message stays in kombu's unacked index {index!r}"
     return None
 
 

@@ -11,7 +11,7 @@ import functools
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 from urllib.parse import urlsplit
 
 from kombu.transport import redis as kombu_redis
@@ -20,6 +20,7 @@ from kombu.utils.json import dumps
 from ..config.settings import broker_write_url
 from ..lease import Push, Server, Transit, server_of
 from ..lease.errors import is_refusal
+from ..lease.redis.pipelining import Pipelining
 from . import versions
 from .layout import message_task_id
 from .state import AppRide, Outgoing
@@ -27,6 +28,8 @@ from .unacked import QoS
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from ..lease.redis.clients import SyncClient
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,7 @@ class Channel(kombu_redis.Channel):
     QoS = QoS
     _singleton_server: Server | None = None
     _singleton_client: Client | None = None
+    _singleton_pipelining: Pipelining | None = None
 
     @contextmanager
     def conn_or_acquire(self, client: Client | None = None) -> Iterator[Client]:
@@ -74,6 +78,17 @@ class Channel(kombu_redis.Channel):
         if kept is None or kept.connection_pool is not pool:
             kept = self._singleton_client = self._create_client()
         yield kept
+
+    def pipelining(self) -> Pipelining | None:
+        """Our own commands on the kept client's connections (kombu's unacked bookkeeping
+        as one script a step: ``bookkeeping``); None where the client is not one redis-py
+        lets us drive (every command then goes kombu's way)."""
+        with self.conn_or_acquire() as acquired:
+            client = cast("SyncClient", acquired)  # kombu's: a redis.Redis
+            kept = self._singleton_pipelining
+            if kept is None or kept.client is not client:
+                kept = self._singleton_pipelining = Pipelining(client)
+        return kept if kept.direct else None
 
     def ride(self) -> AppRide | None:
         """The ride of the app whose transport opened this channel (None: none, or

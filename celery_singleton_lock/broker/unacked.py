@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.transport import redis as kombu_redis
 
+from .bookkeeping import Bookkeeping, Keys
 from .state import Rider
 
 if TYPE_CHECKING:
@@ -60,16 +61,51 @@ class QoS(kombu_redis.QoS):
         finally:
             self._riders = ()
 
+    # Why the bookkeeping is kombu's own transaction again (None: it is our commands'):
+    # the server refused the record's script (an ACL user that may not run scripts).
+    _scripts_refused: str | None = None
+
     @contextmanager
     def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
+        channel = self.channel
+        server = channel.server()
+        riders = self._riders if pipe is None else ()
+        self._riders = ()  # once: the unacked bookkeeping's own pipeline
+        pipelining = None
+        if pipe is None and client is None and server is not None and not self._scripts_refused:
+            pipelining = channel.pipelining()
+        if pipelining is not None and server is not None:
+            # Our commands in place of kombu's transaction (``bookkeeping``): kombu's
+            # pipeline is made only if they go there after all.
+            keys = Keys(self.unacked_index_key, self.unacked_key, channel.global_keyprefix or "")
+            yield Bookkeeping(
+                pipelining,
+                keys,
+                riders,
+                lambda riders: self._kombus_pipeline(riders, server.db),
+                refused=self._refuse_scripts,
+                db=server.db,
+            )
+            return
         with super().pipe_or_acquire(pipe, client) as acquired:
-            riders = self._riders if pipe is None else ()
-            server = self.channel.server()
             if not riders or server is None:
                 yield acquired
                 return
-            self._riders = ()  # once: the unacked bookkeeping's own pipeline
             yield _RidingPipeline(acquired, riders, server.db)
+
+    def _kombus_pipeline(self, riders: Sequence[Rider], db: int) -> object:
+        """kombu's own pipeline, riders first; the channel keeps its client past the
+        ``with`` (``Channel.conn_or_acquire``), so the pipeline outlives it."""
+        with super().pipe_or_acquire() as acquired:
+            return _RidingPipeline(acquired, riders, db) if riders else acquired
+
+    def _refuse_scripts(self, error: Exception) -> None:
+        self._scripts_refused = str(error)
+        logger.warning(
+            "celery-singleton-lock: the broker refused the script that records a received "
+            "message as unacked (%s): kombu's own transaction records them from now on",
+            error,
+        )
 
 
 class _RidingPipeline:

@@ -67,6 +67,7 @@ _CLASS_CODES: tuple[tuple[type[Exception], str], ...] = (
     (redis.exceptions.AskError, "ASK"),
     (redis.exceptions.ReadOnlyError, "READONLY"),
     (redis.exceptions.NoPermissionError, "NOPERM"),
+    (redis.exceptions.NoScriptError, "NOSCRIPT"),
     (redis.exceptions.TryAgainError, "TRYAGAIN"),
     (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
     (redis.AuthenticationError, "WRONGPASS"),

@@ -38,6 +38,22 @@ redis.Channel.sep = "\\x07\\x17"
 from kombu.transport import redis
 redis.QoS.unacked_key = property(lambda self: "unacked.v2")
 """,
+    # A release whose QoS records a received message with its commands the other way
+    # round and one more: the ride's one script a step knows neither shape.
+    "unacked chain": """
+import time
+from kombu.transport import redis, virtual
+from kombu.utils.json import dumps
+def append(self, message, delivery_tag):
+    delivery = message.delivery_info
+    value = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+    with self.pipe_or_acquire() as pipe:
+        pipe.hset(self.unacked_key, delivery_tag, value).zadd(
+            self.unacked_index_key, {delivery_tag: time.time()}
+        ).incr("unacked.appended").execute()
+        virtual.QoS.append(self, message, delivery_tag)
+redis.QoS.append = append
+""",
 }
 
 SELF_CHECK = "the broker ride is off in this worker: kombu's unacked bookkeeping is not a hash"
@@ -133,6 +149,25 @@ def test_a_worker_whose_kombu_reads_otherwise_turns_the_ride_off(
         assert "ERROR" in log.split(SELF_CHECK)[0].splitlines()[-1]
     finally:
         worker.stop()
+
+
+def test_a_kombu_that_records_otherwise_has_its_own_commands_sent_and_nothing_is_lost(
+    cenv: CeleryEnv, tmp_path: Path
+) -> None:
+    broker = cenv.broker.client()
+    broker.delete("unacked.appended")
+    worker = Worker(cenv.env, extra_env=faked(tmp_path, "unacked chain")).start()
+    try:
+        produced, _ = produce(cenv, worker.queue, {})
+        assert produced["installed"] is True
+        assert_each_key_ran_once(cenv)
+        assert "the broker ride is off" not in worker.output()
+    finally:
+        worker.stop()
+    # Every message it received was recorded by kombu's own commands, the odd one too.
+    assert int(broker.get("unacked.appended") or 0) >= 12
+    left = [json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")]
+    assert set(left).isdisjoint(produced["ids"])  # each removed once acked
 
 
 def test_a_worker_whose_kombu_agrees_keeps_the_ride_and_its_probe_leaves_nothing(

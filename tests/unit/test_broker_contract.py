@@ -252,6 +252,34 @@ class TestUnackedBookkeeping:
         )
         # The value the transit sweep and the liveness check read: [message, exchange, key].
         assert json.loads(value) == [{"body": "b"}, "ex", "rk"]
+        # The shape ``broker.bookkeeping`` writes as one script: one tag, scored by time.
+        assert isinstance(scores["tag-1"], float)
+        assert recorded.sent[0][1] == (index, scores)
+        assert len(recorded.sent[1][1]) == 3
+
+    @pytest.mark.parametrize("step", ["ack", "reject"])
+    def test_an_acked_or_rejected_message_is_removed_as_zrem_then_hdel(self, step: str) -> None:
+        # ``broker.bookkeeping`` writes exactly this shape as an HDEL and a ZREM.
+        class Recorded(kombu_redis.QoS):
+            def __init__(self) -> None:
+                self._dirty: set[str] = set()
+                self._delivered: dict[str, object] = {"tag-1": object()}
+                self._quick_ack = self._delivered.pop
+                self.unacked_key, self.unacked_index_key = "unacked", "unacked_index"
+
+            @contextmanager
+            def pipe_or_acquire(
+                self, pipe: object = None, client: object = None
+            ) -> Iterator[Recorder]:
+                yield recorded
+
+        recorded, qos = Recorder(), Recorded()
+        getattr(qos, step)("tag-1")
+        assert recorded.sent == [
+            ("zrem", ("unacked_index", "tag-1")),
+            ("hdel", ("unacked", "tag-1")),
+            ("execute", ()),
+        ]
 
 
 def code_of_text(text: str) -> str:

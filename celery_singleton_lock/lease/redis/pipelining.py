@@ -334,7 +334,14 @@ class Pipelining:
         Each answer is the script's reply or the error the server gave for that call
         (NOSCRIPT for all of them on a server that forgot the script).
         """
-        commands = [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        return self.call_commands(
+            [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        )
+
+    def call_commands(self, commands: Sequence[Sequence[Arg]]) -> list[Response]:
+        """Commands (script calls or plain ones) written in one go and their replies read
+        in order, never retried: each the reply or the error the server gave for it. A
+        transport error raises, the connection dropped: each may or may not have run."""
         result: list[Response] = self._send(commands, Batch()).get()
         return result
 

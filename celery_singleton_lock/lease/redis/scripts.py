@@ -25,7 +25,8 @@ def source(name: str, folder: Traversable = _LUA) -> str:
     Each file opens with its contract: what it does, the KEYS and ARGV it takes and what
     it returns (sidekiq-unique-jobs' ``lua/`` and BullMQ's ``commands/`` are the models).
     Helpers several scripts share live in ``lua/includes/`` and are pulled in by a line
-    ``--- @include "name"`` (each once per script), never copied.
+    ``--- @include "name"`` (each once per script), never copied: a script in another
+    folder (the broker ride's) includes them from there too.
     """
     return "".join(_lines(folder, name, set()))
 
@@ -38,7 +39,7 @@ def _lines(folder: Traversable, name: str, included: set[str]) -> list[str]:
             path = f"includes/{helper.group(1)}"
             if path not in included:
                 included.add(path)
-                lines += _lines(folder, path, included)
+                lines += _lines(_LUA, path, included)
         elif not line.lstrip().startswith("--"):
             lines.append(line)
     return lines

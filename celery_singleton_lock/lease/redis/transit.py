@@ -154,14 +154,16 @@ class Transit:
 class ClearNote:
     """A received message's note cleared in the pipeline that records it as unacked."""
 
-    __slots__ = ("_keys", "_member")
+    __slots__ = ("keys", "member")
 
     def __init__(self, prefix: str, member: str) -> None:
-        self._keys, self._member = keys_of(prefix), member
+        # The notes' keys and the message's member: what a script that records the
+        # message as unacked takes to clear its note in the same step (broker/lua/record.lua).
+        self.keys, self.member = keys_of(prefix), member
 
     def add(self, pipe: Pipeline, db: int) -> None:
         """Put the clear on ``pipe`` (kombu's: the notes are in its database)."""
-        pipe.eval(CLEAR, NOTE_KEYS, *self._keys, self._member)
+        pipe.eval(CLEAR, NOTE_KEYS, *self.keys, self.member)
 
     def refused(self, error: Exception) -> bool:
         """Whether ``error`` is the server refusing the clear as it was queued."""

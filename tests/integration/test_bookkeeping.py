@@ -1,0 +1,252 @@
+"""kombu's unacked bookkeeping on a riding channel, one command a step: a received message is
+recorded as kombu records it and removed as kombu removes it once acked; a server that lost
+its scripts, a broker user that may not run them, and a kombu that chains its bookkeeping
+otherwise all get kombu's own transaction, and nothing is lost."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import kombu
+import pytest
+import redis
+from celery import Celery
+
+from celery_singleton_lock import singleton_task
+from celery_singleton_lock.broker.bookkeeping import RECORD_NOTED_KEYS, Bookkeeping, Keys
+from celery_singleton_lock.lease.redis.pipelining import Pipelining
+from celery_singleton_lock.lease.redis.transit import NOTE_KEYS
+
+from ..support.servers import RedisServer
+
+
+def echo(x: object = None) -> object:
+    return x
+
+
+@pytest.fixture(name="server", scope="module")
+def fixture_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def riding_app(url: str, name: str) -> Celery:
+    app = Celery(name, set_as_current=False)
+    app.conf.update(broker_url=url, result_backend=url, singleton_lock_url=url)
+    singleton_task(app=app, name=f"{name}.job", shared=False)(echo)  # installs the ride
+    return app
+
+
+@pytest.fixture(name="app")
+def fixture_app(server: RedisServer) -> Iterator[Celery]:
+    server.client().flushall()
+    app = riding_app(server.url, "bookkeeping")
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def received(connection: Any, queue: str, body: str) -> Any:
+    """``body`` published to ``queue`` and received again, unacked (kombu's ``basic_get``
+    records it as its consumer does)."""
+    channel = connection.default_channel
+    channel.basic_publish(channel.prepare_message(body), exchange="", routing_key=queue)
+    message = channel.basic_get(queue)
+    assert message is not None
+    return message
+
+
+def recorded(client: redis.Redis, tag: str) -> tuple[Any, float | None]:
+    value = client.hget("unacked", tag)
+    return (None if value is None else json.loads(value)), client.zscore("unacked_index", tag)
+
+
+def transactions(client: redis.Redis) -> int:
+    """MULTIs the server ran since its statistics were reset."""
+    return int(client.info("commandstats").get("cmdstat_multi", {}).get("calls", 0))
+
+
+class TestRecord:
+    def test_a_received_message_is_recorded_and_removed_in_a_command_a_step(
+        self, app: Celery, server: RedisServer
+    ) -> None:
+        client = server.client()
+        with app.connection_for_write() as ours, kombu.Connection(server.url) as theirs:
+            client.config_resetstat()
+            message = received(ours, "q-ours", "hello")
+            ours.default_channel.basic_ack(message.delivery_tag)
+            assert transactions(client) == 0
+            assert client.info("commandstats")["cmdstat_evalsha"]["calls"] >= 1
+            message = received(theirs, "q-kombu", "hello")
+            theirs.default_channel.basic_ack(message.delivery_tag)
+            assert transactions(client) == 2  # kombu's: one to record, one to remove
+
+    def test_a_received_message_is_recorded_as_kombu_records_it(
+        self, app: Celery, server: RedisServer
+    ) -> None:
+        client = server.client()
+        with app.connection_for_write() as ours, kombu.Connection(server.url) as theirs:
+            assert type(ours.default_channel).__module__ == "celery_singleton_lock.broker.transport"
+            assert type(theirs.default_channel).__module__ == "kombu.transport.redis"
+            mine = received(ours, "q-ours", "hello")
+            kombus = received(theirs, "q-kombu", "hello")
+            (value, score), (kombu_value, kombu_score) = (
+                recorded(client, mine.delivery_tag),
+                recorded(client, kombus.delivery_tag),
+            )
+            assert value is not None
+            assert kombu_value is not None
+            assert score is not None
+            assert kombu_score is not None
+            assert abs(score - kombu_score) < 5  # both the time of receipt
+            # The same layout: [message, exchange, routing key], the message as it came.
+            for field in ("body", "content-type", "content-encoding"):
+                assert value[0][field] == kombu_value[0][field]
+            assert value[0]["properties"]["delivery_tag"] == mine.delivery_tag
+            assert value[1:] == ["", "q-ours"]  # the exchange and the routing key
+            assert kombu_value[1:] == ["", "q-kombu"]
+            ours.default_channel.basic_ack(mine.delivery_tag)
+            theirs.default_channel.basic_ack(kombus.delivery_tag)
+        assert recorded(client, mine.delivery_tag) == (None, None)
+        assert client.hlen("unacked") == client.zcard("unacked_index") == 0
+
+    def test_a_message_recorded_and_restored_is_delivered_again(
+        self, app: Celery, server: RedisServer
+    ) -> None:
+        """What the script recorded is what kombu restores (a worker that stops with it
+        unacked: ``restore_unacked``)."""
+        with app.connection_for_write() as connection:
+            message = received(connection, "q-restore", "again")
+            connection.default_channel.qos.restore_unacked()
+            again = connection.default_channel.basic_get("q-restore")
+            assert again is not None
+            assert again.body == message.body
+            connection.default_channel.basic_ack(again.delivery_tag)
+        assert server.client().hlen("unacked") == 0
+
+    def test_a_server_that_lost_its_scripts_records_as_well(
+        self, app: Celery, server: RedisServer, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        with app.connection_for_write() as connection:
+            received(connection, "q-flushed", "warm")  # the script is cached on the server
+            server.client().script_flush()
+            with caplog.at_level(logging.WARNING):
+                message = received(connection, "q-flushed", "after the flush")
+            value, score = recorded(server.client(), message.delivery_tag)
+            assert value is not None
+            assert score is not None
+            assert value[0]["properties"]["delivery_tag"] == message.delivery_tag
+            assert "refused" not in caplog.text
+            connection.default_channel.basic_ack(message.delivery_tag)
+
+    def test_a_broker_user_that_may_not_run_scripts_gets_kombus_transaction(
+        self, server: RedisServer, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        admin = server.client()
+        admin.flushall()
+        admin.config_resetstat()
+        admin.acl_setuser(
+            "noscripts", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+            commands=["+@all", "-eval", "-evalsha", "-evalsha_ro", "-eval_ro", "-fcall"],
+        )  # fmt: skip
+        url = server.url.replace("redis://", "redis://noscripts:pw@")
+        app = riding_app(url, "noscripts")
+        try:
+            with app.connection_for_write() as connection, caplog.at_level(logging.WARNING):
+                tags = [received(connection, "q-acl", f"m{n}").delivery_tag for n in range(3)]
+                for tag in tags:
+                    value, score = recorded(admin, tag)
+                    assert value is not None
+                    assert score is not None
+                    connection.default_channel.basic_ack(tag)
+            said = [
+                r.getMessage() for r in caplog.records if "records a received" in r.getMessage()
+            ]
+            assert len(said) == 1, said  # once, then kombu's transaction without asking
+            assert "kombu's own transaction records them from now on" in said[0]
+            assert transactions(admin) >= 6  # each message recorded and removed by kombu
+            assert admin.hlen("unacked") == 0
+        finally:
+            app.close()
+            admin.acl_deluser("noscripts")
+
+
+class TestShapes:
+    """What kombu chains is sent as our own commands only in the shapes its tested
+    releases chain; anything else goes to kombu's pipeline, every call replayed."""
+
+    def bookkeeping(
+        self, server: RedisServer, sent: list[str], *, fresh: bool = True
+    ) -> Bookkeeping:
+        client = server.client()
+        if fresh:
+            client.flushall()
+
+        def kombus(riders: object) -> Any:
+            sent.append("kombu")
+            return client.pipeline()
+
+        return Bookkeeping(
+            Pipelining(client),
+            Keys("unacked_index", "unacked", ""),
+            (),
+            kombus,
+            refused=lambda error: sent.append(f"refused {error}"),
+            db=0,
+        )
+
+    def test_kombus_record_and_removal_are_our_commands(self, server: RedisServer) -> None:
+        sent: list[str] = []
+        self.bookkeeping(server, sent).zadd("unacked_index", {"t1": 12.5}).hset(
+            "unacked", "t1", "[1]"
+        ).execute()
+        assert server.client().hget("unacked", "t1") == b"[1]"
+        assert server.client().zscore("unacked_index", "t1") == 12.5
+        self.bookkeeping(server, sent, fresh=False).zrem("unacked_index", "t1").hdel(
+            "unacked", "t1"
+        ).execute()
+        assert sent == []
+        assert server.client().exists("unacked", "unacked_index") == 0
+
+    @pytest.mark.parametrize(
+        "chain",
+        [
+            [("hset", ("unacked", "t1", "[1]")), ("zadd", ("unacked_index", {"t1": 1.0}))],
+            [
+                ("zadd", ("unacked_index", {"t1": 1.0})),
+                ("hset", ("unacked", "t1", "[1]")),
+                ("set", ("seen", "1")),
+            ],
+            [("zadd", ("unacked_index", {"t1": 1.0, "t2": 2.0})), ("hset", ("unacked", "t1", "x"))],
+            [("zrem", ("unacked_index", "t1")), ("hdel", ("unacked", "t2"))],
+        ],
+        ids=["another order", "one more command", "two tags", "two tags removed"],
+    )
+    def test_any_other_shape_goes_to_kombus_pipeline_whole(
+        self, server: RedisServer, chain: list[tuple[str, tuple[Any, ...]]]
+    ) -> None:
+        sent: list[str] = []
+        client = server.client()
+        book = self.bookkeeping(server, sent)
+        expected = client.pipeline()
+        pipe: Any = book
+        for name, args in chain:
+            pipe = getattr(pipe, name)(*args)
+            getattr(expected, name)(*args)
+        pipe.execute()
+        assert sent == ["kombu"]
+        written = {k: client.dump(k) for k in client.keys("*")}
+        client.flushall()
+        expected.execute()
+        assert written == {k: client.dump(k) for k in client.keys("*")}
+
+
+def test_the_script_takes_the_notes_keys_then_kombus_two() -> None:
+    assert RECORD_NOTED_KEYS == NOTE_KEYS + 2 == 7
