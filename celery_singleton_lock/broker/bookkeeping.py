@@ -29,7 +29,7 @@ RECORD_SHA = hashlib.sha1(RECORD.encode(), usedforsecurity=False).hexdigest()
 RECORD_NOTED_KEYS = NOTE_KEYS + 2
 
 # One call kombu chained on the pipeline: (method, arguments, keyword arguments).
-Call = tuple[str, tuple[Any, ...], dict[str, Any]]
+Call = tuple[str, tuple[object, ...], dict[str, object]]
 
 
 class Keys:
@@ -73,21 +73,25 @@ class Bookkeeping:
         self._refused = refused  # the record's script was refused: kombu's from now on
         self._db = db
         self._calls: list[Call] = []
+        # kombu's own pipeline, once anything went there: every later call goes too.
+        self._kombus_pipe: Any = None
 
     # kombu's calls, as its QoS chains them (``append``, ``_remove_from_indices``).
-    def zadd(self, *args: Any, **kwargs: Any) -> Bookkeeping:
+    def zadd(self, *args: object, **kwargs: object) -> object:
         return self._chain("zadd", args, kwargs)
 
-    def hset(self, *args: Any, **kwargs: Any) -> Bookkeeping:
+    def hset(self, *args: object, **kwargs: object) -> object:
         return self._chain("hset", args, kwargs)
 
-    def zrem(self, *args: Any, **kwargs: Any) -> Bookkeeping:
+    def zrem(self, *args: object, **kwargs: object) -> object:
         return self._chain("zrem", args, kwargs)
 
-    def hdel(self, *args: Any, **kwargs: Any) -> Bookkeeping:
+    def hdel(self, *args: object, **kwargs: object) -> object:
         return self._chain("hdel", args, kwargs)
 
-    def _chain(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Bookkeeping:
+    def _chain(self, name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        if self._kombus_pipe is not None:
+            return getattr(self._kombus_pipe, name)(*args, **kwargs)
         self._calls.append((name, args, kwargs))
         return self
 
@@ -97,6 +101,8 @@ class Bookkeeping:
         return getattr(self._replayed(self._riders), name)
 
     def execute(self, raise_on_error: bool = True) -> list[object]:
+        if self._kombus_pipe is not None:
+            return list(self._kombus_pipe.execute(raise_on_error=raise_on_error))
         record = _record_shape(self._calls, self._keys)
         if record is not None:
             return self._record(*record, raise_on_error=raise_on_error)
@@ -106,11 +112,12 @@ class Bookkeeping:
         return list(self._replayed(self._riders).execute(raise_on_error=raise_on_error))
 
     def _replayed(self, riders: Sequence[Rider]) -> Any:
-        pipe = self._fallback(riders)
-        for name, args, kwargs in self._calls:
-            getattr(pipe, name)(*args, **kwargs)
-        self._calls = []
-        return pipe
+        if self._kombus_pipe is None:
+            pipe = self._kombus_pipe = self._fallback(riders)
+            for name, args, kwargs in self._calls:
+                getattr(pipe, name)(*args, **kwargs)
+            self._calls = []
+        return self._kombus_pipe
 
     def _record(self, tag: str, score: float, value: str, *, raise_on_error: bool) -> list[object]:
         """The received message recorded as unacked by one script, its note cleared in it,
@@ -144,8 +151,10 @@ class Bookkeeping:
             except TRANSPORT_ERRORS:
                 return self._kombus(clears, raise_on_error)
         if isinstance(answer, Exception):
-            # An ACL user that may not run scripts: kombu's transaction, now and from now on.
-            self._refused(answer)
+            if is_refusal(answer, "NOPERM"):
+                # An ACL user that may not run scripts: kombu's transaction from now on.
+                self._refused(answer)
+            # Any other error (out of memory, a busy script): kombu's transaction says it.
             return self._kombus(clears, raise_on_error)
         return [answer, answer]  # for kombu's ZADD and HSET, whose replies it never reads
 

@@ -229,8 +229,9 @@ class TestShapes:
         ],
         ids=["another order", "one more command", "two tags", "two tags removed"],
     )
+    @pytest.mark.parametrize("chained", [True, False], ids=["chained", "call by call"])
     def test_any_other_shape_goes_to_kombus_pipeline_whole(
-        self, server: RedisServer, chain: list[tuple[str, tuple[Any, ...]]]
+        self, server: RedisServer, chain: list[tuple[str, tuple[Any, ...]]], chained: bool
     ) -> None:
         sent: list[str] = []
         client = server.client()
@@ -238,14 +239,29 @@ class TestShapes:
         expected = client.pipeline()
         pipe: Any = book
         for name, args in chain:
-            pipe = getattr(pipe, name)(*args)
+            result = getattr(pipe, name)(*args)
+            pipe = result if chained else pipe
             getattr(expected, name)(*args)
         pipe.execute()
-        assert sent == ["kombu"]
+        assert sent == ["kombu"]  # one pipeline of kombu's, every call on it
         written = {k: client.dump(k) for k in client.keys("*")}
         client.flushall()
         expected.execute()
         assert written == {k: client.dump(k) for k in client.keys("*")}
+
+    def test_an_error_other_than_a_refusal_is_kombus_to_raise_and_scripts_stay(
+        self, server: RedisServer
+    ) -> None:
+        sent: list[str] = []
+        book = self.bookkeeping(server, sent)
+        client = server.client()
+        client.config_set("maxmemory", 1)  # every write refused: out of memory
+        try:
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                book.zadd("unacked_index", {"t1": 1.0}).hset("unacked", "t1", "[1]").execute()
+        finally:
+            client.config_set("maxmemory", 0)
+        assert sent == ["kombu"]  # not refused: the next message is our script again
 
 
 def test_the_script_takes_the_notes_keys_then_kombus_two() -> None:
