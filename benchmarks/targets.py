@@ -109,13 +109,14 @@ PAYS_FOR = {
     "default": {
         "producer": "the key from the arguments; the hold rides the push (one script: "
         "hold, LPUSH and the transit note, in place of Celery's LPUSH)",
-        "worker_main": "the fenced running lease, riding the pipeline that records the "
-        "message as unacked (with its transit note cleared); the lease handed to the child",
+        "worker_main": "the fenced running lease, written with the script that records "
+        "the message as unacked and clears its transit note (one command where kombu sends "
+        "a four-command transaction; an ack's removal two); the lease handed to the child",
         "pool_children": "the run under the handed lease (renewed by a thread that "
         "sleeps until it is due); the release riding the result write, which reads the "
         "stored result in its own step (Celery reads it on a round trip first)",
-        "redis": "the three scripts in place of plain commands: hold + push + note, "
-        "take + clear, release + the result's write",
+        "redis": "the scripts in place of plain commands: hold + push + note, the take "
+        "and the record + clear, release + the result's write",
     },
     "separate": {
         "producer": "the key; the hold on the lock server (its own round trip, "
@@ -123,11 +124,12 @@ PAYS_FOR = {
         "(a script on the broker in place of LPUSH)",
         "worker_main": "the running lease taken on the lock server at receipt (its own "
         "round trip; the answer read as the run is handed to the pool); the note cleared "
-        "with the unacked record",
+        "in the script that records the message as unacked (one command where kombu "
+        "sends a four-command transaction; an ack's removal two)",
         "pool_children": "the run under the handed lease; the release on the lock server "
         "(its own round trip: results ignored, nothing to ride)",
-        "broker": "the transit note: written with the push, cleared with the unacked "
-        "record (two scripts)",
+        "broker": "the transit note: written with the push, cleared in the unacked "
+        "record (two scripts, the second in place of kombu's transaction)",
         "locks": "hold, take and release (three scripts)",
     },
     "rabbitmq": {

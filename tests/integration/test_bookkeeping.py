@@ -117,6 +117,26 @@ class TestRecord:
         assert recorded(client, mine.delivery_tag) == (None, None)
         assert client.hlen("unacked") == client.zcard("unacked_index") == 0
 
+    def test_under_a_global_key_prefix_it_is_recorded_where_kombu_reads(
+        self, server: RedisServer
+    ) -> None:
+        client = server.client()
+        client.flushall()
+        app = riding_app(server.url, "prefixed")
+        app.conf.broker_transport_options = {"global_keyprefix": "pfx:"}
+        try:
+            with app.connection_for_write() as connection:
+                client.config_resetstat()
+                message = received(connection, "q-prefixed", "hello")
+                assert client.hexists("pfx:unacked", message.delivery_tag)
+                assert client.zscore("pfx:unacked_index", message.delivery_tag) is not None
+                assert client.exists("unacked", "unacked_index") == 0
+                connection.default_channel.basic_ack(message.delivery_tag)
+            assert client.exists("pfx:unacked", "pfx:unacked_index") == 0
+            assert transactions(client) == 0  # our commands, with kombu's prefix
+        finally:
+            app.close()
+
     def test_a_message_recorded_and_restored_is_delivered_again(
         self, app: Celery, server: RedisServer
     ) -> None:
@@ -154,7 +174,7 @@ class TestRecord:
         admin.config_resetstat()
         admin.acl_setuser(
             "noscripts", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
-            commands=["+@all", "-eval", "-evalsha", "-evalsha_ro", "-eval_ro", "-fcall"],
+            commands=["+@all", "-@scripting"],
         )  # fmt: skip
         url = server.url.replace("redis://", "redis://noscripts:pw@")
         app = riding_app(url, "noscripts")
