@@ -27,13 +27,9 @@ def echo(x: object = None) -> object:
     return x
 
 
-@pytest.fixture(name="server", scope="module")
-def fixture_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture(name="server")
+def fixture_server(shared: RedisServer) -> RedisServer:
+    return shared  # the module's own (tests/integration/conftest.py)
 
 
 def riding_app(url: str, name: str) -> Celery:

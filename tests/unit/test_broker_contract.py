@@ -221,22 +221,26 @@ class TestQueueNaming:
         assert virtual.Channel._get_message_priority(channel, {"properties": {}}) == 0
 
 
+class RecordedQoS(kombu_redis.QoS):
+    """kombu's own QoS (its append, ack and reject) on a pipeline that records."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._dirty: set[str] = set()
+        self._delivered: dict[str, object] = {}
+        self._quick_append = self._delivered.__setitem__
+        self._quick_ack = self._delivered.pop
+        self.unacked_key, self.unacked_index_key = "unacked", "unacked_index"
+        self.recorder = recorder
+
+    @contextmanager
+    def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[Recorder]:
+        yield self.recorder
+
+
 class TestUnackedBookkeeping:
     def test_append_records_the_tag_in_one_pipeline_with_the_raw_message(self) -> None:
-        class Recorded(kombu_redis.QoS):  # kombu's append, on a pipeline that records
-            def __init__(self) -> None:
-                self._dirty: set[str] = set()
-                self._delivered: dict[str, object] = {}
-                self._quick_append = self._delivered.__setitem__
-                self.unacked_key, self.unacked_index_key = "unacked", "unacked_index"
-
-            @contextmanager
-            def pipe_or_acquire(
-                self, pipe: object = None, client: object = None
-            ) -> Iterator[Recorder]:
-                yield recorded
-
-        recorded, qos = Recorder(), Recorded()
+        recorded = Recorder()
+        qos = RecordedQoS(recorded)
         message = SimpleNamespace(
             delivery_info={"exchange": "ex", "routing_key": "rk"}, _raw={"body": "b"}
         )
@@ -260,20 +264,12 @@ class TestUnackedBookkeeping:
     @pytest.mark.parametrize("step", ["ack", "reject"])
     def test_an_acked_or_rejected_message_is_removed_as_zrem_then_hdel(self, step: str) -> None:
         # ``broker.bookkeeping`` writes exactly this shape as an HDEL and a ZREM.
-        class Recorded(kombu_redis.QoS):
-            def __init__(self) -> None:
-                self._dirty: set[str] = set()
-                self._delivered: dict[str, object] = {"tag-1": object()}
-                self._quick_ack = self._delivered.pop
-                self.unacked_key, self.unacked_index_key = "unacked", "unacked_index"
-
-            @contextmanager
-            def pipe_or_acquire(
-                self, pipe: object = None, client: object = None
-            ) -> Iterator[Recorder]:
-                yield recorded
-
-        recorded, qos = Recorder(), Recorded()
+        recorded = Recorder()
+        qos = RecordedQoS(recorded)
+        qos.append(
+            SimpleNamespace(delivery_info={"exchange": "", "routing_key": ""}, _raw={}), "tag-1"
+        )
+        recorded.sent.clear()
         getattr(qos, step)("tag-1")
         assert recorded.sent == [
             ("zrem", ("unacked_index", "tag-1")),
