@@ -7,6 +7,7 @@ building and parsing cost the worker's main process more than the round trips th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from importlib.resources import files
@@ -15,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 from ..lease import ClearNote
 from ..lease.errors import is_refusal
 from ..lease.redis.calls import Arg
+from ..lease.redis.common import REDIS_ERRORS
 from ..lease.redis.replies import TRANSPORT_ERRORS
 from ..lease.redis.scripts import source
 from ..lease.redis.transit import NOTE_KEYS
 from .state import Rider
 
 if TYPE_CHECKING:
+    from ..lease.redis.clients import SyncClient
     from ..lease.redis.pipelining import Pipelining
 
 RECORD = source("record", files(__package__) / "lua")
@@ -107,7 +110,7 @@ class Bookkeeping:
         if record is not None:
             return self._record(*record, raise_on_error=raise_on_error)
         removal = _removal_shape(self._calls, self._keys)
-        if removal is not None:
+        if removal is not None and not self._riders:
             return self._remove(removal, raise_on_error=raise_on_error)
         return list(self._replayed(self._riders).execute(raise_on_error=raise_on_error))
 
@@ -193,6 +196,15 @@ class _Commands:
         return self
 
 
+def load_record(client: SyncClient) -> None:
+    """The record's script cached on ``client``'s server before its first message: a
+    take that rides it is cached already, and a NOSCRIPT for the record alone would send
+    it on a round trip after the take's (a worker killed in between leaves the message
+    to the sweep). Best effort: a refusal or an outage is the first record's to meet."""
+    with contextlib.suppress(*REDIS_ERRORS):
+        client.script_load(RECORD)
+
+
 def _record_shape(calls: list[Call], keys: Keys) -> tuple[str, float, str] | None:
     """(tag, score, value) when ``calls`` are kombu's record of one received message:
     ``zadd(index, {tag: score})`` then ``hset(hash, tag, value)``, nothing more."""
@@ -228,4 +240,4 @@ def _no_script(reply: object) -> bool:
     return isinstance(reply, Exception) and is_refusal(reply, "NOSCRIPT")
 
 
-__all__ = ["RECORD", "RECORD_NOTED_KEYS", "RECORD_SHA", "Bookkeeping", "Keys"]
+__all__ = ["RECORD", "RECORD_NOTED_KEYS", "RECORD_SHA", "Bookkeeping", "Keys", "load_record"]

@@ -22,6 +22,7 @@ from ..lease import Push, Server, Transit, server_of
 from ..lease.errors import is_refusal
 from ..lease.redis.pipelining import Pipelining
 from . import versions
+from .bookkeeping import load_record
 from .layout import message_task_id
 from .state import AppRide, Outgoing
 from .unacked import QoS
@@ -88,6 +89,8 @@ class Channel(kombu_redis.Channel):
             kept = self._singleton_pipelining
             if kept is None or kept.client is not client:
                 kept = self._singleton_pipelining = Pipelining(client)
+                if kept.direct:
+                    load_record(client)
         return kept if kept.direct else None
 
     def ride(self) -> AppRide | None:

@@ -8,6 +8,7 @@ their own, and the note is cleared in the very step that makes the message kombu
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -32,9 +33,17 @@ class QoS(kombu_redis.QoS):
     first in the pipeline ``append`` gets from ``pipe_or_acquire``. The worker says what
     rides (``broker.on_receipt``)."""
 
-    # What rides the pipeline of the message being appended (kombu sends it from
-    # inside ``append``, on the consumer's own thread).
-    _riders: Sequence[Rider] = ()
+    # What rides the pipeline of the message being appended, per thread: kombu asks for
+    # that pipeline from inside ``append``, on the consumer's thread, while a thread
+    # pool's threads ack other messages on the same channel (their pipelines carry none).
+    _appending: threading.local | None = None
+
+    def _pending(self) -> threading.local:
+        pending = self._appending
+        if pending is None:
+            # setdefault: two threads' first calls end up with the same one
+            pending = self.__dict__.setdefault("_appending", threading.local())
+        return pending
 
     def append(self, message: Message, delivery_tag: object) -> None:
         riders: Sequence[Rider] = ()
@@ -55,11 +64,12 @@ class QoS(kombu_redis.QoS):
         if not riders:
             super().append(message, delivery_tag)
             return
-        self._riders = riders
+        pending = self._pending()
+        pending.riders = riders
         try:
             super().append(message, delivery_tag)
         finally:
-            self._riders = ()
+            pending.riders = ()
 
     # Why the bookkeeping is kombu's own transaction again (None: it is our commands'):
     # the server refused the record's script (an ACL user that may not run scripts).
@@ -69,8 +79,11 @@ class QoS(kombu_redis.QoS):
     def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
         channel = self.channel
         server = channel.server()
-        riders = self._riders if pipe is None else ()
-        self._riders = ()  # once: the unacked bookkeeping's own pipeline
+        riders: Sequence[Rider] = ()
+        if pipe is None:
+            pending = self._pending()
+            riders = getattr(pending, "riders", ())
+            pending.riders = ()  # once: the unacked bookkeeping's own pipeline
         pipelining = None
         if pipe is None and client is None and server is not None and not self._scripts_refused:
             pipelining = channel.pipelining()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,8 +16,14 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_singleton_lock import singleton_task
-from celery_singleton_lock.broker.bookkeeping import RECORD_NOTED_KEYS, Bookkeeping, Keys
+from celery_singleton_lock import broker, singleton_task
+from celery_singleton_lock.broker.bookkeeping import (
+    RECORD,
+    RECORD_NOTED_KEYS,
+    RECORD_SHA,
+    Bookkeeping,
+    Keys,
+)
 from celery_singleton_lock.lease.redis.pipelining import Pipelining
 from celery_singleton_lock.lease.redis.transit import NOTE_KEYS
 
@@ -153,8 +160,10 @@ class TestRecord:
         with app.connection_for_write() as connection:
             received(connection, "q-flushed", "warm")  # the script is cached on the server
             server.client().script_flush()
+            server.client().config_resetstat()
             with caplog.at_level(logging.WARNING):
                 message = received(connection, "q-flushed", "after the flush")
+            assert transactions(server.client()) == 0  # the script's body, not kombu's
             value, score = recorded(server.client(), message.delivery_tag)
             assert value is not None
             assert score is not None
@@ -194,25 +203,109 @@ class TestRecord:
             admin.acl_deluser("noscripts")
 
 
+class Marker:
+    """A rider that writes ``rider:<tag>`` where it rides, and says what it read."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.replies: list[object] = []
+
+    def add(self, pipe: Any, db: int) -> None:
+        pipe.eval("return redis.call('SET', KEYS[1], '1')", 1, f"rider:{self.tag}")
+
+    def refused(self, error: Exception) -> bool:
+        return False
+
+    def read(self, reply: object) -> None:
+        self.replies.append(reply)
+
+
+class Paused:
+    """A received message kombu reads inside ``append`` once its riders are set: its
+    ``delivery_info`` waits there until the test lets it go."""
+
+    def __init__(self, headers: dict[str, object]) -> None:
+        self.headers, self.properties = headers, {}
+        self._raw = {"body": "paused", "headers": headers, "properties": {}}
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    @property
+    def delivery_info(self) -> dict[str, str]:
+        self.inside.set()
+        assert self.go.wait(10)
+        return {"exchange": "", "routing_key": "q-race"}
+
+
+class TestThreads:
+    def test_an_ack_on_another_thread_mid_record_leaves_the_records_riders_to_it(
+        self, app: Celery, server: RedisServer
+    ) -> None:
+        """A thread pool acks on its own threads while the consumer's thread records the
+        next message: the riders go with the message they came with, never with the ack."""
+        client = server.client()
+        marker = Marker("tag-a")
+        broker.on_receipt(
+            app, lambda message, server, tag: [marker] if "mark" in message[0] else []
+        )
+        with app.connection_for_write() as connection:
+            channel = connection.default_channel
+            other = received(connection, "q-race", "acked meanwhile")
+            client.config_resetstat()
+            paused = Paused({"mark": "1"})
+            appending = threading.Thread(target=channel.qos.append, args=(paused, "tag-a"))
+            appending.start()
+            try:
+                assert paused.inside.wait(10)
+                channel.basic_ack(other.delivery_tag)  # this thread: the pool's
+            finally:
+                paused.go.set()
+                appending.join(10)
+            assert not appending.is_alive()
+            assert client.get("rider:tag-a") == b"1"
+            assert marker.replies == [b"OK"]
+            # The riders went with the record's script, and the ack was two commands:
+            # riders handed to the ack would have sent it through kombu's transaction.
+            assert transactions(client) == 0
+            assert client.hexists("unacked", "tag-a")
+            assert not client.hexists("unacked", other.delivery_tag)
+            channel.qos.ack("tag-a")
+        assert client.hlen("unacked") == client.zcard("unacked_index") == 0
+
+    def test_a_channels_record_script_is_cached_before_its_first_message(
+        self, app: Celery, server: RedisServer
+    ) -> None:
+        """A take that rides the record is cached already: a NOSCRIPT for the record
+        alone would send it on a round trip of its own after the take's."""
+        server.client().script_flush()
+        with app.connection_for_write() as connection:
+            assert connection.default_channel.pipelining() is not None
+            assert server.client().script_exists(RECORD_SHA) == [True]
+
+
 class TestShapes:
     """What kombu chains is sent as our own commands only in the shapes its tested
     releases chain; anything else goes to kombu's pipeline, every call replayed."""
 
     def bookkeeping(
-        self, server: RedisServer, sent: list[str], *, fresh: bool = True
+        self,
+        server: RedisServer,
+        sent: list[str],
+        *,
+        fresh: bool = True,
+        riders: tuple[Any, ...] = (),
     ) -> Bookkeeping:
         client = server.client()
         if fresh:
             client.flushall()
 
-        def kombus(riders: object) -> Any:
-            sent.append("kombu")
+        def kombus(given: object) -> Any:
+            sent.append(f"kombu with {given}" if given else "kombu")
             return client.pipeline()
 
         return Bookkeeping(
             Pipelining(client),
             Keys("unacked_index", "unacked", ""),
-            (),
+            riders,
             kombus,
             refused=lambda error: sent.append(f"refused {error}"),
             db=0,
@@ -265,6 +358,16 @@ class TestShapes:
         expected.execute()
         assert written == {k: client.dump(k) for k in client.keys("*")}
 
+    def test_a_removal_with_riders_goes_to_kombus_pipeline_with_them(
+        self, server: RedisServer
+    ) -> None:
+        """Never so in kombu's releases (riders come with a record); were it so, the
+        riders are sent, not dropped by the two plain commands."""
+        sent: list[str] = []
+        book = self.bookkeeping(server, sent, riders=("rider",))
+        book.zrem("unacked_index", "t1").hdel("unacked", "t1").execute()
+        assert sent == ["kombu with ('rider',)"]
+
     def test_an_error_other_than_a_refusal_is_kombus_to_raise_and_scripts_stay(
         self, server: RedisServer
     ) -> None:
@@ -281,4 +384,5 @@ class TestShapes:
 
 
 def test_the_script_takes_the_notes_keys_then_kombus_two() -> None:
-    assert RECORD_NOTED_KEYS == NOTE_KEYS + 2 == 7
+    assert RECORD_NOTED_KEYS == NOTE_KEYS + 2
+    assert f"if #KEYS == {RECORD_NOTED_KEYS} then" in RECORD  # what the script counts on

@@ -88,7 +88,10 @@ def _read(pending: Pending, keep: list[Connection] | None = None) -> Response:
             except redis.ResponseError as refused:
                 replies.append(refused)
     except TRANSPORT_ERRORS as failed:
-        lender.checkin(conn, broken=True)  # redis-py has disconnected it
+        # redis-py disconnects on most, not on a LOADING reply (a ConnectionError too),
+        # which would leave the call's other replies on the wire.
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        lender.checkin(conn, broken=True)
         return sent.after_transport_error(failed)
     except BaseException:
         # Interrupted mid-read: the connection's state is unknown, never reuse it.
