@@ -154,6 +154,27 @@ class TestRecord:
             connection.default_channel.basic_ack(again.delivery_tag)
         assert server.client().hlen("unacked") == 0
 
+    def test_a_message_unacked_past_its_visibility_timeout_is_delivered_again(
+        self, server: RedisServer
+    ) -> None:
+        """kombu's other reader of the record: ``restore_visible`` finds it by the index's
+        score (its time of receipt) and restores it from the hash."""
+        server.client().flushall()
+        app = riding_app(server.url, "visible")
+        app.conf.broker_transport_options = {"visibility_timeout": 0}  # every one is late
+        try:
+            with app.connection_for_write() as connection:
+                channel = connection.default_channel
+                message = received(connection, "q-visible", "late")
+                channel.qos.restore_visible(interval=1)
+                again = channel.basic_get("q-visible")
+                assert again is not None
+                assert again.body == message.body
+                channel.basic_ack(again.delivery_tag)
+            assert server.client().hlen("unacked") == server.client().zcard("unacked_index") == 0
+        finally:
+            app.close()
+
     def test_a_server_that_lost_its_scripts_records_as_well(
         self, app: Celery, server: RedisServer, caplog: pytest.LogCaptureFixture
     ) -> None:
