@@ -151,12 +151,14 @@ class TestSpin:
 
 
 class TestFrozenServer:
-    """A server that stops answering mid-wait (SIGSTOP here; a partition drops the
-    answer the same way): the waiting client has no socket timeout, yet every kind of
-    push wait ends by its own timeout plus ``GRACE`` as an outage, never for ever."""
+    """A server that stops answering (SIGSTOP here; a partition drops the answer the same
+    way), mid-wait or before a try's answer: the waiting client has no socket timeout,
+    yet every kind of push wait ends by its own timeout plus ``GRACE`` as an outage, and
+    a try unanswered within ``GRACE`` ends it the same way, never for ever."""
 
+    @pytest.mark.parametrize("frozen", ["mid-wait", "before the first answer"])
     @pytest.mark.parametrize("kind", ["lock", "slots", "asyncio"])
-    def test_a_wait_ends_when_the_server_freezes(self, kind: str) -> None:
+    def test_a_wait_ends_when_the_server_freezes(self, kind: str, frozen: str) -> None:
         import asyncio
 
         from celery_singleton_lock import LockStoreUnavailableError
@@ -171,8 +173,13 @@ class TestFrozenServer:
             holder.acquire("job", ttl=30, blocking=False)
             holder.slots.try_acquire("job-n", 1, 30)
             waiting = client_from_url(server.url, {"socket_timeout": None})
-            freezer = threading.Timer(0.3, server.pause)
+            # Connected first: a sync client's handshake on a new connection has no
+            # bound of its own (the asyncio one's is in its first try's).
+            waiting.ping()
+            freezer = threading.Timer(0.3 if frozen == "mid-wait" else 0.0, server.pause)
             freezer.start()
+            if frozen != "mid-wait":
+                freezer.join()
             began = time.monotonic()
             waits: dict[str, Callable[[], object]] = {
                 "lock": lambda: RedisLock(waiting, prefix="t").acquire("job", 30, timeout=1.0),

@@ -56,10 +56,12 @@ class Slots:
         try:
             if store.replicas is not None:
                 reply, acked = store.pipelining.call(
-                    self._script, **argv, acks=store.replicas, entry=entry
+                    self._script, **argv, acks=store.replicas, entry=entry, within=store.try_within
                 )
             else:
-                reply = store.pipelining.call(self._script, **argv, entry=entry)
+                reply = store.pipelining.call(
+                    self._script, **argv, entry=entry, within=store.try_within
+                )
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         if int(reply[0]) != 1:

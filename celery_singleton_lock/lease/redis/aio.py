@@ -16,6 +16,7 @@ from ..takeover import FRESH, TakeOver, WaitMode
 from .calls import run_script_async
 from .clients import AsyncClient, build, is_async
 from .common import REDIS_ERRORS, Block, Call, LockBase, Try
+from .replies import Unanswered
 from .waits import pop_within_async
 
 
@@ -72,11 +73,15 @@ class AsyncRedisLock(LockBase[AsyncClient, AsyncScript]):
         call = self._acquire_call(name, ttl, token, take)
         return await self._try(call, Try(announce=False))
 
-    async def _try(self, call: Call, step: Try) -> Lease | Contended:
+    async def _try(self, call: Call, step: Try, within: float | None = None) -> Lease | Contended:
         sent_at = time.monotonic()
         try:
             argv = self._acquire_argv(call, step)
-            reply = await run_script_async(self.client, self._acquire_script, **argv)
+            sent = run_script_async(self.client, self._acquire_script, **argv)
+            # Connecting included: cancelled, redis-py drops the connection.
+            reply = await (sent if within is None else asyncio.wait_for(sent, within))
+        except TimeoutError:
+            self.unavailable(Unanswered(f"a call unanswered after {within:g}s"), call.name)
         except REDIS_ERRORS as error:
             self.unavailable(error, call.name)
         return self.acquired(call, sent_at=sent_at, reply=reply)
@@ -101,7 +106,7 @@ class AsyncRedisLock(LockBase[AsyncClient, AsyncScript]):
         try:
             while True:
                 if isinstance(step, Try):
-                    step = plan.send(await self._try(call, step))
+                    step = plan.send(await self._try(call, step, self.try_within))
                 elif isinstance(step, Block):
                     try:
                         await pop_within_async(self.client, call.keys.signal, step.seconds)

@@ -20,13 +20,16 @@ class _Store(Protocol):
 class SentAcquire:
     """The acquire script's reply on its way (``lease.pending.Answer``)."""
 
-    __slots__ = ("_call", "_lock", "_reply", "_sent_at")
+    __slots__ = ("_call", "_lock", "_reply", "_sent_at", "_within")
 
-    def __init__(self, lock: _Store, call: Call, sent_at: float, reply: Reply) -> None:
+    def __init__(
+        self, lock: _Store, call: Call, sent_at: float, reply: Reply, within: float | None = None
+    ) -> None:
         self._lock = lock
         self._call = call
         self._sent_at = sent_at
         self._reply = reply
+        self._within = within  # how long its answer may take (``Reply.get``)
 
     @property
     def name(self) -> str:
@@ -41,7 +44,7 @@ class SentAcquire:
 
     def read(self) -> Lease | Contended:
         try:
-            reply = self._reply.get()
+            reply = self._reply.get(within=self._within)
         except REDIS_ERRORS as error:
             self._lock.unavailable(error, self._call.name)
         return self._lock.outcome_of(self._call, sent_at=self._sent_at, reply=reply)

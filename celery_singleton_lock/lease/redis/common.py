@@ -27,6 +27,7 @@ from ..takeover import TakeOver, WaitMode
 from . import scripts
 from .calls import Arg, Response
 from .clients import Client, database_count, describe, is_async, socket_timeout_of
+from .replies import GRACE
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,10 @@ class LockBase(Generic[ClientT, ScriptT]):
         self.backoff_base = to_seconds(backoff_base, what="backoff_base")
         self.backoff_cap = to_seconds(backoff_cap, what="backoff_cap")
         self.where = describe(client)
+        # A client with no read timeout (a waiting store's: its BLPOP may rightly block
+        # long) would wait for ever on a try's answer from a frozen server: each try of
+        # an acquire is bounded as its wait is, by GRACE.
+        self.try_within: float | None = GRACE if socket_timeout_of(client) is None else None
         # Per-client registration (EVALSHA; redis-py reloads on NOSCRIPT after a restart).
         self._acquire_script: ScriptT = self._register(scripts.ACQUIRE)
         self._release_script: ScriptT = self._register(scripts.RELEASE)

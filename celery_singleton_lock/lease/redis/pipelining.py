@@ -307,9 +307,11 @@ class Pipelining:
         retry: bool = True,
         acks: tuple[int, int] | None = None,
         entry: history.Record | None = None,
+        within: float | None = None,
     ) -> Response:
-        """One script call, one round trip."""
-        return self.send(script, keys, args, retry=retry, acks=acks, entry=entry).get()
+        """One script call, one round trip (its answer due ``within``: ``Reply.get``)."""
+        sent = self.send(script, keys, args, retry=retry, acks=acks, entry=entry)
+        return sent.get(within=within)
 
     def command(self, *args: Arg) -> Response:
         """One plain command (``GET``), one round trip: its reply, decoded as the client's."""

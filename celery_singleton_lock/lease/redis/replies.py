@@ -17,6 +17,15 @@ from .calls import Response, SentCall
 # dropped the connection, and the call is made again through its retrying path.
 TRANSPORT_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 
+# How long an answer may take to arrive (past a BLPOP's own timeout: waits.py) on a
+# client with no read timeout, a busy server or a slow link, before the server counts
+# as unreachable.
+GRACE = 2.0
+
+
+class Unanswered(redis.TimeoutError):
+    """No answer within the bound a read was given (the server froze or was cut off)."""
+
 
 class Lender(Protocol):
     """Where a connection goes back once a call's replies are read."""
@@ -57,16 +66,18 @@ class Reply:
         """Whether the answer is in (read already, or known when it was made)."""
         return self._pending is None
 
-    def get(self, keep: list[Connection] | None = None) -> Response:
+    def get(self, keep: list[Connection] | None = None, within: float | None = None) -> Response:
         """The call's answer, or what it raised (every time it is asked).
 
         ``keep``: a list that takes the connection once its replies are read, instead of
-        the pool (the pipelining hands it to its next call).
+        the pool (the pipelining hands it to its next call). ``within``: seconds the
+        answer may take to start arriving; past them the connection is dropped and
+        ``redis.TimeoutError`` raised (for a client with no read timeout of its own).
         """
         if self._pending is not None:
             pending, self._pending = self._pending, None
             try:
-                self._value = _read(pending, keep)
+                self._value = _read(pending, keep, within)
             except BaseException as error:
                 self._error = error
                 raise
@@ -75,14 +86,18 @@ class Reply:
         return self._value
 
 
-def _read(pending: Pending, keep: list[Connection] | None = None) -> Response:
+def _read(
+    pending: Pending, keep: list[Connection] | None = None, within: float | None = None
+) -> Response:
     # Every way out checks the connection back in exactly once, and only after all of
     # the call's replies were read: an error reply in the middle leaves the rest on the
     # wire, which the next user of the connection would take for its own.
     lender, conn, count, sent = pending
     replies: list[Response] = []
+    answered = True
     try:
-        for _ in range(count):
+        answered = within is None or conn.can_read(timeout=within)
+        for _ in range(count if answered else 0):
             try:
                 replies.append(conn.read_response())
             except redis.ResponseError as refused:
@@ -98,6 +113,12 @@ def _read(pending: Pending, keep: list[Connection] | None = None) -> Response:
         conn.disconnect()  # type: ignore[no-untyped-call]
         lender.checkin(conn, broken=True)
         raise
+    if not answered:
+        # Not a transport error to retry on: a frozen server would hold the retry for
+        # ever too. The call may or may not have run; the caller says so.
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        lender.checkin(conn, broken=True)
+        raise Unanswered(f"a call unanswered after {within:g}s")
     if keep is None:
         lender.checkin(conn)
     else:

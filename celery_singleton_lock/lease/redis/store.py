@@ -129,7 +129,13 @@ class RedisLock(LockBase[SyncClient, Script]):
         return self._send_try(call, Try(announce=False), whole=read_late, entry=entry)
 
     def _send_try(
-        self, call: Call, step: Try, *, whole: bool = False, entry: Record | None = None
+        self,
+        call: Call,
+        step: Try,
+        *,
+        whole: bool = False,
+        entry: Record | None = None,
+        within: float | None = None,
     ) -> PendingAcquire:
         sent_at = time.monotonic()
         try:
@@ -152,7 +158,7 @@ class RedisLock(LockBase[SyncClient, Script]):
                 )
         except REDIS_ERRORS as error:
             self.unavailable(error, call.name)
-        return PendingAcquire(SentAcquire(self, call, reply.sent_at or sent_at, reply))
+        return PendingAcquire(SentAcquire(self, call, reply.sent_at or sent_at, reply, within))
 
     def acquire(
         self,
@@ -182,7 +188,8 @@ class RedisLock(LockBase[SyncClient, Script]):
         try:
             while True:
                 if isinstance(step, Try):
-                    step = plan.send(self._send_try(call, step, entry=entry).outcome())
+                    sent = self._send_try(call, step, entry=entry, within=self.try_within)
+                    step = plan.send(sent.outcome())
                     continue
                 if isinstance(step, Block):
                     try:

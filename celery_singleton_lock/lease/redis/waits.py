@@ -15,10 +15,7 @@ from redis.cluster import RedisCluster
 from .calls import Response
 from .clients import AsyncClient, SyncClient
 from .pipelining import takes_command_name
-
-# Past its own timeout, how long a BLPOP's answer may take to arrive (a busy server, a
-# slow link) before the server counts as unreachable.
-GRACE = 2.0
+from .replies import GRACE
 
 
 def pop_within(client: SyncClient, key: str, seconds: float) -> Response:
