@@ -33,10 +33,12 @@ def singleton_task(
     """Declare a singleton task: ``@singleton_task`` or ``@singleton_task(key=[...], ...)``.
 
     Singleton options: ``key``, ``lock``, ``throttle``, ``debounce``, ``max_wait``,
-    ``limit``, ``on_duplicate``, ``on_contention``, ``ttl``, ``queue_ttl``, ``dedupe``.
-    Every other keyword is an ordinary Celery task option (``bind``, ``acks_late``,
-    ``max_retries``, ...). Binds to ``app`` when given, else to every app like
-    ``shared_task``. Options are validated here, at decoration.
+    ``limit``, ``on_duplicate``, ``on_contention``, ``ttl``, ``queue_ttl``, ``dedupe``,
+    ``idempotency``, ... (``OPTION_NAMES``). Every other keyword is an ordinary Celery task
+    option (``bind``, ``acks_late``, ``max_retries``, ...), but for the incumbents'
+    options, typos of ours and options that go inside another (``keep_failures`` in
+    ``idempotency={...}``): those are refused, saying what to write. Binds to ``app`` when
+    given, else to every app like ``shared_task``. Options are validated here, at decoration.
     """
     if func is not None and not callable(func):
         raise ConfigurationError(

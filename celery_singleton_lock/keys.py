@@ -275,7 +275,7 @@ class KeySpec:
     ) -> str:
         """The task's name and every argument of one call, bound and digested: the same
         for the same call however it is written (an idempotency key's check)."""
-        return self._digest(dict(self._bind(args, kwargs or {}).arguments))
+        return self._digest(dict(self._bind(args, kwargs or {}).arguments), keyed=False)
 
     def argument(
         self, name: str, args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None
@@ -288,15 +288,41 @@ class KeySpec:
         which option names it)."""
         self._check_known([name], what)
 
-    def _digest(self, selected: Mapping[str, object]) -> str:
+    def _digest(self, selected: Mapping[str, object], *, keyed: bool = True) -> str:
+        """The digest of ``selected`` arguments: the lock key's (``keyed``), or the whole
+        call's for an idempotency key's check."""
+        items = sorted(selected.items())
         try:
-            encoded = [[param, encode(value, param)] for param, value in sorted(selected.items())]
+            return _digest([self.name, [[param, encode(value, param)] for param, value in items]])
         except RecursionError:
-            raise KeyDerivationError(
-                f"{self.name}: arguments are nested too deeply to digest; pass flatter ones",
-                param=None,
-            ) from None
-        return _digest([self.name, encoded])
+            deep = self._too_deep_to_digest(items)
+            if deep is None:
+                raise
+            raise self._too_deep(deep, selected, keyed=keyed) from None
+
+    def _too_deep_to_digest(self, items: Sequence[tuple[str, object]]) -> str | None:
+        """The first parameter whose value alone cannot be digested (the encoding nests each
+        level in a tagged pair, so JSON goes about twice as deep as ``encode()`` did, and
+        from Python 3.12 against a C limit of its own)."""
+        for param, value in items:
+            try:
+                _digest([self.name, [[param, encode(value, param)]]])
+            except RecursionError:
+                return param
+        return None
+
+    def _too_deep(
+        self, param: str, selected: Mapping[str, object], *, keyed: bool
+    ) -> KeyDerivationError:
+        said = f"the argument {param!r} of {self.name} is nested too deeply to digest"
+        others = sorted(n for n in selected if n != param and n in self._param_names)
+        if not keyed:
+            fix = " (an idempotency key's check digests every argument): pass a flatter value"
+        elif others:
+            fix = f": leave it out of the key with key={others!r} or pass a flatter value"
+        else:
+            fix = ": pass a flatter value, or key=<a callable> returning the lock name"
+        return KeyDerivationError(said + fix, param=param)
 
     def _call(self, key: Callable[..., object], bound: _Bound | inspect.BoundArguments) -> object:
         # By name, so `lambda order_id, **_: ...` works whatever the call's positions were;

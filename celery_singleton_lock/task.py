@@ -87,7 +87,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         # attribute: an incumbent's option there would otherwise do nothing, silently.
         refuse_task_options(
             cls.name or cls.__qualname__,
-            [name for name, value in cls.__dict__.items() if not callable(value)],
+            {name: value for name, value in cls.__dict__.items() if not callable(value)},
             misplaced=True,
         )
         # Validate when the task class is created (i.e. when the decorator runs), not at

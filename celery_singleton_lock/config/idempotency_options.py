@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 24 * 3600.0  # a day, as Stripe keeps keys
 HEADER = "header:"
-_OPTIONS = ("key_from", "window", "keep_failures")
+# Its own options, written inside it: idempotency={"keep_failures": True}.
+IDEMPOTENCY_OPTIONS = ("key_from", "window", "keep_failures")
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,10 @@ def idempotency_option(task: str, value: object, spec: KeySpec, refused: str | N
             f"{task}: idempotency={value!r} must be True or a dict, e.g. "
             "idempotency={'key_from': 'header:Idempotency-Key', 'window': 3600}"
         )
-    unknown = sorted(set(value) - set(_OPTIONS), key=str)
+    unknown = sorted(set(value) - set(IDEMPOTENCY_OPTIONS), key=str)
     if unknown:
         raise ConfigurationError(
-            f"{task}: idempotency option(s) {unknown} unknown; allowed: {list(_OPTIONS)}"
+            f"{task}: idempotency option(s) {unknown} unknown; allowed: {list(IDEMPOTENCY_OPTIONS)}"
         )
     if refused is not None:
         raise ConfigurationError(f"{task}: idempotency {refused}")

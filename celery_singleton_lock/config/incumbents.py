@@ -1,15 +1,16 @@
 """The incumbents' option and setting names, and typos of ours, with what to write instead.
 
 Celery accepts any unknown task or ``apply_async`` keyword, so ``unique_on=[...]`` ported from
-celery-singleton, or ``once={...}`` from celery-once, would do nothing: the task would lock on
-all its arguments, the dedupe gone without a word. These names are refused where written.
+celery-singleton, ``once={...}`` from celery-once or ``keep_failures=`` outside ``idempotency=``
+would do nothing (a dedupe gone, a failure run again) without a word: refused where written.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
+import reprlib
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -51,13 +52,46 @@ FOREIGN_SETTINGS = {
 _CUTOFF = 0.75  # difflib ratio: 'dedup', 'keys', 'on_contentions' match; 'queue' does not
 
 
-def explain_unknown(name: str, known: Sequence[str]) -> str | None:
-    """What to write instead of option ``name``: a foreign option's equivalent, or the
-    option of ours it is a typo of (None when it looks like neither)."""
+def explain_unknown(
+    name: str,
+    value: object,
+    known: Sequence[str],
+    nested: Mapping[str, str] | None = None,
+    *,
+    top: bool = True,
+) -> str | None:
+    """What to write instead of option ``name=value``: a foreign option's equivalent, the
+    option an option of ours goes inside (``nested``: its name -> that option), or the
+    option of ours it is a typo of (None when it looks like neither). ``top``: it was a
+    keyword of ``@singleton_task``, else a class attribute or in ``singleton={...}``."""
+    nested = nested or {}
     if name in FOREIGN_OPTIONS:
         return f"{name}= is not an option here; write {FOREIGN_OPTIONS[name]}"
-    close = difflib.get_close_matches(name, known, n=1, cutoff=_CUTOFF)
-    return f"{name}= is not an option; did you mean {close[0]}=?" if close else None
+    if name in nested:
+        return f"{name} is {_inside(name, nested[name], value, top)}"
+    close = difflib.get_close_matches(name, [*known, *nested], n=1, cutoff=_CUTOFF)
+    if not close:
+        return None
+    meant = close[0]
+    if meant in nested:
+        where = _inside(meant, nested[meant], value, top)
+        return f"{name}= is not an option; did you mean {meant}? {meant} is {where}"
+    return f"{name}= is not an option; did you mean {meant}=?"
+
+
+def _inside(name: str, parent: str, value: object, top: bool) -> str:
+    """Where option ``name`` of option ``parent`` is written, with ``value``."""
+    shown = _SHOWN.repr(value)
+    inside = f"{{{name!r}: {'...' if '...' in shown else shown}}}"  # cut short: not Python
+    written = (
+        f"@singleton_task({parent}={inside})" if top else f"singleton={{{parent!r}: {inside}}}"
+    )
+    return f"an option of {parent}=...: write {written}"
+
+
+# A value quoted in a message: bounded, whatever a task attribute holds.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 60
 
 
 def foreign_settings(conf: Settings) -> list[str]:

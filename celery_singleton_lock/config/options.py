@@ -27,7 +27,12 @@ from ..modes import (
     cancel_options,
 )
 from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
-from .idempotency_options import Idempotency, idempotency_option, refused_by_mode
+from .idempotency_options import (
+    IDEMPOTENCY_OPTIONS,
+    Idempotency,
+    idempotency_option,
+    refused_by_mode,
+)
 from .incumbents import FOREIGN_OPTIONS, explain_unknown
 from .limit_options import limit_option, max_pending_option, rate_option, total_limit_option
 
@@ -101,7 +106,10 @@ class SingletonOptions:
         raw = dict(raw or {})
         unknown = sorted(set(raw) - set(OPTION_NAMES), key=str)
         if unknown:
-            hints = [explain_unknown(str(option), OPTION_NAMES) for option in unknown]
+            hints = [
+                explain_unknown(str(option), raw[option], OPTION_NAMES, NESTED_OPTIONS, top=False)
+                for option in unknown
+            ]
             raise ConfigurationError(
                 f"{name}: unknown singleton option(s) {unknown}"
                 + "".join(f"; {hint}" for hint in hints if hint)
@@ -235,24 +243,36 @@ def _reopen_on(
     return chosen
 
 
-# Celery's own task attributes (read from the classes: hasattr() on a deprecated one warns).
-_CELERY_NAMES = frozenset(name for klass in Task.__mro__ for name in vars(klass))
+# Celery's own task attributes (read from the classes: hasattr() on a deprecated one warns),
+# and the keywords its decorator takes that are not attributes (task(), _task_from_fun(),
+# the autoretry options): never refused, never taken for a typo of ours.
+_CELERY_NAMES = frozenset(name for klass in Task.__mro__ for name in vars(klass)) | {
+    *("shared", "filter", "lazy", "base", "bind"),
+    *("pydantic", "pydantic_strict", "pydantic_context", "pydantic_dump_kwargs"),
+    *("autoretry_for", "dont_autoretry_for", "retry_kwargs"),
+    *("retry_backoff", "retry_backoff_max", "retry_jitter"),
+}
+# Options that are only valid inside another one -> that option. At the top level Celery
+# would keep one as a task attribute that does nothing (keep_failures=True: a repeat
+# after a failure would run again).
+NESTED_OPTIONS = dict.fromkeys(IDEMPOTENCY_OPTIONS, "idempotency")
 
 
-def refuse_task_options(task: str, names: Iterable[str], *, misplaced: bool = False) -> None:
-    """Refuse the incumbents' options and typos of ours among a task's Celery keywords.
+def refuse_task_options(task: str, given: Mapping[str, object], *, misplaced: bool = False) -> None:
+    """Refuse the incumbents' options, typos of ours and options that go inside another
+    among a task's Celery keywords (``given``: name -> value).
 
-    ``misplaced``: the names are class attributes of an ``@app.task(base=SingletonTask,
-    ...)`` task, where our own options belong in ``singleton={...}``.
+    ``misplaced``: they are class attributes of an ``@app.task(base=SingletonTask, ...)``
+    task, where our own options belong in ``singleton={...}``.
     """
     problems = []
-    for name in names:
+    for name, value in given.items():
         if name.startswith("_") or name == "singleton":
             continue
         if misplaced and name in OPTION_NAMES:
             problems.append(f"{name}= belongs in singleton={{{name!r}: ...}}")
         elif name in FOREIGN_OPTIONS or name not in _CELERY_NAMES:
-            hint = explain_unknown(name, OPTION_NAMES)
+            hint = explain_unknown(name, value, OPTION_NAMES, NESTED_OPTIONS, top=not misplaced)
             if hint:
                 problems.append(hint)
     if problems:
