@@ -77,17 +77,28 @@ def max_pending_option(name: str, raw: Mapping[str, object], lock: str) -> int |
 
 
 def total_limit_option(name: str, raw: Mapping[str, object], limit: int | None) -> int | None:
-    """``total_limit=M`` next to ``limit=N``: at most M runs of the task at once across
-    all its keys."""
+    """``total_limit=M`` next to ``limit=N`` (``limit=1`` too: one run per key): at most M
+    runs of the task at once across all its keys."""
     total = _runs_at_once(name, raw, "total_limit")
     if total is None:
         return None
-    if limit is None or limit < 2:
+    if limit is None:
         raise ConfigurationError(
-            f"{name}: total_limit={total} without limit=N (N >= 2): it caps the runs of "
-            "every key together, next to limit=N for each key; write limit=... with it"
+            f"{name}: total_limit={total} without limit: it caps the runs of every key "
+            "together, next to limit=N for each key; write limit=... with it (limit=1 "
+            "for one run per key)"
         )
     return total
+
+
+def slotted_limit(limit: int | None, total: int | None) -> int | None:
+    """The per-key limit run in slots (``modes.Limit``), or None for plain exclusion.
+
+    ``limit=1`` alone is ``lock="while_executing"``: the run holds the key itself. Next
+    to ``total_limit`` it is a counting lease of one slot, so that the task-wide total
+    is taken, renewed and released for a dead child as with ``limit=N``.
+    """
+    return None if limit == 1 and total is None else limit
 
 
 def _runs_at_once(name: str, raw: Mapping[str, object], option: str) -> int | None:

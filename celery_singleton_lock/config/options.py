@@ -34,7 +34,13 @@ from .idempotency_options import (
     refused_by_mode,
 )
 from .incumbents import FOREIGN_OPTIONS, explain_unknown
-from .limit_options import limit_option, max_pending_option, rate_option, total_limit_option
+from .limit_options import (
+    limit_option,
+    max_pending_option,
+    rate_option,
+    slotted_limit,
+    total_limit_option,
+)
 
 OPTION_NAMES = (
     "key",
@@ -75,7 +81,7 @@ class SingletonOptions:
     key: KeySpec
     lock: str
     throttle: float | None
-    limit: int | None  # executions at once per key, when more than one
+    limit: int | None  # executions at once per key, in slots (1 only with total_limit)
     debounce: float | None  # a call runs this long after the last call of its burst
     max_wait: float | None  # ... and never later than this after the burst's first
     on_duplicate: OnDuplicate
@@ -154,11 +160,12 @@ class SingletonOptions:
             )
         key = KeySpec(func, name=name, key=raw.get("key"), bound=bound)
         refused = refused_by_mode(on_duplicate, debounce, limit)
+        total_limit = total_limit_option(name, raw, limit)
         return cls(
             key=key,
             lock=lock,
             throttle=throttle,
-            limit=None if limit == 1 else limit,
+            limit=slotted_limit(limit, total_limit),
             debounce=debounce,
             max_wait=max_wait,
             on_duplicate=on_duplicate,
@@ -169,7 +176,7 @@ class SingletonOptions:
             reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
             rate=rate,
             max_pending=max_pending_option(name, raw, lock),
-            total_limit=total_limit_option(name, raw, limit),
+            total_limit=total_limit,
             terminate_on_cancel=terminate,
             history=_history_option(name, raw.get("history")),
             idempotency=idempotency_option(name, raw.get("idempotency"), key, refused),
@@ -203,7 +210,7 @@ def _mode(  # noqa: PLR0911, PLR0917  (one return per lock type, chosen by recon
     on_duplicate: str,
 ) -> Mode:
     """The one place options become a lock type; nothing after it branches on them."""
-    if limit is not None and limit > 1:
+    if limit is not None:
         return Limit(limit)
     if throttle is not None:
         return Throttle(throttle)

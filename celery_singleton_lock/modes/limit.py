@@ -1,8 +1,8 @@
 """``limit=N``: up to N executions of a key at once, each in a slot of its own.
 
 An operator's override (``celery singleton limits set``) replaces N for the next runs;
-``total_limit=M`` caps every key of the task together (``Total``). The stages (publish,
-receipt, start, end) are in ``Limit``'s docstring.
+``total_limit=M`` caps every key of the task together (``Total``), ``limit=1`` too (one
+slot per key). The stages (publish, receipt, start, end) are in ``Limit``'s docstring.
 """
 
 from __future__ import annotations

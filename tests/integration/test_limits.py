@@ -37,9 +37,9 @@ from celery_singleton_lock.lease.limits.rates import rates_of
 from ..conftest import CeleryEnv
 from ..support.apps import eager_app
 from ..support.cli import cli
-from ..support.modes import concurrency, of
+from ..support.modes import concurrency, define, of, results_of
 from ..support.rates import all_delivered, check_rate, closest_slots, rated_runs
-from ..support.runs import runs, started, wait_for, waiting_for_a_wake_up
+from ..support.runs import assert_no_overlap, runs, started, wait_for, waiting_for_a_wake_up
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 
@@ -74,6 +74,18 @@ def server_time(store: Any) -> float:
 
 def item_runs(cenv: CeleryEnv, item: str) -> list[dict[str, Any]]:
     return sorted((r for r in rated_runs(cenv) if r["item"] == item), key=lambda r: r["start"])
+
+
+ONE_TOTAL = "tests.support.celery_app.export_one_total"
+
+
+def held_by(cenv: CeleryEnv, tenants: list[str]) -> list[str]:
+    """The slots of ``tenants`` and of ``export_one_total``'s total still held."""
+    store = LockStores.for_app(cenv.app_module.app).lock
+    task = cenv.app_module.export_one_total
+    names = [slot(task.singleton_options().key.derive((t,), {}), 1) for t in tenants]
+    names += [slot(f"{ONE_TOTAL}#total", n) for n in range(1, 4)]
+    return [name for name in names if store.holder(name) is not None]
 
 
 class TestInAWorker:
@@ -444,11 +456,19 @@ class TestTotalLimit:
         total = "tests.support.celery_app.export_total#total"
         assert all(store.holder(slot(total, n)) is None for n in range(1, 4))
 
-    @pytest.mark.parametrize(("pool", "children"), [("prefork", 8), ("gevent", 8)])
+    @pytest.mark.parametrize(
+        ("pool", "children", "task"),
+        [
+            ("prefork", 8, "export_total"),
+            ("gevent", 8, "export_total"),
+            ("prefork", 8, "export_one_total"),  # limit=1: one run per key
+        ],
+    )
     def test_runs_waiting_for_the_total_start_in_the_order_they_came(
-        self, cenv: CeleryEnv, pool: str, children: int
+        self, cenv: CeleryEnv, pool: str, children: int, task: str
     ) -> None:
-        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        tag = uuid.uuid4().hex[:6]
+        limited = getattr(cenv.app_module, task)
         worker = Worker(cenv.env, concurrency=children, pool=pool).start()
 
         def waiting() -> int:  # the runs blocked on a wake-up of the total (BLPOP)
@@ -464,14 +484,14 @@ class TestTotalLimit:
         try:
             # Three runs of three keys fill the total, each until its own go-key is set.
             for n in range(3):
-                app.export_total.apply_async(
+                limited.apply_async(
                     (f"long-{tag}-{n}", 0.0, f"go-long-{tag}-{n}"), queue=worker.queue
                 )
             wait_for(lambda: len(of_this_test(started(cenv))) == 3, 30, "the total full")
             # Four more keys, one after the other: each waits for a slot of the total.
             waiters = [f"late-{tag}-{n}" for n in range(4)]
             for n, item in enumerate(waiters):
-                app.export_total.apply_async((item, 0.0, f"go-{item}"), queue=worker.queue)
+                limited.apply_async((item, 0.0, f"go-{item}"), queue=worker.queue)
                 wait_for(lambda n=n: waiting() == n + 1, 30, f"{n + 1} runs waiting")
             # Each slot given back goes to the run that has waited longest.
             checker = cenv.checker_client()
@@ -507,7 +527,95 @@ class TestTotalLimit:
         wait_for(lambda: store.holder(held[0]) is None, 1.0, "the total's slot within 1 s")
 
     def test_total_limit_needs_a_limit(self, cenv: CeleryEnv) -> None:
-        with pytest.raises(ConfigurationError, match="total_limit=3 without limit=N"):
+        with pytest.raises(ConfigurationError, match=r"without limit: .*\(limit=1 for"):
             singleton_task(app=cenv.app_module.app, shared=False, name="t", total_limit=3)(
                 lambda: None
             )
+
+
+class TestTotalLimitWithOneRunPerKey:
+    """``limit=1, total_limit=3`` (``export_one_total``): one run per tenant, three in all,
+    with ``limit=N``'s guarantees."""
+
+    def test_limit_one_takes_a_slot_only_next_to_a_total(self) -> None:
+        opts = define(key=["item"], limit=1, total_limit=3).singleton_options()
+        assert (opts.limit, opts.total_limit, opts.lock) == (1, 3, "while_executing")
+        assert repr(opts.mode) == "<mode limit>"
+        assert opts.mode.total.limit == 3
+        alone = define(key=["item"], limit=1).singleton_options()
+        assert (alone.limit, alone.total_limit) == (None, None)
+        assert repr(alone.mode) == "<mode while_executing>", "limit=1 alone holds the key"
+
+    def test_tenants_never_run_two_at_once_nor_more_than_the_total(self, cenv: CeleryEnv) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        tenants = [f"tenant-{tag}-{n}" for n in range(6)]
+        worker = Worker(cenv.env, concurrency=8).start()
+        try:
+            # Five calls of each of six tenants, interleaved: 30 calls, 3 runs at once.
+            calls = [
+                app.export_one_total.apply_async((tenant, 0.15), queue=worker.queue)
+                for _ in range(5)
+                for tenant in tenants
+            ]
+            results = results_of(calls, worker, 90)
+        finally:
+            worker.stop()
+        assert sorted(results) == sorted(tenant for tenant in tenants for _ in range(5))
+        done = [r for r in runs(cenv) if r["item"] in tenants]
+        assert sorted(r["id"] for r in done) == sorted(c.id for c in calls), "each ran once"
+        for tenant in tenants:
+            assert_no_overlap(of(done, tenant))  # one at a time, fences increasing
+        most = concurrency(done)
+        print(f"\n6 tenants x 5 calls, limit=1, total_limit=3, 8 children: {most} at once")
+        assert most <= 3
+        assert most == 3, "the total is used, not just kept"
+        assert not held_by(cenv, tenants), "every slot given back"
+
+    def test_a_retry_keeps_the_tenant_and_a_failure_frees_it(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        app, tenant = cenv.app_module, f"ends-{uuid.uuid4().hex[:6]}"
+        retried = app.export_one_total.apply_async((tenant, 0.1, "", "retry"), queue=worker.queue)
+        wait_for(lambda: [r for r in runs(cenv) if r["item"] == tenant], what="the first try")
+        # Sent during the retry's countdown: it waits, as the retry keeps the tenant's slot.
+        later = app.export_one_total.apply_async((tenant, 0.1), queue=worker.queue)
+        assert retried.get(timeout=20) == tenant
+        assert later.get(timeout=20) == tenant
+        records = of(runs(cenv), tenant)
+        assert [(r["id"], r["retries"]) for r in records] == [
+            (retried.id, 0),
+            (retried.id, 1),
+            (later.id, 0),
+        ]
+        assert_no_overlap(records)
+        failed = app.export_one_total.apply_async((tenant, 0.0, "", "fail"), queue=worker.queue)
+        with pytest.raises(ValueError, match="failing on purpose"):
+            failed.get(timeout=20)
+        wait_for(lambda: not held_by(cenv, [tenant]), 3, "the slots freed")
+
+    @pytest.mark.parametrize("end", ["SIGKILL", "revoke"])
+    def test_a_killed_child_gives_both_slots_back_and_the_tenants_next_call_runs(
+        self, cenv: CeleryEnv, worker: Worker, end: str
+    ) -> None:
+        app, tenant = cenv.app_module, f"killed-{uuid.uuid4().hex[:6]}"
+        first = app.export_one_total.apply_async((tenant, 30.0), queue=worker.queue)
+        [begun] = wait_for(
+            lambda: [r for r in started(cenv) if r["item"] == tenant], what="the first start"
+        )
+        held = held_by(cenv, [tenant])
+        assert len(held) == 2, f"the tenant's slot and one of the total: {held}"
+        parked = waiting_for_a_wake_up(cenv)
+        later = app.export_one_total.apply_async((tenant, 0.0), queue=worker.queue)
+        wait_for(lambda: waiting_for_a_wake_up(cenv) > parked, 10, "the next call waiting")
+        assert [r["id"] for r in started(cenv) if r["item"] == tenant] == [first.id]
+        killed = time.time()
+        if end == "SIGKILL":
+            os.kill(begun["pid"], signal.SIGKILL)
+        else:
+            app.app.control.revoke(first.id, terminate=True)
+        assert later.get(timeout=10) == tenant
+        assert [r["id"] for r in started(cenv) if r["item"] == tenant] == [first.id, later.id]
+        [ran] = of(runs(cenv), tenant)
+        # Freed by the worker's child watch, not by the slots' ttl (10 s here).
+        assert ran["start"] - killed < 1.5, f"the next call began {ran['start'] - killed:.2f}s on"
+        wait_for(lambda: not held_by(cenv, [tenant]), 3, "the slots freed")

@@ -477,12 +477,41 @@ def export_total(self: Any, item: object, seconds: float = 0.0, until: str = "")
 
     ``until``: run on until the checker has that key (so a test frees slots one by one).
     """
-    started = _begin(self, item)
+    return _until(self, item, seconds, until)
+
+
+@singleton_task(
+    app=app,
+    bind=True,
+    key=["item"],
+    limit=1,
+    total_limit=3,
+    on_contention=wait(timeout=60),
+)
+def export_one_total(
+    self: Any, item: object, seconds: float = 0.0, until: str = "", mode: str = "ok"
+) -> object:
+    """One at once per item (a tenant), three at once for every item together; the rest
+    wait. ``until`` as ``export_total``'s; ``mode``: ``"fail"`` raises, ``"retry"``
+    retries its first attempt after 0.5 s."""
+    return _until(self, item, seconds, until, mode)
+
+
+def _until(task: Any, item: object, seconds: float, until: str, mode: str = "ok") -> object:
+    """Run until the checker has ``until`` (when given), then ``seconds``; end as ``mode``
+    says."""
+    started = _begin(task, item)
     deadline = time.monotonic() + 60.0
     while until and not checker().exists(until) and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(seconds)
-    _record(self, item, started)
+    if mode == "retry" and task.request.retries == 0:
+        _record(task, item, started, retrying=True)
+        raise task.retry(countdown=0.5, max_retries=1)
+    if mode == "fail":
+        _record(task, item, started, failed=True)
+        raise ValueError(f"failing on purpose for {item}")
+    _record(task, item, started)
     return item
 
 
