@@ -30,6 +30,7 @@ from .publish.dispatch import in_canvas
 from .publish.idempotent import key_of_call, send_once
 from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
+from .publish.timing import deliverable, refuse_as_celery
 from .run import cancels, eta, replays
 from .run.execution import Execution, failed_run
 from .tokens import (
@@ -169,7 +170,10 @@ class SingletonTask(Task):  # type: ignore[misc]
             refuse_call_options(self.name, options)
         redrive = options.pop("dedupe", True) is False
         # A requeue passes the pending call's hold on (a dict of its headers) or nothing.
-        bypass = options.pop(BYPASS_OPTION, False) or redrive
+        own = options.pop(BYPASS_OPTION, False)
+        bypass = own or redrive
+        if not own:  # (a delay of the library's own is made one the broker takes: publish)
+            refuse_as_celery(self.app, self.name, (args or (), kwargs or {}), options)
         chosen = producer or options.pop("publisher", None)  # Celery's old alias
         publish = self._publisher(
             args, kwargs, producer=chosen, link=link, link_error=link_error, shadow=shadow
@@ -251,6 +255,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 if name not in own_headers:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
             task_id = task_id or uuid()  # as Celery would: the channel knows its message
+            deliverable(self.app, self.name, (args or (), kwargs or {}), options)
             send = partial(
                 super(SingletonTask, self).apply_async,
                 args,

@@ -65,6 +65,27 @@ LEASE_HEADER = "singleton_lock_lease"
 IDEMPOTENCY_HEADER = "singleton_lock_idempotency_key"
 
 
+# RabbitMQ's dead-lettering headers. A message sent again is a new message: carrying its
+# request's would make RabbitMQ read a cycle of deaths into it (celery#9867).
+DEAD_LETTER_HEADERS = frozenset({
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+})  # fmt: skip
+
+
+def carried_headers(request_headers: Mapping[str, object] | None) -> dict[str, object]:
+    """The headers a message sent again keeps from its request: all but the dead-lettering
+    ones (``x-death``...)."""
+    if not request_headers:
+        return {}
+    return {k: v for k, v in request_headers.items() if k not in DEAD_LETTER_HEADERS}
+
+
 @dataclass(frozen=True)
 class HandedLease:
     """The running lease a worker's main process took for a message, as handed to the run.

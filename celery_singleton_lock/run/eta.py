@@ -24,6 +24,7 @@ from ..tokens import (
     NAME_HEADER,
     TOKEN_HEADER,
     HandedLease,
+    carried_headers,
     header,
     reserved_exact,
 )
@@ -76,7 +77,7 @@ def send_on(delivery: Delivery, lock_name: str, handed: HandedLease | None) -> N
         countdown,
     )
     own.update(keep_place(delivery, lock_name, countdown))
-    headers = {**(request.headers or {}), NAME_HEADER: lock_name, **own}
+    headers = {**carried_headers(request.headers), NAME_HEADER: lock_name, **own}
     try:
         delivery.resend(countdown, headers, {BYPASS_OPTION: own})
     except BaseException:

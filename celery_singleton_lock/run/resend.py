@@ -21,6 +21,7 @@ from ..tokens import (
     OUTAGE_HEADER,
     RATE_SLOT_HEADER,
     TOKEN_HEADER,
+    carried_headers,
     slot_header,
 )
 from .holds import PendingHold
@@ -142,7 +143,7 @@ def _hop_text(hop: float, countdown: float) -> str:
 def _again(request: Request, lock_name: str, name: str, value: object) -> dict[str, object]:
     """The headers of this message sent again: its key, ``name``, and no hold or slot of
     its own (a slot it could not start on is spent)."""
-    headers: dict[str, object] = {**(request.headers or {}), NAME_HEADER: lock_name}
+    headers = {**carried_headers(request.headers), NAME_HEADER: lock_name}
     for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS):
         headers.pop(own, None)
     headers[name] = value

@@ -66,6 +66,7 @@ def check_worker_setup(app: Celery) -> list[str]:
         if missed:
             warnings.append(missed)
     warnings += _unacked_too_long(app, tasks)
+    warnings += _delayed_in_the_worker(app)
     # Our settings as the app writes them (``CELERY_SINGLETON_LOCK_URL`` under Django).
     return [in_users_words(warning, app.conf) for warning in warnings]
 
@@ -106,6 +107,27 @@ def _unacked_too_long(app: Celery, tasks: list[Task]) -> list[str]:
                 f"the broker's {named}={timeout}s, so a requeued call can be handed out "
                 "twice; its copy is dropped, after a round of contention. Write "
                 f"requeue(cap=...) below {timeout}, or {raise_it}"
+            )
+    return warnings
+
+
+def _delayed_in_the_worker(app: Celery) -> list[str]:
+    """Quorum queues whose countdowns Celery cannot send through RabbitMQ's delay exchanges
+    (a direct exchange): every delay of the library's (a requeue's backoff, a rate's slot,
+    a debounce, a long countdown's hops) then waits unacked in a worker's prefetch."""
+    if transport_of(app.conf) not in RABBITMQ_TRANSPORTS:
+        return []
+    warnings = []
+    for name, queue in app.amqp.queues.items():
+        quorum = (queue.queue_arguments or {}).get("x-queue-type") == "quorum"
+        exchange = queue.exchange
+        if quorum and exchange is not None and exchange.type == "direct":
+            warnings.append(
+                f"the quorum queue {name!r} is bound to the direct exchange "
+                f"{exchange.name!r}: Celery cannot delay its messages natively, so each "
+                "countdown (a requeue's backoff, a rate's slot, a debounce) waits in a "
+                "worker, unacked, holding a place of its prefetch. Write "
+                "task_default_exchange_type='topic' (or a topic exchange in task_queues)"
             )
     return warnings
 

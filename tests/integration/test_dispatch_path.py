@@ -608,3 +608,42 @@ class TestKeptConnection:
         assert in_forked_child(child)
         assert kept(lock) == {conn}
         assert lock.holder("fork") is None  # the parent's connection is still in step
+
+
+class TestWhatCeleryRefuses:
+    """A countdown, eta or expires plain Celery refuses is refused with Celery's exception,
+    before any hold, place or slot is taken (the library changes a call's delay before
+    Celery sees it: a long countdown in hops, a rate's slot)."""
+
+    @pytest.mark.parametrize(
+        "options",
+        [
+            {"countdown": float("inf")},
+            {"countdown": 1e12},
+            {"countdown": float("nan")},
+            {"countdown": -3e9},
+            {"countdown": "soon"},
+            {"expires": float("inf")},
+            {"eta": 1234},
+        ],
+        ids=["inf", "1e12", "nan", "below-int-min", "a-string", "expires-inf", "eta-a-number"],
+    )
+    def test_with_plain_celerys_exception_and_nothing_left(
+        self, cenv: CeleryEnv, queue: redis.Redis, options: dict[str, object]
+    ) -> None:
+        app = cenv.app_module
+        with pytest.raises(Exception) as plain:  # noqa: PT011  (whichever Celery raises)
+            app.plain.apply_async(("refused",), queue=QUEUE, **options)
+        # held (riding the push), sent in line with a rate's slot, with a place and a slot
+        for task in (app.work, app.delayed, app.capped_delayed):
+            with pytest.raises(type(plain.value)):
+                task.apply_async(("refused",), queue=QUEUE, **options)
+        assert published(queue) == 0
+        assert cenv.lock_client().keys("*") == []
+
+    def test_a_far_countdown_celery_takes_is_still_taken(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
+        # A year: Celery makes it an eta; past the broker's visibility_timeout, it hops.
+        cenv.app_module.work.apply_async(("far",), queue=QUEUE, countdown=365 * 86400)
+        assert published(queue) == 1

@@ -109,6 +109,31 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 
+# CSL_QUEUE_TYPE=quorum: RabbitMQ quorum queues on a topic exchange with publisher
+# confirms, as Celery 5.5+ steers new deployments; countdowns then go through kombu's
+# native delayed delivery (CSL_EXCHANGE_TYPE=direct: Celery cannot delay natively).
+if os.environ.get("CSL_QUEUE_TYPE"):
+    app.conf.update(
+        task_default_queue_type=os.environ["CSL_QUEUE_TYPE"],
+        task_default_exchange_type=os.environ.get("CSL_EXCHANGE_TYPE", "topic"),
+        broker_transport_options={**app.conf.broker_transport_options, "confirm_publish": True},
+    )
+    if os.environ.get("CSL_DELIVERY_LIMIT"):  # RabbitMQ 4 sets 20 on every quorum queue
+        from kombu import Exchange, Queue
+
+        _queue = app.conf.task_default_queue
+        app.conf.task_queues = [
+            Queue(
+                _queue,
+                Exchange(_queue, type=app.conf.task_default_exchange_type),
+                routing_key=_queue,
+                queue_arguments={
+                    "x-queue-type": "quorum",
+                    "x-delivery-limit": int(os.environ["CSL_DELIVERY_LIMIT"]),
+                },
+            )
+        ]
+
 if os.environ.get("CSL_FOREIGN_SETTINGS"):
     # Settings ported from celery-once and celery-singleton: warned about at worker start.
     app.conf.ONCE = {"backend": "celery_once.backends.Redis", "settings": {"url": "x"}}
@@ -163,10 +188,20 @@ def _record(task: Any, item: object, started: float, **extra: Any) -> None:
                 "retries": task.request.retries,
                 "start": started,
                 "end": time.time(),
+                # RabbitMQ's dead-letterings of this message (its delay exchanges add their
+                # own): one sent again must not carry its request's.
+                **_deaths(task.request.headers),
                 **extra,
             }
         ),
     )
+
+
+def _deaths(headers: Any) -> dict[str, list[str]]:
+    deaths = (headers or {}).get("x-death")
+    if not deaths:
+        return {}
+    return {"x_death": [f"{d.get('reason')}:{d.get('queue')}" for d in deaths]}
 
 
 def _begin(task: Any, item: object) -> float:
