@@ -11,13 +11,16 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..lease import Note, Transit
+from ..lease import Lease, LockStore, Note, Push, PushRefused, Transit, pushes_of
 from . import layout
 from .connection import publishing
 from .transport import Channel
 
 if TYPE_CHECKING:
     from celery import Celery
+
+# The lock name of the hold the push probe takes (and gives back at once).
+PUSH_PROBE = "celery-singleton-lock-push-probe"
 
 # How long a probe's note may stay: the sweep forgets it (its hold never existed).
 NOTE_SECONDS = 60.0
@@ -54,6 +57,36 @@ def differences(app: Celery, prefix: str) -> str | None:
         if not isinstance(channel, Channel) or channel.ride() is None:
             return None
         return _probe(connection, channel, prefix)
+
+
+def push_refused(app: Celery, store: LockStore, prefix: str) -> str | None:
+    """Why the lock store's user may not take a dispatch's hold in the push of its message
+    into the broker's database (an ACL without the queue's keys, or without that database:
+    Valkey 9.1's per-database ACL); None when it may, or nothing rides the push here.
+
+    One probe hold pushed with a probe message to a list of its own, both removed after;
+    a refusal leaves the store's pushes off (``PushRefused``), so the holds go alone."""
+    pushes = pushes_of(store)
+    if pushes is None:
+        return None
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+        channel = connection.default_channel
+        server = channel.server() if isinstance(channel, Channel) else None
+        if server is None or channel.ride() is None or not server.same_server(pushes.server):
+            return None
+        key = f"{layout.prefix_of(channel)}{prefix}:probe.{uuid.uuid4().hex}"
+        try:
+            held = pushes.hold_and_push(
+                PUSH_PROBE, 1.0, Push(key, "probe", db=server.db), token=uuid.uuid4().hex
+            )
+        except PushRefused as refused:
+            return str(refused)
+        finally:
+            layout.plain_client(channel).delete(key)
+        if isinstance(held, Lease):
+            store.release(held)
+        return None
 
 
 def _probe(connection: object, channel: Channel, prefix: str) -> str | None:

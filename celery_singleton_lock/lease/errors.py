@@ -51,6 +51,20 @@ _REPLY_HINTS: tuple[tuple[tuple[str, ...], str | None], ...] = (
         ("wrong number of arguments for 'auth'",),
         "the server has no ACL users: give only a password",
     ),
+    (
+        # Valkey 9.1+ without its Lua engine module; EVAL and the rest renamed away
+        # (rename-command, a managed service); a build with scripting disabled.
+        (
+            "Could not find scripting engine",
+            "unknown command 'eval",
+            "unknown command 'script",
+            "Lua scripting disabled",
+        ),
+        "the server runs no Lua scripts, and every lock operation is one (EVAL, EVALSHA, "
+        "SCRIPT LOAD): on Valkey 9.1 or newer load its Lua engine module (or use a build "
+        "with Lua); where those commands are renamed or disabled, allow them; or point "
+        "singleton_lock_url at a server that runs scripts",
+    ),
     (("LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN"), None),
     (
         ("WRONGTYPE",),
@@ -74,6 +88,12 @@ _CLASS_CODES: tuple[tuple[type[Exception], str], ...] = (
 )
 
 
+# An ACL's refusal of a command a script runs, in the words of servers that give it no
+# NOPERM code there (Redis 7.0: "The user executing the script can't run this command or
+# subcommand"; and for a key or, on Valkey 9.1, a database the user may not use).
+_ACL_WORDS = ("can't run this command", "can't access", "no permissions to")
+
+
 def is_refusal(error: Exception, code: str) -> bool:
     """Whether ``error`` is the server refusing with this error code (``NOPERM``, ...),
     also from inside a script, where the code may follow the script's own words."""
@@ -85,7 +105,9 @@ def is_refusal(error: Exception, code: str) -> bool:
         if isinstance(error, kind):
             found = known
             break
-    return found == code or code in message
+    if found == code or code in message:
+        return True
+    return code == "NOPERM" and any(words in message.lower() for words in _ACL_WORDS)
 
 
 def _matches(mark: str, code: str, message: str) -> bool:
@@ -154,8 +176,10 @@ def store_error(
             key=key,
             url=where,
         )
+    # (redis-py's "unknown command" repeats the script's arguments: noise in a message)
+    said = str(error).split(", with args beginning with", 1)[0]
     return LockStoreConfigurationError(
-        f"the lock store at {where} refused a lock command ({type(error).__name__}: {error}): "
+        f"the lock store at {where} refused a lock command ({type(error).__name__}: {said}): "
         f"{hint}",
         name=name,
         key=key,

@@ -100,8 +100,11 @@ class PushedHold:
                 pushed = True
             except PushRefused as refused:
                 logger.warning(
-                    "the lock store's user may not push to the broker's queue (%s): holds "
-                    "are taken apart from their messages from now on",
+                    "the lock store's user may not push to the broker's queue, or select "
+                    "its database %s (%s): holds are taken apart from their messages from "
+                    "now on. Allow that user the queue's keys and the database (Valkey 9.1's "
+                    "per-database ACL) to have them ride the push",
+                    push.db,
                     refused,
                 )
         if outcome is None:

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from celery import Celery, Task
 
 
+# The lock name of the script a worker runs as it starts (a release of a token no call has).
+START_CHECK = "celery-singleton-lock-start-check"
+
+
 def singleton_tasks(app: Celery) -> list[Task]:
     """The app's singleton tasks (``SingletonTask`` subclasses, as Celery holds them)."""
     return [task for task in app.tasks.values() if is_singleton(task)]
@@ -34,9 +38,14 @@ def refuse_bad_settings(app: Celery) -> None:
     if not tasks:
         return
     try:
-        tasks[0].singleton_context.store  # noqa: B018  (reads the settings, builds the client)
+        store = tasks[0].singleton_context.store  # reads the settings, builds the client
+        # One script, which releases nothing: a server that runs none (Valkey without its
+        # Lua engine), a refused user or a replica stops the worker here, not every task.
+        store.release_token(START_CHECK, START_CHECK)
     except ConfigurationError as error:
         raise SystemExit(f"celery-singleton-lock: {error}") from None
+    except SingletonLockError:
+        pass  # unreachable now: an outage, which the task's policy answers when it comes
 
 
 def check_worker_setup(app: Celery) -> list[str]:
@@ -144,6 +153,16 @@ def check_the_ride(app: Celery) -> tuple[int, str] | None:
     except Exception as error:
         return logging.WARNING, f"the broker ride's self-check could not run at start ({error})"
     if differed is None:
+        context = tasks[0].singleton_context
+        refused = selfcheck.push_refused(app, context.store, context.stores.config.prefix)
+        if refused is not None:
+            return logging.WARNING, (
+                "the broker ride's self-check: the lock store's user may not push to the "
+                f"broker's queues, or use their database ({refused}). A dispatch's hold "
+                "is taken apart from its message (a round trip of its own); allow that user "
+                "the queues' keys and their database (Valkey 9.1's per-database ACL) to "
+                "have it ride the push"
+            )
         return logging.INFO, "the broker ride's self-check passed: kombu reads what it writes"
     turn_off(app, differed)
     return logging.ERROR, (

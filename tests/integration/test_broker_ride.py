@@ -487,6 +487,43 @@ class TestConfiguration:
             assert held[message["headers"][NAME_HEADER]] == message["headers"][TOKEN_HEADER]
         assert len(held) == 2
 
+    def test_a_lock_store_user_kept_from_the_brokers_database_holds_apart(
+        self, shared: RedisServer, cenv: CeleryEnv
+    ) -> None:
+        # As Valkey 9.1's per-database ACL keeps a user to its databases: here SELECT is
+        # allowed for the locks' database 1 alone, so the push's SELECT 0 is refused (in
+        # Redis 7.0's words, with no NOPERM code). The worker says so as it starts, and
+        # every dispatch takes its hold apart: nothing lost, nothing sent twice.
+        env = same_server_env(shared, cenv)
+        admin = at(shared, 0)
+        admin.execute_command(
+            "ACL", "SETUSER", "lockdb", "on", ">lockpw", "~*", "&*", "+@all", "-select",
+            "+select|1",
+        )  # fmt: skip
+        base = shared.url.rsplit("/", 1)[0].replace("redis://", "redis://lockdb:lockpw@")
+        env = {**env, "CSL_LOCK_URL": f"{base}/1"}
+        try:
+            worker = Worker(env, queue="ride-start").start()
+            worker.stop()
+            ids = produce(
+                env,
+                "import json\nfrom tests.support.celery_app import work\n"
+                "print(json.dumps([work.apply_async((i,), queue='ride').id "
+                "for i in ('a', 'b', 'a')]))\n",
+            )
+        finally:
+            admin.acl_deluser("lockdb")
+        said = worker.output()
+        assert "the lock store's user may not push to the broker's queues, or use their" in said
+        assert "Valkey 9.1's per-database ACL" in said
+        assert ids[2] == ids[0]
+        sent = messages(at(shared, 0), QUEUE)
+        assert sorted(m["headers"]["id"] for m in sent) == sorted(ids[:2])
+        held = holds(at(shared, 1))
+        for message in sent:
+            assert held[message["headers"][NAME_HEADER]] == message["headers"][TOKEN_HEADER]
+        assert at(shared, 0).keys("*:probe.*") == []  # the probe left nothing
+
     def test_a_lock_store_on_another_server_takes_the_hold_before_the_push(
         self, shared: RedisServer, cenv: CeleryEnv
     ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease.redis.clients import build
 from celery_singleton_lock.lease.redis.clients import describe as redacted_url
 
+from ..conftest import CeleryEnv
 from ..support.apps import app_with
 from ..support.servers import RedisServer, tls_args
+from ..support.workers import Worker
 
 
 def _server_name(server: RedisServer) -> str:
@@ -100,3 +103,51 @@ def test_valkeys_reaches_a_tls_valkey_server(tmp_path: Path) -> None:
             plain.try_acquire("job", ttl=1)
     finally:
         server.cleanup()
+
+
+# A server that runs no Lua: Valkey 9.1+ without its Lua engine module answers EVAL with
+# "Could not find scripting engine"; here the commands are renamed away, as a managed
+# service or a hardened configuration does.
+NO_SCRIPTS = [arg for name in ("EVAL", "EVALSHA", "SCRIPT", "FCALL")
+              for arg in ("--rename-command", name, "")]  # fmt: skip
+NO_SCRIPTS_SAID = "the server runs no Lua scripts, and every lock operation is one"
+
+
+@pytest.fixture(name="no_scripts", scope="module")
+def fixture_no_scripts() -> Iterator[RedisServer]:
+    server = RedisServer(*NO_SCRIPTS).start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+class TestAServerThatRunsNoScripts:
+    def test_a_dispatch_is_refused_saying_what_is_missing_and_nothing_is_sent(
+        self, no_scripts: RedisServer
+    ) -> None:
+        from celery_singleton_lock import LockStoreConfigurationError, singleton_task
+
+        app = app_with(main="no-scripts", broker_url=no_scripts.url, result_backend=no_scripts.url)
+
+        @singleton_task(app=app, name="no_scripts.job", shared=False)
+        def job(n: int) -> int:
+            return n
+
+        for n in range(2):  # the same clear error each time, never a raw one
+            with pytest.raises(LockStoreConfigurationError, match=NO_SCRIPTS_SAID) as refused:
+                job.delay(n)
+            assert "with args beginning with" not in str(refused.value)
+        assert no_scripts.client().llen("celery") == 0
+
+    def test_a_worker_refuses_to_start_saying_what_is_missing(
+        self, celery_env: CeleryEnv, no_scripts: RedisServer
+    ) -> None:
+        worker = Worker({**celery_env.env, "CSL_LOCK_URL": no_scripts.url})
+        with pytest.raises(RuntimeError, match="worker exited") as caught:
+            worker.start(timeout=30)
+        worker.stop()
+        output = str(caught.value)
+        assert NO_SCRIPTS_SAID in output
+        assert "Traceback" not in output
+        assert " ready." not in output

@@ -35,6 +35,7 @@ from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import HOLD, LockKeys, Rate, companion, rates_of
 from celery_singleton_lock.lease.limits.backlog import backlog_of
 from celery_singleton_lock.lease.limits.overrides import Override, overrides_of
+from celery_singleton_lock.worker.setupchecks import START_CHECK
 
 from ..conftest import CeleryEnv
 from ..support.apps import app_with, lock_url
@@ -323,8 +324,15 @@ def test_a_total_and_a_cap_on_waiting_calls_across_masters(
 def test_a_cluster_node_as_plain_url_fails_dispatch_and_execution_once(
     cenv: CeleryEnv, cluster: Cluster
 ) -> None:
-    node = cluster.nodes[0]
+    # The worker's start check (a script on its own lock name) passes on the master that
+    # holds that name, and stops a worker given any other (below).
+    node = cluster.master_of(LockKeys.build("t", START_CHECK).lock)
     node_url = f"redis://127.0.0.1:{node.port}/0"
+    other = next(m for m in (cluster.master_of(f"k{i}") for i in range(200)) if m is not node)
+    stopped = Worker(cenv.env, extra_env={"CSL_LOCK_URL": f"redis://127.0.0.1:{other.port}/0"})
+    with pytest.raises(RuntimeError, match=r"worker exited(.|\n)*redis\+cluster://"):
+        stopped.start()
+    stopped.stop()
     work = cenv.app_module.work
     # An item whose lock lives on another master: the plain client gets MOVED.
     item = next(
