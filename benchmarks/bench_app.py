@@ -9,14 +9,15 @@ the locks where each library puts them by default on a Redis broker, the result
 backend (``BENCH_RESULT_URL``, another database of the broker's server), results stored
 (``default``); every system's locks in a dedicated Redis (``BENCH_LOCK_URL``) apart
 from the broker, results ignored (``separate``); a RabbitMQ broker with locks and
-results on a Redis (``rabbitmq``). Executions mark themselves in a Redis
-(``BENCH_MARKS_URL``, else the broker's: ``started:<system>`` and ``marks:<system>``) so
-the harness can time starts and ends.
+results on a Redis (``rabbitmq``); each system's settings are in ``settings``. Executions
+mark themselves in a Redis (``BENCH_MARKS_URL``, else the broker's: ``started:<system>``
+and ``marks:<system>``) so the harness can time starts and ends. The dispatch sections
+build each system alone in a process of its own instead (``alone``); ``plain`` there is
+this module's, every system registered beside it.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -25,41 +26,22 @@ from celery import Celery
 from celery_once import QueueOnce
 from celery_singleton import Singleton
 
+from benchmarks.settings import (
+    BROKER,
+    CELERY,
+    CELERY_ONCE,
+    CELERY_SINGLETON,
+    MARKS,
+    RESULTS,
+    THIS,
+)
 from celery_singleton_lock import RateLimit, requeue, singleton_task, wait
 
-BROKER = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/0")
-RESULTS = os.environ.get("BENCH_RESULT_URL") or BROKER
-# Empty: this project finds its lock store itself (the result backend's Redis).
-LOCKS = os.environ.get("BENCH_LOCK_URL") or RESULTS
-MARKS = os.environ.get("BENCH_MARKS_URL") or BROKER
-
-CELERY = {
-    "task_ignore_result": os.environ.get("BENCH_RESULTS") != "1",
-    "worker_prefetch_multiplier": 4,
-    "broker_connection_retry_on_startup": True,
-}
-
 others = Celery("bench-others", broker=BROKER, backend=RESULTS)
-others.conf.update(
-    CELERY,
-    # celery-singleton 0.3.1: keys never expire by default; 60 s as the issue measured
-    singleton_backend_url=LOCKS,
-    singleton_key_prefix="cs:",
-    singleton_lock_expiry=60,
-    # celery-once 3.0.1
-    ONCE={
-        "backend": "celery_once.backends.Redis",
-        "settings": {"url": LOCKS, "default_timeout": 60},
-    },
-)
+others.conf.update(CELERY, **CELERY_SINGLETON, **CELERY_ONCE)
 
 app = Celery("bench", broker=BROKER, backend=RESULTS)
-app.conf.update(
-    CELERY,
-    singleton_lock_url=os.environ.get("BENCH_LOCK_URL") or None,
-    singleton_lock_prefix="csl",
-    singleton_lock_ttl=float(os.environ.get("BENCH_TTL", "30")),
-)
+app.conf.update(CELERY, **THIS)
 
 # Each side's app (``side``). Every task here is ``shared=False``:
 # Celery adds a task to every app in the process by default, which would bind this

@@ -7,7 +7,9 @@ broker in db 0, results stored in db 1, where every system puts its locks by def
 ``separate`` (broker and a dedicated lock server, results ignored) and ``rabbitmq`` (a
 RabbitMQ broker; locks and results stored on a redis-server). Plain Celery and the
 incumbents run in an app of their own, with kombu's and Celery's own classes, and their
-own workers (``bench_app``). Interleaves the systems in every round, repeats, and
+own workers (``bench_app``); the dispatch sections (1 and 2) run each system in a
+process of its own that imports it alone, as its users run it, against plain Celery
+alone in its own (``alone``). Interleaves the systems in every round, repeats, and
 reports medians and ratios against plain Celery measured in the same run. Writes
 benchmarks/results.json and docs/benchmarks.md. Numbers are only what the run measured;
 machines are noisy, so read ratios, not absolute times.
@@ -38,15 +40,24 @@ from kombu.connection import Connection
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.charts import grouped_bars  # noqa: E402  (after the path is set)
+from benchmarks import alone  # noqa: E402  (after the path is set)
+from benchmarks.charts import grouped_bars  # noqa: E402
 from benchmarks.targets import INCUMBENTS, checks, left  # noqa: E402
 from tests.support.rabbitmq import RabbitMQServer, rabbitmq_available  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 from tests.support.workers import Worker  # noqa: E402
 
 ALL = ("plain", *INCUMBENTS, "this")
-# The dispatch tables' rows: every system, and this project called with idempotency keys.
-DISPATCHED = (*ALL, "this_idempotent")
+# The dispatch tables' control, every ratio's denominator: plain Celery alone in its
+# process (one app, one task, nothing else imported).
+CONTROL = "plain_alone"
+# The dispatch tables' rows, each system in a process of its own (``alone``): the
+# control, every system (plain: in the bench app's process, every system beside it), and
+# this project called with idempotency keys.
+DISPATCHED = (CONTROL, *ALL, "this_idempotent")
+# Calls each dispatching process makes, unique and then repeated, before the clock runs:
+# its connections, scripts and first calls' paths are a new process's, not a user's.
+WARM = 50
 # This project's lock modes (docs/modes.md); "this" is the default, until_executed.
 MODES = (
     "plain",
@@ -197,40 +208,103 @@ class Bench:
     # -- 1 and 2: dispatch ---------------------------------------------------------------
 
     def dispatch(self) -> None:
-        # Every round runs the systems in slices, in a fresh order each slice, so a drift
-        # of the machine's speed (frequent here) falls on all of them alike.
+        # Each system dispatches in a process of its own, as its users run it (``alone``),
+        # started afresh every round. Every round sends them their calls in slices, in a
+        # fresh order each slice, so a drift of the machine's speed falls on all alike;
+        # the ratios are to plain Celery alone in the same rounds.
         n, queue, slices = self.args.dispatches, "bench-dispatch", 8
         size = max(1, n // slices)
         unique: dict[str, list[float]] = {s: [] for s in DISPATCHED}
         duplicate: dict[str, list[float]] = {s: [] for s in DISPATCHED}
         published: dict[str, int] = {}
         for round_no in range(self.args.rounds):
-            self.reset(queue)
+            round_unique, round_duplicate = self._alone_round(round_no, queue, size, slices)
             for system in DISPATCHED:
-                self.bench.SYSTEMS[system].apply_async((f"warm-{round_no}",), queue=queue)
-            for system, us in self._unique_round(DISPATCHED, f"u-{round_no}", queue, size, slices):
-                unique[system].append(us)
-            for system, (us, sent) in self._duplicate_round(DISPATCHED, queue, size, slices):
-                duplicate[system].append(us)
-                published[system] = sent
+                unique[system].append(round_unique[system])
+                duplicate[system].append(round_duplicate[system][0])
+                published[system] = round_duplicate[system][1]
         self.reset(queue, *(f"{queue}-{system}" for system in DISPATCHED))
         self.results["dispatch_unique"] = {
             s: {
                 "us_per_call": round(median(unique[s]), 1),
-                "ratio": paired_ratio(unique[s], unique["plain"]),
-                "ratio_range": paired_range(unique[s], unique["plain"]),
+                "ratio": paired_ratio(unique[s], unique[CONTROL]),
+                "ratio_range": paired_range(unique[s], unique[CONTROL]),
             }
             for s in DISPATCHED
         }
         self.results["dispatch_duplicate"] = {
             s: {
                 "us_per_call": round(median(duplicate[s]), 1),
-                "ratio_to_plain_delay": paired_ratio(duplicate[s], duplicate["plain"]),
-                "ratio_to_plain_delay_range": paired_range(duplicate[s], duplicate["plain"]),
+                "ratio_to_plain_delay": paired_ratio(duplicate[s], duplicate[CONTROL]),
+                "ratio_to_plain_delay_range": paired_range(duplicate[s], duplicate[CONTROL]),
                 "messages_published": published[s],
             }
             for s in DISPATCHED
         }
+
+    def _alone_round(
+        self, round_no: int, queue: str, size: int, slices: int
+    ) -> tuple[dict[str, float], dict[str, tuple[float, int]]]:
+        """One round of section 1 and 2, each system in a process of its own: microseconds
+        per unique dispatch, per duplicate, and the messages each duplicate's queue got."""
+        self.reset(queue)
+        queues = {system: f"{queue}-{system}" for system in DISPATCHED}
+        # Each system's arguments: this project's two rows call the same task.
+        tags = {system: f"{round_no}-{number}" for number, system in enumerate(DISPATCHED)}
+        with alone.started(DISPATCHED) as children:
+            for system, child in children.items():
+                child.calls(queue, f"warm-{tags[system]}", WARM)
+                child.calls(queue, f"warm-{tags[system]}", WARM, same=True)
+
+            def unique_slice(system: str, slice_no: int) -> float:
+                return children[system].calls(queue, f"u-{tags[system]}-{slice_no}", size)
+
+            unique = self._sliced(DISPATCHED, slices, unique_slice)
+            self.reset(*queues.values())
+            for system, child in children.items():  # the call the others duplicate
+                child.calls(queues[system], f"dup-{tags[system]}", 1, same=True)
+
+            def duplicate_slice(system: str, slice_no: int) -> float:
+                args = f"dup-{tags[system]}"
+                return children[system].calls(queues[system], args, size, same=True)
+
+            duplicate = self._sliced(DISPATCHED, slices, duplicate_slice)
+        calls = size * slices
+        return (
+            {s: unique[s] / calls * 1e6 for s in DISPATCHED},
+            {s: (duplicate[s] / calls * 1e6, self.queued(queues[s])) for s in DISPATCHED},
+        )
+
+    def _sliced(
+        self, systems: tuple[str, ...], slices: int, run: Callable[[str, int], float]
+    ) -> dict[str, float]:
+        """Seconds each system's ``run(system, slice)`` took, summed over ``slices``: the
+        systems in a fresh order every slice, so a drift of the machine's speed falls on
+        all of them alike."""
+        spent = dict.fromkeys(systems, 0.0)
+        for slice_no in range(slices):
+            for system in self.order(systems):
+                spent[system] += run(system, slice_no)
+        return spent
+
+    def _in_process(
+        self,
+        systems: tuple[str, ...],
+        size: int,
+        slices: int,
+        call: Callable[[str, int, int], None],
+    ) -> list[tuple[str, float]]:
+        """Microseconds per ``call(system, slice, i)`` of each system, in this process:
+        ``size`` calls a slice, in ``_sliced``'s order."""
+
+        def run(system: str, slice_no: int) -> float:
+            began = time.perf_counter()
+            for i in range(size):
+                call(system, slice_no, i)
+            return time.perf_counter() - began
+
+        spent = self._sliced(systems, slices, run)
+        return [(s, spent[s] / (size * slices) * 1e6) for s in systems]
 
     def _unique_round(
         self, systems: tuple[str, ...], tag: str, queue: str, size: int, slices: int
@@ -240,26 +314,7 @@ class Bench:
         def call(system: str, slice_no: int, i: int) -> None:
             self.bench.SYSTEMS[system].apply_async((f"{tag}-{slice_no}-{i}",), queue=queue)
 
-        return self._sliced(systems, size, slices, call)
-
-    def _sliced(
-        self,
-        systems: tuple[str, ...],
-        size: int,
-        slices: int,
-        call: Callable[[str, int, int], None],
-    ) -> list[tuple[str, float]]:
-        """Microseconds per ``call(system, slice, i)`` of each system: ``size`` calls a
-        slice, the systems in a fresh order every slice, so a drift of the machine's
-        speed falls on all of them alike."""
-        spent = dict.fromkeys(systems, 0.0)
-        for slice_no in range(slices):
-            for system in self.order(systems):
-                began = time.perf_counter()
-                for i in range(size):
-                    call(system, slice_no, i)
-                spent[system] += time.perf_counter() - began
-        return [(s, spent[s] / (size * slices) * 1e6) for s in systems]
+        return self._in_process(systems, size, slices, call)
 
     def _duplicate_round(
         self, systems: tuple[str, ...], queue: str, size: int, slices: int
@@ -269,7 +324,7 @@ class Bench:
         dispatches are, and how many messages reached each system's own queue."""
         queues = {system: f"{queue}-{system}" for system in systems}
         self.reset(*queues.values())
-        # Each system's own arguments: this project's two rows call the same task.
+        # Each system's own arguments: this project's rows call the same task.
         calls = {system: (f"dup-{system}",) for system in systems}
         for system in systems:  # the call the others duplicate
             self.bench.SYSTEMS[system].apply_async(calls[system], queue=queues[system])
@@ -277,7 +332,7 @@ class Bench:
         def call(system: str, slice_no: int, i: int) -> None:
             self.bench.SYSTEMS[system].apply_async(calls[system], queue=queues[system])
 
-        timed = self._sliced(systems, size, slices, call)
+        timed = self._in_process(systems, size, slices, call)
         return [(s, (us, self.queued(queues[s]))) for s, us in timed]
 
     # -- 7: the lock modes ---------------------------------------------------------------
@@ -783,7 +838,8 @@ def render(results: dict[str, Any], command: str) -> str:
         "",
         "Plain Celery, celery-singleton 0.3.1, celery-once 3.0.1 and this project in one run on "
         "one machine, systems interleaved in every round; medians; ratios against plain Celery "
-        "measured in the same run and configuration. Regenerate with the command below; every "
+        "measured in the same run and configuration (dispatch: each system in a process of its "
+        "own, against plain Celery alone in its own). Regenerate with the command below; every "
         "number is one the run printed.",
         "",
         f"- command: `{command}`",
@@ -820,16 +876,22 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
     notes = {
         "dispatch_unique": (
             "1. Dispatch, unique arguments",
-            "Microseconds per `apply_async()`; each round runs the systems in 8 slices, in "
-            "a fresh order per slice. Ratio: the median of the rounds' ratios to plain. "
+            "Microseconds per `apply_async()`, each system in a process of its own that "
+            f"imports it alone, as its users run it (started afresh every round, {WARM} "
+            f"unique and {WARM} repeated calls before the clock runs); each round sends the "
+            "processes 8 slices each, in a fresh order per slice. plain_alone, the control: "
+            "plain Celery, one app, one task, nothing else imported. Ratio: the median of "
+            "the rounds' ratios to plain_alone. plain: plain Celery's task in the app the "
+            "other sections run, every system imported and registered in its process. "
             "this_idempotent: this project with an idempotency key per call (the key's "
             "claim, then the call's own dispatch).",
         ),
         "dispatch_duplicate": (
             "2. Dispatch, duplicate",
-            "Microseconds per refused duplicate, in slices interleaved as in 1, as a ratio "
-            "of a plain `delay()` with the same arguments in the same slices, and how "
-            "many messages reached the broker (correct: 1; plain Celery has no check). "
+            "Microseconds per refused duplicate, each system in its process of 1, in slices "
+            "interleaved as in 1, as a ratio of plain_alone's `delay()` with the same "
+            "arguments in the same slices, and how many messages reached the broker "
+            "(correct: 1; plain Celery has no check). "
             "this_idempotent: the same call repeated with its idempotency key, answered "
             "from the key's record with the first call's result.",
         ),
@@ -954,20 +1016,26 @@ CHARTED = {
 }
 
 
+def _charted(rows: dict[str, Any], system: str) -> dict[str, Any]:
+    """``system``'s row in a charted section: plain Celery's is the control where the
+    section has one (dispatch: plain alone in its process)."""
+    return dict(rows.get(CONTROL if system == "plain" else system) or rows.get(system, {}))
+
+
 def chart(r: dict[str, Any], config: str) -> str:
     """The three headline ratios of every system, side by side."""
     values = {
-        (group, system): float(r[key][system][field])
+        (group, system): float(_charted(r[key], system)[field])
         for key, (group, field) in CHARTED.items()
         for system in ALL
         if key != "dispatch_duplicate" or system != "plain"  # plain has no duplicate check
     }
     # Each round's ratio, lowest to highest (runs from before the ranges were kept: none).
     spread = {
-        (group, system): tuple(r[key][system][f"{field}_range"])
+        (group, system): tuple(_charted(r[key], system)[f"{field}_range"])
         for key, (group, field) in CHARTED.items()
         for system in ALL
-        if len(r[key].get(system, {}).get(f"{field}_range", ())) == 2
+        if len(_charted(r[key], system).get(f"{field}_range", ())) == 2
     }
     names = {"plain": "plain Celery", "celery_singleton": "celery-singleton",
              "celery_once": "celery-once", "this": "celery-singleton-lock"}  # fmt: skip

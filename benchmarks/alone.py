@@ -1,0 +1,183 @@
+"""Each system dispatching in a process of its own, as its users run it: the dispatch
+sections' child (``python -m benchmarks.alone SYSTEM``) and the bench's handle on it.
+
+A user's producer imports one of these libraries, with one app; the child imports only
+the system it measures, builds its one app and task from ``settings`` and runs the calls
+the bench sends it, one line of JSON each, answering each with the seconds they took on
+its own clock (the pipe's time left out). ``plain_alone`` is the control: plain Celery,
+one app, one task, nothing else imported. ``plain`` is plain Celery's task in the app the
+other sections run (``bench_app``), every system imported and registered beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from benchmarks.settings import BROKER, CELERY, CELERY_ONCE, CELERY_SINGLETON, RESULTS, THIS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A task's ``apply_async``: ``send((item,), queue=...)``.
+Send = Callable[..., Any]
+
+
+def _app(name: str, **settings: Any) -> Any:
+    from celery import Celery  # noqa: PLC0415  (each builder imports what it measures)
+
+    app = Celery(name, broker=BROKER, backend=RESULTS)
+    app.conf.update(CELERY, **settings)
+    return app
+
+
+def _item(item: str, seconds: float = 0.0) -> str:
+    """The task's body, ``bench_app``'s signature (no worker consumes these messages)."""
+    return item
+
+
+def plain_alone() -> Send:
+    send: Send = _app("bench-plain").task(shared=False, name="bench.plain")(_item).apply_async
+    return send
+
+
+def plain_with_every_system() -> Send:
+    import benchmarks.bench_app as bench  # noqa: PLC0415  (every system, as sections 3-9)
+
+    send: Send = bench.plain.apply_async
+    return send
+
+
+def celery_singleton() -> Send:
+    from celery_singleton import Singleton  # noqa: PLC0415  (this system alone)
+
+    app = _app("bench-celery-singleton", **CELERY_SINGLETON)
+    send: Send = app.task(shared=False, name="bench.celery_singleton", base=Singleton)(
+        _item
+    ).apply_async
+    return send
+
+
+def celery_once() -> Send:
+    from celery_once import QueueOnce  # noqa: PLC0415  (this system alone)
+
+    app = _app("bench-celery-once", **CELERY_ONCE)
+    options = {"base": QueueOnce, "once": {"graceful": True}}
+    send: Send = app.task(shared=False, name="bench.celery_once", **options)(_item).apply_async
+    return send
+
+
+def this() -> Send:
+    from celery_singleton_lock import singleton_task  # noqa: PLC0415  (this system alone)
+
+    send: Send = singleton_task(app=_app("bench", **THIS), shared=False, name="bench.this")(
+        _item
+    ).apply_async
+    return send
+
+
+def this_idempotent() -> Send:
+    """``this`` called with an idempotency key per item (``bench_app.Idempotent``)."""
+    send = this()
+
+    def idempotent(args: tuple[str, ...], **options: Any) -> Any:
+        return send(args, idempotency_key=f"idem-{args[0]}", **options)
+
+    return idempotent
+
+
+BUILDERS: dict[str, Callable[[], Send]] = {
+    "plain_alone": plain_alone,
+    "plain": plain_with_every_system,
+    "celery_singleton": celery_singleton,
+    "celery_once": celery_once,
+    "this": this,
+    "this_idempotent": this_idempotent,
+}
+
+
+def main(system: str) -> int:
+    """Build ``system``, say so, then run each order read from stdin: ``count`` calls to
+    ``queue``, each with ``args`` (``same``) or ``args-<i>``, answered with their seconds."""
+    send = BUILDERS[system]()
+    # The answers on a descriptor of their own: whatever a library prints goes to stderr.
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    answers.write(json.dumps({"ready": system}) + "\n")
+    for line in sys.stdin:
+        order = json.loads(line)
+        queue, args, count, same = order["queue"], order["args"], order["count"], order["same"]
+        began = time.perf_counter()
+        for i in range(count):
+            send((args if same else f"{args}-{i}",), queue=queue)
+        answers.write(json.dumps({"seconds": time.perf_counter() - began}) + "\n")
+    return 0
+
+
+class Alone:
+    """The bench's handle on one system's child process."""
+
+    def __init__(self, system: str) -> None:
+        self.system = system
+        # The bench's environment (its servers' URLs, ``settings``) passes on as it is.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.alone", system],
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def _answer(self) -> dict[str, Any]:
+        line = self.process.stdout.readline() if self.process.stdout else ""
+        if not line:
+            raise RuntimeError(f"{self.system}'s process ended (exit {self.process.wait()})")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def ready(self) -> None:
+        """Wait until the child has built its app and task."""
+        self._answer()
+
+    def calls(self, queue: str, args: str, count: int, *, same: bool = False) -> float:
+        """Seconds the child took for ``count`` calls to ``queue``: each with ``args``
+        (``same``: a duplicate of the first) or with ``args-<i>`` (each unique)."""
+        order = {"queue": queue, "args": args, "count": count, "same": same}
+        if self.process.stdin is None:
+            raise RuntimeError(f"{self.system}'s process has no stdin")
+        self.process.stdin.write(json.dumps(order) + "\n")
+        self.process.stdin.flush()
+        return float(self._answer()["seconds"])
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@contextmanager
+def started(systems: Iterable[str]) -> Iterator[dict[str, Alone]]:
+    """A process of its own for each of ``systems``, all built before the first call
+    (they start together, then wait for their orders); ended on leaving."""
+    children: dict[str, Alone] = {}
+    try:
+        for system in systems:
+            children[system] = Alone(system)
+        for child in children.values():
+            child.ready()
+        yield children
+    finally:
+        for child in children.values():
+            child.close()
+
+
+if __name__ == "__main__":
+    [chosen] = sys.argv[1:]
+    sys.exit(main(chosen))
