@@ -85,8 +85,14 @@ class InTransit:
     ) -> AsyncResult:
         """``send(producer=...)`` with ``via`` or a producer of the app's: the channel
         that pushes the message notes it (the one Celery would take: eagerly nothing is
-        published, and ``connection=`` makes Celery use its own producer)."""
-        if self.wait <= 0 or app.conf.task_always_eager or options.get("connection") is not None:
+        published, and ``connection=`` makes Celery use its own producer). A ``via``
+        given is a producer the dispatch took, having asked both already."""
+        if self.wait <= 0:
+            return send(producer=via)
+        if via is not None:
+            with publishing(via, notes=self):
+                return send(producer=via)
+        if app.conf.task_always_eager or options.get("connection") is not None:
             return send(producer=via)
         with app.producer_or_acquire(via) as real, publishing(real, notes=self):
             return send(producer=real)

@@ -47,6 +47,7 @@ def pack(encoding: str, args: Sequence[Arg]) -> bytes:
     a redis-py internal), and ``send_packed_command`` takes them as they are.
     """
     parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
     for arg in args:
         if isinstance(arg, str):
             data = arg.encode(encoding)
@@ -54,7 +55,10 @@ def pack(encoding: str, args: Sequence[Arg]) -> bytes:
             data = arg
         else:
             data = b"%d" % arg
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        # The value as it is, copied once by the join (a message's payload is KiBs).
+        append(b"$%d\r\n" % len(data))
+        append(data)
+        append(b"\r\n")
     return b"".join(parts)
 
 
