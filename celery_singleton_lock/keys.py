@@ -296,8 +296,12 @@ class KeySpec:
             return _digest([self.name, [[param, encode(value, param)] for param, value in items]])
         except RecursionError:
             deep = self._too_deep_to_digest(items)
-            if deep is None:
-                raise
+            if deep is None:  # only all of them together: no one parameter to name
+                raise KeyDerivationError(
+                    f"{self.name}: arguments are nested too deeply to digest together: "
+                    "pass flatter values, or leave some out of the key with key=[...]",
+                    param=None,
+                ) from None
             raise self._too_deep(deep, selected, keyed=keyed) from None
 
     def _too_deep_to_digest(self, items: Sequence[tuple[str, object]]) -> str | None:

@@ -173,7 +173,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         own = options.pop(BYPASS_OPTION, False)
         bypass = own or redrive
         if not own:  # (a delay of the library's own is made one the broker takes: publish)
-            refuse_as_celery(self.app, self.name, (args or (), kwargs or {}), options)
+            refuse_as_celery(self, (args or (), kwargs or {}), options)
         chosen = producer or options.pop("publisher", None)  # Celery's old alias
         publish = self._publisher(
             args, kwargs, producer=chosen, link=link, link_error=link_error, shadow=shadow
@@ -255,7 +255,7 @@ class SingletonTask(Task):  # type: ignore[misc]
                 if name not in own_headers:
                     headers.pop(name, None)  # a copied request must not claim a stale hold
             task_id = task_id or uuid()  # as Celery would: the channel knows its message
-            deliverable(self.app, self.name, (args or (), kwargs or {}), options)
+            deliverable(self, (args or (), kwargs or {}), options)
             send = partial(
                 super(SingletonTask, self).apply_async,
                 args,

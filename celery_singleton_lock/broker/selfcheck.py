@@ -19,8 +19,10 @@ from .transport import Channel
 if TYPE_CHECKING:
     from celery import Celery
 
-# The lock name of the hold the push probe takes (and gives back at once).
+# The lock name of the hold the push probe takes (and gives back at once), and how long
+# its list may stay if it is not deleted.
 PUSH_PROBE = "celery-singleton-lock-push-probe"
+PROBE_MS = 60_000
 
 # How long a probe's note may stay: the sweep forgets it (its hold never existed).
 NOTE_SECONDS = 60.0
@@ -75,15 +77,15 @@ def push_refused(app: Celery, store: LockStore, prefix: str) -> str | None:
         server = channel.server() if isinstance(channel, Channel) else None
         if server is None or channel.ride() is None or not server.same_server(pushes.server):
             return None
-        key = f"{layout.prefix_of(channel)}{prefix}:probe.{uuid.uuid4().hex}"
+        probe = uuid.uuid4().hex  # a name of its own: workers starting together each ask
+        key = f"{layout.prefix_of(channel)}{prefix}:probe.{probe}"
+        # The probe list expires by itself: nothing is left whoever may delete it.
+        push = Push(key, "probe", db=server.db, expire=((key,), PROBE_MS))
         try:
-            held = pushes.hold_and_push(
-                PUSH_PROBE, 1.0, Push(key, "probe", db=server.db), token=uuid.uuid4().hex
-            )
+            held = pushes.hold_and_push(f"{PUSH_PROBE}.{probe}", 1.0, push, token=probe)
         except PushRefused as refused:
             return str(refused)
-        finally:
-            layout.plain_client(channel).delete(key)
+        layout.plain_client(channel).delete(key)
         if isinstance(held, Lease):
             store.release(held)
         return None

@@ -246,7 +246,6 @@ REPLACED: dict[type, type[Riding]] = {
 }
 
 
-@functools.lru_cache(maxsize=64)
 @functools.lru_cache(maxsize=64)  # asked on every dispatch, of one URL and server
 def may_ride(url: str, server: Server) -> bool:
     """Whether the broker ``url`` names ``server`` (the lock store's): a look that costs

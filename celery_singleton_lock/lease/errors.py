@@ -91,7 +91,11 @@ _CLASS_CODES: tuple[tuple[type[Exception], str], ...] = (
 # An ACL's refusal of a command a script runs, in the words of servers that give it no
 # NOPERM code there (Redis 7.0: "The user executing the script can't run this command or
 # subcommand"; and for a key or, on Valkey 9.1, a database the user may not use).
-_ACL_WORDS = ("can't run this command", "can't access", "no permissions to")
+_ACL_WORDS = (
+    "user executing the script can't",  # Redis 7.0: a command, a key or a channel
+    "has no permissions to",  # Redis 7.2+ and Valkey, NOPERM's words after the code
+    "no permissions to access",
+)
 
 
 def is_refusal(error: Exception, code: str) -> bool:

@@ -11,18 +11,17 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from celery.app.task import extract_exec_options
 from celery.utils.time import maybe_make_aware
 
 try:  # Celery 5.5+: countdowns on quorum queues go through RabbitMQ's delay exchanges
     from celery.utils.quorum_queues import detect_quorum_queues
 except ImportError:  # pragma: no cover  (Celery 5.3 and 5.4: no native delayed delivery)
-
-    def detect_quorum_queues(app: Celery, driver_type: str) -> tuple[bool, str]:
-        return False, ""
+    detect_quorum_queues = None
 
 
 if TYPE_CHECKING:
-    from celery import Celery
+    from celery import Task
 
 # RabbitMQ's delay exchanges count whole seconds (kombu's ``calculate_routing_key``): Celery
 # refuses a countdown between 0 and 1 there, so a delay of ours is never shorter.
@@ -33,69 +32,72 @@ _CHECKED_ONLY = "celery-singleton-lock-check"
 
 
 def refuse_as_celery(
-    app: Celery,
-    name: str,
-    call: tuple[Sequence[object], Mapping[str, object]],
-    options: Mapping[str, object],
+    task: Task, call: tuple[Sequence[object], Mapping[str, object]], options: Mapping[str, object]
 ) -> None:
     """Raise what Celery's ``apply_async`` raises for this call's ``countdown``, ``eta`` or
     ``expires`` (``OverflowError`` for ``countdown=inf``, kombu's ``ValueError`` for a
     sub-second countdown on a queue RabbitMQ delays natively, ...), before anything is held;
-    nothing for a call without them."""
-    countdown, eta, expires = options.get("countdown"), options.get("eta"), options.get("expires")
+    nothing for a call without them, or run eagerly (Celery reads none of them then)."""
+    countdown, eta = options.get("countdown"), options.get("eta")
+    expires = options.get("expires", task.expires)  # the task's own, as Celery merges it
     if countdown is None and eta is None and expires is None:
         return
-    # Celery's own conversions, as it makes the message (its arguments are not needed).
-    app.amqp.as_task_v2(
-        _CHECKED_ONLY, name, countdown=countdown, eta=eta, expires=expires, origin=_CHECKED_ONLY
-    )
-    if not (countdown or eta) or not delays_natively(app, name, call, options):
+    app = task.app
+    if app.conf.task_always_eager:
         return
-    # (Only reached on Celery 5.5+, whose kombu has the module.)
-    from kombu.transport.native_delayed_delivery import calculate_routing_key  # noqa: PLC0415
+    # Celery's own checks, in its order: the native delay's, then the message's.
+    if (countdown or eta) and delays_natively(task, call, options):
+        # (Only reached on Celery 5.5+, whose kombu has the module.)
+        from kombu.transport.native_delayed_delivery import calculate_routing_key  # noqa: PLC0415
 
-    if eta:
-        seconds = (_aware(eta) - _aware(app.now())).total_seconds()
-    elif isinstance(countdown, int | float):
-        seconds = countdown
-    else:
-        return
-    if seconds > 0:  # as Celery's send_task reads it
-        calculate_routing_key(int(seconds), "checked")
+        if eta:
+            seconds = (_aware(eta) - _aware(app.now())).total_seconds()
+        else:
+            seconds = countdown if isinstance(countdown, int | float) else 0
+        if seconds > 0:  # as Celery's send_task reads it
+            calculate_routing_key(int(seconds), "checked")
+    app.amqp.as_task_v2(
+        _CHECKED_ONLY, task.name, countdown=countdown, eta=eta, expires=expires,
+        origin=_CHECKED_ONLY,
+    )  # fmt: skip
 
 
 def deliverable(
-    app: Celery,
-    name: str,
-    call: tuple[Sequence[object], Mapping[str, object]],
-    options: dict[str, object],
+    task: Task, call: tuple[Sequence[object], Mapping[str, object]], options: dict[str, object]
 ) -> None:
-    """A countdown of the library's (a backoff, a slot's wait, a hop) shorter than a
-    second, made one second where RabbitMQ delays the message natively: it still runs at
-    or after its time, which the worker keeps by the message's eta."""
-    countdown = options.get("countdown")
+    """A delay of the library's (a backoff, a slot's wait, a hop) shorter than a second,
+    made one second where RabbitMQ delays the message natively: it still runs at or after
+    its time, which the worker keeps by the message's eta. An ``eta`` that close is made a
+    countdown there, so the moments Celery takes to send it cannot bring it under one."""
+    countdown, eta = options.get("countdown"), options.get("eta")
+    if eta is not None and countdown is None and delays_natively(task, call, options):
+        left = (_aware(eta) - _aware(task.app.now())).total_seconds()
+        if 0 < left < 2 * NATIVE_DELAY_FLOOR:
+            options.pop("eta")
+            options["countdown"] = countdown = left
     if (
         isinstance(countdown, int | float)
         and 0 < countdown < NATIVE_DELAY_FLOOR
-        and delays_natively(app, name, call, options)
+        and delays_natively(task, call, options)
     ):
         options["countdown"] = NATIVE_DELAY_FLOOR
 
 
 def delays_natively(
-    app: Celery,
-    name: str,
-    call: tuple[Sequence[object], Mapping[str, object]],
-    options: Mapping[str, object],
+    task: Task, call: tuple[Sequence[object], Mapping[str, object]], options: Mapping[str, object]
 ) -> bool:
     """Whether Celery sends this call's countdown through RabbitMQ's delay exchanges: a
-    RabbitMQ broker with a quorum queue, and the call routed to an exchange that is not
-    direct (the rule of Celery's ``send_task``)."""
+    RabbitMQ broker with a quorum queue, and the call routed (as Celery routes it: the
+    task's own options under the call's) to an exchange that is not direct."""
+    if detect_quorum_queues is None:
+        return False
+    app = task.app
     driver = app.producer_pool.connections.connection.transport.driver_type
     if not detect_quorum_queues(app, driver)[0]:
         return False
     args, kwargs = call
-    routed = app.amqp.router.route(dict(options), name, args, kwargs)
+    merged = {**extract_exec_options(task), **options}
+    routed = app.amqp.router.route(merged, task.name, args, kwargs, task)
     queue = routed.get("queue")
     exchange_type = queue.exchange.type if queue else routed.get("exchange_type")
     return bool(exchange_type != "direct")

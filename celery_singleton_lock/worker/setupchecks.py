@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,9 @@ from ..policies import longest_requeue
 if TYPE_CHECKING:
     from celery import Celery, Task
 
+
+# Whether this Celery sends countdowns through RabbitMQ's delay exchanges (5.5 and newer).
+_NATIVE_DELAY = importlib.util.find_spec("celery.utils.quorum_queues") is not None
 
 # The lock name of the script a worker runs as it starts (a release of a token no call has).
 START_CHECK = "celery-singleton-lock-start-check"
@@ -124,8 +128,8 @@ def _delayed_in_the_worker(app: Celery) -> list[str]:
     """Quorum queues whose countdowns Celery cannot send through RabbitMQ's delay exchanges
     (a direct exchange): every delay of the library's (a requeue's backoff, a rate's slot,
     a debounce, a long countdown's hops) then waits unacked in a worker's prefetch."""
-    if transport_of(app.conf) not in RABBITMQ_TRANSPORTS:
-        return []
+    if transport_of(app.conf) not in RABBITMQ_TRANSPORTS or not _NATIVE_DELAY:
+        return []  # (before Celery 5.5 no queue is delayed natively: nothing to change)
     warnings = []
     for name, queue in app.amqp.queues.items():
         quorum = (queue.queue_arguments or {}).get("x-queue-type") == "quorum"
@@ -148,13 +152,15 @@ def check_the_ride(app: Celery) -> tuple[int, str] | None:
     tasks = singleton_tasks(app)
     if not tasks or not installed(app) or turned_off(app) is not None:
         return None
+    context = tasks[0].singleton_context
     try:
-        differed = selfcheck.differences(app, tasks[0].singleton_context.stores.config.prefix)
+        differed = selfcheck.differences(app, context.stores.config.prefix)
+        refused = None
+        if differed is None:
+            refused = selfcheck.push_refused(app, context.store, context.stores.config.prefix)
     except Exception as error:
         return logging.WARNING, f"the broker ride's self-check could not run at start ({error})"
     if differed is None:
-        context = tasks[0].singleton_context
-        refused = selfcheck.push_refused(app, context.store, context.stores.config.prefix)
         if refused is not None:
             return logging.WARNING, (
                 "the broker ride's self-check: the lock store's user may not push to the "
