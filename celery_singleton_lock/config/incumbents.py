@@ -69,7 +69,10 @@ def explain_unknown(
         return f"{name}= is not an option here; write {FOREIGN_OPTIONS[name]}"
     if name in nested:
         return f"{name} is {_inside(name, nested[name], value, top)}"
-    close = difflib.get_close_matches(name, [*known, *nested], n=1, cutoff=_CUTOFF)
+    # A near miss of a nested name only among the decorator's keywords: a class attribute
+    # of the user's own (``windows``, ``max_window``) is not taken for one.
+    candidates = [*known, *nested] if top else list(known)
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=_CUTOFF)
     if not close:
         return None
     meant = close[0]

@@ -67,6 +67,14 @@ def set(
             f"{target!r}: {_names(tasks)} has no limit= in its code; an override changes "
             "a limit the code sets (give the task limit=... first)"
         )
+    if limit is not None and limit > 1:
+        keyed = [name for name, opts in tasks.items() if opts.idempotency.given]
+        if keyed:
+            # An idempotency key promises one run per key: a copy must not run beside it.
+            raise ConfigurationError(
+                f"{target!r}: {', '.join(sorted(keyed))} takes idempotency keys, whose "
+                f"calls run one at a time: a limit of {limit} would run a copy beside one"
+            )
     store = LockStores.for_app(app).lock
     overrides = overrides_of(store)
     by = by or f"{getpass.getuser()}@{socket.gethostname()}"

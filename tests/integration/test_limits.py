@@ -276,6 +276,22 @@ class TestEagerly:
         url = "memory://" if request.param == "memory" else redis_server.url
         return eager_app(url, f"limits-{request.param}-{uuid.uuid4().hex[:6]}")
 
+    def test_a_limit_above_one_is_refused_where_calls_take_idempotency_keys(
+        self, eager: Celery
+    ) -> None:
+        # limit=1 under a total takes idempotency keys (one run of a key at a time): an
+        # override may not let a copy of a call run beside it.
+        @singleton_task(
+            app=eager, shared=False, name=f"{eager.main}.keyed", key="tenant:{tenant}",
+            limit=1, total_limit=3, idempotency=True,
+        )  # fmt: skip
+        def keyed(tenant: str) -> str:
+            return tenant
+
+        with pytest.raises(ConfigurationError, match="a limit of 3 would run a copy beside"):
+            limits.set(eager, keyed.name, limit=3)
+        assert limits.set(eager, keyed.name, limit=1) is not None
+
     def test_pause_resume_rate_and_reset_by_template(self, eager: Celery) -> None:
         heard: list[dict[str, Any]] = []
 

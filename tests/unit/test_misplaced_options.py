@@ -203,7 +203,9 @@ class TestCeleryOptions:
     def test_a_base_class_with_attributes_of_its_own_passes(self, app: Celery) -> None:
         class Base(SingletonTask):
             team = "billing"
+            windows = 3  # near a nested option's name (window), but an attribute of its own
+            max_window = 10
 
         task = singleton_task(app=app, name=unique(), shared=False, base=Base)(job)
         assert isinstance(task, Base)
-        assert task.team == "billing"
+        assert (task.team, task.windows, task.max_window) == ("billing", 3, 10)
