@@ -9,6 +9,7 @@ import pytest
 
 from ..conftest import CeleryEnv
 from ..support.modes import QUEUE
+from ..support.rabbitmq import RabbitMQServer
 from ..support.servers import RedisServer
 from ..support.workers import Worker
 
@@ -39,6 +40,16 @@ def fixture_three_workers(celery_env: CeleryEnv, worker: Worker) -> Any:
 def fixture_shared() -> Iterator[RedisServer]:
     """One Redis for broker (db 0) and locks (db 1): the default on a Redis broker."""
     server = RedisServer().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(name="rabbit", scope="module")
+def fixture_rabbit() -> Iterator[RabbitMQServer]:
+    """A private RabbitMQ node for a module's tests (its tests skip without one)."""
+    server = RabbitMQServer().start()
     try:
         yield server
     finally:

@@ -38,15 +38,6 @@ DELAY_LEVELS = 28  # kombu's celery_delayed_0 .. celery_delayed_27
 PRODUCER_TIMEOUT = 90.0
 
 
-@pytest.fixture(name="rabbit", scope="module")
-def fixture_rabbit() -> Iterator[RabbitMQServer]:
-    server = RabbitMQServer().start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
-
-
 def _env(cenv: CeleryEnv, rabbit: RabbitMQServer, **extra: str) -> dict[str, str]:
     return {
         **cenv.env,

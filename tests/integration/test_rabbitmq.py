@@ -36,15 +36,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(name="rabbit", scope="module")
-def fixture_rabbit() -> Iterator[RabbitMQServer]:
-    server = RabbitMQServer().start()
-    try:
-        yield server
-    finally:
-        server.cleanup()
-
-
 def _env(cenv: CeleryEnv, rabbit: RabbitMQServer) -> dict[str, str]:
     return {**cenv.env, "CSL_BROKER_URL": rabbit.url, "CSL_RESULT_URL": cenv.broker.url}
 
