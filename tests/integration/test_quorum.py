@@ -330,6 +330,34 @@ class TestDeliveryLimits:
             worker.stop()
 
 
+class TestAFanoutExchange:
+    def test_a_requeued_copy_runs_after_its_holder(
+        self, cenv: CeleryEnv, rabbit: RabbitMQServer
+    ) -> None:
+        # The other exchange type Celery delays natively on quorum queues.
+        worker = Worker(_env(cenv, rabbit, CSL_EXCHANGE_TYPE="fanout")).start()
+        try:
+            out = produce(
+                worker,
+                """
+                import time
+                first = m.work.apply_async(("q-fanout", 1.0))
+                time.sleep(0.3)
+                copy = m.app.send_task(m.work.name, ("q-fanout", 0))
+                out = [first.get(timeout=30), copy.get(timeout=30)]
+                """,
+            )
+            assert out == ["q-fanout", "q-fanout"]
+            ran = [r for r in runs(cenv) if r["item"] == "q-fanout"]
+            assert len(ran) == 2
+            assert ran[1]["start"] >= ran[0]["end"]
+            assert "requeued in" in worker.output()
+            assert "direct exchange" not in worker.output()
+            settled(cenv, rabbit)
+        finally:
+            worker.stop()
+
+
 class TestADirectExchange:
     def test_the_worker_says_at_start_that_countdowns_wait_in_it(
         self, cenv: CeleryEnv, rabbit: RabbitMQServer
