@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from celery import Celery
     from celery.app.utils import Settings
 
 # kombu's own defaults, by transport (its channels'); the transport option
@@ -28,6 +29,13 @@ VISIBILITY_DEFAULTS = {
 # worker held is delivered again.
 CONSUMER_TIMEOUT = 1800.0
 RABBITMQ_TRANSPORTS = ("amqp", "amqps", "pyamqp", "librabbitmq")
+# Celery 5.5+ sends a countdown on a quorum queue through RabbitMQ's delay exchanges
+# (native delayed delivery), where it waits in the broker, not in a worker; None before.
+try:
+    from celery.utils.quorum_queues import detect_quorum_queues
+except ImportError:  # pragma: no cover  (Celery 5.3 and 5.4)
+    detect_quorum_queues = None
+NATIVE_DELAY = detect_quorum_queues is not None
 # One hop waits at most this share of the timeout: a message is received a little after
 # it is sent, and the producer's clock (which sets the ETA) is not the worker's.
 HOP_SHARE = 0.5
@@ -69,3 +77,12 @@ def longest_countdown(conf: Settings, consumer_timeout: float = CONSUMER_TIMEOUT
     """How long one hop of a wait may be on this app's broker (None: as long as it likes)."""
     seconds = visibility_timeout(conf, consumer_timeout)
     return None if seconds is None else seconds * HOP_SHARE
+
+
+def has_quorum_queues(app: Celery) -> bool:
+    """Whether ``app`` sends to a RabbitMQ quorum queue with a Celery that delays its
+    countdowns natively (Celery's own test, as its ``send_task`` makes it)."""
+    if detect_quorum_queues is None:
+        return False
+    driver = app.producer_pool.connections.connection.transport.driver_type
+    return bool(detect_quorum_queues(app, driver)[0])

@@ -14,11 +14,7 @@ from typing import TYPE_CHECKING
 from celery.app.task import extract_exec_options
 from celery.utils.time import maybe_make_aware
 
-try:  # Celery 5.5+: countdowns on quorum queues go through RabbitMQ's delay exchanges
-    from celery.utils.quorum_queues import detect_quorum_queues
-except ImportError:  # pragma: no cover  (Celery 5.3 and 5.4: no native delayed delivery)
-    detect_quorum_queues = None
-
+from ..config.visibility import has_quorum_queues
 
 if TYPE_CHECKING:
     from celery import Task
@@ -70,16 +66,17 @@ def deliverable(
     its time, which the worker keeps by the message's eta. An ``eta`` that close is made a
     countdown there, so the moments Celery takes to send it cannot bring it under one."""
     countdown, eta = options.get("countdown"), options.get("eta")
-    if eta is not None and countdown is None and delays_natively(task, call, options):
+    near = eta is not None and countdown is None
+    short = isinstance(countdown, int | float) and 0 < countdown < NATIVE_DELAY_FLOOR
+    if not (near or short) or not delays_natively(task, call, options):
+        return
+    if near:
         left = (_aware(eta) - _aware(task.app.now())).total_seconds()
-        if 0 < left < 2 * NATIVE_DELAY_FLOOR:
-            options.pop("eta")
-            options["countdown"] = countdown = left
-    if (
-        isinstance(countdown, int | float)
-        and 0 < countdown < NATIVE_DELAY_FLOOR
-        and delays_natively(task, call, options)
-    ):
+        if not 0 < left < 2 * NATIVE_DELAY_FLOOR:
+            return
+        options.pop("eta")
+        options["countdown"] = max(NATIVE_DELAY_FLOOR, left)
+    else:
         options["countdown"] = NATIVE_DELAY_FLOOR
 
 
@@ -89,11 +86,8 @@ def delays_natively(
     """Whether Celery sends this call's countdown through RabbitMQ's delay exchanges: a
     RabbitMQ broker with a quorum queue, and the call routed (as Celery routes it: the
     task's own options under the call's) to an exchange that is not direct."""
-    if detect_quorum_queues is None:
-        return False
     app = task.app
-    driver = app.producer_pool.connections.connection.transport.driver_type
-    if not detect_quorum_queues(app, driver)[0]:
+    if not has_quorum_queues(app):
         return False
     args, kwargs = call
     merged = {**extract_exec_options(task), **options}

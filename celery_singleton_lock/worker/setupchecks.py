@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import TYPE_CHECKING
 
@@ -12,7 +11,12 @@ from ..broker.transport import missed_ride
 from ..config.incumbents import foreign_settings
 from ..config.options import is_singleton
 from ..config.spelling import in_users_words
-from ..config.visibility import RABBITMQ_TRANSPORTS, transport_of, visibility_timeout
+from ..config.visibility import (
+    NATIVE_DELAY,
+    RABBITMQ_TRANSPORTS,
+    transport_of,
+    visibility_timeout,
+)
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..lease import pushes_of
 from ..policies import longest_requeue
@@ -20,9 +24,6 @@ from ..policies import longest_requeue
 if TYPE_CHECKING:
     from celery import Celery, Task
 
-
-# Whether this Celery sends countdowns through RabbitMQ's delay exchanges (5.5 and newer).
-_NATIVE_DELAY = importlib.util.find_spec("celery.utils.quorum_queues") is not None
 
 # The lock name of the script a worker runs as it starts (a release of a token no call has).
 START_CHECK = "celery-singleton-lock-start-check"
@@ -128,7 +129,7 @@ def _delayed_in_the_worker(app: Celery) -> list[str]:
     """Quorum queues whose countdowns Celery cannot send through RabbitMQ's delay exchanges
     (a direct exchange): every delay of the library's (a requeue's backoff, a rate's slot,
     a debounce, a long countdown's hops) then waits unacked in a worker's prefetch."""
-    if transport_of(app.conf) not in RABBITMQ_TRANSPORTS or not _NATIVE_DELAY:
+    if transport_of(app.conf) not in RABBITMQ_TRANSPORTS or not NATIVE_DELAY:
         return []  # (before Celery 5.5 no queue is delayed natively: nothing to change)
     warnings = []
     for name, queue in app.amqp.queues.items():
