@@ -42,31 +42,9 @@ def test_the_configuration_page_names_every_setting_and_option() -> None:
         assert f"`{option}`" in page, option
 
 
-# What the README's example promises, checked after it runs (a new interpreter: a
-# session's shared tasks from other tests must not meet its app).
-README_CHECK = """
-app.conf.update(task_always_eager=True, singleton_lock_url="memory://")
-result = charge.delay(5, 10)
-assert result.get()["order"] == 5, result.get()
-assert result.get()["fence"] > 0, result.get()
-assert process_request.delay(1).get() is None
-"""
-
-
-def test_every_python_block_of_the_readme_runs() -> None:
-    """The front door's example is decorated for real (its options checked as a user's
-    would be) and its tasks run eagerly on the in-memory store."""
-    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
-    assert blocks, "README.md has no python block"
-    ran = subprocess.run(
-        [sys.executable, "-c", "\n".join([*blocks, README_CHECK])],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-
-
 def test_the_readme_is_a_front_door() -> None:
-    """Tables live once, in the docs; the README stays short."""
+    """Tables live once, in the docs; the README stays short (its example runs in
+    tests/integration/test_readme.py, on a real worker)."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 160
     assert "\n|" not in readme, "a table in README.md: it belongs on its docs page"
@@ -75,7 +53,7 @@ def test_the_readme_is_a_front_door() -> None:
     assert sections[:3] == ["Install", "Example", "The demo and the tests"], sections
     example = re.search(r"^```python\n(.*?)^```", readme, re.S | re.M)
     assert example is not None
-    assert len(example.group(1).splitlines()) <= 15
+    assert len(example.group(1).splitlines()) <= 25
 
 
 def test_every_image_a_page_shows_exists() -> None:
