@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from ..lease import DEFAULT_PREFIX, validate_prefix
-from ..lease.redis.urls import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
+from ..lease.redis.urls import SCHEMES, SENTINEL_SCHEMES, first_url, redact, scheme_of
 from .spelling import in_users_words, refuse_unknown_keys
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def _redis_url(value: object) -> str | None:
         value = ";".join(str(v) for v in value)
     if not isinstance(value, str) or not value:
         return None
-    first = value.split(";", 1)[0].strip()
+    first = first_url(value)
     scheme = scheme_of(first)
     if scheme in SENTINEL_SCHEMES:
         return value.strip()
@@ -105,7 +105,7 @@ def _redis_url(value: object) -> str | None:
 
 def _same_server(a: str, b: str) -> bool:
     try:
-        one, two = urlsplit(a.split(";", 1)[0]), urlsplit(b.split(";", 1)[0])
+        one, two = urlsplit(first_url(a)), urlsplit(first_url(b))
         same = (one.hostname, one.port) == (two.hostname, two.port)
     except ValueError:
         return False
@@ -331,8 +331,7 @@ def _hidden(name: str, value: object) -> object:
 
 def broker_write_url(conf: Settings) -> str:
     """The broker's URL a producer writes to: its first, of a failover list."""
-    url = conf.broker_write_url or conf.broker_url
-    return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
+    return first_url(conf.broker_write_url or conf.broker_url)
 
 
 def _seconds_or_off(name: str, value: object, use: str) -> float:
