@@ -11,11 +11,11 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
-from urllib.parse import urlsplit
 
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from ..lease import DEFAULT_PREFIX, validate_prefix
+from ..lease.redis.servers import server_named
 from ..lease.redis.urls import SCHEMES, SENTINEL_SCHEMES, first_url, redact, scheme_of
 from .spelling import in_users_words, refuse_unknown_keys
 
@@ -103,15 +103,6 @@ def _redis_url(value: object) -> str | None:
     return first if scheme in SCHEMES else None
 
 
-def _same_server(a: str, b: str) -> bool:
-    try:
-        one, two = urlsplit(first_url(a)), urlsplit(first_url(b))
-        same = (one.hostname, one.port) == (two.hostname, two.port)
-    except ValueError:
-        return False
-    return same
-
-
 def _options(conf: Settings, url: str | None, source: str, explicit: object) -> dict[str, Any]:
     """Client options for ``url``: those of the broker/backend it shares, then the user's."""
     if explicit is not None and not isinstance(explicit, dict):
@@ -120,9 +111,12 @@ def _options(conf: Settings, url: str | None, source: str, explicit: object) -> 
             f"got {type(explicit).__name__}"
         )
     options: dict[str, Any] = {}
+    here = None if url is None else server_named(url)
     for setting, (transport, tls) in _SOURCE_OPTIONS.items():
         other = _redis_url(conf.get(setting))
-        if url is None or other is None or not (setting == source or _same_server(url, other)):
+        if url is None or other is None:
+            continue
+        if setting != source and not (here is not None and here.same_server(server_named(other))):
             continue
         shared = conf.get(transport) or {}
         options.update({k: v for k, v in shared.items() if k in _SHARED_OPTIONS})
