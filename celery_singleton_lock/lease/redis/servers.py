@@ -13,15 +13,20 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import redis
 
-from .urls import SENTINEL_SCHEMES, failover_urls, first_url
+from .urls import SENTINEL_SCHEMES, STANDALONE_SCHEMES, failover_urls, first_url
+
+# A standalone server's schemes that name a unix socket (redis-py's, kombu's); the
+# others name a host and port.
+_SOCKET_SCHEMES = ("unix", "redis+socket")
 
 
 @dataclass(frozen=True)
 class Server:
-    """Where a standalone client connects: its address and database (not its password)."""
+    """Where a standalone client or URL connects: its address and database (not its password)."""
 
     # (host, port), a unix socket's path, or "sentinel:<service>@<sentinels>" for the
-    # master a Sentinel group names (whichever server that is at the moment)
+    # master a Sentinel group names (whichever server that is at the moment; a URL's
+    # group, whose service the URL does not name: "sentinel:@<sentinels>")
     address: tuple[str, int] | str
     db: int
     user: str | None = field(default=None, compare=False)  # the ACL user (None: default)
@@ -75,16 +80,11 @@ def server_named(url: str) -> Server | None:
         user = unquote(parts.username) if parts.username else None
         if scheme in _SOCKET_SCHEMES:
             return Server(parts.path, _db(parts), user)
-        if scheme in _TCP_SCHEMES:
+        if scheme in STANDALONE_SCHEMES:
             return Server((parts.hostname or "localhost", parts.port or 6379), _db(parts), user)
     except ValueError:  # a port that is not a number, an unclosed [IPv6 address
         return None
     return None
-
-
-# The schemes of one standalone server, as redis-py and kombu write them.
-_TCP_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
-_SOCKET_SCHEMES = ("unix", "redis+socket")
 
 
 def _sentinels_named(url: str) -> Server:
