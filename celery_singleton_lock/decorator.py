@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, overload
 
 from celery import shared_task
 
-from .config.options import OPTION_NAMES, SingletonOptions, refuse_task_options
+from .config.options import OPTION_NAMES
 from .exceptions import ConfigurationError
 from .task import SingletonTask
-from .worker import hooks
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -39,6 +38,8 @@ def singleton_task(
     options, typos of ours and options that go inside another (``keep_failures`` in
     ``idempotency={...}``): those are refused, saying what to write. Binds to ``app`` when
     given, else to every app like ``shared_task``. Options are validated here, at decoration.
+    With ``app``, the task is made at once; ``lazy=True`` makes it as ``app.task`` does,
+    when the app is finalized or the task first used.
     """
     if func is not None and not callable(func):
         raise ConfigurationError(
@@ -64,20 +65,21 @@ def singleton_task(
             )
         if inspect.iscoroutinefunction(fun):
             raise ConfigurationError(f"{fun.__qualname__}: Celery tasks cannot be async def")
-        # Validate before Celery sees the task: Celery registers shared tasks for every
-        # app finalized later, and a task that failed here must not fail there again.
+        # Declared now, not when Celery makes the class (at finalization, for a shared
+        # or lazy task): Celery registers a shared task for every app finalized later,
+        # and a task that failed here must not fail there again; and `celery inspect
+        # singleton_stats` checks command names before that. The class declares itself
+        # again as it is made, under the name Celery gives it.
         name = str(options.get("name") or f"{fun.__module__}.{fun.__name__}")
-        refuse_task_options(name, options)
-        # Now, not when Celery makes the class (at finalization, for a shared task):
-        # `celery inspect singleton_stats` checks command names before that.
-        hooks.install()
         run = fun if options.get("bind") else staticmethod(fun)
-        SingletonOptions.build(name, run, singleton)
+        base.declare_singleton(name, options, run, singleton, decorator=True)
         task_options = {"base": base, "singleton": singleton, **options}
-        # Celery makes the task class (a subclass of ``base``) and its instance.
-        made = (
-            app.task(lazy=False, **task_options) if app is not None else shared_task(**task_options)
-        )
+        # Celery makes the task class (a subclass of ``base``) and its instance: at once
+        # unless lazy=True asks for its promise, as @app.task(lazy=True) gives.
+        if app is not None:
+            made = app.task(**{"lazy": False, **task_options})
+        else:
+            made = shared_task(**task_options)
         task: SingletonTask = made(fun)
         return task
 

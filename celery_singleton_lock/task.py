@@ -8,7 +8,7 @@ lease*, taking over the message's own hold in the same step. Tokens and headers 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
@@ -82,19 +82,32 @@ class SingletonTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        cls._singleton_options = None
-        hooks.install()  # the worker's receivers, once a singleton task exists
         # Celery makes every keyword of @app.task(base=SingletonTask, ...) a class
         # attribute: an incumbent's option there would otherwise do nothing, silently.
-        refuse_task_options(
-            cls.name or cls.__qualname__,
-            {name: value for name, value in cls.__dict__.items() if not callable(value)},
-            misplaced=True,
-        )
+        attributes = {name: value for name, value in cls.__dict__.items() if not callable(value)}
         # Validate when the task class is created (i.e. when the decorator runs), not at
-        # the first call; class-based tasks without a name yet are checked on first use.
-        if "run" in cls.__dict__ and cls.name:
-            cls.singleton_options()
+        # the first call; class-based tasks without a name yet are built on first use.
+        run = cls.__dict__.get("run") if cls.name else None
+        name = cls.name or cls.__qualname__
+        cls._singleton_options = cls.declare_singleton(name, attributes, run, cls.singleton)
+
+    @classmethod
+    def declare_singleton(
+        cls,
+        name: str,
+        keywords: Mapping[str, object],
+        run: Callable[..., object] | staticmethod[..., object] | None,
+        singleton: Mapping[str, object] | None,
+        *,
+        decorator: bool = False,
+    ) -> SingletonOptions | None:
+        """What declaring a singleton task does, however it is written: its Celery
+        ``keywords`` refused where an option of ours or an incumbent's is among them (the
+        fix differs for ``@singleton_task``'s keywords, ``decorator``, and for class
+        attributes), the worker's receivers installed, and with ``run`` its options built."""
+        refuse_task_options(name, keywords, misplaced=not decorator)
+        hooks.install()  # the worker's receivers, once a singleton task exists
+        return None if run is None else SingletonOptions.build(name, run, singleton)
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

@@ -21,6 +21,7 @@ from ..config.settings import broker_write_url
 from ..lease import Push, Server, Transit, server_of
 from ..lease.errors import is_refusal
 from ..lease.redis.pipelining import Pipelining
+from ..lease.redis.servers import server_named
 from . import versions
 from .bookkeeping import load_record
 from .layout import message_task_id
@@ -251,16 +252,13 @@ def may_ride(url: str, server: Server) -> bool:
     """Whether the broker ``url`` names ``server`` (the lock store's): a look that costs
     no producer, before the channel that would push is asked (``rides``). True when the
     URL cannot say (the channel decides)."""
-    address = server.address
-    parts = urlsplit(url)
-    if parts.scheme == "sentinel":
+    scheme = urlsplit(url).scheme
+    if scheme == "sentinel":
         return True  # a master found through its sentinels: the channel compares
-    if parts.scheme not in ("redis", "rediss"):
-        return parts.scheme == "redis+socket" and parts.path == address
-    try:
-        return (parts.hostname or "localhost", parts.port or 6379) == address
-    except ValueError:
-        return True
+    if scheme not in ("redis", "rediss", "redis+socket"):
+        return False  # not kombu's Redis transport
+    named = server_named(url)
+    return named is None or named.same_server(server)
 
 
 def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:

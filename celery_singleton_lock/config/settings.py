@@ -11,12 +11,12 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
-from urllib.parse import urlsplit
 
 from .._time import to_seconds, ttl_to_ms
 from ..exceptions import ConfigurationError
 from ..lease import DEFAULT_PREFIX, validate_prefix
-from ..lease.redis.urls import SCHEMES, SENTINEL_SCHEMES, redact, scheme_of
+from ..lease.redis.servers import server_named
+from ..lease.redis.urls import SCHEMES, SENTINEL_SCHEMES, first_url, redact, scheme_of
 from .spelling import in_users_words, refuse_unknown_keys
 
 if TYPE_CHECKING:
@@ -96,20 +96,11 @@ def _redis_url(value: object) -> str | None:
         value = ";".join(str(v) for v in value)
     if not isinstance(value, str) or not value:
         return None
-    first = value.split(";", 1)[0].strip()
+    first = first_url(value)
     scheme = scheme_of(first)
     if scheme in SENTINEL_SCHEMES:
         return value.strip()
     return first if scheme in SCHEMES else None
-
-
-def _same_server(a: str, b: str) -> bool:
-    try:
-        one, two = urlsplit(a.split(";", 1)[0]), urlsplit(b.split(";", 1)[0])
-        same = (one.hostname, one.port) == (two.hostname, two.port)
-    except ValueError:
-        return False
-    return same
 
 
 def _options(conf: Settings, url: str | None, source: str, explicit: object) -> dict[str, Any]:
@@ -120,9 +111,12 @@ def _options(conf: Settings, url: str | None, source: str, explicit: object) -> 
             f"got {type(explicit).__name__}"
         )
     options: dict[str, Any] = {}
+    here = None if url is None else server_named(url)
     for setting, (transport, tls) in _SOURCE_OPTIONS.items():
         other = _redis_url(conf.get(setting))
-        if url is None or other is None or not (setting == source or _same_server(url, other)):
+        if url is None or other is None:
+            continue
+        if setting != source and not (here is not None and here.same_server(server_named(other))):
             continue
         shared = conf.get(transport) or {}
         options.update({k: v for k, v in shared.items() if k in _SHARED_OPTIONS})
@@ -331,8 +325,7 @@ def _hidden(name: str, value: object) -> object:
 
 def broker_write_url(conf: Settings) -> str:
     """The broker's URL a producer writes to: its first, of a failover list."""
-    url = conf.broker_write_url or conf.broker_url
-    return (";".join(url) if isinstance(url, list | tuple) else str(url or "")).split(";")[0]
+    return first_url(conf.broker_write_url or conf.broker_url)
 
 
 def _seconds_or_off(name: str, value: object, use: str) -> float:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..lease.redis.urls import first_url
+
 if TYPE_CHECKING:
     from celery import Celery
     from celery.app.utils import Settings
@@ -49,8 +51,7 @@ def transport_of(conf: Settings) -> str:
     if isinstance(named, str) and named:
         return named.lower()
     url = conf.get("broker_read_url") or conf.get("broker_url") or "amqp://"
-    first = ";".join(url) if isinstance(url, list | tuple) else str(url)
-    return first.split(";")[0].partition("://")[0].strip().lower().split("+")[0] or "amqp"
+    return first_url(url).partition("://")[0].lower().split("+")[0] or "amqp"
 
 
 def visibility_timeout(conf: Settings, consumer_timeout: float = CONSUMER_TIMEOUT) -> float | None:

@@ -19,8 +19,8 @@ from ..exceptions import ConfigurationError
 from ..lease import append_history
 from ..lease.history import Record
 from ..lease.limits.overrides import Override, changed, overrides_of
+from ..lease.limits.rate_forms import burst_for, listed_rates
 from ..lease.limits.rates import Rate, parse_rate
-from ..modes.rate import rate_forms
 from ..signals import limits_changed
 from ..signals import send as send_signal
 from .locks import TaskNames
@@ -201,7 +201,7 @@ def _rates(
 ) -> tuple[Rate, ...]:
     """The rates given, each with ``burst`` or the code's burst of the limit in its
     place; a burst below what the code charges a call there could let no call start."""
-    forms = rate_forms(rate)
+    forms = listed_rates(rate)
     specs = [opts.rate for opts in tasks.values() if opts.rate is not None]
     out = []
     for place, form in enumerate(forms):
@@ -216,7 +216,7 @@ def _rates(
             raise ConfigurationError(
                 f"{target!r}: rate {form!r} with burst {given.burst}: the code charges a call "
                 f"{max(units):g} units against the limit in its place, so no call could "
-                f"start; give --burst {int(-(-max(units) // 1))} or more"
+                f"start; give --burst {burst_for(max(units))} or more"
             )
         out.append(given)
     return tuple(out)

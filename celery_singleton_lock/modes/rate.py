@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 from ..exceptions import ConfigurationError, RateLimitedError
 from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_of
 from ..lease.limits.overrides import Override
+from ..lease.limits.rate_forms import Cost, listed_rates, parse_burst, parse_cost, parse_on_limited
 from ..lease.limits.rates import ANY_LATENESS, Charges, How, check_cost
 from .base import Call, Holder, Mode, Start
 
@@ -40,13 +40,9 @@ NEAR = 0.05
 HELD_COMES_ROUND = 3600.0
 # An eager call waits for its slot wherever it is (the caller waits): up to a day.
 EAGER_NEAR = 86400.0
-ON_LIMITED = ("defer", "delay", "raise")
 # What a call refused because its key is paused is told to wait (``retry_after``): the
 # pause has no end known in advance.
 PAUSED_RETRY = 1.0
-
-# A call's cost: units (a number), or a callable of the task's arguments returning them.
-Cost = float | Callable[..., object]
 
 
 class RateLimit:
@@ -63,7 +59,7 @@ class RateLimit:
     def __init__(self, rate: object, *, burst: int = 1, cost: Cost | None = None) -> None:
         self.rate = parse_rate(rate, burst, what="RateLimit")
         self.burst = self.rate.burst
-        self.cost = cost_option(cost, f"RateLimit({rate!r})", self.rate)
+        self.cost = parse_cost(cost, f"RateLimit({rate!r})", self.rate)
 
     def __repr__(self) -> str:
         cost = "" if self.cost is None else f", cost={self.cost!r}"
@@ -78,51 +74,14 @@ class RateLimit:
         return hash(self.rate)
 
 
-def cost_option(cost: object, what: str, *rates: Rate) -> Cost | None:
-    """A ``cost=`` as given: None, units (0 or more, within every rate's burst), or a
-    callable of the task's arguments (checked per call)."""
-    if cost is None or callable(cost):
-        return cost
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or cost < 0:
-        raise ConfigurationError(
-            f"{what}: cost={cost!r}: give the units a call costs (a number, 0 or more), or "
-            "a callable of the task's arguments returning them"
-        )
-    for rate in rates:
-        if cost > rate.burst:
-            raise ConfigurationError(
-                f"{what}: cost={cost!r} is more than the burst of {rate}: no call could "
-                f"ever start; give that limit burst={int(-(-cost // 1))} or more"
-            )
-    return float(cost)
-
-
 def rate_limits(value: object, burst: object, what: str) -> tuple[RateLimit, ...]:
     """A ``rate=`` (or a plan's answer): one rate in any of ``parse_rate``'s forms, a
     ``RateLimit``, or a list of them; a bare rate takes ``burst``."""
-    items = rate_forms(value)
+    items = listed_rates(value)
     if not items:
         raise ConfigurationError(f"{what}=[]: give at least one rate, e.g. '100/m'")
     return tuple(
         item if isinstance(item, RateLimit) else _bare(item, burst, what) for item in items
-    )
-
-
-def rate_forms(value: object) -> Sequence[object]:
-    """The rates a ``rate=`` names, in order: a list (or a tuple of them), or one."""
-    if isinstance(value, list) or (isinstance(value, tuple) and not _one_rate(value)):
-        return value
-    return [value]
-
-
-def _one_rate(value: tuple[object, ...]) -> bool:
-    # (100, 60.0) or (100, timedelta(minutes=1)) is one rate; ("60/m", "10000/d") two.
-    first, *rest = value if value else (None,)
-    return (
-        len(value) == 2
-        and isinstance(first, int | float)
-        and not isinstance(first, bool)
-        and isinstance(rest[0], int | float | timedelta)
     )
 
 
@@ -151,19 +110,13 @@ class RateSpec:
     def build(
         cls, task: str, rate: object, burst: object, on_limited: object, cost: object = None
     ) -> RateSpec:
-        if on_limited not in ON_LIMITED:
-            raise ConfigurationError(
-                f"{task}: on_limited={on_limited!r}: choose 'defer' (the default: deferred "
-                "at execution), 'delay' (sent with the countdown to its slot) or 'raise'"
-            )
+        how = parse_on_limited(on_limited, task)
         if callable(rate):
-            parse_rate(1, burst, what=f"{task}: rate")  # the burst, checked now
-            checked = cost_option(cost, task, Rate(1, 1.0, int(burst)))  # type: ignore[call-overload]
-            return cls(None, rate, int(burst), str(on_limited), checked)  # type: ignore[call-overload]
+            each = parse_burst(burst, f"{task}: rate")  # checked now; a plan's rates take it
+            return cls(None, rate, each, how, parse_cost(cost, task, Rate(1, 1.0, each)))
         limits = rate_limits(rate, burst, f"{task}: rate")
         bare = [limit.rate for limit in limits if limit.cost is None]
-        checked = cost_option(cost, task, *bare)
-        return cls(limits, None, limits[0].burst, str(on_limited), checked)
+        return cls(limits, None, limits[0].burst, how, parse_cost(cost, task, *bare))
 
     @property
     def costs(self) -> bool:

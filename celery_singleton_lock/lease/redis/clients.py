@@ -30,6 +30,7 @@ from .urls import (
     check_db_path,
     check_userinfo,
     credentials,
+    failover_urls,
     host_port,
     redact,
     redis_url,
@@ -174,7 +175,7 @@ def _sentinel(url: str, options: dict[str, Any], *, asyncio: bool) -> Client:
     min_other = options.pop("min_other_sentinels", 0)
     nodes: list[tuple[str, int]] = []
     connection: dict[str, Any] = {}
-    for one in filter(None, (u.strip() for u in url.split(";"))):
+    for one in failover_urls(url):
         part = urlsplit(one)
         if part.scheme.lower() not in SENTINEL_SCHEMES:
             raise ConfigurationError(

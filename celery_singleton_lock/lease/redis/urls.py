@@ -22,6 +22,25 @@ def scheme_of(url: str) -> str:
     return urlsplit(url).scheme.lower()
 
 
+def failover_urls(urls: object) -> list[str]:
+    """Every URL of a failover list (``"redis://a;redis://b"``, or a list or tuple of
+    them), each stripped, empty ones left out."""
+    return [url for url in (one.strip() for one in _listed(urls).split(";")) if url]
+
+
+def first_url(urls: object) -> str:
+    """The URL a failover list connects to first, as kombu reads it: the part before the
+    first ``;``, stripped; "" for none."""
+    return _listed(urls).split(";", 1)[0].strip()
+
+
+def _listed(urls: object) -> str:
+    # Celery and kombu take a failover list as "redis://a;redis://b" or a list or tuple.
+    if isinstance(urls, list | tuple):
+        return ";".join(str(url) for url in urls)
+    return str(urls or "")
+
+
 def redis_url(url: str) -> str:
     """``url`` in redis-py's own scheme: Valkey's ``valkey://`` and ``valkeys://`` are
     ``redis://`` and ``rediss://`` (the same protocol); every other form as it is."""
@@ -104,7 +123,7 @@ def redact(url: str) -> str:
 def check_userinfo(url: str) -> None:
     """Refuse a user or password with a character a URL reserves: the URL would split
     there, and any message about the rest (a "bad port") would quote part of it."""
-    for one in url.split(";"):
+    for one in failover_urls(url):
         userinfo = one.partition("://")[2].rpartition("@")[0]
         if any(c in userinfo for c in "#/?@[]"):
             raise ConfigurationError(
