@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from importlib.resources import files
 from typing import TYPE_CHECKING
 
 from celery import states
@@ -18,12 +17,13 @@ from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
-from ..lease import RidingRelease, Server, pushes_of, server_of
+from ..lease import Server, server_of
 from ..lease.history import Record
-from ..lease.redis.scripts import source
 from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
+from .pushes import RidingRelease, pushes_of
+from .ride_scripts import STORE_RESULT
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -43,7 +43,6 @@ RIDING_LIMIT = 1 << 20
 
 # Celery's result write, with the read of the stored result it sends first in its own step;
 # its answer when the stored value is not one it can read (Celery's code reads it then).
-STORE_RESULT = source("store_result", files(__package__) / "lua")
 UNREADABLE = -1
 # The largest stored result the script reads (Redis does nothing else meanwhile): a larger
 # one is read by Celery's code, on a round trip of its own.

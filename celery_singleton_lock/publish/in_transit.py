@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..broker.connection import publishing
+from ..broker.transit import Note, Transit
 from ..config.stores import LockStores
-from ..lease import Note, ReleaseResult, Transit, companion
+from ..lease import ReleaseResult, companion
 from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER
 from .dispatch import delay_of
 
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class InTransit:
     """How a singleton call's message is noted in transit as a Redis broker's channel
-    pushes it (``broker.state.NoteSource``, ``lease.redis.transit``): its hold (the lock's name and
+    pushes it (``broker.state.NoteSource``, ``broker.transit``): its hold (the lock's name and
     token; '' when the message has none of its own, as with ``limit``, ``rate`` or a
     throttle's window), for how long it is owed a run, and the wait before it is pushed
     again (0: not noted)."""

@@ -1,6 +1,6 @@
 """A dispatch's lock operations riding its message's push: its hold, or a replacing call's swap.
 
-Where the lock store is the broker's Redis server (``store.pushes``), the script that pushes
+Where the lock store is the broker's Redis server (``pushes_of``), the script that pushes
 the message takes them: one round trip, the one plain Celery makes; a duplicate pushes nothing,
 and there is never a hold without its message (elsewhere: ``PushedHold``).
 """
@@ -14,19 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..broker.connection import publishing
+from ..broker.pushes import Push, Pushes, PushRefused, pushes_of
 from ..broker.transport import may_ride, rides
 from ..exceptions import LockStoreUnavailableError
-from ..lease import (
-    HOLD,
-    Contended,
-    Lease,
-    LockStore,
-    Push,
-    Pushes,
-    PushRefused,
-    Server,
-    pushes_of,
-)
+from ..lease import HOLD, Contended, Lease, LockStore, Server
 from ..modes.base import Mode, Publish, Replacing
 from ..outages import release_or_warn
 from ..tokens import NAME_HEADER
@@ -207,7 +198,7 @@ def duplicate_answered(
 @dataclass(frozen=True)
 class Ride:
     """A dispatch's lock operations riding its message's push, the lock store being a
-    server a broker channel may push to (``store.pushes``)."""
+    server a broker channel may push to (``broker.pushes.pushes_of``)."""
 
     store: LockStore
     pushes: Pushes

@@ -18,20 +18,11 @@ from typing import TYPE_CHECKING
 
 from celery.worker import state as worker_state
 
+from ..broker.pushes import RidingTake, pushes_of
 from ..config.options import is_singleton
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
-from ..lease import (
-    Lease,
-    PendingAcquire,
-    RedisLock,
-    Redlock,
-    RidingTake,
-    Server,
-    TakeOver,
-    companion,
-    pushes_of,
-)
+from ..lease import Lease, PendingAcquire, RedisLock, Redlock, Server, TakeOver, companion
 from ..lease.history import Record
 from ..tokens import (
     ETA_HEADER,

@@ -1,6 +1,6 @@
 """The worker's part in finding lost messages: clear a received one's note, sweep on a timer.
 
-A singleton message pushed with its hold is noted in transit (``lease.redis.transit``) until a
+A singleton message pushed with its hold is noted in transit (``broker.transit``) until a
 worker records it as unacked (``riders`` clears the note in that pipeline). Workers sweep the
 notes and push again a message lost in between, which kombu's Redis transport loses for good.
 """
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker import turned_off, versions
 from ..broker.state import Rider
+from ..broker.transit import ClearNote, Transit
 from ..broker.transport import NOTED_PROPERTY
 from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
-from ..lease import ClearNote, Transit
 from .reservations import reservations
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def riders(
 
 class Sweeper:
     """Every ``interval`` s on the worker's timer: the notes swept on a connection of
-    its own to the broker (``lease.Transit.sweep``), each hold asked of the lock store.
+    its own to the broker (``broker.transit.Transit.sweep``), each hold asked of the lock store.
 
     A message popped by a worker killed before it recorded it as unacked is pushed again
     ``singleton_lock_transit_timeout`` (``wait``) to twice that after it went missing,
