@@ -19,6 +19,7 @@ from celery.utils import uuid
 from . import broker
 from . import signals as singleton_signals
 from .broker import results
+from .broker.seam import trips_of
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
@@ -356,7 +357,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _release_at_end(
         self, request: Context, lease: Lease, acquired: float, *, ride: bool
     ) -> None:
-        results.release_at_end(self, request, self.singleton_context, lease, ride=ride)
+        context = self.singleton_context
+        trips_of(self.app).release_at_end(self, request, context, lease, ride=ride)
         singleton_signals.send(
             singleton_signals.lease_released,
             self,

@@ -8,7 +8,6 @@ the lock is free in the same step as the result is visible, at no round trip of 
 from __future__ import annotations
 
 import os
-from functools import partial
 from typing import TYPE_CHECKING
 
 from celery import states
@@ -296,22 +295,6 @@ def release_with_result(
         return False
     backend.carry_release(request.id, release, server.db)
     return True
-
-
-def release_at_end(
-    task: Task, request: Context, context: TaskContext, lease: Lease, *, ride: bool = True
-) -> None:
-    """A run's lease at its end: rides the result's write (``release_with_result``), or is
-    sent now; eagerly, waited for. ``ride=False``: sent now (the result is written
-    already). The lock's history, if kept, records it there too."""
-    store = context.store
-    # Another holder by then: the lease was lost; nobody: it had expired.
-    ended = "cancelled" if lease.cancelled else "released"
-    record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
-    if request.is_eager:
-        release_or_warn(partial(store.release, entry=record), lease)
-    elif not (ride and release_with_result(task, request, context, lease, record)):
-        release_or_warn(partial(store.release_nowait, entry=record), lease)
 
 
 def release_also_held(request: Context, context: TaskContext, leases: list[Lease]) -> None:

@@ -49,11 +49,7 @@ def riders(
     if task is None or not is_singleton(task):
         return []
     found: list[Rider] = []
-    take = (
-        reservations.ride(app, hostname, headers, server)
-        if task.singleton_context.stores.config.ride_broker
-        else None
-    )
+    take = reservations.ride(app, hostname, headers, server)
     if take is not None:
         found.append(take)
     if properties.get(NOTED_PROPERTY):
