@@ -344,6 +344,7 @@ class Pushes:
 # Each store's pushes, made at its first use and kept as long as the store (as
 # ``lease.per_store`` keeps a store's helpers): its scripts registered on its client once.
 _MADE: weakref.WeakKeyDictionary[RedisLock, Pushes | None] = weakref.WeakKeyDictionary()
+_UNMADE = object()  # a store not looked at yet (None: it has no pushes)
 
 
 def pushes_of(store: object) -> Pushes | None:
@@ -352,9 +353,9 @@ def pushes_of(store: object) -> Pushes | None:
     replicas, or one whose server refused a push (``PushRefused``)."""
     if not isinstance(store, RedisLock) or store.replicas is not None:
         return None
-    if store not in _MADE:
+    found = _MADE.get(store, _UNMADE)  # one look on every dispatch, receipt and release
+    if found is _UNMADE:
         server = server_of(store.client)
         # Two threads may both make one: the first kept wins, so one flag says "refused".
-        _MADE.setdefault(store, Pushes(store, server) if server else None)
-    found = _MADE[store]
-    return found if found is not None and found.usable else None
+        found = _MADE.setdefault(store, Pushes(store, server) if server else None)
+    return found if isinstance(found, Pushes) and found.usable else None
