@@ -19,6 +19,8 @@ from celery.utils import uuid
 from . import broker
 from . import signals as singleton_signals
 from .broker import results
+from .broker.in_transit import InTransit, give_up_purged
+from .broker.seam import trips_of
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
@@ -26,9 +28,8 @@ from .exceptions import DuplicateTaskError
 from .lease import Lease
 from .modes.base import Publish
 from .publish import route
-from .publish.dispatch import in_canvas
+from .publish.dispatch import delay_of, in_canvas
 from .publish.idempotent import key_of_call, send_once
-from .publish.in_transit import InTransit, give_up_purged
 from .publish.retries import send_retry
 from .publish.timing import deliverable, refuse_as_celery
 from .run import cancels, eta, replays
@@ -280,7 +281,8 @@ class SingletonTask(Task):  # type: ignore[misc]
                 headers=headers,
                 **{name: value for name, value in options.items() if name != "headers"},
             )
-            noted = InTransit.of(self.singleton_context, task_id, own_headers, options)
+            delay = delay_of(options)
+            noted = InTransit.of(self.singleton_context, task_id, own_headers, delay)
             return noted.publish(self.app, via or producer, options, send)
 
         return publish
@@ -369,7 +371,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     def _release_at_end(
         self, request: Context, lease: Lease, acquired: float, *, ride: bool
     ) -> None:
-        results.release_at_end(self, request, self.singleton_context, lease, ride=ride)
+        context = self.singleton_context
+        trips_of(self.app).release_at_end(self, request, context, lease, ride=ride)
         singleton_signals.send(
             singleton_signals.lease_released,
             self,

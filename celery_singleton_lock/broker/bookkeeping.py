@@ -8,26 +8,22 @@ building and parsing cost the worker's main process more than the round trips th
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
-from ..lease import ClearNote
 from ..lease.errors import is_refusal
 from ..lease.redis.calls import Arg
 from ..lease.redis.common import REDIS_ERRORS
 from ..lease.redis.replies import TRANSPORT_ERRORS
-from ..lease.redis.scripts import source
-from ..lease.redis.transit import NOTE_KEYS
+from .ride_scripts import RECORD, digest
 from .state import Rider
+from .transit import NOTE_KEYS, ClearNote
 
 if TYPE_CHECKING:
     from ..lease.redis.clients import SyncClient
     from ..lease.redis.pipelining import Pipelining
 
-RECORD = source("record", files(__package__) / "lua")
-RECORD_SHA = hashlib.sha1(RECORD.encode(), usedforsecurity=False).hexdigest()
+RECORD_SHA = digest(RECORD)
 # record.lua clears a note when given its keys: NOTE_KEYS of them, then kombu's two.
 RECORD_NOTED_KEYS = NOTE_KEYS + 2
 

@@ -8,8 +8,6 @@ the lock is free in the same step as the result is visible, at no round trip of 
 from __future__ import annotations
 
 import os
-from functools import partial
-from importlib.resources import files
 from typing import TYPE_CHECKING
 
 from celery import states
@@ -18,12 +16,13 @@ from celery.backends.redis import SentinelBackend as CelerySentinelBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
-from ..lease import RidingRelease, Server, pushes_of, server_of
+from ..lease import Server, server_of
 from ..lease.history import Record
-from ..lease.redis.scripts import source
 from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
+from .pushes import RidingRelease, pushes_of
+from .ride_scripts import STORE_RESULT
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -43,7 +42,6 @@ RIDING_LIMIT = 1 << 20
 
 # Celery's result write, with the read of the stored result it sends first in its own step;
 # its answer when the stored value is not one it can read (Celery's code reads it then).
-STORE_RESULT = source("store_result", files(__package__) / "lua")
 UNREADABLE = -1
 # The largest stored result the script reads (Redis does nothing else meanwhile): a larger
 # one is read by Celery's code, on a round trip of its own.
@@ -297,22 +295,6 @@ def release_with_result(
         return False
     backend.carry_release(request.id, release, server.db)
     return True
-
-
-def release_at_end(
-    task: Task, request: Context, context: TaskContext, lease: Lease, *, ride: bool = True
-) -> None:
-    """A run's lease at its end: rides the result's write (``release_with_result``), or is
-    sent now; eagerly, waited for. ``ride=False``: sent now (the result is written
-    already). The lock's history, if kept, records it there too."""
-    store = context.store
-    # Another holder by then: the lease was lost; nobody: it had expired.
-    ended = "cancelled" if lease.cancelled else "released"
-    record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
-    if request.is_eager:
-        release_or_warn(partial(store.release, entry=record), lease)
-    elif not (ride and release_with_result(task, request, context, lease, record)):
-        release_or_warn(partial(store.release_nowait, entry=record), lease)
 
 
 def release_also_held(request: Context, context: TaskContext, leases: list[Lease]) -> None:

@@ -11,9 +11,11 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..lease import Lease, LockStore, Note, Push, PushRefused, Transit, pushes_of
+from ..lease import Lease, LockStore
 from . import layout
 from .connection import publishing
+from .pushes import Push, PushRefused, pushes_of
+from .transit import Note, Transit
 from .transport import Channel
 
 if TYPE_CHECKING:

@@ -11,8 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
-from ..lease import Note, Push, Server
+from ..lease import Server
 from ..lease.redis.calls import Pipeline
+from .pushes import Push
+from .transit import Note
 
 
 class HoldWithPush(Protocol):
@@ -28,7 +30,7 @@ class HoldWithPush(Protocol):
 
 class NoteSource(Protocol):
     """A singleton call being published: its message is noted in transit as the channel
-    pushes it (``lease.redis.transit``), by the hold's script or with its own push."""
+    pushes it (``broker.transit``), by the hold's script or with its own push."""
 
     @property
     def task_id(self) -> str: ...
@@ -38,8 +40,8 @@ class NoteSource(Protocol):
 
 
 class Rider(Protocol):
-    """A lock-store command sent first in kombu's unacked pipeline (``lease.RidingTake``,
-    ``lease.ClearNote``)."""
+    """A lock-store command sent first in kombu's unacked pipeline (``broker.pushes.RidingTake``,
+    ``broker.transit.ClearNote``)."""
 
     def add(self, pipe: Pipeline, db: int) -> None: ...
     def read(self, reply: object) -> None: ...

@@ -1,7 +1,7 @@
 """kombu's Redis transport with a singleton dispatch's hold taken in its message's push.
 
 A unique dispatch costs what plain Celery's does: one round trip, a script that takes the hold
-and pushes the message together (``lease.redis.pushes``), or pushes nothing for a duplicate.
+and pushes the message together (``broker.pushes``), or pushes nothing for a duplicate.
 There is no moment with a hold and no message, nor a message and no hold.
 """
 
@@ -18,14 +18,16 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
 from ..config.settings import broker_write_url
-from ..lease import Push, Server, Transit, server_of
+from ..lease import Server, server_of
 from ..lease.errors import is_refusal
 from ..lease.redis.pipelining import Pipelining
 from ..lease.redis.servers import server_named
 from . import versions
 from .bookkeeping import load_record
 from .layout import message_task_id
+from .pushes import Push
 from .state import AppRide, Outgoing
+from .transit import Transit
 from .unacked import QoS
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ class Channel(kombu_redis.Channel):
     ``_put``, ``_put_fanout`` and ``_purge`` are overridden. Taking the hold in the push
     means a producer killed between the two cannot leave a hold with no message for
     ``queue_ttl``. Every singleton call's message is noted in transit as it is pushed
-    (``lease.redis.transit``): by the hold's script, or, with no hold riding (a lock store
+    (``broker.transit``): by the hold's script, or, with no hold riding (a lock store
     on another server, a mode without a dispatch hold), by a script that replaces kombu's
     LPUSH in the same one round trip. Every other message (other tasks, canvas, fanout) is
     put as kombu puts it. Received messages are recorded by ``unacked.QoS``."""
@@ -136,7 +138,7 @@ class Channel(kombu_redis.Channel):
             dumps(message),
             db=None if server is None else server.db,
             expire=expire,
-            note=note,  # noted in transit until received (lease.redis.transit)
+            note=note,  # noted in transit until received (broker.transit)
         )
         if hold is not None and hold.put(server, push):
             return

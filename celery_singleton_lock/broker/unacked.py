@@ -29,7 +29,7 @@ class QoS(kombu_redis.QoS):
     the clearing of its in-transit note, are sent in the same pipeline as the unacked
     bookkeeping kombu sends for it anyway.
 
-    The take is a ``lease.RidingTake``, the clearing a ``lease.ClearNote``; both are sent
+    The take is a ``pushes.RidingTake``, the clearing a ``transit.ClearNote``; both are sent
     first in the pipeline ``append`` gets from ``pipe_or_acquire``. The worker says what
     rides (``broker.on_receipt``)."""
 

@@ -11,12 +11,10 @@ from .pending import PendingAcquire
 from .redis.aio import AsyncRedisLock
 from .redis.clients import build as client_from_url
 from .redis.clients import describe
-from .redis.pushes import Push, Pushes, PushRefused, RidingRelease, RidingTake, pushes_of
 from .redis.recording import append as append_history
 from .redis.recording import entries as history_entries
 from .redis.servers import Server, server_of
 from .redis.store import RedisLock
-from .redis.transit import ClearNote, Note, Transit
 from .redlock.masters import Redlock
 from .renewal import Renewer, get_renewer
 from .takeover import HOLD, TakeOver
@@ -25,7 +23,6 @@ __all__ = [
     "DEFAULT_PREFIX",
     "HOLD",
     "AsyncRedisLock",
-    "ClearNote",
     "Clock",
     "Contended",
     "ExtendResult",
@@ -34,23 +31,16 @@ __all__ = [
     "LockStore",
     "ManualClock",
     "MemoryLock",
-    "Note",
     "PendingAcquire",
-    "Push",
-    "PushRefused",
-    "Pushes",
     "Rate",
     "RedisLock",
     "Redlock",
     "ReleaseResult",
     "Renewer",
-    "RidingRelease",
-    "RidingTake",
     "Server",
     "Slot",
     "SlotStore",
     "TakeOver",
-    "Transit",
     "append_history",
     "client_from_url",
     "companion",
@@ -58,7 +48,6 @@ __all__ = [
     "get_renewer",
     "history_entries",
     "parse_rate",
-    "pushes_of",
     "rates_of",
     "server_of",
     "slot",

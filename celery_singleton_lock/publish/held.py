@@ -15,6 +15,7 @@ from celery.utils import uuid
 
 from .. import outages
 from .. import signals as singleton_signals
+from ..broker.seam import trips_of
 from ..exceptions import DuplicateTaskError, LockStoreUnavailableError
 from ..lease import HOLD, Contended
 from ..lease.offers import Offered, offers_of
@@ -31,7 +32,7 @@ from .dispatch import (
     refusals,
     send_gated,
 )
-from .riding import Ride, duplicate_answered, ridden_by
+from .riding import Ride, duplicate_answered
 
 if TYPE_CHECKING:
     from celery import Task
@@ -75,7 +76,7 @@ def send_held(
     planned = mode.hold(lock_name, mode.token(task_id), queue_ttl + delay_of(options))
     hold, ttl, token, own_headers = planned.lock, planned.ttl, planned.token, planned.headers
     outage = partial(outages.at_dispatch, context, lock_name)
-    pushes = ridden_by(task.app, context, options)
+    pushes = trips_of(task.app).publish_held(context, options)
     ride = (
         None
         if pushes is None

@@ -1,6 +1,6 @@
 """A dispatch's lock operations riding its message's push: its hold, or a replacing call's swap.
 
-Where the lock store is the broker's Redis server (``store.pushes``), the script that pushes
+Where the lock store is the broker's Redis server (``pushes_of``), the script that pushes
 the message takes them: one round trip, the one plain Celery makes; a duplicate pushes nothing,
 and there is never a hold without its message (elsewhere: ``PushedHold``).
 """
@@ -8,36 +8,25 @@ and there is never a hold without its message (elsewhere: ``PushedHold``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..broker.connection import publishing
-from ..broker.transport import may_ride, rides
+from ..broker.pushes import Push, Pushes, PushRefused
+from ..broker.transport import rides
 from ..exceptions import LockStoreUnavailableError
-from ..lease import (
-    HOLD,
-    Contended,
-    Lease,
-    LockStore,
-    Push,
-    Pushes,
-    PushRefused,
-    Server,
-    pushes_of,
-)
+from ..lease import HOLD, Contended, Lease, LockStore, Server
 from ..modes.base import Mode, Publish, Replacing
 from ..outages import release_or_warn
 from ..tokens import NAME_HEADER
 from .dispatch import Refused, Sent, refusals
 
 if TYPE_CHECKING:
-    from celery import Celery
     from celery.result import AsyncResult
     from kombu.messaging import Producer
 
-    from ..context import TaskContext
     from ..lease.history import Record
 
 logger = logging.getLogger(__name__)
@@ -177,20 +166,6 @@ def answered_early(
     return refused(Contended(hold, store.keys(hold).lock, holder, None))
 
 
-def ridden_by(app: Celery, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
-    """The pushes a dispatch of ``context``'s task with ``options`` may ride; None: it
-    holds apart. Eagerly nothing is published; ``connection=`` makes Celery use its own
-    producer; a broker on another server pushes no hold (said by its URL, before a
-    producer is taken to ask its channel)."""
-    pushes = pushes_of(context.store)
-    config = context.stores.config
-    if pushes is None or not config.ride_broker:
-        return None
-    if app.conf.task_always_eager or options.get("connection") is not None:
-        return None
-    return pushes if may_ride(config.broker_url, pushes.server) else None
-
-
 def duplicate_answered(
     mode: Mode,
     store: LockStore,
@@ -207,7 +182,7 @@ def duplicate_answered(
 @dataclass(frozen=True)
 class Ride:
     """A dispatch's lock operations riding its message's push, the lock store being a
-    server a broker channel may push to (``store.pushes``)."""
+    server a broker channel may push to (``broker.pushes.pushes_of``)."""
 
     store: LockStore
     pushes: Pushes

@@ -19,10 +19,11 @@ from celery.worker.request import Request
 from ..broker import on_receipt
 from ..broker.restore import stale_restorer
 from ..broker.results import release_uncarried
+from ..broker.sweeper import Sweeper
 from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
-from . import sweeper
+from . import receipts
 from .childwatch import child_watch
 from .reservations import reservations
 from .revokes import revoked_windows
@@ -70,7 +71,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     hostname = getattr(sender, "hostname", None)
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
-        on_receipt(app, functools.partial(sweeper.riders, app, hostname))
+        on_receipt(app, functools.partial(receipts.riders, app, hostname))
     said = check_the_ride(app)
     if said is not None:
         _said.append(said)
@@ -119,7 +120,7 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
             interval, restore, close = restorer
             timer.call_repeatedly(interval, restore)
             _closing.append(close)
-        sweep = sweeper.Sweeper.of(app)
+        sweep = Sweeper.of(app)
         if sweep is not None:  # messages lost between the broker and a worker
             timer.call_repeatedly(sweep.interval, sweep)
             _closing.append(sweep.close)

@@ -18,20 +18,12 @@ from typing import TYPE_CHECKING
 
 from celery.worker import state as worker_state
 
+from ..broker.pushes import RidingTake
+from ..broker.seam import trips_of
 from ..config.options import is_singleton
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
-from ..lease import (
-    Lease,
-    PendingAcquire,
-    RedisLock,
-    Redlock,
-    RidingTake,
-    Server,
-    TakeOver,
-    companion,
-    pushes_of,
-)
+from ..lease import Lease, PendingAcquire, RedisLock, Redlock, Server, TakeOver, companion
 from ..lease.history import Record
 from ..tokens import (
     ETA_HEADER,
@@ -154,13 +146,13 @@ class Reservations:
             return None
         context: TaskContext = task.singleton_context
         plan = _plan(context, task_id, hostname, Received.of(headers))
-        pushes = pushes_of(context.store)
-        if plan is None or pushes is None or not pushes.server.same_user(server):
+        if plan is None:
             return None
         try:
-            take = pushes.riding_take(
+            take = trips_of(app).take_on_receipt(
+                context,
+                server,
                 plan.name,
-                context.ttl,
                 token=plan.token,
                 take=plan.take_over,
                 entry=_started(context, plan, task_id),  # written by the riding take

@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..broker import installed, selfcheck, turn_off, turned_off, versions
+from ..broker.pushes import pushes_of
 from ..broker.results import missed_ride as missed_result_ride
 from ..broker.transport import missed_ride
 from ..config.incumbents import foreign_settings
@@ -18,7 +19,6 @@ from ..config.visibility import (
     visibility_timeout,
 )
 from ..exceptions import ConfigurationError, SingletonLockError
-from ..lease import pushes_of
 from ..policies import longest_requeue
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ window, and no key left once the load has drained but the holds of calls lost in
 A worker killed between taking a message off the queue (BRPOP) and recording it as
 unacked loses it on kombu's Redis transport (celery/celery#7950): the plain control
 shows it. A singleton call's message is noted in transit and pushed again by the
-surviving workers (``lease.redis.transit``), so no accepted singleton call is lost: every one
+surviving workers (``broker.transit``), so no accepted singleton call is lost: every one
 starts, and no key or note is left. And a worker without an event loop (gevent,
 eventlet, threads, solo) restored a dead worker's unacked messages only when a poll of
 the queue came back empty; it now does on its timer (the stale unacked count).

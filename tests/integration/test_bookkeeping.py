@@ -24,8 +24,8 @@ from celery_singleton_lock.broker.bookkeeping import (
     Bookkeeping,
     Keys,
 )
+from celery_singleton_lock.broker.transit import NOTE_KEYS
 from celery_singleton_lock.lease.redis.pipelining import Pipelining
-from celery_singleton_lock.lease.redis.transit import NOTE_KEYS
 
 from ..support.servers import RedisServer
 

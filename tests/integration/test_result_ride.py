@@ -1,4 +1,4 @@
-"""A run's release riding the write of its result (``lease.redis.pushes.RidingRelease`` and
+"""A run's release riding the write of its result (``broker.pushes.RidingRelease`` and
 ``results.RedisBackend``), on a real redis-server: the lock in database 1, the results
 in database 0, as the default shape has them."""
 
@@ -14,8 +14,8 @@ from celery.app.task import Context
 
 from celery_singleton_lock import Lease, RedisLock, singleton_task
 from celery_singleton_lock.broker import results
+from celery_singleton_lock.broker.pushes import RidingRelease, pushes_of
 from celery_singleton_lock.broker.results import RedisBackend
-from celery_singleton_lock.lease import RidingRelease
 
 from ..conftest import CeleryEnv
 from ..support.runs import wait_for
@@ -43,7 +43,7 @@ def taken(store: RedisLock, name: str) -> Lease:
 def riding(store: RedisLock, name: str) -> tuple[Lease, RidingRelease]:
     """A lease on ``name`` and its release, to ride another client's pipeline."""
     lease = taken(store, name)
-    pushes = store.pushes
+    pushes = pushes_of(store)
     assert pushes is not None
     release = pushes.riding_release(lease)
     assert release is not None
@@ -87,7 +87,7 @@ class TestRidingRelease:
         self, store: RedisLock, redis_server: RedisServer
     ) -> None:
         lease, release = riding(store, "c")
-        pushes = store.pushes
+        pushes = pushes_of(store)
         assert pushes is not None
         refused = redis.exceptions.ExecAbortError(
             "EXECABORT Transaction discarded because of previous errors."

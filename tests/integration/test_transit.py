@@ -2,7 +2,7 @@
 
 kombu's Redis transport pops a message (BRPOP) before it records it as unacked; a
 worker killed in between loses it (celery/celery#7950). A singleton message pushed with
-its hold is noted in transit (``lease.redis.transit``), the note is cleared in the pipeline
+its hold is noted in transit (``broker.transit``), the note is cleared in the pipeline
 that records it unacked, and workers sweep for notes of messages found nowhere.
 
 Here the loss is made by hand: the message is popped from its list by a client that
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from celery_singleton_lock.lease import HOLD, ClearNote, Note, Push, RedisLock, Transit
+from celery_singleton_lock.broker.pushes import Push, pushes_of
+from celery_singleton_lock.broker.transit import ClearNote, Note, Transit
+from celery_singleton_lock.lease import HOLD, RedisLock
 
 from ..conftest import CeleryEnv
 from ..support.same_server import QUEUE, at, holds, produce, same_server_env
@@ -51,7 +53,7 @@ def pushed(store: RedisLock, name: str, tag: str, *, alone: bool = False) -> Pus
         assert store.try_acquire(name, 60, token=f"q-{tag}", take=HOLD).token == f"q-{tag}"
         Transit(store.client, "tt").push("queue", payload, note)
     else:
-        pushes = store.pushes
+        pushes = pushes_of(store)
         assert pushes is not None
         assert pushes.hold_and_push(name, 60, push, token=f"q-{tag}").token == f"q-{tag}"
     return push
@@ -173,7 +175,7 @@ class TestNotes:
         self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
         note = Note("tag-i", "i", "q-tag-i", 0.3, WAIT, "tt")
-        pushes = store.pushes
+        pushes = pushes_of(store)
         assert pushes is not None
         pushes.hold_and_push("i", 0.3, Push("queue", "i", note=note), token="q-tag-i")
         raw.persist(store.keys("i").lock)  # the hold outlives its ttl: the note does not

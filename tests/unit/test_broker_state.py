@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from celery import Celery
 
 from celery_singleton_lock import broker
+from celery_singleton_lock.broker.pushes import Push
 from celery_singleton_lock.broker.state import Outgoing
-from celery_singleton_lock.lease import Note, Push, Server
+from celery_singleton_lock.broker.transit import Note
+from celery_singleton_lock.lease import Server
 
 
 @dataclass

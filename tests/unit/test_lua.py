@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_singleton_lock.lease.redis import scripts, transit
+from celery_singleton_lock.broker import ride_scripts, transit
+from celery_singleton_lock.lease.redis import scripts
 
 from ..support.workers import ROOT
 
@@ -17,7 +18,7 @@ LUA = ROOT / "celery_singleton_lock" / "lease" / "redis" / "lua"
 # The scripts that know Celery's or kombu's layout live with the broker ride.
 BROKER_LUA = ROOT / "celery_singleton_lock" / "broker" / "lua"
 SCRIPTS = sorted([*LUA.glob("*.lua"), *BROKER_LUA.glob("*.lua")])
-HELPERS = sorted((LUA / "includes").glob("*.lua"))
+HELPERS = sorted([*(LUA / "includes").glob("*.lua"), *(BROKER_LUA / "includes").glob("*.lua")])
 INCLUDE = re.compile(r'^--- @include "([a-z_]+)"', re.MULTILINE)
 
 
@@ -60,7 +61,7 @@ class TestFiles:
 class TestSource:
     def test_a_helper_included_twice_is_expanded_once(self) -> None:
         # swap_and_push includes push (which includes note) and hand_on.
-        text = scripts.source("swap_and_push")
+        text = ride_scripts.source("swap_and_push")
         assert text.count("local function note(") == 1
         assert text.count("local function push(") == 1
         assert text.count("local function pass_to(") == 1
@@ -73,6 +74,8 @@ class TestSource:
             assert "redis.call" in text or "redis.pcall" in text, path.stem
 
     def test_the_notes_key_count_is_one_number_in_python_and_lua(self) -> None:
-        found = re.search(r"local NOTE_KEYS = (\d+)", (LUA / "includes" / "note.lua").read_text())
+        found = re.search(
+            r"local NOTE_KEYS = (\d+)", (BROKER_LUA / "includes" / "note.lua").read_text()
+        )
         assert found is not None
         assert int(found.group(1)) == transit.NOTE_KEYS

@@ -1,5 +1,5 @@
 -- Record a received message as unacked, as kombu's Redis QoS.append does, with its
--- in-transit note cleared in the same step (lease.redis.transit's clear).
+-- in-transit note cleared in the same step (broker.transit's clear).
 --
 -- kombu sends a transaction for this (MULTI, ZADD, HSET, EXEC: four commands and four
 -- replies); one script is one command and one reply, and still one step: there is no

@@ -210,7 +210,7 @@ class LockBase(Generic[ClientT, ScriptT]):
     def acquire_request(
         self, name: str, ttl: object, *, token: str, take: TakeOver
     ) -> tuple[Call, ScriptArgs]:
-        """A try to be sent on another client's round trip (``pushes.RidingTake``): the
+        """A try to be sent on another client's round trip (a riding take): the
         validated call and the acquire script's keys and arguments."""
         call = self._acquire_call(name, ttl, token, take)
         return call, self._acquire_argv(call, Try(announce=False))

@@ -244,6 +244,7 @@ class Pipelining:
         retry: bool = True,
         acks: tuple[int, int] | None = None,
         entry: history.Record | None = None,
+        kind: history.Kind | None = None,
     ) -> Reply:
         """Write the call and return at once; ``Reply.get()`` reads the answer.
 
@@ -255,9 +256,11 @@ class Pipelining:
         own schedule. ``acks=(replicas, timeout_ms)`` follows the call with ``WAIT`` on the
         same connection; the answer is then ``(reply, replicas that acknowledged)``.
         ``entry``: the history entry the call writes, in its own round trip, when the
-        script is of a kind it names (``history.Record``).
+        script is of a kind it names (``history.Record``); ``kind``: the kind of reply
+        the script gives, for one the store's own table does not list.
         """
-        kind = recording.KINDS.get(script.sha) if entry is not None else None
+        if entry is not None and kind is None:
+            kind = recording.KINDS.get(script.sha)
         spec = entry.spec(kind) if entry is not None and kind is not None else None
         if entry is not None and kind is not None and spec is not None:
             # The operation writes its history entry itself, in this round trip.
@@ -311,10 +314,11 @@ class Pipelining:
         retry: bool = True,
         acks: tuple[int, int] | None = None,
         entry: history.Record | None = None,
+        kind: history.Kind | None = None,
         within: float | None = None,
     ) -> Response:
         """One script call, one round trip (its answer due ``within``: ``Reply.get``)."""
-        sent = self.send(script, keys, args, retry=retry, acks=acks, entry=entry)
+        sent = self.send(script, keys, args, retry=retry, acks=acks, entry=entry, kind=kind)
         return sent.get(within=within)
 
     def command(self, *args: Arg) -> Response:

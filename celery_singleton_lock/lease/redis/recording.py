@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 # The reply of each kind of script, read as an outcome: 'ok', 'refused' (with the holder
 # when the reply names it, and any fields of its own) or 'gone'.
 _OUTCOME: dict[str, str] = {
-    # ACQUIRE, HOLD_AND_PUSH, ACQUIRE_SLOT: {1, fence, ...} taken; {0, holder, pttl}
+    # ACQUIRE, ACQUIRE_SLOT: {1, fence, ...} taken; {0, holder, pttl}
     # refused; {-1} replaced
     "take": """
   if type(reply) == 'table' and reply[1] == 1 then return 'ok', nil end
@@ -34,7 +34,7 @@ _OUTCOME: dict[str, str] = {
   if reply == 1 then return 'ok', nil end
   if reply == 0 then return 'gone', nil end
   return 'refused', nil""",
-    # SWAP, SWAP_AND_PUSH: {1, 0} swapped; {0, holder, pttl} not
+    # SWAP: {1, 0} swapped; {0, holder, pttl} not
     "swap": """
   if type(reply) == 'table' and reply[1] == 1 then return 'ok', nil end
   return 'refused', type(reply) == 'table' and reply[2] or nil""",
@@ -94,15 +94,13 @@ return reply
 
 
 # The scripts an operation may be recorded around, by digest, and the kind of reply each
-# gives (read by ``_OUTCOME``).
+# gives (read by ``_OUTCOME``). A script of another folder names its kind as it is sent.
 _BY_KIND: tuple[tuple[str, Kind], ...] = (
     (scripts.ACQUIRE, "take"),
-    (scripts.HOLD_AND_PUSH, "take"),
     (scripts.ACQUIRE_SLOT, "take"),
     (scripts.RELEASE, "release"),
     (scripts.RELEASE_MATCHING, "release"),
     (scripts.SWAP, "swap"),
-    (scripts.SWAP_AND_PUSH, "swap"),
     (HOLDER, "read"),
     (scripts.RATE, "rate"),
 )
@@ -112,7 +110,7 @@ KINDS: dict[str, Kind] = {
 }
 
 
-# The riding scripts (``pushes``: run in another client's pipeline, in the lock's
+# The riding scripts (run in another client's pipeline, in the lock's
 # database), writing their entry: the history's key and spec last, as ``recorded`` takes.
 RIDING_TAKE = scripts.in_lock_db(recorded(scripts.ACQUIRE, "take"), 9)
 RIDING_RELEASE = scripts.in_lock_db(recorded(scripts.RELEASE, "release"), 3)

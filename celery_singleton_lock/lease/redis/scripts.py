@@ -1,8 +1,8 @@
 """Every Lua script a lock runs, each read from its own file in ``lua/``.
 
 All keys a script touches belong to one lock and share its hash tag (``names.LockKeys``): one
-Redis Cluster slot, never CROSSSLOT; the push scripts also touch a broker's lists. Scripts call
-``TIME`` before writing, safe with effects replication (the default since Redis 5; we need 6.2).
+Redis Cluster slot, never CROSSSLOT. Scripts call ``TIME`` before writing, safe with effects
+replication (the default since Redis 5; we need 6.2). ``source`` reads other folders' too.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ def source(name: str, folder: Traversable = _LUA) -> str:
 
     Each file opens with its contract: what it does, the KEYS and ARGV it takes and what
     it returns (sidekiq-unique-jobs' ``lua/`` and BullMQ's ``commands/`` are the models).
-    Helpers several scripts share live in ``lua/includes/`` and are pulled in by a line
-    ``--- @include "name"`` (each once per script), never copied: a script in another
-    folder (the broker ride's) includes them from there too.
+    Helpers several scripts share live in an ``includes/`` folder and are pulled in by a
+    line ``--- @include "name"`` (each once per script), never copied. A helper is looked
+    for in ``folder``'s ``includes/`` first, then in ``lua/includes/``: a script in a
+    folder of its own shares this folder's helpers without this module knowing of it.
     """
     return "".join(_lines(folder, name, set()))
 
@@ -39,7 +40,8 @@ def _lines(folder: Traversable, name: str, included: set[str]) -> list[str]:
             path = f"includes/{helper.group(1)}"
             if path not in included:
                 included.add(path)
-                lines += _lines(_LUA, path, included)
+                home = folder if (folder / f"{path}.lua").is_file() else _LUA
+                lines += _lines(home, path, included)
         elif not line.lstrip().startswith("--"):
             lines.append(line)
     return lines
@@ -49,10 +51,8 @@ def _lines(folder: Traversable, name: str, included: set[str]) -> list[str]:
 # register them per client (EVALSHA, reloaded after a server restart by redis-py's
 # ``Script``), never in module state.
 ACQUIRE = source("acquire")
-HOLD_AND_PUSH = source("hold_and_push")
 ACQUIRE_SLOT = source("acquire_slot")
 SWAP = source("swap")
-SWAP_AND_PUSH = source("swap_and_push")
 RELEASE = source("release")
 RELEASE_MATCHING = source("release_matching")
 EXTEND = source("extend")
@@ -80,8 +80,8 @@ return reply
 """
 
 
-# ACQUIRE run on another client's connection to the lock store's server (the broker's,
-# in the pipeline that records a received message as unacked): it switches to the
+# ACQUIRE run on another client's connection to the lock store's server (in a pipeline
+# that client sends anyway, such as a message broker's): it switches to the
 # lock's database and back. The arguments are ACQUIRE's with ARGV[8] always given ('' for
 # none), then ARGV[9] the lock's database ('' when it is the caller's) and ARGV[10] the
 # caller's database. SELECT inside a script switches only the script's database.

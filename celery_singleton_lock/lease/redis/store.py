@@ -28,10 +28,8 @@ from .clients import SyncClient, build, eviction_policy, is_async
 from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try
 from .inventory import BATCH, family, scan
 from .pipelining import Pipelining
-from .pushes import Pushes
 from .replicas import acknowledged, replicas_option, with_acks
 from .replies import Reply
-from .servers import server_of
 from .waits import pop_within
 
 logger = logging.getLogger(__name__)
@@ -73,7 +71,6 @@ class RedisLock(LockBase[SyncClient, Script]):
         )
         self._renewer = renewer
         self._slots: Slots | None = None
-        self._pushes: Pushes | None = None
         self.pipelining = Pipelining(client)
         self._holder_script = client.register_script(recording.HOLDER)
 
@@ -397,14 +394,6 @@ class RedisLock(LockBase[SyncClient, Script]):
         if self._slots is None:
             self._slots = Slots(self)
         return self._slots
-
-    @property
-    def pushes(self) -> Pushes | None:
-        """Holds pushed with their message, for a broker here (None: Cluster, or replicas)."""
-        if self._pushes is None and self.replicas is None:
-            server = server_of(self.client)
-            self._pushes = Pushes(self, server) if server else None
-        return self._pushes if self._pushes is not None and self._pushes.usable else None
 
     def holder(self, name: str, *, entry: Record | None = None) -> str | None:
         """The token holding ``name``, or None (with ``entry`` recording reads: a script

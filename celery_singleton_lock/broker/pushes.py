@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
@@ -16,23 +17,25 @@ from typing import NoReturn, Protocol
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from ..errors import is_refusal
-from ..history import Record
-from ..lease import Lease
-from ..names import LockKeys, new_token
-from ..outcomes import Contended, ReleaseResult
-from ..takeover import TakeOver
-from . import recording, scripts
-from .calls import Arg, Pipeline, Response, body
-from .clients import SyncClient
-from .common import REDIS_ERRORS, Call, ScriptArgs
-from .pipelining import Pipelining
-from .servers import Server
+from ..lease.errors import is_refusal
+from ..lease.history import Kind, Record
+from ..lease.lease import Lease
+from ..lease.names import LockKeys, new_token
+from ..lease.outcomes import Contended, ReleaseResult
+from ..lease.redis import recording, scripts
+from ..lease.redis.calls import Arg, Pipeline, Response, body
+from ..lease.redis.clients import SyncClient
+from ..lease.redis.common import REDIS_ERRORS, Call, ScriptArgs
+from ..lease.redis.pipelining import Pipelining
+from ..lease.redis.servers import Server, server_of
+from ..lease.redis.store import RedisLock
+from ..lease.takeover import TakeOver
+from . import ride_scripts
 from .transit import Note, keys_of
 
 
 class _Store(Protocol):
-    """What of a ``RedisLock`` this uses (it builds this: not imported, no cycle)."""
+    """What of a ``RedisLock`` this uses."""
 
     client: SyncClient
     pipelining: Pipelining
@@ -205,8 +208,8 @@ class Pushes:
         self._store = store
         self.server = server  # where the store is: a push must go to the same server
         self.usable = True  # False once the server refused a push (ACL)
-        self._script: Script = store.client.register_script(scripts.HOLD_AND_PUSH)
-        self._swap: Script = store.client.register_script(scripts.SWAP_AND_PUSH)
+        self._script: Script = store.client.register_script(ride_scripts.HOLD_AND_PUSH)
+        self._swap: Script = store.client.register_script(ride_scripts.SWAP_AND_PUSH)
         self._riding: Script = store.client.register_script(scripts.RIDING_ACQUIRE)
         self.riding_sha, self.riding_body = self._riding.sha, body(self._riding)
         self.takes_ride = True  # False once the server refused a riding take
@@ -266,7 +269,7 @@ class Pushes:
         call = self._call(name, ttl, token, replace="")
         keys: list[Arg] = [call.keys.lock, push.key]
         args: list[Arg] = [call.token, call.ttl_ms, push.payload]
-        return self._run(self._script, call, keys, args, push, entry=entry)
+        return self._run(self._script, call, keys, args, push, entry=entry, kind="take")
 
     def swap_and_push(
         self,
@@ -285,7 +288,7 @@ class Pushes:
         call = self._call(name, ttl, token, replace=expected)
         keys: list[Arg] = [call.keys.lock, call.keys.replaced, push.key]
         args: list[Arg] = [expected, call.token, call.ttl_ms, record, push.payload]
-        return self._run(self._swap, call, keys, args, push, entry=entry)
+        return self._run(self._swap, call, keys, args, push, entry=entry, kind="swap")
 
     def _call(self, name: str, ttl: object, token: str, *, replace: str) -> Call:
         """An unfenced hold of ``name`` for ``token`` (a queued message's)."""
@@ -309,6 +312,7 @@ class Pushes:
         push: Push,
         *,
         entry: Record | None,
+        kind: Kind,
     ) -> Lease | Contended:
         """Run a push script: the push's expiry and databases appended to its keys and
         arguments. A push the server refuses (ACL) writes nothing: ``PushRefused``."""
@@ -322,7 +326,7 @@ class Pushes:
         args.extend([self._db(push), expire_ms, self.server.db, spec])
         sent_at = time.monotonic()
         try:
-            reply = store.pipelining.call(script, keys, args, entry=entry)
+            reply = store.pipelining.call(script, keys, args, entry=entry, kind=kind)
         except REDIS_ERRORS as error:
             if is_refusal(error, "NOPERM"):
                 # This user may hold locks but not push to the broker's queue: nothing
@@ -337,9 +341,21 @@ class Pushes:
         return "" if push.db is None or push.db == self.server.db else push.db
 
 
+# Each store's pushes, made at its first use and kept as long as the store (as
+# ``lease.per_store`` keeps a store's helpers): its scripts registered on its client once.
+_MADE: weakref.WeakKeyDictionary[RedisLock, Pushes | None] = weakref.WeakKeyDictionary()
+_UNMADE = object()  # a store not looked at yet (None: it has no pushes)
+
+
 def pushes_of(store: object) -> Pushes | None:
-    """The pushes of ``store`` (``RedisLock.pushes``): one Redis server a broker may
-    share. None for a store in memory, a Redlock (no broker shares N masters), a
-    Cluster, or one that waits for replicas."""
-    found = getattr(store, "pushes", None)
-    return found if isinstance(found, Pushes) else None
+    """The pushes of ``store``: one Redis server a broker may share. None for a store in
+    memory, a Redlock (no broker shares N masters), a Cluster, one that waits for
+    replicas, or one whose server refused a push (``PushRefused``)."""
+    if not isinstance(store, RedisLock) or store.replicas is not None:
+        return None
+    found = _MADE.get(store, _UNMADE)  # one look on every dispatch, receipt and release
+    if found is _UNMADE:
+        server = server_of(store.client)
+        # Two threads may both make one: the first kept wins, so one flag says "refused".
+        found = _MADE.setdefault(store, Pushes(store, server) if server else None)
+    return found if isinstance(found, Pushes) and found.usable else None

@@ -7,7 +7,6 @@ the message (celery/celery#7950), and its hold keeps the key for ``queue_ttl``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,28 +14,28 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ..errors import is_refusal, store_error
-from . import scripts
+from ..lease.errors import is_refusal, store_error
+from . import ride_scripts
 
 if TYPE_CHECKING:
-    from .calls import Arg, Pipeline, Response
+    from ..lease.redis.calls import Arg, Pipeline, Response
 
 # How many keys the notes take, in the order lua/includes/note.lua gives (which says
 # the same to the scripts).
 NOTE_KEYS = 5
 
-# The scripts (lua/: each file says its KEYS, ARGV and replies; the notes' helpers
+# The scripts (broker/lua/: each file says its KEYS, ARGV and replies; the notes' helpers
 # are lua/includes/note.lua, where.lua and forget.lua). Each is sent as EVAL: kombu's
 # key-prefixing client rewrites EVALSHA's first key. A push, on every dispatch, goes by
 # its digest past that rewriting (redis-py's own ``execute_command``), EVAL once the
 # server answers NOSCRIPT: its 1 KiB text is not sent with every message.
-PUSH = scripts.source("push_noted")
-PUSH_SHA = hashlib.sha1(PUSH.encode()).hexdigest()  # noqa: S324  (Redis names scripts so)
-SWEEP = scripts.source("sweep")
-PUSH_AGAIN = scripts.source("push_again")
-FORGET = scripts.source("forget_notes")
-CLEAR = scripts.source("clear_note")
-PURGED = scripts.source("purged")
+PUSH = ride_scripts.PUSH_NOTED
+PUSH_SHA = ride_scripts.digest(PUSH)
+SWEEP = ride_scripts.SWEEP
+PUSH_AGAIN = ride_scripts.PUSH_AGAIN
+FORGET = ride_scripts.FORGET_NOTES
+CLEAR = ride_scripts.CLEAR_NOTE
+PURGED = ride_scripts.PURGED
 
 # Notes looked at per sweep at most: a sweep is one short script, whatever the backlog.
 SWEEP_LIMIT = 200
@@ -97,7 +96,7 @@ class Transit:
         keys = [key, *self.keys, *lists]
         client = self.client
         try:
-            redis.Redis.execute_command(  # type: ignore[no-untyped-call]
+            redis.Redis.execute_command(
                 client, "EVALSHA", PUSH_SHA, len(keys), *keys, payload, ms, note.spec()
             )
         except redis.exceptions.NoScriptError:

@@ -1,30 +1,24 @@
-"""The worker's part in finding lost messages: clear a received one's note, sweep on a timer.
+"""Messages lost in transit, found on the worker's timer and pushed again (``Sweeper``).
 
-A singleton message pushed with its hold is noted in transit (``lease.redis.transit``) until a
-worker records it as unacked (``riders`` clears the note in that pipeline). Workers sweep the
-notes and push again a message lost in between, which kombu's Redis transport loses for good.
+A singleton message pushed with its hold is noted in transit (``broker.transit``) until a
+worker records it as unacked (``worker.receipts`` clears the note in that pipeline). Workers
+sweep the notes and push again a message lost in between, which kombu's transport loses.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..broker import turned_off, versions
-from ..broker.state import Rider
-from ..broker.transport import NOTED_PROPERTY
-from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
-from ..lease import ClearNote, Transit
-from .reservations import reservations
+from . import versions
+from .connection import turned_off
+from .transit import Transit
 
 if TYPE_CHECKING:
     from celery import Celery
-
-    from ..lease import Server
 
 logger = logging.getLogger(__name__)
 
@@ -32,38 +26,9 @@ logger = logging.getLogger(__name__)
 UNACKED_KEY = "unacked"
 
 
-def riders(
-    app: Celery,
-    hostname: str,
-    received: tuple[Mapping[str, object], Mapping[str, object]],
-    server: Server,
-    tag: str,
-) -> list[Rider]:
-    """What rides the pipeline recording a received message (its ``received``
-    headers and properties) as unacked: its take (``Reservations.ride``) where the
-    lock store is the broker's server and ``ride_broker`` allows, and the clearing of
-    its note if it has one (always: a producer configured otherwise may have noted it)."""
-    headers, properties = received
-    task_name = headers.get("task")
-    task = app.tasks.get(task_name) if isinstance(task_name, str) else None
-    if task is None or not is_singleton(task):
-        return []
-    found: list[Rider] = []
-    take = (
-        reservations.ride(app, hostname, headers, server)
-        if task.singleton_context.stores.config.ride_broker
-        else None
-    )
-    if take is not None:
-        found.append(take)
-    if properties.get(NOTED_PROPERTY):
-        found.append(ClearNote(task.singleton_context.store.prefix, tag))
-    return found
-
-
 class Sweeper:
     """Every ``interval`` s on the worker's timer: the notes swept on a connection of
-    its own to the broker (``lease.Transit.sweep``), each hold asked of the lock store.
+    its own to the broker (``broker.transit.Transit.sweep``), each hold asked of the lock store.
 
     A message popped by a worker killed before it recorded it as unacked is pushed again
     ``singleton_lock_transit_timeout`` (``wait``) to twice that after it went missing,

@@ -2,7 +2,7 @@
 the messages a purge threw away, given up.
 
 A message popped by a worker killed before it recorded it is pushed again by the
-workers' sweep (``worker.sweeper``); its note is what that sweep reads.
+workers' sweep (``broker.sweeper``); its note is what that sweep reads.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..broker.connection import publishing
 from ..config.stores import LockStores
-from ..lease import Note, ReleaseResult, Transit, companion
+from ..lease import ReleaseResult, companion
 from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER
-from .dispatch import delay_of
+from .connection import publishing
+from .transit import Note, Transit
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class InTransit:
     """How a singleton call's message is noted in transit as a Redis broker's channel
-    pushes it (``broker.state.NoteSource``, ``lease.redis.transit``): its hold (the lock's name and
+    pushes it (``broker.state.NoteSource``, ``broker.transit``): its hold (the lock's name and
     token; '' when the message has none of its own, as with ``limit``, ``rate`` or a
     throttle's window), for how long it is owed a run, and the wait before it is pushed
     again (0: not noted)."""
@@ -48,9 +48,10 @@ class InTransit:
         context: TaskContext,
         task_id: str,
         own_headers: Mapping[str, object],
-        options: Mapping[str, object],
+        delay: float,
     ) -> InTransit:
-        """For a message of ``task_id`` with the library's headers ``own_headers``."""
+        """For a message of ``task_id`` with the library's headers ``own_headers``, due
+        ``delay`` seconds from now (its countdown or ETA: its hold outlives the wait)."""
         name, token, role = (
             own_headers.get(NAME_HEADER),
             own_headers.get(TOKEN_HEADER),
@@ -60,7 +61,7 @@ class InTransit:
         if isinstance(name, str) and isinstance(token, str) and token:
             hold = companion(name, role) if isinstance(role, str) and role else name
             held = token
-        ttl = context.queue_ttl + delay_of(options)
+        ttl = context.queue_ttl + delay
         return cls(task_id, hold, held, ttl, cls.wait_of(context), context.store.prefix)
 
     @staticmethod

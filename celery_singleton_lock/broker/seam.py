@@ -1,0 +1,149 @@
+"""The one seam between the core and the broker ride: what the core asks, chosen once an app.
+
+The core asks ``trips_of(app)`` for a held call's publish, a received message's take and a
+run's release. An app that rides answers with ``BrokerRide``; otherwise (the ride off, kombu
+outside the tested range) ``OwnTrips`` answers: every one is a round trip of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Protocol
+
+from ..config.stores import LockStores
+from ..outages import release_or_warn
+from . import versions
+from .pushes import Pushes, RidingTake, pushes_of
+from .results import release_with_result
+from .transport import may_ride
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+    from celery.app.task import Context
+
+    from ..context import TaskContext
+    from ..lease import Lease, Server, TakeOver
+    from ..lease.history import Record
+
+
+class LockTrips(Protocol):
+    """What the core asks of the ride: each answer rides a round trip the broker or the
+    result backend makes anyway, or says the lock store's own call is the way."""
+
+    def publish_held(self, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
+        """The pushes a held call's hold may ride (its channel decides at the push);
+        None: the hold takes a round trip of its own (``publish.dispatch.Gate``)."""
+
+    def take_on_receipt(
+        self,
+        context: TaskContext,
+        server: Server,
+        name: str,
+        *,
+        token: str,
+        take: TakeOver,
+        entry: Record | None,
+    ) -> RidingTake | None:
+        """The take of a message being received, to ride the pipeline that records it
+        as unacked on ``server``; None: the reservation takes on its own round trip."""
+
+    def release_at_end(
+        self, task: Task, request: Context, context: TaskContext, lease: Lease, *, ride: bool
+    ) -> None:
+        """A run's lease at its end: with its result's write, or sent now; eagerly, waited
+        for. ``ride=False``: sent now (the result is written already). The lock's
+        history, if kept, records it there too."""
+
+
+class OwnTrips:
+    """Nothing rides: each lock operation is the lock store's own call."""
+
+    def publish_held(self, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
+        return None
+
+    def take_on_receipt(
+        self,
+        context: TaskContext,
+        server: Server,
+        name: str,
+        *,
+        token: str,
+        take: TakeOver,
+        entry: Record | None,
+    ) -> RidingTake | None:
+        return None
+
+    def release_at_end(
+        self, task: Task, request: Context, context: TaskContext, lease: Lease, *, ride: bool
+    ) -> None:
+        store = context.store
+        # Another holder by then: the lease was lost; nobody: it had expired.
+        ended = "cancelled" if lease.cancelled else "released"
+        record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
+        if request.is_eager:
+            release_or_warn(partial(store.release, entry=record), lease)
+        elif not (ride and self.carried(task, request, context, lease, record)):
+            release_or_warn(partial(store.release_nowait, entry=record), lease)
+
+    def carried(
+        self, task: Task, request: Context, context: TaskContext, lease: Lease, entry: Record | None
+    ) -> bool:
+        """Whether the write of ``request``'s result carries ``lease``'s release: never."""
+        return False
+
+
+class BrokerRide(OwnTrips):
+    """An app that rides (``broker.install``): an operation rides where the lock store is
+    the broker's (or the result backend's) server, else it is the store's own call."""
+
+    def publish_held(self, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
+        """Eagerly nothing is published; ``connection=`` makes Celery use its own
+        producer; a broker on another server pushes no hold (said by its URL, before a
+        producer is taken to ask its channel)."""
+        pushes = pushes_of(context.store)
+        if pushes is None:
+            return None
+        if context.app.conf.task_always_eager or options.get("connection") is not None:
+            return None
+        return pushes if may_ride(context.stores.config.broker_url, pushes.server) else None
+
+    def take_on_receipt(
+        self,
+        context: TaskContext,
+        server: Server,
+        name: str,
+        *,
+        token: str,
+        take: TakeOver,
+        entry: Record | None,
+    ) -> RidingTake | None:
+        """Rides where the lock store is ``server`` as the same ACL user."""
+        pushes = pushes_of(context.store)
+        if pushes is None or not pushes.server.same_user(server):
+            return None
+        return pushes.riding_take(name, context.ttl, token=token, take=take, entry=entry)
+
+    def carried(
+        self, task: Task, request: Context, context: TaskContext, lease: Lease, entry: Record | None
+    ) -> bool:
+        """Whether the write of ``request``'s result carries ``lease``'s release
+        (``results.release_with_result``)."""
+        return release_with_result(task, request, context, lease, entry)
+
+
+# Stateless: what an app rides is in its own ``AppRide``; these only choose the way.
+OWN_TRIPS = OwnTrips()
+BROKER_RIDE = BrokerRide()
+
+
+def trips_of(app: Celery) -> LockTrips:
+    """The way ``app``'s lock operations go: ``BrokerRide`` where ``broker.install`` takes
+    (``singleton_lock_ride_broker`` on, kombu and Celery inside ``versions.TESTED``), else
+    ``OwnTrips``. Both are fixed for the process and the app's settings: chosen once."""
+    if not versions.TESTED_HERE or not LockStores.for_app(app).config.ride_broker:
+        return OWN_TRIPS
+    return BROKER_RIDE
+
+
+__all__ = ["BROKER_RIDE", "OWN_TRIPS", "BrokerRide", "LockTrips", "OwnTrips", "trips_of"]

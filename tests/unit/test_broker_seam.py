@@ -1,0 +1,70 @@
+"""The one seam the core asks of the broker ride (``broker.seam``): chosen once an app, and,
+where nothing rides, each lock operation the lock store's own call. No server: the lock
+store is in memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.app.task import Context
+
+from celery_singleton_lock import singleton_task
+from celery_singleton_lock.broker import versions
+from celery_singleton_lock.broker.seam import BROKER_RIDE, OWN_TRIPS, trips_of
+from celery_singleton_lock.context import TaskContext
+from celery_singleton_lock.lease import HOLD, Lease, Server
+
+SERVER = Server(("127.0.0.1", 6379), 0)
+
+
+def app_with(**settings: Any) -> Celery:
+    app = Celery("seam", set_as_current=False)
+    app.conf.update(broker_url="memory://", singleton_lock_url="memory://", **settings)
+    return app
+
+
+def job(x: int) -> int:
+    return x
+
+
+def context_of(app: Celery) -> TaskContext:
+    task = singleton_task(app=app, name="seam.job", shared=False)(job)
+    context: TaskContext = task.singleton_context
+    return context
+
+
+class TestChoice:
+    @pytest.mark.skipif(not versions.TESTED_HERE, reason="kombu or Celery outside the range")
+    def test_an_app_that_rides_is_answered_by_the_broker_ride(self) -> None:
+        assert trips_of(app_with()) is BROKER_RIDE
+
+    def test_an_app_with_the_ride_off_takes_round_trips_of_its_own(self) -> None:
+        assert trips_of(app_with(singleton_lock_ride_broker=False)) is OWN_TRIPS
+
+
+class TestOwnTrips:
+    def test_nothing_rides_a_publish_or_a_receipt(self) -> None:
+        context = context_of(app_with())
+        assert OWN_TRIPS.publish_held(context, {}) is None
+        taken = OWN_TRIPS.take_on_receipt(context, SERVER, "k", token="t", take=HOLD, entry=None)
+        assert taken is None
+
+    def test_a_run_s_release_is_the_store_s_own_call(self) -> None:
+        app = app_with()
+        task = singleton_task(app=app, name="seam.job", shared=False)(job)
+        context = task.singleton_context
+        lease = context.store.try_acquire("k", 30)
+        assert isinstance(lease, Lease)
+        request = Context(id="run-1", is_eager=False, callbacks=None, chain=None, chord=None)
+        OWN_TRIPS.release_at_end(task, request, context, lease, ride=True)
+        assert context.store.holder("k") is None
+
+
+class TestBrokerRide:
+    def test_a_store_no_broker_shares_rides_nothing(self) -> None:
+        context = context_of(app_with())
+        assert BROKER_RIDE.publish_held(context, {}) is None
+        taken = BROKER_RIDE.take_on_receipt(context, SERVER, "k", token="t", take=HOLD, entry=None)
+        assert taken is None
