@@ -185,13 +185,10 @@ class SingletonOptions:
     @cached_property
     def mode(self) -> Mode:
         """The lock type these options choose: what each stage of a call does."""
-        mode = _mode(
-            self.lock, self.throttle, self.limit, self.debounce, self.max_wait, self.on_duplicate
-        )
-        if isinstance(mode, Cancel):
-            mode.terminate = self.terminate_on_cancel
-        if isinstance(mode, Limit) and self.total_limit is not None:
-            mode.total = Total(f"{self.key.name}#total", self.total_limit)
+        total = None
+        if self.total_limit is not None:
+            total = Total(f"{self.key.name}#total", self.total_limit)
+        mode = _mode(self, total)
         mode.reopen_on = self.reopen_on
         return mode if self.rate is None else Rated(mode, self.rate)
 
@@ -201,23 +198,20 @@ class SingletonOptions:
         return self.mode.hold_role
 
 
-def _mode(  # noqa: PLR0911, PLR0917  (one return per lock type, chosen by reconciled options)
-    lock: str,
-    throttle: float | None,
-    limit: int | None,
-    debounce: float | None,
-    max_wait: float | None,
-    on_duplicate: str,
+def _mode(  # noqa: PLR0911  (one return per lock type, chosen by reconciled options)
+    options: SingletonOptions,
+    total: Total | None,
 ) -> Mode:
     """The one place options become a lock type; nothing after it branches on them."""
-    if limit is not None:
-        return Limit(limit)
-    if throttle is not None:
-        return Throttle(throttle)
-    if debounce is not None:
-        return Debounce(debounce, max_wait)
+    lock, on_duplicate = options.lock, options.on_duplicate
+    if options.limit is not None:
+        return Limit(options.limit, total)
+    if options.throttle is not None:
+        return Throttle(options.throttle)
+    if options.debounce is not None:
+        return Debounce(options.debounce, options.max_wait)
     if on_duplicate == "cancel":
-        return Cancel(terminate=False)
+        return Cancel(terminate=options.terminate_on_cancel)
     if on_duplicate == "replace":
         return Replace(pending=lock == "until_executing")
     if lock == "until_executing":

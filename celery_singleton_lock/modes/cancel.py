@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from ..exceptions import ConfigurationError
 from ..lease import Lease, companion
-from .base import Holder, Start
+from .base import PENDING, Holder, Start
 from .replace import Replace
 
 # How often a run's renewal looks for a newer call: the longest a cancelled run goes on
@@ -72,7 +72,7 @@ class Cancel(Replace):
         self.terminate = terminate
 
     def running(self, lease: Lease, start: Start) -> None:
-        lease.yield_to(companion(start.name, "pending"), CANCEL_CHECK)
+        lease.yield_to(companion(start.name, PENDING), CANCEL_CHECK)
 
     def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
         hold, running = held.get(self.hold_role), held.get(None)
