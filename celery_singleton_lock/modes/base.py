@@ -324,6 +324,14 @@ class Mode:
         """The locks a running copy holds as another worker would see them (test helpers)."""
         return self.running_names(name)
 
+    # -- what an operator sees (``celery singleton``) --------------------------------------
+
+    @classmethod
+    def shows(cls, role: str | None, state: str) -> str | None:
+        """How an operator sees the holder of a lock this mode writes beside a key
+        (``role``), whose token says ``state``; None: not this mode's to say."""
+        return None
+
     # -- what a new call would meet now (``celery singleton show``) ----------------------
 
     def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:

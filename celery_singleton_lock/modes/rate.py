@@ -41,6 +41,8 @@ HELD_COMES_ROUND = 3600.0
 # An eager call waits for its slot wherever it is (the caller waits): up to a day.
 EAGER_NEAR = 86400.0
 ON_LIMITED = ("defer", "delay", "raise")
+# The role a key's rate is listed under (``lease.redis.inventory``): ``{N}:rate``.
+RATE_ROLE = "rate"
 # What a call refused because its key is paused is told to wait (``retry_after``): the
 # pause has no end known in advance.
 PAUSED_RETRY = 1.0
@@ -363,6 +365,13 @@ class Rated(Mode):
 
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         return self.inner.take_waiting(start, waiting, timeout)
+
+    # -- what an operator sees ----------------------------------------------------------
+
+    @classmethod
+    def shows(cls, role: str | None, state: str) -> str | None:
+        # The rate key holds the next run's arrival time: no call's.
+        return "limited" if role == RATE_ROLE else None
 
     # -- end ----------------------------------------------------------------------------
 

@@ -26,3 +26,9 @@ class UntilExecuting(Mode):
 
     def refused_because(self) -> str:
         return "is already queued"
+
+    @classmethod
+    def shows(cls, role: str | None, state: str) -> str | None:
+        if role == PENDING and state == "running":
+            return "reserved"  # an execution waiting for the key keeps its call's place
+        return None
