@@ -19,30 +19,12 @@ CANCEL_CHECK = 0.25
 
 
 def cancel_options(name: str, raw: Mapping[str, object], on_duplicate: str) -> bool:
-    """``on_duplicate="cancel"`` and what it cannot be combined with, checked when the
-    task is decorated; whether a cancelled prefork child is terminated."""
+    """Whether a cancelled prefork child is terminated (``terminate_on_cancel``, checked
+    when the task is decorated; what it cannot go with: ``config.contradictions``)."""
     terminate = raw.get("terminate_on_cancel", False)
     if not isinstance(terminate, bool):
         raise ConfigurationError(f"{name}: terminate_on_cancel={terminate!r} must be True or False")
-    if on_duplicate != "cancel":
-        if terminate:
-            raise ConfigurationError(
-                f"{name}: terminate_on_cancel without on_duplicate='cancel': nothing cancels "
-                "a run; write on_duplicate='cancel' with it, or drop it"
-            )
-        return False
-    clashes = [option for option in ("throttle", "reopen_on") if option in raw]
-    if raw.get("lock", "until_executing") != "until_executing":
-        clashes.append(f"lock={raw['lock']!r}")
-    if raw.get("dedupe", True) is not True:
-        clashes.append(f"dedupe={raw['dedupe']!r}")
-    if clashes:
-        raise ConfigurationError(
-            f"{name}: on_duplicate='cancel' with {', '.join(clashes)}: cancel keeps one run "
-            "and one pending call per key (the pending call cancels the run); drop "
-            f"{', '.join(clashes)}"
-        )
-    return terminate
+    return terminate and on_duplicate == "cancel"
 
 
 class Cancel(Replace):
