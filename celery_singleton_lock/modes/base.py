@@ -176,6 +176,12 @@ class Mode:
         return PublishHold(self._held_lock(name), ttl, token, headers)
 
     @property
+    def overridable(self) -> bool:
+        """Whether an operator may change this mode's limits or pause its keys (``celery
+        singleton limits set``): only then is an override looked up (a limit's, a rate's)."""
+        return False
+
+    @property
     def asks_at_publish(self) -> bool:
         """Whether ``slot_at_publish`` asks the lock store (a rate's ``"delay"`` or
         ``"raise"``): only then is an operator's override looked up at dispatch."""

@@ -273,6 +273,10 @@ class Rated(Mode):
     # -- publish ----------------------------------------------------------------------
 
     @property
+    def overridable(self) -> bool:
+        return True
+
+    @property
     def asks_at_publish(self) -> bool:
         return self.spec.on_limited != "defer"
 
