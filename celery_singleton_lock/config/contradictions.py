@@ -20,7 +20,9 @@ class Given:
     """A task's options as written (``raw``) and as read, for the rows to look at."""
 
     raw: Mapping[str, object]
-    lock: str  # the lock scope they come to (limit=, rate=: while_executing; debounce: ...)
+    # The lock scope they come to (limit=, rate=: while_executing; debounce, cancel:
+    # until_executing).
+    lock: str
     on_duplicate: str  # the answer they come to (debounce: replace)
     throttle: float | None
     limit: int | None  # as written (limit=1 too)
