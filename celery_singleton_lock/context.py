@@ -85,7 +85,7 @@ class TaskContext:
         or a limit has one; read at most every ``overrides.REFRESH`` seconds (``fresh``:
         now)."""
         options = self.options
-        if options.rate is None and options.limit is None:
+        if not options.mode.overridable:
             return None
         try:
             overrides = overrides_of(self.store)

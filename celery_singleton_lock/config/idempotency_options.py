@@ -66,7 +66,7 @@ class Idempotency:
 
 def idempotency_option(task: str, value: object, spec: KeySpec, refused: str | None) -> Idempotency:
     """``singleton={"idempotency": value}`` checked; ``refused``: why this task's mode
-    cannot take keys, said now if the task asks for them."""
+    cannot take keys (``contradictions.idempotency_refused``), said at a call with one."""
     if value is None or value is False:
         return Idempotency(refused=refused)
     if value is True:
@@ -81,8 +81,6 @@ def idempotency_option(task: str, value: object, spec: KeySpec, refused: str | N
         raise ConfigurationError(
             f"{task}: idempotency option(s) {unknown} unknown; allowed: {list(IDEMPOTENCY_OPTIONS)}"
         )
-    if refused is not None:
-        raise ConfigurationError(f"{task}: idempotency {refused}")
     window = ttl_to_ms(  # a record, not a lease: nothing waits on it, it may outlast a day
         value.get("window", DEFAULT_WINDOW), what=f"{task}: idempotency window", allow_long=True
     )
@@ -99,27 +97,6 @@ def idempotency_option(task: str, value: object, spec: KeySpec, refused: str | N
         if not source.startswith(HEADER):
             spec.check_parameter(source, f"idempotency key_from={source!r}")
     return Idempotency(window / 1000, keep, source, given=True)
-
-
-def refused_by_mode(on_duplicate: str, debounce: float | None, limit: int | None) -> str | None:
-    """Why a mode cannot take idempotency keys (None: it can).
-
-    A key promises the first call's answer to every repeat; these modes let a newer
-    call replace or cancel an older one, or run beside it.
-    """
-    if debounce is not None or on_duplicate in ("replace", "cancel"):
-        how = "debounce" if debounce is not None else f"on_duplicate={on_duplicate!r}"
-        return (
-            f"cannot be used with {how}: a newer call replaces or cancels the first, so a "
-            "repeat could not get the first call's answer; use the default lock scope "
-            "(or throttle, rate) with idempotency keys"
-        )
-    if limit is not None and limit > 1:
-        return (
-            f"cannot be used with limit={limit}: a copy of a call could run beside it; use "
-            "the default lock scope (or rate=) with idempotency keys"
-        )
-    return None
 
 
 def warn_if_results_are_short(

@@ -27,12 +27,8 @@ from ..modes import (
     cancel_options,
 )
 from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
-from .idempotency_options import (
-    IDEMPOTENCY_OPTIONS,
-    Idempotency,
-    idempotency_option,
-    refused_by_mode,
-)
+from .contradictions import Given, check, idempotency_refused
+from .idempotency_options import IDEMPOTENCY_OPTIONS, Idempotency, idempotency_option
 from .incumbents import FOREIGN_OPTIONS, explain_unknown
 from .limit_options import (
     limit_option,
@@ -134,33 +130,37 @@ class SingletonOptions:
             lock = _lock_scope(name, raw)
         if debounce is not None:
             lock = "until_executing"  # a run starts a new burst: the next call queues
-        throttle = raw.get("throttle")
-        if throttle is not None:
-            throttle = _seconds(throttle, f"{name}: throttle")
-            if "lock" in raw or "dedupe" in raw:
-                given = f"lock={raw['lock']!r}" if "lock" in raw else f"dedupe={raw['dedupe']!r}"
-                raise ConfigurationError(
-                    f"{name}: throttle with {given}: throttle decides which calls are "
-                    "accepted (one per window) and execution stays exclusive; write "
-                    "throttle=... alone, or a lock scope without throttle"
-                )
+        throttle = _seconds(raw.get("throttle"), f"{name}: throttle")
         on_duplicate = on_duplicate_option(raw.get("on_duplicate", "return"))
-        _check_dispatch_answer(name, raw, lock)
         if debounce is not None:
             on_duplicate = "replace"  # the latest arguments of a burst win
         terminate = cancel_options(name, raw, on_duplicate)
         if on_duplicate == "cancel":
             lock = "until_executing"  # the newest call waits, pending, for the one it cancels
-        if on_duplicate == "replace" and (lock == "while_executing" or throttle is not None):
-            given = "throttle" if throttle is not None else "lock='while_executing'"
-            raise ConfigurationError(
-                f"{name}: on_duplicate='replace' with {given}: replace swaps the arguments "
-                "of a queued call, and this mode queues every call (or none); use "
-                "lock='until_executing' or the default lock scope with replace"
-            )
         key = KeySpec(func, name=name, key=raw.get("key"), bound=bound)
-        refused = refused_by_mode(on_duplicate, debounce, limit)
-        total_limit = total_limit_option(name, raw, limit)
+        refused = idempotency_refused(on_duplicate, debounce, limit)
+        total_limit = total_limit_option(name, raw)
+        on_contention = contention_policy(raw.get("on_contention", "requeue"))
+        ttl = _seconds(raw.get("ttl"), f"{name}: ttl")
+        queue_ttl = _seconds(raw.get("queue_ttl"), f"{name}: queue_ttl")
+        reopen_on = _reopen_on(name, raw)
+        max_pending = max_pending_option(name, raw)
+        history = _history_option(name, raw.get("history"))
+        idempotency = idempotency_option(name, raw.get("idempotency"), key, refused)
+        given = Given(
+            raw=raw,
+            lock=lock,
+            on_duplicate=on_duplicate,
+            throttle=throttle,
+            limit=limit,
+            debounce=debounce,
+            max_wait=max_wait,
+            total_limit=total_limit,
+            reopen_on=reopen_on,
+            max_pending=max_pending,
+            idempotency=refused if idempotency.given else None,
+        )
+        check(name, given)  # what cannot go together, with what to write instead
         return cls(
             key=key,
             lock=lock,
@@ -169,29 +169,26 @@ class SingletonOptions:
             debounce=debounce,
             max_wait=max_wait,
             on_duplicate=on_duplicate,
-            on_contention=contention_policy(raw.get("on_contention", "requeue")),
-            ttl=_seconds(raw.get("ttl"), f"{name}: ttl"),
-            queue_ttl=_seconds(raw.get("queue_ttl"), f"{name}: queue_ttl"),
+            on_contention=on_contention,
+            ttl=ttl,
+            queue_ttl=queue_ttl,
             dedupe=lock != "while_executing",
-            reopen_on=_reopen_on(name, raw, lock, throttle, on_duplicate),
+            reopen_on=reopen_on,
             rate=rate,
-            max_pending=max_pending_option(name, raw, lock),
+            max_pending=max_pending,
             total_limit=total_limit,
             terminate_on_cancel=terminate,
-            history=_history_option(name, raw.get("history")),
-            idempotency=idempotency_option(name, raw.get("idempotency"), key, refused),
+            history=history,
+            idempotency=idempotency,
         )
 
     @cached_property
     def mode(self) -> Mode:
         """The lock type these options choose: what each stage of a call does."""
-        mode = _mode(
-            self.lock, self.throttle, self.limit, self.debounce, self.max_wait, self.on_duplicate
-        )
-        if isinstance(mode, Cancel):
-            mode.terminate = self.terminate_on_cancel
-        if isinstance(mode, Limit) and self.total_limit is not None:
-            mode.total = Total(f"{self.key.name}#total", self.total_limit)
+        total = None
+        if self.total_limit is not None:
+            total = Total(f"{self.key.name}#total", self.total_limit)
+        mode = _mode(self, total)
         mode.reopen_on = self.reopen_on
         return mode if self.rate is None else Rated(mode, self.rate)
 
@@ -201,23 +198,20 @@ class SingletonOptions:
         return self.mode.hold_role
 
 
-def _mode(  # noqa: PLR0911, PLR0917  (one return per lock type, chosen by reconciled options)
-    lock: str,
-    throttle: float | None,
-    limit: int | None,
-    debounce: float | None,
-    max_wait: float | None,
-    on_duplicate: str,
+def _mode(  # noqa: PLR0911  (one return per lock type, chosen by reconciled options)
+    options: SingletonOptions,
+    total: Total | None,
 ) -> Mode:
     """The one place options become a lock type; nothing after it branches on them."""
-    if limit is not None:
-        return Limit(limit)
-    if throttle is not None:
-        return Throttle(throttle)
-    if debounce is not None:
-        return Debounce(debounce, max_wait)
+    lock, on_duplicate = options.lock, options.on_duplicate
+    if options.limit is not None:
+        return Limit(options.limit, total)
+    if options.throttle is not None:
+        return Throttle(options.throttle)
+    if options.debounce is not None:
+        return Debounce(options.debounce, options.max_wait)
     if on_duplicate == "cancel":
-        return Cancel(terminate=False)
+        return Cancel(terminate=options.terminate_on_cancel)
     if on_duplicate == "replace":
         return Replace(pending=lock == "until_executing")
     if lock == "until_executing":
@@ -225,9 +219,7 @@ def _mode(  # noqa: PLR0911, PLR0917  (one return per lock type, chosen by recon
     return WhileExecuting() if lock == "while_executing" else UntilExecuted()
 
 
-def _reopen_on(
-    name: str, raw: Mapping[str, object], lock: str, throttle: float | None, on_duplicate: str
-) -> frozenset[str]:
+def _reopen_on(name: str, raw: Mapping[str, object]) -> frozenset[str]:
     value = raw.get("reopen_on", ())
     ends = (value,) if isinstance(value, str) else value
     if not isinstance(ends, Iterable) or not all(isinstance(e, str) for e in ends):
@@ -240,12 +232,6 @@ def _reopen_on(
         raise ConfigurationError(
             f"{name}: reopen_on={value!r}: {unknown} is not a run end; choose from "
             f"{list(REOPEN_ENDS)}"
-        )
-    if chosen and throttle is None and (lock != "until_executed" or on_duplicate == "replace"):
-        raise ConfigurationError(
-            f"{name}: reopen_on={value!r} applies to throttle=... and to the default "
-            "lock='until_executed' (which holds the key through a failed run's retry); the "
-            "other modes free the key as a run starts or ends already: drop reopen_on"
         )
     return chosen
 
@@ -312,47 +298,10 @@ def refuse_call_options(task: str, options: Mapping[str, object]) -> None:
 
 
 def _debounce(name: str, raw: Mapping[str, object]) -> tuple[float | None, float | None]:
-    """``debounce=`` and ``max_wait=`` in seconds, with what they cannot be combined with."""
+    """``debounce=`` and ``max_wait=`` in seconds."""
     debounce = _seconds(raw.get("debounce"), f"{name}: debounce")
     max_wait = _seconds(raw.get("max_wait"), f"{name}: max_wait")
-    if debounce is None:
-        if max_wait is not None:
-            raise ConfigurationError(
-                f"{name}: max_wait without debounce: max_wait bounds how long a debounce "
-                "postpones a run; write debounce=... with it, or drop max_wait"
-            )
-        return None, None
-    if max_wait is not None and max_wait < debounce:
-        raise ConfigurationError(
-            f"{name}: max_wait={max_wait:g} is below debounce={debounce:g}: a run could "
-            "never wait for a quiet spell; make max_wait at least the debounce"
-        )
-    clashes = [option for option in ("throttle", "lock", "dedupe") if option in raw]
-    if raw.get("on_duplicate", "replace") != "replace":
-        clashes.append(f"on_duplicate={raw['on_duplicate']!r}")
-    if clashes:
-        raise ConfigurationError(
-            f"{name}: debounce with {', '.join(clashes)}: debounce already decides the "
-            "second call (it replaces the pending call's arguments and postpones it); "
-            f"drop {', '.join(clashes)}"
-        )
     return debounce, max_wait
-
-
-def _check_dispatch_answer(name: str, raw: Mapping[str, object], lock: str) -> None:
-    """``on_duplicate`` answers a duplicate at dispatch: ``lock='while_executing'`` sends
-    every call, so an answer given there would never be used (replace and cancel say
-    so themselves)."""
-    answer = raw.get("on_duplicate")
-    if lock != "while_executing" or answer is None or answer in ("replace", "cancel"):
-        return
-    given = "dedupe=False" if "lock" not in raw else "lock='while_executing'"
-    raise ConfigurationError(
-        f"{name}: on_duplicate={answer!r} with {given}: this lock scope checks nothing at "
-        "dispatch (every call is sent; a copy meets on_contention when it runs), so "
-        f"on_duplicate={answer!r} would never apply; drop on_duplicate, or use the default "
-        "lock='until_executed' (or lock='until_executing') to answer a duplicate at dispatch"
-    )
 
 
 def _lock_scope(name: str, raw: Mapping[str, object]) -> str:
@@ -367,12 +316,7 @@ def _lock_scope(name: str, raw: Mapping[str, object]) -> str:
         raise ConfigurationError(
             f"{name}: lock={lock!r} is not a lock scope; use one of {list(LOCK_SCOPES)}"
         )
-    if "dedupe" in raw and dedupe != (lock != "while_executing"):
-        raise ConfigurationError(
-            f"{name}: lock={lock!r} with dedupe={dedupe!r} contradict each other "
-            "(dedupe=False is lock='while_executing'); write lock= alone"
-        )
-    return str(lock)
+    return str(lock)  # with a dedupe= that says otherwise: ``contradictions``
 
 
 def _seconds(value: object, what: str) -> float | None:

@@ -20,7 +20,7 @@ from ..lease import LockStore, ReleaseResult
 from ..lease.history import Record
 from ..lease.limits.rates import budget
 from ..lease.names import Held
-from ..modes import RateSpec
+from ..modes import RateSpec, shown_state
 from ..tokens import read_token
 from .lock_history import lock_name_of
 
@@ -138,22 +138,18 @@ def rows(held: Iterable[Held], names: TaskNames, now: float | None = None) -> It
     now = time.time() if now is None else now
     for item in held:
         holder = read_token(item.token)
-        state = holder.state or "held"
+        state = shown_state(item.role, holder.state or "held")  # as its mode shows it
         task = names.of(item.name)
         remaining = next_slot = None
-        if item.role == "throttle":
-            state = "throttled"
-        elif item.role == "rate":
-            state = "limited"
+        limited = state == "limited"  # a rate's key: its budget, and no call's task id
+        if limited:
             remaining, next_slot = names.budget(task, item.ttl)
-        elif item.role == "pending" and state == "running":
-            state = "reserved"  # an execution waiting for the key keeps its call's place
         shown = item.name if item.role is None else f"{item.name} [{item.role}]"
         yield LockRow(
             name=shown,
             key=item.key,
             task=task,
-            task_id=None if item.role == "rate" else holder.task_id,
+            task_id=None if limited else holder.task_id,
             state=state,
             worker=holder.worker,
             pid=holder.pid,

@@ -11,6 +11,20 @@ from .until_executed import UntilExecuted
 from .until_executing import UntilExecuting
 from .while_executing import WhileExecuting
 
+# The modes that write a lock beside a key, each asked how its holder shows (``Mode.shows``).
+_BESIDE_THE_KEY: tuple[type[Mode], ...] = (UntilExecuting, Throttle, Rated)
+
+
+def shown_state(role: str | None, state: str) -> str:
+    """How an operator sees the holder of a lock of ``role`` (None: a key's own) whose
+    token says ``state``: as the mode that writes that role says, else as ``state``."""
+    for mode in _BESIDE_THE_KEY:
+        shown = mode.shows(role, state)
+        if shown is not None:
+            return shown
+    return state
+
+
 __all__ = [
     "Cancel",
     "Debounce",
@@ -29,4 +43,5 @@ __all__ = [
     "UntilExecuting",
     "WhileExecuting",
     "cancel_options",
+    "shown_state",
 ]

@@ -7,7 +7,7 @@ nothing else branches on the options that chose it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
 # One call's arguments: positional and keyword, as the task receives them.
 Call = tuple[Sequence[object], Mapping[str, object]]
+# Where a pending call's hold lives beside its key (the ``HOLD_HEADER`` of its message).
+PENDING = "pending"
+
+
+class Answer(Protocol):
+    """How a dispatch refused by ``held`` is answered: a result, or an error raised."""
+
+    def __call__(self, held: Contended) -> AsyncResult: ...
 
 
 class Publish(Protocol):
@@ -72,6 +80,20 @@ class Replacing:
     ttl: float
     options: dict[str, object]
     headers: dict[str, object]  # the library's own
+
+
+@dataclass(frozen=True)
+class WaitingHold:
+    """The hold beside the key an execution keeps while it waits for the key, and passes
+    to its requeued message (``run.holds.PendingHold``): a pending call's.
+
+    ``offered``: later calls replace this call's arguments, so the execution claims the
+    hold before it takes the key (no later call can replace it past that point) and runs
+    with the arguments a later call left for it meanwhile.
+    """
+
+    role: str
+    offered: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,9 +148,6 @@ class Mode:
     checks_dispatch: bool = True
     # publish: where the hold lives beside the key (None: on the key itself)
     hold_role: str | None = None
-    # publish: a refused call replaces the queued call's arguments (``replace.py``);
-    # start: a replaced message is dropped quietly
-    replaces: bool = False
     # end: the ends of a run ("failure", "revoked") after which the key takes the next
     # call at once (``reopen_on``; the options allow it where it changes something)
     reopen_on: frozenset[str] = frozenset()
@@ -157,6 +176,12 @@ class Mode:
         return PublishHold(self._held_lock(name), ttl, token, headers)
 
     @property
+    def overridable(self) -> bool:
+        """Whether an operator may change this mode's limits or pause its keys (``celery
+        singleton limits set``): only then is an override looked up (a limit's, a rate's)."""
+        return False
+
+    @property
     def asks_at_publish(self) -> bool:
         """Whether ``slot_at_publish`` asks the lock store (a rate's ``"delay"`` or
         ``"raise"``): only then is an operator's override looked up at dispatch."""
@@ -177,6 +202,24 @@ class Mode:
         """The lock a dispatch of ``name`` holds (None: it holds none)."""
         return self._held_lock(name) if self.checks_dispatch else None
 
+    def answered_by(self, name: str) -> str | None:
+        """The lock whose holder answers a duplicate dispatch of ``name`` with one read,
+        before anything of it is built; None: none does (no hold, or the answer is a swap
+        asked as the message is sent, ``replace.py``)."""
+        return self.hold_name(name)
+
+    def answer_refused(self, duplicate: Answer, replacement: Callable[[], Answer]) -> Answer:
+        """How a dispatch refused by a holder is answered: as a ``duplicate`` (the holder's
+        result, or ``DuplicateTaskError``). A replacing mode swaps the call's arguments
+        into the queued call instead (``replacement``, built only then)."""
+        return duplicate
+
+    def successor(
+        self, queued_id: str, holder: str, options: dict[str, object], ttl: float, queue_ttl: float
+    ) -> tuple[str, float, dict[str, object]]:
+        """(token, hold ttl, publish options) of a message replacing ``holder``'s."""
+        return queued_token(queued_id), ttl, options
+
     def _held_lock(self, name: str) -> str:
         return name if self.hold_role is None else companion(name, self.hold_role)
 
@@ -188,7 +231,17 @@ class Mode:
         it to the run, which then starts without a round trip of its own: a start that
         takes over the message's hold on the key and looks at nothing else. A replaced
         message, a hold beside the key, or a slot must be looked at when the run starts."""
-        return self.checks_dispatch and self.hold_role is None and not self.replaces
+        return self.checks_dispatch and self.hold_role is None
+
+    def unless_replaced(self, queued: str | None) -> str | None:
+        """The message's queued hold where a later call may have replaced it: a take never
+        takes the key over from the hold of that call (None: no call replaces another)."""
+        return None
+
+    def waiting_hold(self, role: str | None) -> WaitingHold | None:
+        """What the message's hold beside the key (its ``HOLD_HEADER``, ``role``) is to its
+        execution: a pending call's hold, kept while it waits (None: nothing to keep)."""
+        return WaitingHold(role) if role == PENDING else None
 
     # -- start (the pool child) -----------------------------------------------------------
 
@@ -215,7 +268,7 @@ class Mode:
         """Try once for the running lease: the key, taking over the message's own hold
         on it (queued, or reserved by the worker that received it)."""
         # A replaced message must not run even once the key is free again.
-        unless = start.queued if self.replaces and not start.role else None
+        unless = None if start.role else self.unless_replaced(start.queued)
         return start.store.try_acquire(
             start.name,
             start.ttl,
@@ -223,6 +276,11 @@ class Mode:
             take=start.take_over(unless_replaced=unless),
             entry=start.entry,
         )
+
+    def replaced(self, held: Contended, start: Start, task_id: str) -> bool:
+        """Whether the message of ``task_id`` whose take met ``held`` was replaced by a
+        later call (it is then dropped quietly; none is here)."""
+        return False
 
     def running(self, lease: Lease, start: Start) -> None:
         """The run holds ``lease`` (its own hold let go), before its renewal starts: what
@@ -271,6 +329,14 @@ class Mode:
     def held_by_a_run(self, name: str) -> list[str]:
         """The locks a running copy holds as another worker would see them (test helpers)."""
         return self.running_names(name)
+
+    # -- what an operator sees (``celery singleton``) --------------------------------------
+
+    @classmethod
+    def shows(cls, role: str | None, state: str) -> str | None:
+        """How an operator sees the holder of a lock this mode writes beside a key
+        (``role``), whose token says ``state``; None: not this mode's to say."""
+        return None
 
     # -- what a new call would meet now (``celery singleton show``) ----------------------
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from ..exceptions import ConfigurationError
 from ..lease import Lease, companion
-from .base import Holder, Start
+from .base import PENDING, Holder, Start
 from .replace import Replace
 
 # How often a run's renewal looks for a newer call: the longest a cancelled run goes on
@@ -19,30 +19,12 @@ CANCEL_CHECK = 0.25
 
 
 def cancel_options(name: str, raw: Mapping[str, object], on_duplicate: str) -> bool:
-    """``on_duplicate="cancel"`` and what it cannot be combined with, checked when the
-    task is decorated; whether a cancelled prefork child is terminated."""
+    """Whether a cancelled prefork child is terminated (``terminate_on_cancel``, checked
+    when the task is decorated; what it cannot go with: ``config.contradictions``)."""
     terminate = raw.get("terminate_on_cancel", False)
     if not isinstance(terminate, bool):
         raise ConfigurationError(f"{name}: terminate_on_cancel={terminate!r} must be True or False")
-    if on_duplicate != "cancel":
-        if terminate:
-            raise ConfigurationError(
-                f"{name}: terminate_on_cancel without on_duplicate='cancel': nothing cancels "
-                "a run; write on_duplicate='cancel' with it, or drop it"
-            )
-        return False
-    clashes = [option for option in ("throttle", "reopen_on") if option in raw]
-    if raw.get("lock", "until_executing") != "until_executing":
-        clashes.append(f"lock={raw['lock']!r}")
-    if raw.get("dedupe", True) is not True:
-        clashes.append(f"dedupe={raw['dedupe']!r}")
-    if clashes:
-        raise ConfigurationError(
-            f"{name}: on_duplicate='cancel' with {', '.join(clashes)}: cancel keeps one run "
-            "and one pending call per key (the pending call cancels the run); drop "
-            f"{', '.join(clashes)}"
-        )
-    return terminate
+    return terminate and on_duplicate == "cancel"
 
 
 class Cancel(Replace):
@@ -72,7 +54,7 @@ class Cancel(Replace):
         self.terminate = terminate
 
     def running(self, lease: Lease, start: Start) -> None:
-        lease.yield_to(companion(start.name, "pending"), CANCEL_CHECK)
+        lease.yield_to(companion(start.name, PENDING), CANCEL_CHECK)
 
     def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
         hold, running = held.get(self.hold_role), held.get(None)

@@ -56,6 +56,10 @@ class Limit(Mode):
         self.limit = limit
         self.total = total
 
+    @property
+    def overridable(self) -> bool:
+        return True
+
     def take(self, start: Start) -> Lease | Contended:
         if start.role and start.role.startswith("slot"):
             # A retry's message holds the slot its first attempt ran in: take it back.

@@ -40,6 +40,8 @@ NEAR = 0.05
 HELD_COMES_ROUND = 3600.0
 # An eager call waits for its slot wherever it is (the caller waits): up to a day.
 EAGER_NEAR = 86400.0
+# The role a key's rate is listed under (``lease.redis.inventory``): ``{N}:rate``.
+RATE_ROLE = "rate"
 # What a call refused because its key is paused is told to wait (``retry_after``): the
 # pause has no end known in advance.
 PAUSED_RETRY = 1.0
@@ -224,6 +226,10 @@ class Rated(Mode):
     # -- publish ----------------------------------------------------------------------
 
     @property
+    def overridable(self) -> bool:
+        return True
+
+    @property
     def asks_at_publish(self) -> bool:
         return self.spec.on_limited != "defer"
 
@@ -316,6 +322,13 @@ class Rated(Mode):
 
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
         return self.inner.take_waiting(start, waiting, timeout)
+
+    # -- what an operator sees ----------------------------------------------------------
+
+    @classmethod
+    def shows(cls, role: str | None, state: str) -> str | None:
+        # The rate key holds the next run's arrival time: no call's.
+        return "limited" if role == RATE_ROLE else None
 
     # -- end ----------------------------------------------------------------------------
 

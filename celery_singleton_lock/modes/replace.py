@@ -16,8 +16,8 @@ from celery.utils import uuid
 
 from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended, Lease, LockStore, append_history
-from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, queued_token, read_token
-from .base import Holder, Mode, Publish, Replacing
+from ..tokens import TOKEN_HEADER, holder_task_id, is_reservation_of, queued_form, read_token
+from .base import PENDING, Answer, Holder, Mode, Publish, Replacing, Start, WaitingHold
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -56,25 +56,53 @@ class Replace(Mode):
     """
 
     name = "replace"
-    replaces = True
 
     def __init__(self, *, pending: bool) -> None:
-        self.hold_role = "pending" if pending else None
+        self.hold_role = PENDING if pending else None
 
     def refused_because(self) -> str:
         return "is already queued" if self.hold_role else "is already queued or running"
+
+    # -- publish ----------------------------------------------------------------------
+
+    def answered_by(self, name: str) -> str | None:
+        # The answer to a duplicate is a swap: asked as the message is sent.
+        return None
+
+    def answer_refused(self, duplicate: Answer, replacement: Callable[[], Answer]) -> Answer:
+        return replacement()
+
+    # -- receipt and start ------------------------------------------------------------
+
+    @property
+    def starts_at_receipt(self) -> bool:
+        # A replaced message must be looked at when its run starts.
+        return False
+
+    def unless_replaced(self, queued: str | None) -> str | None:
+        return queued
+
+    def waiting_hold(self, role: str | None) -> WaitingHold | None:
+        waiting = super().waiting_hold(role)
+        return None if waiting is None else WaitingHold(waiting.role, offered=True)
+
+    def replaced(self, held: Contended, start: Start, task_id: str) -> bool:
+        """The store says so (``replaced``, recorded by the swap), or the hold is held by
+        another message of this task id that is not running (not a copy of this one)."""
+        if held.replaced:
+            return True
+        holder = read_token(held.holder)
+        if holder.task_id != task_id or holder.state == "running":
+            return False  # another call's, or this message's original running: a copy
+        if held.holder in (start.queued, start.token):
+            return False
+        return not (start.queued and is_reservation_of(held.holder, task_id, start.queued))
 
     def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
         hold = held.get(self.hold_role)
         if hold is not None and hold.state in ("queued", "reserved"):
             return f"accepted: replaces the arguments of {hold.task_id} ({hold.state})"
         return super().new_call(held, answer)
-
-    def successor(
-        self, queued_id: str, holder: str, options: dict[str, object], ttl: float, queue_ttl: float
-    ) -> tuple[str, float, dict[str, object]]:
-        """(token, hold ttl, publish options) of the message replacing ``holder``'s."""
-        return queued_token(queued_id), ttl, options
 
 
 class Replacement:
@@ -91,7 +119,7 @@ class Replacement:
     def __init__(
         self,
         *,
-        mode: Replace,
+        mode: Mode,
         task_name: str,
         store: LockStore,
         queue_ttl: float,

@@ -49,6 +49,10 @@ class Throttle(Mode):
         if name and token:  # a message of this window (a copy or a retry has none)
             store.release_token(companion(name, "throttle"), token)
 
+    @classmethod
+    def shows(cls, role: str | None, state: str) -> str | None:
+        return "throttled" if role == cls.hold_role else None
+
     def held_by_a_run(self, name: str) -> list[str]:
         return [name, companion(name, "throttle")]
 

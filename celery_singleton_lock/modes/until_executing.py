@@ -5,7 +5,7 @@ The stages (publish, receipt, start, end) are in ``UntilExecuting``'s docstring.
 
 from __future__ import annotations
 
-from .base import Mode
+from .base import PENDING, Mode
 
 
 class UntilExecuting(Mode):
@@ -22,7 +22,13 @@ class UntilExecuting(Mode):
     """
 
     name = "until_executing"
-    hold_role = "pending"
+    hold_role = PENDING
 
     def refused_because(self) -> str:
         return "is already queued"
+
+    @classmethod
+    def shows(cls, role: str | None, state: str) -> str | None:
+        if role == PENDING and state == "running":
+            return "reserved"  # an execution waiting for the key keeps its call's place
+        return None

@@ -19,7 +19,7 @@ from ..broker.seam import trips_of
 from ..exceptions import DuplicateTaskError, LockStoreUnavailableError
 from ..lease import HOLD, Contended
 from ..lease.offers import Offered, offers_of
-from ..modes import Replace, Replacement, arguments
+from ..modes import Replacement, arguments
 from ..modes.base import Publish
 from ..tokens import NAME_HEADER, holder_state, holder_task_id
 from .dispatch import (
@@ -86,7 +86,7 @@ def send_held(
             hold,
             outage,
             partial(task.app.producer_or_acquire, producer),
-            replaces=mode.replaces,
+            swaps=mode.answered_by(lock_name) is None,
             entry=record,
         )
     )
@@ -98,27 +98,29 @@ def send_held(
         publish,
         # On a refusal: the holder's result, or with replace, the queued call's with
         # ``own_headers``.
-        refused_by=Replacement(
-            mode=mode,
-            task_name=task.name,
-            store=store,
-            queue_ttl=queue_ttl,
-            result=task.AsyncResult,
-            name=lock_name,
-            hold=hold,
-            ttl=ttl,
-            own_headers=own_headers,
-            options=dict(options),
-            publish=publish,
-            refused=duplicate,
-            outage=outage,
-            ride=None if ride is None else ride.replace,
-            entry=record,
-            offer=offer_of(task, context, call, options),
-            long_wait=partial(long_wait, context),
-        )
-        if isinstance(mode, Replace)
-        else duplicate,
+        refused_by=mode.answer_refused(
+            duplicate,
+            # Built only for a mode that replaces (what it reads costs a dispatch's CPU).
+            lambda: Replacement(
+                mode=mode,
+                task_name=task.name,
+                store=store,
+                queue_ttl=queue_ttl,
+                result=task.AsyncResult,
+                name=lock_name,
+                hold=hold,
+                ttl=ttl,
+                own_headers=own_headers,
+                options=dict(options),
+                publish=publish,
+                refused=duplicate,
+                outage=outage,
+                ride=None if ride is None else ride.replace,
+                entry=record,
+                offer=offer_of(task, context, call, options),
+                long_wait=partial(long_wait, context),
+            ),
+        ),
         accepted=partial(
             singleton_signals.send,
             singleton_signals.dispatch_accepted,

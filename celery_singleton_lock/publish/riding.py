@@ -175,7 +175,7 @@ def duplicate_answered(
 ) -> AsyncResult | None:
     """``answered_early`` for a dispatch of ``mode`` before anything else of it is built;
     None for a mode whose answer to a duplicate is a swap (``Ride.send`` asks then)."""
-    held = None if mode.replaces else mode.hold_name(lock_name)
+    held = mode.answered_by(lock_name)
     return None if held is None else answered_early(store, held, lock_name, refused, entry)
 
 
@@ -189,13 +189,13 @@ class Ride:
     hold: str  # the lock the dispatch holds
     outage: Callable[[LockStoreUnavailableError], None]
     producers: Callable[[], AbstractContextManager[Producer]]  # the app's producer_or_acquire
-    replaces: bool = False  # on_duplicate="replace": a refused call replaces the queued one
+    swaps: bool = False  # a refused call's answer is a swap, asked here (``Mode.answered_by``)
     entry: Record | None = None  # what the take, swap or read writes in a kept history
 
     def send(self, sent: Sent, ttl: float, token: str) -> AsyncResult | None:
         """The hold taken in the push's script; None when the producer's channel cannot
         push there (the caller holds apart)."""
-        guess = refusals.holder_guess(self.hold) if self.replaces else None
+        guess = refusals.holder_guess(self.hold) if self.swaps else None
         if guess is not None:
             # A storm of replacing calls from this process: the last replacement likely
             # still holds it, and the swap that follows checks (and pushes) in one step.
@@ -205,7 +205,7 @@ class Ride:
         # Any other mode's duplicate was answered early before the dispatch was built.
         early = (
             answered_early(self.store, self.hold, sent.lock_name, sent.refused_by, self.entry)
-            if self.replaces
+            if self.swaps
             else None
         )
         if early is not None:

@@ -107,7 +107,7 @@ def _hand_back(
         replace=handed.token if handed is not None and role is None else None,
         shape=reserved_exact(request.id, queued),
         fenced=False,
-        unless_replaced=queued if context.options.mode.replaces else None,
+        unless_replaced=context.options.mode.unless_replaced(queued),
     )
     try:
         return context.store.try_acquire(name, context.queue_ttl + ttl, token=queued, take=take)

@@ -53,8 +53,6 @@ from ..tokens import (
     header_count,
     holder_state,
     holder_task_id,
-    is_reservation_of,
-    read_token,
     redrive_shape,
     reserved_exact,
     running_token,
@@ -184,18 +182,19 @@ class Execution:
         hold = None
         try:
             self.start = admit(self.delivery, self.mode, self.start, self.call)
-            if self.role == "pending":
+            waiting = self.mode.waiting_hold(self.role)
+            if waiting is not None:
                 hold = PendingHold(
                     self.context,
                     self.delivery.request.id,
                     self.lock_name,
-                    "pending",
+                    waiting.role,
                     self.queued,
                     self.shape,
                     self.token,
-                    offered=self.mode.replaces,
+                    offered=waiting.offered,
                 )
-                if self.mode.replaces:
+                if waiting.offered:
                     # Claimed before the key, in one step: a later call can no longer
                     # replace this message once it has passed this point.
                     # (the call's own hold, recorded nowhere: the run's start is the key's)
@@ -204,7 +203,7 @@ class Execution:
         except LockStoreUnavailableError as error:
             return self._unreachable(error)
         if isinstance(outcome, Contended):
-            if self.mode.replaces and hold is None:
+            if hold is None:
                 self._unless_replaced(outcome)
             try:
                 outcome = self._contend(outcome, hold)
@@ -242,20 +241,11 @@ class Execution:
         ``on_duplicate="replace"`` sends the new arguments under the queued call's task
         id; the replaced message must neither run nor touch its replacement's hold, nor
         end REVOKED or with a result: its callers' AsyncResult is the replacement's.
-        The store says so (``replaced``, recorded by the swap), or the hold is held by
-        another message of this task id.
+        Its mode tells (``Mode.replaced``).
         """
         request = self.delivery.request
-        if held is None:
+        if held is None or not self.mode.replaced(held, self.start, request.id):
             return
-        if not held.replaced:
-            holder = read_token(held.holder)
-            if holder.task_id != request.id or holder.state == "running":
-                return  # another call's, or this message's original running: a copy
-            if held.holder in (self.queued, self.token):
-                return
-            if self.queued and is_reservation_of(held.holder, request.id, self.queued):
-                return
         logger.info(
             "%s[%s] dropped: a later call replaced its arguments for %r",
             self.delivery.name,

@@ -205,8 +205,9 @@ class SingletonRequest(Request):  # type: ignore[misc]
                 if kill:
                     kill_and_wait(pid)
                 result = self._release_running(store, lock_name, pid, queued)
-                if role == "pending":  # a child that died waiting kept the hold meanwhile,
-                    # or passed it to its requeue, which it may have died sending
+                # A child that died waiting kept its pending hold meanwhile, or passed it
+                # to its requeue, which it may have died sending.
+                if task.singleton_options().mode.waiting_hold(role) is not None:
                     attempt = header_count(self.request_dict, ATTEMPT_HEADER) + 1
                     store.release_matching(
                         hold,

@@ -316,8 +316,9 @@ def _plan(context: TaskContext, task_id: str, hostname: str, received: Received)
     # and releases it if the run's child dies), or a reservation the run takes over.
     # The running lease's token is new to this delivery: a redelivered copy of the
     # message received meanwhile cannot take it for its own.
-    replaced = queued if context.options.mode.replaces else None
-    if role is None and context.options.mode.starts_at_receipt and not received.early:
+    mode = context.options.mode
+    replaced = mode.unless_replaced(queued)
+    if role is None and mode.starts_at_receipt and not received.early:
         token = running_token(task_id, hostname, os.getpid())
         return _Plan(name, token, queued, True, replaced)
     return _Plan(name, reserved_token(task_id, hostname, queued), queued, False, replaced)
