@@ -832,6 +832,14 @@ def machine() -> str:
     )
 
 
+# Why the figures are what they are, in prose kept beside the bench (not in a run's output).
+READING = [
+    line
+    for line in (Path(__file__).parent / "reading.md").read_text().splitlines()
+    if not line.startswith("<!--")
+]
+
+
 def render(results: dict[str, Any], command: str) -> str:
     out = [
         "# Benchmarks",
@@ -849,7 +857,7 @@ def render(results: dict[str, Any], command: str) -> str:
     ]
     for update in results.get("updates", []):
         out.append(f"- then `{update['command']}` at {update['date']} (its sections only)")
-    out.append("")
+    out += ["", "## Reading the figures", "", *READING, ""]
     for config, part in results["configs"].items():
         out += [f"# Configuration `{config}`: {CONFIGS[config]}", ""]
         out += _sections(part["results"], config)
