@@ -47,7 +47,7 @@ class Publish(Protocol):
     ) -> AsyncResult: ...
 
 
-class Holder(Protocol):
+class HolderRow(Protocol):
     """One holder of a call's lock as an operator sees it (``contrib.locks.LockRow``)."""
 
     @property
@@ -340,7 +340,7 @@ class Mode:
 
     # -- what a new call would meet now (``celery singleton show``) ----------------------
 
-    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
         """What a new call would get, given its lock's holders by role (None: the key's
         own); ``answer`` says how a refused call is answered (``on_duplicate``)."""
         hold = held.get(self.hold_role)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from ..exceptions import ConfigurationError
 from ..lease import Lease, companion
-from .base import PENDING, Holder, Start
+from .base import PENDING, HolderRow, Start
 from .replace import Replace
 
 # How often a run's renewal looks for a newer call: the longest a cancelled run goes on
@@ -56,7 +56,7 @@ class Cancel(Replace):
     def running(self, lease: Lease, start: Start) -> None:
         lease.yield_to(companion(start.name, PENDING), CANCEL_CHECK)
 
-    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
         hold, running = held.get(self.hold_role), held.get(None)
         if hold is None and running is not None:
             return f"accepted; cancels {running.task_id} ({running.state}) and runs after it"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..lease import Contended, Lease, LockStore, TakeOver, companion, slot
-from .base import Holder, Mode, Start
+from .base import HolderRow, Mode, Start
 
 if TYPE_CHECKING:
     from ..lease.limits.overrides import Override
@@ -136,7 +136,7 @@ class Limit(Mode):
         widest = max(self.limit, self.limit_of(override))
         return [slot(name, number) for number in range(1, widest + 1)]
 
-    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
         taken = sum(1 for role in held if (role or "").startswith("slot"))
         if taken >= self.limit:
             return f"accepted; runs when one of its {self.limit} slots frees ({taken} held)"

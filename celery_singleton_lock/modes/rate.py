@@ -16,7 +16,7 @@ from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_o
 from ..lease.limits.overrides import Override
 from ..lease.limits.rate_forms import Cost, listed_rates, parse_burst, parse_cost, parse_on_limited
 from ..lease.limits.rates import ANY_LATENESS, Charges, How, check_cost
-from .base import Call, Holder, Mode, Start
+from .base import Call, HolderRow, Mode, Start
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
 # change reaches every worker within this, and a hot key costs no call per run.
@@ -347,5 +347,5 @@ class Rated(Mode):
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)
 
-    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
         return self.inner.new_call(held, answer) + "; on a slot of its rate"

@@ -17,7 +17,7 @@ from celery.utils import uuid
 from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended, Lease, LockStore, append_history
 from ..tokens import TOKEN_HEADER, holder_task_id, is_reservation_of, queued_form, read_token
-from .base import PENDING, Answer, Holder, Mode, Publish, Replacing, Start, WaitingHold
+from .base import PENDING, Answer, HolderRow, Mode, Publish, Replacing, Start, WaitingHold
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -98,7 +98,7 @@ class Replace(Mode):
             return False
         return not (start.queued and is_reservation_of(held.holder, task_id, start.queued))
 
-    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
         hold = held.get(self.hold_role)
         if hold is not None and hold.state in ("queued", "reserved"):
             return f"accepted: replaces the arguments of {hold.task_id} ({hold.state})"

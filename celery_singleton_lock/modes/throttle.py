@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from .._time import human
 from ..lease import LockStore, companion
 from ..tokens import NAME_HEADER, WINDOW_HEADER, header
-from .base import Holder, Mode, PublishHold
+from .base import HolderRow, Mode, PublishHold
 
 
 class Throttle(Mode):
@@ -56,7 +56,7 @@ class Throttle(Mode):
     def held_by_a_run(self, name: str) -> list[str]:
         return [name, companion(name, "throttle")]
 
-    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
         window = held.get(self.hold_role)
         if window is not None:
             return f"refused for {human(window.ttl)} more (the window of {window.task_id})"

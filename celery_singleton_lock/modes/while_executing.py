@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import Holder, Mode
+from .base import HolderRow, Mode
 
 
 class WhileExecuting(Mode):
@@ -23,7 +23,7 @@ class WhileExecuting(Mode):
     name = "while_executing"
     checks_dispatch = False
 
-    def new_call(self, held: Mapping[str | None, Holder], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
         running = held.get(None)
         if running is not None:
             return f"accepted; at execution it meets {running.task_id} ({running.state})"

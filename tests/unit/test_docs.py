@@ -107,3 +107,25 @@ def test_the_design_page_names_modules_that_exist() -> None:
             break
         else:
             raise AssertionError(f"{dotted}: no such module")
+
+
+def test_the_design_page_names_every_module() -> None:
+    """The rooms table is the tree: every module is named in its folder's row (or a
+    parent folder's, as `contrib/`'s row names the locks page's modules)."""
+    package = Path(importlib.import_module("celery_singleton_lock").__file__ or "").parent
+    page = (DOCS / "design.md").read_text()
+    rooms = page.split("## The rooms", 1)[1].split("\n## ", 1)[0]
+    named: dict[Path, set[str]] = {}
+    for line in rooms.splitlines():
+        if line.startswith("| `"):
+            room, _, modules = line.split("|")[1:-1]
+            folder = Path(room.strip().strip("`").rstrip("/"))
+            named.setdefault(folder, set()).update(re.findall(r"`([a-z_]+)`", modules))
+    for module in package.rglob("*.py"):
+        if module.name == "__init__.py":
+            continue
+        folder = module.parent.relative_to(package)
+        rooms_up = [folder, *folder.parents]
+        assert any(module.stem in named.get(room, ()) for room in rooms_up), (
+            f"{module.relative_to(package)} is in no row of docs/design.md's rooms table"
+        )
