@@ -16,12 +16,10 @@ from dataclasses import dataclass, replace
 
 from ...exceptions import ConfigurationError
 from ..errors import store_error
-from ..memory import MemoryLock
 from ..names import MAX_SLOTS
 from ..outcomes import text
-from ..per_store import PerStore
 from ..redis.common import REDIS_ERRORS
-from ..redis.store import RedisLock
+from ..redis.store import RedisLock, one_server
 from .rates import Rate
 
 logger = logging.getLogger(__name__)
@@ -222,27 +220,6 @@ class Overrides(_Cached):
         self.forget()
 
 
-class MemoryOverrides(_Cached):
-    """On a ``MemoryLock`` (eager tests): this process's own."""
-
-    def __init__(self, store: MemoryLock) -> None:
-        super().__init__()
-        self._saved: dict[str, Override] = {}
-
-    def read(self) -> dict[str, Override]:
-        return dict(self._saved)
-
-    def all(self) -> dict[str, Override]:
-        return self.read()
-
-    def save(self, override: Override) -> None:
-        if override.empty:
-            self._saved.pop(override.target, None)
-        else:
-            self._saved[override.target] = override
-        self.forget()
-
-
 def merged(chain: list[Override]) -> Override:
     """Overrides of one lock, the most specific first, as one: a rate or a limit from the
     first that sets it; paused or not as the latest pause or resume among them said (a
@@ -299,24 +276,16 @@ def changed(
     )
 
 
-_helpers = PerStore(
-    "run-time limits",
-    "one hash",
-    "to change limits at run time",
-    Overrides,
-    MemoryOverrides,
-)
-
-
-def overrides_of(store: object) -> Overrides | MemoryOverrides:
-    """The overrides of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
-    return _helpers.of(store)
+def overrides_of(store: object) -> Overrides:
+    """The overrides of ``store`` (one Redis server: a Redlock refused), made once."""
+    return one_server(store, "run-time limits", "one hash", "to change limits at run time").helper(
+        Overrides
+    )
 
 
 __all__ = [
     "RECHECK",
     "REFRESH",
-    "MemoryOverrides",
     "Override",
     "Overrides",
     "changed",

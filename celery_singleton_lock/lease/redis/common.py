@@ -57,6 +57,7 @@ class Call:
     shape: tuple[str, str]  # ('', '') for none
     fenced: bool
     unless_replaced: str = ""  # refuse if swap replaced this token ('' for no check)
+    clock: Clock = SYSTEM_CLOCK  # the store's: what its leases count on
 
     @property
     def plain(self) -> bool:
@@ -72,6 +73,7 @@ class Call:
             fence=fence,
             ttl=self.ttl_ms / 1000,
             sent_at=sent_at,
+            clock=self.clock,
         )
 
 
@@ -205,6 +207,7 @@ class LockBase(Generic[ClientT, ScriptT]):
             shape=take.shape or ("", ""),
             fenced=take.fenced,
             unless_replaced=take.unless_replaced or "",
+            clock=self.clock,
         )
 
     def acquire_request(
