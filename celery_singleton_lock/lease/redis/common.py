@@ -7,7 +7,6 @@ the two clients share the decisions and differ only in how they perform I/O.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Generic, NoReturn, TypeAlias, TypedDict, TypeVar
@@ -103,8 +102,9 @@ def _acquire_steps(
     wait: WaitMode,
     backoff_base: float,
     backoff_cap: float,
+    clock: Clock,
 ) -> Plan:
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else clock.monotonic() + timeout
     attempt = 0
     announce = blocking and wait == "push"
     while True:
@@ -113,7 +113,7 @@ def _acquire_steps(
             raise RuntimeError("acquire plan resumed without the outcome of its try")
         if isinstance(outcome, Lease) or not blocking:
             return outcome
-        left = None if deadline is None else deadline - time.monotonic()
+        left = None if deadline is None else deadline - clock.monotonic()
         if left is not None and left <= 0:
             return outcome
         # Never wait past the holder's TTL: a holder that dies without releasing sends
@@ -328,6 +328,7 @@ class LockBase(Generic[ClientT, ScriptT]):
             wait=wait,
             backoff_base=self.backoff_base,
             backoff_cap=self.backoff_cap,
+            clock=self.clock,
         )
 
     def _check_socket_timeout(self, timeout: float | None) -> None:

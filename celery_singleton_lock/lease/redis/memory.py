@@ -12,18 +12,16 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..._time import to_seconds
 from ...exceptions import ConfigurationError
 from ..clock import SYSTEM_CLOCK, Clock
-from ..lease import Lease, LostCallback
+from ..lease import Lease
 from ..names import DEFAULT_PREFIX
 from ..outcomes import ExtendResult, decode
-from ..takeover import FRESH, TakeOver
+from .common import Block, Sleep
 from .pushes import Pushes
 from .store import RedisLock
 
 if TYPE_CHECKING:
-    from ..history import Record
     from .clients import SyncClient
 
 # A renewed lease is kept until it is released (no renewal thread here): its key's ttl
@@ -88,48 +86,16 @@ class MemoryLock(RedisLock):
             self._writes += 1
             self.guard.notify_all()
 
-    def _moment(self) -> tuple[int, float]:
+    def pause(self, name: str, step: Block | Sleep, since: float) -> None:
+        """``RedisLock.pause`` on the store's clock: woken by a release (its wake-up in
+        the list, or any write after it) or by the clock moving since the try."""
         with self.guard:
-            return self._writes, self.clock.monotonic()
-
-    def acquire(
-        self,
-        name: str,
-        ttl: object,
-        *,
-        blocking: bool = True,
-        timeout: object | None = None,
-        wait: str = "push",
-        token: str | None = None,
-        take: TakeOver = FRESH,
-        renew: bool = False,
-        on_lost: LostCallback | None = None,
-        entry: Record | None = None,
-    ) -> Lease:
-        """``RedisLock.acquire``, its waits on the store's clock: woken by any write to
-        the store (a release) or by the clock moving, never past the holder's ttl."""
-        if wait not in ("push", "spin"):
-            raise ConfigurationError(f"wait must be 'push' or 'spin', got {wait!r}")
-        seconds = None if timeout is None else to_seconds(timeout, what="timeout")
-        deadline = None if seconds is None else self.clock.monotonic() + seconds
-        while True:
-            seen = self._moment()
-            outcome = self.try_acquire(name, ttl, token=token, take=take)
-            if isinstance(outcome, Lease):
-                break
-            left = None if deadline is None else deadline - self.clock.monotonic()
-            if not blocking or (left is not None and left <= 0):
-                raise outcome.error()
-            bound = [b for b in (left, outcome.retry_after) if b is not None]
-            with self.guard:
-                # A release or an advance since the try: look again at once.
-                if (self._writes, self.clock.monotonic()) == seen:
-                    self.clock.wait(self.guard, min(bound) if bound else None)
-        if on_lost is not None:
-            outcome.on_lost(on_lost)
-        if renew:
-            self.renew(outcome)
-        return outcome
+            writes = self._writes
+        if isinstance(step, Block) and self.client.lpop(self.keys(name).signal) is not None:
+            return
+        with self.guard:
+            if self._writes == writes and self.clock.monotonic() == since:
+                self.clock.wait(self.guard, step.seconds)
 
     def renew(self, lease: Lease) -> None:
         keys, _ = self._extend_call(lease, None)

@@ -26,7 +26,7 @@ from . import recording
 from .answers import SentAcquire
 from .calls import Arg, Response, run_script
 from .clients import SyncClient, build, eviction_policy, is_async
-from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try
+from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Sleep, Try
 from .inventory import BATCH, family, scan
 from .pipelining import Pipelining
 from .pushes import Pushes
@@ -198,26 +198,37 @@ class RedisLock(LockBase[SyncClient, Script]):
         """
         call = self._acquire_call(name, ttl, token, take)
         plan = self.acquire_plan(blocking, timeout, wait)
-        step = next(plan)
+        step, since = next(plan), self.moment()
         try:
             while True:
                 if isinstance(step, Try):
+                    since = self.moment()
                     sent = self._send_try(call, step, entry=entry, within=self.try_within)
                     step = plan.send(sent.outcome())
                     continue
-                if isinstance(step, Block):
-                    try:
-                        pop_within(self.client, call.keys.signal, step.seconds)
-                    except REDIS_ERRORS as error:
-                        self.unavailable(error, name)
-                else:
-                    time.sleep(step.seconds)
+                self.pause(name, step, since)
                 step = next(plan)
         except StopIteration as done:
             lease = self.granted(done.value, on_lost)
         if renew:
-            self.renewer.add(self, lease)
+            self.renew(lease)
         return lease
+
+    def moment(self) -> float:
+        """When a try was sent, for ``pause`` (on the store's clock)."""
+        return self.clock.monotonic()
+
+    def pause(self, name: str, step: Block | Sleep, since: float) -> None:
+        """A blocked acquire's wait between its tries (of ``name`` or its slots): BLPOP
+        on its wake-up list, woken by a release (``Block``), or a backoff (``Sleep``).
+        ``since``: the ``moment`` of the try it follows."""
+        if isinstance(step, Sleep):
+            time.sleep(step.seconds)
+            return
+        try:
+            pop_within(self.client, self.keys(name).signal, step.seconds)
+        except REDIS_ERRORS as error:
+            self.unavailable(error, name)
 
     def outcome_of(self, call: Call, *, sent_at: float, reply: Response) -> Lease | Contended:
         """What a sent acquire's ``reply`` means, replica acknowledgements included."""
