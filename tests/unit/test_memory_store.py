@@ -1,0 +1,56 @@
+"""``memory://``: a ``RedisLock`` of its own in the process, and what needs one Redis server."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import ConfigurationError, Lease, MemoryLock, RedisLock, Redlock
+from celery_singleton_lock.config.stores import LockStores
+from celery_singleton_lock.lease import rates_of
+from celery_singleton_lock.lease.idempotency import idempotency_keys_of
+from celery_singleton_lock.lease.limits.backlog import backlog_of
+from celery_singleton_lock.lease.limits.overrides import overrides_of
+
+REDLOCK = "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"  # never connected to here
+
+
+class TestTheStore:
+    def test_it_is_a_redis_lock_whose_helpers_are_the_redis_ones(self) -> None:
+        store = MemoryLock()
+        assert isinstance(store, RedisLock)
+        assert rates_of(store) is rates_of(store)  # made once per store
+        assert backlog_of(store).enter("n", "c", 1, 30.0).taken
+
+    def test_two_stores_keep_apart_and_one_app_has_one(self) -> None:
+        one, other = MemoryLock(), MemoryLock()
+        assert isinstance(one.try_acquire("job", 30), Lease)
+        assert isinstance(other.try_acquire("job", 30), Lease)
+        app = Celery("memory-one", set_as_current=False)
+        app.conf.update(singleton_lock_url="memory://")
+        stores = LockStores.for_app(app)
+        assert stores.waiting is stores.lock  # a release wakes the waits of that process
+
+    def test_without_fakeredis_it_says_which_extra_to_install(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setitem(sys.modules, "celery_singleton_lock.lease.redis.fake", None)
+        with pytest.raises(ConfigurationError, match=r"celery-singleton-lock\[memory\]"):
+            MemoryLock()
+
+
+class TestOneServer:
+    @pytest.mark.parametrize(
+        ("helper", "what"),
+        [
+            (rates_of, "rate limits need one lock store"),
+            (backlog_of, "max_pending need one lock store"),
+            (overrides_of, "run-time limits need one lock store"),
+            (idempotency_keys_of, "idempotency keys need one lock store"),
+        ],
+    )
+    def test_a_redlock_is_refused_saying_what_to_use(self, helper: object, what: str) -> None:
+        with pytest.raises(ConfigurationError, match=rf"{what}.*Redlock of several masters"):
+            helper(Redlock.from_url(REDLOCK))  # type: ignore[operator]
