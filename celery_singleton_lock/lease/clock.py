@@ -42,6 +42,11 @@ class Clock:
         """Wait on ``condition`` (held by the caller) for a notify or ``seconds``."""
         condition.wait(seconds)
 
+    def advanced_since(self, at: float) -> bool:
+        """Whether a test moved this clock on since ``monotonic()`` read ``at``: never,
+        the machine's runs by itself."""
+        return False
+
     def __repr__(self) -> str:
         return f"Clock(offset={self.offset!r})" if self.offset else "Clock()"
 
@@ -101,6 +106,9 @@ class ManualClock(Clock):
 
     def sleep(self, seconds: float) -> None:
         self.advance(max(0.0, seconds))
+
+    def advanced_since(self, at: float) -> bool:
+        return self.monotonic() != at
 
     def later(self, seconds: float) -> Clock:
         self.advance(seconds)

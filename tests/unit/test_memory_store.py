@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 import pytest
 from celery import Celery
@@ -32,6 +34,24 @@ class TestTheStore:
         app.conf.update(singleton_lock_url="memory://")
         stores = LockStores.for_app(app)
         assert stores.waiting is stores.lock  # a release wakes the waits of that process
+
+    def test_a_blocked_acquire_on_the_machine_s_clock_sleeps_until_the_release(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        store = MemoryLock()
+        held = store.acquire("job", 30)
+        tries: list[float] = []
+        moment = store.moment
+
+        def counted() -> float:
+            tries.append(time.monotonic())
+            return moment()
+
+        monkeypatch.setattr(store, "moment", counted)
+        threading.Timer(0.3, store.release, (held,)).start()
+        assert isinstance(store.acquire("job", 30, timeout=10), Lease)
+        assert len(tries) <= 3  # a try, a wait woken by the release, a try: no spinning
+        assert tries[-1] - tries[0] >= 0.25
 
     def test_without_fakeredis_it_says_which_extra_to_install(
         self, monkeypatch: pytest.MonkeyPatch

@@ -94,10 +94,12 @@ class MemoryLock(RedisLock):
         if isinstance(step, Block) and self.client.lpop(self.keys(name).signal) is not None:
             return
         with self.guard:
-            if self._writes == writes and self.clock.monotonic() == since:
+            if self._writes == writes and not self.clock.advanced_since(since):
                 self.clock.wait(self.guard, step.seconds)
 
     def renew(self, lease: Lease) -> None:
+        """Keep ``lease`` until it is released, with no renewal thread: its key's ttl
+        set ``KEPT_MS`` out by the extend script."""
         keys, _ = self._extend_call(lease, None)
         reply = self.pipelining.call(self._extend_script, keys, [lease.token, KEPT_MS])
         if decode(reply, ExtendResult) is ExtendResult.EXTENDED:
