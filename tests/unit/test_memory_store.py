@@ -8,8 +8,16 @@ import time
 
 import pytest
 from celery import Celery
+from celery.signals import before_task_publish
 
-from celery_singleton_lock import ConfigurationError, Lease, MemoryLock, RedisLock, Redlock
+from celery_singleton_lock import (
+    ConfigurationError,
+    Lease,
+    MemoryLock,
+    RedisLock,
+    Redlock,
+    singleton_task,
+)
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease import rates_of
 from celery_singleton_lock.lease.idempotency import idempotency_keys_of
@@ -74,3 +82,29 @@ class TestOneServer:
     def test_a_redlock_is_refused_saying_what_to_use(self, helper: object, what: str) -> None:
         with pytest.raises(ConfigurationError, match=rf"{what}.*Redlock of several masters"):
             helper(Redlock.from_url(REDLOCK))  # type: ignore[operator]
+
+    @pytest.mark.parametrize("on_limited", ["defer", "delay", "raise"])
+    def test_a_rated_task_on_a_redlock_is_refused_before_its_message_is_sent(
+        self, on_limited: str
+    ) -> None:
+        app = Celery(f"rate-redlock-{on_limited}", set_as_current=False)
+        app.conf.update(broker_url="memory://", singleton_lock_url=REDLOCK)
+
+        @singleton_task(
+            app=app, name=f"redlock.feed.{on_limited}", rate="10/s", on_limited=on_limited
+        )
+        def feed() -> None:
+            pass
+
+        published: list[object] = []
+
+        def note(**_: object) -> None:
+            published.append(_)
+
+        before_task_publish.connect(note, weak=False)
+        try:
+            with pytest.raises(ConfigurationError, match="rate limits need one lock store"):
+                feed.delay()
+        finally:
+            before_task_publish.disconnect(note)
+        assert published == []
