@@ -128,10 +128,21 @@ class Override:
         )
 
 
-class _Cached:
-    """The overrides as last read, and when; read again once older than ``REFRESH``."""
+class Overrides:
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster).
 
-    def __init__(self) -> None:
+    An override is one field of one hash, ``<prefix>:limits``, keyed by its target (a lock
+    name, a key template or a task name), its value a small JSON object. A process reads
+    the whole hash (one HGETALL, only for tasks with a rate or a limit) and passes what it
+    found to its decisions' scripts as arguments, so on a Cluster the hash may live in a
+    slot of its own (a decision's script sees only its key's slot). Overrides are few
+    (what an operator set), so the hash stays small.
+    """
+
+    def __init__(self, store: RedisLock) -> None:
+        self._store = store
+        self.key = f"{store.prefix}:limits"
+        # The overrides as last read, and when: read again once older than ``REFRESH``.
         self._guard = threading.Lock()
         self._found: dict[str, Override] = {}
         self._read_at = float("-inf")
@@ -168,26 +179,6 @@ class _Cached:
     def forget(self) -> None:
         """Read again at the next decision (after this process changed one)."""
         self._read_at = float("-inf")
-
-    def read(self) -> dict[str, Override]:
-        raise NotImplementedError
-
-
-class Overrides(_Cached):
-    """On a ``RedisLock`` (standalone, Sentinel or Cluster).
-
-    An override is one field of one hash, ``<prefix>:limits``, keyed by its target (a lock
-    name, a key template or a task name), its value a small JSON object. A process reads
-    the whole hash (one HGETALL, only for tasks with a rate or a limit) and passes what it
-    found to its decisions' scripts as arguments, so on a Cluster the hash may live in a
-    slot of its own (a decision's script sees only its key's slot). Overrides are few
-    (what an operator set), so the hash stays small.
-    """
-
-    def __init__(self, store: RedisLock) -> None:
-        super().__init__()
-        self._store = store
-        self.key = f"{store.prefix}:limits"
 
     def read(self) -> dict[str, Override]:
         raw = self._store.client.hgetall(self.key) or {}
