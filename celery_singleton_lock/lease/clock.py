@@ -74,7 +74,9 @@ class ManualClock(Clock):
         self.moved = 0.0  # seconds advanced in all
         self._guard = threading.Lock()
         self._monotonic = time.monotonic()
-        self._time = time.time()
+        # On a whole microsecond: the scripts read it in microseconds (TIME), and a slot
+        # a whole step on must not round to one microsecond short of it.
+        self._time = round(time.time(), 6)
         # The conditions of the stores waiting on this clock: woken by every advance.
         self._waiting: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
 
