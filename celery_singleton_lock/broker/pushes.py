@@ -342,7 +342,7 @@ class Pushes:
 
 
 # Each store's pushes, made at its first use and kept as long as the store (as
-# ``lease.per_store`` keeps a store's helpers): its scripts registered on its client once.
+# ``RedisLock.helper`` keeps a store's helpers): its scripts registered on its client once.
 _MADE: weakref.WeakKeyDictionary[RedisLock, Pushes | None] = weakref.WeakKeyDictionary()
 _UNMADE = object()  # a store not looked at yet (None: it has no pushes)
 
@@ -351,7 +351,7 @@ def pushes_of(store: object) -> Pushes | None:
     """The pushes of ``store``: one Redis server a broker may share. None for a store in
     memory, a Redlock (no broker shares N masters), a Cluster, one that waits for
     replicas, or one whose server refused a push (``PushRefused``)."""
-    if not isinstance(store, RedisLock) or store.replicas is not None:
+    if not isinstance(store, RedisLock) or not store.on_a_server or store.replicas is not None:
         return None
     found = _MADE.get(store, _UNMADE)  # one look on every dispatch, receipt and release
     if found is _UNMADE:

@@ -4,13 +4,13 @@ from .clock import Clock, ManualClock
 from .interface import LockStore, SlotStore
 from .lease import Lease
 from .limits.rates import Rate, Slot, parse_rate, rates_of
-from .memory import MemoryLock
 from .names import DEFAULT_PREFIX, LockKeys, companion, slot, split_role, validate_prefix
 from .outcomes import Contended, ExtendResult, ReleaseResult
 from .pending import PendingAcquire
 from .redis.aio import AsyncRedisLock
 from .redis.clients import build as client_from_url
 from .redis.clients import describe
+from .redis.memory import MemoryLock
 from .redis.recording import append as append_history
 from .redis.recording import entries as history_entries
 from .redis.servers import Server, server_of

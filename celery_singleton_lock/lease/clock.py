@@ -42,6 +42,11 @@ class Clock:
         """Wait on ``condition`` (held by the caller) for a notify or ``seconds``."""
         condition.wait(seconds)
 
+    def advanced_since(self, at: float) -> bool:
+        """Whether a test moved this clock on since ``monotonic()`` read ``at``: never,
+        the machine's runs by itself."""
+        return False
+
     def __repr__(self) -> str:
         return f"Clock(offset={self.offset!r})" if self.offset else "Clock()"
 
@@ -69,7 +74,9 @@ class ManualClock(Clock):
         self.moved = 0.0  # seconds advanced in all
         self._guard = threading.Lock()
         self._monotonic = time.monotonic()
-        self._time = time.time()
+        # On a whole microsecond: the scripts read it in microseconds (TIME), and a slot
+        # a whole step on must not round to one microsecond short of it.
+        self._time = round(time.time(), 6)
         # The conditions of the stores waiting on this clock: woken by every advance.
         self._waiting: weakref.WeakSet[threading.Condition] = weakref.WeakSet()
 
@@ -101,6 +108,9 @@ class ManualClock(Clock):
 
     def sleep(self, seconds: float) -> None:
         self.advance(max(0.0, seconds))
+
+    def advanced_since(self, at: float) -> bool:
+        return self.monotonic() != at
 
     def later(self, seconds: float) -> Clock:
         self.advance(seconds)

@@ -7,9 +7,8 @@ the locks, under the prefix, outside the locks' own namespace (the lock inventor
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from typing import Literal
 from urllib.parse import quote, unquote
@@ -17,11 +16,9 @@ from urllib.parse import quote, unquote
 from redis.commands.core import Script
 
 from ..exceptions import ConfigurationError
-from .memory import MemoryLock
-from .per_store import PerStore
 from .redis import scripts
 from .redis.common import REDIS_ERRORS
-from .redis.store import RedisLock
+from .redis.store import RedisLock, one_server
 
 # Stripe's bound: a key is an opaque string the caller makes (a UUID, a request's id).
 MAX_KEY_LENGTH = 255
@@ -192,118 +189,16 @@ def _record(key: str, fields: dict[object, object], pttl: int) -> Record | None:
     )
 
 
-@dataclass
-class _Kept:
-    claim: Claim
-    task: str
-    at: float
-    until: float
-
-
-class MemoryIdempotencyKeys:
-    """``IdempotencyKeys`` over a ``MemoryLock`` (eager tests), on the store's clock."""
-
-    def __init__(self, store: MemoryLock) -> None:
-        self.store = store
-        self._kept: dict[str, _Kept] = {}
-        self._guard = threading.Lock()
-
-    def _live(self, key: str) -> _Kept | None:
-        kept = self._kept.get(check_key(key))
-        if kept is not None and kept.until <= self.store.clock.time():
-            del self._kept[key]
-            return None
-        return kept
-
-    def claim(
-        self, idempotency_key: str, call: str, fingerprint: str, window_ms: int, task: str
-    ) -> Claim:
-        with self._guard:
-            kept = self._live(idempotency_key)
-            if kept is not None:
-                again = kept.claim.call == call and kept.claim.state == "accepted"
-                return replace(kept.claim, first=again)
-            now = self.store.clock.time()
-            claim = Claim(True, call, fingerprint, "accepted", "")
-            self._kept[idempotency_key] = _Kept(claim, task, now, now + window_ms / 1000)
-            return claim
-
-    def begin(
-        self, idempotency_key: str, call: str, fingerprint: str, window_ms: int, task: str
-    ) -> Claim:
-        with self._guard:
-            kept = self._live(idempotency_key)
-            if kept is None:
-                now = self.store.clock.time()
-                claim = Claim(True, call, fingerprint, "running", call)
-                self._kept[idempotency_key] = _Kept(claim, task, now, now + window_ms / 1000)
-                return replace(claim, state="", by="")
-            before = kept.claim
-            if not before.answers_for(fingerprint) or before.ended:
-                return replace(before, first=False)
-            kept.claim = replace(before, state="running", by=call)
-            return replace(before, first=True)
-
-    def end(self, idempotency_key: str, call: str, outcome: Outcome) -> bool:
-        with self._guard:
-            kept = self._live(idempotency_key)
-            if kept is None:
-                return False
-            record = kept.claim
-            running = record.state == "running" and record.by == call
-            accepted = record.state == "accepted" and record.call == call
-            if outcome in ("forget", "unsent"):
-                freed = accepted or (running and outcome == "forget")
-                if freed:
-                    del self._kept[idempotency_key]
-                return freed
-            if running:
-                kept.claim = replace(record, state=outcome)
-            return running
-
-    def records(self, batch: int = 500) -> Iterator[Record]:
-        with self._guard:
-            keys = list(self._kept)
-        for key in keys:
-            found = self.read(key)
-            if found is not None:
-                yield found
-
-    def read(self, idempotency_key: str) -> Record | None:
-        with self._guard:
-            kept = self._live(idempotency_key)
-            if kept is None:
-                return None
-            claim = kept.claim
-            return Record(
-                key=idempotency_key,
-                task=kept.task,
-                call=claim.call,
-                state=claim.state,
-                by=claim.by,
-                accepted_at=kept.at,
-                expires_in=max(0.0, kept.until - self.store.clock.time()),
-            )
-
-
-_helpers = PerStore(
-    "idempotency keys",
-    "one record",
-    "for tasks called with idempotency keys",
-    IdempotencyKeys,
-    MemoryIdempotencyKeys,
-)
-
-
-def idempotency_keys_of(store: object) -> IdempotencyKeys | MemoryIdempotencyKeys:
-    """The idempotency keys of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
-    return _helpers.of(store)
+def idempotency_keys_of(store: object) -> IdempotencyKeys:
+    """The idempotency keys of ``store`` (one Redis server: a Redlock refused), made once."""
+    return one_server(
+        store, "idempotency keys", "one record", "for tasks called with idempotency keys"
+    ).helper(IdempotencyKeys)
 
 
 __all__ = [
     "Claim",
     "IdempotencyKeys",
-    "MemoryIdempotencyKeys",
     "Record",
     "check_key",
     "idempotency_keys_of",

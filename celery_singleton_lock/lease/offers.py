@@ -7,16 +7,12 @@ arguments here instead, for that execution to run with.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
-from .memory import MemoryLock
 from .outcomes import text
-from .per_store import PerStore
 from .redis import scripts
 from .redis.common import REDIS_ERRORS
 from .redis.store import RedisLock
-from .redlock.masters import Redlock
 
 
 @dataclass(frozen=True)
@@ -66,40 +62,11 @@ class Offers:
         return found if isinstance(found, bytes) else None
 
 
-class MemoryOffers:
-    """``Offers`` over a ``MemoryLock`` (eager tests)."""
-
-    def __init__(self, store: MemoryLock) -> None:
-        self._store = store
-        self._guard = threading.Lock()
-        self._kept: dict[tuple[str, str], bytes] = {}  # (name, holder) -> value
-
-    def offer(self, name: str, holder: str, value: bytes) -> Offered:
-        with self._guard:
-            current = self._store.holder(name) or ""
-            if current != holder:
-                return Offered(False, current)
-            self._kept[name, holder] = value
-            return Offered(True)
-
-    def take(self, name: str, holder: str) -> bytes | None:
-        with self._guard:
-            return self._kept.pop((name, holder), None)
+def offers_of(store: object) -> Offers | None:
+    """The offers of ``store``, one Redis server; None on any other (a Redlock's masters
+    cannot keep one value beside a lock: a later call gets the waiting execution's result
+    as it is)."""
+    return store.helper(Offers) if isinstance(store, RedisLock) else None
 
 
-_helpers = PerStore(
-    "offers to a waiting execution",
-    "one value beside a lock",
-    "for the newest call's arguments",
-    Offers,
-    MemoryOffers,
-)
-
-
-def offers_of(store: object) -> Offers | MemoryOffers | None:
-    """The offers of ``store``; None on a Redlock (its masters cannot keep one value
-    beside a lock: a later call gets the waiting execution's result as it is)."""
-    return None if isinstance(store, Redlock) else _helpers.of(store)
-
-
-__all__ = ["MemoryOffers", "Offered", "Offers", "offers_of"]
+__all__ = ["Offered", "Offers", "offers_of"]

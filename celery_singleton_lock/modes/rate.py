@@ -245,6 +245,7 @@ class Rated(Mode):
         ``"raise"``: a slot now, or ``RateLimitedError``. A call with its own countdown
         or eta is left to its execution: a slot reserved now could fall before it, and so
         is a call of a paused key (``"raise"`` refuses it)."""
+        rates = rates_of(store)  # one server's, or a Redlock refused before anything is sent
         how = self.spec.on_limited
         if override is not None and override.paused and how == "raise":
             raise RateLimitedError(
@@ -263,7 +264,6 @@ class Rated(Mode):
         if limits is None:
             return None
         pause = override.pause if override is not None else None
-        rates = rates_of(store)
         if how == "delay":
             slot = rates.ask(name, limits, "reserve", paused=pause)
         else:

@@ -85,7 +85,7 @@ def _crossings(module: list[str], is_package: bool, source: str) -> list[str]:
 # ``redlock/``, ``limits/``) build on it; the helpers over every store (idempotency,
 # offers) and the package's face sit above them.
 LEASE_CORE = (
-    "clock", "errors", "history", "interface", "lease", "memory", "names", "outcomes",
+    "clock", "errors", "history", "interface", "lease", "names", "outcomes",
     "pending", "renewal", "takeover",
 )  # fmt: skip
 STORES = ("redis", "redlock", "limits")

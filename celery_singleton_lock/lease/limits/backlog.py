@@ -7,14 +7,11 @@ nothing sent, when ``cap`` calls wait already) and leaves it as its run starts.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
-from ..memory import MemoryLock
-from ..per_store import PerStore
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
-from ..redis.store import RedisLock
+from ..redis.store import RedisLock, one_server
 
 
 @dataclass(frozen=True)
@@ -73,49 +70,11 @@ class Backlog:
             self._store.unavailable(error, name)
 
 
-class MemoryBacklog:
-    """``Backlog`` over a ``MemoryLock`` (eager tests), on the store's clock."""
-
-    def __init__(self, store: MemoryLock) -> None:
-        self._store = store
-        self._guard = threading.Lock()
-        self._places: dict[str, dict[str, float]] = {}  # name -> call -> until
-
-    def enter(self, name: str, call: str, cap: int, ttl: float) -> Place:
-        with self._guard:
-            now = self._store.clock.time()
-            places = {c: t for c, t in self._places.get(name, {}).items() if t > now}
-            self._places[name] = places
-            if call in places or len(places) < cap:
-                places[call] = now + ttl
-                return Place(True, len(places))
-            return Place(False, len(places), min(places.values()) - now)
-
-    def renew(self, name: str, call: str, ttl: float) -> None:
-        with self._guard:
-            self._places.setdefault(name, {})[call] = self._store.clock.time() + ttl
-
-    def leave(self, name: str, call: str) -> None:
-        with self._guard:
-            self._places.get(name, {}).pop(call, None)
-
-    def waiting(self, name: str) -> int:
-        with self._guard:
-            return len(self._places.get(name, {}))
+def backlog_of(store: object) -> Backlog:
+    """The backlogs of ``store`` (one Redis server: a Redlock refused), made once."""
+    return one_server(store, "max_pending", "one count", "for tasks with max_pending").helper(
+        Backlog
+    )
 
 
-_helpers = PerStore(
-    "max_pending",
-    "one count",
-    "for tasks with max_pending",
-    Backlog,
-    MemoryBacklog,
-)
-
-
-def backlog_of(store: object) -> Backlog | MemoryBacklog:
-    """The backlogs of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
-    return _helpers.of(store)
-
-
-__all__ = ["Backlog", "MemoryBacklog", "Place", "backlog_of"]
+__all__ = ["Backlog", "Place", "backlog_of"]

@@ -16,12 +16,10 @@ from dataclasses import dataclass, replace
 
 from ...exceptions import ConfigurationError
 from ..errors import store_error
-from ..memory import MemoryLock
 from ..names import MAX_SLOTS
 from ..outcomes import text
-from ..per_store import PerStore
 from ..redis.common import REDIS_ERRORS
-from ..redis.store import RedisLock
+from ..redis.store import RedisLock, one_server
 from .rates import Rate
 
 logger = logging.getLogger(__name__)
@@ -130,10 +128,21 @@ class Override:
         )
 
 
-class _Cached:
-    """The overrides as last read, and when; read again once older than ``REFRESH``."""
+class Overrides:
+    """On a ``RedisLock`` (standalone, Sentinel or Cluster).
 
-    def __init__(self) -> None:
+    An override is one field of one hash, ``<prefix>:limits``, keyed by its target (a lock
+    name, a key template or a task name), its value a small JSON object. A process reads
+    the whole hash (one HGETALL, only for tasks with a rate or a limit) and passes what it
+    found to its decisions' scripts as arguments, so on a Cluster the hash may live in a
+    slot of its own (a decision's script sees only its key's slot). Overrides are few
+    (what an operator set), so the hash stays small.
+    """
+
+    def __init__(self, store: RedisLock) -> None:
+        self._store = store
+        self.key = f"{store.prefix}:limits"
+        # The overrides as last read, and when: read again once older than ``REFRESH``.
         self._guard = threading.Lock()
         self._found: dict[str, Override] = {}
         self._read_at = float("-inf")
@@ -172,26 +181,6 @@ class _Cached:
         self._read_at = float("-inf")
 
     def read(self) -> dict[str, Override]:
-        raise NotImplementedError
-
-
-class Overrides(_Cached):
-    """On a ``RedisLock`` (standalone, Sentinel or Cluster).
-
-    An override is one field of one hash, ``<prefix>:limits``, keyed by its target (a lock
-    name, a key template or a task name), its value a small JSON object. A process reads
-    the whole hash (one HGETALL, only for tasks with a rate or a limit) and passes what it
-    found to its decisions' scripts as arguments, so on a Cluster the hash may live in a
-    slot of its own (a decision's script sees only its key's slot). Overrides are few
-    (what an operator set), so the hash stays small.
-    """
-
-    def __init__(self, store: RedisLock) -> None:
-        super().__init__()
-        self._store = store
-        self.key = f"{store.prefix}:limits"
-
-    def read(self) -> dict[str, Override]:
         raw = self._store.client.hgetall(self.key) or {}
         found = {}
         for target, value in raw.items():
@@ -219,27 +208,6 @@ class Overrides(_Cached):
                 client.hset(self.key, override.target, override.dumps())
         except REDIS_ERRORS as error:
             raise store_error(error, where=self._store.where) from error
-        self.forget()
-
-
-class MemoryOverrides(_Cached):
-    """On a ``MemoryLock`` (eager tests): this process's own."""
-
-    def __init__(self, store: MemoryLock) -> None:
-        super().__init__()
-        self._saved: dict[str, Override] = {}
-
-    def read(self) -> dict[str, Override]:
-        return dict(self._saved)
-
-    def all(self) -> dict[str, Override]:
-        return self.read()
-
-    def save(self, override: Override) -> None:
-        if override.empty:
-            self._saved.pop(override.target, None)
-        else:
-            self._saved[override.target] = override
         self.forget()
 
 
@@ -299,24 +267,16 @@ def changed(
     )
 
 
-_helpers = PerStore(
-    "run-time limits",
-    "one hash",
-    "to change limits at run time",
-    Overrides,
-    MemoryOverrides,
-)
-
-
-def overrides_of(store: object) -> Overrides | MemoryOverrides:
-    """The overrides of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once."""
-    return _helpers.of(store)
+def overrides_of(store: object) -> Overrides:
+    """The overrides of ``store`` (one Redis server: a Redlock refused), made once."""
+    return one_server(store, "run-time limits", "one hash", "to change limits at run time").helper(
+        Overrides
+    )
 
 
 __all__ = [
     "RECHECK",
     "REFRESH",
-    "MemoryOverrides",
     "Override",
     "Overrides",
     "changed",

@@ -12,11 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ..memory import MemoryLock
-from ..per_store import PerStore
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
-from ..redis.store import RedisLock
+from ..redis.store import RedisLock, one_server
 from .rate_forms import Charges, Pause, Rate, charges, check_cost, human_period, parse_rate
 
 if TYPE_CHECKING:
@@ -54,19 +52,9 @@ _STATES: dict[int, Literal["now", "reserved", "refused"]] = {
 }
 
 
-class _RatesOf:
-    """The rate limits of one lock store: ``rates_of(store).ask(name, rate, how)``."""
-
-    def __init__(self, store: RedisLock | MemoryLock) -> None:
-        self._store = store
-
-    def key(self, name: str) -> str:
-        """The Redis key of ``name``'s rate (``LockKeys.rate``)."""
-        return str(self._store.keys(name).rate)
-
-
-class Rates(_RatesOf):
-    """On a ``RedisLock`` (not imported: the lease layer keeps no cycle): ``scripts.RATE``.
+class Rates:
+    """The rate limits of one lock store, ``rates_of(store).ask(name, rate, how)``:
+    ``scripts.RATE`` on a ``RedisLock`` (``memory://`` included).
 
     GCRA keeps two numbers per name and limit, the theoretical arrival time (TAT) of the
     next call's slot (the schedule) and of the next run's start (the gate, below), in a key
@@ -104,7 +92,6 @@ class Rates(_RatesOf):
     """
 
     def __init__(self, store: RedisLock) -> None:
-        super().__init__(store)
         self._redis = store
         self._script = store.client.register_script(scripts.RATE)
         self._keep = store.client.register_script(scripts.KEEP_RATE)
@@ -145,6 +132,10 @@ class Rates(_RatesOf):
             _STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6, limiting - 1
         )
 
+    def key(self, name: str) -> str:
+        """The Redis key of ``name``'s rate (``LockKeys.rate``)."""
+        return str(self._redis.keys(name).rate)
+
     def keep(self, name: str, seconds: float) -> None:
         """Keep ``name``'s schedule at least ``seconds`` more, though every slot on it
         has passed (``lua/keep_rate.lua``): a run a pause held back comes round to a
@@ -156,113 +147,6 @@ class Rates(_RatesOf):
             self._keep(keys=[self.key(name)], args=[max(1, math.ceil(seconds * 1000))])
         except REDIS_ERRORS as error:
             logger.debug("the schedule of %r not kept: %s", name, error)
-
-
-class MemoryRates(_RatesOf):
-    """``Rates`` over a ``MemoryLock`` (eager tests), on the store's clock: the script's
-    steps in Python."""
-
-    def __init__(self, store: MemoryLock) -> None:
-        super().__init__(store)
-        self._memory = store
-        self._tats: dict[str, list[float]] = {}  # key -> each limit's TAT, in order
-        self._gates: dict[str, list[float]] = {}  # key -> each limit's start TAT
-        self._applied: dict[str, float] = {}  # key -> the last resume its TATs moved for
-        self._kept: dict[str, float] = {}  # key -> kept until (``keep``), on the clock
-
-    def ask(
-        self,
-        name: str,
-        rate: Rate | Charges,
-        how: How = "take",
-        at: float = 0.0,
-        *,
-        entry: Record | None = None,  # no history here
-        paused: Pause | None = None,
-        grace: float = ANY_LATENESS,
-        near: float = 0.0,
-    ) -> Slot:
-        limits = charges(rate)
-        check_cost(name, limits)
-        with self._memory.guard:
-            now = self._memory.clock.time()
-            if len(self._tats) > 1000:  # names whose next call is due hold nothing
-                ahead = {k for k, t in self._tats.items() if max(t, default=0) > now}
-                ahead |= {k for k, g in self._gates.items() if max(g, default=0) > now}
-                ahead |= {k for k, until in self._kept.items() if until > now}
-                self._kept = {k: until for k, until in self._kept.items() if until > now}
-                self._tats = {k: t for k, t in self._tats.items() if k in ahead}
-                self._gates = {k: g for k, g in self._gates.items() if k in ahead}
-            key = self.key(name)
-            stored, gates = self._tats.get(key, []), self._gates.get(key, [])
-            if paused is not None and paused[1] > self._applied.get(key, 0.0):
-                began, ended = paused  # the resume's move, made once
-                stored = [tat + ended - began if tat > began else tat for tat in stored]
-                gates = [tat + ended - began if tat > began else tat for tat in gates]
-                self._tats[key], self._gates[key], self._applied[key] = stored, gates, ended
-                # Written with its own expiry again, as the script's SET does: no longer kept.
-                self._kept.pop(key, None)
-            tats = [max(stored[i] if i < len(stored) else now, now) for i in range(len(limits))]
-            gated = [gates[i] if i < len(gates) else 0.0 for i in range(len(limits))]
-            slot, limiting = now, 0
-            for i, ((each, cost), tat) in enumerate(zip(limits, tats, strict=True)):
-                tolerance = (each.burst - 1) * each.interval
-                fits = tat + (cost - 1) * each.interval - tolerance if cost > 0 else now
-                if fits > slot:
-                    slot, limiting = fits, i
-
-            def answer(state: int, slot: float, tats: list[float]) -> Slot:
-                # By the schedule and the gate both, as the script answers.
-                left, free = None, now
-                for (each, _), tat, gate in zip(limits, tats, gated, strict=True):
-                    ahead = max(tat, gate)
-                    tolerance = (each.burst - 1) * each.interval
-                    room = _remaining(now, tolerance, ahead, each.interval)
-                    left = room if left is None else min(left, room)
-                    free = max(free, ahead - tolerance)
-                wait = max(0.0, slot - now)
-                return Slot(_STATES[state], slot, wait, left or 0, now, free, limiting)
-
-            def charged(times: list[float], at: float) -> list[float]:
-                return [
-                    max(tat, at) + cost * each.interval if cost > 0 else tat
-                    for (each, cost), tat in zip(limits, times, strict=True)
-                ]
-
-            # The gate (see ``Rates``): the earliest a run may start.
-            # (Less a microsecond: the script's sums are whole microseconds, these not.)
-            gate = max(
-                (
-                    tat + (cost - each.burst) * each.interval - 1e-6
-                    for (each, cost), tat in zip(limits, gated, strict=True)
-                    if cost > 0
-                ),
-                default=0.0,
-            )
-            if how == "due" and at > now + near:
-                return answer(2, at, tats)  # early: counts nothing
-            if how == "peek" or (how == "take" and slot > now):
-                return answer(0 if slot > now else 1, slot, tats)
-            begins = None
-            if how in ("start", "due"):
-                slot, begins = _start(how, at, slot, gate, now=now, grace=grace, near=near)
-            if begins is not None:
-                gated = self._gates[key] = charged(gated, begins)
-                if how == "due":  # its slot was counted when it was reserved
-                    return answer(1, begins, tats)
-            tats = charged(tats, slot)
-            self._tats[key] = tats
-            if begins is not None:
-                return answer(1, begins, tats)
-            return answer(2 if slot > now else 1, slot, tats)
-
-    def keep(self, name: str, seconds: float) -> None:
-        """``Rates.keep``: spared when names whose slots have all passed are let go."""
-        with self._memory.guard:
-            key = self.key(name)
-            if key in self._tats or key in self._gates:
-                until = self._memory.clock.time() + seconds
-                self._kept[key] = max(self._kept.get(key, until), until)
 
 
 def _start(
@@ -297,24 +181,14 @@ def _remaining(now: float, tolerance: float, tat: float, interval: float) -> int
     return math.floor((now + tolerance - tat) / interval + 1e-9) + 1
 
 
-_helpers = PerStore(
-    "rate limits",
-    "one counter",
-    "for rate-limited tasks",
-    Rates,
-    MemoryRates,
-)
-
-
-def rates_of(store: object) -> Rates | MemoryRates:
-    """The rates of ``store`` (a ``RedisLock`` or ``MemoryLock``), made once per store."""
-    return _helpers.of(store)
+def rates_of(store: object) -> Rates:
+    """The rates of ``store`` (one Redis server: a Redlock refused), made once per store."""
+    return one_server(store, "rate limits", "one counter", "for rate-limited tasks").helper(Rates)
 
 
 __all__ = [
     "ANY_LATENESS",
     "Charges",
-    "MemoryRates",
     "Pause",
     "Rate",
     "Rates",

@@ -16,8 +16,7 @@ from ..names import check_limit, new_token, slot
 from ..outcomes import Contended, text
 from ..redis import scripts
 from ..redis.calls import Arg
-from ..redis.common import REDIS_ERRORS, Block, ScriptArgs, Step, Try
-from ..redis.waits import pop_within
+from ..redis.common import REDIS_ERRORS, ScriptArgs, Step, Try
 
 if TYPE_CHECKING:
     from ..history import Record
@@ -51,7 +50,7 @@ class Slots:
         self, name: str, token: str, argv: ScriptArgs, ttl_ms: int, entry: Record | None
     ) -> Lease | Contended:
         store = self._store
-        sent_at = time.monotonic()
+        sent_at = store.clock.monotonic()
         acked: int | None = None
         try:
             if store.replicas is not None:
@@ -80,6 +79,7 @@ class Slots:
             fence=int(reply[1]),
             ttl=ttl_ms / 1000,
             sent_at=sent_at,
+            clock=store.clock,
         )
         if store.replicas is not None and acked is not None and acked < store.replicas[0]:
             store.release(lease)  # as for any acquire: too few replicas, given back
@@ -126,16 +126,15 @@ class Slots:
         token = new_token(token)
         plan = store.acquire_plan(True, timeout, "push")
         step: Step = next(plan)
+        since = store.moment()
         try:
             while True:
                 if isinstance(step, Try):
+                    since = store.moment()
                     argv = self._argv(name, limit, token, ttl_ms, announce=step.announce, cap=cap)
                     step = plan.send(self._try(name, token, argv, ttl_ms, entry))
-                elif isinstance(step, Block):
-                    try:
-                        pop_within(store.client, store.keys(name).signal, step.seconds)
-                    except REDIS_ERRORS as error:
-                        store.unavailable(error, name)
+                else:
+                    store.pause(name, step, since)
                     step = next(plan)
         except StopIteration as done:
             lease: Lease = store.granted(done.value, None)

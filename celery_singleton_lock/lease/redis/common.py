@@ -7,7 +7,6 @@ the two clients share the decisions and differ only in how they perform I/O.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Generic, NoReturn, TypeAlias, TypedDict, TypeVar
@@ -57,6 +56,7 @@ class Call:
     shape: tuple[str, str]  # ('', '') for none
     fenced: bool
     unless_replaced: str = ""  # refuse if swap replaced this token ('' for no check)
+    clock: Clock = SYSTEM_CLOCK  # the store's: what its leases count on
 
     @property
     def plain(self) -> bool:
@@ -72,6 +72,7 @@ class Call:
             fence=fence,
             ttl=self.ttl_ms / 1000,
             sent_at=sent_at,
+            clock=self.clock,
         )
 
 
@@ -101,8 +102,9 @@ def _acquire_steps(
     wait: WaitMode,
     backoff_base: float,
     backoff_cap: float,
+    clock: Clock,
 ) -> Plan:
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else clock.monotonic() + timeout
     attempt = 0
     announce = blocking and wait == "push"
     while True:
@@ -111,7 +113,7 @@ def _acquire_steps(
             raise RuntimeError("acquire plan resumed without the outcome of its try")
         if isinstance(outcome, Lease) or not blocking:
             return outcome
-        left = None if deadline is None else deadline - time.monotonic()
+        left = None if deadline is None else deadline - clock.monotonic()
         if left is not None and left <= 0:
             return outcome
         # Never wait past the holder's TTL: a holder that dies without releasing sends
@@ -138,6 +140,8 @@ class LockBase(Generic[ClientT, ScriptT]):
     # One server sees every operation on a lock, so its history is whole there (not so
     # for Redlock's masters, nor kept by the memory store).
     keeps_history = True
+    # A server other processes reach (a broker may share it); not the memory store's.
+    on_a_server = True
     # A server's ttl runs in real time: so does every lease it grants.
     clock: Clock = SYSTEM_CLOCK
 
@@ -205,6 +209,7 @@ class LockBase(Generic[ClientT, ScriptT]):
             shape=take.shape or ("", ""),
             fenced=take.fenced,
             unless_replaced=take.unless_replaced or "",
+            clock=self.clock,
         )
 
     def acquire_request(
@@ -325,6 +330,7 @@ class LockBase(Generic[ClientT, ScriptT]):
             wait=wait,
             backoff_base=self.backoff_base,
             backoff_cap=self.backoff_cap,
+            clock=self.clock,
         )
 
     def _check_socket_timeout(self, timeout: float | None) -> None:

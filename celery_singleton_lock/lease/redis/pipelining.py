@@ -11,7 +11,6 @@ import collections
 import inspect
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
@@ -20,6 +19,7 @@ from redis.commands.core import Script
 from redis.connection import Connection, ConnectionPool
 
 from .. import history
+from ..clock import SYSTEM_CLOCK, Clock
 from . import recording
 from .calls import Acked, Arg, Batch, Command, Hold, Response, ScriptCall, SentCall, body
 from .clients import SyncClient
@@ -125,13 +125,15 @@ class Pipelining:
         "_pool",
         "_recorded_scripts",
         "client",
+        "clock",
         "direct",
         "holds",
         "holds_checked",
     )
 
-    def __init__(self, client: SyncClient) -> None:
+    def __init__(self, client: SyncClient, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.client = client
+        self.clock = clock  # when a call was sent, on the store's clock
         self._recorded_scripts: dict[str, Script] = {}  # by the digest of the script recorded
         self.direct = drivable(client)
         self._pool: ConnectionPool | None = client.connection_pool if drivable(client) else None
@@ -332,7 +334,7 @@ class Pipelining:
         self, script: Script, keys: Sequence[Arg], args: Sequence[Arg], **options: Any
     ) -> tuple[Response, float]:
         """``call``, and when it was written (after any connecting): a ttl counts from then."""
-        sent_at = time.monotonic()
+        sent_at = self.clock.monotonic()
         reply = self.send(script, keys, args, **options)
         return reply.get(), reply.sent_at or sent_at
 
@@ -362,7 +364,7 @@ class Pipelining:
             # A new connection's handshake first (several round trips with redis-py's
             # HELLO and CLIENT SETINFO): a lease's ttl counts from the send, after it.
             conn.connect()  # type: ignore[no-untyped-call]
-            sent_at = time.monotonic()
+            sent_at = self.clock.monotonic()
             # Health-checks first when the connection has been idle long.
             conn.send_packed_command([b"".join(pack(self._encoding, c) for c in commands)])  # type: ignore[no-untyped-call]
         except TRANSPORT_ERRORS as error:

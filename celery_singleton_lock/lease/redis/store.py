@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -25,7 +26,7 @@ from . import recording
 from .answers import SentAcquire
 from .calls import Arg, Response, run_script
 from .clients import SyncClient, build, eviction_policy, is_async
-from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Try
+from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Sleep, Try
 from .inventory import BATCH, family, scan
 from .pipelining import Pipelining
 from .replicas import acknowledged, replicas_option, with_acks
@@ -33,6 +34,8 @@ from .replies import Reply
 from .waits import pop_within
 
 logger = logging.getLogger(__name__)
+
+Helper = TypeVar("Helper")
 
 
 class RedisLock(LockBase[SyncClient, Script]):
@@ -71,8 +74,19 @@ class RedisLock(LockBase[SyncClient, Script]):
         )
         self._renewer = renewer
         self._slots: Slots | None = None
-        self.pipelining = Pipelining(client)
+        self.pipelining = Pipelining(client, clock=self.clock)
         self._holder_script = client.register_script(recording.HOLDER)
+        self._helpers: dict[Callable[[RedisLock], object], object] = {}
+        self._helpers_guard = threading.Lock()
+
+    def helper(self, make: Callable[[RedisLock], Helper]) -> Helper:
+        """What ``make`` builds over this store (its rates, backlogs, overrides...),
+        made at the first use and kept as long as the store: its scripts registered once."""
+        with self._helpers_guard:
+            if make not in self._helpers:
+                self._helpers[make] = make(self)
+            made: Helper = self._helpers[make]  # type: ignore[assignment]
+            return made
 
     def _register(self, source: str) -> Script:
         return self.client.register_script(source)
@@ -134,7 +148,7 @@ class RedisLock(LockBase[SyncClient, Script]):
         entry: Record | None = None,
         within: float | None = None,
     ) -> PendingAcquire:
-        sent_at = time.monotonic()
+        sent_at = self.clock.monotonic()
         try:
             script = self._acquire_script
             fast = call.plain and not (step.announce or whole or entry)
@@ -181,26 +195,37 @@ class RedisLock(LockBase[SyncClient, Script]):
         """
         call = self._acquire_call(name, ttl, token, take)
         plan = self.acquire_plan(blocking, timeout, wait)
-        step = next(plan)
+        step, since = next(plan), self.moment()
         try:
             while True:
                 if isinstance(step, Try):
+                    since = self.moment()
                     sent = self._send_try(call, step, entry=entry, within=self.try_within)
                     step = plan.send(sent.outcome())
                     continue
-                if isinstance(step, Block):
-                    try:
-                        pop_within(self.client, call.keys.signal, step.seconds)
-                    except REDIS_ERRORS as error:
-                        self.unavailable(error, name)
-                else:
-                    time.sleep(step.seconds)
+                self.pause(name, step, since)
                 step = next(plan)
         except StopIteration as done:
             lease = self.granted(done.value, on_lost)
         if renew:
-            self.renewer.add(self, lease)
+            self.renew(lease)
         return lease
+
+    def moment(self) -> float:
+        """When a try was sent, for ``pause`` (on the store's clock)."""
+        return self.clock.monotonic()
+
+    def pause(self, name: str, step: Block | Sleep, since: float) -> None:
+        """A blocked acquire's wait between its tries (of ``name`` or its slots): BLPOP
+        on its wake-up list, woken by a release (``Block``), or a backoff (``Sleep``).
+        ``since``: the ``moment`` of the try it follows."""
+        if isinstance(step, Sleep):
+            time.sleep(step.seconds)
+            return
+        try:
+            pop_within(self.client, self.keys(name).signal, step.seconds)
+        except REDIS_ERRORS as error:
+            self.unavailable(error, name)
 
     def outcome_of(self, call: Call, *, sent_at: float, reply: Response) -> Lease | Contended:
         """What a sent acquire's ``reply`` means, replica acknowledgements included."""
@@ -240,7 +265,7 @@ class RedisLock(LockBase[SyncClient, Script]):
         """Pass ``name`` from ``expected`` (never from nobody) to ``token``, recording
         ``record`` (or ``expected``) as replaced for ``unless_replaced``. Unfenced."""
         call = self._acquire_call(name, ttl, token, TakeOver(replace=expected, fenced=False))
-        sent_at = time.monotonic()
+        sent_at = self.clock.monotonic()
         try:
             reply = self.pipelining.call(
                 self._swap_script,
@@ -351,7 +376,7 @@ class RedisLock(LockBase[SyncClient, Script]):
         if len(leases) == 1 or not self.pipelining.direct or self.replicas is not None:
             return [self._renew_one(lease) for lease in leases]
         calls = [(lease, *self._extend_call(lease, None)) for lease in leases]
-        sent_at = time.monotonic()
+        sent_at = self.clock.monotonic()
         argv: list[tuple[list[Arg], list[Arg]]] = [
             (list(keys), [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls
         ]
@@ -423,3 +448,15 @@ class RedisLock(LockBase[SyncClient, Script]):
             yield lease
         finally:
             self.release(lease)
+
+
+def one_server(store: object, what: str, keeps: str, used_by: str) -> RedisLock:
+    """``store``, the one Redis server ``what`` needs; any other store (a Redlock of
+    several masters) refused, saying what to write instead."""
+    if isinstance(store, RedisLock):
+        return store
+    where = getattr(store, "where", repr(store))
+    raise ConfigurationError(
+        f"{what} need one lock store; {where} is a Redlock of several masters, which "
+        f"cannot keep {keeps}: use a standalone, Sentinel or Cluster lock store {used_by}"
+    )
