@@ -20,6 +20,7 @@ from ..lease import Server, server_of
 from ..lease.history import Record
 from ..outages import release_or_warn
 from . import versions
+from .carried import ByResultKey, Carried
 from .connection import turned_off
 from .pushes import RidingRelease, pushes_of
 from .ride_scripts import STORE_RESULT
@@ -48,10 +49,6 @@ UNREADABLE = -1
 READ_IN_SCRIPT = 64 * 1024
 
 
-def _text(key: object) -> str:
-    return key.decode() if isinstance(key, bytes) else str(key)
-
-
 class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyped
     """Celery's Redis result backend; a result write with a release pending for its
     task (``release_with_result``) sends the release in the same transaction.
@@ -71,12 +68,12 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     # result key -> the release its write carries, and the lock store's database: filled
     # by a run as its body ends (``carry_release``) and emptied by the write of its
     # result, or failing that at task_postrun (``release_uncarried``). By result key, as
-    # the next dict: Celery keeps a backend per thread, or one for every thread with
+    # the next table: Celery keeps a backend per thread, or one for every thread with
     # ``result_backend_thread_safe``, and a run's end and its result's write are on the
     # run's own thread.
-    _singleton_releases: dict[str, tuple[RidingRelease, int]] | None = None
+    _singleton_releases: ByResultKey[Carried] | None = None
     # result key -> task id, while a write in progress is to read what is stored itself.
-    _singleton_unread: dict[str, str] | None = None
+    _singleton_unread: ByResultKey[str] | None = None
 
     def server(self) -> Server | None:
         """Where this backend stores results (None: not one standalone server)."""
@@ -99,10 +96,10 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         """Have the write of ``task_id``'s result send ``release`` (in the lock store's
         database ``db``) in its own transaction."""
         # setdefault: made once, whichever thread comes first.
-        releases: dict[str, tuple[RidingRelease, int]] = self.__dict__.setdefault(
-            "_singleton_releases", {}
+        releases: ByResultKey[Carried] = self.__dict__.setdefault(
+            "_singleton_releases", ByResultKey()
         )
-        releases[_text(self.get_key_for_task(task_id))] = (release, db)
+        releases[self.get_key_for_task(task_id)] = Carried(release, db)
 
     def release_uncarried(self, task_id: str) -> None:
         """A release the write of ``task_id``'s result did not carry (none was written),
@@ -112,10 +109,9 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
 
     def _release_alone(self, key: object) -> None:
         releases = self._singleton_releases
-        pending = None if releases is None else releases.pop(_text(key), None)
+        pending = None if releases is None else releases.pop(key)
         if pending is not None:
-            release = pending[0]
-            release_or_warn(lambda _: release.alone(), release.lease)
+            pending.alone()
 
     def _store_result(
         self,
@@ -133,8 +129,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         Only results this backend encodes as JSON; a stored value the script cannot read
         as Celery's JSON (another serializer, compressed, large) is read by Celery's own
         code after all (``_write_as_celery``)."""
-        stored_at = self.get_key_for_task(task_id)
-        key = _text(stored_at)
+        key = self.get_key_for_task(task_id)
         releases = self._singleton_releases
         if not releases or key not in releases or self.serializer != "json":
             return super()._store_result(
@@ -144,21 +139,21 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
             result=result, state=state, traceback=traceback, request=request
         )
         meta["task_id"] = bytes_to_str(task_id)
-        unread: dict[str, str] = self.__dict__.setdefault("_singleton_unread", {})
+        unread: ByResultKey[str] = self.__dict__.setdefault("_singleton_unread", ByResultKey())
         unread[key] = task_id
         try:
-            self._set_with_state(stored_at, self.encode(meta), state)
+            self._set_with_state(key, self.encode(meta), state)
         except BackendStoreError as error:
             raise BackendStoreError(str(error), state=state, task_id=task_id) from error
         finally:
-            unread.pop(key, None)
+            unread.pop(key)
         return result
 
     def _unread(self, key: object) -> str | None:
         """The task id of ``key``'s write in progress when it is to read what is stored
         itself (``_store_result``); None when Celery read it already."""
         unread = self._singleton_unread
-        return None if not unread else unread.get(_text(key))
+        return None if not unread else unread.get(key)
 
     def _succeeded(self, task_id: str) -> bool:
         """Celery's read: whether a success is stored for ``task_id``."""
@@ -172,7 +167,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
 
     def set(self, key: object, value: object, *args: object, **kwargs: object) -> object:
         releases = self._singleton_releases
-        if not releases or _text(key) not in releases:
+        if not releases or key not in releases:
             return super().set(key, value, *args, **kwargs)
         if not isinstance(value, str | bytes) or len(value) > RIDING_LIMIT:
             self._release_alone(key)
@@ -188,8 +183,8 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     def _set_releasing(self, key: object, value: object, expires: object) -> None:
         if expires is None:
             expires = self.expires
-        releases = self._singleton_releases or {}
-        pending = releases.pop(_text(key), None)
+        releases = self._singleton_releases or ByResultKey()
+        pending = releases.pop(key)
         task_id = self._unread(key)
         if pending is None and task_id is not None:
             # Celery's retry of a write whose release went on its own meanwhile.
@@ -198,25 +193,24 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         try:
             replies = self._write(key, value, expires, pending, reads=task_id is not None)
         except BaseException as error:
-            if pending is None or not pending[0].unsent(error):
+            if pending is None or not pending.unsent(error):
                 # Nothing was run (the connection broke): Celery's retry policy sends
                 # the write again, the release on it; if it gives up, task_postrun
                 # releases on a round trip of its own.
                 if pending is not None:
-                    releases[_text(key)] = pending
+                    releases[key] = pending
                 raise
             # The server refused the release as it was queued (an ACL user without the
             # lock's keys), which aborted the transaction: the release alone, first (a
             # write that fails now is tried again without it), then the result.
-            release = pending[0]
-            release_or_warn(lambda _: release.alone(), release.lease)
+            pending.alone()
             if task_id is None:
                 self._write(key, value, expires, None)
             else:
                 self._write_as_celery(key, value, expires, task_id)
             return
         if pending is not None:
-            pending[0].read(replies[0])
+            pending.read(replies[0])
             replies = replies[1:]
         if task_id is not None and replies and replies[0] == UNREADABLE:
             # A stored value the script cannot read as Celery's JSON: Celery's read decides.
@@ -231,7 +225,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         key: object,
         value: object,
         expires: object,
-        pending: tuple[RidingRelease, int] | None,
+        pending: Carried | None,
         *,
         reads: bool = False,
     ) -> list[object]:
@@ -240,7 +234,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         ``_store_result``), a script that reads, writes and publishes."""
         with self.client.pipeline() as pipe:
             if pending is not None:
-                pending[0].add(pipe, pending[1])
+                pending.add(pipe)
             seconds = getattr(expires, "total_seconds", None)
             ttl = int(seconds()) if seconds else expires
             if pending is not None and reads:

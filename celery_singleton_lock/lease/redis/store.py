@@ -3,33 +3,32 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
-from ...exceptions import ConfigurationError, SingletonLockError
-from ..errors import store_error
+from ...exceptions import ConfigurationError
 from ..history import Record
 from ..lease import Lease, LostCallback
 from ..limits.slots import Slots
 from ..names import DEFAULT_PREFIX, Held
-from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult, decode, text
+from ..outcomes import LOSS, Contended, ReleaseResult, decode, text
 from ..pending import PendingAcquire
 from ..renewal import Renewer, get_renewer
 from ..takeover import FRESH, TakeOver, WaitMode
 from . import recording
 from .answers import SentAcquire
-from .calls import Arg, Response, run_script
+from .calls import Response, run_script
 from .clients import SyncClient, build, eviction_policy, is_async
-from .common import REDIS_ERRORS, Block, Call, LockBase, ScriptArgs, Sleep, Try
+from .common import REDIS_ERRORS, Block, Call, ScriptArgs, Sleep, Try
+from .extending import Extending
+from .helpers import Helpers
 from .inventory import BATCH, family, scan
 from .pipelining import Pipelining
-from .replicas import acknowledged, replicas_option, with_acks
+from .replicas import replicas_option, with_acks
 from .replies import Reply
 from .waits import pop_within
 
@@ -38,7 +37,7 @@ logger = logging.getLogger(__name__)
 Helper = TypeVar("Helper")
 
 
-class RedisLock(LockBase[SyncClient, Script]):
+class RedisLock(Extending):
     """Leases on named locks in one Redis, one round trip per operation.
 
     Fencing tokens: each acquire of a name returns a ``fence`` strictly greater than every
@@ -76,17 +75,12 @@ class RedisLock(LockBase[SyncClient, Script]):
         self._slots: Slots | None = None
         self.pipelining = Pipelining(client, clock=self.clock)
         self._holder_script = client.register_script(recording.HOLDER)
-        self._helpers: dict[Callable[[RedisLock], object], object] = {}
-        self._helpers_guard = threading.Lock()
+        self._helpers = Helpers(self)
 
     def helper(self, make: Callable[[RedisLock], Helper]) -> Helper:
         """What ``make`` builds over this store (its rates, backlogs, overrides...),
         made at the first use and kept as long as the store: its scripts registered once."""
-        with self._helpers_guard:
-            if make not in self._helpers:
-                self._helpers[make] = make(self)
-            made: Helper = self._helpers[make]  # type: ignore[assignment]
-            return made
+        return self._helpers.get(make)
 
     def _register(self, source: str) -> Script:
         return self.client.register_script(source)
@@ -339,72 +333,6 @@ class RedisLock(LockBase[SyncClient, Script]):
             return decode(self.pipelining.call(script, **argv, entry=entry), ReleaseResult)
         except REDIS_ERRORS as error:
             self.unavailable(error, name)
-
-    def extend(
-        self, lease: Lease, ttl: object | None = None, *, retry: bool = True
-    ) -> ExtendResult:
-        """Reset the lease's TTL to ``ttl`` (default: its own) if it still owns the lock.
-
-        ``retry=False``: a transport error is not retried by the client's policy (the
-        renewer retries on its own schedule, within the lease's time).
-        """
-        keys, ttl_ms = self._extend_call(lease, ttl)
-        try:
-            reply, sent_at = self.pipelining.timed(
-                self._extend_script,
-                keys,
-                [lease.token, ttl_ms],
-                retry=retry,
-                acks=self.replicas,
-            )
-        except REDIS_ERRORS as error:
-            self.unavailable(error, lease.name)
-        if self.replicas is not None:
-            # Too few acknowledgements: a failed renewal (retried), never a longer lease.
-            reply = acknowledged(
-                reply, self.replicas, where=self.where, name=lease.name, key=lease.key
-            )
-        return self._extended(lease, ttl_ms, sent_at, reply)
-
-    def extend_many(self, leases: Sequence[Lease]) -> list[ExtendResult | Exception]:
-        """``extend`` each lease (its own ttl), in one round trip where the client allows.
-
-        For the renewer: nothing is retried by the client's policy (the renewer retries
-        on its own schedule, within the leases' time), and a store error is returned in
-        the lease's place, not raised.
-        """
-        if len(leases) == 1 or not self.pipelining.direct or self.replicas is not None:
-            return [self._renew_one(lease) for lease in leases]
-        calls = [(lease, *self._extend_call(lease, None)) for lease in leases]
-        sent_at = self.clock.monotonic()
-        argv: list[tuple[list[Arg], list[Arg]]] = [
-            (list(keys), [lease.token, ttl_ms]) for lease, keys, ttl_ms in calls
-        ]
-        try:
-            replies = self.pipelining.call_many(self._extend_script, argv)
-        except REDIS_ERRORS as error:
-            return [store_error(error, where=self.where)] * len(leases)
-        results: list[ExtendResult | Exception] = []
-        for (lease, _, ttl_ms), reply in zip(calls, replies, strict=True):
-            if isinstance(reply, Exception):
-                # NOSCRIPT (a restarted server) and the like: that lease alone goes again
-                # through the single-call path, which knows each of them.
-                results.append(self._renew_one(lease))
-            else:
-                results.append(self._extended(lease, ttl_ms, sent_at, reply))
-        return results
-
-    def _renew_one(self, lease: Lease) -> ExtendResult | Exception:
-        try:
-            return self.extend(lease, retry=False)
-        except SingletonLockError as error:
-            return error
-
-    def lane(self, lease: Lease) -> Hashable:
-        """Which node serves ``lease`` (renewals of one node share a round trip)."""
-        if isinstance(self.client, RedisCluster):
-            return str(self.client.get_node_from_key(lease.key).name)  # type: ignore[no-untyped-call]
-        return None
 
     def eviction_policy(self) -> str | None:
         """The server's ``maxmemory-policy`` (None if it will not say, e.g. CONFIG is denied)."""

@@ -1,7 +1,7 @@
 """``Redlock``: leases held on a majority of independent Redis masters, fenced across holders.
 
 antirez's algorithm (redis.io, "Distributed Locks with Redis"); how a lease is taken, kept
-and fenced on the masters: ``Redlock``.
+and fenced on the masters: ``Redlock`` (its extends judged by ``keeping``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from ...exceptions import ConfigurationError, LockStoreUnavailableError, SingletonLockError
 from ..clock import SYSTEM_CLOCK
-from ..lease import YIELDED, Lease, LostCallback, valid_until
+from ..lease import Lease, LostCallback
 from ..limits.slots import QuorumSlots
 from ..names import DEFAULT_PREFIX, Held, LockKeys, new_token
 from ..outcomes import LOSS, Contended, ExtendResult, ReleaseResult
@@ -25,6 +25,7 @@ from ..redis.store import RedisLock
 from ..redis.urls import redlock_masters
 from ..renewal import Renewer, get_renewer
 from ..takeover import FRESH, TakeOver
+from .keeping import QuorumExtend
 from .quorum import Answers, Attempt, Quorum
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class Redlock:
         self.prefix = self.nodes[0].prefix
         self.quorum = Quorum(len(self.nodes))
         self.where = f"redlock({', '.join(node.where for node in self.nodes)})"
+        self.quorum_extend = QuorumExtend(self.nodes, self.quorum, self.where)
         self._renewer = renewer
         self._raise = [node.client.register_script(scripts.RAISE_FENCE) for node in self.nodes]
         self._slots: QuorumSlots | None = None
@@ -290,46 +292,7 @@ class Redlock:
     ) -> list[ExtendResult | Exception]:
         """``extend`` each lease, one pipelined round trip per master, all masters at once."""
         ttls = [self.ttl_ms(lease.ttl if ttl is None else ttl) for lease in leases]
-        sent_at = time.monotonic()
-        copies = [lease.copy(ms / 1000) for lease, ms in zip(leases, ttls, strict=True)]
-        answers = self.quorum.ask(
-            [partial(node.extend_many, copies) for node in self.nodes],
-            timeout=self._try_wait(min(ttls)),
-            settled=lambda so_far: all(
-                self.quorum.settles(so_far.column(index), _kept) for index in range(len(leases))
-            ),
-        )
-        results: list[ExtendResult | Exception] = []
-        for index, (lease, ttl_ms) in enumerate(zip(leases, ttls, strict=True)):
-            results.append(self._extended(lease, ttl_ms, sent_at, answers.column(index)))
-        return results
-
-    def _extended(
-        self, lease: Lease, ttl_ms: int, sent_at: float, answers: Answers[ExtendResult]
-    ) -> ExtendResult | Exception:
-        if answers.count(_kept) >= self.quorum.needed:
-            lease.renewed(valid_until(sent_at, ttl_ms / 1000))
-            if answers.count(lambda one: one is ExtendResult.CANCELLED):
-                lease.mark_cancelled(YIELDED)
-                return ExtendResult.CANCELLED
-            return ExtendResult.EXTENDED
-        gone = [one for one in answers.values() if not _kept(one)]
-        if len(gone) > self.quorum.count - self.quorum.needed:
-            result = Counter(gone).most_common(1)[0][0]
-            lease.mark_lost(LOSS[result] + f" on {len(gone)} of {self.quorum.count} masters")
-            return result
-        # A majority may still hold it: a failed renewal, tried again within its time.
-        for error in answers.errors():
-            if isinstance(error, ConfigurationError):
-                return error
-        confirmed = answers.count(_kept)
-        return LockStoreUnavailableError(
-            f"renewal of {lease.key} confirmed by {confirmed} of {self.quorum.count} masters "
-            f"of {self.where}, {self.quorum.needed} needed",
-            name=lease.name,
-            key=lease.key,
-            url=self.where,
-        )
+        return self.quorum_extend.extend_many(leases, ttls, timeout=self._try_wait(min(ttls)))
 
     # -- letting go -----------------------------------------------------------------
 
@@ -407,7 +370,3 @@ class Redlock:
         for found in seen.values():
             if len(found) >= self.quorum.needed:
                 yield min(found, key=lambda held: held.ttl or 0.0)
-
-
-def _kept(result: ExtendResult) -> bool:
-    return result in (ExtendResult.EXTENDED, ExtendResult.CANCELLED)
