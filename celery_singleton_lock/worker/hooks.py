@@ -71,7 +71,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     hostname = getattr(sender, "hostname", None)
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
-        on_receipt(app, functools.partial(receipts.riders, app, hostname))
+        on_receipt(app, functools.partial(receipts.riding_calls, app, hostname))
     said = check_the_ride(app)
     if said is not None:
         _said.append(said)
