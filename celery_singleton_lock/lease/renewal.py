@@ -127,7 +127,7 @@ class _Lane:
 
     def _extend(self, batch: list[Lease]) -> None:
         # Each renewal has its own deadline, well inside the time its leases have left.
-        # One the client holds past it (a frozen node, a long backoff) is given up here;
+        # One the client keeps waiting past it (a frozen node, a long backoff) is given up here;
         # its answer, if it comes, still updates the lease, and a new try goes out.
         self.abandoned = [a for a in self.abandoned if not a.done.is_set()]
         deadline = max(MIN_RETRY, min(lease.remaining() for lease in batch) * DEADLINE_SHARE)
