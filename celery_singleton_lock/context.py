@@ -46,7 +46,7 @@ class TaskContext:
 
     @property
     def store(self) -> LockStore:
-        """The lock store for one-round-trip operations."""
+        """The lock store for operations of one round trip."""
         return self.stores.lock
 
     @property

@@ -64,7 +64,7 @@ class AppRide:
 
     # The worker's main process, once it consumes: what a received message rides.
     receipts: Receipts | None = None
-    # The task binding: a purge gives the purged messages' holds up.
+    # The task binding: a purge gives up the purged messages' holds.
     purges: Purges | None = None
     # False once the broker refused a noted push (an ACL user without the lock prefix's
     # keys): messages are pushed as kombu pushes them from then on.

@@ -59,8 +59,9 @@ def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:
 
 
 def family(lock: _Store, name: str) -> Iterator[Held]:
-    """The holds of the lock ``name``: its own key, its companions, its slots and its
-    rate, read in one round trip (they share its hash tag: one Cluster slot)."""
+    """The family of the lock ``name`` (a ``Held`` each): its own key, its companions,
+    its slots and its rate, read in one round trip (they share its hash tag: one Cluster
+    slot)."""
     roles: list[str | None] = [None, *ROLES, *(f"slot{n}" for n in range(1, MAX_SLOTS + 1))]
     found = [
         (LockKeys.build(lock.prefix, companion(name, r) if r else name).lock, name, r)

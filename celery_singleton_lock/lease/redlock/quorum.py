@@ -84,7 +84,7 @@ class Quorum:
         return top >= self.needed or top + answers.unanswered() < self.needed
 
     def heard(self, answers: Answers[T]) -> bool:
-        """A majority answered (a frozen master does not hold up a release or a read)."""
+        """A majority answered (a frozen master does not delay a release or a read)."""
         return len(answers.values()) >= self.needed
 
     def judge(self, answers: Answers[T], where: str, name: str, key: str) -> None:
