@@ -77,13 +77,13 @@ def unless_paused(delivery: Delivery, mode: Mode, start: Start) -> AfterPause:
     """The run's ``AfterPause``, once ``wait_out_pause`` lets it go (it raises Ignore, or
     RateLimitedError eagerly, while the key is paused)."""
     request = delivery.request
-    carried = read_slot(header(request, RATE_SLOT_HEADER))
+    message_slot = read_slot(header(request, RATE_SLOT_HEADER))
     override = start.override
     if override is not None:
-        override = wait_out_pause(delivery, mode, start, override, carried)
+        override = wait_out_pause(delivery, mode, start, override, message_slot)
     slot = None
-    if carried is not None:
-        slot = carried[0] if override is None else override.moved(*carried)
+    if message_slot is not None:
+        slot = message_slot[0] if override is None else override.moved(*message_slot)
     # Late for its slot by the pause, as every run it kept waiting: only while that pause
     # is known (after a reset the slot is as it was, and a late run is given a new one).
     held = header(request, PAUSED_SINCE_HEADER) is not None
@@ -95,12 +95,12 @@ def wait_out_pause(
     mode: Mode,
     start: Start,
     override: Override,
-    carried: tuple[float, float] | None,
+    message_slot: tuple[float, float] | None,
 ) -> Override | None:
     """Keep this run waiting while an operator has its key paused (sent round again every
     ``PAUSE_RECHECK`` seconds, never dropped). After the resume, each paused run
     waits as long after it as it came after the pause began (``Override.moved``), so
-    they go in the order they came; a rate slot moves as much. ``carried``: the
+    they go in the order they came; a rate slot moves as much. ``message_slot``: the
     message's slot. Returns the override in force."""
     request = delivery.request
     raw = header(request, PAUSED_SINCE_HEADER)
@@ -121,7 +121,7 @@ def wait_out_pause(
                 name=start.name,
                 retry_after=PAUSE_RECHECK,
             )
-        first = held_at if held_at is not None else place(override, carried)
+        first = held_at if held_at is not None else place(override, message_slot)
         slot = header(request, RATE_SLOT_HEADER)
         mode.held_back(start, PAUSE_RECHECK)
         send_round_paused(
@@ -144,7 +144,7 @@ def wait_out_pause(
                 override.target,
                 held_at,
                 wait,
-                slot=None if carried is None else str(header(request, RATE_SLOT_HEADER)),
+                slot=None if message_slot is None else str(header(request, RATE_SLOT_HEADER)),
             )
     return override
 
@@ -153,7 +153,7 @@ def wait_out_pause(
 EARLY_LINE = 0.01
 
 
-def place(override: Override, carried: tuple[float, float] | None) -> float:
+def place(override: Override, message_slot: tuple[float, float] | None) -> float:
     """Where a run first paused by ``override``'s pause stands in line: the rate slot
     its message carries (the order its calls were given slots: a message sent to arrive
     on its slot may come late, on a busy worker after calls given later slots), else
@@ -162,7 +162,7 @@ def place(override: Override, carried: tuple[float, float] | None) -> float:
     slots' order, within ``EARLY_LINE`` of its start, so the resume moves them as it
     moves every other (``Override.moved`` leaves a time before the pause as it is)."""
     now, began = time.time(), override.paused_at or 0.0
-    came = now if carried is None else min(now, carried[0])
+    came = now if message_slot is None else min(now, message_slot[0])
     if came > began:
         return came
     return began + EARLY_LINE / (1.0 + began - came)
