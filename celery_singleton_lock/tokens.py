@@ -231,7 +231,7 @@ def redrive_shape() -> tuple[str, str]:
     A queued hold whose message sits in the prefetch of a worker killed before it could
     reserve it lasts ``queue_ttl`` (the broker gives the message back only after its
     visibility timeout). A re-drive runs past it; nothing is running under a queued
-    hold, so no two executions overlap, and the held message, when it comes back,
+    hold, so no two executions overlap, and the hold's own message, when it comes back,
     meets the key like any other copy.
     """
     return "q|", ""

@@ -41,6 +41,10 @@ RETIRED_TEXT = {
         re.IGNORECASE,
     ),
     "hold up": re.compile(r"\bhold(s|ing)? up\b", re.IGNORECASE),
+    # A worker has (receives, keeps) a message; a token holds a lock.
+    "holds a message": re.compile(
+        r"\bhold(s|ing) (an? |the |its )?(ETA )?messages?\b", re.IGNORECASE
+    ),
     # An acquire sent and not read is unread: pending is a call not started yet.
     "pending acquire": re.compile(
         r"\bpending\b\s*(=\s*[\w.]*begin_try_acquire\b|:\s*PendingAcquire\b)"
@@ -151,6 +155,7 @@ class TestRetiredWords:
         source.write_text(
             "# a run a pause held\n"
             "# back, its riders, the\n"
+            "# a worker holding the message\n"
             '"""piggybacked; one trip\n'
             '    of its own, or its round trip."""\n'
             "_pending = riders = 1\n"
@@ -163,6 +168,7 @@ class TestRetiredWords:
             "piggyback",
             "trip",
             "pending acquire",
+            "holds a message",
         }
         assert len(RETIRED_TEXT["trip"].findall(text)) == 1  # "round trip" is the word
         assert {"_pending", "riders"} <= _names(source) & RETIRED_NAMES
@@ -175,5 +181,8 @@ class TestRetiredWords:
             "one round trip",
             "the pending call's hold",
             "Replace(pending=True)",
+            "the workers holding a running lease",
+            "as this worker holds it",
+            "the message's own hold\nThe message's own hold",
         ):
             assert not any(rule.search(plain) for rule in RETIRED_TEXT.values()), plain
