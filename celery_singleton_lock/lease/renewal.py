@@ -159,7 +159,7 @@ class Renewer:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        # token -> (store, lease, in flight); the heap holds (due, seq, token, deadline?)
+        # token -> (store, lease, in flight); the heap has (due, seq, token, deadline?)
         # and may hold stale entries for discarded tokens, which the loop skips.
         self._leases: dict[str, tuple[Extender, Lease, bool]] = {}
         self._heap: list[tuple[float, int, str, bool]] = []

@@ -114,7 +114,7 @@ def _read(
         lender.checkin(conn, broken=True)
         raise
     if not answered:
-        # Not a transport error to retry on: a frozen server would hold the retry for
+        # Not a transport error to retry on: a frozen server would keep the retry waiting for
         # ever too. The call may or may not have run; the caller says so.
         conn.disconnect()  # type: ignore[no-untyped-call]
         lender.checkin(conn, broken=True)
