@@ -46,7 +46,7 @@ class TaskContext:
 
     @property
     def store(self) -> LockStore:
-        """The lock store for one-round-trip operations."""
+        """The lock store for operations of one round trip."""
         return self.stores.lock
 
     @property
@@ -65,7 +65,7 @@ class TaskContext:
         return self.options.queue_ttl or self.stores.config.queue_ttl
 
     def one_hop(self, countdown: float) -> float:
-        """As much of ``countdown`` as a message may wait unacked in the worker holding it
+        """As much of ``countdown`` as a message may wait unacked in the worker that has it
         before the broker hands it out again: below its ``visibility_timeout`` (RabbitMQ:
         its ``consumer_timeout``; ``config.visibility``); the rest is waited in further hops."""
         longest = longest_countdown(self.app.conf, self.stores.config.consumer_timeout)

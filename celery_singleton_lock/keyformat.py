@@ -26,7 +26,7 @@ _SAMPLES: dict[type, object] = {
     bytes: b"x",
 }
 _BY_NAME = {kind.__name__: kind for kind in _SAMPLES}
-# Values a format-string key may interpolate: their str() survives the JSON trip
+# Values a format-string key may interpolate: their str() survives a round trip through JSON
 # unchanged. A list's str() would not ("(1, 2)" at the sender, "[1, 2]" at the worker).
 SCALARS = (*_SAMPLES, type(None))
 # The standard library's conversion (!r, !s, !a) and format spec, field by field.

@@ -43,10 +43,10 @@ WINDOW_HEADER = "singleton_lock_window"
 # it was reserved (at dispatch, or by the execution that deferred the message), so the
 # run only checks it is due and counts nothing again.
 RATE_SLOT_HEADER = "singleton_lock_rate_slot"
-# When a run of a paused key was first held back (seconds since the epoch): after the
-# resume it goes as long after the resume as it came after the pause, so held-back runs
-# go in the order they came, as far apart as they came.
-HELD_HEADER = "singleton_lock_held"
+# When a run first found its key paused (seconds since the epoch; the header's name is
+# older than the word "paused"): after the resume it goes as long after the resume as it
+# came after the pause, so paused runs go in the order they came, as far apart.
+PAUSED_SINCE_HEADER = "singleton_lock_held"
 # Put at dispatch on a call that took a place among its key's waiting calls
 # (``max_pending``): its run leaves the place as it starts; a resend keeps it.
 BACKLOG_HEADER = "singleton_lock_waiting"
@@ -56,7 +56,7 @@ BACKLOG_HEADER = "singleton_lock_waiting"
 ETA_HEADER = "singleton_lock_eta"
 # One message's journey, not its call's: a retry or a copy of its request starts afresh
 # (a resend passes on what it keeps).
-CALL_HEADERS = (HELD_HEADER, BACKLOG_HEADER)
+CALL_HEADERS = (PAUSED_SINCE_HEADER, BACKLOG_HEADER)
 # Put by the worker's main process on the request it hands to its pool (never read
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.
@@ -231,7 +231,7 @@ def redrive_shape() -> tuple[str, str]:
     A queued hold whose message sits in the prefetch of a worker killed before it could
     reserve it lasts ``queue_ttl`` (the broker gives the message back only after its
     visibility timeout). A re-drive runs past it; nothing is running under a queued
-    hold, so no two executions overlap, and the held message, when it comes back,
+    hold, so no two executions overlap, and the hold's own message, when it comes back,
     meets the key like any other copy.
     """
     return "q|", ""

@@ -16,7 +16,7 @@ from ..lease.redis.calls import Arg
 from ..lease.redis.common import REDIS_ERRORS
 from ..lease.redis.replies import TRANSPORT_ERRORS
 from .ride_scripts import RECORD, digest
-from .state import Rider
+from .state import RidingCall
 from .transit import NOTE_KEYS, ClearNote
 
 if TYPE_CHECKING:
@@ -47,10 +47,10 @@ class Bookkeeping:
     Handed to kombu in place of its pipeline, it takes kombu's own calls, so kombu still
     computes what is written (the time, the ``[message, exchange, routing key]`` value).
     When they are the shape kombu's releases in ``versions.TESTED`` chain, it writes them
-    as one script (after the message's riders, its take, in the same write; the clearing
+    as one script (after the message's riding calls, its take, in the same write; the clearing
     of its note inside the script) or as an HDEL and a ZREM.
 
-    ``fallback`` gives kombu's own pipeline, with the riders put first (``unacked``'s
+    ``fallback`` gives kombu's own pipeline, with the riding calls put first (``unacked``'s
     riding pipeline): every call goes there, replayed, when the calls are not a shape
     this knows (a kombu release that writes something more still has it written), when
     the server refuses the script, and after a transport error."""
@@ -59,15 +59,15 @@ class Bookkeeping:
         self,
         pipelining: Pipelining,
         keys: Keys,
-        riders: Sequence[Rider],
-        fallback: Callable[[Sequence[Rider]], Any],
+        riding: Sequence[RidingCall],
+        fallback: Callable[[Sequence[RidingCall]], Any],
         *,
         refused: Callable[[Exception], None],
         db: int,
     ) -> None:
         self._pipelining = pipelining
         self._keys = keys
-        self._riders = riders
+        self._riding = riding
         self._fallback = fallback
         self._refused = refused  # the record's script was refused: kombu's from now on
         self._db = db
@@ -97,7 +97,7 @@ class Bookkeeping:
     def __getattr__(self, name: str) -> Any:
         # Anything else kombu asks of a pipeline: kombu's own one from here on, with what
         # was chained so far replayed on it.
-        return getattr(self._replayed(self._riders), name)
+        return getattr(self._replayed(self._riding), name)
 
     def execute(self, raise_on_error: bool = True) -> list[object]:
         if self._kombus_pipe is not None:
@@ -106,13 +106,13 @@ class Bookkeeping:
         if record is not None:
             return self._record(*record, raise_on_error=raise_on_error)
         removal = _removal_shape(self._calls, self._keys)
-        if removal is not None and not self._riders:
+        if removal is not None and not self._riding:
             return self._remove(removal, raise_on_error=raise_on_error)
-        return list(self._replayed(self._riders).execute(raise_on_error=raise_on_error))
+        return list(self._replayed(self._riding).execute(raise_on_error=raise_on_error))
 
-    def _replayed(self, riders: Sequence[Rider]) -> Any:
+    def _replayed(self, riding: Sequence[RidingCall]) -> Any:
         if self._kombus_pipe is None:
-            pipe = self._kombus_pipe = self._fallback(riders)
+            pipe = self._kombus_pipe = self._fallback(riding)
             for name, args, kwargs in self._calls:
                 getattr(pipe, name)(*args, **kwargs)
             self._calls = []
@@ -120,12 +120,12 @@ class Bookkeeping:
 
     def _record(self, tag: str, score: float, value: str, *, raise_on_error: bool) -> list[object]:
         """The received message recorded as unacked by one script, its note cleared in it,
-        its other riders (the take) written before it in the same write."""
-        clears = [rider for rider in self._riders if isinstance(rider, ClearNote)]
-        others = [rider for rider in self._riders if not isinstance(rider, ClearNote)]
+        its other riding calls (the take) written before it in the same write."""
+        clears = [call for call in self._riding if isinstance(call, ClearNote)]
+        others = [call for call in self._riding if not isinstance(call, ClearNote)]
         collected = _Commands()
-        for rider in others:
-            rider.add(collected, self._db)
+        for call in others:
+            call.add(collected, self._db)
         keys = self._keys
         note_keys: Sequence[str] = clears[0].keys if clears else ()
         record_keys = [*note_keys, keys.prefix + keys.index, keys.prefix + keys.hash]
@@ -138,10 +138,10 @@ class Bookkeeping:
         except TRANSPORT_ERRORS:
             # It may or may not have run: all of it again through kombu's pipeline, which
             # retries by the client's policy (each step gives the same answer twice).
-            return self._kombus(self._riders, raise_on_error)
-        for rider, reply in zip(others, replies, strict=False):
-            if not (isinstance(reply, Exception) and rider.refused(reply)):
-                rider.read(reply)
+            return self._kombus(self._riding, raise_on_error)
+        for call, reply in zip(others, replies, strict=False):
+            if not (isinstance(reply, Exception) and call.refused(reply)):
+                call.read(reply)
         answer = replies[-1]
         if _no_script(answer):
             # A server restarted or flushed: the body once, which caches it again.
@@ -173,12 +173,12 @@ class Bookkeeping:
             return self._kombus((), raise_on_error)  # as kombu would have raised it
         return [zrem, hdel]
 
-    def _kombus(self, riders: Sequence[Rider], raise_on_error: bool) -> list[object]:
-        return list(self._replayed(riders).execute(raise_on_error=raise_on_error))
+    def _kombus(self, riding: Sequence[RidingCall], raise_on_error: bool) -> list[object]:
+        return list(self._replayed(riding).execute(raise_on_error=raise_on_error))
 
 
 class _Commands:
-    """What riders put on a pipeline (``lease.redis.calls.Pipeline``), as commands to write."""
+    """What riding calls put on a pipeline (``lease.redis.calls.Pipeline``), to write."""
 
     def __init__(self) -> None:
         self.commands: list[tuple[Arg, ...]] = []

@@ -193,7 +193,7 @@ class RidingRelease:
         return False
 
     def alone(self) -> None:
-        """Release on its own round trip (the result write did not carry it)."""
+        """Release on its own round trip (it did not ride the result write)."""
         self._owner.store.release_nowait(self._lease, entry=self._record)
 
 

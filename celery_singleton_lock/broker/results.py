@@ -20,10 +20,10 @@ from ..lease import Server, server_of
 from ..lease.history import Record
 from ..outages import release_or_warn
 from . import versions
-from .carried import ByResultKey, Carried
 from .connection import turned_off
 from .pushes import RidingRelease, pushes_of
 from .ride_scripts import STORE_RESULT
+from .waiting_release import ByResultKey, WaitingRelease
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -57,21 +57,21 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
     ``PUBLISH``, in a transaction). Any run whose result is not written (ignored results,
     ``Ignore``, ``Reject``, a result already stored) is released on its own round trip
     when the task's tracer is done (``task_postrun``), so a release is never lost. It
-    behaves exactly as Celery's own for every write that carries no release. A singleton
+    behaves exactly as Celery's own for every write no release rides. A singleton
     task's STARTED is stored here too, once the run holds its lease (``store_started``).
 
     Celery reads the stored result before each write, to leave a success as it is. A write
-    that carries a release reads it in its own step instead (``lua/store_result.lua``):
+    a release rides reads it in its own step instead (``lua/store_result.lua``):
     the same answer, a round trip fewer."""
 
     _singleton_server: Server | None = None
-    # result key -> the release its write carries, and the lock store's database: filled
-    # by a run as its body ends (``carry_release``) and emptied by the write of its
-    # result, or failing that at task_postrun (``release_uncarried``). By result key, as
+    # result key -> the release riding its write, and the lock store's database: filled
+    # by a run as its body ends (``ride_release``) and emptied by the write of its
+    # result, or failing that at task_postrun (``release_not_ridden``). By result key, as
     # the next table: Celery keeps a backend per thread, or one for every thread with
     # ``result_backend_thread_safe``, and a run's end and its result's write are on the
     # run's own thread.
-    _singleton_releases: ByResultKey[Carried] | None = None
+    _singleton_releases: ByResultKey[WaitingRelease] | None = None
     # result key -> task id, while a write in progress is to read what is stored itself.
     _singleton_unread: ByResultKey[str] | None = None
 
@@ -92,17 +92,17 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         after it is received, so none is missed."""
         return {}
 
-    def carry_release(self, task_id: str, release: RidingRelease, db: int) -> None:
+    def ride_release(self, task_id: str, release: RidingRelease, db: int) -> None:
         """Have the write of ``task_id``'s result send ``release`` (in the lock store's
         database ``db``) in its own transaction."""
         # setdefault: made once, whichever thread comes first.
-        releases: ByResultKey[Carried] = self.__dict__.setdefault(
+        releases: ByResultKey[WaitingRelease] = self.__dict__.setdefault(
             "_singleton_releases", ByResultKey()
         )
-        releases[self.get_key_for_task(task_id)] = Carried(release, db)
+        releases[self.get_key_for_task(task_id)] = WaitingRelease(release, db)
 
-    def release_uncarried(self, task_id: str) -> None:
-        """A release the write of ``task_id``'s result did not carry (none was written),
+    def release_not_ridden(self, task_id: str) -> None:
+        """A release that did not ride the write of ``task_id``'s result (none was written),
         sent on its own round trip."""
         if self._singleton_releases:
             self._release_alone(self.get_key_for_task(task_id))
@@ -122,8 +122,8 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         request: object = None,
         **kwargs: object,
     ) -> object:
-        """Celery's (``KeyValueStoreBackend._store_result``), but for a result whose write
-        carries its run's release the read of the stored result goes in the write's own
+        """Celery's (``KeyValueStoreBackend._store_result``), but where a run's release
+        rides its result's write, the read of the stored result goes in the write's own
         step; every other write reads first on a round trip of its own, as Celery's.
 
         Only results this backend encodes as JSON; a stored value the script cannot read
@@ -225,7 +225,7 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         key: object,
         value: object,
         expires: object,
-        pending: Carried | None,
+        pending: WaitingRelease | None,
         *,
         reads: bool = False,
     ) -> list[object]:
@@ -287,7 +287,7 @@ def release_with_result(
     release = pushes.riding_release(lease, entry=entry)
     if release is None:
         return False
-    backend.carry_release(request.id, release, server.db)
+    backend.ride_release(request.id, release, server.db)
     return True
 
 
@@ -315,12 +315,12 @@ def store_started(task: Task, request: Context) -> None:
     )
 
 
-def release_uncarried(task: Task, task_id: str) -> None:
-    """At the end of ``task_id``'s trace: a release its result write did not carry (no
+def release_not_ridden(task: Task, task_id: str) -> None:
+    """At the end of ``task_id``'s trace: a release that rode no result write (no
     result written) is sent on its own round trip."""
     backend = task.backend
     if isinstance(backend, RedisBackend):
-        backend.release_uncarried(task_id)
+        backend.release_not_ridden(task_id)
 
 
 def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
@@ -372,7 +372,7 @@ __all__ = [
     "SentinelBackend",
     "install",
     "missed_ride",
-    "release_uncarried",
+    "release_not_ridden",
     "release_with_result",
     "uninstall",
 ]

@@ -1,8 +1,8 @@
-"""The one seam between the core and the broker ride: what the core asks, chosen once an app.
+"""What the core asks of the broker ride (``LockRide``), chosen once an app.
 
 The core asks ``trips_of(app)`` for a held call's publish, a received message's take and a
 run's release. An app that rides answers with ``BrokerRide``; otherwise (the ride off, kombu
-outside the tested range) ``OwnTrips`` answers: every one is a round trip of its own.
+outside the tested range) ``NoRide`` answers: every one is a round trip of its own.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..lease.history import Record
 
 
-class LockTrips(Protocol):
+class LockRide(Protocol):
     """What the core asks of the ride: each answer rides a round trip the broker or the
     result backend makes anyway, or says the lock store's own call is the way."""
 
@@ -56,7 +56,7 @@ class LockTrips(Protocol):
         history, if kept, records it there too."""
 
 
-class OwnTrips:
+class NoRide:
     """Nothing rides: each lock operation is the lock store's own call."""
 
     def publish_held(self, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
@@ -83,17 +83,17 @@ class OwnTrips:
         record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
         if request.is_eager:
             release_or_warn(partial(store.release, entry=record), lease)
-        elif not (ride and self.carried(task, request, context, lease, record)):
+        elif not (ride and self.released_with_result(task, request, context, lease, record)):
             release_or_warn(partial(store.release_nowait, entry=record), lease)
 
-    def carried(
+    def released_with_result(
         self, task: Task, request: Context, context: TaskContext, lease: Lease, entry: Record | None
     ) -> bool:
-        """Whether the write of ``request``'s result carries ``lease``'s release: never."""
+        """Whether ``lease``'s release rides the write of ``request``'s result: never."""
         return False
 
 
-class BrokerRide(OwnTrips):
+class BrokerRide(NoRide):
     """An app that rides (``broker.install``): an operation rides where the lock store is
     the broker's (or the result backend's) server, else it is the store's own call."""
 
@@ -124,26 +124,26 @@ class BrokerRide(OwnTrips):
             return None
         return pushes.riding_take(name, context.ttl, token=token, take=take, entry=entry)
 
-    def carried(
+    def released_with_result(
         self, task: Task, request: Context, context: TaskContext, lease: Lease, entry: Record | None
     ) -> bool:
-        """Whether the write of ``request``'s result carries ``lease``'s release
+        """Whether ``lease``'s release rides the write of ``request``'s result
         (``results.release_with_result``)."""
         return release_with_result(task, request, context, lease, entry)
 
 
 # Stateless: what an app rides is in its own ``AppRide``; these only choose the way.
-OWN_TRIPS = OwnTrips()
+NO_RIDE = NoRide()
 BROKER_RIDE = BrokerRide()
 
 
-def trips_of(app: Celery) -> LockTrips:
+def trips_of(app: Celery) -> LockRide:
     """The way ``app``'s lock operations go: ``BrokerRide`` where ``broker.install`` takes
     (``singleton_lock_ride_broker`` on, kombu and Celery inside ``versions.TESTED``), else
-    ``OwnTrips``. Both are fixed for the process and the app's settings: chosen once."""
+    ``NoRide``. Both are fixed for the process and the app's settings: chosen once."""
     if not versions.TESTED_HERE or not LockStores.for_app(app).config.ride_broker:
-        return OWN_TRIPS
+        return NO_RIDE
     return BROKER_RIDE
 
 
-__all__ = ["BROKER_RIDE", "OWN_TRIPS", "BrokerRide", "LockTrips", "OwnTrips", "trips_of"]
+__all__ = ["BROKER_RIDE", "NO_RIDE", "BrokerRide", "LockRide", "NoRide", "trips_of"]

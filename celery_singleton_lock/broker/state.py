@@ -39,7 +39,7 @@ class NoteSource(Protocol):
         """How its message, of delivery tag ``member``, is noted (None: not)."""
 
 
-class Rider(Protocol):
+class RidingCall(Protocol):
     """A lock-store command sent first in kombu's unacked pipeline (``broker.pushes.RidingTake``,
     ``broker.transit.ClearNote``)."""
 
@@ -51,7 +51,7 @@ class Rider(Protocol):
 # A received message's (headers, properties), the broker's server, its delivery tag:
 # what rides kombu's unacked bookkeeping for it.
 Receipts: TypeAlias = Callable[
-    [tuple[Mapping[str, object], Mapping[str, object]], Server, str], Sequence[Rider]
+    [tuple[Mapping[str, object], Mapping[str, object]], Server, str], Sequence[RidingCall]
 ]
 # The purging channel's client and the lists it emptied.
 Purges: TypeAlias = Callable[[object, list[str]], None]
@@ -64,7 +64,7 @@ class AppRide:
 
     # The worker's main process, once it consumes: what a received message rides.
     receipts: Receipts | None = None
-    # The task binding: a purge gives the purged messages' holds up.
+    # The task binding: a purge gives up the purged messages' holds.
     purges: Purges | None = None
     # False once the broker refused a noted push (an ACL user without the lock prefix's
     # keys): messages are pushed as kombu pushes them from then on.
@@ -76,7 +76,7 @@ class AppRide:
 
 @dataclass(eq=False)
 class Outgoing:
-    """What one publish on a connection carries to the channel that puts its message;
+    """What rides one publish on a connection, handed to the channel that puts its message;
     each is taken once, by the first put of that message's task id.
 
     On the publishing connection for as long as one message is published
@@ -86,8 +86,8 @@ class Outgoing:
     hold: HoldWithPush | None = None
     notes: NoteSource | None = None
 
-    def carries(self) -> bool:
-        """Whether a publish on this connection carries anything now."""
+    def rides(self) -> bool:
+        """Whether anything rides a publish on this connection now."""
         return self.hold is not None or self.notes is not None
 
     def take_hold(self, task_id: object) -> HoldWithPush | None:
@@ -109,4 +109,4 @@ class Outgoing:
         return notes
 
 
-__all__ = ["AppRide", "HoldWithPush", "NoteSource", "Outgoing", "Purges", "Receipts", "Rider"]
+__all__ = ["AppRide", "HoldWithPush", "NoteSource", "Outgoing", "Purges", "Receipts", "RidingCall"]

@@ -152,7 +152,7 @@ class Transit:
         found = self._eval(PURGED, self.keys, list(lists)) or []
         return [(_text(name), _text(token)) for name, token in found]
 
-    def pending(self) -> int:
+    def noted(self) -> int:
         """How many messages are noted in transit now."""
         try:
             return int(self.client.zcard(self.due))

@@ -47,7 +47,7 @@ class Client(Protocol):
 TRANSPORT = "celery_singleton_lock.broker:RedisTransport"
 SENTINEL_TRANSPORT = "celery_singleton_lock.broker:SentinelTransport"
 
-# The property a message noted in transit carries: the worker clears its note at receipt.
+# The property of a message noted in transit: the worker clears its note at receipt.
 NOTED_PROPERTY = "singleton_lock_noted"
 
 
@@ -107,7 +107,7 @@ class Channel(kombu_redis.Channel):
         ride = self.ride()  # not None: the transport is ``Riding``, with ``outgoing``
         batch = kwargs.get("_publish_batch") is not None
         outgoing: Outgoing | None = None if ride is None or batch else self.connection.outgoing
-        if ride is None or outgoing is None or not outgoing.carries():
+        if ride is None or outgoing is None or not outgoing.rides():
             super()._put(queue, message, **kwargs)  # any other task's, or canvas's
             return
         task_id = message_task_id(message)
@@ -197,8 +197,8 @@ class Channel(kombu_redis.Channel):
 
 
 class Riding:
-    """What a transport of an app that rides keeps: the app's ride, and what the message
-    being published on its connection carries (``connection.publishing``)."""
+    """What a transport of an app that rides keeps: the app's ride, and what rides the
+    message being published on its connection (``connection.publishing``)."""
 
     # The app's ride: set on the app's own subclass (``connection.for_app``); None on
     # the classes here, which then put every message as kombu puts it.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from kombu.transport import redis as kombu_redis
 
 from .bookkeeping import Bookkeeping, Keys
-from .state import Rider
+from .state import RidingCall
 
 if TYPE_CHECKING:
     from kombu.message import Message
@@ -35,18 +35,18 @@ class QoS(kombu_redis.QoS):
 
     # What rides the pipeline of the message being appended, per thread: kombu asks for
     # that pipeline from inside ``append``, on the consumer's thread, while a thread
-    # pool's threads ack other messages on the same channel (their pipelines carry none).
+    # pool's threads ack other messages on the same channel (nothing rides their pipelines).
     _appending: threading.local | None = None
 
-    def _pending(self) -> threading.local:
-        pending = self._appending
-        if pending is None:
+    def _appending_now(self) -> threading.local:
+        appending = self._appending
+        if appending is None:
             # setdefault: two threads' first calls end up with the same one
-            pending = self.__dict__.setdefault("_appending", threading.local())
-        return pending
+            appending = self.__dict__.setdefault("_appending", threading.local())
+        return appending
 
     def append(self, message: Message, delivery_tag: object) -> None:
-        riders: Sequence[Rider] = ()
+        riding: Sequence[RidingCall] = ()
         channel = self.channel
         ride = channel.ride()
         receipts = None if ride is None else ride.receipts
@@ -57,19 +57,19 @@ class QoS(kombu_redis.QoS):
             if not isinstance(properties, Mapping):
                 properties = {}
             try:
-                riders = receipts((headers, properties), server, str(delivery_tag))
+                riding = receipts((headers, properties), server, str(delivery_tag))
             except Exception:
                 # Never in the way of kombu's bookkeeping: the take goes alone.
                 logger.exception("celery-singleton-lock: a received message's take cannot ride")
-        if not riders:
+        if not riding:
             super().append(message, delivery_tag)
             return
-        pending = self._pending()
-        pending.riders = riders
+        appending = self._appending_now()
+        appending.riding = riding
         try:
             super().append(message, delivery_tag)
         finally:
-            pending.riders = ()
+            appending.riding = ()
 
     # Why the bookkeeping is kombu's own transaction again (None: it is our commands'):
     # the server refused the record's script (an ACL user that may not run scripts).
@@ -79,11 +79,11 @@ class QoS(kombu_redis.QoS):
     def pipe_or_acquire(self, pipe: object = None, client: object = None) -> Iterator[object]:
         channel = self.channel
         server = channel.server()
-        riders: Sequence[Rider] = ()
+        riding: Sequence[RidingCall] = ()
         if pipe is None:
-            pending = self._pending()
-            riders = getattr(pending, "riders", ())
-            pending.riders = ()  # once: the unacked bookkeeping's own pipeline
+            appending = self._appending_now()
+            riding = getattr(appending, "riding", ())
+            appending.riding = ()  # once: the unacked bookkeeping's own pipeline
         pipelining = None
         if pipe is None and client is None and server is not None and not self._scripts_refused:
             pipelining = channel.pipelining()
@@ -94,23 +94,23 @@ class QoS(kombu_redis.QoS):
             yield Bookkeeping(
                 pipelining,
                 keys,
-                riders,
-                lambda riders: self._kombus_pipeline(riders, server.db),
+                riding,
+                lambda riding: self._kombus_pipeline(riding, server.db),
                 refused=self._refuse_scripts,
                 db=server.db,
             )
             return
         with super().pipe_or_acquire(pipe, client) as acquired:
-            if not riders or server is None:
+            if not riding or server is None:
                 yield acquired
                 return
-            yield _RidingPipeline(acquired, riders, server.db)
+            yield _RidingPipeline(acquired, riding, server.db)
 
-    def _kombus_pipeline(self, riders: Sequence[Rider], db: int) -> object:
-        """kombu's own pipeline, riders first; the channel keeps its client past the
+    def _kombus_pipeline(self, riding: Sequence[RidingCall], db: int) -> object:
+        """kombu's own pipeline, the riding calls first; the channel keeps its client past the
         ``with`` (``Channel.conn_or_acquire``), so the pipeline outlives it."""
         with super().pipe_or_acquire() as acquired:
-            return _RidingPipeline(acquired, riders, db) if riders else acquired
+            return _RidingPipeline(acquired, riding, db) if riding else acquired
 
     def _refuse_scripts(self, error: Exception) -> None:
         self._scripts_refused = str(error)
@@ -122,15 +122,15 @@ class QoS(kombu_redis.QoS):
 
 
 class _RidingPipeline:
-    """kombu's pipeline with riders sent first: kombu's own commands, replies and
+    """kombu's pipeline with the riding calls sent first: kombu's own commands, replies and
     errors are as they would be without them."""
 
-    def __init__(self, pipe: Any, riders: Sequence[Rider], db: int) -> None:
+    def __init__(self, pipe: Any, riding: Sequence[RidingCall], db: int) -> None:
         self._pipe = pipe
-        self._riders = riders
+        self._riding = riding
         self._calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
-        for rider in riders:
-            rider.add(pipe, db)
+        for call in riding:
+            call.add(pipe, db)
 
     def __getattr__(self, name: str) -> object:
         attr = getattr(self._pipe, name)
@@ -148,17 +148,17 @@ class _RidingPipeline:
         try:
             replies: list[object] = self._pipe.execute(raise_on_error=False)
         except Exception as error:
-            refused = [rider.refused(error) for rider in self._riders]
+            refused = [call.refused(error) for call in self._riding]
             if not any(refused):
                 raise
-            # The server refused a rider as it was queued (an ACL user without the
+            # The server refused a riding call as it was queued (an ACL user without the
             # lock's keys), which aborts the transaction: kombu's commands alone.
             for name, args, kwargs in self._calls:
                 getattr(self._pipe, name)(*args, **kwargs)
             return list(self._pipe.execute(raise_on_error=raise_on_error))
-        count = len(self._riders)
-        for rider, reply in zip(self._riders, replies[:count], strict=True):
-            rider.read(reply)
+        count = len(self._riding)
+        for call, reply in zip(self._riding, replies[:count], strict=True):
+            call.read(reply)
         own = replies[count:]
         if raise_on_error:
             for reply in own:
@@ -167,4 +167,4 @@ class _RidingPipeline:
         return own
 
 
-__all__ = ["QoS", "Rider"]
+__all__ = ["QoS", "RidingCall"]

@@ -51,9 +51,9 @@ class Locks:
             exit_with(str(error))  # the store's messages name it without its password
 
     def named(self, ref: str) -> list[LockRow]:
-        """The holds of the locks ``ref`` names, and the other holds of those locks. A
-        lock's name or key is read alone, in one round trip; a task id is looked for in
-        a pass over every lock, then its locks are read alone."""
+        """The locks ``ref`` names, and the rest of their families. A lock's name or key
+        is read alone, in one round trip; a task id is looked for in a pass over every
+        lock, then its locks are read alone."""
         try:
             family = family_rows(self.app, self.store, ref)
             if any(row.matches(ref) for row in family):

@@ -40,7 +40,7 @@ def set(
     """Change ``target``'s limits now: ``rate`` (one rate or a list, in place of the
     code's, in its order; ``burst`` for each, else the code's burst of the limit in its
     place, checked against what the code charges a call), ``limit`` (in place of ``limit=N``),
-    ``paused`` (True: its calls are held back, never dropped; False: resumed), or
+    ``paused`` (True: its runs wait, never dropped; False: resumed), or
     ``reset`` (the code's values again). What is not given is kept. Returns the
     override in force (None after a reset).
 

@@ -171,7 +171,7 @@ def app_rows(app: Celery, store: LockStore, batch: int = 1000) -> Iterator[LockR
 
 
 def family_rows(app: Celery, store: LockStore, ref: str) -> list[LockRow]:
-    """The holds of the lock ``ref`` names (its name, or any Redis key of it): its own,
+    """The family of the lock ``ref`` names (its name, or any Redis key of it): its own,
     its companions', its slots', its rate's. One round trip, however many locks there are."""
     return list(rows(store.holdings(of=lock_name_of(store.prefix, ref)), TaskNames(app)))
 

@@ -1,4 +1,8 @@
-"""``PendingAcquire``: an acquire that was sent and whose answer is read later."""
+"""``PendingAcquire``: an acquire that was sent and whose answer is read later.
+
+Its name is public and older than the glossary (docs/design.md, "Words"): "pending" there
+means a call not yet started; an acquire not yet read is *unread*.
+"""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ class _Lane:
 
     def _extend(self, batch: list[Lease]) -> None:
         # Each renewal has its own deadline, well inside the time its leases have left.
-        # One the client holds past it (a frozen node, a long backoff) is given up here;
+        # One the client keeps waiting past it (a frozen node, a long backoff) is given up here;
         # its answer, if it comes, still updates the lease, and a new try goes out.
         self.abandoned = [a for a in self.abandoned if not a.done.is_set()]
         deadline = max(MIN_RETRY, min(lease.remaining() for lease in batch) * DEADLINE_SHARE)
@@ -159,7 +159,7 @@ class Renewer:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        # token -> (store, lease, in flight); the heap holds (due, seq, token, deadline?)
+        # token -> (store, lease, in flight); the heap has (due, seq, token, deadline?)
         # and may hold stale entries for discarded tokens, which the loop skips.
         self._leases: dict[str, tuple[Extender, Lease, bool]] = {}
         self._heap: list[tuple[float, int, str, bool]] = []

@@ -1,4 +1,4 @@
-"""Before a run's lease: held back while an operator has its key paused, then its rate's slot."""
+"""Before a run's lease: kept waiting while an operator has its key paused, then its rate's slot."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from ..lease import append_history
 from ..lease.limits.overrides import Override
 from ..modes import Mode, Start
 from ..modes.base import Call
-from ..tokens import HELD_HEADER, RATE_SLOT_HEADER, header, read_slot
-from .resend import PAUSE_RECHECK, defer, hold_back
+from ..tokens import PAUSED_SINCE_HEADER, RATE_SLOT_HEADER, header, read_slot
+from .resend import PAUSE_RECHECK, defer, send_round_paused
 
 logger = logging.getLogger(__name__)
 
 
 def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
-    """A paused key's run held back (an operator's override), then a rate's slot
+    """A paused key's run kept waiting (an operator's override), then a rate's slot
     (``modes/rate.py``): a run with no slot free now is sent again to arrive on the one
     reserved for it. Returns what the run decides with from here: the override read
     last (a resume read again moves the rate's schedule, ``Override.pause``)."""
@@ -66,7 +66,7 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
 @dataclass(frozen=True)
 class AfterPause:
     """What a run that may go decides with: the override in force, the rate slot its
-    message carries (moved by the last pause), and whether a pause held it back."""
+    message carries (moved by the last pause), and whether a pause kept it waiting."""
 
     override: Override | None
     slot: float | None
@@ -74,36 +74,36 @@ class AfterPause:
 
 
 def unless_paused(delivery: Delivery, mode: Mode, start: Start) -> AfterPause:
-    """The run's ``AfterPause``, once ``held_back`` lets it go (it raises Ignore, or
+    """The run's ``AfterPause``, once ``wait_out_pause`` lets it go (it raises Ignore, or
     RateLimitedError eagerly, while the key is paused)."""
     request = delivery.request
-    carried = read_slot(header(request, RATE_SLOT_HEADER))
+    message_slot = read_slot(header(request, RATE_SLOT_HEADER))
     override = start.override
     if override is not None:
-        override = held_back(delivery, mode, start, override, carried)
+        override = wait_out_pause(delivery, mode, start, override, message_slot)
     slot = None
-    if carried is not None:
-        slot = carried[0] if override is None else override.moved(*carried)
-    # Late for its slot by the pause, as every run it held back: only while that pause
+    if message_slot is not None:
+        slot = message_slot[0] if override is None else override.moved(*message_slot)
+    # Late for its slot by the pause, as every run it kept waiting: only while that pause
     # is known (after a reset the slot is as it was, and a late run is given a new one).
-    held = header(request, HELD_HEADER) is not None
+    held = header(request, PAUSED_SINCE_HEADER) is not None
     return AfterPause(override, slot, held and override is not None and override.pause is not None)
 
 
-def held_back(
+def wait_out_pause(
     delivery: Delivery,
     mode: Mode,
     start: Start,
     override: Override,
-    carried: tuple[float, float] | None,
+    message_slot: tuple[float, float] | None,
 ) -> Override | None:
-    """Hold this run back while an operator has its key paused (sent round again every
-    ``PAUSE_RECHECK`` seconds, never dropped). After the resume, each run held back
+    """Keep this run waiting while an operator has its key paused (sent round again every
+    ``PAUSE_RECHECK`` seconds, never dropped). After the resume, each paused run
     waits as long after it as it came after the pause began (``Override.moved``), so
-    they go in the order they came; a rate slot moves as much. ``carried``: the
+    they go in the order they came; a rate slot moves as much. ``message_slot``: the
     message's slot. Returns the override in force."""
     request = delivery.request
-    raw = header(request, HELD_HEADER)
+    raw = header(request, PAUSED_SINCE_HEADER)
     held_at = float(raw) if raw is not None else None
     if override.paused and not request.is_eager:
         # Read again before sending it round once more: a resume this process has not
@@ -121,10 +121,10 @@ def held_back(
                 name=start.name,
                 retry_after=PAUSE_RECHECK,
             )
-        first = held_at if held_at is not None else place(override, carried)
+        first = held_at if held_at is not None else place(override, message_slot)
         slot = header(request, RATE_SLOT_HEADER)
         mode.held_back(start, PAUSE_RECHECK)
-        hold_back(
+        send_round_paused(
             delivery,
             start.name,
             override.target,
@@ -133,18 +133,18 @@ def held_back(
             slot=None if slot is None else str(slot),
         )
     if held_at is not None:
-        # Every run it held back goes as long after the pause as it came after it
+        # Every run it kept waiting goes as long after the pause as it came after it
         # began: in the order they came, as far apart (its slot moves as much).
         wait = override.moved(held_at, held_at) - time.time()
         if wait > 0.001:
             mode.held_back(start, wait)
-            hold_back(
+            send_round_paused(
                 delivery,
                 start.name,
                 override.target,
                 held_at,
                 wait,
-                slot=None if carried is None else str(header(request, RATE_SLOT_HEADER)),
+                slot=None if message_slot is None else str(header(request, RATE_SLOT_HEADER)),
             )
     return override
 
@@ -153,8 +153,8 @@ def held_back(
 EARLY_LINE = 0.01
 
 
-def place(override: Override, carried: tuple[float, float] | None) -> float:
-    """Where a run first held back by ``override``'s pause stands in line: the rate slot
+def place(override: Override, message_slot: tuple[float, float] | None) -> float:
+    """Where a run first paused by ``override``'s pause stands in line: the rate slot
     its message carries (the order its calls were given slots: a message sent to arrive
     on its slot may come late, on a busy worker after calls given later slots), else
     when it came. Never before the pause began (whatever this machine's clock says
@@ -162,7 +162,7 @@ def place(override: Override, carried: tuple[float, float] | None) -> float:
     slots' order, within ``EARLY_LINE`` of its start, so the resume moves them as it
     moves every other (``Override.moved`` leaves a time before the pause as it is)."""
     now, began = time.time(), override.paused_at or 0.0
-    came = now if carried is None else min(now, carried[0])
+    came = now if message_slot is None else min(now, message_slot[0])
     if came > began:
         return came
     return began + EARLY_LINE / (1.0 + began - came)

@@ -1,6 +1,6 @@
 """A call's own countdown longer than its broker lets a message wait: waited out in hops.
 
-Celery holds an ETA message unacked until then, and a Redis or SQS broker hands it out
+Celery keeps an ETA message unacked until then, and a Redis or SQS broker hands it out
 again after ``visibility_timeout``: each copy would run. Dispatch sends it to arrive early
 (``publish/dispatch.long_wait``); each early arrival is sent on with its hold.
 """

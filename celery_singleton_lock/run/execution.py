@@ -89,7 +89,7 @@ class Execution:
 
     def take(self) -> Lease:
         """The running lease, handed or taken now; a kept history records the start, a
-        contention (a built-in policy's decision) and a rate's deferral in their trips."""
+        contention (a built-in policy's decision) and a rate's deferral in their round trips."""
         try:
             lease = self._handed() or self._take()
         except BaseException:
@@ -132,7 +132,7 @@ class Execution:
         self.role: str | None = header(request, HOLD_HEADER)
         self.attempt = header_count(request, ATTEMPT_HEADER)
         # A built-in policy's decision, known before the holder is: the take meeting the
-        # contention writes it in a kept history, in its own trip (asked only then).
+        # contention writes it in a kept history, in its own round trip (asked only then).
         state = ContentionState(self.delivery.name, self.lock_name, self.attempt)
         self.ahead: Decision | None = (
             decided_ahead(context.options.on_contention, state) if context.keeps_history else None
@@ -155,7 +155,7 @@ class Execution:
         # What the mode needs to take the running lease: the key, and the message's own
         # hold on it (taken over) or beside it (role; the lease is then taken afresh).
         # A kept history records the start, a contention (a built-in policy's decision)
-        # and a rate's deferral in their trips.
+        # and a rate's deferral in their round trips.
         self.start = Start(
             name=self.lock_name,
             token=self.token,
@@ -330,7 +330,7 @@ class Execution:
                 holder_state(held),
                 described(decision),
             )
-        if self.ahead is None:  # a policy of the user's own: its decision, a trip of its own
+        if self.ahead is None:  # a policy of the user's own: its decision, a round trip of its own
             record = self.context.record(self.lock_name, delivery.request.id)
             append_history(
                 self.store,

@@ -13,8 +13,8 @@ logger = logging.getLogger(__name__)
 
 
 def keep_place(delivery: Delivery, lock_name: str, countdown: float) -> dict[str, str]:
-    """A message sent round again in ``countdown`` seconds (deferred, requeued, held
-    back, sent on towards its ETA) keeps its place, renewed for as long as it may then
+    """A message sent round again in ``countdown`` seconds (deferred, requeued,
+    paused, sent on towards its ETA) keeps its place, renewed for as long as it may then
     wait: the header that says so, for the message sent. Never an error: the message
     goes round regardless."""
     request = delivery.request

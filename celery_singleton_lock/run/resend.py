@@ -1,5 +1,5 @@
 """A message sent again with its task id: requeued after a contention or an outage,
-deferred to the slot its key's rate reserved for it, or held back while its key is paused."""
+deferred to the slot its key's rate reserved for it, or sent round while its key is paused."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from ..tokens import (
     ATTEMPT_HEADER,
     BYPASS_OPTION,
     CALL_HEADERS,
-    HELD_HEADER,
     HOLD_HEADER,
     NAME_HEADER,
     OUTAGE_HEADER,
+    PAUSED_SINCE_HEADER,
     RATE_SLOT_HEADER,
     TOKEN_HEADER,
     carried_headers,
@@ -100,7 +100,7 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
 PAUSE_RECHECK = RECHECK
 
 
-def hold_back(
+def send_round_paused(
     delivery: Delivery,
     lock_name: str,
     target: str,
@@ -110,7 +110,7 @@ def hold_back(
     slot: str | None = None,
 ) -> NoReturn:
     """Send the current message again in ``countdown`` seconds with when it was first
-    held back and the rate slot it carries (none: it asks for one once its key is
+    paused and the rate slot it carries (none: it asks for one once its key is
     resumed), and end this execution."""
     request = delivery.request
     hop = delivery.context.one_hop(countdown)
@@ -123,12 +123,12 @@ def hold_back(
         target,
         _hop_text(hop, countdown),
     )
-    own = {HELD_HEADER: f"{held_at:.6f}"}
+    own = {PAUSED_SINCE_HEADER: f"{held_at:.6f}"}
     if slot is not None:
         own[RATE_SLOT_HEADER] = slot
-    headers = {**_again(request, lock_name, HELD_HEADER, own[HELD_HEADER]), **own}
+    headers = {**_again(request, lock_name, PAUSED_SINCE_HEADER, own[PAUSED_SINCE_HEADER]), **own}
     own.update(keep_place(delivery, lock_name, hop))
-    # A hop that arrives early is held back again for the rest (``admission.held_back``).
+    # A hop that arrives early waits out the rest (``admission.wait_out_pause``).
     delivery.resend(hop, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")
 

@@ -18,7 +18,7 @@ from celery.worker.request import Request
 
 from ..broker import on_receipt
 from ..broker.restore import stale_restorer
-from ..broker.results import release_uncarried
+from ..broker.results import release_not_ridden
 from ..broker.sweeper import Sweeper
 from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
@@ -71,7 +71,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     hostname = getattr(sender, "hostname", None)
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
-        on_receipt(app, functools.partial(receipts.riders, app, hostname))
+        on_receipt(app, functools.partial(receipts.riding_calls, app, hostname))
     said = check_the_ride(app)
     if said is not None:
         _said.append(said)
@@ -156,7 +156,7 @@ def _release_revoked(
 def _release_unwritten(sender: object = None, task_id: str | None = None, **_: object) -> None:
     """A run's release that was to ride its result's write, when none was written."""
     if isinstance(sender, Task) and task_id is not None:
-        release_uncarried(sender, task_id)
+        release_not_ridden(sender, task_id)
 
 
 def _hand_back_at_shutdown(sender: object = None, **_: object) -> None:

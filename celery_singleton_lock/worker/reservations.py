@@ -112,7 +112,7 @@ class Reservations:
                     )
             return
         try:
-            pending = store.begin_try_acquire(
+            sent = store.begin_try_acquire(
                 plan.name,
                 context.ttl,
                 # A take that rode but whose answer was lost may have been applied:
@@ -125,13 +125,13 @@ class Reservations:
         except SingletonLockError as error:
             logger.warning("could not reserve %s for %s: %s", plan.name, task_id, error)
             return
-        lease = pending.lease_if_granted()
+        lease = sent.lease_if_granted()
         if lease is None:
             return  # the hold is gone or taken (a redelivery): the run will contend
         store.renew(lease)
         with self._guard:
             self._held[task_id] = Reservation(context, lease, plan.queued, plan.running)
-            self._unread.append((task_id, pending))
+            self._unread.append((task_id, sent))
 
     def ride(
         self, app: Celery, hostname: str, headers: Mapping[str, object], server: Server
@@ -176,11 +176,11 @@ class Reservations:
             else:
                 mine = [entry for entry in self._unread if entry[0] == task_id]
                 self._unread = [entry for entry in self._unread if entry[0] != task_id]
-        for reserved_id, pending in mine:
+        for reserved_id, sent in mine:
             try:
-                outcome = pending.outcome()
+                outcome = sent.outcome()
             except SingletonLockError as error:
-                logger.warning("could not reserve %s for %s: %s", pending.name, reserved_id, error)
+                logger.warning("could not reserve %s for %s: %s", sent.name, reserved_id, error)
                 outcome = None
             with self._guard:
                 entry = self._held.get(reserved_id)

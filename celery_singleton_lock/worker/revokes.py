@@ -32,7 +32,7 @@ class Waiting:
 
 
 class RevokedWindows:
-    """The messages this worker holds that carry a window to give back if revoked."""
+    """The messages this worker received that carry a window to give back if revoked."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()

@@ -115,7 +115,7 @@ def _unacked_too_long(app: Celery, tasks: list[Task]) -> list[str]:
             )
         cap = longest_requeue(task.singleton_options().on_contention)
         if cap is not None and cap >= timeout:
-            # A requeued call waits out its countdown unacked in the worker that holds it.
+            # A requeued call waits out its countdown unacked in the worker that received it.
             warnings.append(
                 f"{task.name}: on_contention requeues with countdowns up to {cap}s, not below "
                 f"the broker's {named}={timeout}s, so a requeued call can be handed out "

@@ -225,14 +225,14 @@ class TestRecord:
 
 
 class Marker:
-    """A rider that writes ``rider:<tag>`` where it rides, and says what it read."""
+    """A riding call that writes ``riding:<tag>`` where it rides, and says what it read."""
 
     def __init__(self, tag: str) -> None:
         self.tag = tag
         self.replies: list[object] = []
 
     def add(self, pipe: Any, db: int) -> None:
-        pipe.eval("return redis.call('SET', KEYS[1], '1')", 1, f"rider:{self.tag}")
+        pipe.eval("return redis.call('SET', KEYS[1], '1')", 1, f"riding:{self.tag}")
 
     def refused(self, error: Exception) -> bool:
         return False
@@ -242,7 +242,7 @@ class Marker:
 
 
 class Paused:
-    """A received message kombu reads inside ``append`` once its riders are set: its
+    """A received message kombu reads inside ``append`` once its riding calls are set: its
     ``delivery_info`` waits there until the test lets it go."""
 
     def __init__(self, headers: dict[str, object]) -> None:
@@ -258,11 +258,11 @@ class Paused:
 
 
 class TestThreads:
-    def test_an_ack_on_another_thread_mid_record_leaves_the_records_riders_to_it(
+    def test_an_ack_on_another_thread_mid_record_leaves_the_records_riding_calls_to_it(
         self, app: Celery, server: RedisServer
     ) -> None:
         """A thread pool acks on its own threads while the consumer's thread records the
-        next message: the riders go with the message they came with, never with the ack."""
+        next message: the riding calls go with the message they came with, never with the ack."""
         client = server.client()
         marker = Marker("tag-a")
         broker.on_receipt(
@@ -282,10 +282,10 @@ class TestThreads:
                 paused.go.set()
                 appending.join(10)
             assert not appending.is_alive()
-            assert client.get("rider:tag-a") == b"1"
+            assert client.get("riding:tag-a") == b"1"
             assert marker.replies == [b"OK"]
-            # The riders went with the record's script, and the ack was two commands:
-            # riders handed to the ack would have sent it through kombu's transaction.
+            # The riding calls went with the record's script, and the ack was two commands:
+            # riding calls handed to the ack would have sent it through kombu's transaction.
             assert transactions(client) == 0
             assert client.hexists("unacked", "tag-a")
             assert not client.hexists("unacked", other.delivery_tag)
@@ -313,7 +313,7 @@ class TestShapes:
         sent: list[str],
         *,
         fresh: bool = True,
-        riders: tuple[Any, ...] = (),
+        riding: tuple[Any, ...] = (),
     ) -> Bookkeeping:
         client = server.client()
         if fresh:
@@ -326,7 +326,7 @@ class TestShapes:
         return Bookkeeping(
             Pipelining(client),
             Keys("unacked_index", "unacked", ""),
-            riders,
+            riding,
             kombus,
             refused=lambda error: sent.append(f"refused {error}"),
             db=0,
@@ -379,15 +379,15 @@ class TestShapes:
         expected.execute()
         assert written == {k: client.dump(k) for k in client.keys("*")}
 
-    def test_a_removal_with_riders_goes_to_kombus_pipeline_with_them(
+    def test_a_removal_with_riding_calls_goes_to_kombus_pipeline_with_them(
         self, server: RedisServer
     ) -> None:
-        """Never so in kombu's releases (riders come with a record); were it so, the
-        riders are sent, not dropped by the two plain commands."""
+        """Never so in kombu's releases (riding calls come with a record); were it so, the
+        riding calls are sent, not dropped by the two plain commands."""
         sent: list[str] = []
-        book = self.bookkeeping(server, sent, riders=("rider",))
+        book = self.bookkeeping(server, sent, riding=("riding call",))
         book.zrem("unacked_index", "t1").hdel("unacked", "t1").execute()
-        assert sent == ["kombu with ('rider',)"]
+        assert sent == ["kombu with ('riding call',)"]
 
     def test_an_error_other_than_a_refusal_is_kombus_to_raise_and_scripts_stay(
         self, server: RedisServer

@@ -153,7 +153,7 @@ class TestBackend:
             assert isinstance(other, Lease)
             request = Context(id="run-2", is_eager=False, callbacks=None, chain=None, chord=None)
             assert results.release_with_result(task, request, context, other)
-            results.release_uncarried(task, "run-2")
+            results.release_not_ridden(task, "run-2")
             context.store.pipelining.read_owed()
             assert context.store.holder("unwritten") is None
         finally:

@@ -79,7 +79,7 @@ class TestNotes:
         self, store: RedisLock, notes: Transit, raw: redis.Redis
     ) -> None:
         pushed(store, "a", "tag-a")
-        assert notes.pending() == 1
+        assert notes.noted() == 1
         clear = ClearNote("tt", "tag-a")
         # The worker's receipt: popped, then recorded as unacked with the clear riding.
         assert raw.rpop("queue") is not None
@@ -88,7 +88,7 @@ class TestNotes:
             pipe.hset("unacked", "tag-a", "...")
             replies = pipe.execute()
         clear.read(replies[0])
-        assert notes.pending() == 0
+        assert notes.noted() == 0
         assert sweep_until(store, notes) == []
         assert raw.llen("queue") == 0
 
@@ -152,7 +152,7 @@ class TestNotes:
         raw.hset("unacked", "tag-c", "...")  # ... and recorded (no clear rode: kombu's own)
         assert sweep_until(store, notes) == []
         assert raw.llen("queue") == 0
-        assert notes.pending() == 0  # unacked: kombu restores it if need be
+        assert notes.noted() == 0  # unacked: kombu restores it if need be
 
     @pytest.mark.parametrize("how", ["taken over", "released", "expired"])
     def test_a_message_whose_hold_moved_on_is_forgotten(
@@ -169,7 +169,7 @@ class TestNotes:
             raw.pexpire(key, 1)
         assert sweep_until(store, notes) == []
         assert raw.llen("queue") == 0
-        assert notes.pending() == 0
+        assert notes.noted() == 0
 
     def test_a_note_ends_with_its_hold(
         self, store: RedisLock, notes: Transit, raw: redis.Redis
@@ -181,7 +181,7 @@ class TestNotes:
         raw.persist(store.keys("i").lock)  # the hold outlives its ttl: the note does not
         raw.rpop("queue")
         assert sweep_until(store, notes, rounds=4) == []
-        assert notes.pending() == 0
+        assert notes.noted() == 0
 
     def test_a_long_queued_message_is_looked_at_less_and_less_often(
         self, store: RedisLock, notes: Transit, raw: redis.Redis
@@ -231,7 +231,7 @@ class TestNotes:
         pushed(store, "h", "tag-h", alone=True)
         raw.delete("queue")
         assert sorted(notes.purged(["queue"])) == [("g", "q-tag-g"), ("h", "q-tag-h")]
-        assert notes.pending() == 0
+        assert notes.noted() == 0
         assert sweep_until(store, notes) == []
 
 

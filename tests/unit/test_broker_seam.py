@@ -1,4 +1,4 @@
-"""The one seam the core asks of the broker ride (``broker.seam``): chosen once an app, and,
+"""What the core asks of the broker ride (``broker.seam``): chosen once an app, and,
 where nothing rides, each lock operation the lock store's own call. No server: the lock
 store is in memory."""
 
@@ -12,7 +12,7 @@ from celery.app.task import Context
 
 from celery_singleton_lock import singleton_task
 from celery_singleton_lock.broker import versions
-from celery_singleton_lock.broker.seam import BROKER_RIDE, OWN_TRIPS, trips_of
+from celery_singleton_lock.broker.seam import BROKER_RIDE, NO_RIDE, trips_of
 from celery_singleton_lock.context import TaskContext
 from celery_singleton_lock.lease import HOLD, Lease, Server
 
@@ -41,14 +41,14 @@ class TestChoice:
         assert trips_of(app_with()) is BROKER_RIDE
 
     def test_an_app_with_the_ride_off_takes_round_trips_of_its_own(self) -> None:
-        assert trips_of(app_with(singleton_lock_ride_broker=False)) is OWN_TRIPS
+        assert trips_of(app_with(singleton_lock_ride_broker=False)) is NO_RIDE
 
 
-class TestOwnTrips:
+class TestNoRide:
     def test_nothing_rides_a_publish_or_a_receipt(self) -> None:
         context = context_of(app_with())
-        assert OWN_TRIPS.publish_held(context, {}) is None
-        taken = OWN_TRIPS.take_on_receipt(context, SERVER, "k", token="t", take=HOLD, entry=None)
+        assert NO_RIDE.publish_held(context, {}) is None
+        taken = NO_RIDE.take_on_receipt(context, SERVER, "k", token="t", take=HOLD, entry=None)
         assert taken is None
 
     def test_a_run_s_release_is_the_store_s_own_call(self) -> None:
@@ -58,7 +58,7 @@ class TestOwnTrips:
         lease = context.store.try_acquire("k", 30)
         assert isinstance(lease, Lease)
         request = Context(id="run-1", is_eager=False, callbacks=None, chain=None, chord=None)
-        OWN_TRIPS.release_at_end(task, request, context, lease, ride=True)
+        NO_RIDE.release_at_end(task, request, context, lease, ride=True)
         assert context.store.holder("k") is None
 
 

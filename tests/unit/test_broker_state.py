@@ -51,7 +51,7 @@ class TestOutgoing:
         assert outgoing.take_hold("t-1") is None  # a second queue bound: kombu's own put
         assert outgoing.take_note_source("t-1") is notes
         assert outgoing.take_note_source("t-1") is None
-        assert not outgoing.carries()
+        assert not outgoing.rides()
 
 
 class TestPublishing:
@@ -63,8 +63,8 @@ class TestPublishing:
             with broker.publishing(connection, hold=hold):
                 assert outgoing.hold is hold
                 with app.connection_for_write() as other:  # another producer's
-                    assert not other.transport.outgoing.carries()
-            assert not outgoing.carries()
+                    assert not other.transport.outgoing.rides()
+            assert not outgoing.rides()
 
     def test_a_publish_inside_a_publish_hands_back_only_what_it_set(self) -> None:
         app = riding_app()
@@ -78,7 +78,7 @@ class TestPublishing:
                 # The hold taken inside is not set back: a retried put pushes plainly.
                 assert (outgoing.hold, outgoing.notes) == (None, None)
 
-    def test_nothing_is_carried_for_an_app_that_does_not_ride(self) -> None:
+    def test_nothing_rides_a_publish_of_an_app_that_does_not_ride(self) -> None:
         app = Celery("plain", set_as_current=False)
         app.conf.broker_url = "redis://127.0.0.1:1/0"
         with (

@@ -1,5 +1,5 @@
 """Operators' overrides as values: one lock's chain merged field by field, a pause's
-times, and where a slot or a held-back run is after the pause."""
+times, and where a slot or a paused run is after the pause."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_a_pause_and_a_resume_are_timed_and_time_stands_still_between() -> None:
     assert paused.resumed_at is None
     resumed = changed(paused, "k", paused=False)
     assert resumed.resumed_at is not None
-    assert not resumed.empty  # kept: runs held back wait on its times
+    assert not resumed.empty  # kept: paused runs wait on its times
     began, ended = resumed.pause or (0.0, 0.0)
     assert ended == pytest.approx(resumed.resumed_at + RECHECK)
     length = ended - began
@@ -57,7 +57,7 @@ def test_an_override_out_of_range_is_refused() -> None:
         Override("k", rates=())
 
 
-def test_a_run_first_held_back_stands_in_line_at_its_rate_slot() -> None:
+def test_a_run_first_paused_stands_in_line_at_its_rate_slot() -> None:
     # A message sent to arrive on its slot may come late, after calls given later slots
     # (a busy worker): its slot keeps its place in the line the resume lets go.
     from celery_singleton_lock.run.admission import place
@@ -68,7 +68,7 @@ def test_a_run_first_held_back_stands_in_line_at_its_rate_slot() -> None:
     assert place(pause, (began + 3600.0, began)) <= time.time()  # never ahead of now
     assert began <= place(pause, None) <= time.time()  # no slot: when it came
     # Due before the pause: first, in their slots' order, just after the pause began,
-    # so the resume moves them as every other held back.
+    # so the resume moves them as every other paused run.
     early, earlier = place(pause, (began - 0.2, began - 1.0)), place(pause, (began - 3.0, 0.0))
     assert began < earlier < early <= began + 0.01
     resumed = Override("k", paused_at=began, resumed_at=began + 30.0)

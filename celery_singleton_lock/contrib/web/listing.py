@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from ..locks import STATES, LockRow
 
-# The list's states: the store's, and the holds whose holder is gone (asked of the workers
+# The list's states: the store's, and the locks whose holder is gone (asked of the workers
 # and the broker, as ``celery singleton orphans`` does).
 PAGE_STATES = (*STATES, "orphaned")
 ORPHAN_STATES = ("queued", "reserved", "running")

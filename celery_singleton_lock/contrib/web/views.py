@@ -90,7 +90,7 @@ class Views:
         )
 
     def _orphans(self, query: Query) -> tuple[Page, dict[str, str]]:
-        """The holds whose holder is gone, and why (as ``celery singleton orphans``)."""
+        """The locks whose holder is gone, and why (as ``celery singleton orphans``)."""
         candidates = [
             row
             for row in app_rows(self.app, LockStores.for_app(self.app).lock)
@@ -153,7 +153,7 @@ class Views:
         try:
             name, entries = entries_of(store, key, HISTORY_SHOWN) if key else ("", [])
         except SingletonLockError:
-            name, entries = "", []  # the holds' read said what is wrong, if anything
+            name, entries = "", []  # the family's read said what is wrong, if anything
         events = [shown(entry) for entry in entries]
         if not family:
             return self.render(
@@ -246,8 +246,9 @@ class Views:
         return Response(status, page.encode())
 
     def _family(self, key: str) -> list[LockRow]:
-        """The holds of the lock ``key`` (a Redis key, or a lock's name) belongs to: its
-        own, its companions, its slots, its rate. One round trip, whatever the store holds."""
+        """The family of the lock ``key`` (a Redis key, or a lock's name) belongs to: its
+        own, its companions, its slots, its rate. One round trip, however many locks the
+        store has."""
         return family_rows(self.app, LockStores.for_app(self.app).lock, key) if key else []
 
     def _task(self, row: LockRow) -> SingletonTask | None:

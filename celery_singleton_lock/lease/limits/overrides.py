@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 # How old the overrides a process decides with may be, at most (seconds).
 REFRESH = 0.5
-# How often a run held back by a pause looks again (seconds): a resume lets it go
+# How often a run kept waiting by a pause looks again (seconds): a resume lets it go
 # within this.
 RECHECK = 1.0
 
@@ -34,7 +34,7 @@ RECHECK = 1.0
 @dataclass(frozen=True)
 class Override:
     """What an operator set for ``target``: rates in place of the code's (in its order),
-    a limit in place of ``limit=N``, and whether its calls are held back (``paused``)."""
+    a limit in place of ``limit=N``, and whether its runs wait out a pause (``paused``)."""
 
     target: str
     rates: tuple[Rate, ...] | None = None
@@ -64,7 +64,7 @@ class Override:
 
     @property
     def pause(self) -> tuple[float, float] | None:
-        """The last pause, once ended: when it began, and when the runs it held back go
+        """The last pause, once ended: when it began, and when the runs it kept waiting go
         on again: one ``RECHECK`` after the resume, when each has looked again (so every
         one of them is on time, and they go in the order they came)."""
         if self.paused_at is None or self.resumed_at is None:
@@ -73,7 +73,7 @@ class Override:
 
     def moved(self, at: float, reserved_at: float) -> float:
         """Where a time ``at`` fixed at ``reserved_at`` (a rate slot, or when a run was
-        first held back) is after the last pause: time stood still for the key, so one
+        first paused) is after the last pause: time stood still for the key, so one
         fixed before the pause's end and falling after its start is as much later as
         the pause lasted."""
         began, ended = self.paused_at, self.resumed_at

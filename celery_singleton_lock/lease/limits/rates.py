@@ -87,7 +87,7 @@ class Rates:
     and on workers that stay behind every run is late again: the slots pass unused and
     nothing starts. The gate lets through what the schedule would: no window of the slots
     runs start on holds more than the rate (plus ``burst - 1``), however late they come or
-    the order they come in; a run a pause held back starts on its slot however late, if
+    the order they come in; a run a pause kept waiting starts on its slot however late, if
     the gate lets it. The clock is the server's (``TIME``), one for every worker.
     """
 
@@ -138,10 +138,10 @@ class Rates:
 
     def keep(self, name: str, seconds: float) -> None:
         """Keep ``name``'s schedule at least ``seconds`` more, though every slot on it
-        has passed (``lua/keep_rate.lua``): a run a pause held back comes round to a
+        has passed (``lua/keep_rate.lua``): a run a pause kept waiting comes round to a
         schedule the resume still has to move on. Without it the key would expire during
         a pause longer than its schedule, and calls made after the resume would take
-        slots beside the held-back runs' moved ones: over the rate. Never an error: the
+        slots beside the paused runs' moved ones: over the rate. Never an error: the
         run goes round anyway, and an outage meets its next decision's own script."""
         try:
             self._keep(keys=[self.key(name)], args=[max(1, math.ceil(seconds * 1000))])

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import fakeredis
-from fakeredis._core import Database  # the one seam for a server's time
+from fakeredis._core import Database  # the one place a server's time is read
 from fakeredis._socket import FakeSocket
 
 

@@ -43,24 +43,25 @@ def scan(lock: _Store, *, batch: int = BATCH) -> Iterator[Held]:
     or set up wrongly).
     """
     client, prefix = lock.client, lock.prefix
-    pending: list[tuple[str, str, str | None]] = []
+    unread: list[tuple[str, str, str | None]] = []
     try:
         for raw in client.scan_iter(match=f"{prefix}:{{*", count=batch):
             key = text(raw)
             parsed = parse_key(prefix, key) or _rate_key(prefix, key)
             if parsed is not None:
-                pending.append((key, *parsed))
-            if len(pending) >= batch:
-                yield from _read(lock, pending)
-                pending = []
-        yield from _read(lock, pending)
+                unread.append((key, *parsed))
+            if len(unread) >= batch:
+                yield from _read(lock, unread)
+                unread = []
+        yield from _read(lock, unread)
     except REDIS_ERRORS as error:
         raise store_error(error, where=lock.where) from error
 
 
 def family(lock: _Store, name: str) -> Iterator[Held]:
-    """The holds of the lock ``name``: its own key, its companions, its slots and its
-    rate, read in one round trip (they share its hash tag: one Cluster slot)."""
+    """The family of the lock ``name`` (a ``Held`` each): its own key, its companions,
+    its slots and its rate, read in one round trip (they share its hash tag: one Cluster
+    slot)."""
     roles: list[str | None] = [None, *ROLES, *(f"slot{n}" for n in range(1, MAX_SLOTS + 1))]
     found = [
         (LockKeys.build(lock.prefix, companion(name, r) if r else name).lock, name, r)

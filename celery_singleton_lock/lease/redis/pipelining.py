@@ -374,7 +374,7 @@ class Pipelining:
             conn.disconnect()  # type: ignore[no-untyped-call]
             self.checkin(conn, broken=True)
             raise
-        return Reply(pending=(self, conn, len(commands), sent), sent_at=sent_at)
+        return Reply(unread=(self, conn, len(commands), sent), sent_at=sent_at)
 
 
 def _ready(conn: Connection) -> Connection:

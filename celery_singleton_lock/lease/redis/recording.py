@@ -51,7 +51,7 @@ _OUTCOME: dict[str, str] = {
 }
 
 # A holder's read (``RedisLock.holder``), a script only while a kept history records
-# reads: an early refusal of a duplicate writes its entry in the read's own trip.
+# reads: an early refusal of a duplicate writes its entry in the read's own round trip.
 HOLDER = "return redis.call('GET', KEYS[1])"
 
 

@@ -34,7 +34,7 @@ class Lender(Protocol):
 
 
 # (where the connection goes back, the connection, replies due, how the call finishes)
-Pending: TypeAlias = tuple[Lender, Connection, int, SentCall]
+Unread: TypeAlias = tuple[Lender, Connection, int, SentCall]
 
 
 class Reply:
@@ -45,18 +45,18 @@ class Reply:
     go again through redis-py's own path after a transport error.
     """
 
-    __slots__ = ("_error", "_pending", "_value", "sent_at")
+    __slots__ = ("_error", "_unread", "_value", "sent_at")
 
     def __init__(
         self,
         value: Response = None,
         *,
-        pending: Pending | None = None,
+        unread: Unread | None = None,
         sent_at: float | None = None,
     ) -> None:
         self._value = value
         self._error: BaseException | None = None
-        self._pending = pending  # (pipelining, connection, replies due, sent call) until read
+        self._unread = unread  # (pipelining, connection, replies due, sent call) until read
         # When the call was written to a connected socket (monotonic); None when it went
         # redis-py's own way, whose connecting the caller's own clock reading covers.
         self.sent_at = sent_at
@@ -64,7 +64,7 @@ class Reply:
     @property
     def answered(self) -> bool:
         """Whether the answer is in (read already, or known when it was made)."""
-        return self._pending is None
+        return self._unread is None
 
     def get(self, keep: list[Connection] | None = None, within: float | None = None) -> Response:
         """The call's answer, or what it raised (every time it is asked).
@@ -74,10 +74,10 @@ class Reply:
         answer may take to start arriving; past them the connection is dropped and
         ``redis.TimeoutError`` raised (for a client with no read timeout of its own).
         """
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
+        if self._unread is not None:
+            unread, self._unread = self._unread, None
             try:
-                self._value = _read(pending, keep, within)
+                self._value = _read(unread, keep, within)
             except BaseException as error:
                 self._error = error
                 raise
@@ -87,12 +87,12 @@ class Reply:
 
 
 def _read(
-    pending: Pending, keep: list[Connection] | None = None, within: float | None = None
+    unread: Unread, keep: list[Connection] | None = None, within: float | None = None
 ) -> Response:
     # Every way out checks the connection back in exactly once, and only after all of
     # the call's replies were read: an error reply in the middle leaves the rest on the
     # wire, which the next user of the connection would take for its own.
-    lender, conn, count, sent = pending
+    lender, conn, count, sent = unread
     replies: list[Response] = []
     answered = True
     try:
@@ -114,7 +114,7 @@ def _read(
         lender.checkin(conn, broken=True)
         raise
     if not answered:
-        # Not a transport error to retry on: a frozen server would hold the retry for
+        # Not a transport error to retry on: a frozen server would keep the retry waiting for
         # ever too. The call may or may not have run; the caller says so.
         conn.disconnect()  # type: ignore[no-untyped-call]
         lender.checkin(conn, broken=True)

@@ -84,7 +84,7 @@ class Quorum:
         return top >= self.needed or top + answers.unanswered() < self.needed
 
     def heard(self, answers: Answers[T]) -> bool:
-        """A majority answered (a frozen master does not hold up a release or a read)."""
+        """A majority answered (a frozen master does not delay a release or a read)."""
         return len(answers.values()) >= self.needed
 
     def judge(self, answers: Answers[T], where: str, name: str, key: str) -> None:
@@ -136,13 +136,13 @@ class Quorum:
             ]
         except RuntimeError as error:  # the interpreter is exiting: its pools are shut
             return Answers([NoAnswer(f"not sent: {error}") for _ in calls])
-        pending = set(futures)
-        while pending:
+        not_done = set(futures)
+        while not_done:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            _, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
-            if settled is not None and pending and settled(_read(futures)):
+            _, not_done = wait(not_done, timeout=left, return_when=FIRST_COMPLETED)
+            if settled is not None and not_done and settled(_read(futures)):
                 break
         return _read(futures)
 

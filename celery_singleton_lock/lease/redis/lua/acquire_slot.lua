@@ -8,7 +8,7 @@
 --                                   so a retry after a lost reply is safe)
 --         {0, holder, pttl}          every slot held; the holder and ttl of the slot
 --                                   that frees soonest (-1: a slot has no TTL)
--- Unlike acquire.lua it leaves a pending wake-up in place: another slot may be free for it.
+-- Unlike acquire.lua it leaves a wake-up already in the list in place: another slot may be free for it.
 local free, own, soonest, holder, held = nil, nil, nil, '', 0
 for i = 3, #KEYS do
   local current = redis.pcall('GET', KEYS[i])

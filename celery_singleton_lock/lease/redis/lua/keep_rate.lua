@@ -1,5 +1,5 @@
 -- A name's rate key kept for at least ARGV[1] milliseconds more (lease/limits/rates.py,
--- Rates.keep): a run a pause held back goes round again, and the schedule it was given
+-- Rates.keep): a run a pause kept waiting goes round again, and the schedule it was given
 -- its slot on must still be there when the resume moves it on (rate.lua). The key's own
 -- expiry (once every TAT has passed) is never shortened, and a name with no key is left
 -- without one: nothing was reserved, so nothing has to move. (PEXPIRE's GT option would

@@ -13,9 +13,9 @@
 -- ARGV[2] ('due' only) the slot reserved earlier, in microseconds; else 0
 -- ARGV[3] ARGV[4] the name's last pause: when it began and ended (0 0: none). Time stood
 --   still for the name meanwhile: once, every TAT past its start moves on by its length,
---   as the runs held back and the slots reserved before it do (run/admission.py)
+--   as the paused runs and the slots reserved before it do (run/admission.py)
 -- ARGV[5] ('due') the grace, in microseconds: how late a run may start on its slot; -1
---   (a run a pause held back, as late as every other it held) on its slot however late
+--   (a run a pause kept waiting, as late as every other it kept waiting) on its slot however late
 -- ARGV[6] ('start', 'due') how near, in microseconds, a slot must be for the run to wait
 --   for it where it is (answered 1, with the wait) rather than be sent round to it
 -- ARGV[7..] three per limit: its interval between calls (period / limit) and its
@@ -76,7 +76,7 @@ for i = 7, #ARGV, 3 do
   limit.tat = math.max(stored[#limits + 1] or now, now)
   limit.gate = gates[#limits + 1] or 0
   -- The earliest this call's units fit: its increment, less the burst's tolerance (a
-  -- call that costs a limit nothing is not held back by it).
+  -- call that costs a limit nothing is not kept waiting by it).
   local at = now
   if limit.cost > 0 then
     at = math.max(now, limit.tat + (limit.cost - 1) * limit.interval - limit.tolerance)

@@ -1,7 +1,7 @@
-"""``Carried``: a run's release waiting for its result's write, with the lock store's database.
+"""``WaitingRelease``: a run's release waiting to ride its result's write.
 
-``RedisBackend`` keeps one per result key (``ByResultKey``) from the run's end until the
-write of its result carries it, or until ``task_postrun`` sends it alone.
+``RedisBackend`` keeps one per result key (``ByResultKey``) from the run's end until it
+rides the write of its result, or until ``task_postrun`` sends it alone.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _text(key: object) -> str:
 
 
 @dataclass(frozen=True)
-class Carried:
+class WaitingRelease:
     """``release``, to go in a pipeline of a client of the lock store's database ``db``."""
 
     release: RidingRelease
@@ -43,7 +43,7 @@ class Carried:
         return self.release.unsent(error)
 
     def alone(self) -> None:
-        """Sent on a round trip of its own (no write carries it); a failure only warns."""
+        """Sent on a round trip of its own (it rides no write); a failure only warns."""
         release = self.release
         release_or_warn(lambda _: release.alone(), release.lease)
 
