@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import NoReturn, Protocol
@@ -341,10 +340,11 @@ class Pushes:
         return "" if push.db is None or push.db == self.server.db else push.db
 
 
-# Each store's pushes, made at its first use and kept as long as the store (as
-# ``RedisLock.helper`` keeps a store's helpers): its scripts registered on its client once.
-_MADE: weakref.WeakKeyDictionary[RedisLock, Pushes | None] = weakref.WeakKeyDictionary()
-_UNMADE = object()  # a store not looked at yet (None: it has no pushes)
+def _made_for(store: RedisLock) -> Pushes | None:
+    """``store``'s pushes, made once and kept on the store (``RedisLock.helper``), so
+    they go with it: its scripts registered on its client once."""
+    server = server_of(store.client)
+    return Pushes(store, server) if server else None
 
 
 def pushes_of(store: object) -> Pushes | None:
@@ -353,9 +353,5 @@ def pushes_of(store: object) -> Pushes | None:
     replicas, or one whose server refused a push (``PushRefused``)."""
     if not isinstance(store, RedisLock) or not store.on_a_server or store.replicas is not None:
         return None
-    found = _MADE.get(store, _UNMADE)  # one look on every dispatch, receipt and release
-    if found is _UNMADE:
-        server = server_of(store.client)
-        # Two threads may both make one: the first kept wins, so one flag says "refused".
-        found = _MADE.setdefault(store, Pushes(store, server) if server else None)
-    return found if isinstance(found, Pushes) and found.usable else None
+    found = store.helper(_made_for)  # one look on every dispatch, receipt and release
+    return found if found is not None and found.usable else None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 import time
+import weakref
 
 import pytest
 from celery import Celery
@@ -68,6 +70,16 @@ class TestTheStore:
         assert len(tries) <= 3  # a try, a wait woken by the release, a try: no spinning
         assert tries[-1] - tries[0] >= 0.25
 
+    def test_a_renewed_lease_has_no_ttl_as_one_kept_until_its_release(self) -> None:
+        store = MemoryLock()
+        lease = store.try_acquire("job", 30)
+        assert isinstance(lease, Lease)
+        store.renew(lease)
+        assert store.client.pttl(store.keys("job").lock) == -1
+        refused = store.try_acquire("job", 30)
+        assert not isinstance(refused, Lease)
+        assert refused.retry_after is None
+
     def test_without_fakeredis_it_says_which_extra_to_install(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -89,6 +101,18 @@ class TestOneServer:
     def test_a_redlock_is_refused_saying_what_to_use(self, helper: object, what: str) -> None:
         with pytest.raises(ConfigurationError, match=rf"{what}.*Redlock of several masters"):
             helper(Redlock.from_url(REDLOCK))  # type: ignore[operator]
+
+    def test_another_store_is_refused_naming_what_it_is(self) -> None:
+        with pytest.raises(ConfigurationError, match=r"rate limits need a RedisLock.*object"):
+            rates_of(object())
+
+    def test_a_store_s_pushes_go_with_the_store(self) -> None:
+        store = RedisLock.from_url("redis://127.0.0.1:1/0")  # never connected to here
+        assert pushes_of(store) is pushes_of(store)
+        gone = weakref.ref(store)
+        del store
+        gc.collect()
+        assert gone() is None
 
     @pytest.mark.parametrize("on_limited", ["defer", "delay", "raise"])
     def test_a_rated_task_on_a_redlock_is_refused_before_its_message_is_sent(

@@ -80,7 +80,9 @@ class TestSameServer:
             ("unix:///tmp/r.sock", "unix:///tmp/s.sock", False),
             ("unix:///tmp/r.sock", "redis://", False),
             ("sentinel://a:26379;sentinel://b:26379", "sentinel://b:26379;sentinel://a", True),
-            ("sentinel://a:26379;sentinel://b:26379", "sentinel://a:26379", False),
+            # one group: a sentinel in common (a lock URL naming one of the broker's)
+            ("sentinel://a:26379;sentinel://b:26379", "sentinel://a:26379/1", True),
+            ("sentinel://a:26379;sentinel://b:26379", "sentinel://c:26379", False),
             ("sentinel://a:26379", "redis://a:26379", False),
             ("redis+cluster://r:7000", "redis://r:7000", False),  # a cluster is no one server
             ("redis://r:port/0", "redis://r:port/0", False),  # unreadable: never the same

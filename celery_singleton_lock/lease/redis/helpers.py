@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 Owner = TypeVar("Owner")
+_UNMADE = object()  # not made yet (a helper may be None)
 Helper = TypeVar("Helper")
 
 
@@ -24,8 +25,11 @@ class Helpers(Generic[Owner]):
 
     def get(self, make: Callable[[Owner], Helper]) -> Helper:
         """What ``make`` builds over the owner: made now if it is the first to ask."""
-        with self._guard:
-            if make not in self._made:
-                self._made[make] = make(self._owner)
-            made: Helper = self._made[make]  # type: ignore[assignment]
-            return made
+        found = self._made.get(make, _UNMADE)  # every dispatch asks: no lock once made
+        if found is _UNMADE:
+            with self._guard:
+                if make not in self._made:
+                    self._made[make] = make(self._owner)
+                found = self._made[make]
+        made: Helper = found  # type: ignore[assignment]
+        return made

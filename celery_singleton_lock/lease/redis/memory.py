@@ -7,10 +7,13 @@ unit-test your own tasks eagerly, never in production.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import redis
 
 from ...exceptions import ConfigurationError
 from ..clock import SYSTEM_CLOCK, Clock
@@ -104,7 +107,21 @@ class MemoryLock(RedisLock):
         keys, _ = self._extend_call(lease, None)
         reply = self.pipelining.call(self._extend_script, keys, [lease.token, KEPT_MS])
         if decode(reply, ExtendResult) is ExtendResult.EXTENDED:
+            self._keep(keys[0], lease.token)
             lease.renewed(math.inf)
+
+    def _keep(self, key: str, token: str) -> None:
+        """No ttl on ``key`` while ``token`` holds it, as a lease kept until its release
+        reads (its holder's ttl, a refused call's retry_after: none). Watched: a release
+        and another take between the extend and this leave the newcomer's ttl alone."""
+        with self.client.pipeline() as pipe:
+            pipe.watch(key)
+            if pipe.get(key) != token.encode():
+                return
+            pipe.multi()
+            pipe.persist(key)
+            with contextlib.suppress(redis.WatchError):
+                pipe.execute()
 
     def eviction_policy(self) -> str | None:
         """None: nothing is evicted from this store."""

@@ -34,7 +34,9 @@ class Server:
     def same_server(self, other: Server | None) -> bool:
         """Whether both are one Redis server (their databases may differ): the one rule
         for riding another client's round trips, and for sharing its options."""
-        return other is not None and self.address == other.address
+        if other is None:
+            return False
+        return self.address == other.address or _one_sentinel_group(self.address, other.address)
 
     def same_user(self, other: Server) -> bool:
         """Whether both are one server as one ACL user: what one client may do to the
@@ -85,6 +87,21 @@ def server_named(url: str) -> Server | None:
     except ValueError:  # a port that is not a number, an unclosed [IPv6 address
         return None
     return None
+
+
+def _one_sentinel_group(one: tuple[str, int] | str, other: tuple[str, int] | str) -> bool:
+    """Whether two Sentinel names are one group's master: the same service, or one named
+    by a URL (which names none), and a sentinel in common (a broker's failover list and a
+    lock URL that names one of its sentinels: one group, as it was read before the list)."""
+    if not (isinstance(one, str) and isinstance(other, str)):
+        return False
+    if not (one.startswith("sentinel:") and other.startswith("sentinel:")):
+        return False
+    service, _, nodes = one.removeprefix("sentinel:").partition("@")
+    other_service, _, other_nodes = other.removeprefix("sentinel:").partition("@")
+    if service and other_service and service != other_service:
+        return False
+    return bool(set(nodes.split(",")) & set(other_nodes.split(",")))
 
 
 def _sentinels_named(url: str) -> Server:

@@ -384,7 +384,9 @@ def one_server(store: object, what: str, keeps: str, used_by: str) -> RedisLock:
     if isinstance(store, RedisLock):
         return store
     where = getattr(store, "where", repr(store))
-    raise ConfigurationError(
-        f"{what} need one lock store; {where} is a Redlock of several masters, which "
-        f"cannot keep {keeps}: use a standalone, Sentinel or Cluster lock store {used_by}"
-    )
+    if len(getattr(store, "nodes", ())) > 1:  # a Redlock's masters
+        raise ConfigurationError(
+            f"{what} need one lock store; {where} is a Redlock of several masters, which "
+            f"cannot keep {keeps}: use a standalone, Sentinel or Cluster lock store {used_by}"
+        )
+    raise ConfigurationError(f"{what} need a RedisLock (memory:// is one), got {store!r}")
