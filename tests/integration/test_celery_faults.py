@@ -277,7 +277,11 @@ class TestRedelivery:
             # The copy (same task id) met the running original and was dropped: acked,
             # nothing stored under the id. It never ran, alongside or after.
             assert "copy of running task dropped" in hasty.output()
-            time.sleep(2)  # a copy requeued instead would have run by now
+            # A copy requeued instead would be queued, or in the worker, until it had run.
+            broker = cenv.broker.client()
+            wait_for(
+                lambda: broker.llen(hasty.queue) == 0 and hasty.idle(), 30, "no copy left anywhere"
+            )
             records = runs(cenv)
             print(f"\nredelivery: {len(records)} execution of one task id")
             assert [r["id"] for r in records] == [result.id]
