@@ -388,7 +388,8 @@ class TestLockStoreDown:
             result = cenv.app_module.app.send_task(
                 "tests.support.celery_app.work", ("outage",), queue=outage.queue
             )
-            time.sleep(3)
+            # The worker met the outage at execution and sent the message back, twice.
+            wait_for(lambda: outage.output().count("requeueing") >= 2, 30, "two requeues")
             assert runs(cenv) == []  # not run unlocked, not lost
             store.start()
             assert result.get(timeout=30) == "outage"
