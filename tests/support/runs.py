@@ -50,7 +50,7 @@ def waiting_for_a_wake_up(cenv: CeleryEnv) -> int:
     clients = cenv.lock_client().client_list()
     # Blocked now (flag b: ``cmd`` is only the last command, so an idle pooled connection
     # whose last wait is over still shows blpop), and not a test task's run held on its
-    # gate (``celery_app.GATE_CLIENT``).
+    # gate (``tasks.records.GATE_CLIENT``).
     return sum(
         1 for c in clients if c["cmd"] == "blpop" and "b" in c["flags"] and c["name"] != "test-gate"
     )
