@@ -29,6 +29,13 @@ def started(cenv: CeleryEnv) -> list[dict[str, Any]]:
     return [json.loads(r) for r in cenv.checker_client().lrange("started", 0, -1)]
 
 
+def dropped(cenv: CeleryEnv, task_id: str) -> list[dict[str, Any]]:
+    """The ``copy_dropped`` signals the workers sent for ``task_id`` (recorded by
+    ``tasks.records``): each a copy of a holder's message dropped at execution."""
+    recorded = (json.loads(r) for r in cenv.checker_client().lrange("signals", 0, -1))
+    return [s for s in recorded if s["signal"] == "copy_dropped" and s["task_id"] == task_id]
+
+
 UNTIL_OPENED = -30.0
 """``seconds`` that hold a test task's run until the test calls ``open_gate`` (at most 30 s):
 for a test whose calls must all come while one run is in progress, however slowly a loaded

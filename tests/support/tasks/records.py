@@ -3,7 +3,9 @@
 Each execution appends ``{"task", "id", "item", "fence", "pid", "start", "end", ...}``
 to the list ``runs`` on the checker (``record``), and ``{"id", "item", "pid"}`` to
 ``started`` as it begins (``begin``), so tests can assert who ran, when, and whether two
-executions of one key ever overlapped."""
+executions of one key ever overlapped. The library's ``copy_dropped`` signal, sent in
+the worker process that drops a copy, appends ``{"signal", "task", "task_id", "name",
+"hostname", "holder_state"}`` to ``signals`` (``runs.dropped`` reads it)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 
 import redis
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+from celery_singleton_lock.signals import copy_dropped
 
 from ..celery_app import check_url
 
@@ -118,3 +122,26 @@ def run_and_end(task: Any, item: object, seconds: float, mode: str) -> object:
         raise Reject("rejecting on purpose", requeue=False)
     record(task, item, started)
     return item
+
+
+def _copy_dropped(
+    sender: Any = None, name: str = "", task_id: str = "", holder_state: str = "", **_: Any
+) -> None:
+    """Record a ``copy_dropped`` signal where the test can read it: the worker's process
+    sends it, and the test's is another."""
+    checker().rpush(
+        "signals",
+        json.dumps(
+            {
+                "signal": "copy_dropped",
+                "task": getattr(sender, "name", None),
+                "task_id": task_id,
+                "name": name,
+                "hostname": getattr(getattr(sender, "request", None), "hostname", None),
+                "holder_state": holder_state,
+            }
+        ),
+    )
+
+
+copy_dropped.connect(_copy_dropped)
