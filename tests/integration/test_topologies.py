@@ -42,7 +42,7 @@ from ..support.apps import app_with, lock_url
 from ..support.modes import concurrency
 from ..support.rates import check_rate, rated_runs
 from ..support.redlock import held
-from ..support.runs import assert_no_overlap, runs, wait_for
+from ..support.runs import assert_no_overlap, runs, wait_for, wait_renewed
 from ..support.topologies import Cluster, SentinelGroup
 from ..support.workers import ROOT, Worker
 
@@ -174,8 +174,7 @@ class TestCluster:
         wait_for(lambda: leases[3].cancelled, 3, "the lease cancelled")
         # Every lease has looked at its own pending lock since that one was taken: two
         # renewals more each (one already on its way then may have looked before).
-        for _ in range(2):
-            renewed_since(leases, [lease.expires_at for lease in leases])
+        wait_renewed(leases)
         assert [lease.cancelled for lease in leases] == [False, False, False, True, False, False]
         for lease in [*leases, waiting]:
             assert lock.release(lease) is ReleaseResult.RELEASED
@@ -250,15 +249,6 @@ class TestCluster:
             if frozen is not None:
                 frozen.resume()
             cluster.cleanup()
-
-
-def renewed_since(leases: list[Any], seen: list[float]) -> None:
-    """Wait until every lease's renewal has answered since each expired at ``seen``."""
-    wait_for(
-        lambda: all(lease.expires_at > at for lease, at in zip(leases, seen, strict=True)),
-        5,
-        "a renewal of every lease",
-    )
 
 
 def _promoted(cluster: Cluster, key: str, victim: Any) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..conftest import CeleryEnv
@@ -19,6 +19,20 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "c
             return value
         assert time.monotonic() < deadline, f"{what} not reached in {timeout}s"
         time.sleep(0.01)
+
+
+def wait_renewed(leases: Sequence[Any], times: int = 2, timeout: float = 5.0) -> None:
+    """Wait until the renewal of each lease has answered ``times`` times more (its expiry
+    moved on each time); of two, the first may have been on its way already."""
+    for _ in range(times):
+        seen = [lease.expires_at for lease in leases]
+        wait_for(
+            lambda seen=seen: all(
+                lease.expires_at > at for lease, at in zip(leases, seen, strict=True)
+            ),
+            timeout,
+            "a renewal of every lease",
+        )
 
 
 def runs(cenv: CeleryEnv) -> list[dict[str, Any]]:
