@@ -27,6 +27,7 @@ from celery_singleton_lock.tokens import NAME_HEADER, TOKEN_HEADER, read_token
 from celery_singleton_lock.worker.setupchecks import check_worker_setup
 
 from ..conftest import CeleryEnv
+from ..support.runs import wait_for
 from ..support.same_server import QUEUE, at, holds, produce, same_server_env
 from ..support.servers import RedisServer
 from ..support.topologies import SentinelGroup
@@ -162,10 +163,10 @@ class TestSameServer:
         )
         worker = Worker(env, queue=QUEUE).start()
         try:
-            deadline = time.monotonic() + 30
-            while checker.llen("runs") < 3 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            time.sleep(0.5)
+            wait_for(lambda: checker.llen("runs") >= 3, 30, "three runs")
+            # A second run of an item would be queued, or in the worker, until it had run.
+            broker = at(shared, 0)
+            wait_for(lambda: broker.llen(QUEUE) == 0 and worker.idle(), 30, "no call left")
         finally:
             worker.stop()
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]

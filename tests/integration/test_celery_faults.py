@@ -29,7 +29,15 @@ from celery_singleton_lock.worker.setupchecks import check_worker_setup
 
 from ..conftest import CeleryEnv
 from ..support.rates import all_delivered, rated_runs
-from ..support.runs import UNTIL_OPENED, lock_keys, open_gate, runs, started, wait_for
+from ..support.runs import (
+    UNTIL_OPENED,
+    dropped,
+    lock_keys,
+    open_gate,
+    runs,
+    started,
+    wait_for,
+)
 from ..support.servers import RedisServer, free_port
 from ..support.workers import Worker
 
@@ -276,8 +284,12 @@ class TestRedelivery:
             assert result.get(timeout=60) == "redelivered"
             # The copy (same task id) met the running original and was dropped: acked,
             # nothing stored under the id. It never ran, alongside or after.
-            assert "copy of running task dropped" in hasty.output()
-            time.sleep(2)  # a copy requeued instead would have run by now
+            assert "running" in [s["holder_state"] for s in dropped(cenv, result.id)]
+            # A copy requeued instead would be queued, or in the worker, until it had run.
+            broker = cenv.broker.client()
+            wait_for(
+                lambda: broker.llen(hasty.queue) == 0 and hasty.idle(), 30, "no copy left anywhere"
+            )
             records = runs(cenv)
             print(f"\nredelivery: {len(records)} execution of one task id")
             assert [r["id"] for r in records] == [result.id]
@@ -384,7 +396,8 @@ class TestLockStoreDown:
             result = cenv.app_module.app.send_task(
                 "tests.support.celery_app.work", ("outage",), queue=outage.queue
             )
-            time.sleep(3)
+            # The worker met the outage at execution and sent the message back, twice.
+            wait_for(lambda: outage.output().count("requeueing") >= 2, 30, "two requeues")
             assert runs(cenv) == []  # not run unlocked, not lost
             store.start()
             assert result.get(timeout=30) == "outage"

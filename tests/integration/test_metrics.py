@@ -19,7 +19,7 @@ from celery_singleton_lock import DuplicateTaskError
 from celery_singleton_lock.contrib import metrics
 
 from ..conftest import CeleryEnv
-from ..support.runs import UNTIL_OPENED, open_gate, started, wait_for
+from ..support.runs import UNTIL_OPENED, dropped, open_gate, started, wait_for
 from ..support.servers import free_port
 from ..support.workers import Worker
 
@@ -72,7 +72,7 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
         app.strict.apply_async(("s",), queue=queue).get(timeout=30)
     # A copy of the holder's own message (its task id): dropped, and counted.
     app.app.send_task(app.strict.name, ("s",), task_id=holder.id, queue=queue)
-    wait_for(lambda: "copy of running task dropped" in worker.output(), 20, "copy dropped")
+    wait_for(lambda: dropped(cenv, holder.id), 20, "copy dropped")
     open_gate(cenv, "s")
     assert holder.get(timeout=30) == "s"
     app.work.apply_async(("k", 30.0), queue=queue)

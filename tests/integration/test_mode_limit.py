@@ -15,7 +15,14 @@ from ..support.modes import (
     name_of,
     of,
 )
-from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
+from ..support.runs import (
+    UNTIL_OPENED,
+    open_gate,
+    runs,
+    started,
+    wait_for,
+    waiting_for_a_wake_up,
+)
 from ..support.workers import Worker
 
 
@@ -43,7 +50,8 @@ class TestLimitInWorkers:
         long = [export.apply_async(("l3", UNTIL_OPENED), queue=queue) for _ in range(3)]
         begun = wait_for(lambda: len(started(cenv)) == 3 and started(cenv), 20, "three runs")
         waiting = [export.apply_async(("l3", 0.2), queue=queue) for _ in range(2)]
-        time.sleep(1.0)
+        # Both refused a slot by now: each parked on the push wake-up, none started.
+        wait_for(lambda: waiting_for_a_wake_up(cenv) == 2, 20, "both waiters parked")
         assert len(started(cenv)) == 3, "the fourth waits for a slot"
         killed = time.monotonic()
         os.kill(begun[0]["pid"], signal.SIGKILL)

@@ -115,7 +115,7 @@ class TestCountdownsOnQuorumQueues:
             first = m.work.apply_async(("q-copy", 1.5))
             time.sleep(0.3)
             death = [{"count": 1, "reason": "rejected", "queue": "q", "exchange": ""}]
-            assert m._deaths({"x-death": death}) == {"x_death": ["rejected:q"]}
+            assert m.deaths({"x-death": death}) == {"x_death": ["rejected:q"]}
             copy = m.app.send_task(m.work.name, ("q-copy", 0), headers={"x-death": death})
             out = [first.get(timeout=30), copy.get(timeout=30), first.id, copy.id]
             """,

@@ -24,6 +24,7 @@ from celery_singleton_lock.lease import Renewer, get_renewer
 from celery_singleton_lock.lease.renewal import next_delay
 
 from ..support.forks import in_forked_child
+from ..support.runs import wait_renewed
 from ..support.servers import RedisServer
 
 
@@ -52,7 +53,7 @@ class TestRenewal:
 
     def test_one_thread_renews_every_lease(self, lock: RedisLock, raw: redis.Redis) -> None:
         leases = [lock.acquire(f"job-{i}", ttl=1.0, renew=True) for i in range(20)]
-        time.sleep(1.5)
+        wait_renewed(leases)  # where a second thread would have been started
         assert len(renewer_threads()) == 1
         assert all(raw.exists(lease.key) for lease in leases)
         for lease in leases:

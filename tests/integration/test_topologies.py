@@ -42,7 +42,7 @@ from ..support.apps import app_with, lock_url
 from ..support.modes import concurrency
 from ..support.rates import check_rate, rated_runs
 from ..support.redlock import held
-from ..support.runs import assert_no_overlap, runs, wait_for
+from ..support.runs import assert_no_overlap, runs, wait_for, wait_renewed
 from ..support.topologies import Cluster, SentinelGroup
 from ..support.workers import ROOT, Worker
 
@@ -172,7 +172,9 @@ class TestCluster:
             lock.renew(lease)
         waiting = held(lock.try_acquire(companion("y3", "pending"), 30))
         wait_for(lambda: leases[3].cancelled, 3, "the lease cancelled")
-        time.sleep(0.2)
+        # Every lease has looked at its own pending lock since that one was taken: two
+        # renewals more each (one already on its way then may have looked before).
+        wait_renewed(leases)
         assert [lease.cancelled for lease in leases] == [False, False, False, True, False, False]
         for lease in [*leases, waiting]:
             assert lock.release(lease) is ReleaseResult.RELEASED
@@ -356,7 +358,11 @@ def test_a_cluster_node_as_plain_url_fails_dispatch_and_execution_once(
             result.get(timeout=30)
         assert type(failed.value).__name__ == "LockStoreConfigurationError"
         assert runs(cenv) == []
-        time.sleep(1.0)  # a requeue would show up in the log by now
+        # A requeue or retry would be sent before the failure is stored: it is queued, or
+        # in the worker (reserved, waiting for its countdown, running) until it has run.
+        wait_for(
+            lambda: broker.llen(worker.queue) == 0 and worker.idle(), 30, "no copy left anywhere"
+        )
         log = worker.output()
         assert "requeued" not in log
         assert log.count(f"Task {APP}.work[{result.id}] raised") == 1

@@ -25,6 +25,7 @@ from celery_singleton_lock.broker.transit import ClearNote, Note, Transit
 from celery_singleton_lock.lease import HOLD, RedisLock
 
 from ..conftest import CeleryEnv
+from ..support.runs import wait_for
 from ..support.same_server import QUEUE, at, holds, produce, same_server_env
 from ..support.servers import RedisServer
 from ..support.topologies import SentinelGroup
@@ -273,6 +274,14 @@ def notes_of(broker: redis.Redis, queue: str) -> int:
     return sum(json.loads(raw)[2] == queue for raw in broker.hvals("t:transit"))
 
 
+def settled(broker: redis.Redis, queue: str, worker: Worker) -> bool:
+    """Whether no call of ``queue`` can run any more: none noted in transit (only a
+    noted message is pushed again, and it stays noted until a worker receives it), none
+    queued, and none running, reserved or scheduled in ``worker``. Checked in that order,
+    so a message moving on between two looks is seen at the next."""
+    return notes_of(broker, queue) == 0 and broker.llen(queue) == 0 and worker.idle()
+
+
 class TestWorkers:
     @pytest.mark.parametrize(
         ("shape", "task"),
@@ -305,12 +314,10 @@ class TestWorkers:
         produce(env, send.replace("('lost', 0.1)", "('first', 0.0)"))
         worker = Worker(env, queue=QUEUE).start()
         try:
-            deadline = time.monotonic() + 20
-            while checker.llen("runs") < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(1.5)  # a second run would have started by now
             # Pushed again by a worker's sweep (this one's, or another test's worker's
             # sharing the broker).
+            wait_for(lambda: checker.llen("runs") >= 2, 20, "both runs")
+            wait_for(lambda: settled(broker, setup.queue, worker), 30, "no call left anywhere")
         finally:
             worker.stop()
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
@@ -339,10 +346,8 @@ class TestWorkers:
                 "    work.apply_async((f'kept-{i}', 0.3), queue='ride')\n"
                 "print('null')\n",
             )
-            deadline = time.monotonic() + 30
-            while checker.llen("runs") < 20 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(2.5)  # several sweeps, each long after the wait: none ran twice
+            wait_for(lambda: checker.llen("runs") >= 20, 30, "every run")
+            wait_for(lambda: settled(broker, QUEUE, worker), 30, "no call left anywhere")
         finally:
             worker.stop()
         runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]
@@ -395,10 +400,8 @@ class TestSentinel:
             assert steal(master, QUEUE)["headers"]["id"] == task_id  # type: ignore[index]
             worker = Worker(env, queue=QUEUE).start()
             try:
-                deadline = time.monotonic() + 20
-                while checker.llen("runs") < 1 and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                time.sleep(1.5)
+                wait_for(lambda: checker.llen("runs") >= 1, 20, "the run")
+                wait_for(lambda: settled(master, QUEUE, worker), 30, "no call left anywhere")
             finally:
                 worker.stop()
             runs = [json.loads(raw) for raw in checker.lrange("runs", 0, -1)]

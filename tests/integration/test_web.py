@@ -377,7 +377,9 @@ class TestInABrowser:
             assert client.exists(held.keys["orphaned"]) == 0
             d.get(f"{page.url}/lock?{urlencode({'key': held.keys['queued']})}")
             d.find_element(By.CSS_SELECTOR, "form.release button").click()
-            time.sleep(0.5)  # the browser refuses the form: the confirmation is required
+            # The browser refuses the form: its confirmation box is required, and unticked.
+            validity = "return document.querySelector('form.release').checkValidity()"
+            assert d.execute_script(validity) is False
             assert "done=" not in d.current_url
             assert client.exists(held.keys["queued"]) == 1
             d.find_element(By.CSS_SELECTOR, "form.release input[name=confirm]").click()

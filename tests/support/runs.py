@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..conftest import CeleryEnv
@@ -21,12 +21,33 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "c
         time.sleep(0.01)
 
 
+def wait_renewed(leases: Sequence[Any], times: int = 2, timeout: float = 5.0) -> None:
+    """Wait until the renewal of each lease has answered ``times`` times more (its expiry
+    moved on each time); of two, the first may have been on its way already."""
+    for _ in range(times):
+        seen = [lease.expires_at for lease in leases]
+        wait_for(
+            lambda seen=seen: all(
+                lease.expires_at > at for lease, at in zip(leases, seen, strict=True)
+            ),
+            timeout,
+            "a renewal of every lease",
+        )
+
+
 def runs(cenv: CeleryEnv) -> list[dict[str, Any]]:
     return [json.loads(r) for r in cenv.checker_client().lrange("runs", 0, -1)]
 
 
 def started(cenv: CeleryEnv) -> list[dict[str, Any]]:
     return [json.loads(r) for r in cenv.checker_client().lrange("started", 0, -1)]
+
+
+def dropped(cenv: CeleryEnv, task_id: str) -> list[dict[str, Any]]:
+    """The ``copy_dropped`` signals the workers sent for ``task_id`` (recorded by
+    ``tasks.records``): each a copy of a holder's message dropped at execution."""
+    recorded = (json.loads(r) for r in cenv.checker_client().lrange("signals", 0, -1))
+    return [s for s in recorded if s["signal"] == "copy_dropped" and s["task_id"] == task_id]
 
 
 UNTIL_OPENED = -30.0
@@ -50,7 +71,7 @@ def waiting_for_a_wake_up(cenv: CeleryEnv) -> int:
     clients = cenv.lock_client().client_list()
     # Blocked now (flag b: ``cmd`` is only the last command, so an idle pooled connection
     # whose last wait is over still shows blpop), and not a test task's run held on its
-    # gate (``celery_app.GATE_CLIENT``).
+    # gate (``tasks.records.GATE_CLIENT``).
     return sum(
         1 for c in clients if c["cmd"] == "blpop" and "b" in c["flags"] and c["name"] != "test-gate"
     )

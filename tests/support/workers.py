@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import signal
 import socket
@@ -13,11 +14,25 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from celery_singleton_lock.holders import is_dead
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 _names = itertools.count(1)
+
+# A worker's own account of itself, asked over the broker (Celery's remote control) by a
+# process configured from the worker's environment, so it reaches the worker's broker
+# whatever the test's own app is connected to.
+INSPECT = """
+import importlib, json, sys
+app = importlib.import_module(sys.argv[1]).app
+node = sys.argv[2]
+inspect = app.control.inspect(destination=[node], timeout=10)
+replies = {what: (getattr(inspect, what)() or {}).get(node)
+           for what in ("active", "reserved", "scheduled")}
+print(json.dumps(replies))
+"""
 
 
 def children_of(pid: int) -> list[int]:
@@ -94,6 +109,25 @@ class Worker:
         """Whether ``token`` is a running lease this worker's main process took as the
         message arrived (the default mode's lease of a received message)."""
         return (token or b"").startswith(f"x|{self.nodename}|{self.pid}|".encode())
+
+    def inspect(self) -> dict[str, Any]:
+        """The worker's ``active``, ``reserved`` and ``scheduled`` tasks, from Celery's
+        remote control. (Not ``stats``: these workers' reply to it holds a Python class,
+        which kombu cannot encode, so it never comes.)"""
+        done = subprocess.run(
+            [sys.executable, "-c", INSPECT, self.app, self.nodename],
+            cwd=ROOT, env={**self.env, "PYTHONPATH": str(ROOT)},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        replies: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        assert None not in replies.values(), f"{self.nodename} did not answer: {replies}"
+        return replies
+
+    def idle(self) -> bool:
+        """Whether the worker has no task running, reserved or waiting for its ETA."""
+        replies = self.inspect()
+        return not (replies["active"] or replies["reserved"] or replies["scheduled"])
 
     def children(self) -> list[int]:
         return children_of(self.pid)
