@@ -34,11 +34,13 @@ def test_the_readme_example_refuses_the_second_call_on_a_real_worker(tmp_path: P
 
     (tmp_path / "example.py").write_text(example)
     server = RedisServer().start()
+    # A newcomer's shell, not the suite's (no DJANGO_SETTINGS_MODULE another test set):
+    # ``celery`` and ``python`` as the virtualenv the suite runs in has them.
     env = {
-        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
         "REDIS_URL": server.url,
-        # ``celery`` and ``python`` as the virtualenv the suite runs in has them
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
