@@ -8,13 +8,10 @@ or does not wait at all (``defer``). How, and what of redis-py's it keeps: ``Pip
 from __future__ import annotations
 
 import collections
-import inspect
 import logging
-import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeGuard
+from typing import Any
 
-import redis
 from redis.commands.core import Script
 from redis.connection import Connection, ConnectionPool
 
@@ -23,6 +20,7 @@ from ..clock import SYSTEM_CLOCK, Clock
 from . import recording
 from .calls import Acked, Arg, Batch, Command, Hold, Response, ScriptCall, SentCall, body
 from .clients import SyncClient
+from .connections import FORKS_SEEN, drivable, pack, ready, takes_command_name
 from .replies import TRANSPORT_ERRORS, Reply
 
 logger = logging.getLogger(__name__)
@@ -37,61 +35,6 @@ SPARE_FROM = 8
 # Answers owed (sent, unread) at most; past this the sender reads them at once, so a
 # process whose threads only ever release still gives its connections back.
 MAX_OWED = 16
-
-
-def pack(encoding: str, args: Sequence[Arg]) -> bytes:
-    """One command in RESP, for the str, bytes and int arguments our calls take.
-
-    redis-py's own packer handles every argument type there is, and costs as much CPU
-    as the loopback round trip; the bytes are the same (RESP is the wire protocol, not
-    a redis-py internal), and ``send_packed_command`` takes them as they are.
-    """
-    parts = [b"*%d\r\n" % len(args)]
-    append = parts.append
-    for arg in args:
-        if isinstance(arg, str):
-            data = arg.encode(encoding)
-        elif isinstance(arg, bytes):
-            data = arg
-        else:
-            data = b"%d" % arg
-        # The value as it is, copied once by the join (a message's payload is KiBs).
-        append(b"$%d\r\n" % len(data))
-        append(data)
-        append(b"\r\n")
-    return b"".join(parts)
-
-
-# Forks this process has seen: a pipelining inherited over fork tells from it, without
-# a getpid() system call on every call, that its owed answers are the parent's.
-_forks = [0]
-
-
-def _count_fork() -> None:
-    _forks[0] += 1
-
-
-os.register_at_fork(after_in_child=_count_fork)
-
-
-def takes_command_name(pool: ConnectionPool) -> bool:
-    # redis-py < 5.3 requires get_connection(command_name); later versions warn on it.
-    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
-    return parameter is not None and parameter.default is inspect.Parameter.empty
-
-
-def drivable(client: object) -> TypeGuard[redis.Redis]:
-    """Whether ``client`` is a pooled sync client whose connections we may drive ourselves.
-
-    Clients this module cannot drive directly (cluster, sentinel-managed failover aside,
-    single-connection, client-side caching) take redis-py's path for every call."""
-    pool = getattr(client, "connection_pool", None)
-    return (
-        isinstance(client, redis.Redis)
-        and getattr(client, "connection", None) is None  # single_connection_client
-        and pool is not None
-        and getattr(pool, "cache", None) is None  # client-side caching wants its own path
-    )
 
 
 class Pipelining:
@@ -156,12 +99,12 @@ class Pipelining:
         # are atomic across threads); None when the pool has no room to lend it.
         spare = getattr(self._pool, "max_connections", 0) >= SPARE_FROM
         self._idle: list[Connection] | None = [] if spare else None
-        self._generation = _forks[0]
+        self._generation = FORKS_SEEN[0]
 
     # -- connections -------------------------------------------------------------------
 
     def _checkout(self) -> Connection:
-        if self._generation != _forks[0]:
+        if self._generation != FORKS_SEEN[0]:
             self._forget_parent()
         if self._owed:
             # The connection of the answer read last serves this call: it is as free
@@ -175,7 +118,7 @@ class Pipelining:
             except IndexError:
                 pass  # another thread took it first
             else:
-                return _ready(conn)
+                return ready(conn)
         pool = self._pool
         if pool is None:
             raise _not_direct()
@@ -197,7 +140,7 @@ class Pipelining:
         self._owed.clear()
         if self._idle:
             self._idle.clear()
-        self._generation = _forks[0]
+        self._generation = FORKS_SEEN[0]
 
     def read_owed(self) -> None:
         """Read every owed answer now (their connections go back to the pool)."""
@@ -206,7 +149,7 @@ class Pipelining:
     def _read_owed(self, *, keep: bool) -> Connection | None:
         """Read every owed answer; with ``keep``, return the last one's connection
         instead of putting it back (None if there is none to hand over)."""
-        if self._generation != _forks[0]:
+        if self._generation != FORKS_SEEN[0]:
             self._forget_parent()
             return None
         kept: list[Connection] = []
@@ -375,18 +318,6 @@ class Pipelining:
             self.checkin(conn, broken=True)
             raise
         return Reply(unread=(self, conn, len(commands), sent), sent_at=sent_at)
-
-
-def _ready(conn: Connection) -> Connection:
-    """A kept connection, as the pool would lend it: every reply on it was read before
-    it was kept, so anything readable now is the server closing it (an idle timeout):
-    dropped, and connected again as it is used."""
-    try:
-        if conn.can_read():
-            conn.disconnect()  # type: ignore[no-untyped-call]
-    except (*TRANSPORT_ERRORS, OSError):
-        conn.disconnect()  # type: ignore[no-untyped-call]
-    return conn
 
 
 def _not_direct() -> TypeError:

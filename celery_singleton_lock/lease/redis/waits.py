@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 
 from .calls import Response
 from .clients import AsyncClient, SyncClient
-from .pipelining import takes_command_name
+from .connections import takes_command_name
 from .replies import GRACE
 
 
