@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..exceptions import ConfigurationError
+from ..modes import Chosen
 
 # The answers to a duplicate that need a call queued to swap into (their own rows say so).
 REPLACING = ("replace", "cancel")
@@ -24,15 +25,25 @@ class Given:
     # until_executing).
     lock: str
     on_duplicate: str  # the answer they come to (debounce: replace)
-    throttle: float | None
     limit: int | None  # as written (limit=1 too)
-    debounce: float | None
-    max_wait: float | None
+    values: Mapping[str, object]  # the modes' own options as read (``Choice.reads``)
     total_limit: int | None
     reopen_on: frozenset[str]
     max_pending: int | None
     # Why the mode cannot take idempotency keys (``idempotency_refused``), if it asks for them.
     idempotency: str | None = None
+
+    @property
+    def throttle(self) -> float | None:
+        return _seconds(self.values.get("throttle"))
+
+    @property
+    def debounce(self) -> float | None:
+        return _seconds(self.values.get("debounce"))
+
+    @property
+    def max_wait(self) -> float | None:
+        return _seconds(self.values.get("max_wait"))
 
 
 @dataclass(frozen=True)
@@ -51,26 +62,32 @@ def check(task: str, given: Given) -> None:
             raise ConfigurationError(f"{task}: {row.message(given)}")
 
 
-def idempotency_refused(on_duplicate: str, debounce: float | None, limit: int | None) -> str | None:
-    """Why a mode cannot take idempotency keys (None: it can): said at decoration when the
-    task asks for keys, and at a call that passes one.
+def idempotency_refused(read: Chosen) -> str | None:
+    """Why a mode cannot take idempotency keys (None: it can), given the options ``read``
+    (and settled): said at decoration when the task asks for keys, and at a call that
+    passes one.
 
     A key promises the first call's answer to every repeat; these modes let a newer
     call replace or cancel an older one, or run beside it.
     """
-    if debounce is not None or on_duplicate in ("replace", "cancel"):
+    debounce, on_duplicate, limit = read.value("debounce"), read.on_duplicate, read.value("limit")
+    if debounce is not None or on_duplicate in REPLACING:
         how = "debounce" if debounce is not None else f"on_duplicate={on_duplicate!r}"
         return (
             f"cannot be used with {how}: a newer call replaces or cancels the first, so a "
             "repeat could not get the first call's answer; use the default lock scope "
             "(or throttle, rate) with idempotency keys"
         )
-    if limit is not None and limit > 1:
+    if isinstance(limit, int) and limit > 1:
         return (
             f"cannot be used with limit={limit}: a copy of a call could run beside it; use "
             "the default lock scope (or rate=) with idempotency keys"
         )
     return None
+
+
+def _seconds(value: object) -> float | None:
+    return value if isinstance(value, float) else None
 
 
 def _dispatch_options(raw: Mapping[str, object]) -> list[str]:

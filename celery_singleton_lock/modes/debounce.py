@@ -10,6 +10,7 @@ from collections.abc import Mapping, MutableMapping
 
 from ..exceptions import ConfigurationError
 from ..tokens import ETA_HEADER, burst_began, debounced_token
+from .choosing import GIVEN, Choice, Chosen, seconds_option
 from .replace import Replace
 
 
@@ -61,3 +62,21 @@ class Debounce(Replace):
             # The end of this call's own window, which it was to hop to: not the successor's.
             successor["headers"] = {k: v for k, v in given.items() if k != ETA_HEADER}
         return debounced_token(queued_id, began), queue_ttl + delay, successor
+
+
+def _built(chosen: Chosen) -> Debounce:
+    max_wait = chosen.value("max_wait")
+    return Debounce(
+        chosen.seconds("debounce"), None if max_wait is None else chosen.seconds("max_wait")
+    )
+
+
+# A debounce settles the answer and the scope: a run starts a new burst, so the next
+# call queues; the latest arguments of a burst win.
+CHOICE = Choice(
+    Debounce,
+    {"debounce": GIVEN, "lock": "until_executing", "on_duplicate": "replace"},
+    _built,
+    settles=("lock", "on_duplicate"),
+    reads={"debounce": seconds_option, "max_wait": seconds_option},
+)

@@ -18,6 +18,7 @@ from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended, Lease, LockStore, append_history
 from ..tokens import TOKEN_HEADER, holder_task_id, is_reservation_of, queued_form, read_token
 from .base import PENDING, Answer, HolderRow, Mode, Publish, Replacing, Start, WaitingHold
+from .choosing import Choice
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -103,6 +104,14 @@ class Replace(Mode):
         if hold is not None and hold.state in ("queued", "reserved"):
             return f"accepted: replaces the arguments of {hold.task_id} ({hold.state})"
         return super().new_call(held, answer)
+
+
+# With either scope that queues a call: on the key, or pending beside it.
+CHOICE = Choice(
+    Replace,
+    {"on_duplicate": "replace", "lock": ("until_executed", "until_executing")},
+    lambda chosen: Replace(pending=chosen.lock == "until_executing"),
+)
 
 
 class Replacement:

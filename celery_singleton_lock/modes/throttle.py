@@ -11,6 +11,7 @@ from .._time import human
 from ..lease import LockStore, companion
 from ..tokens import NAME_HEADER, WINDOW_HEADER, header
 from .base import HolderRow, Mode, PublishHold
+from .choosing import GIVEN, Choice, seconds_option
 
 
 class Throttle(Mode):
@@ -61,3 +62,12 @@ class Throttle(Mode):
         if window is not None:
             return f"refused for {human(window.ttl)} more (the window of {window.task_id})"
         return "accepted"
+
+
+# Picked by a window, with the default lock scope (throttle= with lock= is refused).
+CHOICE = Choice(
+    Throttle,
+    {"throttle": GIVEN, "lock": "until_executed"},
+    lambda chosen: Throttle(chosen.seconds("throttle")),
+    reads={"throttle": seconds_option},
+)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .base import HolderRow, Mode
+from .choosing import Choice
 
 
 class WhileExecuting(Mode):
@@ -28,3 +29,6 @@ class WhileExecuting(Mode):
         if running is not None:
             return f"accepted; at execution it meets {running.task_id} ({running.state})"
         return "accepted"
+
+
+CHOICE = Choice(WhileExecuting, {"lock": "while_executing"}, lambda chosen: WhileExecuting())
