@@ -56,7 +56,7 @@ def pick(chosen: Chosen) -> Mode:
     )
     if not picked or (len(picked) > 1 and len(picked[0].picked_by) == len(picked[1].picked_by)):
         # A table that picks no mode, or two, is this package's bug: say which options.
-        names = [choice.mode.__name__ for choice in picked]
+        names = [choice.name for choice in picked]
         raise LookupError(f"{chosen.task}: the options pick {names or 'no mode'}")
     mode = picked[0].build(chosen)
     mode.reopen_on = chosen.reopen_on
@@ -67,12 +67,16 @@ def pick(chosen: Chosen) -> Mode:
 def shown_state(role: str | None, state: str) -> str:
     """How an operator sees the holder of a lock of ``role`` (None: a key's own) whose
     token says ``state``: as the mode that writes that role says, else as ``state``."""
-    writers: tuple[type[Mode], ...] = (*(choice.mode for choice in CHOICES), Rated)
-    for mode in writers:
+    for mode in _every(Mode):
         shown = mode.shows(role, state)
         if shown is not None:
             return shown
     return state
+
+
+def _every(mode: type[Mode]) -> list[type[Mode]]:
+    """``mode`` and every subclass of it: every mode module is loaded (``CHOICES``)."""
+    return [mode, *(each for sub in mode.__subclasses__() for each in _every(sub))]
 
 
 __all__ = [

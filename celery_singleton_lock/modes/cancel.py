@@ -9,18 +9,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..lease import Lease, companion
-from .base import PENDING, HolderRow, Start
+from .base import PENDING, Start
 from .choosing import Choice, flag_option
-from .replace import Replace
+from .refusal import HolderRow
+from .replace import REPLACES
+from .until_executing import UntilExecuting
 
 # How often a run's renewal looks for a newer call: the longest a cancelled run goes on
 # unaware, plus one round trip.
 CANCEL_CHECK = 0.25
 
 
-class Cancel(Replace):
-    """The pending call of ``until_executing`` + ``replace``, cancelling the run in
-    progress (``terminate``: a prefork child is terminated too).
+class Cancel(UntilExecuting):
+    """The pending call of ``until_executing`` with ``Replaces``' answer, cancelling the
+    run in progress (``terminate``: a prefork child is terminated too).
 
     - publish: as ``lock="until_executing"`` with ``replace``: a pending hold beside the
       key. A call made while a run is in progress becomes the pending call (and a later
@@ -39,9 +41,10 @@ class Cancel(Replace):
     """
 
     name = "cancel"
+    refusal = REPLACES
 
     def __init__(self, *, terminate: bool) -> None:
-        super().__init__(pending=True)
+        super().__init__()
         self.terminate = terminate
 
     def running(self, lease: Lease, start: Start) -> None:
@@ -58,7 +61,7 @@ class Cancel(Replace):
 # ``terminate_on_cancel``: whether a cancelled prefork child is terminated (what it
 # cannot go with: ``config.contradictions``).
 CHOICE = Choice(
-    Cancel,
+    Cancel.name,
     {"on_duplicate": "cancel", "lock": "until_executing"},
     lambda chosen: Cancel(terminate=chosen.value("terminate_on_cancel") is True),
     settles=("lock",),

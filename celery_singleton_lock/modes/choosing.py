@@ -72,7 +72,8 @@ class Chosen:
 
 @dataclass(frozen=True)
 class Choice:
-    """One mode's entry in the choice: the option values that pick it, and how it is built.
+    """One mode's entry in the choice: its name, the option values that pick it, and how
+    it is built (a scope with the refusal it composes, ``Mode.refusal``).
 
     ``picked_by``: option -> the value that picks it (a tuple: any of them; ``GIVEN``: any
     value given). Of the choices whose values all hold, the one naming the most options
@@ -81,7 +82,7 @@ class Choice:
     ``reads``: options of the mode's own, each read and checked by its reader.
     """
 
-    mode: type[Mode]
+    name: str  # the mode's (``Mode.name``)
     picked_by: Mapping[str, object]
     build: Callable[[Chosen], Mode]
     settles: tuple[str, ...] = ()

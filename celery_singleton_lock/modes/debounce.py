@@ -11,12 +11,14 @@ from collections.abc import Mapping, MutableMapping
 from ..exceptions import ConfigurationError
 from ..tokens import ETA_HEADER, burst_began, debounced_token
 from .choosing import GIVEN, Choice, Chosen, seconds_option
-from .replace import Replace
+from .replace import REPLACES
+from .until_executing import UntilExecuting
 
 
-class Debounce(Replace):
-    """One run per burst of calls, with the last call's arguments: a ``Replace`` whose hold
-    is pending beside the key, its message sent again later by each call of the burst.
+class Debounce(UntilExecuting):
+    """One run per burst of calls, with the last call's arguments: ``until_executing``'s
+    pending hold with ``Replaces``' answer, its message sent again later by each call of
+    the burst.
 
     - publish: the burst's first call is sent with ``countdown=debounce`` and a pending
       hold beside the key whose token also says when the burst began; each later call of
@@ -29,9 +31,10 @@ class Debounce(Replace):
     """
 
     name = "debounce"
+    refusal = REPLACES
 
     def __init__(self, debounce: float, max_wait: float | None) -> None:
-        super().__init__(pending=True)
+        super().__init__()
         self.debounce = debounce
         self.max_wait = max_wait
 
@@ -74,7 +77,7 @@ def _built(chosen: Chosen) -> Debounce:
 # A debounce settles the answer and the scope: a run starts a new burst, so the next
 # call queues; the latest arguments of a burst win.
 CHOICE = Choice(
-    Debounce,
+    Debounce.name,
     {"debounce": GIVEN, "lock": "until_executing", "on_duplicate": "replace"},
     _built,
     settles=("lock", "on_duplicate"),

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..lease import Contended, Lease, LockStore, TakeOver, companion, slot
-from .base import HolderRow, Mode, Start
+from .base import Mode, Start
 from .choosing import GIVEN, Choice, Chosen
+from .refusal import HolderRow
 
 if TYPE_CHECKING:
     from ..lease.limits.overrides import Override
@@ -153,4 +154,4 @@ def _built(chosen: Chosen) -> Limit:
 
 # Picked by a limit run in slots (``limit=1`` alone holds the key: ``while_executing``);
 # a limit, like a rate, sets the scope ``while_executing`` (``config.limit_options``).
-CHOICE = Choice(Limit, {"limit": GIVEN, "lock": "while_executing"}, _built)
+CHOICE = Choice(Limit.name, {"limit": GIVEN, "lock": "while_executing"}, _built)

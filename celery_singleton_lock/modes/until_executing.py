@@ -35,4 +35,4 @@ class UntilExecuting(Mode):
         return None
 
 
-CHOICE = Choice(UntilExecuting, {"lock": "until_executing"}, lambda chosen: UntilExecuting())
+CHOICE = Choice(UntilExecuting.name, {"lock": "until_executing"}, lambda chosen: UntilExecuting())

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import HolderRow, Mode
+from .base import Mode
 from .choosing import Choice
+from .refusal import HolderRow
 
 
 class WhileExecuting(Mode):
@@ -31,4 +32,4 @@ class WhileExecuting(Mode):
         return "accepted"
 
 
-CHOICE = Choice(WhileExecuting, {"lock": "while_executing"}, lambda chosen: WhileExecuting())
+CHOICE = Choice(WhileExecuting.name, {"lock": "while_executing"}, lambda chosen: WhileExecuting())

@@ -38,7 +38,7 @@ def _combinations() -> list[dict[str, object]]:
 
 class TestTheChoice:
     def test_every_mode_module_declares_its_choice(self) -> None:
-        names = {choice.mode.name for choice in CHOICES}
+        names = {choice.name for choice in CHOICES}
         assert names == {
             "until_executed",
             "until_executing",
