@@ -38,8 +38,9 @@ def _combinations() -> list[dict[str, object]]:
 
 class TestTheChoice:
     def test_every_mode_module_declares_its_choice(self) -> None:
-        names = {choice.name for choice in CHOICES}
-        assert names == {
+        names = [choice.name for choice in CHOICES]
+        assert len(names) == len(set(names))
+        assert set(names) >= {
             "until_executed",
             "until_executing",
             "while_executing",
@@ -57,9 +58,8 @@ class TestTheChoice:
                 options = SingletonOptions.build("t", job, raw)
             except ConfigurationError:
                 continue
-            picked.add(repr(options.mode))  # two choices that tie raise LookupError
-        assert "<mode rate over limit>" in picked
-        assert len(picked) >= len(CHOICES)
+            picked.add(options.mode.name)  # two choices that tie raise LookupError
+        assert picked >= {choice.name for choice in CHOICES}  # each is picked by some options
 
     @pytest.mark.parametrize(
         ("raw", "mode"),
@@ -84,7 +84,7 @@ class TestTheChoice:
             assert set(choice.reads) <= set(OPTION_NAMES), choice.mode.name
             if choice.scope is not None:
                 assert choice.scope in LOCK_SCOPES
-        assert LOCK_SCOPES == ("until_executed", "until_executing", "while_executing")
+        assert {"until_executed", "until_executing", "while_executing"} <= set(LOCK_SCOPES)
 
     def test_what_a_mode_settles_is_what_its_options_come_to(self) -> None:
         debounced = SingletonOptions.build("t", job, {"debounce": 5})
