@@ -78,8 +78,8 @@ class Choice:
     ``picked_by``: option -> the value that picks it (a tuple: any of them; ``GIVEN``: any
     value given). Of the choices whose values all hold, the one naming the most options
     wins (``test_modes_choice`` checks that no two tie). ``settles``: the options of
-    ``picked_by`` the others settle whatever is written (debounce's answer and scope).
-    ``reads``: options of the mode's own, each read and checked by its reader.
+    ``picked_by`` that its other options fix, whatever is written (a debounce fixes the
+    scope and the answer). ``reads``: options of the mode's own, each with its reader.
     """
 
     name: str  # the mode's (``Mode.name``)
