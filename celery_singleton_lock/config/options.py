@@ -66,8 +66,8 @@ class SingletonOptions:
     ttl: float | None
     queue_ttl: float | None
     dedupe: bool
-    # What the mode is picked and built from: the options as read and settled.
-    chosen: Chosen
+    # The modes' own options as read, by name (``Choice.reads``: throttle, debounce, ...).
+    own: Mapping[str, object]
     reopen_on: frozenset[str] = frozenset()
     rate: RateSpec | None = None  # runs started per key per period, across workers
     max_pending: int | None = None  # calls of a key waiting at once (with rate or limit)
@@ -137,18 +137,16 @@ class SingletonOptions:
             idempotency=refused if idempotency.given else None,
         )
         check(name, given)  # what cannot go together, with what to write instead
-        slotted = slotted_limit(limit, total_limit)
-        limits = {"limit": slotted, "total_limit": total_limit, "rate": rate}
         return cls(
             key=key,
             lock=lock,
-            limit=slotted,
+            limit=slotted_limit(limit, total_limit),
             on_duplicate=on_duplicate,
             on_contention=on_contention,
             ttl=ttl,
             queue_ttl=queue_ttl,
             dedupe=lock != "while_executing",
-            chosen=Chosen(name, lock, on_duplicate, reopen_on, {**own, **limits}),
+            own=own,
             reopen_on=reopen_on,
             rate=rate,
             max_pending=max_pending,
@@ -156,6 +154,13 @@ class SingletonOptions:
             history=history,
             idempotency=idempotency,
         )
+
+    @property
+    def chosen(self) -> Chosen:
+        """These options as the modes' choices see them (``modes.choosing.Chosen``)."""
+        limits = {"limit": self.limit, "total_limit": self.total_limit, "rate": self.rate}
+        values = {**self.own, **limits}
+        return Chosen(self.key.name, self.lock, self.on_duplicate, self.reopen_on, values)
 
     @cached_property
     def mode(self) -> Mode:
@@ -167,20 +172,20 @@ class SingletonOptions:
 
     @property
     def throttle(self) -> float | None:
-        return _seconds_read(self.chosen.value("throttle"))
+        return _seconds_read(self.own.get("throttle"))
 
     @property
     def debounce(self) -> float | None:
-        return _seconds_read(self.chosen.value("debounce"))
+        return _seconds_read(self.own.get("debounce"))
 
     @property
     def max_wait(self) -> float | None:
-        return _seconds_read(self.chosen.value("max_wait"))
+        return _seconds_read(self.own.get("max_wait"))
 
     @property
     def terminate_on_cancel(self) -> bool:
         """Whether a cancelled run's prefork child is terminated (``run.cancels``)."""
-        return self.chosen.value("terminate_on_cancel") is True and self.on_duplicate == "cancel"
+        return self.own.get("terminate_on_cancel") is True and self.on_duplicate == "cancel"
 
 
 def _seconds_read(value: object) -> float | None:
