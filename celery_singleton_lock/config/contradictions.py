@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..exceptions import ConfigurationError
+from ..modes import Chosen
 
 # The answers to a duplicate that need a call queued to swap into (their own rows say so).
 REPLACING = ("replace", "cancel")
@@ -24,22 +25,33 @@ class Given:
     # until_executing).
     lock: str
     on_duplicate: str  # the answer they come to (debounce: replace)
-    throttle: float | None
     limit: int | None  # as written (limit=1 too)
-    debounce: float | None
-    max_wait: float | None
+    values: Mapping[str, object]  # the modes' own options as read (``Choice.reads``)
     total_limit: int | None
     reopen_on: frozenset[str]
     max_pending: int | None
     # Why the mode cannot take idempotency keys (``idempotency_refused``), if it asks for them.
     idempotency: str | None = None
 
+    @property
+    def throttle(self) -> float | None:
+        return _seconds(self.values.get("throttle"))
+
+    @property
+    def debounce(self) -> float | None:
+        return _seconds(self.values.get("debounce"))
+
+    @property
+    def max_wait(self) -> float | None:
+        return _seconds(self.values.get("max_wait"))
+
 
 @dataclass(frozen=True)
 class Contradiction:
-    """One forbidden combination: ``when`` it applies, and the ``message`` (after the
-    task's name) that says what to write instead."""
+    """One forbidden combination: as ``docs/modes.md`` lists it (``listed``), ``when`` it
+    applies, and the ``message`` (after the task's name) that says what to write instead."""
 
+    listed: str
     when: Callable[[Given], bool]
     message: Callable[[Given], str]
 
@@ -51,26 +63,32 @@ def check(task: str, given: Given) -> None:
             raise ConfigurationError(f"{task}: {row.message(given)}")
 
 
-def idempotency_refused(on_duplicate: str, debounce: float | None, limit: int | None) -> str | None:
-    """Why a mode cannot take idempotency keys (None: it can): said at decoration when the
-    task asks for keys, and at a call that passes one.
+def idempotency_refused(read: Chosen) -> str | None:
+    """Why a mode cannot take idempotency keys (None: it can), given the options ``read``
+    (and settled): said at decoration when the task asks for keys, and at a call that
+    passes one.
 
     A key promises the first call's answer to every repeat; these modes let a newer
     call replace or cancel an older one, or run beside it.
     """
-    if debounce is not None or on_duplicate in ("replace", "cancel"):
+    debounce, on_duplicate, limit = read.value("debounce"), read.on_duplicate, read.value("limit")
+    if debounce is not None or on_duplicate in REPLACING:
         how = "debounce" if debounce is not None else f"on_duplicate={on_duplicate!r}"
         return (
             f"cannot be used with {how}: a newer call replaces or cancels the first, so a "
             "repeat could not get the first call's answer; use the default lock scope "
             "(or throttle, rate) with idempotency keys"
         )
-    if limit is not None and limit > 1:
+    if isinstance(limit, int) and limit > 1:
         return (
             f"cannot be used with limit={limit}: a copy of a call could run beside it; use "
             "the default lock scope (or rate=) with idempotency keys"
         )
     return None
+
+
+def _seconds(value: object) -> float | None:
+    return value if isinstance(value, float) else None
 
 
 def _dispatch_options(raw: Mapping[str, object]) -> list[str]:
@@ -149,6 +167,10 @@ def _reopen_changes_nothing(g: Given) -> bool:
 # is said (the tests pin which).
 CONTRADICTIONS: tuple[Contradiction, ...] = (
     Contradiction(
+        (
+            "`limit` with `throttle`, `on_duplicate`, `debounce`, `dedupe=True` or a lock "
+            "scope other than `while_executing` (a limit refuses no call at dispatch)"
+        ),
         lambda g: g.limit is not None and bool(_dispatch_options(g.raw)),
         lambda g: (
             f"limit={g.limit} with {', '.join(_dispatch_options(g.raw))}: a limit never "
@@ -157,6 +179,7 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        "`burst`, `cost` or `on_limited` without `rate`",
         lambda g: bool(_rate_shape(g.raw)),
         lambda g: (
             f"{' and '.join(_rate_shape(g.raw))} without rate: "
@@ -166,6 +189,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            "`rate` with `throttle`, `on_duplicate`, `debounce`, `dedupe=True` or a lock "
+            "scope other than `while_executing` (a rate never refuses a call at dispatch)"
+        ),
         lambda g: g.raw.get("rate") is not None and bool(_dispatch_options(g.raw)),
         lambda g: (
             f"rate with {', '.join(_dispatch_options(g.raw))}: a rate never refuses a call "
@@ -175,6 +202,7 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        "`max_wait` without `debounce`",
         lambda g: g.debounce is None and g.max_wait is not None,
         lambda g: (
             "max_wait without debounce: max_wait bounds how long a debounce postpones a "
@@ -182,6 +210,7 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        "`max_wait` below `debounce`",
         lambda g: g.debounce is not None and g.max_wait is not None and g.max_wait < g.debounce,
         lambda g: (
             f"max_wait={g.max_wait:g} is below debounce={g.debounce:g}: a run could never "
@@ -189,6 +218,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            "`debounce` with `throttle`, `lock=`, `dedupe=` or an `on_duplicate` other than "
+            '`"replace"`'
+        ),
         lambda g: g.debounce is not None and bool(_debounce_clashes(g.raw)),
         lambda g: (
             f"debounce with {', '.join(_debounce_clashes(g.raw))}: debounce already decides "
@@ -197,6 +230,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            "`lock=` with a `dedupe=` that says otherwise (`dedupe=False` is "
+            '`lock="while_executing"`)'
+        ),
         _lock_and_dedupe_disagree,
         lambda g: (
             f"lock={g.raw['lock']!r} with dedupe={g.raw['dedupe']!r} contradict each other "
@@ -204,6 +241,7 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        "`throttle` with `lock=` or `dedupe=`",
         lambda g: g.throttle is not None and ("lock" in g.raw or "dedupe" in g.raw),
         lambda g: (
             f"throttle with {_given_with_throttle(g.raw)}: throttle decides which calls are "
@@ -212,6 +250,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            '`on_duplicate="raise"` or `"return"` with `lock="while_executing"` (it '
+            "answers no call at dispatch)"
+        ),
         _answer_never_used,
         lambda g: (
             f"on_duplicate={g.raw['on_duplicate']!r} with {_every_call_sent(g.raw)}: this "
@@ -222,6 +264,7 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        '`terminate_on_cancel` without `on_duplicate="cancel"`',
         lambda g: g.raw.get("terminate_on_cancel") is True and g.on_duplicate != "cancel",
         lambda g: (
             "terminate_on_cancel without on_duplicate='cancel': nothing cancels a run; write "
@@ -229,6 +272,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            '`on_duplicate="cancel"` with `throttle`, `reopen_on`, `dedupe=False` or a lock '
+            "scope other than `until_executing`"
+        ),
         lambda g: g.on_duplicate == "cancel" and bool(_cancel_clashes(g.raw)),
         lambda g: (
             f"on_duplicate='cancel' with {', '.join(_cancel_clashes(g.raw))}: cancel keeps "
@@ -237,6 +284,7 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        '`on_duplicate="replace"` with `lock="while_executing"` or `throttle`',
         lambda g: (
             g.on_duplicate == "replace" and (g.lock == "while_executing" or g.throttle is not None)
         ),
@@ -247,6 +295,7 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        "`total_limit` without `limit`",
         lambda g: g.total_limit is not None and g.limit is None,
         lambda g: (
             f"total_limit={g.total_limit} without limit: it caps the runs of every key "
@@ -255,6 +304,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            "`reopen_on` with any mode but `throttle` and the default scope (the others free "
+            "the key as a run starts or ends already)"
+        ),
         _reopen_changes_nothing,
         lambda g: (
             f"reopen_on={g.raw.get('reopen_on')!r} applies to throttle=... and to the default "
@@ -263,6 +316,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            "`max_pending` with a lock scope that keeps one call of a key waiting already (it "
+            'goes with `rate`, `limit` or `lock="while_executing"`)'
+        ),
         lambda g: g.max_pending is not None and g.lock != "while_executing",
         lambda g: (
             f"max_pending={g.max_pending} with lock={g.lock!r}: it caps the calls queued "
@@ -271,6 +328,10 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        (
+            '`idempotency` with `debounce`, `on_duplicate="replace"` or `"cancel"`, or '
+            "`limit` above 1"
+        ),
         lambda g: g.idempotency is not None,
         lambda g: f"idempotency {g.idempotency}",
     ),

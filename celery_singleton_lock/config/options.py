@@ -11,21 +11,7 @@ from celery import Task
 from .._time import ttl_to_ms
 from ..exceptions import ConfigurationError
 from ..keys import KeySpec
-from ..modes import (
-    Cancel,
-    Debounce,
-    Limit,
-    Mode,
-    Rated,
-    RateSpec,
-    Replace,
-    Throttle,
-    Total,
-    UntilExecuted,
-    UntilExecuting,
-    WhileExecuting,
-    cancel_options,
-)
+from ..modes import Chosen, Mode, RateSpec, lock_scopes, own_options, pick, settle
 from ..policies import ContentionPolicy, OnDuplicate, contention_policy, on_duplicate_option
 from .contradictions import Given, check, idempotency_refused
 from .idempotency_options import IDEMPOTENCY_OPTIONS, Idempotency, idempotency_option
@@ -38,13 +24,12 @@ from .limit_options import (
     total_limit_option,
 )
 
+# The options the modes add, each read by its mode's reader (``modes.choosing.Choice``).
+MODE_OPTIONS = own_options()
 OPTION_NAMES = (
     "key",
     "lock",
-    "throttle",
     "limit",
-    "debounce",
-    "max_wait",
     "on_duplicate",
     "on_contention",
     "ttl",
@@ -57,17 +42,16 @@ OPTION_NAMES = (
     "on_limited",
     "max_pending",
     "total_limit",
-    "terminate_on_cancel",
     "history",
     "idempotency",
+    *MODE_OPTIONS,
 )
 # The ends of a run after which its key takes the next call at once (``reopen_on``).
 REOPEN_ENDS = ("failure", "revoked")
-# How long a call keeps its duplicates out (sidekiq-unique-jobs' lock types):
-# until_executed: while queued and while running (the default); until_executing: while
-# queued only, so one may run and one wait (a call made during a run runs after it);
-# while_executing: never at dispatch (dedupe=False), only copies' executions exclude.
-LOCK_SCOPES = ("until_executed", "until_executing", "while_executing")
+# How long a call keeps its duplicates out (sidekiq-unique-jobs' lock types), each a
+# mode's: until_executed, while queued and while running (the default); until_executing,
+# while queued only; while_executing, never at dispatch (dedupe=False).
+LOCK_SCOPES = lock_scopes()
 
 
 @dataclass(frozen=True)
@@ -76,20 +60,18 @@ class SingletonOptions:
 
     key: KeySpec
     lock: str
-    throttle: float | None
     limit: int | None  # executions at once per key, in slots (1 only with total_limit)
-    debounce: float | None  # a call runs this long after the last call of its burst
-    max_wait: float | None  # ... and never later than this after the burst's first
     on_duplicate: OnDuplicate
     on_contention: ContentionPolicy
     ttl: float | None
     queue_ttl: float | None
     dedupe: bool
+    # The modes' own options as read, by name (``Choice.reads``: throttle, debounce, ...).
+    own: Mapping[str, object]
     reopen_on: frozenset[str] = frozenset()
     rate: RateSpec | None = None  # runs started per key per period, across workers
     max_pending: int | None = None  # calls of a key waiting at once (with rate or limit)
     total_limit: int | None = None  # runs of the task at once across keys (with limit)
-    terminate_on_cancel: bool = False  # a cancelled run's prefork child is terminated
     history: bool | None = None  # keep each lock's history (None: the app's setting says)
     idempotency: Idempotency = field(default_factory=Idempotency)  # calls' idempotency keys
 
@@ -123,22 +105,18 @@ class SingletonOptions:
             func, bound = run, True
         limit = limit_option(name, raw)
         rate = rate_option(name, raw)
-        debounce, max_wait = _debounce(name, raw)
+        own = {option: read(raw, option, name) for option, read in MODE_OPTIONS.items()}
         if limit is not None or rate is not None:
             lock = "while_executing"  # every call is sent; the runs are what is limited
         else:
             lock = _lock_scope(name, raw)
-        if debounce is not None:
-            lock = "until_executing"  # a run starts a new burst: the next call queues
-        throttle = _seconds(raw.get("throttle"), f"{name}: throttle")
         on_duplicate = on_duplicate_option(raw.get("on_duplicate", "return"))
-        if debounce is not None:
-            on_duplicate = "replace"  # the latest arguments of a burst win
-        terminate = cancel_options(name, raw, on_duplicate)
-        if on_duplicate == "cancel":
-            lock = "until_executing"  # the newest call waits, pending, for the one it cancels
+        # What the modes' own options settle (a debounce's scope and answer): the
+        # contradictions, the idempotency check and the pick see the options so.
+        read = settle(Chosen(name, lock, on_duplicate, values={**own, "limit": limit}))
+        lock, on_duplicate = read.lock, on_duplicate_option(read.on_duplicate)
         key = KeySpec(func, name=name, key=raw.get("key"), bound=bound)
-        refused = idempotency_refused(on_duplicate, debounce, limit)
+        refused = idempotency_refused(read)
         total_limit = total_limit_option(name, raw)
         on_contention = contention_policy(raw.get("on_contention", "requeue"))
         ttl = _seconds(raw.get("ttl"), f"{name}: ttl")
@@ -151,10 +129,8 @@ class SingletonOptions:
             raw=raw,
             lock=lock,
             on_duplicate=on_duplicate,
-            throttle=throttle,
             limit=limit,
-            debounce=debounce,
-            max_wait=max_wait,
+            values=own,
             total_limit=total_limit,
             reopen_on=reopen_on,
             max_pending=max_pending,
@@ -164,59 +140,56 @@ class SingletonOptions:
         return cls(
             key=key,
             lock=lock,
-            throttle=throttle,
             limit=slotted_limit(limit, total_limit),
-            debounce=debounce,
-            max_wait=max_wait,
             on_duplicate=on_duplicate,
             on_contention=on_contention,
             ttl=ttl,
             queue_ttl=queue_ttl,
             dedupe=lock != "while_executing",
+            own=own,
             reopen_on=reopen_on,
             rate=rate,
             max_pending=max_pending,
             total_limit=total_limit,
-            terminate_on_cancel=terminate,
             history=history,
             idempotency=idempotency,
         )
 
+    @property
+    def chosen(self) -> Chosen:
+        """These options as the modes' choices see them (``modes.choosing.Chosen``)."""
+        limits = {"limit": self.limit, "total_limit": self.total_limit, "rate": self.rate}
+        values = {**self.own, **limits}
+        return Chosen(self.key.name, self.lock, self.on_duplicate, self.reopen_on, values)
+
     @cached_property
     def mode(self) -> Mode:
-        """The lock type these options choose: what each stage of a call does."""
-        total = None
-        if self.total_limit is not None:
-            total = Total(f"{self.key.name}#total", self.total_limit)
-        mode = _mode(self, total)
-        mode.reopen_on = self.reopen_on
-        return mode if self.rate is None else Rated(mode, self.rate)
+        """The lock type these options choose (``modes.pick``): what each stage of a call
+        does. The one place options become a mode; nothing after it branches on them."""
+        return pick(self.chosen)
+
+    # The modes' own options, as the locks page shows them (``contrib.web.views``).
 
     @property
-    def hold_role(self) -> str | None:
-        """Where a dispatch's hold lives beside the key: None for the key itself."""
-        return self.mode.hold_role
+    def throttle(self) -> float | None:
+        return _seconds_read(self.own.get("throttle"))
+
+    @property
+    def debounce(self) -> float | None:
+        return _seconds_read(self.own.get("debounce"))
+
+    @property
+    def max_wait(self) -> float | None:
+        return _seconds_read(self.own.get("max_wait"))
+
+    @property
+    def terminate_on_cancel(self) -> bool:
+        """Whether a cancelled run's prefork child is terminated (``run.cancels``)."""
+        return self.own.get("terminate_on_cancel") is True and self.on_duplicate == "cancel"
 
 
-def _mode(  # noqa: PLR0911  (one return per lock type, chosen by reconciled options)
-    options: SingletonOptions,
-    total: Total | None,
-) -> Mode:
-    """The one place options become a lock type; nothing after it branches on them."""
-    lock, on_duplicate = options.lock, options.on_duplicate
-    if options.limit is not None:
-        return Limit(options.limit, total)
-    if options.throttle is not None:
-        return Throttle(options.throttle)
-    if options.debounce is not None:
-        return Debounce(options.debounce, options.max_wait)
-    if on_duplicate == "cancel":
-        return Cancel(terminate=options.terminate_on_cancel)
-    if on_duplicate == "replace":
-        return Replace(pending=lock == "until_executing")
-    if lock == "until_executing":
-        return UntilExecuting()
-    return WhileExecuting() if lock == "while_executing" else UntilExecuted()
+def _seconds_read(value: object) -> float | None:
+    return value if isinstance(value, float) else None
 
 
 def _reopen_on(name: str, raw: Mapping[str, object]) -> frozenset[str]:
@@ -295,13 +268,6 @@ def refuse_call_options(task: str, options: Mapping[str, object]) -> None:
         raise ConfigurationError(
             f"{task}: apply_async(dedupe={dedupe!r}): dedupe is True (the default) or False"
         )
-
-
-def _debounce(name: str, raw: Mapping[str, object]) -> tuple[float | None, float | None]:
-    """``debounce=`` and ``max_wait=`` in seconds."""
-    debounce = _seconds(raw.get("debounce"), f"{name}: debounce")
-    max_wait = _seconds(raw.get("max_wait"), f"{name}: max_wait")
-    return debounce, max_wait
 
 
 def _lock_scope(name: str, raw: Mapping[str, object]) -> str:

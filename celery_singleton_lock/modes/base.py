@@ -1,18 +1,19 @@
 """``Mode``: what a singleton task does to the lock store at each stage of a call's life.
 
 The stages are publish, receipt, start and end (``docs/design.md``; ``Mode`` says what each
-does). A mode is chosen once, when the task's options are checked (``SingletonOptions.mode``);
-nothing else branches on the options that chose it.
+does); what a refused call gets is a ``Refusal`` the mode holds. A mode is chosen once, when
+the task's options are checked (``SingletonOptions.mode``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..lease import Contended, Lease, LockStore, Slot, TakeOver, companion
 from ..tokens import HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, queued_token
+from .refusal import AS_DUPLICATE, Answer, HolderRow, Refusal
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -27,12 +28,6 @@ Call = tuple[Sequence[object], Mapping[str, object]]
 PENDING = "pending"
 
 
-class Answer(Protocol):
-    """How a dispatch refused by ``held`` is answered: a result, or an error raised."""
-
-    def __call__(self, held: Contended) -> AsyncResult: ...
-
-
 class Publish(Protocol):
     """Publish one call's message (Celery's ``apply_async``) under ``task_id`` with the
     caller's ``options`` and the library's own headers (``own_headers``), through ``via`` (a
@@ -45,17 +40,6 @@ class Publish(Protocol):
         own_headers: dict[str, object],
         via: object = None,
     ) -> AsyncResult: ...
-
-
-class HolderRow(Protocol):
-    """One holder of a call's lock as an operator sees it (``contrib.locks.LockRow``)."""
-
-    @property
-    def task_id(self) -> str | None: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def ttl(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -140,10 +124,13 @@ class Mode:
       process.
 
     The defaults are those of a call held on its key from publish to the end of its run
-    (``until_executed``); a mode overrides the stages it does differently.
+    (``until_executed``); a mode overrides the stages it does differently. What a refused
+    call gets is its ``refusal``, given to a scope that takes one (``modes.replace``).
     """
 
-    name: ClassVar[str]
+    name: str
+    # publish and start: what a refused call gets (``Refusal``), and what follows from it
+    refusal: Refusal = AS_DUPLICATE
     # publish: whether a dispatch takes a hold (and so can refuse a duplicate)
     checks_dispatch: bool = True
     # publish: where the hold lives beside the key (None: on the key itself)
@@ -151,6 +138,13 @@ class Mode:
     # end: the ends of a run ("failure", "revoked") after which the key takes the next
     # call at once (``reopen_on``; the options allow it where it changes something)
     reopen_on: frozenset[str] = frozenset()
+
+    def __init__(self, refusal: Refusal | None = None) -> None:
+        """A scope made with ``refusal`` (None: the class's own), named after it if it
+        names the mode (``replace``)."""
+        if refusal is not None:
+            self.refusal = refusal
+            self.name = refusal.name or self.name
 
     def __repr__(self) -> str:
         return f"<mode {self.name}>"
@@ -206,13 +200,13 @@ class Mode:
         """The lock whose holder answers a duplicate dispatch of ``name`` with one read,
         before anything of it is built; None: none does (no hold, or the answer is a swap
         asked as the message is sent, ``replace.py``)."""
-        return self.hold_name(name)
+        return self.refusal.answered_by(self.hold_name(name))
 
     def answer_refused(self, duplicate: Answer, replacement: Callable[[], Answer]) -> Answer:
-        """How a dispatch refused by a holder is answered: as a ``duplicate`` (the holder's
-        result, or ``DuplicateTaskError``). A replacing mode swaps the call's arguments
-        into the queued call instead (``replacement``, built only then)."""
-        return duplicate
+        """How a dispatch refused by a holder is answered (``Refusal.answer``): as a
+        ``duplicate`` (the holder's result, or ``DuplicateTaskError``), or with the call's
+        arguments swapped into the queued call (``replacement``, built only then)."""
+        return self.refusal.answer(duplicate, replacement)
 
     def successor(
         self, queued_id: str, holder: str, options: dict[str, object], ttl: float, queue_ttl: float
@@ -231,17 +225,18 @@ class Mode:
         it to the run, which then starts without a round trip of its own: a start that
         takes over the message's hold on the key and looks at nothing else. A replaced
         message, a hold beside the key, or a slot must be looked at when the run starts."""
-        return self.checks_dispatch and self.hold_role is None
+        looked_at = self.refusal.looked_at_start
+        return self.checks_dispatch and self.hold_role is None and not looked_at
 
     def unless_replaced(self, queued: str | None) -> str | None:
         """The message's queued hold where a later call may have replaced it: a take never
         takes the key over from the hold of that call (None: no call replaces another)."""
-        return None
+        return self.refusal.unless_replaced(queued)
 
     def waiting_hold(self, role: str | None) -> WaitingHold | None:
         """What the message's hold beside the key (its ``HOLD_HEADER``, ``role``) is to its
         execution: a pending call's hold, kept while it waits (None: nothing to keep)."""
-        return WaitingHold(role) if role == PENDING else None
+        return WaitingHold(role, offered=self.refusal.offered) if role == PENDING else None
 
     # -- start (the pool child) -----------------------------------------------------------
 
@@ -279,8 +274,8 @@ class Mode:
 
     def replaced(self, held: Contended, start: Start, task_id: str) -> bool:
         """Whether the message of ``task_id`` whose take met ``held`` was replaced by a
-        later call (it is then dropped quietly; none is here)."""
-        return False
+        later call (it is then dropped quietly): as its refusal says."""
+        return self.refusal.replaced(held, start.queued, start.token, task_id)
 
     def running(self, lease: Lease, start: Start) -> None:
         """The run holds ``lease`` (its own hold let go), before its renewal starts: what
@@ -344,6 +339,9 @@ class Mode:
         """What a new call would get, given its lock's holders by role (None: the key's
         own); ``answer`` says how a refused call is answered (``on_duplicate``)."""
         hold = held.get(self.hold_role)
+        said = self.refusal.new_call(hold)
+        if said is not None:
+            return said
         if hold is not None:
             return f"refused: a duplicate of {hold.task_id} ({hold.state}); {answer}"
         running = held.get(None)

@@ -8,28 +8,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..exceptions import ConfigurationError
 from ..lease import Lease, companion
-from .base import PENDING, HolderRow, Start
-from .replace import Replace
+from .base import PENDING, Start
+from .choosing import Choice, flag_option
+from .refusal import HolderRow
+from .replace import REPLACES
+from .until_executing import UntilExecuting
 
 # How often a run's renewal looks for a newer call: the longest a cancelled run goes on
 # unaware, plus one round trip.
 CANCEL_CHECK = 0.25
 
 
-def cancel_options(name: str, raw: Mapping[str, object], on_duplicate: str) -> bool:
-    """Whether a cancelled prefork child is terminated (``terminate_on_cancel``, checked
-    when the task is decorated; what it cannot go with: ``config.contradictions``)."""
-    terminate = raw.get("terminate_on_cancel", False)
-    if not isinstance(terminate, bool):
-        raise ConfigurationError(f"{name}: terminate_on_cancel={terminate!r} must be True or False")
-    return terminate and on_duplicate == "cancel"
-
-
-class Cancel(Replace):
-    """The pending call of ``until_executing`` + ``replace``, cancelling the run in
-    progress (``terminate``: a prefork child is terminated too).
+class Cancel(UntilExecuting):
+    """The pending call of ``until_executing`` with ``Replaces``' answer, cancelling the
+    run in progress (``terminate``: a prefork child is terminated too).
 
     - publish: as ``lock="until_executing"`` with ``replace``: a pending hold beside the
       key. A call made while a run is in progress becomes the pending call (and a later
@@ -48,9 +41,10 @@ class Cancel(Replace):
     """
 
     name = "cancel"
+    refusal = REPLACES
 
     def __init__(self, *, terminate: bool) -> None:
-        super().__init__(pending=True)
+        super().__init__()
         self.terminate = terminate
 
     def running(self, lease: Lease, start: Start) -> None:
@@ -61,3 +55,15 @@ class Cancel(Replace):
         if hold is None and running is not None:
             return f"accepted; cancels {running.task_id} ({running.state}) and runs after it"
         return super().new_call(held, answer)
+
+
+# The newest call waits, pending, for the one it cancels: cancel settles the scope.
+# ``terminate_on_cancel``: whether a cancelled prefork child is terminated (what it
+# cannot go with: ``config.contradictions``).
+CHOICE = Choice(
+    Cancel.name,
+    {"on_duplicate": "cancel", "lock": "until_executing"},
+    lambda chosen: Cancel(terminate=chosen.value("terminate_on_cancel") is True),
+    settles=("lock",),
+    reads={"terminate_on_cancel": flag_option},
+)

@@ -10,12 +10,15 @@ from collections.abc import Mapping, MutableMapping
 
 from ..exceptions import ConfigurationError
 from ..tokens import ETA_HEADER, burst_began, debounced_token
-from .replace import Replace
+from .choosing import GIVEN, Choice, Chosen, seconds_option
+from .replace import REPLACES
+from .until_executing import UntilExecuting
 
 
-class Debounce(Replace):
-    """One run per burst of calls, with the last call's arguments: a ``Replace`` whose hold
-    is pending beside the key, its message sent again later by each call of the burst.
+class Debounce(UntilExecuting):
+    """One run per burst of calls, with the last call's arguments: ``until_executing``'s
+    pending hold with ``Replaces``' answer, its message sent again later by each call of
+    the burst.
 
     - publish: the burst's first call is sent with ``countdown=debounce`` and a pending
       hold beside the key whose token also says when the burst began; each later call of
@@ -28,9 +31,10 @@ class Debounce(Replace):
     """
 
     name = "debounce"
+    refusal = REPLACES
 
     def __init__(self, debounce: float, max_wait: float | None) -> None:
-        super().__init__(pending=True)
+        super().__init__()
         self.debounce = debounce
         self.max_wait = max_wait
 
@@ -61,3 +65,21 @@ class Debounce(Replace):
             # The end of this call's own window, which it was to hop to: not the successor's.
             successor["headers"] = {k: v for k, v in given.items() if k != ETA_HEADER}
         return debounced_token(queued_id, began), queue_ttl + delay, successor
+
+
+def _built(chosen: Chosen) -> Debounce:
+    max_wait = chosen.value("max_wait")
+    return Debounce(
+        chosen.seconds("debounce"), None if max_wait is None else chosen.seconds("max_wait")
+    )
+
+
+# A debounce settles the answer and the scope: a run starts a new burst, so the next
+# call queues; the latest arguments of a burst win.
+CHOICE = Choice(
+    Debounce.name,
+    {"debounce": GIVEN, "lock": "until_executing", "on_duplicate": "replace"},
+    _built,
+    settles=("lock", "on_duplicate"),
+    reads={"debounce": seconds_option, "max_wait": seconds_option},
+)

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..lease import Contended, Lease, LockStore, TakeOver, companion, slot
-from .base import HolderRow, Mode, Start
+from .base import Mode, Start
+from .choosing import GIVEN, Choice, Chosen
+from .refusal import HolderRow
 
 if TYPE_CHECKING:
     from ..lease.limits.overrides import Override
@@ -141,3 +143,15 @@ class Limit(Mode):
         if taken >= self.limit:
             return f"accepted; runs when one of its {self.limit} slots frees ({taken} held)"
         return f"accepted; runs at once ({taken} of {self.limit} slots held)"
+
+
+def _built(chosen: Chosen) -> Limit:
+    total = chosen.value("total_limit")
+    if total is None:
+        return Limit(chosen.count("limit"))
+    return Limit(chosen.count("limit"), Total(f"{chosen.task}#total", chosen.count("total_limit")))
+
+
+# Picked by a limit run in slots (``limit=1`` alone holds the key: ``while_executing``);
+# a limit, like a rate, sets the scope ``while_executing`` (``config.limit_options``).
+CHOICE = Choice(Limit.name, {"limit": GIVEN, "lock": "while_executing"}, _built)

@@ -16,7 +16,8 @@ from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_o
 from ..lease.limits.overrides import Override
 from ..lease.limits.rate_forms import Cost, listed_rates, parse_burst, parse_cost, parse_on_limited
 from ..lease.limits.rates import ANY_LATENESS, Charges, How, check_cost
-from .base import Call, HolderRow, Mode, Start
+from .base import Call, Mode, Start
+from .refusal import HolderRow
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
 # change reaches every worker within this, and a hot key costs no call per run.

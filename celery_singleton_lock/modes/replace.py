@@ -1,14 +1,14 @@
 """``on_duplicate="replace"``: a later call's arguments swapped into the queued call.
 
 The queued call keeps its task id, so every caller holds the ``AsyncResult`` of the run
-that will cover its call (how: ``Replacement``). The stages (publish, receipt, start, end)
-are in ``Replace``'s docstring.
+that will cover its call (how: ``Replacement``). ``Replaces`` is what a refused call gets,
+composed with either scope that queues a call; its docstring says each stage.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -17,7 +17,11 @@ from celery.utils import uuid
 from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended, Lease, LockStore, append_history
 from ..tokens import TOKEN_HEADER, holder_task_id, is_reservation_of, queued_form, read_token
-from .base import PENDING, Answer, HolderRow, Mode, Publish, Replacing, Start, WaitingHold
+from .base import Mode, Publish, Replacing
+from .choosing import Choice
+from .refusal import Answer, HolderRow, Refusal
+from .until_executed import UntilExecuted
+from .until_executing import UntilExecuting
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -42,51 +46,34 @@ class RidingReplace(Protocol):
     def __call__(self, replacing: Replacing, publish: Publish) -> Lease | Contended | None: ...
 
 
-class Replace(Mode):
-    """A queued call's arguments replaced by a later call's (held on the key, or beside
-    it when ``pending``).
+class Replaces(Refusal):
+    """A refused call's arguments swapped into the queued call (``on_duplicate="replace"``;
+    debounce and cancel compose it too), whatever scope holds it (on the key, or pending
+    beside it with ``lock="until_executing"``).
 
-    - publish: a queued hold as the lock scope says (on the key, or beside it with
-      ``lock="until_executing"``). A call refused by a queued or reserved holder replaces
-      it (``Replacement``); one refused by a running holder gets that run's result.
+    - publish: a call refused by a queued or reserved holder replaces it (``Replacement``);
+      one refused by a running holder gets that run's result.
     - receipt: the worker reserves the hold, as every holding mode does.
-    - start: a replaced message finds its hold swapped and is dropped quietly; otherwise
-      as its scope (``until_executed`` / ``until_executing``).
-    - end: as its scope.
+    - start: a replaced message finds its hold swapped and is dropped quietly; a pending
+      call's waiting run takes the arguments later calls leave for it.
+    - end: as the scope.
     """
 
     name = "replace"
+    looked_at_start = True  # a replaced message must be looked at when its run starts
+    offered = True
 
-    def __init__(self, *, pending: bool) -> None:
-        self.hold_role = PENDING if pending else None
-
-    def refused_because(self) -> str:
-        return "is already queued" if self.hold_role else "is already queued or running"
-
-    # -- publish ----------------------------------------------------------------------
-
-    def answered_by(self, name: str) -> str | None:
+    def answered_by(self, hold: str | None) -> str | None:
         # The answer to a duplicate is a swap: asked as the message is sent.
         return None
 
-    def answer_refused(self, duplicate: Answer, replacement: Callable[[], Answer]) -> Answer:
+    def answer(self, duplicate: Answer, replacement: Callable[[], Answer]) -> Answer:
         return replacement()
-
-    # -- receipt and start ------------------------------------------------------------
-
-    @property
-    def starts_at_receipt(self) -> bool:
-        # A replaced message must be looked at when its run starts.
-        return False
 
     def unless_replaced(self, queued: str | None) -> str | None:
         return queued
 
-    def waiting_hold(self, role: str | None) -> WaitingHold | None:
-        waiting = super().waiting_hold(role)
-        return None if waiting is None else WaitingHold(waiting.role, offered=True)
-
-    def replaced(self, held: Contended, start: Start, task_id: str) -> bool:
+    def replaced(self, held: Contended, queued: str | None, token: str, task_id: str) -> bool:
         """The store says so (``replaced``, recorded by the swap), or the hold is held by
         another message of this task id that is not running (not a copy of this one)."""
         if held.replaced:
@@ -94,15 +81,27 @@ class Replace(Mode):
         holder = read_token(held.holder)
         if holder.task_id != task_id or holder.state == "running":
             return False  # another call's, or this message's original running: a copy
-        if held.holder in (start.queued, start.token):
+        if held.holder in (queued, token):
             return False
-        return not (start.queued and is_reservation_of(held.holder, task_id, start.queued))
+        return not (queued and is_reservation_of(held.holder, task_id, queued))
 
-    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
-        hold = held.get(self.hold_role)
+    def new_call(self, hold: HolderRow | None) -> str | None:
         if hold is not None and hold.state in ("queued", "reserved"):
             return f"accepted: replaces the arguments of {hold.task_id} ({hold.state})"
-        return super().new_call(held, answer)
+        return None
+
+
+REPLACES = Replaces()
+
+
+# With either scope that queues a call: on the key, or pending beside it.
+CHOICE = Choice(
+    "replace",
+    {"on_duplicate": "replace", "lock": ("until_executed", "until_executing")},
+    lambda chosen: (UntilExecuting if chosen.lock == "until_executing" else UntilExecuted)(
+        REPLACES
+    ),
+)
 
 
 class Replacement:

@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from .._time import human
 from ..lease import LockStore, companion
 from ..tokens import NAME_HEADER, WINDOW_HEADER, header
-from .base import HolderRow, Mode, PublishHold
+from .base import Mode, PublishHold
+from .choosing import GIVEN, Choice, seconds_option
+from .refusal import HolderRow
 
 
 class Throttle(Mode):
@@ -61,3 +63,12 @@ class Throttle(Mode):
         if window is not None:
             return f"refused for {human(window.ttl)} more (the window of {window.task_id})"
         return "accepted"
+
+
+# Picked by a window, with the default lock scope (throttle= with lock= is refused).
+CHOICE = Choice(
+    Throttle.name,
+    {"throttle": GIVEN, "lock": "until_executed"},
+    lambda chosen: Throttle(chosen.seconds("throttle")),
+    reads={"throttle": seconds_option},
+)

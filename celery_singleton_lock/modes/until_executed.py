@@ -6,6 +6,7 @@ The stages (publish, receipt, start, end) are in ``UntilExecuted``'s docstring.
 from __future__ import annotations
 
 from .base import Mode
+from .choosing import Choice
 
 
 class UntilExecuted(Mode):
@@ -20,3 +21,6 @@ class UntilExecuted(Mode):
     """
 
     name = "until_executed"
+
+
+CHOICE = Choice(UntilExecuted.name, {"lock": "until_executed"}, lambda chosen: UntilExecuted())

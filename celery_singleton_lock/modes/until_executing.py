@@ -6,6 +6,7 @@ The stages (publish, receipt, start, end) are in ``UntilExecuting``'s docstring.
 from __future__ import annotations
 
 from .base import PENDING, Mode
+from .choosing import Choice
 
 
 class UntilExecuting(Mode):
@@ -32,3 +33,6 @@ class UntilExecuting(Mode):
         if role == PENDING and state == "running":
             return "reserved"  # an execution waiting for the key keeps its call's place
         return None
+
+
+CHOICE = Choice(UntilExecuting.name, {"lock": "until_executing"}, lambda chosen: UntilExecuting())

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import HolderRow, Mode
+from .base import Mode
+from .choosing import Choice
+from .refusal import HolderRow
 
 
 class WhileExecuting(Mode):
@@ -28,3 +30,6 @@ class WhileExecuting(Mode):
         if running is not None:
             return f"accepted; at execution it meets {running.task_id} ({running.state})"
         return "accepted"
+
+
+CHOICE = Choice(WhileExecuting.name, {"lock": "while_executing"}, lambda chosen: WhileExecuting())

@@ -19,6 +19,7 @@ import pytest
 
 from celery_singleton_lock import MemoryLock
 from celery_singleton_lock._time import human
+from celery_singleton_lock.config.options import SingletonOptions
 from celery_singleton_lock.contrib.locks import TaskNames, parse_duration, rows
 from celery_singleton_lock.lease import LockKeys, Rate, companion, rates_of, slot
 from celery_singleton_lock.lease.names import parse_key
@@ -40,6 +41,11 @@ def listed(cenv: CeleryEnv, *args: str) -> list[dict[str, Any]]:
 
 def by_task_id(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {entry["task_id"]: entry for entry in entries}
+
+
+def throttled_for(options: SingletonOptions, window: float) -> SingletonOptions:
+    """``options`` with their throttle window ``window`` seconds long."""
+    return dataclasses.replace(options, own={**options.own, "throttle": window})
 
 
 def wait_started(cenv: CeleryEnv, *items: str) -> None:
@@ -80,7 +86,7 @@ def test_every_state_is_listed_with_its_holder_and_explained(
     queued = app.work.apply_async(("queued",), queue=f"parked-{uuid.uuid4().hex}")
     slots = [app.export.apply_async(("e", 30.0), queue=queue) for _ in range(2)]
     # A window longer than the test takes (the task's own is 1.5 s).
-    options = dataclasses.replace(app.throttled.singleton_options(), throttle=60.0)
+    options = throttled_for(app.throttled.singleton_options(), 60.0)
     monkeypatch.setattr(type(app.throttled), "_singleton_options", options)
     throttled = app.throttled.apply_async(("t",), queue=queue)
     wait_started(cenv, "running", "e", "t")
@@ -399,7 +405,7 @@ def test_a_refusal_logs_one_info_line_naming_the_holder_and_its_state(
         "state=queued"
     ]
     assert {r.levelname for r in caplog.records} == {"INFO"}
-    options = dataclasses.replace(app.throttled.singleton_options(), throttle=30.0)
+    options = throttled_for(app.throttled.singleton_options(), 30.0)
     monkeypatch.setattr(type(app.throttled), "_singleton_options", options)
     accepted = app.throttled.apply_async(("w",), queue=parked)
     caplog.clear()

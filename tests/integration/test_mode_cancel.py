@@ -182,7 +182,7 @@ class TestOptions:
 
     def test_cancel_is_a_pending_call_that_replaces(self) -> None:
         opts = define(on_duplicate="cancel").singleton_options()
-        assert (opts.lock, opts.hold_role, opts.mode.name) == (
+        assert (opts.lock, opts.mode.hold_role, opts.mode.name) == (
             "until_executing",
             "pending",
             "cancel",

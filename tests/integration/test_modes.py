@@ -142,7 +142,7 @@ class TestOptions:
     def test_debounce_is_a_pending_call_whose_arguments_are_replaced(self) -> None:
         opts = define(debounce=timedelta(seconds=5), max_wait=60).singleton_options()
         assert (opts.debounce, opts.max_wait) == (5.0, 60.0)
-        assert (opts.lock, opts.on_duplicate, opts.hold_role) == (
+        assert (opts.lock, opts.on_duplicate, opts.mode.hold_role) == (
             "until_executing",
             "replace",
             "pending",

@@ -3,11 +3,15 @@ reached by some options, says what to write instead, and the first that applies 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from celery_singleton_lock import ConfigurationError
 from celery_singleton_lock.config.contradictions import CONTRADICTIONS
 from celery_singleton_lock.config.options import SingletonOptions
+
+from ..support.workers import ROOT
 
 
 def job(order_id: int) -> None: ...
@@ -70,3 +74,13 @@ class TestTheTable:
     def test_options_that_go_together_pass(self) -> None:
         options = SingletonOptions.build("t", job, {"limit": 2, "total_limit": 3})
         assert (options.limit, options.total_limit) == (2, 3)
+
+
+class TestTheDocs:
+    def test_the_modes_page_lists_the_table_row_for_row(self) -> None:
+        """docs/modes.md's "### Contradictions" says the table once: one item a row, in
+        the table's order, as the row's ``listed`` says it."""
+        page = (ROOT / "docs" / "modes.md").read_text()
+        section = page.split("### Contradictions\n", 1)[1].split("\n#", 1)[0]
+        items = re.findall(r"^- (.+)$", section, re.M)
+        assert items == [row.listed for row in CONTRADICTIONS]
