@@ -42,9 +42,18 @@ class RidingConnection(Connection):
         super().__init__(*args, **kwargs)
         self._name_the_riding_transport()
 
+    def info(self) -> dict[str, object]:
+        """kombu's, with the transport named by its path where this connection keeps the
+        class: what Celery sends in a worker's ``stats`` reply (JSON) and prints as the
+        broker's URL. Clones and pools are still handed the class (kombu's ``_info``)."""
+        info: dict[str, object] = super().info()
+        info["transport"] = transport_name(info.get("transport"))
+        return info
+
     def __reduce__(self) -> tuple[object, ...]:
         # The app's subclass is made at install and cannot be found by name: a copy
-        # unpickled elsewhere is kombu's own connection, which rides nothing.
+        # unpickled elsewhere is kombu's own connection, which rides nothing (its
+        # transport named by path, ``info``: our class with no ride).
         reduced = super().__reduce__()
         return (Connection, *reduced[1:])
 
@@ -77,6 +86,15 @@ class RidingConnection(Connection):
 
     def Pool(self, limit: int | None = None, **kwargs: object) -> ConnectionPool:
         return RidingPool(self, limit=limit, **kwargs)
+
+
+def transport_name(transport: object) -> object:
+    """``transport`` as a connection's ``transport`` parameter names it, a string: a
+    class by its path (``module:QualifiedName``, which kombu resolves; an app's own
+    subclass by the class it is made from). Anything else as it is."""
+    if isinstance(transport, type):
+        return f"{transport.__module__}:{transport.__qualname__}"
+    return transport
 
 
 def _by_path(path: str) -> type | None:

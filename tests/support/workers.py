@@ -29,8 +29,7 @@ import importlib, json, sys
 app = importlib.import_module(sys.argv[1]).app
 node = sys.argv[2]
 inspect = app.control.inspect(destination=[node], timeout=10)
-replies = {what: (getattr(inspect, what)() or {}).get(node)
-           for what in ("active", "reserved", "scheduled")}
+replies = {what: (getattr(inspect, what)() or {}).get(node) for what in sys.argv[3:]}
 print(json.dumps(replies))
 """
 
@@ -110,12 +109,12 @@ class Worker:
         message arrived (the default mode's lease of a received message)."""
         return (token or b"").startswith(f"x|{self.nodename}|{self.pid}|".encode())
 
-    def inspect(self) -> dict[str, Any]:
-        """The worker's ``active``, ``reserved`` and ``scheduled`` tasks, from Celery's
-        remote control. (Not ``stats``: these workers' reply to it holds a Python class,
-        which kombu cannot encode, so it never comes.)"""
+    def inspect(self, *commands: str) -> dict[str, Any]:
+        """The worker's replies to Celery's remote control ``inspect`` commands, by
+        command (by default its ``active``, ``reserved`` and ``scheduled`` tasks)."""
+        asked = commands or ("active", "reserved", "scheduled")
         done = subprocess.run(
-            [sys.executable, "-c", INSPECT, self.app, self.nodename],
+            [sys.executable, "-c", INSPECT, self.app, self.nodename, *asked],
             cwd=ROOT, env={**self.env, "PYTHONPATH": str(ROOT)},
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip

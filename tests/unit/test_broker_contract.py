@@ -112,6 +112,7 @@ class TestOverriddenMembers:
             (celery_redis.RedisBackend, "_get_task_meta_for", ["self", "task_id"]),
             (celery_redis.RedisBackend, "on_task_call", ["self", "producer", "task_id"]),
             (Connection, "get_transport_cls", ["self"]),
+            (Connection, "info", ["self"]),
             (Connection, "Pool", ["self", "limit", "kwargs"]),
             (ConnectionPool, "new", ["self"]),
             (backends, "by_name", ["backend", "loader", "extension_namespace"]),
