@@ -21,19 +21,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from benchmarks.settings import BROKER, CELERY, CELERY_ONCE, CELERY_SINGLETON, RESULTS, THIS
-
 ROOT = Path(__file__).resolve().parent.parent
 
 # A task's ``apply_async``: ``send((item,), queue=...)``.
 Send = Callable[..., Any]
 
 
-def _app(name: str, **settings: Any) -> Any:
+def _settings() -> Any:
+    # Imported as a child builds its system: run.py imports this module before it sets
+    # the environment ``settings`` reads, and a module read then would keep those values
+    # for bench_app too.
+    from benchmarks import settings  # noqa: PLC0415
+
+    return settings
+
+
+def _app(name: str, **options: Any) -> Any:
     from celery import Celery  # noqa: PLC0415  (each builder imports what it measures)
 
-    app = Celery(name, broker=BROKER, backend=RESULTS)
-    app.conf.update(CELERY, **settings)
+    settings = _settings()
+    app = Celery(name, broker=settings.BROKER, backend=settings.RESULTS)
+    app.conf.update(settings.CELERY, **options)
     return app
 
 
@@ -57,7 +65,7 @@ def plain_with_every_system() -> Send:
 def celery_singleton() -> Send:
     from celery_singleton import Singleton  # noqa: PLC0415  (this system alone)
 
-    app = _app("bench-celery-singleton", **CELERY_SINGLETON)
+    app = _app("bench-celery-singleton", **_settings().CELERY_SINGLETON)
     send: Send = app.task(shared=False, name="bench.celery_singleton", base=Singleton)(
         _item
     ).apply_async
@@ -67,7 +75,7 @@ def celery_singleton() -> Send:
 def celery_once() -> Send:
     from celery_once import QueueOnce  # noqa: PLC0415  (this system alone)
 
-    app = _app("bench-celery-once", **CELERY_ONCE)
+    app = _app("bench-celery-once", **_settings().CELERY_ONCE)
     options = {"base": QueueOnce, "once": {"graceful": True}}
     send: Send = app.task(shared=False, name="bench.celery_once", **options)(_item).apply_async
     return send
@@ -76,9 +84,9 @@ def celery_once() -> Send:
 def this() -> Send:
     from celery_singleton_lock import singleton_task  # noqa: PLC0415  (this system alone)
 
-    send: Send = singleton_task(app=_app("bench", **THIS), shared=False, name="bench.this")(
-        _item
-    ).apply_async
+    send: Send = singleton_task(
+        app=_app("bench", **_settings().THIS), shared=False, name="bench.this"
+    )(_item).apply_async
     return send
 
 
