@@ -5,7 +5,7 @@ from .cancel import Cancel, cancel_options
 from .debounce import Debounce
 from .limit import Limit, Total
 from .rate import Rated, RateLimit, RateSpec
-from .replace import Replace, Replacement
+from .replace import Replace
 from .throttle import Throttle
 from .until_executed import UntilExecuted
 from .until_executing import UntilExecuting
@@ -35,7 +35,6 @@ __all__ = [
     "RateSpec",
     "Rated",
     "Replace",
-    "Replacement",
     "Start",
     "Throttle",
     "Total",
