@@ -21,7 +21,6 @@ from .broker.in_transit import give_up_purged
 from .broker.seam import trips_of
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
-from .config.stores import LockStores
 from .context import Delivery, TaskContext
 from .exceptions import DuplicateTaskError
 from .lease import Lease
@@ -226,12 +225,9 @@ class SingletonTask(Task):  # type: ignore[misc]
         app's lock stores or the task's options were replaced since."""
         facts = self._facts
         options = self.singleton_options()
-        if facts is not None and facts.options is options:
-            stores = LockStores.for_app(facts.context.app)
-            if facts.stores is stores:
-                return facts
-        facts = TaskFacts(self.singleton_context, options, LockStores.for_app(self.app))
-        self._facts = facts
+        if facts is None or not facts.current(options):
+            facts = TaskFacts(self.app, self.name, options)
+            self._facts = facts
         return facts
 
     # -- execution -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ call's facts here, and the task's own (``TaskFacts``, computed once per task).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from celery.utils import uuid
@@ -15,18 +16,18 @@ from .. import outages
 from .. import signals as singleton_signals
 from ..broker.in_transit import InTransit
 from ..broker.seam import trips_of
+from ..config.stores import LockStores
+from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
 from ..tokens import CALL_HEADERS, HOLD_HEADER, NAME_HEADER, RATE_SLOT_HEADER, TOKEN_HEADER
 from .timing import delay_of, deliverable
 
 if TYPE_CHECKING:
-    from celery import Task
+    from celery import Celery, Task
     from celery.result import AsyncResult
 
     from ..broker.pushes import Pushes
     from ..config.options import SingletonOptions
-    from ..config.stores import LockStores
-    from ..context import TaskContext
     from ..lease import LockStore
     from ..lease.history import Record
     from ..modes.base import Mode
@@ -36,14 +37,15 @@ if TYPE_CHECKING:
 OWN_ONLY = (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS)
 
 
-class TaskFacts:
-    """What every dispatch of one task reads: its options and mode, the app's lock store,
-    the hold's ttl, whether it keeps a history, the pushes its hold may ride. Computed once
-    per task, and again when the app's stores or the task's options are replaced (a test's
-    ``LockStores.forget``, a patched option)."""
+class TaskFacts(TaskContext):
+    """A task's context read once, for its dispatches: its options and mode, the app's
+    stores and lock store, the hold's and the lease's ttl, whether it keeps a history,
+    and the pushes its hold may ride. Made once per task, and again when the app's stores
+    or the task's options are replaced (a test's ``LockStores.forget``, a patched option):
+    ``SingletonTask`` asks ``current`` on every call."""
 
+    # Each shadows ``TaskContext``'s property of that name: read once, here.
     __slots__ = (
-        "context",
         "keeps_history",
         "mode",
         "options",
@@ -51,32 +53,35 @@ class TaskFacts:
         "queue_ttl",
         "store",
         "stores",
+        "ttl",
     )
 
-    def __init__(self, context: TaskContext, options: SingletonOptions, stores: LockStores) -> None:
-        self.context = context
+    options: SingletonOptions
+    stores: LockStores
+    store: LockStore
+    ttl: float
+    queue_ttl: float
+    keeps_history: bool
+
+    def __init__(self, app: Celery, name: str, options: SingletonOptions) -> None:
+        super().__init__(app, name, lambda: options)
+        stores = LockStores.for_app(app)
+        config = stores.config
         self.options = options
         self.stores = stores
         self.mode: Mode = options.mode
-        self.store: LockStore = stores.lock
-        self.queue_ttl = options.queue_ttl or stores.config.queue_ttl
-        self.keeps_history = context.keeps_history
-        self.pushes: Pushes | None = trips_of(context.app).publish_held(context)
+        self.store = stores.lock
+        self.ttl = options.ttl or config.ttl
+        self.queue_ttl = options.queue_ttl or config.queue_ttl
+        self.keeps_history = bool(
+            getattr(self.store, "keeps_history", False)
+            and (config.history if options.history is None else options.history)
+        )
+        self.pushes: Pushes | None = trips_of(app).publish_held(self)
 
-    def record(
-        self,
-        lock_name: str,
-        task_id: str,
-        *,
-        take: tuple[str, str, str],
-        swap: tuple[str, str, str],
-        read: tuple[str, str, str],
-    ) -> Record | None:
-        """What a held call's take, swap or read writes in ``lock_name``'s history (None:
-        none is kept)."""
-        if not self.keeps_history:
-            return None
-        return self.context.record(lock_name, task_id, take=take, swap=swap, read=read)
+    def current(self, options: SingletonOptions) -> bool:
+        """Whether these are still the task's ``options`` and the app's stores."""
+        return self.options is options and LockStores.for_app(self.app) is self.stores
 
 
 class Dispatch:
@@ -171,7 +176,7 @@ class Dispatch:
 
     @property
     def context(self) -> TaskContext:
-        return self.facts.context
+        return self.facts
 
     def new_task_id(self) -> str:
         """The call's task id, made now if the caller gave none."""
@@ -192,8 +197,7 @@ class Dispatch:
         """Whether Celery publishes this call through a producer of the app's: not run
         eagerly, and no ``connection=`` (Celery then uses its own producer)."""
         return not (
-            self.facts.context.app.conf.task_always_eager
-            or self.options.get("connection") is not None
+            self.facts.app.conf.task_always_eager or self.options.get("connection") is not None
         )
 
     def publish(
@@ -216,25 +220,20 @@ class Dispatch:
                 headers.pop(name, None)
         task_id = task_id or uuid()  # as Celery would: the channel knows its message
         deliverable(self.task, self.call, options)
-        sent = dict(options, headers=headers)
-        context = self.facts.context
-        noted = InTransit.of(context, task_id, own_headers, delay_of(options))
-        return noted.publish(context.app, via or self.producer, options, self._send(task_id, sent))
-
-    def _send(self, task_id: str, options: dict[str, object]) -> Callable[..., AsyncResult]:
-        def send(producer: object = None) -> AsyncResult:
-            return self.send(
-                self.args,
-                self.kwargs,
-                task_id=task_id,
-                producer=producer,
-                link=self.link,
-                link_error=self.link_error,
-                shadow=self.shadow,
-                **options,
-            )
-
-        return send
+        facts = self.facts
+        noted = InTransit.of(facts, task_id, own_headers, delay_of(options))
+        # Celery's own apply_async, given the producer the note's publish picks.
+        send = partial(
+            self.send,
+            self.args,
+            self.kwargs,
+            task_id=task_id,
+            link=self.link,
+            link_error=self.link_error,
+            shadow=self.shadow,
+            **dict(options, headers=headers),
+        )
+        return noted.publish(facts.app, via or self.producer, options, send)
 
     def publish_held(self, via: object = None) -> AsyncResult:
         """Publish the call with the hold it took (``plan_hold``)."""
@@ -246,7 +245,7 @@ class Dispatch:
 
     def outage(self, error: LockStoreUnavailableError) -> None:
         """The task's ``singleton_lock_on_redis_error`` at dispatch: fail_closed raises."""
-        outages.at_dispatch(self.facts.context, self.lock_name, error)
+        outages.at_dispatch(self.facts, self.lock_name, error)
 
     def accepted(self) -> None:
         singleton_signals.send(

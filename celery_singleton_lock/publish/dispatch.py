@@ -139,7 +139,7 @@ def send_in_line(call: Dispatch, own_headers: dict[str, object]) -> AsyncResult:
     """A call its mode sends without a hold (a rate, a limit): its place among the key's
     waiting calls (``max_pending``) and its rate's slot (``"delay"``, ``"raise"``) taken
     first; a call then not sent gives its place back."""
-    context, lock_name, options = call.facts.context, call.lock_name, call.options
+    context, lock_name, options = call.facts, call.lock_name, call.options
     task_id = call.new_task_id()
     own_headers.update(place_at_publish(context, lock_name, task_id, call.call, options))
     placed = BACKLOG_HEADER in own_headers

@@ -26,11 +26,12 @@ def send_held(call: Dispatch) -> AsyncResult:
     """Publish a call that holds its lock first; a duplicate is answered, not sent."""
     facts = call.facts
     mode = facts.mode
-    task_id = call.new_task_id()
-    # What the hold's take, swap or read writes in a kept history (given as ``entry``).
+    # What the hold's take, swap or read writes in a kept history (given as ``entry``),
+    # which names the call's task id; without one, the id is made once no read answered
+    # the call (``plan_hold``).
     call.record = facts.record(
         call.lock_name,
-        task_id,
+        call.new_task_id() if facts.keeps_history else None,
         take=("accepted", "refused", ""),
         swap=("replaced", "", ""),
         read=("", "refused", ""),
@@ -43,7 +44,7 @@ def send_held(call: Dispatch) -> AsyncResult:
         return answered(call, early)
     options = call.options
     mode.prepare(call.task.name, options)
-    long_wait(facts.context, options)  # a debounce's own window, past the broker's: hops
+    long_wait(facts, options)  # a debounce's own window, past the broker's: hops
     call.plan_hold(delay_of(options))
     through_producer = call.through_producer()
     call.rides = facts.pushes is not None and through_producer

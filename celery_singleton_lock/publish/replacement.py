@@ -154,7 +154,7 @@ class Replacement:
         )
         # A successor's countdown past the broker's visibility_timeout: sent in hops, as
         # the first call's was.
-        long_wait(self._call.facts.context, options)
+        long_wait(self._call.facts, options)
         return token, ttl, options
 
     def _log(self, holder: str, queued_id: str) -> None:

@@ -22,7 +22,7 @@ def dispatch(call: Dispatch) -> AsyncResult:
     if facts.mode.checks_dispatch and not bypass and not call.canvas:
         return send_held(call)
     if redrive or not bypass:  # (held calls: after their mode's own countdown, in send_held)
-        long_wait(facts.context, call.options)
+        long_wait(facts, call.options)
     own_headers: dict[str, object] = {NAME_HEADER: call.lock_name}
     if isinstance(bypass, dict):
         own_headers.update(bypass)
