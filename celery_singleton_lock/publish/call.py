@@ -65,18 +65,15 @@ class TaskFacts(TaskContext):
 
     def __init__(self, app: Celery, name: str, options: SingletonOptions) -> None:
         super().__init__(app, name, lambda: options)
-        stores = LockStores.for_app(app)
-        config = stores.config
+        # Read once from a context that reads them as it is asked: TaskContext's rules.
+        live = TaskContext(app, name, lambda: options)
         self.options = options
-        self.stores = stores
+        self.stores = live.stores
+        self.store = live.store
+        self.ttl = live.ttl
+        self.queue_ttl = live.queue_ttl
+        self.keeps_history = live.keeps_history
         self.mode: Mode = options.mode
-        self.store = stores.lock
-        self.ttl = options.ttl or config.ttl
-        self.queue_ttl = options.queue_ttl or config.queue_ttl
-        self.keeps_history = bool(
-            getattr(self.store, "keeps_history", False)
-            and (config.history if options.history is None else options.history)
-        )
         self.pushes: Pushes | None = trips_of(app).publish_held(self)
 
     def current(self, options: SingletonOptions) -> bool:

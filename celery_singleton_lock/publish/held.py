@@ -41,7 +41,7 @@ def send_held(call: Dispatch) -> AsyncResult:
     # A storm of one call's duplicates: one read answers it before anything is built.
     early = None if asked is None else answered_early(call, asked)
     if early is not None:
-        return answered(call, early)
+        return answer_duplicate(call, early)
     options = call.options
     mode.prepare(call.task.name, options)
     long_wait(facts, options)  # a debounce's own window, past the broker's: hops
