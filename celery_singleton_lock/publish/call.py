@@ -93,6 +93,7 @@ class Dispatch:
     __slots__ = (
         "args",
         "bypass",
+        "call",
         "canvas",
         "facts",
         "hold",
@@ -135,6 +136,8 @@ class Dispatch:
         self.facts = facts
         self.args = args
         self.kwargs = kwargs
+        # The call's arguments, as the task receives them.
+        self.call: tuple[Sequence[object], Mapping[str, object]] = (args or (), kwargs or {})
         self.options = options
         self.task_id = task_id
         self.producer = producer
@@ -165,11 +168,6 @@ class Dispatch:
         self.own_headers: dict[str, object] = {}
         # Whether its hold may ride the push (the task's pushes, through a producer).
         self.rides = False
-
-    @property
-    def call(self) -> tuple[Sequence[object], Mapping[str, object]]:
-        """The call's arguments, as the task receives them."""
-        return (self.args or (), self.kwargs or {})
 
     @property
     def context(self) -> TaskContext:

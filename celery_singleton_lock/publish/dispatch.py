@@ -29,23 +29,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def long_wait(context: TaskContext, options: dict[str, object]) -> None:
+def long_wait(context: TaskContext, options: dict[str, object]) -> float:
     """A call's own ``countdown`` / ``eta`` longer than the broker lets a message wait
     unacked in a worker (``config.visibility``): sent to arrive early instead, its ETA in
     a header, and sent on in hops until it (``run/eta.py``). Waited out whole, kombu
-    would hand it out again meanwhile, and each copy would run, one after the other."""
+    would hand it out again meanwhile, and each copy would run, one after the other.
+    Returns the call's delay as it is then sent (``delay_of`` its options)."""
+    delay = delay_of(options)
     eta = options.get("eta")
     if isinstance(eta, datetime) and eta.tzinfo is None and options.get("countdown") is None:
-        return  # read in the worker's timezone: no ETA of ours could say when it is
-    delay = delay_of(options)
+        return delay  # read in the worker's timezone: no ETA of ours could say when it is
     hop = context.one_hop(delay) if delay else delay
     if hop >= delay:
-        return
+        return delay
     given = options.get("headers")
     headers = dict(given) if isinstance(given, Mapping) else {}
     headers[ETA_HEADER] = f"{time.time() + delay:.6f}"
     options.pop("eta", None)
     options.update(countdown=hop, headers=headers)
+    return hop
 
 
 def slot_at_publish(

@@ -14,7 +14,6 @@ from .dispatch import Gate, GatedProducer, can_overlap, long_wait, refusals, sen
 from .duplicates import answer_duplicate
 from .replacement import Replacement
 from .riding import answered_early, send_riding
-from .timing import delay_of
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -44,8 +43,8 @@ def send_held(call: Dispatch) -> AsyncResult:
         return answer_duplicate(call, early)
     options = call.options
     mode.prepare(call.task.name, options)
-    long_wait(facts, options)  # a debounce's own window, past the broker's: hops
-    call.plan_hold(delay_of(options))
+    # A debounce's own window, past the broker's: hops.
+    call.plan_hold(long_wait(facts, options))
     through_producer = call.through_producer()
     call.rides = facts.pushes is not None and through_producer
     if call.rides:

@@ -16,7 +16,6 @@ from ..lease import Contended, Lease, split_role
 from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER
 from .dispatch import long_wait
-from .timing import delay_of
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -35,7 +34,7 @@ def send_retry(
     not release it)."""
     context, task_id, options, publish = call.context, call.task_id, call.options, call.publish
     store = context.store
-    long_wait(context, options)  # a countdown past the broker's visibility_timeout: hops
+    delay = long_wait(context, options)  # a countdown past the visibility_timeout: hops
     # A slot of a counting lease (limit=N) is named beside the key: the retry's
     # message carries the key and which slot it keeps.
     lock_name, role = split_role(running.name)
@@ -45,7 +44,7 @@ def send_retry(
         # as it ends); the retry contends when it comes, behind any call let in since.
         return publish(task_id, options, headers)
     try:
-        outcome = store.hand_over(running, context.queue_ttl + delay_of(options), token=token)
+        outcome = store.hand_over(running, context.queue_ttl + delay, token=token)
     except LockStoreUnavailableError as error:
         # The retry is sent anyway: losing it would be worse. It meets on_contention
         # at execution if this execution's lease is still there.

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def dispatch(call: Dispatch) -> AsyncResult:
     """The lock's dispatch of one call: held and published, or answered as a duplicate."""
     facts, bypass, redrive = call.facts, call.bypass, call.redrive
-    call.lock_name = facts.options.key.derive(call.args or (), call.kwargs)  # nothing sent
+    call.lock_name = facts.options.key.derive(*call.call)  # KeyDerivationError: nothing sent
     if facts.mode.checks_dispatch and not bypass and not call.canvas:
         return send_held(call)
     if redrive or not bypass:  # (held calls: after their mode's own countdown, in send_held)
