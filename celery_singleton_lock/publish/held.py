@@ -64,7 +64,7 @@ def send_held(call: Dispatch) -> AsyncResult:
         return answered(call, send_gated(gate, call))
     # The acquire is on its way; Celery builds the message meanwhile and the gated
     # producer waits for the answer just before anything is published.
-    with call.task.app.producer_or_acquire(call.producer) as real:
+    with call.facts.app.producer_or_acquire(call.producer) as real:
         return answered(call, send_gated(gate, call, via=GatedProducer(real, gate)))
 
 

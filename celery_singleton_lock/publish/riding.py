@@ -162,7 +162,7 @@ def send_riding(call: Dispatch, swaps: bool) -> AsyncResult | Contended | None:
             return early
     pushes = call.facts.pushes
     assert pushes is not None  # noqa: S101  (the call rides)
-    with call.task.app.producer_or_acquire(call.producer) as real:
+    with call.facts.app.producer_or_acquire(call.producer) as real:
         if not rides(real.channel, pushes.server):
             return None
         return send_pushed(call, PushedHold(call), via=real)
@@ -174,7 +174,7 @@ def replace_riding(call: Dispatch, replacing: Replacing) -> Lease | Contended | 
     None when it cannot ride (the swap is then a round trip of its own)."""
     pushes = call.facts.pushes
     assert pushes is not None  # noqa: S101  (the call rides)
-    with call.task.app.producer_or_acquire(call.producer) as real:
+    with call.facts.app.producer_or_acquire(call.producer) as real:
         if not rides(real.channel, pushes.server):
             return None
         outcome = send_replacing(PushedHold(call, replacing), call, replacing, via=real)
