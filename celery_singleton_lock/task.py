@@ -13,32 +13,26 @@ from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
 from celery import Task
-from celery.backends.base import DisabledBackend
-from celery.utils import uuid
 
 from . import broker
 from . import signals as singleton_signals
 from .broker import results
-from .broker.in_transit import InTransit, give_up_purged
+from .broker.in_transit import give_up_purged
 from .broker.seam import trips_of
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
 from .exceptions import DuplicateTaskError
 from .lease import Lease
-from .modes.base import Publish
 from .publish import route
-from .publish.dispatch import delay_of, in_canvas
+from .publish.call import Dispatch, TaskFacts
 from .publish.idempotent import key_of_call, send_once
 from .publish.retries import send_retry
-from .publish.timing import deliverable, refuse_as_celery
+from .publish.timing import refuse_as_celery
 from .run import cancels, eta, replays
 from .run.execution import Execution, failed_run
 from .tokens import (
     BYPASS_OPTION,
-    CALL_HEADERS,
-    HOLD_HEADER,
-    RATE_SLOT_HEADER,
     TOKEN_HEADER,
     header,
     retry_token,
@@ -80,6 +74,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     # Whether STARTED is stored (track_started): by the task once it holds its lease,
     # not by Celery's tracer before the task is called (see on_bound).
     singleton_track_started: ClassVar[bool] = False
+    # What every dispatch reads, per task instance (``_dispatch_facts``).
+    _facts: TaskFacts | None = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -188,9 +184,20 @@ class SingletonTask(Task):  # type: ignore[misc]
         bypass = own or redrive
         if not own:  # (a delay of the library's own is made one the broker takes: publish)
             refuse_as_celery(self, (args or (), kwargs or {}), options)
-        chosen = producer or options.pop("publisher", None)  # Celery's old alias
-        publish = self._publisher(
-            args, kwargs, producer=chosen, link=link, link_error=link_error, shadow=shadow
+        call = Dispatch(
+            self,
+            self._dispatch_facts(),
+            args,
+            kwargs,
+            options,
+            task_id,
+            producer or options.pop("publisher", None),  # (Celery's old alias)
+            link,
+            link_error,
+            shadow,
+            super().apply_async,
+            bypass=bypass,
+            redrive=redrive,
         )
         if task_id is not None:
             request = self.request
@@ -202,90 +209,26 @@ class SingletonTask(Task):  # type: ignore[misc]
                 # Celery's retry re-sends the running task under the same id: the key
                 # passes from this execution to the retry's message, with no gap.
                 return send_retry(
-                    self.singleton_context,
+                    call,
                     running,
-                    task_id,
-                    options,
                     token=retry_token(task_id, header(request, TOKEN_HEADER), request.retries),
-                    publish=publish,
                     handed_over=partial(setattr, request, _HANDED_OVER, True),
                 )
-        call = (args or (), kwargs or {})
         # Our own resends (a dict of a held call's headers) carry their key in them.
-        key = (
-            None
-            if isinstance(bypass, dict)
-            else key_of_call(self.name, self.singleton_options(), call, options)
-        )
-        dispatch = partial(
-            route.dispatch,
-            self,
-            self.singleton_context,
-            call,
-            options=options,
-            publish=publish,
-            producer=chosen,
-            bypass=bypass,
-            redrive=redrive,
-            canvas=in_canvas(link, link_error, options),
-        )
-        if key is None:
-            return dispatch(task_id)
-        task_id = task_id or uuid()
-        return send_once(
-            self.singleton_context,
-            key,
-            call,
-            task_id,
-            options,
-            sender=self,
-            send=partial(dispatch, task_id),
-            result_of=self.AsyncResult,
-            results_kept=not self.ignore_result and not isinstance(self.backend, DisabledBackend),
-        )
+        if isinstance(bypass, dict):
+            return route.dispatch(call)
+        key = key_of_call(self.name, call.facts.options, call.call, options)
+        return route.dispatch(call) if key is None else send_once(call, key, route.dispatch)
 
-    def _publisher(
-        self,
-        args: Sequence[object] | None,
-        kwargs: Mapping[str, object] | None,
-        *,
-        producer: object,
-        link: object,
-        link_error: object,
-        shadow: str | None,
-    ) -> Publish:
-        def publish(
-            task_id: str | None,
-            options: dict[str, object],
-            own_headers: dict[str, object],
-            via: object = None,
-        ) -> AsyncResult:
-            # Read, not popped: a publish again (fail_open, an outage) keeps them too.
-            given = options.get("headers") or {}
-            if not isinstance(given, Mapping):
-                raise TypeError(f"{self.name}: headers= must be a dict, got {given!r}")
-            headers = {**given, **own_headers}
-            for name in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS):
-                if name not in own_headers:
-                    headers.pop(name, None)  # a copied request must not claim a stale hold
-            task_id = task_id or uuid()  # as Celery would: the channel knows its message
-            deliverable(self, (args or (), kwargs or {}), options)
-            send = partial(
-                super(SingletonTask, self).apply_async,
-                args,
-                kwargs,
-                task_id=task_id,
-                link=link,
-                link_error=link_error,
-                shadow=shadow,
-                headers=headers,
-                **{name: value for name, value in options.items() if name != "headers"},
-            )
-            delay = delay_of(options)
-            noted = InTransit.of(self.singleton_context, task_id, own_headers, delay)
-            return noted.publish(self.app, via or producer, options, send)
-
-        return publish
+    def _dispatch_facts(self) -> TaskFacts:
+        """What every dispatch of this task reads (``TaskFacts``), made again when the
+        app's lock stores or the task's options were replaced since."""
+        facts = self._facts
+        options = self.singleton_options()
+        if facts is None or not facts.current(options):
+            facts = TaskFacts(self.app, self.name, options)
+            self._facts = facts
+        return facts
 
     # -- execution -----------------------------------------------------------------------
 

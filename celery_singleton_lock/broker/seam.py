@@ -7,7 +7,6 @@ outside the tested range) ``NoRide`` answers: every one is a round trip of its o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,9 +30,10 @@ class LockRide(Protocol):
     """What the core asks of the ride: each answer rides a round trip the broker or the
     result backend makes anyway, or says the lock store's own call is the way."""
 
-    def publish_held(self, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
-        """The pushes a held call's hold may ride (its channel decides at the push);
-        None: the hold takes a round trip of its own (``publish.dispatch.Gate``)."""
+    def publish_held(self, context: TaskContext) -> Pushes | None:
+        """The pushes a held call of the task's may ride (its channel decides at the
+        push), asked once per task; None: the hold takes a round trip of its own
+        (``publish.dispatch.Gate``)."""
 
     def take_on_receipt(
         self,
@@ -59,7 +59,7 @@ class LockRide(Protocol):
 class NoRide:
     """Nothing rides: each lock operation is the lock store's own call."""
 
-    def publish_held(self, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
+    def publish_held(self, context: TaskContext) -> Pushes | None:
         return None
 
     def take_on_receipt(
@@ -97,14 +97,12 @@ class BrokerRide(NoRide):
     """An app that rides (``broker.install``): an operation rides where the lock store is
     the broker's (or the result backend's) server, else it is the store's own call."""
 
-    def publish_held(self, context: TaskContext, options: Mapping[str, object]) -> Pushes | None:
-        """Eagerly nothing is published; ``connection=`` makes Celery use its own
-        producer; a broker on another server pushes no hold (said by its URL, before a
-        producer is taken to ask its channel)."""
+    def publish_held(self, context: TaskContext) -> Pushes | None:
+        """A broker on another server pushes no hold (said by its URL, before a producer
+        is taken to ask its channel). Each call asks besides whether Celery publishes it
+        through the app's producer at all (``publish.call.Dispatch.through_producer``)."""
         pushes = pushes_of(context.store)
         if pushes is None:
-            return None
-        if context.app.conf.task_always_eager or options.get("connection") is not None:
             return None
         return pushes if may_ride(context.stores.config.broker_url, pushes.server) else None
 

@@ -12,7 +12,6 @@ import pkgutil
 from .base import Mode, PublishHold, Start
 from .choosing import Choice, Chosen, Reader
 from .rate import Rated, RateLimit, RateSpec
-from .replace import Replacement
 
 
 def _declared() -> tuple[Choice, ...]:
@@ -88,7 +87,10 @@ __all__ = [
     "RateLimit",
     "RateSpec",
     "Rated",
-    "Replacement",
+<<<<<<< HEAD
+=======
+    "Replace",
+>>>>>>> wt/call
     "Start",
     "lock_scopes",
     "own_options",

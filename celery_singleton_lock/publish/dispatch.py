@@ -5,62 +5,49 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Mapping, MutableMapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import before_task_publish
-from kombu.utils.uuid import uuid
 
 from .. import outages
 from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
-from ..lease import Contended, Lease, LockStore, PendingAcquire
+from ..lease import Contended, Lease, PendingAcquire
 from ..lease.limits.backlog import backlog_of
-from ..modes.base import Call, Publish
+from ..modes.base import Call
 from ..tokens import BACKLOG_HEADER, ETA_HEADER, RATE_SLOT_HEADER, slot_header
+from .timing import delay_of
 
 if TYPE_CHECKING:
-    from celery import Celery
     from celery.result import AsyncResult
     from kombu.messaging import Producer
 
     from ..context import TaskContext
+    from .call import Dispatch
 
 logger = logging.getLogger(__name__)
 
 
-def delay_of(options: Mapping[str, object]) -> float:
-    """Seconds until an ETA/countdown task may run, so its hold outlives the wait."""
-    countdown = options.get("countdown")
-    if isinstance(countdown, (int, float)) and countdown:
-        return max(0.0, float(countdown))
-    eta = options.get("eta")
-    if isinstance(eta, str):
-        eta = datetime.fromisoformat(eta)
-    if not isinstance(eta, datetime):
-        return 0.0  # none (or not a time: Celery refuses it as it builds the message)
-    now = datetime.now(eta.tzinfo or UTC) if eta.tzinfo else datetime.now()
-    return max(0.0, (eta - now).total_seconds())
-
-
-def long_wait(context: TaskContext, options: dict[str, object]) -> None:
+def long_wait(context: TaskContext, options: dict[str, object]) -> float:
     """A call's own ``countdown`` / ``eta`` longer than the broker lets a message wait
     unacked in a worker (``config.visibility``): sent to arrive early instead, its ETA in
     a header, and sent on in hops until it (``run/eta.py``). Waited out whole, kombu
-    would hand it out again meanwhile, and each copy would run, one after the other."""
+    would hand it out again meanwhile, and each copy would run, one after the other.
+    Returns the call's delay as it is then sent (``delay_of`` its options)."""
+    delay = delay_of(options)
     eta = options.get("eta")
     if isinstance(eta, datetime) and eta.tzinfo is None and options.get("countdown") is None:
-        return  # read in the worker's timezone: no ETA of ours could say when it is
-    delay = delay_of(options)
+        return delay  # read in the worker's timezone: no ETA of ours could say when it is
     hop = context.one_hop(delay) if delay else delay
     if hop >= delay:
-        return
+        return delay
     given = options.get("headers")
     headers = dict(given) if isinstance(given, Mapping) else {}
     headers[ETA_HEADER] = f"{time.time() + delay:.6f}"
     options.pop("eta", None)
     options.update(countdown=hop, headers=headers)
+    return hop
 
 
 def slot_at_publish(
@@ -150,59 +137,33 @@ def free_place(context: TaskContext, lock_name: str, task_id: str) -> None:
         backlog_of(context.store).leave(lock_name, task_id)
 
 
-def send_in_line(
-    context: TaskContext,
-    lock_name: str,
-    call: Call,
-    *,
-    task_id: str | None,
-    options: dict[str, object],
-    publish: Publish,
-    own_headers: dict[str, object],
-) -> AsyncResult:
+def send_in_line(call: Dispatch, own_headers: dict[str, object]) -> AsyncResult:
     """A call its mode sends without a hold (a rate, a limit): its place among the key's
     waiting calls (``max_pending``) and its rate's slot (``"delay"``, ``"raise"``) taken
     first; a call then not sent gives its place back."""
-    task_id = task_id or uuid()
-    own_headers.update(place_at_publish(context, lock_name, task_id, call, options))
+    context, lock_name, options = call.facts, call.lock_name, call.options
+    task_id = call.new_task_id()
+    own_headers.update(place_at_publish(context, lock_name, task_id, call.call, options))
     placed = BACKLOG_HEADER in own_headers
     entered = delay_of(options) if placed else 0.0  # (no work for a call without a place)
     try:
-        own_headers.update(slot_at_publish(context, lock_name, call, options))
+        own_headers.update(slot_at_publish(context, lock_name, call.call, options))
         if placed:
             stretch_place(context, lock_name, task_id, delay_of(options) - entered)
-        return publish(task_id, options, own_headers)
+        return call.publish(task_id, options, own_headers)
     except BaseException:
         if BACKLOG_HEADER in own_headers:  # not sent: its place is free
             free_place(context, lock_name, task_id)
         raise
 
 
-def can_overlap(app: Celery, options: Mapping[str, object]) -> bool:
-    """Whether a dispatch's hold may be taken while Celery builds the message."""
-    # Only while nothing can observe the message before our gate: an eager call runs
-    # the task instead of publishing, connection= makes Celery use its own producer, and
-    # a before_task_publish receiver (tracing, audit) would be told of a duplicate that
-    # is then never published.
-    return not (
-        app.conf.task_always_eager
-        or options.get("connection") is not None
-        or before_task_publish.receivers
-    )
-
-
-def in_canvas(link: object, link_error: object, options: Mapping[str, object]) -> bool:
-    # Refusing a message that carries the rest of a chain, a group slot or a chord
-    # header would silently drop that work (or leave a GroupResult waiting forever).
-    # Such messages skip the queue-level hold; the execution level still keeps them
-    # from running concurrently with a duplicate.
-    return bool(
-        link
-        or link_error
-        or options.get("chain") is not None
-        or options.get("group_id")
-        or options.get("chord")
-    )
+def can_overlap() -> bool:
+    """Whether a held call Celery publishes through the app's producer (not eagerly, no
+    ``connection=``: ``Dispatch.through_producer``) may take its hold while Celery builds
+    the message."""
+    # Only while nothing can observe the message before our gate: a before_task_publish
+    # receiver (tracing, audit) would be told of a duplicate that is then never published.
+    return not before_task_publish.receivers
 
 
 class RecentRefusals:
@@ -262,21 +223,13 @@ class Refused(BaseException):
 
 
 class Gate:
-    """The answer to a dispatch's acquire, checked once before its message leaves."""
+    """The answer to a held call's acquire, checked once before its message leaves."""
 
-    __slots__ = ("_key", "_outage", "_pending", "_store", "checked")
+    __slots__ = ("_call", "_pending", "checked")
 
-    def __init__(
-        self,
-        store: LockStore,
-        lock_name: str,
-        pending: PendingAcquire,
-        outage: Callable[[LockStoreUnavailableError], None],
-    ) -> None:
-        self._store = store
-        self._key = lock_name
+    def __init__(self, call: Dispatch, pending: PendingAcquire) -> None:
+        self._call = call
         self._pending = pending
-        self._outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
         self.checked = False
 
     def check(self) -> None:
@@ -287,14 +240,14 @@ class Gate:
         except LockStoreUnavailableError as error:
             # fail_closed raises; fail_open publishes. The message's token then claims a
             # hold that may not exist, which only means it meets on_contention if taken.
-            self._outage(error)
+            self._call.outage(error)
             return
         if isinstance(outcome, Contended):
             raise Refused(outcome)
 
     def give_back(self) -> None:
         """The message was not published: release the hold if one was granted."""
-        store = self._store
+        store = self._call.facts.store
         try:
             outcome = self._pending.outcome()
         except LockStoreUnavailableError:
@@ -307,7 +260,7 @@ class Gate:
             except SingletonLockError as error:
                 logger.warning(
                     "hold on %s not given back (%s): it expires by its queue_ttl",
-                    self._key,
+                    self._call.lock_name,
                     error,
                 )
             return
@@ -315,29 +268,17 @@ class Gate:
             outages.release_or_warn(store.release, outcome)
 
 
-@dataclass(frozen=True)
-class Sent:
-    """One held dispatch: what it publishes, and how it answers a refusal or success."""
-
-    lock_name: str
-    task_id: str
-    options: dict[str, object]
-    own_headers: dict[str, object]  # the library's headers
-    publish: Publish
-    refused_by: Callable[[Contended], AsyncResult]  # the holder's result, or a replace
-    accepted: Callable[[], None]  # the dispatch_accepted signal
-
-
-def send_gated(gate: Gate, sent: Sent, *, via: object = None) -> AsyncResult:
+def send_gated(gate: Gate, call: Dispatch, *, via: object = None) -> AsyncResult | Contended:
     """Publish once the gate says the hold was taken (at once, or ``via`` the gated
-    producer, which asks just before the message leaves)."""
+    producer, which asks just before the message leaves); ``Contended``: refused,
+    nothing sent (the caller answers it)."""
     try:
         if via is None:
             gate.check()
-        result = sent.publish(sent.task_id, sent.options, sent.own_headers, via=via)
+        result = call.publish_held(via)
     except Refused as refused:
-        refusals.note(sent.lock_name, refused.held.retry_after)
-        return sent.refused_by(refused.held)
+        refusals.note(call.lock_name, refused.held.retry_after)
+        return refused.held
     except BaseException:
         # Whatever stopped the message (Celery's own validation, the broker), the
         # caller may try again: a hold granted to a message never sent is given back.
@@ -345,8 +286,8 @@ def send_gated(gate: Gate, sent: Sent, *, via: object = None) -> AsyncResult:
         raise
     if not gate.checked:  # Celery returned without publishing through the gate
         gate.give_back()
-    refusals.forget(sent.lock_name)
-    sent.accepted()
+    refusals.forget(call.lock_name)
+    call.accepted()
     return result
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from celery import states
+from celery.backends.base import DisabledBackend
 
 from .. import outages
 from .. import signals as singleton_signals
@@ -25,6 +26,8 @@ from ..tokens import IDEMPOTENCY_HEADER
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
+
+    from .call import Dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -50,25 +53,22 @@ def key_of_call(
     )
 
 
-def send_once(
-    context: TaskContext,
-    key: str,
-    call: tuple[Sequence[object], Mapping[str, object]],
-    task_id: str,
-    options: dict[str, object],
-    *,
-    sender: object,
-    send: Callable[[], AsyncResult],
-    result_of: Callable[[str], AsyncResult],
-    results_kept: bool = True,
-) -> AsyncResult:
-    """Claim ``key`` for this call (``task_id``) and ``send`` it, or answer a repeat with
-    the first call's result (``result_of`` its id). ``results_kept``: the task's results
-    are stored, so a first call in flight can be seen to have failed.
+def send_once(dispatch: Dispatch, key: str, send: Callable[[Dispatch], AsyncResult]) -> AsyncResult:
+    """Claim ``key`` for this call (its task id, made now if it has none) and ``send``
+    it, or answer a repeat with the first call's result. Where the task's results are
+    stored, a first call in flight can be seen to have failed.
 
     A claimed call that is not sent after all (refused as a duplicate of another call, or
     its publish failed) frees its key (``forget``), so the client's retry is a first call
     again."""
+    context, call, options, sender = (
+        dispatch.context,
+        dispatch.call,
+        dispatch.options,
+        dispatch.task,
+    )
+    task_id, result_of = dispatch.new_task_id(), sender.AsyncResult
+    results_kept = not sender.ignore_result and not isinstance(sender.backend, DisabledBackend)
     warn_once_for_call_keys(
         context.name,
         context.options.idempotency,
@@ -83,11 +83,12 @@ def send_once(
         claim = _claim(context, key, task_id, fingerprint, result_of if results_kept else None)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, f"idempotency key {key!r}", error)  # fail_closed raises
-        return send()  # fail_open: sent without the check, as a lock's dispatch would be
+        # fail_open: sent without the check, as a lock's dispatch would be.
+        return send(dispatch)
     if not claim.first:
         return result_of(_repeat(context, key, call, claim, sender=sender, fingerprint=fingerprint))
     try:
-        sent = send()
+        sent = send(dispatch)
     except BaseException:
         forget(context, key, task_id)
         raise

@@ -11,35 +11,30 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease, split_role
-from ..modes.base import Publish
 from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, NAME_HEADER, RETRY_OF_HEADER, TOKEN_HEADER
-from .dispatch import delay_of, long_wait
+from .dispatch import long_wait
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
+
+    from .call import Dispatch
 
 logger = logging.getLogger(__name__)
 
 
 def send_retry(
-    context: TaskContext,
-    running: Lease,
-    task_id: str,
-    options: dict[str, object],
-    *,
-    token: str,
-    publish: Publish,
-    handed_over: Callable[[], None],
+    call: Dispatch, running: Lease, *, token: str, handed_over: Callable[[], None]
 ) -> AsyncResult:
-    """Publish the retry's message holding ``running``'s key under ``token`` (a queued
-    hold, ``tokens.retry_token``); ``handed_over()`` once the running lease is the
-    message's (the execution then does not release it)."""
+    """Publish the retry's message (``call``, under the running task's id) holding
+    ``running``'s key under ``token`` (a queued hold, ``tokens.retry_token``);
+    ``handed_over()`` once the running lease is the message's (the execution then does
+    not release it)."""
+    context, task_id, options, publish = call.context, call.task_id, call.options, call.publish
     store = context.store
-    long_wait(context, options)  # a countdown past the broker's visibility_timeout: hops
+    delay = long_wait(context, options)  # a countdown past the visibility_timeout: hops
     # A slot of a counting lease (limit=N) is named beside the key: the retry's
     # message carries the key and which slot it keeps.
     lock_name, role = split_role(running.name)
@@ -49,7 +44,7 @@ def send_retry(
         # as it ends); the retry contends when it comes, behind any call let in since.
         return publish(task_id, options, headers)
     try:
-        outcome = store.hand_over(running, context.queue_ttl + delay_of(options), token=token)
+        outcome = store.hand_over(running, context.queue_ttl + delay, token=token)
     except LockStoreUnavailableError as error:
         # The retry is sent anyway: losing it would be worse. It meets on_contention
         # at execution if this execution's lease is still there.

@@ -8,82 +8,58 @@ and there is never a hold without its message (elsewhere: ``PushedHold``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..broker.connection import publishing
-from ..broker.pushes import Push, Pushes, PushRefused
+from ..broker.pushes import Push, PushRefused
 from ..broker.transport import rides
 from ..exceptions import LockStoreUnavailableError
-from ..lease import HOLD, Contended, Lease, LockStore, Server
-from ..modes.base import Mode, Publish, Replacing
+from ..lease import HOLD, Contended, Lease, Server
+from ..modes.base import Replacing
 from ..outages import release_or_warn
-from ..tokens import NAME_HEADER
-from .dispatch import Refused, Sent, refusals
+from .dispatch import Refused, refusals
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
-    from kombu.messaging import Producer
 
-    from ..lease.history import Record
+    from .call import Dispatch
 
 logger = logging.getLogger(__name__)
 
 
 class PushedHold:
-    """A dispatch's hold, taken by the channel as it puts the message
+    """A held call's hold, taken by the channel as it puts the message
     (``broker.state.HoldWithPush``).
 
     On the lock store's server the hold and the push are one script; elsewhere (a queue
     on another server) the hold is taken first and the channel then pushes. A duplicate
-    raises ``Refused`` from inside the publish: nothing is pushed.
+    raises ``Refused`` from inside the publish: nothing is pushed. With ``replacing``
+    (``on_duplicate="replace"``), the hold passes from the queued call it replaces, never
+    from nobody, and the message is that call's successor.
     """
 
-    __slots__ = (
-        "_entry",
-        "_name",
-        "_pushes",
-        "_replacing",
-        "_store",
-        "_token",
-        "_ttl",
-        "outage",
-        "pushed",
-        "taken",
-        "task_id",
-    )
+    __slots__ = ("_call", "_replacing", "pushed", "taken", "task_id", "token", "ttl")
 
-    def __init__(
-        self,
-        store: LockStore,
-        pushes: Pushes,
-        lock_name: str,
-        ttl: float,
-        *,
-        token: str,
-        task_id: str,
-        outage: Callable[[LockStoreUnavailableError], None],
-        replacing: tuple[str, str] | None = None,
-        entry: Record | None = None,
-    ) -> None:
-        self._store, self._pushes = store, pushes
-        self._entry = entry  # what the take or the swap writes in a kept history
-        # (holder, what to record as replaced): the hold passes from the queued call it
-        # replaces (on_duplicate="replace"), never from nobody.
+    def __init__(self, call: Dispatch, replacing: Replacing | None = None) -> None:
+        self._call = call
         self._replacing = replacing
-        self.outage = outage  # the task's singleton_lock_on_redis_error, at dispatch
-        self._name, self._ttl, self._token = lock_name, ttl, token
-        self.task_id = task_id
+        if replacing is None:
+            self.task_id, self.token, self.ttl = call.task_id or "", call.token, call.ttl
+        else:
+            self.task_id, self.token, self.ttl = replacing.task_id, replacing.token, replacing.ttl
         self.taken: Lease | None = None
         self.pushed = False
 
     def put(self, server: Server | None, push: Push | None) -> bool:
-        pushes = self._pushes
+        pushes = self._call.facts.pushes
         outcome: Lease | Contended | None = None
         pushed = False
-        if push is not None and server is not None and server.same_server(pushes.server):
+        if (
+            push is not None
+            and server is not None
+            and pushes is not None
+            and server.same_server(pushes.server)
+        ):
             try:
                 outcome = self._take_and_push(push)
                 pushed = True
@@ -104,29 +80,37 @@ class PushedHold:
         return pushed
 
     def _take_and_push(self, push: Push) -> Lease | Contended:
+        call = self._call
+        pushes = call.facts.pushes
+        assert pushes is not None  # noqa: S101  (put asked)
         if self._replacing is None:
-            return self._pushes.hold_and_push(
-                self._name, self._ttl, push, token=self._token, entry=self._entry
+            return pushes.hold_and_push(
+                call.hold, self.ttl, push, token=self.token, entry=call.record
             )
-        holder, record = self._replacing
-        return self._pushes.swap_and_push(
-            self._name,
-            holder,
-            self._ttl,
+        return pushes.swap_and_push(
+            call.hold,
+            self._replacing.holder,
+            self.ttl,
             push,
-            token=self._token,
-            record=record,
-            entry=self._entry,
+            token=self.token,
+            record=self._replacing.record,
+            entry=call.record,
         )
 
     def _take(self) -> Lease | Contended:
+        call = self._call
+        store = call.facts.store
         if self._replacing is None:
-            return self._store.try_acquire(
-                self._name, self._ttl, token=self._token, take=HOLD, entry=self._entry
+            return store.try_acquire(
+                call.hold, self.ttl, token=self.token, take=HOLD, entry=call.record
             )
-        holder, record = self._replacing
-        return self._store.swap(
-            self._name, holder, self._ttl, token=self._token, record=record, entry=self._entry
+        return store.swap(
+            call.hold,
+            self._replacing.holder,
+            self.ttl,
+            token=self.token,
+            record=self._replacing.record,
+            entry=call.record,
         )
 
     def give_back(self) -> None:
@@ -134,120 +118,72 @@ class PushedHold:
         passed back to the queued call it was to replace, whose message is still there)."""
         if self.taken is None or self.pushed:
             return
+        store, hold = self._call.facts.store, self._call.hold
         if self._replacing is None:
-            release_or_warn(self._store.release, self.taken)
+            release_or_warn(store.release, self.taken)
         else:
-            holder, taken = self._replacing[0], self.taken.token
-            release_or_warn(
-                lambda _: self._store.swap(self._name, taken, self._ttl, token=holder), self.taken
-            )
+            holder, taken = self._replacing.holder, self.taken.token
+            release_or_warn(lambda _: store.swap(hold, taken, self.ttl, token=holder), self.taken)
 
 
-def answered_early(
-    store: LockStore,
-    hold: str,
-    lock_name: str,
-    refused: Callable[[Contended], AsyncResult],
-    entry: Record | None = None,
-) -> AsyncResult | None:
+def answered_early(call: Dispatch, hold: str) -> Contended | None:
     """A name refused a moment ago is likely refused again (a storm of duplicates): ask
-    who holds ``hold`` with a read that writes nothing (but a refusal in ``entry``'s
-    history), and answer a duplicate before Celery builds its message. None: it is free
-    (or unknown) now; dispatch as usual."""
-    if not refusals.expects(lock_name):
+    who holds ``hold`` with a read that writes nothing (but a refusal in the call's
+    history), and answer a duplicate before Celery builds its message (its holder,
+    returned). None: it is free (or unknown) now; dispatch as usual."""
+    if not refusals.expects(call.lock_name):
         return None
+    store = call.facts.store
     try:
-        holder = store.holder(hold, entry=entry)
+        holder = store.holder(hold, entry=call.record)
     except LockStoreUnavailableError:
         return None  # the dispatch itself meets the outage and its policy
     if not holder:
         return None
-    refusals.note(lock_name, None)
-    return refused(Contended(hold, store.keys(hold).lock, holder, None))
+    refusals.note(call.lock_name, None)
+    return Contended(hold, store.keys(hold).lock, holder, None)
 
 
-def duplicate_answered(
-    mode: Mode,
-    store: LockStore,
-    lock_name: str,
-    refused: Callable[[Contended], AsyncResult],
-    entry: Record | None = None,
-) -> AsyncResult | None:
-    """``answered_early`` for a dispatch of ``mode`` before anything else of it is built;
-    None for a mode whose answer to a duplicate is a swap (``Ride.send`` asks then)."""
-    held = mode.answered_by(lock_name)
-    return None if held is None else answered_early(store, held, lock_name, refused, entry)
-
-
-@dataclass(frozen=True)
-class Ride:
-    """A dispatch's lock operations riding its message's push, the lock store being a
-    server a broker channel may push to (``broker.pushes.pushes_of``)."""
-
-    store: LockStore
-    pushes: Pushes
-    hold: str  # the lock the dispatch holds
-    outage: Callable[[LockStoreUnavailableError], None]
-    producers: Callable[[], AbstractContextManager[Producer]]  # the app's producer_or_acquire
-    swaps: bool = False  # a refused call's answer is a swap, asked here (``Mode.answered_by``)
-    entry: Record | None = None  # what the take, swap or read writes in a kept history
-
-    def send(self, sent: Sent, ttl: float, token: str) -> AsyncResult | None:
-        """The hold taken in the push's script; None when the producer's channel cannot
-        push there (the caller holds apart)."""
-        guess = refusals.holder_guess(self.hold) if self.swaps else None
+def send_riding(call: Dispatch, swaps: bool) -> AsyncResult | Contended | None:
+    """The call's hold taken in the push's script (the lock store being a server a
+    broker channel may push to, ``broker.pushes.pushes_of``). ``Contended``: refused,
+    nothing sent; None when the producer's channel cannot push there (the caller holds
+    apart). ``swaps``: a refused call's answer is a swap, asked here
+    (``Mode.answered_by``: no read answered it first)."""
+    if swaps:
+        guess = refusals.holder_guess(call.hold)
         if guess is not None:
             # A storm of replacing calls from this process: the last replacement likely
             # still holds it, and the swap that follows checks (and pushes) in one step.
-            return sent.refused_by(
-                Contended(self.hold, self.store.keys(self.hold).lock, guess, None)
-            )
+            return Contended(call.hold, call.facts.store.keys(call.hold).lock, guess, None)
         # Any other mode's duplicate was answered early before the dispatch was built.
-        early = (
-            answered_early(self.store, self.hold, sent.lock_name, sent.refused_by, self.entry)
-            if self.swaps
-            else None
-        )
+        early = answered_early(call, call.hold)
         if early is not None:
             return early
-        with self.producers() as real:
-            if not rides(real.channel, self.pushes.server):
-                return None
-            pushed = PushedHold(
-                self.store,
-                self.pushes,
-                self.hold,
-                ttl,
-                token=token,
-                task_id=sent.task_id,
-                outage=self.outage,
-                entry=self.entry,
-            )
-            return send_pushed(pushed, sent, via=real)
+    pushes = call.facts.pushes
+    assert pushes is not None  # noqa: S101  (the call rides)
+    with call.facts.app.producer_or_acquire(call.producer) as real:
+        if not rides(real.channel, pushes.server):
+            return None
+        return send_pushed(call, PushedHold(call), via=real)
 
-    def replace(self, replacing: Replacing, publish: Publish) -> Lease | Contended | None:
-        """A replacing call's message sent with the swap in its push (``RidingReplace``)."""
-        with self.producers() as real:
-            if not rides(real.channel, self.pushes.server):
-                return None
-            pushed = PushedHold(
-                self.store,
-                self.pushes,
-                self.hold,
-                replacing.ttl,
-                token=replacing.token,
-                task_id=replacing.task_id,
-                outage=self.outage,
-                replacing=(replacing.holder, replacing.record),
-                entry=self.entry,
-            )
-            outcome = send_replacing(pushed, publish, replacing, via=real)
-        refusals.placed(self.hold, outcome.token if isinstance(outcome, Lease) else None)
-        return outcome
+
+def replace_riding(call: Dispatch, replacing: Replacing) -> Lease | Contended | None:
+    """A replacing call's message sent with the swap in its push (``Replacement``): the
+    ``Lease`` of the new hold, ``Contended`` (the queued call changed; nothing sent), or
+    None when it cannot ride (the swap is then a round trip of its own)."""
+    pushes = call.facts.pushes
+    assert pushes is not None  # noqa: S101  (the call rides)
+    with call.facts.app.producer_or_acquire(call.producer) as real:
+        if not rides(real.channel, pushes.server):
+            return None
+        outcome = send_replacing(PushedHold(call, replacing), call, replacing, via=real)
+    refusals.placed(call.hold, outcome.token if isinstance(outcome, Lease) else None)
+    return outcome
 
 
 def send_replacing(
-    pushed: PushedHold, publish: Publish, replacing: Replacing, *, via: object
+    pushed: PushedHold, call: Dispatch, replacing: Replacing, *, via: object
 ) -> Lease | Contended:
     """Publish a replacing call's message under the queued call's id with the hold passed
     to it as the channel puts it (``PushedHold`` with ``replacing``): the swap and the
@@ -255,7 +191,7 @@ def send_replacing(
     was sent."""
     try:
         with publishing(via, hold=pushed):
-            publish(pushed.task_id, replacing.options, replacing.headers, via=via)
+            call.publish(pushed.task_id, replacing.options, replacing.headers, via=via)
     except Refused as refused:
         return refused.held
     except BaseException:
@@ -273,18 +209,19 @@ def send_replacing(
     return pushed.taken
 
 
-def send_pushed(pushed: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
-    """Publish with the hold taken as the channel puts the message (``broker.publishing``)."""
+def send_pushed(call: Dispatch, pushed: PushedHold, *, via: object) -> AsyncResult | Contended:
+    """Publish with the hold taken as the channel puts the message (``broker.publishing``);
+    ``Contended``: refused, nothing pushed (the caller answers it)."""
     try:
         with publishing(via, hold=pushed):
-            result = sent.publish(sent.task_id, sent.options, sent.own_headers, via=via)
+            result = call.publish_held(via)
     except Refused as refused:
-        refusals.note(sent.lock_name, refused.held.retry_after)
-        return sent.refused_by(refused.held)
+        refusals.note(call.lock_name, refused.held.retry_after)
+        return refused.held
     except LockStoreUnavailableError as error:
         # Nothing was taken or pushed: fail_closed raises, fail_open publishes plainly.
-        pushed.outage(error)
-        return sent.publish(sent.task_id, sent.options, {NAME_HEADER: sent.lock_name})
+        call.outage(error)
+        return call.publish_unheld()
     except BaseException:
         pushed.give_back()  # a hold whose message was not pushed
         raise
@@ -294,9 +231,9 @@ def send_pushed(pushed: PushedHold, sent: Sent, *, via: object) -> AsyncResult:
         try:
             pushed.put(None, None)
         except Refused:
-            logger.info("%s: published before its hold, which another call holds", sent.lock_name)
+            logger.info("%s: published before its hold, which another call holds", call.lock_name)
         except LockStoreUnavailableError as error:
-            pushed.outage(error)
-    refusals.forget(sent.lock_name)
-    sent.accepted()
+            call.outage(error)
+    refusals.forget(call.lock_name)
+    call.accepted()
     return result

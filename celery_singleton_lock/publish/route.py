@@ -3,7 +3,6 @@ that sends every call: a rate's slot, a place among the waiting), or held first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..tokens import NAME_HEADER, REDRIVE_HEADER
@@ -11,56 +10,24 @@ from .dispatch import long_wait, send_in_line
 from .held import send_held
 
 if TYPE_CHECKING:
-    from celery import Task
     from celery.result import AsyncResult
 
-    from ..context import TaskContext
-    from ..modes.base import Publish
+    from .call import Dispatch
 
 
-def dispatch(
-    task: Task,
-    context: TaskContext,
-    call: tuple[Sequence[object], Mapping[str, object]],
-    task_id: str | None,
-    *,
-    options: dict[str, object],
-    publish: Publish,
-    producer: object,
-    bypass: object,
-    redrive: bool,
-    canvas: bool,
-) -> AsyncResult:
+def dispatch(call: Dispatch) -> AsyncResult:
     """The lock's dispatch of one call: held and published, or answered as a duplicate."""
-    args, kwargs = call
-    opts = context.options
-    lock_name = opts.key.derive(args, kwargs)  # KeyDerivationError: nothing sent
-    if opts.mode.checks_dispatch and not bypass and not canvas:
-        return send_held(
-            task,
-            context,
-            lock_name,
-            call,
-            task_id=task_id,
-            options=options,
-            publish=publish,
-            producer=producer,
-        )
+    facts, bypass, redrive = call.facts, call.bypass, call.redrive
+    call.lock_name = facts.options.key.derive(*call.call)  # KeyDerivationError: nothing sent
+    if facts.mode.checks_dispatch and not bypass and not call.canvas:
+        return send_held(call)
     if redrive or not bypass:  # (held calls: after their mode's own countdown, in send_held)
-        long_wait(context, options)
-    own_headers: dict[str, object] = {NAME_HEADER: lock_name}
+        long_wait(facts, call.options)
+    own_headers: dict[str, object] = {NAME_HEADER: call.lock_name}
     if isinstance(bypass, dict):
         own_headers.update(bypass)
     if redrive:
         own_headers[REDRIVE_HEADER] = 1
-    elif not (bypass or canvas):  # a place in line, and a rate's slot
-        return send_in_line(
-            context,
-            lock_name,
-            call,
-            task_id=task_id,
-            options=options,
-            publish=publish,
-            own_headers=own_headers,
-        )
-    return publish(task_id, options, own_headers)
+    elif not (bypass or call.canvas):  # a place in line, and a rate's slot
+        return send_in_line(call, own_headers)
+    return call.publish(call.task_id, call.options, own_headers)

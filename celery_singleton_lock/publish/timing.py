@@ -8,7 +8,7 @@ takes holds, places and slots first: what Celery would refuse is refused before 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from celery.app.task import extract_exec_options
@@ -25,6 +25,20 @@ NATIVE_DELAY_FLOOR = 1.0
 
 # Celery's id for a message it only checks: nothing is published under it.
 _CHECKED_ONLY = "celery-singleton-lock-check"
+
+
+def delay_of(options: Mapping[str, object]) -> float:
+    """Seconds until an ETA/countdown task may run, so its hold outlives the wait."""
+    countdown = options.get("countdown")
+    if isinstance(countdown, (int, float)) and countdown:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if isinstance(eta, str):
+        eta = datetime.fromisoformat(eta)
+    if not isinstance(eta, datetime):
+        return 0.0  # none (or not a time: Celery refuses it as it builds the message)
+    now = datetime.now(eta.tzinfo or UTC) if eta.tzinfo else datetime.now()
+    return max(0.0, (eta - now).total_seconds())
 
 
 def refuse_as_celery(

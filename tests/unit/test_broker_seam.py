@@ -47,7 +47,7 @@ class TestChoice:
 class TestNoRide:
     def test_nothing_rides_a_publish_or_a_receipt(self) -> None:
         context = context_of(app_with())
-        assert NO_RIDE.publish_held(context, {}) is None
+        assert NO_RIDE.publish_held(context) is None
         taken = NO_RIDE.take_on_receipt(context, SERVER, "k", token="t", take=HOLD, entry=None)
         assert taken is None
 
@@ -65,6 +65,6 @@ class TestNoRide:
 class TestBrokerRide:
     def test_a_store_no_broker_shares_rides_nothing(self) -> None:
         context = context_of(app_with())
-        assert BROKER_RIDE.publish_held(context, {}) is None
+        assert BROKER_RIDE.publish_held(context) is None
         taken = BROKER_RIDE.take_on_receipt(context, SERVER, "k", token="t", take=HOLD, entry=None)
         assert taken is None
