@@ -18,7 +18,7 @@ from . import broker
 from . import signals as singleton_signals
 from .broker import results
 from .broker.in_transit import give_up_purged
-from .broker.seam import trips_of
+from .broker.ride import lock_ride
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
@@ -116,7 +116,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             broker.uninstall(app)
         else:
             broker.install(app)
-        broker.on_purge(app, partial(give_up_purged, app))  # a purge gives its messages' holds up
+        broker.on_purge(app, partial(give_up_purged, app))  # a purge gives up its messages' holds
         # Celery's tracer stores STARTED before it calls the task, for every delivery:
         # also for one this library then drops without a trace (a replaced message, a
         # copy of the running one, a requeue). Under an id whose run stored SUCCESS a
@@ -315,7 +315,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         self, request: Context, lease: Lease, acquired: float, *, ride: bool
     ) -> None:
         context = self.singleton_context
-        trips_of(self.app).release_at_end(self, request, context, lease, ride=ride)
+        lock_ride(self.app).release_at_end(self, request, context, lease, ride=ride)
         singleton_signals.send(
             singleton_signals.lease_released,
             self,

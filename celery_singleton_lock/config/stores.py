@@ -118,7 +118,7 @@ class LockStores:
 
     @property
     def lock(self) -> LockStore:
-        """The store for the one-round-trip operations, with a socket timeout."""
+        """The store for operations of one round trip, with a socket timeout."""
         # Many threads may dispatch their first call at once: each built store has its own
         # connection pool, so all but one built here would open connections past the bound.
         if self._lock is None:

@@ -87,10 +87,6 @@ __all__ = [
     "RateLimit",
     "RateSpec",
     "Rated",
-<<<<<<< HEAD
-=======
-    "Replace",
->>>>>>> wt/call
     "Start",
     "lock_scopes",
     "own_options",

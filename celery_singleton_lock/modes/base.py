@@ -250,13 +250,13 @@ class Mode:
         eager: bool = False,
     ) -> Slot | None:
         """Before the running lease: a rate's slot for this run (``rate.py``), now or a
-        later one reserved for it; ``slot`` is one the message carries (``held``: it was
-        held back by a pause, and is late for it by that; ``eager``: the caller waits
+        later one reserved for it; ``slot`` is one the message carries (``held``: it
+        waited out a pause, and is late for it by that; ``eager``: the caller waits
         for its slot however far). None: no rate."""
         return None
 
-    def held_back(self, start: Start, seconds: float) -> None:
-        """A pause holds this run back: its message comes round in ``seconds``. What it
+    def waits_out_pause(self, start: Start, seconds: float) -> None:
+        """A pause keeps this run waiting: its message comes round in ``seconds``. What it
         asks for once let go must still be there then (a rate's schedule, ``rate.py``)."""
 
     def take(self, start: Start) -> Lease | Contended:

@@ -35,7 +35,7 @@ MIN_GRACE = 0.05
 # thread held that long) rather than being sent round the broker to it, which costs
 # about as much and may arrive late.
 NEAR = 0.05
-# How late a paused key's held-back message may come round (a queue that far behind)
+# How late a paused key's waiting message may come round (a queue that far behind)
 # and still find its rate's schedule to move on: its key is one short string, and the
 # first decision after the resume sets its expiry back to the schedule's.
 HELD_COMES_ROUND = 3600.0
@@ -298,8 +298,8 @@ class Rated(Mode):
             return None
         rates = rates_of(start.store)
         pause = start.override.pause if start.override is not None else None
-        # A run held back by a pause is as late as every other held back with it (they
-        # come round on one cadence): kept on its slot, they keep their order.
+        # A run that waited out a pause is as late as every other that waited with it
+        # (they come round on one cadence): kept on its slot, they keep their order.
         grace = ANY_LATENESS if held else max(min(r.interval for r, _ in limits), MIN_GRACE)
         how: How = "start" if slot is None else "due"
         near = EAGER_NEAR if eager else NEAR  # (an eager call carries no slot)
@@ -313,7 +313,7 @@ class Rated(Mode):
             grace=grace, near=near,
         )  # fmt: skip
 
-    def held_back(self, start: Start, seconds: float) -> None:
+    def waits_out_pause(self, start: Start, seconds: float) -> None:
         # The resume moves the schedule on by the pause's length (rate.lua), at the first
         # decision after it: kept until then, however long the pause.
         rates_of(start.store).keep(start.name, seconds + HELD_COMES_ROUND)

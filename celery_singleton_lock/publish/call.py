@@ -15,7 +15,7 @@ from celery.utils import uuid
 from .. import outages
 from .. import signals as singleton_signals
 from ..broker.in_transit import InTransit
-from ..broker.seam import trips_of
+from ..broker.ride import lock_ride
 from ..config.stores import LockStores
 from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
@@ -74,7 +74,7 @@ class TaskFacts(TaskContext):
         self.queue_ttl = live.queue_ttl
         self.keeps_history = live.keeps_history
         self.mode: Mode = options.mode
-        self.pushes: Pushes | None = trips_of(app).publish_held(self)
+        self.pushes: Pushes | None = lock_ride(app).publish_held(self)
 
     def current(self, options: SingletonOptions) -> bool:
         """Whether these are still the task's ``options`` and the app's stores."""

@@ -225,18 +225,18 @@ class Refused(BaseException):
 class Gate:
     """The answer to a held call's acquire, checked once before its message leaves."""
 
-    __slots__ = ("_call", "_pending", "checked")
+    __slots__ = ("_call", "_sent", "checked")
 
-    def __init__(self, call: Dispatch, pending: PendingAcquire) -> None:
+    def __init__(self, call: Dispatch, sent: PendingAcquire) -> None:
         self._call = call
-        self._pending = pending
+        self._sent = sent
         self.checked = False
 
     def check(self) -> None:
         """Return to publish; raise ``Refused`` for a duplicate, or the store error."""
         self.checked = True
         try:
-            outcome = self._pending.outcome()
+            outcome = self._sent.outcome()
         except LockStoreUnavailableError as error:
             # fail_closed raises; fail_open publishes. The message's token then claims a
             # hold that may not exist, which only means it meets on_contention if taken.
@@ -249,14 +249,14 @@ class Gate:
         """The message was not published: release the hold if one was granted."""
         store = self._call.facts.store
         try:
-            outcome = self._pending.outcome()
+            outcome = self._sent.outcome()
         except LockStoreUnavailableError:
             return  # nothing known to give back; a hold would expire by its queue_ttl
         except SingletonLockError:
             # The server refused part of the exchange (an ACL without PTTL, say), maybe
             # after the hold was written: give it back by its token, owner-checked.
             try:
-                store.release_token(self._pending.name, self._pending.token)
+                store.release_token(self._sent.name, self._sent.token)
             except SingletonLockError as error:
                 logger.warning(
                     "hold on %s not given back (%s): it expires by its queue_ttl",

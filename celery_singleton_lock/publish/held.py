@@ -53,13 +53,13 @@ def send_held(call: Dispatch) -> AsyncResult:
         if sent is not None:
             return answered(call, sent)
     try:
-        pending = facts.store.begin_try_acquire(
+        sent = facts.store.begin_try_acquire(
             call.hold, call.ttl, token=call.token, take=HOLD, entry=call.record
         )
     except LockStoreUnavailableError as error:
         call.outage(error)  # fail_closed raises
         return call.publish_unheld()
-    gate = Gate(call, pending)
+    gate = Gate(call, sent)
     if refusals.expects(call.lock_name) or not (through_producer and can_overlap()):
         return answered(call, send_gated(gate, call))
     # The acquire is on its way; Celery builds the message meanwhile and the gated

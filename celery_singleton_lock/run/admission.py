@@ -123,7 +123,7 @@ def wait_out_pause(
             )
         first = held_at if held_at is not None else place(override, message_slot)
         slot = header(request, RATE_SLOT_HEADER)
-        mode.held_back(start, PAUSE_RECHECK)
+        mode.waits_out_pause(start, PAUSE_RECHECK)
         send_round_paused(
             delivery,
             start.name,
@@ -137,7 +137,7 @@ def wait_out_pause(
         # began: in the order they came, as far apart (its slot moves as much).
         wait = override.moved(held_at, held_at) - time.time()
         if wait > 0.001:
-            mode.held_back(start, wait)
+            mode.waits_out_pause(start, wait)
             send_round_paused(
                 delivery,
                 start.name,

@@ -29,7 +29,7 @@ def riding_calls(
 ) -> list[RidingCall]:
     """What rides the pipeline recording a received message (its ``received``
     headers and properties) as unacked: its take (``Reservations.ride``) where the ride
-    allows (``broker.seam``), and the clearing of its note if it has one (always: a
+    allows (``broker.ride``), and the clearing of its note if it has one (always: a
     producer configured otherwise may have noted it)."""
     headers, properties = received
     task_name = headers.get("task")

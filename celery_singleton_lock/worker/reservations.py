@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from celery.worker import state as worker_state
 
 from ..broker.pushes import RidingTake
-from ..broker.seam import trips_of
+from ..broker.ride import lock_ride
 from ..config.options import is_singleton
 from ..context import TaskContext
 from ..exceptions import SingletonLockError
@@ -149,7 +149,7 @@ class Reservations:
         if plan is None:
             return None
         try:
-            take = trips_of(app).take_on_receipt(
+            take = lock_ride(app).take_on_receipt(
                 context,
                 server,
                 plan.name,

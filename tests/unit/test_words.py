@@ -21,12 +21,7 @@ PACKAGE = Path(celery_singleton_lock.__file__).parent
 
 # Files whose renames another change applies after the merge (publish/, config/, modes/,
 # the face, the result backend): each leaves this list as its renames land.
-NOT_YET = (
-    "publish/",
-    "config/",
-    "modes/",
-    "task.py",
-)
+NOT_YET: tuple[str, ...] = ()
 
 # Retired words in prose and Lua, matched across line breaks and comment markers.
 RETIRED_TEXT = {
@@ -74,12 +69,11 @@ RETIRED_NAMES = frozenset({
 # (a log line, an Ignore reason, CLI help), or a name defined in a NOT_YET file.
 KEPT = {
     "run/resend.py": ('"%s[%s] held back %.2fs', 'f"held back: '),  # grepped by tests
-    "run/admission.py": ("mode.held_back(",),  # modes.base.Mode.held_back
+    "run/admission.py": ("mode.waits_out_pause(",),  # modes.base.Mode.waits_out_pause
     "contrib/limits_command.py": ("(held back, never dropped)", "Let held-back calls go"),
     "contrib/cli_base.py": ("(held back; --resume lets go)",),
-    "broker/seam.py": ("trips_of",),  # task.py and publish/held.py import it
-    "worker/reservations.py": ("from ..broker.seam import trips_of", "trips_of(app)"),
-    "worker/receipts.py": ("(``broker.seam``)",),
+    "worker/reservations.py": ("from ..broker.ride import lock_ride", "lock_ride(app)"),
+    "worker/receipts.py": ("(``broker.ride``)",),
 }
 
 

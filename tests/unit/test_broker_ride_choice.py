@@ -1,4 +1,4 @@
-"""What the core asks of the broker ride (``broker.seam``): chosen once an app, and,
+"""What the core asks of the broker ride (``broker.ride``): chosen once an app, and,
 where nothing rides, each lock operation the lock store's own call. No server: the lock
 store is in memory."""
 
@@ -12,7 +12,7 @@ from celery.app.task import Context
 
 from celery_singleton_lock import singleton_task
 from celery_singleton_lock.broker import versions
-from celery_singleton_lock.broker.seam import BROKER_RIDE, NO_RIDE, trips_of
+from celery_singleton_lock.broker.ride import BROKER_RIDE, NO_RIDE, lock_ride
 from celery_singleton_lock.context import TaskContext
 from celery_singleton_lock.lease import HOLD, Lease, Server
 
@@ -38,10 +38,10 @@ def context_of(app: Celery) -> TaskContext:
 class TestChoice:
     @pytest.mark.skipif(not versions.TESTED_HERE, reason="kombu or Celery outside the range")
     def test_an_app_that_rides_is_answered_by_the_broker_ride(self) -> None:
-        assert trips_of(app_with()) is BROKER_RIDE
+        assert lock_ride(app_with()) is BROKER_RIDE
 
     def test_an_app_with_the_ride_off_takes_round_trips_of_its_own(self) -> None:
-        assert trips_of(app_with(singleton_lock_ride_broker=False)) is NO_RIDE
+        assert lock_ride(app_with(singleton_lock_ride_broker=False)) is NO_RIDE
 
 
 class TestNoRide:

@@ -1,6 +1,6 @@
 """What the core asks of the broker ride (``LockRide``), chosen once an app.
 
-The core asks ``trips_of(app)`` for a held call's publish, a received message's take and a
+The core asks ``lock_ride(app)`` for a held call's publish, a received message's take and a
 run's release. An app that rides answers with ``BrokerRide``; otherwise (the ride off, kombu
 outside the tested range) ``NoRide`` answers: every one is a round trip of its own.
 """
@@ -135,7 +135,7 @@ NO_RIDE = NoRide()
 BROKER_RIDE = BrokerRide()
 
 
-def trips_of(app: Celery) -> LockRide:
+def lock_ride(app: Celery) -> LockRide:
     """The way ``app``'s lock operations go: ``BrokerRide`` where ``broker.install`` takes
     (``singleton_lock_ride_broker`` on, kombu and Celery inside ``versions.TESTED``), else
     ``NoRide``. Both are fixed for the process and the app's settings: chosen once."""
@@ -144,4 +144,4 @@ def trips_of(app: Celery) -> LockRide:
     return BROKER_RIDE
 
 
-__all__ = ["BROKER_RIDE", "NO_RIDE", "BrokerRide", "LockRide", "NoRide", "trips_of"]
+__all__ = ["BROKER_RIDE", "NO_RIDE", "BrokerRide", "LockRide", "NoRide", "lock_ride"]
