@@ -49,8 +49,8 @@ class TaskFacts(TaskContext):
         "keeps_history",
         "mode",
         "options",
-        "pushes",
         "queue_ttl",
+        "ridden",
         "store",
         "stores",
         "ttl",
@@ -74,7 +74,14 @@ class TaskFacts(TaskContext):
         self.queue_ttl = live.queue_ttl
         self.keeps_history = live.keeps_history
         self.mode: Mode = options.mode
-        self.pushes: Pushes | None = lock_ride(app).publish_held(self)
+        self.ridden: Pushes | None = lock_ride(app).publish_held(self)
+
+    @property
+    def pushes(self) -> Pushes | None:
+        """The pushes the task's hold may ride, while its server takes them: one that
+        refused a push (an ACL) is given up, and each hold then goes alone."""
+        ridden = self.ridden
+        return ridden if ridden is not None and ridden.usable else None
 
     def current(self, options: SingletonOptions) -> bool:
         """Whether these are still the task's ``options`` and the app's stores."""
