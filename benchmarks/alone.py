@@ -100,8 +100,88 @@ def this_idempotent() -> Send:
     return idempotent
 
 
+class _Refused(BaseException):
+    """A duplicate refused inside the push (a BaseException: Celery's publish retries
+    an Exception)."""
+
+
+# The least a hold can add: check the key, push, hold it, one script (no transit note,
+# history, fencing or outage policy); the key is a digest of the arguments.
+_FLOOR_SCRIPT = (
+    "if redis.call('GET', KEYS[1]) then return 0 end "
+    "redis.call('LPUSH', KEYS[2], ARGV[1]) "
+    "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1"
+)
+
+
+def hold_floor() -> Send:
+    """The floor any lock on Celery's own publish path pays: plain Celery's task with the
+    least a hold can add, as a control row. Where the locks are on the broker's Redis the
+    hold rides the push (its key in the queue's database) (kombu's ``_put`` patched in this process only, as a lock library's
+    transport would); elsewhere it is a ``SET NX PX`` on the lock server before the publish.
+    A duplicate publishes nothing."""
+    import contextvars  # noqa: PLC0415
+    import hashlib  # noqa: PLC0415
+
+    import redis  # noqa: PLC0415
+    from kombu.transport import redis as kombu_redis  # noqa: PLC0415
+
+    settings = _settings()
+    send = plain_alone()
+    holding: contextvars.ContextVar[str | None] = contextvars.ContextVar("hold", default=None)
+    ttl_ms = 30_000
+
+    def key_of(args: tuple[str, ...]) -> str:
+        digest = hashlib.sha256(json.dumps([list(args), {}]).encode()).hexdigest()
+        return f"floor:bench.plain:{digest}"
+
+    def server(url: str) -> str:
+        return url.rsplit("/", 1)[0]  # scheme, host and port: the database aside
+
+    if server(settings.LOCKS) != server(settings.BROKER):
+        locks = redis.Redis.from_url(settings.LOCKS)
+
+        def held_apart(args: tuple[str, ...], **options: Any) -> Any:
+            if not locks.set(key_of(args), "q|floor", nx=True, px=ttl_ms):
+                return None
+            return send(args, **options)
+
+        return held_apart
+
+    original = kombu_redis.Channel._put
+    sha: list[str] = []
+
+    def _put(channel: Any, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        key = holding.get()
+        if key is None:
+            original(channel, queue, message, **kwargs)
+            return
+        priority = channel._get_message_priority(message, reverse=False)
+        with channel.conn_or_acquire() as client:
+            if not sha:
+                sha.append(client.script_load(_FLOOR_SCRIPT))
+            list_key = channel._q_for_pri(queue, priority)
+            payload = kombu_redis.dumps(message)
+            if not client.evalsha(sha[0], 2, key, list_key, payload, "q|floor", ttl_ms):
+                raise _Refused
+
+    kombu_redis.Channel._put = _put
+
+    def held_riding(args: tuple[str, ...], **options: Any) -> Any:
+        token = holding.set(key_of(args))
+        try:
+            return send(args, **options)
+        except _Refused:
+            return None
+        finally:
+            holding.reset(token)
+
+    return held_riding
+
+
 BUILDERS: dict[str, Callable[[], Send]] = {
     "plain_alone": plain_alone,
+    "hold_floor": hold_floor,
     "plain": plain_with_every_system,
     "celery_singleton": celery_singleton,
     "celery_once": celery_once,

@@ -54,7 +54,12 @@ CONTROL = "plain_alone"
 # The dispatch tables' rows, each system in a process of its own (``alone``): the
 # control, every system (plain: in the bench app's process, every system beside it), and
 # this project called with idempotency keys.
-DISPATCHED = (CONTROL, *ALL, "this_idempotent")
+# hold_floor: plain Celery with the least a hold can add on its own publish path (a key
+# digest and one script that checks, pushes and holds; ``alone.hold_floor``), a control
+# for unique calls only: its duplicate builds the message first.
+FLOOR = "hold_floor"
+DISPATCHED = (CONTROL, *ALL, "this_idempotent", FLOOR)
+DUPLICATED = tuple(system for system in DISPATCHED if system != FLOOR)
 # Calls each dispatching process makes, unique and then repeated, before the clock runs:
 # its connections, scripts and first calls' paths are a new process's, not a user's.
 WARM = 50
@@ -215,12 +220,13 @@ class Bench:
         n, queue, slices = self.args.dispatches, "bench-dispatch", 8
         size = max(1, n // slices)
         unique: dict[str, list[float]] = {s: [] for s in DISPATCHED}
-        duplicate: dict[str, list[float]] = {s: [] for s in DISPATCHED}
+        duplicate: dict[str, list[float]] = {s: [] for s in DUPLICATED}
         published: dict[str, int] = {}
         for round_no in range(self.args.rounds):
             round_unique, round_duplicate = self._alone_round(round_no, queue, size, slices)
             for system in DISPATCHED:
                 unique[system].append(round_unique[system])
+            for system in DUPLICATED:
                 duplicate[system].append(round_duplicate[system][0])
                 published[system] = round_duplicate[system][1]
         self.reset(queue, *(f"{queue}-{system}" for system in DISPATCHED))
@@ -239,7 +245,7 @@ class Bench:
                 "ratio_to_plain_delay_range": paired_range(duplicate[s], duplicate[CONTROL]),
                 "messages_published": published[s],
             }
-            for s in DISPATCHED
+            for s in DUPLICATED
         }
 
     def _alone_round(
@@ -261,18 +267,18 @@ class Bench:
 
             unique = self._sliced(DISPATCHED, slices, unique_slice)
             self.reset(*queues.values())
-            for system, child in children.items():  # the call the others duplicate
-                child.calls(queues[system], f"dup-{tags[system]}", 1, same=True)
+            for system in DUPLICATED:  # the call the others duplicate
+                children[system].calls(queues[system], f"dup-{tags[system]}", 1, same=True)
 
             def duplicate_slice(system: str, slice_no: int) -> float:
                 args = f"dup-{tags[system]}"
                 return children[system].calls(queues[system], args, size, same=True)
 
-            duplicate = self._sliced(DISPATCHED, slices, duplicate_slice)
+            duplicate = self._sliced(DUPLICATED, slices, duplicate_slice)
         calls = size * slices
         return (
             {s: unique[s] / calls * 1e6 for s in DISPATCHED},
-            {s: (duplicate[s] / calls * 1e6, self.queued(queues[s])) for s in DISPATCHED},
+            {s: (duplicate[s] / calls * 1e6, self.queued(queues[s])) for s in DUPLICATED},
         )
 
     def _sliced(
@@ -892,7 +898,12 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "the rounds' ratios to plain_alone. plain: plain Celery's task in the app the "
             "other sections run, every system imported and registered in its process. "
             "this_idempotent: this project with an idempotency key per call (the key's "
-            "claim, then the call's own dispatch). Until 2026-12 every system ran in the "
+            "claim, then the call's own dispatch). hold_floor: plain Celery with the least a "
+            "hold can add on Celery's own publish path (a key digest, then one script "
+            "that checks the key, pushes and holds, riding the push where the locks are "
+            "on the broker's Redis; a SET NX on the lock server before the publish "
+            "elsewhere), the floor of any lock that lets Celery publish. "
+            "Until 2026-12 every system ran in the "
             "bench's own process, and plain measured 1,263 µs where alone it takes about "
             "400: not the process (the plain row shows sharing it costs nothing) but that "
             "run's machine load, which swung one round of plain from 340 to 830 µs. The "
