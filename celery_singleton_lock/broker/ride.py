@@ -1,8 +1,8 @@
 """What the core asks of the broker ride (``LockRide``), chosen once an app.
 
-The core asks ``lock_ride(app)`` for a held call's publish, a received message's take and a
-run's release. An app that rides answers with ``BrokerRide``; otherwise (the ride off, kombu
-outside the tested range) ``NoRide`` answers: every one is a round trip of its own.
+The core asks ``lock_ride(app)`` for a held call's publish (or a replacing call's), a
+received message's take and a run's release: ``BrokerRide`` where the app rides, else (the
+ride off, kombu outside the tested range) ``NoRide``, each a round trip of its own.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..config.stores import LockStores
 from ..outages import release_or_warn
 from . import versions
+from .held_push import replace_riding, send_riding
 from .pushes import Pushes, RidingTake, pushes_of
 from .results import release_with_result
 from .transport import may_ride
@@ -20,20 +21,33 @@ from .transport import may_ride
 if TYPE_CHECKING:
     from celery import Celery, Task
     from celery.app.task import Context
+    from celery.result import AsyncResult
 
     from ..context import TaskContext
-    from ..lease import Lease, Server, TakeOver
+    from ..lease import Contended, Lease, Server, TakeOver
     from ..lease.history import Record
+    from ..modes.base import Replacing
+    from .state import HeldCall
 
 
 class LockRide(Protocol):
     """What the core asks of the ride: each answer rides a round trip the broker or the
     result backend makes anyway, or says the lock store's own call is the way."""
 
-    def publish_held(self, context: TaskContext) -> Pushes | None:
+    def pushes_for(self, context: TaskContext) -> Pushes | None:
         """The pushes a held call of the task's may ride (its channel decides at the
-        push), asked once per task; None: the hold takes a round trip of its own
-        (``publish.dispatch.Gate``)."""
+        push), asked once per task (``publish.call.TaskFacts``); None: none does."""
+
+    def publish_held(self, call: HeldCall, *, swaps: bool) -> AsyncResult | Contended | None:
+        """Publish ``call`` with its hold taken in its message's push: its result, or
+        ``Contended`` (refused, nothing sent; ``swaps``: a refused call's answer is a
+        swap, no read answered it first). None: it does not ride, and its hold takes a
+        round trip of its own (``publish.dispatch.Gate``)."""
+
+    def replace_held(self, call: HeldCall, replacing: Replacing) -> Lease | Contended | None:
+        """Publish a refused ``call``'s successor of the queued call with the swap of
+        that call's hold in its push: the new hold, or ``Contended`` (the queued call
+        changed; nothing sent). None: the swap takes a round trip of its own."""
 
     def take_on_receipt(
         self,
@@ -59,7 +73,13 @@ class LockRide(Protocol):
 class NoRide:
     """Nothing rides: each lock operation is the lock store's own call."""
 
-    def publish_held(self, context: TaskContext) -> Pushes | None:
+    def pushes_for(self, context: TaskContext) -> Pushes | None:
+        return None
+
+    def publish_held(self, call: HeldCall, *, swaps: bool) -> AsyncResult | Contended | None:
+        return None
+
+    def replace_held(self, call: HeldCall, replacing: Replacing) -> Lease | Contended | None:
         return None
 
     def take_on_receipt(
@@ -97,14 +117,30 @@ class BrokerRide(NoRide):
     """An app that rides (``broker.install``): an operation rides where the lock store is
     the broker's (or the result backend's) server, else it is the store's own call."""
 
-    def publish_held(self, context: TaskContext) -> Pushes | None:
+    def pushes_for(self, context: TaskContext) -> Pushes | None:
         """A broker on another server pushes no hold (said by its URL, before a producer
-        is taken to ask its channel). Each call asks besides whether Celery publishes it
-        through the app's producer at all (``publish.call.Dispatch.through_producer``)."""
+        is taken to ask its channel)."""
         pushes = pushes_of(context.store)
         if pushes is None:
             return None
         return pushes if may_ride(context.stores.config.broker_url, pushes.server) else None
+
+    def publish_held(self, call: HeldCall, *, swaps: bool) -> AsyncResult | Contended | None:
+        """Rides where the task's holds may (``pushes_for``) and Celery publishes the call
+        through the app's producer; its channel then says whether it pushes to the lock
+        store's server (``held_push.send_riding``)."""
+        pushes = call.pushes
+        call.rides = pushes is not None and call.through_producer()
+        if pushes is None or not call.rides:
+            return None
+        return send_riding(call, pushes, swaps)
+
+    def replace_held(self, call: HeldCall, replacing: Replacing) -> Lease | Contended | None:
+        """Rides where the refused call's own publish did (``held_push.replace_riding``)."""
+        pushes = call.pushes
+        if pushes is None or not call.rides:
+            return None
+        return replace_riding(call, pushes, replacing)
 
     def take_on_receipt(
         self,

@@ -1,20 +1,106 @@
 """What an app's ride is told by the code around kombu, and the shapes it is told in.
 
-kombu calls the riding channel and its unacked bookkeeping with kombu's arguments only.
-What they need beyond those is passed down by our own code, never through a module-level
-mailbox: per app (``AppRide``) and per publish (``Outgoing``).
+kombu calls the riding channel and its unacked bookkeeping with kombu's arguments only;
+what they need beyond those is passed down by our own code, never a module-level mailbox:
+per app (``AppRide``), per publish (``Outgoing``), per held call (``HeldCall``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from ..lease import Server
+from ..lease import Contended, Server
 from ..lease.redis.calls import Pipeline
-from .pushes import Push
+from .pushes import Push, Pushes
 from .transit import Note
+
+if TYPE_CHECKING:
+    from celery.result import AsyncResult
+
+    from ..context import TaskContext
+    from ..exceptions import LockStoreUnavailableError
+    from ..lease.history import Record
+
+
+class Refused(BaseException):
+    """Raised inside a publish for a duplicate, by the hold it waits for (the gated
+    producer's, ``publish.dispatch.Gate``, or one taken in the push, ``HoldWithPush``),
+    and caught around that publish: nothing is sent.
+
+    A BaseException so that nothing between the two (Celery wraps publishing in
+    retry-and-log handlers for Exception) takes it for a failed publish.
+    """
+
+    def __init__(self, held: Contended) -> None:
+        super().__init__(held.key)
+        self.held = held
+
+
+class HeldCall(Protocol):
+    """A call being dispatched with its hold, as the ride publishes it
+    (``publish.call.Dispatch``): its hold as planned, and what the dispatch does for it."""
+
+    # Whether its hold may ride the push: set by the ride as it publishes the call, read
+    # again when a refused call replaces the queued one.
+    rides: bool
+
+    @property
+    def context(self) -> TaskContext: ...
+    @property
+    def pushes(self) -> Pushes | None:
+        """The pushes its task's holds may ride (None: none, or no longer)."""
+
+    @property
+    def lock_name(self) -> str: ...
+    @property
+    def hold(self) -> str:
+        """The lock its hold takes, for ``ttl`` seconds, as ``token``."""
+
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def token(self) -> str: ...
+    @property
+    def task_id(self) -> str | None: ...
+    @property
+    def record(self) -> Record | None:
+        """What its take, swap or read writes in a kept history."""
+
+    @property
+    def producer(self) -> object:
+        """The producer the caller gave (None: the app's, acquired)."""
+
+    def through_producer(self) -> bool:
+        """Whether Celery publishes it through a producer of the app's."""
+
+    def answered_early(self, hold: str) -> Contended | None:
+        """A duplicate answered by one read of ``hold``'s holder (None: dispatch it)."""
+
+    def publish(
+        self,
+        task_id: str | None,
+        options: dict[str, object],
+        own_headers: dict[str, object],
+        via: object = None,
+    ) -> AsyncResult:
+        """Publish it under ``task_id`` with ``options`` and the library's headers."""
+
+    def publish_held(self, via: object = None) -> AsyncResult:
+        """Publish it with its hold's headers."""
+
+    def publish_unheld(self) -> AsyncResult:
+        """Publish it without a hold (an outage under fail_open)."""
+
+    def outage(self, error: LockStoreUnavailableError) -> None:
+        """The store unreachable at dispatch: fail_closed raises."""
+
+    def refused(self, held: Contended) -> None:
+        """It was refused by ``held``, nothing sent."""
+
+    def accepted(self) -> None:
+        """It was sent with its hold."""
 
 
 class HoldWithPush(Protocol):
@@ -24,8 +110,8 @@ class HoldWithPush(Protocol):
 
     def put(self, server: Server | None, push: Push | None) -> bool:
         """Take the hold: with ``push`` in the same step when ``server`` is the lock
-        store's (True: pushed), or alone (False: the channel pushes). Raises to refuse
-        the message, which is then not pushed."""
+        store's (True: pushed), or alone (False: the channel pushes). Raises ``Refused``
+        to refuse the message, which is then not pushed."""
 
 
 class NoteSource(Protocol):
@@ -109,4 +195,14 @@ class Outgoing:
         return notes
 
 
-__all__ = ["AppRide", "HoldWithPush", "NoteSource", "Outgoing", "Purges", "Receipts", "RidingCall"]
+__all__ = [
+    "AppRide",
+    "HeldCall",
+    "HoldWithPush",
+    "NoteSource",
+    "Outgoing",
+    "Purges",
+    "Receipts",
+    "Refused",
+    "RidingCall",
+]

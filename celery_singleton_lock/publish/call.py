@@ -15,11 +15,13 @@ from celery.utils import uuid
 from .. import outages
 from .. import signals as singleton_signals
 from ..broker.in_transit import InTransit
-from ..broker.ride import lock_ride
+from ..broker.ride import LockRide, lock_ride
 from ..config.stores import LockStores
 from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
+from ..lease import Contended
 from ..tokens import CALL_HEADERS, HOLD_HEADER, NAME_HEADER, RATE_SLOT_HEADER, TOKEN_HEADER
+from .refusals import refusals
 from .timing import delay_of, deliverable
 
 if TYPE_CHECKING:
@@ -40,9 +42,9 @@ OWN_ONLY = (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS)
 class TaskFacts(TaskContext):
     """A task's context read once, for its dispatches: its options and mode, the app's
     stores and lock store, the hold's and the lease's ttl, whether it keeps a history,
-    and the pushes its hold may ride. Made once per task, and again when the app's stores
-    or the task's options are replaced (a test's ``LockStores.forget``, a patched option):
-    ``SingletonTask`` asks ``current`` on every call."""
+    the app's ride and the pushes its hold may ride. Made once per task, and again when
+    the app's stores or the task's options are replaced (a test's ``LockStores.forget``,
+    a patched option): ``SingletonTask`` asks ``current`` on every call."""
 
     # Each shadows ``TaskContext``'s property of that name: read once, here.
     __slots__ = (
@@ -51,6 +53,7 @@ class TaskFacts(TaskContext):
         "options",
         "queue_ttl",
         "ridden",
+        "ride",
         "store",
         "stores",
         "ttl",
@@ -74,7 +77,8 @@ class TaskFacts(TaskContext):
         self.queue_ttl = live.queue_ttl
         self.keeps_history = live.keeps_history
         self.mode: Mode = options.mode
-        self.ridden: Pushes | None = lock_ride(app).publish_held(self)
+        self.ride: LockRide = lock_ride(app)
+        self.ridden: Pushes | None = self.ride.pushes_for(self)
 
     @property
     def pushes(self) -> Pushes | None:
@@ -94,7 +98,8 @@ class Dispatch:
     its lock name and the hold it takes (lock, ttl, token, headers).
 
     Built once per call by ``SingletonTask.apply_async``; the route, the held path, the
-    gate and the ride's push read it instead of relaying its fields.
+    gate and the ride's push (``broker.state.HeldCall``) read it instead of relaying its
+    fields.
     """
 
     __slots__ = (
@@ -173,12 +178,17 @@ class Dispatch:
         self.ttl = 0.0
         self.token = ""
         self.own_headers: dict[str, object] = {}
-        # Whether its hold may ride the push (the task's pushes, through a producer).
+        # Whether its hold may ride the push (the task's pushes, through a producer): the
+        # ride says, as it publishes the call (``LockRide.publish_held``).
         self.rides = False
 
     @property
     def context(self) -> TaskContext:
         return self.facts
+
+    @property
+    def pushes(self) -> Pushes | None:
+        return self.facts.pushes
 
     def new_task_id(self) -> str:
         """The call's task id, made now if the caller gave none."""
@@ -249,7 +259,31 @@ class Dispatch:
         """The task's ``singleton_lock_on_redis_error`` at dispatch: fail_closed raises."""
         outages.at_dispatch(self.facts, self.lock_name, error)
 
+    def answered_early(self, hold: str) -> Contended | None:
+        """A name refused a moment ago is likely refused again (a storm of duplicates): ask
+        who holds ``hold`` with a read that writes nothing (but a refusal in the call's
+        history), and answer a duplicate before Celery builds its message (its holder,
+        returned). None: it is free (or unknown) now; dispatch as usual."""
+        if not refusals.expects(self.lock_name):
+            return None
+        store = self.facts.store
+        try:
+            holder = store.holder(hold, entry=self.record)
+        except LockStoreUnavailableError:
+            return None  # the dispatch itself meets the outage and its policy
+        if not holder:
+            return None
+        refusals.note(self.lock_name, None)
+        return Contended(hold, store.keys(hold).lock, holder, None)
+
+    def refused(self, held: Contended) -> None:
+        """Refused by ``held``, nothing sent: the name's next call asks first, until
+        ``held``'s holder is likely gone."""
+        refusals.note(self.lock_name, held.retry_after)
+
     def accepted(self) -> None:
+        """Sent with its hold: the name is free to this process's next call."""
+        refusals.forget(self.lock_name)
         singleton_signals.send(
             singleton_signals.dispatch_accepted, self.task, self.lock_name, task_id=self.task_id
         )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from celery.signals import before_task_publish
 
 from .. import outages
+from ..broker.state import Refused
 from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, PendingAcquire
 from ..lease.limits.backlog import backlog_of
@@ -166,62 +167,6 @@ def can_overlap() -> bool:
     return not before_task_publish.receivers
 
 
-class RecentRefusals:
-    """Keys this process was refused recently, until their holder's lease runs out.
-
-    Only picks the order of a dispatch, never its outcome (Redis decides every time):
-    a key just refused is likely refused again (a storm of duplicates), and then asking
-    first is cheaper than building a message that will not be sent.
-    """
-
-    LIMIT = 4096
-
-    def __init__(self) -> None:
-        self._until: dict[str, float] = {}
-        # The hold this process last put in a queued call's place (on_duplicate="replace"),
-        # by lock: the next replacing call guesses it still holds, and its swap checks.
-        self._placed: dict[str, str] = {}
-
-    def placed(self, hold: str, token: str | None) -> None:
-        """This process's replacement now holds ``hold`` as ``token`` (None: forget)."""
-        if token is None:
-            self._placed.pop(hold, None)
-            return
-        if len(self._placed) >= self.LIMIT:
-            self._placed.clear()
-        self._placed[hold] = token
-
-    def holder_guess(self, hold: str) -> str | None:
-        return self._placed.get(hold)
-
-    def expects(self, lock_name: str) -> bool:
-        until = self._until.get(lock_name)
-        return until is not None and until > time.monotonic()
-
-    def note(self, lock_name: str, retry_after: float | None) -> None:
-        if len(self._until) >= self.LIMIT:
-            self._until.clear()  # cheaper than an LRU; a forgotten key costs one overlap
-        self._until[lock_name] = time.monotonic() + (1.0 if retry_after is None else retry_after)
-
-    def forget(self, lock_name: str) -> None:
-        self._until.pop(lock_name, None)
-
-
-refusals = RecentRefusals()
-
-
-class Refused(BaseException):
-    """Raised by the gated producer for a duplicate, caught by ``apply_async``.
-
-    A BaseException so that nothing between the two (Celery wraps publishing in
-    retry-and-log handlers for Exception) takes it for a failed publish.
-    """
-
-    def __init__(self, held: Contended) -> None:
-        super().__init__(held.key)
-        self.held = held
-
-
 class Gate:
     """The answer to a held call's acquire, checked once before its message leaves."""
 
@@ -277,7 +222,7 @@ def send_gated(gate: Gate, call: Dispatch, *, via: object = None) -> AsyncResult
             gate.check()
         result = call.publish_held(via)
     except Refused as refused:
-        refusals.note(call.lock_name, refused.held.retry_after)
+        call.refused(refused.held)
         return refused.held
     except BaseException:
         # Whatever stopped the message (Celery's own validation, the broker), the
@@ -286,7 +231,6 @@ def send_gated(gate: Gate, call: Dispatch, *, via: object = None) -> AsyncResult
         raise
     if not gate.checked:  # Celery returned without publishing through the gate
         gate.give_back()
-    refusals.forget(call.lock_name)
     call.accepted()
     return result
 

@@ -1,5 +1,6 @@
 """A call that holds its lock before it is sent: the hold planned, taken (in the push's
-own script, or overlapped with Celery building the message), a duplicate answered.
+own script, ``LockRide.publish_held``, or overlapped with Celery building the message), a
+duplicate answered.
 
 ``publish.route`` sends here every call its mode checks at dispatch.
 """
@@ -10,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended
-from .dispatch import Gate, GatedProducer, can_overlap, long_wait, refusals, send_gated
+from .dispatch import Gate, GatedProducer, can_overlap, long_wait, send_gated
 from .duplicates import answer_duplicate
+from .refusals import refusals
 from .replacement import Replacement
-from .riding import answered_early, send_riding
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -38,20 +39,18 @@ def send_held(call: Dispatch) -> AsyncResult:
     # The lock whose holder answers a duplicate with one read (None: a swap answers it).
     asked = mode.answered_by(call.lock_name)
     # A storm of one call's duplicates: one read answers it before anything is built.
-    early = None if asked is None else answered_early(call, asked)
+    early = None if asked is None else call.answered_early(asked)
     if early is not None:
         return answer_duplicate(call, early)
     options = call.options
     mode.prepare(call.task.name, options)
     # A debounce's own window, past the broker's: hops.
     call.plan_hold(long_wait(facts, options))
+    # The hold in the push's script, where the app rides; else a round trip of its own.
+    sent = facts.ride.publish_held(call, swaps=asked is None)
+    if sent is not None:
+        return answered(call, sent)
     through_producer = call.through_producer()
-    call.rides = facts.pushes is not None and through_producer
-    if call.rides:
-        # The hold in the push's script.
-        sent = send_riding(call, swaps=asked is None)
-        if sent is not None:
-            return answered(call, sent)
     try:
         sent = facts.store.begin_try_acquire(
             call.hold, call.ttl, token=call.token, take=HOLD, entry=call.record

@@ -18,7 +18,6 @@ from ..modes.base import Replacing
 from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, read_token
 from .dispatch import long_wait
 from .duplicates import answer_duplicate
-from .riding import replace_riding
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
@@ -132,7 +131,9 @@ class Replacement:
         return self._result(queued_id)
 
     def _ridden(self, holder: str, queued_id: str) -> Lease | Contended | None:
-        """The swap and the new message's push in one round trip (None: cannot ride)."""
+        """The swap and the new message's push in one round trip (None: cannot ride,
+        ``LockRide.replace_held``)."""
+        # A call whose own publish did not ride has no successor built for nothing.
         if not self._call.rides or not holder:
             return None
         token, ttl, options = self._successor(queued_id, holder)
@@ -145,7 +146,7 @@ class Replacement:
             options=dict(options),
             headers={**self._ours, TOKEN_HEADER: token},
         )
-        return replace_riding(self._call, replacing)
+        return self._call.facts.ride.replace_held(self._call, replacing)
 
     def _successor(self, queued_id: str, holder: str) -> tuple[str, float, dict[str, object]]:
         """(token, hold ttl, publish options) of the message replacing ``holder``'s."""

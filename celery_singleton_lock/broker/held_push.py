@@ -1,7 +1,5 @@
-"""A dispatch's lock operations riding its message's push: its hold, or a replacing call's swap.
-
-Where the lock store is the broker's Redis server (``pushes_of``), the script that pushes
-the message takes them: one round trip, the one plain Celery makes; a duplicate pushes nothing,
+"""A held call published with its hold, or a replacing call's swap, taken by the script that
+pushes its message: one round trip, the one plain Celery makes; a duplicate pushes nothing,
 and there is never a hold without its message (elsewhere: ``PushedHold``).
 """
 
@@ -10,26 +8,53 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..broker.connection import publishing
-from ..broker.pushes import Push, PushRefused
-from ..broker.transport import rides
 from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended, Lease, Server
-from ..modes.base import Replacing
 from ..outages import release_or_warn
-from .dispatch import Refused, refusals
+from .connection import publishing
+from .pushes import Push, Pushes, PushRefused
+from .state import HeldCall, Refused
+from .transport import rides
 
 if TYPE_CHECKING:
     from celery.result import AsyncResult
 
-    from .call import Dispatch
+    from ..modes.base import Replacing
 
 logger = logging.getLogger(__name__)
 
 
+class LastReplacements:
+    """The hold this process last put in a queued call's place (``on_duplicate="replace"``),
+    by lock: the next replacing call guesses it still holds, and its swap checks.
+
+    Only picks the order of a dispatch, never its outcome (Redis decides every time).
+    """
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._placed: dict[str, str] = {}
+
+    def placed(self, hold: str, token: str | None) -> None:
+        """This process's replacement now holds ``hold`` as ``token`` (None: forget)."""
+        if token is None:
+            self._placed.pop(hold, None)
+            return
+        if len(self._placed) >= self.LIMIT:
+            self._placed.clear()
+        self._placed[hold] = token
+
+    def holder_guess(self, hold: str) -> str | None:
+        return self._placed.get(hold)
+
+
+replacements = LastReplacements()
+
+
 class PushedHold:
     """A held call's hold, taken by the channel as it puts the message
-    (``broker.state.HoldWithPush``).
+    (``state.HoldWithPush``).
 
     On the lock store's server the hold and the push are one script; elsewhere (a queue
     on another server) the hold is taken first and the channel then pushes. A duplicate
@@ -40,7 +65,7 @@ class PushedHold:
 
     __slots__ = ("_call", "_replacing", "pushed", "taken", "task_id", "token", "ttl")
 
-    def __init__(self, call: Dispatch, replacing: Replacing | None = None) -> None:
+    def __init__(self, call: HeldCall, replacing: Replacing | None = None) -> None:
         self._call = call
         self._replacing = replacing
         if replacing is None:
@@ -51,7 +76,7 @@ class PushedHold:
         self.pushed = False
 
     def put(self, server: Server | None, push: Push | None) -> bool:
-        pushes = self._call.facts.pushes
+        pushes = self._call.pushes
         outcome: Lease | Contended | None = None
         pushed = False
         if (
@@ -61,7 +86,7 @@ class PushedHold:
             and server.same_server(pushes.server)
         ):
             try:
-                outcome = self._take_and_push(push)
+                outcome = self._take_and_push(pushes, push)
                 pushed = True
             except PushRefused as refused:
                 logger.warning(
@@ -79,10 +104,8 @@ class PushedHold:
         self.taken, self.pushed = outcome, pushed
         return pushed
 
-    def _take_and_push(self, push: Push) -> Lease | Contended:
+    def _take_and_push(self, pushes: Pushes, push: Push) -> Lease | Contended:
         call = self._call
-        pushes = call.facts.pushes
-        assert pushes is not None  # noqa: S101  (put asked)
         if self._replacing is None:
             return pushes.hold_and_push(
                 call.hold, self.ttl, push, token=self.token, entry=call.record
@@ -99,7 +122,7 @@ class PushedHold:
 
     def _take(self) -> Lease | Contended:
         call = self._call
-        store = call.facts.store
+        store = call.context.store
         if self._replacing is None:
             return store.try_acquire(
                 call.hold, self.ttl, token=self.token, take=HOLD, entry=call.record
@@ -118,7 +141,7 @@ class PushedHold:
         passed back to the queued call it was to replace, whose message is still there)."""
         if self.taken is None or self.pushed:
             return
-        store, hold = self._call.facts.store, self._call.hold
+        store, hold = self._call.context.store, self._call.hold
         if self._replacing is None:
             release_or_warn(store.release, self.taken)
         else:
@@ -126,64 +149,44 @@ class PushedHold:
             release_or_warn(lambda _: store.swap(hold, taken, self.ttl, token=holder), self.taken)
 
 
-def answered_early(call: Dispatch, hold: str) -> Contended | None:
-    """A name refused a moment ago is likely refused again (a storm of duplicates): ask
-    who holds ``hold`` with a read that writes nothing (but a refusal in the call's
-    history), and answer a duplicate before Celery builds its message (its holder,
-    returned). None: it is free (or unknown) now; dispatch as usual."""
-    if not refusals.expects(call.lock_name):
-        return None
-    store = call.facts.store
-    try:
-        holder = store.holder(hold, entry=call.record)
-    except LockStoreUnavailableError:
-        return None  # the dispatch itself meets the outage and its policy
-    if not holder:
-        return None
-    refusals.note(call.lock_name, None)
-    return Contended(hold, store.keys(hold).lock, holder, None)
-
-
-def send_riding(call: Dispatch, swaps: bool) -> AsyncResult | Contended | None:
-    """The call's hold taken in the push's script (the lock store being a server a
-    broker channel may push to, ``broker.pushes.pushes_of``). ``Contended``: refused,
-    nothing sent; None when the producer's channel cannot push there (the caller holds
-    apart). ``swaps``: a refused call's answer is a swap, asked here
-    (``Mode.answered_by``: no read answered it first)."""
+def send_riding(call: HeldCall, pushes: Pushes, swaps: bool) -> AsyncResult | Contended | None:
+    """The call's hold taken in the push's script (the lock store being ``pushes``'
+    server, one a broker channel may push to). ``Contended``: refused, nothing sent;
+    None when the producer's channel cannot push there (the caller holds apart).
+    ``swaps``: a refused call's answer is a swap, asked here (``Mode.answered_by``: no
+    read answered it first)."""
     if swaps:
-        guess = refusals.holder_guess(call.hold)
+        guess = replacements.holder_guess(call.hold)
         if guess is not None:
             # A storm of replacing calls from this process: the last replacement likely
             # still holds it, and the swap that follows checks (and pushes) in one step.
-            return Contended(call.hold, call.facts.store.keys(call.hold).lock, guess, None)
+            return Contended(call.hold, call.context.store.keys(call.hold).lock, guess, None)
         # Any other mode's duplicate was answered early before the dispatch was built.
-        early = answered_early(call, call.hold)
+        early = call.answered_early(call.hold)
         if early is not None:
             return early
-    pushes = call.facts.pushes
-    assert pushes is not None  # noqa: S101  (the call rides)
-    with call.facts.app.producer_or_acquire(call.producer) as real:
+    with call.context.app.producer_or_acquire(call.producer) as real:
         if not rides(real.channel, pushes.server):
             return None
         return send_pushed(call, PushedHold(call), via=real)
 
 
-def replace_riding(call: Dispatch, replacing: Replacing) -> Lease | Contended | None:
-    """A replacing call's message sent with the swap in its push (``Replacement``): the
-    ``Lease`` of the new hold, ``Contended`` (the queued call changed; nothing sent), or
-    None when it cannot ride (the swap is then a round trip of its own)."""
-    pushes = call.facts.pushes
-    assert pushes is not None  # noqa: S101  (the call rides)
-    with call.facts.app.producer_or_acquire(call.producer) as real:
+def replace_riding(
+    call: HeldCall, pushes: Pushes, replacing: Replacing
+) -> Lease | Contended | None:
+    """A replacing call's message sent with the swap in its push (``publish.replacement``):
+    the ``Lease`` of the new hold, ``Contended`` (the queued call changed; nothing sent),
+    or None when it cannot ride (the swap is then a round trip of its own)."""
+    with call.context.app.producer_or_acquire(call.producer) as real:
         if not rides(real.channel, pushes.server):
             return None
         outcome = send_replacing(PushedHold(call, replacing), call, replacing, via=real)
-    refusals.placed(call.hold, outcome.token if isinstance(outcome, Lease) else None)
+    replacements.placed(call.hold, outcome.token if isinstance(outcome, Lease) else None)
     return outcome
 
 
 def send_replacing(
-    pushed: PushedHold, call: Dispatch, replacing: Replacing, *, via: object
+    pushed: PushedHold, call: HeldCall, replacing: Replacing, *, via: object
 ) -> Lease | Contended:
     """Publish a replacing call's message under the queued call's id with the hold passed
     to it as the channel puts it (``PushedHold`` with ``replacing``): the swap and the
@@ -209,14 +212,14 @@ def send_replacing(
     return pushed.taken
 
 
-def send_pushed(call: Dispatch, pushed: PushedHold, *, via: object) -> AsyncResult | Contended:
-    """Publish with the hold taken as the channel puts the message (``broker.publishing``);
+def send_pushed(call: HeldCall, pushed: PushedHold, *, via: object) -> AsyncResult | Contended:
+    """Publish with the hold taken as the channel puts the message (``publishing``);
     ``Contended``: refused, nothing pushed (the caller answers it)."""
     try:
         with publishing(via, hold=pushed):
             result = call.publish_held(via)
     except Refused as refused:
-        refusals.note(call.lock_name, refused.held.retry_after)
+        call.refused(refused.held)
         return refused.held
     except LockStoreUnavailableError as error:
         # Nothing was taken or pushed: fail_closed raises, fail_open publishes plainly.
@@ -234,6 +237,8 @@ def send_pushed(call: Dispatch, pushed: PushedHold, *, via: object) -> AsyncResu
             logger.info("%s: published before its hold, which another call holds", call.lock_name)
         except LockStoreUnavailableError as error:
             call.outage(error)
-    refusals.forget(call.lock_name)
     call.accepted()
     return result
+
+
+__all__ = ["LastReplacements", "PushedHold", "replace_riding", "replacements", "send_riding"]
