@@ -208,11 +208,10 @@ def operator_record(app: Celery, row: LockRow, by: str) -> Record | None:
 
 def new_call(opts: SingletonOptions | None, members: list[LockRow]) -> str:
     """What a new call of the task of ``opts`` with these arguments would get now (its
-    mode says)."""
+    mode says, a refused one as its refusal answers it)."""
     if opts is None:
         return "unknown: the lock's task cannot be told from its name"
-    answer = "raises DuplicateTaskError" if opts.on_duplicate == "raise" else "returns it"
-    return opts.mode.new_call({row.role: row for row in members}, answer)
+    return opts.mode.new_call({row.role: row for row in members})
 
 
 def parse_duration(text: str) -> float:

@@ -125,7 +125,8 @@ class Mode:
 
     The defaults are those of a call held on its key from publish to the end of its run
     (``until_executed``); a mode overrides the stages it does differently. What a refused
-    call gets is its ``refusal``, given to a scope that takes one (``modes.replace``).
+    call gets is its ``refusal``, given to a scope that takes one: as a duplicate, raised or
+    returned (``Chosen.as_duplicate``), or swapped in (``modes.replace``).
     """
 
     name: str
@@ -335,14 +336,15 @@ class Mode:
 
     # -- what a new call would meet now (``celery singleton show``) ----------------------
 
-    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow]) -> str:
         """What a new call would get, given its lock's holders by role (None: the key's
-        own); ``answer`` says how a refused call is answered (``on_duplicate``)."""
+        own); a refused one is answered as its refusal says."""
         hold = held.get(self.hold_role)
         said = self.refusal.new_call(hold)
         if said is not None:
             return said
         if hold is not None:
+            answer = self.refusal.answers_duplicate
             return f"refused: a duplicate of {hold.task_id} ({hold.state}); {answer}"
         running = held.get(None)
         if running is not None:

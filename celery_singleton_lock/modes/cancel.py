@@ -50,11 +50,11 @@ class Cancel(UntilExecuting):
     def running(self, lease: Lease, start: Start) -> None:
         lease.yield_to(companion(start.name, PENDING), CANCEL_CHECK)
 
-    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow]) -> str:
         hold, running = held.get(self.hold_role), held.get(None)
         if hold is None and running is not None:
             return f"accepted; cancels {running.task_id} ({running.state}) and runs after it"
-        return super().new_call(held, answer)
+        return super().new_call(held)
 
 
 # The newest call waits, pending, for the one it cancels: cancel settles the scope.

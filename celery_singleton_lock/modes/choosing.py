@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from .._time import ttl_to_ms
 from ..exceptions import ConfigurationError
+from .refusal import AS_DUPLICATE, RAISES, Refusal
 
 if TYPE_CHECKING:
     from .base import Mode
@@ -54,6 +55,12 @@ class Chosen:
         if option == "on_duplicate":
             return self.on_duplicate
         return self.values.get(option)
+
+    @property
+    def as_duplicate(self) -> Refusal:
+        """The refusal of a scope that answers a refused call as a duplicate, as
+        ``on_duplicate`` says: ``DuplicateTaskError`` (``"raise"``), else the holder's result."""
+        return RAISES if self.on_duplicate == "raise" else AS_DUPLICATE
 
     def seconds(self, option: str) -> float:
         """``option``, a duration a choice's reader checked, in seconds."""

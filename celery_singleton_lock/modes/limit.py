@@ -138,7 +138,7 @@ class Limit(Mode):
         widest = max(self.limit, self.limit_of(override))
         return [slot(name, number) for number in range(1, widest + 1)]
 
-    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow]) -> str:
         taken = sum(1 for role in held if (role or "").startswith("slot"))
         if taken >= self.limit:
             return f"accepted; runs when one of its {self.limit} slots frees ({taken} held)"

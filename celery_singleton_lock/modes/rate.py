@@ -348,5 +348,5 @@ class Rated(Mode):
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)
 
-    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
-        return self.inner.new_call(held, answer) + "; on a slot of its rate"
+    def new_call(self, held: Mapping[str | None, HolderRow]) -> str:
+        return self.inner.new_call(held) + "; on a slot of its rate"

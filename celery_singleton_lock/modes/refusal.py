@@ -1,7 +1,7 @@
 """``Refusal``: what a call refused at dispatch gets, composed by a mode apart from its scope.
 
 The sidekiq-unique-jobs split: a lock type says what is held and when, its conflict
-strategy what a refused call gets. ``replace.Replaces`` is the other one.
+strategy what a refused call gets. ``Raises`` and ``replace.Replaces`` are the others.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ class HolderRow(Protocol):
 class Refusal:
     """What a call refused at dispatch gets, apart from what its mode holds and when.
 
-    This one answers it as a duplicate: the holder's result, or ``DuplicateTaskError``
-    (``on_duplicate="return"`` or ``"raise"``, which ``publish.held.answer_duplicate``
-    reads). ``replace.Replaces`` swaps the call's arguments into the queued call instead,
-    which its run then looks at as it starts.
+    This one answers it as a duplicate with the holder's result (``on_duplicate="return"``,
+    the default; ``DuplicateTaskError`` when the holder cannot be told), ``Raises`` with
+    ``DuplicateTaskError`` (``"raise"``): ``publish.duplicates`` asks ``duplicate``.
+    ``replace.Replaces`` swaps the call's arguments into the queued call instead, which
+    its run then looks at as it starts; one refused by a running holder is a duplicate.
     """
 
     # The name of a mode a scope makes with this refusal (``modes.replace``); None: the scope's.
@@ -47,11 +48,20 @@ class Refusal:
     looked_at_start: bool = False
     # start: whether later calls leave their arguments for a pending call's waiting run
     offered: bool = False
+    # How a duplicate is answered, as an operator is told (``celery singleton show``)
+    answers_duplicate: str = "returns it"
 
     def answered_by(self, hold: str | None) -> str | None:
         """The lock whose holder answers a refused dispatch with one read, before anything
         of it is built (``hold``: the dispatch's own); None: none does."""
         return hold
+
+    def duplicate(
+        self, holder: str | None, result: Callable[[str], AsyncResult]
+    ) -> AsyncResult | None:
+        """A duplicate's answer, given its holder's task id (None: not known): the holder's
+        result, made by ``result``; None: ``DuplicateTaskError`` is raised."""
+        return None if holder is None else result(holder)
 
     def answer(self, duplicate: Answer, replacement: Callable[[], Answer]) -> Answer:
         """How a dispatch refused by a holder is answered: as a ``duplicate``
@@ -73,5 +83,18 @@ class Refusal:
         return None
 
 
-# The refusal of every mode that does not compose another.
+class Raises(Refusal):
+    """A duplicate answered with ``DuplicateTaskError`` (``on_duplicate="raise"``), whatever
+    its holder: the caller is told the call was not sent."""
+
+    answers_duplicate = "raises DuplicateTaskError"
+
+    def duplicate(
+        self, holder: str | None, result: Callable[[str], AsyncResult]
+    ) -> AsyncResult | None:
+        return None
+
+
+# The refusal of every mode that does not compose another (``Chosen.as_duplicate``).
 AS_DUPLICATE = Refusal()
+RAISES = Raises()

@@ -12,7 +12,7 @@ from ..lease import LockStore, companion
 from ..tokens import NAME_HEADER, WINDOW_HEADER, header
 from .base import Mode, PublishHold
 from .choosing import GIVEN, Choice, seconds_option
-from .refusal import HolderRow
+from .refusal import HolderRow, Refusal
 
 
 class Throttle(Mode):
@@ -32,7 +32,8 @@ class Throttle(Mode):
     name = "throttle"
     hold_role = "throttle"
 
-    def __init__(self, window: float) -> None:
+    def __init__(self, window: float, refusal: Refusal | None = None) -> None:
+        super().__init__(refusal)
         self.window = window
 
     def refused_because(self) -> str:
@@ -58,7 +59,7 @@ class Throttle(Mode):
     def held_by_a_run(self, name: str) -> list[str]:
         return [name, companion(name, "throttle")]
 
-    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow]) -> str:
         window = held.get(self.hold_role)
         if window is not None:
             return f"refused for {human(window.ttl)} more (the window of {window.task_id})"
@@ -69,6 +70,6 @@ class Throttle(Mode):
 CHOICE = Choice(
     Throttle.name,
     {"throttle": GIVEN, "lock": "until_executed"},
-    lambda chosen: Throttle(chosen.seconds("throttle")),
+    lambda chosen: Throttle(chosen.seconds("throttle"), chosen.as_duplicate),
     reads={"throttle": seconds_option},
 )

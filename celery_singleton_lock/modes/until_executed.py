@@ -23,4 +23,8 @@ class UntilExecuted(Mode):
     name = "until_executed"
 
 
-CHOICE = Choice(UntilExecuted.name, {"lock": "until_executed"}, lambda chosen: UntilExecuted())
+CHOICE = Choice(
+    UntilExecuted.name,
+    {"lock": "until_executed"},
+    lambda chosen: UntilExecuted(chosen.as_duplicate),
+)

@@ -35,4 +35,8 @@ class UntilExecuting(Mode):
         return None
 
 
-CHOICE = Choice(UntilExecuting.name, {"lock": "until_executing"}, lambda chosen: UntilExecuting())
+CHOICE = Choice(
+    UntilExecuting.name,
+    {"lock": "until_executing"},
+    lambda chosen: UntilExecuting(chosen.as_duplicate),
+)

@@ -25,7 +25,7 @@ class WhileExecuting(Mode):
     name = "while_executing"
     checks_dispatch = False
 
-    def new_call(self, held: Mapping[str | None, HolderRow], answer: str) -> str:
+    def new_call(self, held: Mapping[str | None, HolderRow]) -> str:
         running = held.get(None)
         if running is not None:
             return f"accepted; at execution it meets {running.task_id} ({running.state})"

@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 
 def answer_duplicate(call: Dispatch, held: Contended) -> AsyncResult:
-    """A refused call's answer: the holder's result, or ``DuplicateTaskError``."""
+    """A refused call's answer, as its mode's refusal says (``Refusal.duplicate``): the
+    holder's result, or ``DuplicateTaskError``."""
     task, lock_name = call.task, call.lock_name
     holder = holder_task_id(held.holder)
     singleton_signals.send(singleton_signals.duplicate_refused, task, lock_name, holder_id=holder)
@@ -32,11 +33,12 @@ def answer_duplicate(call: Dispatch, held: Contended) -> AsyncResult:
             holder or "-",
             holder_state(held),
         )
-    options = call.facts.options
-    if options.on_duplicate != "raise" and holder is not None:
-        return task.AsyncResult(holder)
+    mode = call.facts.mode
+    answer = mode.refusal.duplicate(holder, task.AsyncResult)
+    if answer is not None:
+        return answer
     raise DuplicateTaskError(
-        f"{task.name} {options.mode.refused_because()} for {lock_name!r}"
+        f"{task.name} {mode.refused_because()} for {lock_name!r}"
         + (f" as task {holder}" if holder else " (holder unknown)"),
         name=lock_name,
         key=held.key,

@@ -105,6 +105,39 @@ print(json.dumps({
 )
 
 
+# Reads per held dispatch, each alone, once the broker's connection, the lock store's (its
+# first hold) and the in-transit push's script are in place: the first dispatch meets the
+# refused push; then plain Celery's, and the warnings the refusal logged.
+REFUSED_PUSH = (
+    COUNTING
+    + """
+import logging
+from celery_singleton_lock.broker import ride_scripts
+from celery_singleton_lock.config.stores import LockStores
+from celery_singleton_lock.lease import HOLD
+warned = []
+class Warned(logging.Handler):
+    def emit(self, record):
+        if "may not push to the broker's queue" in record.getMessage():
+            warned.append(record.getMessage())
+logging.getLogger().addHandler(Warned(logging.WARNING))
+app.send_task(work.name, ("warm-plain",), queue="ride")
+LockStores.for_app(app).lock.try_acquire("warm", 10, take=HOLD)
+server.script_load(ride_scripts.PUSH_NOTED)
+held = []
+for i in range(12):
+    start = reads()
+    work.apply_async((f"r-{i}",), queue="ride")
+    held.append(reads() - start - 1)
+print(json.dumps({
+    "held": held,
+    "plain": median_call(lambda i: app.send_task(work.name, (f"p-{i}",), queue="ride")),
+    "warned": len(warned),
+}))
+"""
+)
+
+
 class TestSameServer:
     def test_a_unique_dispatch_makes_the_round_trips_plain_celery_makes(
         self, shared: RedisServer, cenv: CeleryEnv
@@ -493,6 +526,30 @@ class TestConfiguration:
             held_apart(shared, {**env, "CSL_LOCK_URL": f"{base}/1"})
         finally:
             admin.acl_deluser("locks")
+
+    def test_a_refused_push_is_tried_once_then_each_hold_goes_apart_at_once(
+        self, shared: RedisServer, cenv: CeleryEnv
+    ) -> None:
+        """The ACL user above: the first dispatch tries the push in its hold's script, is
+        refused (NOPERM, a round trip that writes nothing) and takes its hold apart; every
+        later one takes its hold apart at once, never trying the refused push again."""
+        admin = at(shared, 0)
+        admin.acl_setuser(
+            "locks", enabled=True, passwords=["+lockpw"], keys=["t:*"], commands=["+@all"]
+        )
+        base = shared.url.rsplit("/", 1)[0].replace("redis://", "redis://locks:lockpw@")
+        try:
+            env = same_server_env(shared, cenv, CSL_LOCK_URL=f"{base}/1")
+            counted = produce(env, REFUSED_PUSH)
+        finally:
+            admin.acl_deluser("locks")
+        first, later = counted["held"][0], counted["held"][1:]
+        # Held apart: the hold's round trip, then the push plain Celery makes.
+        apart = counted["plain"] + 1
+        assert sorted(later)[len(later) // 2] == apart, counted
+        assert first == apart + 1, counted  # and the refused push, once
+        assert max(later) <= apart, counted  # never tried again
+        assert counted["warned"] == 1, counted
 
     def test_a_lock_store_user_kept_from_the_brokers_database_holds_apart(
         self, shared: RedisServer, cenv: CeleryEnv

@@ -28,6 +28,19 @@ class TestTaskFacts:
         with pytest.raises(DuplicateTaskError):
             task.delay(1)
 
+    def test_a_duplicate_gets_the_holder_s_result_by_default(self, app: Celery) -> None:
+        task = singleton_task(app=app, name="call.job", shared=False)(job)
+        first = task.delay(1)
+        assert task.delay(1).id == first.id
+
+    def test_a_throttled_call_raises_with_the_window_s_reason(self, app: Celery) -> None:
+        options = {"throttle": 60, "on_duplicate": "raise"}
+        task = singleton_task(app=app, name="call.job", shared=False, **options)(job)
+        first = task.delay(1)
+        with pytest.raises(DuplicateTaskError, match=r"was accepted less than 60s ago") as caught:
+            task.delay(1)
+        assert caught.value.task_id == first.id
+
     def test_a_dispatch_after_the_lock_settings_change_holds_in_the_new_store(
         self, app: Celery
     ) -> None:

@@ -5,6 +5,8 @@ the lock scopes and the locks page's roles come from the modes themselves."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,15 @@ from celery_singleton_lock.modes import CHOICES, shown_state
 
 
 def job(order_id: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Row:
+    """A holder as the locks page lists it (``modes.refusal.HolderRow``)."""
+
+    task_id: str | None
+    state: str
+    ttl: float | None = 30.0
 
 
 # Values of the options that pick a mode, None for not given.
@@ -96,3 +107,58 @@ class TestTheChoice:
         assert shown_state("pending", "running") == "reserved"
         assert shown_state("throttle", "queued") == "throttled"
         assert shown_state(None, "running") == "running"
+
+
+def result_of(task_id: str) -> Any:
+    """Stands for ``task.AsyncResult``: what the refusal returns when it returns one."""
+    return f"result of {task_id}"
+
+
+class TestTheRefusal:
+    """Raise or return is the refusal a mode is built with (``Chosen.as_duplicate``)."""
+
+    @pytest.mark.parametrize(
+        ("raw", "raises"),
+        [
+            ({}, False),
+            ({"on_duplicate": "return"}, False),
+            ({"on_duplicate": "raise"}, True),
+            ({"lock": "until_executing", "on_duplicate": "raise"}, True),
+            ({"lock": "until_executing"}, False),
+            ({"throttle": 5, "on_duplicate": "raise"}, True),
+            ({"throttle": 5}, False),
+            ({"on_duplicate": "replace"}, False),  # refused by a running holder: its result
+            ({"on_duplicate": "cancel"}, False),
+        ],
+    )
+    def test_a_duplicate_is_answered_as_on_duplicate_says(
+        self, raw: dict[str, object], raises: bool
+    ) -> None:
+        refusal = SingletonOptions.build("t", job, raw).mode.refusal
+        answer = refusal.duplicate("holder-1", result_of)
+        assert answer == (None if raises else "result of holder-1")
+        # A holder that cannot be told: raised whatever the option says.
+        assert refusal.duplicate(None, result_of) is None
+        said = "raises DuplicateTaskError" if raises else "returns it"
+        assert refusal.answers_duplicate == said
+
+    @pytest.mark.parametrize(
+        ("raw", "said"),
+        [
+            ({}, "refused: a duplicate of h1 (queued); returns it"),
+            (
+                {"on_duplicate": "raise"},
+                "refused: a duplicate of h1 (queued); raises DuplicateTaskError",
+            ),
+            (
+                {"lock": "until_executing", "on_duplicate": "raise"},
+                "refused: a duplicate of h1 (queued); raises DuplicateTaskError",
+            ),
+        ],
+    )
+    def test_the_locks_page_says_what_the_refusal_answers(
+        self, raw: dict[str, object], said: str
+    ) -> None:
+        mode = SingletonOptions.build("t", job, raw).mode
+        held = {mode.hold_role: Row("h1", "queued")}
+        assert mode.new_call(held) == said
