@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..lease.errors import is_refusal, store_error
+from ..lease.redis.replies import TRANSPORT_ERRORS
 from . import ride_scripts
 
 if TYPE_CHECKING:
     from ..lease.redis.calls import Arg, Pipeline, Response
+    from ..lease.redis.pipelining import Pipelining
 
 # How many keys the notes take, in the order lua/includes/note.lua gives (which says
 # the same to the scripts).
@@ -88,19 +90,42 @@ class Transit:
         except redis.RedisError as error:
             raise store_error(error, where=self.where) from error
 
-    def push(self, key: str, payload: str | bytes, note: Note, expire: Any = None) -> None:
+    def push(
+        self,
+        key: str,
+        payload: str | bytes,
+        note: Note,
+        expire: Any = None,
+        *,
+        via: Pipelining | None = None,
+    ) -> None:
         """LPUSH ``payload`` to ``key`` with its note, in one round trip; ``expire``:
         (lists, ms) to PEXPIRE after (a queue that expires unused). Raises redis-py's
-        errors as they are: a broker's push, retried as kombu's would be."""
+        errors as they are: a broker's push, retried as kombu's would be. ``via``: the
+        channel's own connections driven directly (``Pipelining``), where redis-py's
+        per-command path would cost more CPU than the round trip."""
         lists, ms = expire if expire is not None else ((), "")
         keys = [key, *self.keys, *lists]
+        spec = note.spec()
+        if via is not None:
+            try:
+                [answer] = via.call_commands(
+                    [("EVALSHA", PUSH_SHA, len(keys), *keys, payload, ms, spec)]
+                )
+            except TRANSPORT_ERRORS:
+                pass  # it may or may not have run: again below, as kombu's push would be
+            else:
+                if not (isinstance(answer, Exception) and is_refusal(answer, "NOSCRIPT")):
+                    if isinstance(answer, Exception):
+                        raise answer
+                    return
         client = self.client
         try:
             redis.Redis.execute_command(
-                client, "EVALSHA", PUSH_SHA, len(keys), *keys, payload, ms, note.spec()
+                client, "EVALSHA", PUSH_SHA, len(keys), *keys, payload, ms, spec
             )
         except redis.exceptions.NoScriptError:
-            client.eval(PUSH, len(keys), *keys, payload, ms, note.spec())
+            client.eval(PUSH, len(keys), *keys, payload, ms, spec)
 
     def sweep(
         self,

@@ -67,6 +67,7 @@ class Channel(kombu_redis.Channel):
     _singleton_server: Server | None = None
     _singleton_client: Client | None = None
     _singleton_pipelining: Pipelining | None = None
+    _singleton_records = False  # the record's script loaded for the kept pipelining
 
     @contextmanager
     def conn_or_acquire(self, client: Client | None = None) -> Iterator[Client]:
@@ -83,17 +84,21 @@ class Channel(kombu_redis.Channel):
             kept = self._singleton_client = self._create_client()
         yield kept
 
-    def pipelining(self) -> Pipelining | None:
-        """Our own commands on the kept client's connections (kombu's unacked bookkeeping
-        as one script a step: ``bookkeeping``); None where the client is not one redis-py
-        lets us drive (every command then goes kombu's way)."""
+    def pipelining(self, *, records: bool = False) -> Pipelining | None:
+        """Our own commands on the kept client's connections (a noted push; kombu's
+        unacked bookkeeping as one script a step: ``bookkeeping``); None where the client
+        is not one redis-py lets us drive (every command then goes kombu's way).
+        ``records``: for the bookkeeping, whose script is cached on the server before the
+        first record (``load_record``); a producer's push needs none of it."""
         with self.conn_or_acquire() as acquired:
             client = cast("SyncClient", acquired)  # kombu's: a redis.Redis
             kept = self._singleton_pipelining
             if kept is None or kept.client is not client:
                 kept = self._singleton_pipelining = Pipelining(client)
-                if kept.direct:
-                    load_record(client)
+                self._singleton_records = False
+            if records and kept.direct and not self._singleton_records:
+                load_record(client)
+                self._singleton_records = True
         return kept if kept.direct else None
 
     def ride(self) -> AppRide | None:
@@ -152,7 +157,7 @@ class Channel(kombu_redis.Channel):
         with self.conn_or_acquire() as client:
             try:
                 Transit(client, push.note.prefix).push(
-                    push.key, push.payload, push.note, push.expire
+                    push.key, push.payload, push.note, push.expire, via=self.pipelining()
                 )
             except Exception as error:
                 if not is_refusal(error, "NOPERM"):

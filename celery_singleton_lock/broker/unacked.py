@@ -86,7 +86,7 @@ class QoS(kombu_redis.QoS):
             appending.riding = ()  # once: the unacked bookkeeping's own pipeline
         pipelining = None
         if pipe is None and client is None and server is not None and not self._scripts_refused:
-            pipelining = channel.pipelining()
+            pipelining = channel.pipelining(records=True)
         if pipelining is not None and server is not None:
             # Our commands in place of kombu's transaction (``bookkeeping``): kombu's
             # pipeline is made only if they go there after all.

@@ -296,10 +296,13 @@ class TestThreads:
         self, app: Celery, server: RedisServer
     ) -> None:
         """A take that rides the record is cached already: a NOSCRIPT for the record
-        alone would send it on a round trip of its own after the take's."""
+        alone would send it on a round trip of its own after the take's. A producer's
+        noted push, which records nothing, does not load it."""
         server.client().script_flush()
         with app.connection_for_write() as connection:
             assert connection.default_channel.pipelining() is not None
+            assert server.client().script_exists(RECORD_SHA) == [False]
+            assert connection.default_channel.pipelining(records=True) is not None
             assert server.client().script_exists(RECORD_SHA) == [True]
 
 

@@ -21,8 +21,9 @@ import pytest
 import redis
 
 from celery_singleton_lock.broker.pushes import Push, pushes_of
-from celery_singleton_lock.broker.transit import ClearNote, Note, Transit
+from celery_singleton_lock.broker.transit import PUSH, PUSH_SHA, ClearNote, Note, Transit
 from celery_singleton_lock.lease import HOLD, RedisLock
+from celery_singleton_lock.lease.redis.pipelining import Pipelining
 
 from ..conftest import CeleryEnv
 from ..support.runs import wait_for
@@ -92,6 +93,24 @@ class TestNotes:
         assert notes.noted() == 0
         assert sweep_until(store, notes) == []
         assert raw.llen("queue") == 0
+
+    @pytest.mark.parametrize("cached", [True, False], ids=["cached", "after a flush"])
+    def test_a_push_on_the_channels_own_connections_is_noted_once(
+        self, notes: Transit, raw: redis.Redis, cached: bool
+    ) -> None:
+        """A noted push sent on connections driven directly (``Pipelining``, as a riding
+        channel's): pushed and noted once, also where the server forgot the script."""
+        via = Pipelining(raw)
+        assert via.direct
+        payload = json.dumps({"tag": "tag-d"})
+        if cached:
+            raw.script_load(PUSH)
+        else:
+            raw.script_flush()
+        notes.push("queue", payload, Note("tag-d", "d", "q-d", 60, WAIT, "tt"), via=via)
+        assert raw.lrange("queue", 0, -1) == [payload.encode()]
+        assert notes.noted() == 1
+        assert raw.script_exists(PUSH_SHA) == [True]
 
     @pytest.mark.parametrize("alone", [False, True], ids=["riding", "lock store apart"])
     def test_a_message_popped_and_never_recorded_is_pushed_again_once(
