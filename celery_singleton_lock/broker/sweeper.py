@@ -1,7 +1,7 @@
 """Messages lost in transit, found on the worker's timer and pushed again (``Sweeper``).
 
 A singleton message pushed with its hold is noted in transit (``broker.transit``) until a
-worker records it as unacked (``worker.receipts`` clears the note in that pipeline). Workers
+worker records it as unacked (``unacked.QoS`` clears the note in that pipeline). Workers
 sweep the notes and push again a message lost in between, which kombu's transport loses.
 """
 

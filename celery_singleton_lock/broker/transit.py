@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from ..lease.redis.calls import Arg, Pipeline, Response
     from ..lease.redis.pipelining import Pipelining
 
+# The property of a message noted in transit, naming the lock prefix its note is under:
+# the worker's receipt clears the note there (``unacked.QoS``).
+NOTED_PROPERTY = "singleton_lock_noted"
+
 # How many keys the notes take, in the order lua/includes/note.lua gives (which says
 # the same to the scripts).
 NOTE_KEYS = 5
@@ -214,6 +218,7 @@ def _text(value: object) -> str:
 __all__ = [
     "CLEAR",
     "FORGET",
+    "NOTED_PROPERTY",
     "NOTE_KEYS",
     "PURGED",
     "PUSH",

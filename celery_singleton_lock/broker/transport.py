@@ -27,7 +27,7 @@ from .bookkeeping import load_record
 from .layout import message_task_id
 from .pushes import Push
 from .state import AppRide, Outgoing
-from .transit import Transit
+from .transit import NOTED_PROPERTY, Transit
 from .unacked import QoS
 
 if TYPE_CHECKING:
@@ -46,9 +46,6 @@ class Client(Protocol):
 
 TRANSPORT = "celery_singleton_lock.broker:RedisTransport"
 SENTINEL_TRANSPORT = "celery_singleton_lock.broker:SentinelTransport"
-
-# The property of a message noted in transit: the worker clears its note at receipt.
-NOTED_PROPERTY = "singleton_lock_noted"
 
 
 class Channel(kombu_redis.Channel):
@@ -137,7 +134,7 @@ class Channel(kombu_redis.Channel):
         if tag and notes is not None and ride.notes_allowed:
             note = notes.note(str(tag))
         if note is not None and isinstance(properties, dict):
-            properties[NOTED_PROPERTY] = True  # its receipt clears the note
+            properties[NOTED_PROPERTY] = note.prefix  # its receipt clears the note there
         push = Push(
             prefix + self._q_for_pri(queue, priority),
             dumps(message),
@@ -293,7 +290,6 @@ def missed_ride(app: Celery, store: Server, *, enabled: bool) -> str | None:
 
 
 __all__ = [
-    "NOTED_PROPERTY",
     "REPLACED",
     "TRANSPORT",
     "Channel",

@@ -17,6 +17,7 @@ from kombu.transport import redis as kombu_redis
 
 from .bookkeeping import Bookkeeping, Keys
 from .state import RidingCall
+from .transit import NOTED_PROPERTY, ClearNote
 
 if TYPE_CHECKING:
     from kombu.message import Message
@@ -61,6 +62,10 @@ class QoS(kombu_redis.QoS):
             except Exception:
                 # Never in the way of kombu's bookkeeping: the take goes alone.
                 logger.exception("celery-singleton-lock: a received message's take cannot ride")
+            # Its note, under the prefix its producer noted it in, cleared in the same step.
+            noted = properties.get(NOTED_PROPERTY)
+            if isinstance(noted, str):
+                riding = [*riding, ClearNote(noted, str(delivery_tag))]
         if not riding:
             super().append(message, delivery_tag)
             return
