@@ -244,8 +244,23 @@ class SingletonTask(Task):  # type: ignore[misc]
             facts,
             items_of(self, items, options),
             partial(self._batched_call, facts, producer),
-            lambda item: self.apply_async(item[0], item[1], producer=producer, **item[2]),
+            partial(self._sent_alone, producer),
             producer,
+        )
+
+    def _sent_alone(self, producer: Producer | None, item: Item) -> AsyncResult:
+        """One call of an ``apply_many`` batch sent by ``apply_async`` itself."""
+        args, kwargs, options = item
+        task_id, shadow = options.pop("task_id", None), options.pop("shadow", None)
+        return self.apply_async(
+            args,
+            kwargs,
+            task_id if isinstance(task_id, str) else None,
+            producer,
+            options.pop("link", None),
+            options.pop("link_error", None),
+            shadow if isinstance(shadow, str) else None,
+            **options,
         )
 
     def _batched_call(self, facts: TaskFacts, producer: Producer | None, item: Item) -> Dispatch:

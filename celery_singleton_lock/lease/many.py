@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.cluster import RedisCluster
 
+from ..exceptions import SingletonLockError
 from .lease import Lease
 from .outcomes import Contended
 from .redis import scripts
@@ -14,6 +16,10 @@ from .redis.calls import Arg
 from .redis.common import REDIS_ERRORS
 from .redis.store import RedisLock
 from .takeover import HOLD
+
+# Names decided per script call at most: a script blocks the server while it runs, and
+# 5,000 holds take it a few milliseconds. A larger batch is one call per 5,000.
+CHUNK = 5000
 
 
 @dataclass(frozen=True)
@@ -40,14 +46,25 @@ class ManyHolds:
 
     def hold(self, holds: Sequence[HoldSpec]) -> list[Lease | Contended]:
         """Take each of ``holds`` (names distinct): one ``Lease`` or ``Contended`` each,
-        in order. Raises ``LockStoreUnavailableError`` when the server cannot be asked
-        (then nothing is known to be held)."""
-        if not holds:
-            return []
+        in order; one script call per ``CHUNK`` of them. Raises
+        ``LockStoreUnavailableError`` when the server cannot be asked (then nothing of
+        that chunk is known to be held: the chunks before it are given back)."""
+        answers: list[Lease | Contended] = []
+        for start in range(0, len(holds), CHUNK):
+            try:
+                answers.extend(self._hold(holds[start : start + CHUNK]))
+            except BaseException:
+                for taken in answers:
+                    if isinstance(taken, Lease):  # (one not given back runs out by its ttl)
+                        with contextlib.suppress(SingletonLockError):
+                            self._store.release(taken)
+                raise
+        return answers
+
+    def _hold(self, holds: Sequence[HoldSpec]) -> list[Lease | Contended]:
         store = self._store
         calls = [
-            store.acquire_request(one.name, one.ttl, token=one.token, take=HOLD)[0]
-            for one in holds
+            store.acquire_request(one.name, one.ttl, token=one.token, take=HOLD)[0] for one in holds
         ]
         keys: list[Arg] = [call.keys.lock for call in calls]
         args: list[Arg] = []
@@ -75,4 +92,4 @@ def many_holds_of(store: object) -> ManyHolds | None:
     return store.helper(ManyHolds)
 
 
-__all__ = ["HoldSpec", "ManyHolds", "many_holds_of"]
+__all__ = ["CHUNK", "HoldSpec", "ManyHolds", "many_holds_of"]

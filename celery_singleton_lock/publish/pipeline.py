@@ -54,7 +54,9 @@ def publish_together(
                     # build sends none of the batch.
                     stack.enter_context(real.batch(max_size=sys.maxsize))
                 for call in calls:
-                    own = call.own_headers if held else {NAME_HEADER: call.lock_name}
+                    own: dict[str, object] = (
+                        call.own_headers if held else {NAME_HEADER: call.lock_name}
+                    )
                     results.append(call.publish(call.task_id, call.options, own, real))
                 built = True
         except BaseException:

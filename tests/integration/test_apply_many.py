@@ -72,7 +72,9 @@ class PipelineCount:
 
 
 class TestABatch:
-    def test_results_in_order_one_message_per_key(self, cenv: CeleryEnv, queue: redis.Redis) -> None:
+    def test_results_in_order_one_message_per_key(
+        self, cenv: CeleryEnv, queue: redis.Redis
+    ) -> None:
         work = cenv.app_module.work
         results = work.apply_many([(f"k{i % 10}",) for i in range(100)], queue=QUEUE)
         firsts = [result.id for result in results[:10]]

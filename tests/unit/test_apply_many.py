@@ -57,7 +57,8 @@ class TestTheScript:
         )
         assert [type(answer) for answer in answers] == [Lease, Contended, Lease]
         held, refused = answers[0], answers[1]
-        assert isinstance(held, Lease) and isinstance(refused, Contended)
+        assert isinstance(held, Lease)
+        assert isinstance(refused, Contended)
         assert held.token == "tok-a"
         assert held.fence == 0  # a dispatch's hold is unfenced
         assert refused.holder == "tok-held"
@@ -116,17 +117,15 @@ class TestABatch:
     ) -> None:
         task = singleton_task(app=app, name="many.job", shared=False)(job)
         other = singleton_task(app=app, name="many.other", shared=False)(job)
-        with pytest.raises(TypeError, match="not a call of many.job"):
+        with pytest.raises(TypeError, match=r"not a call of many\.job"):
             task.apply_many([("a",), other.s("b")])
         with pytest.raises(TypeError, match="tuple of positional arguments"):
             task.apply_many(["a"])
         assert sent == []
         assert holder_of(app, task, "a") is None
 
-    def test_a_mode_that_replaces_sends_each_call_alone(
-        self, app: Celery, sent: list[str]
-    ) -> None:
-        options = {"on_duplicate": "replace"}
+    def test_a_mode_that_replaces_sends_each_call_alone(self, app: Celery, sent: list[str]) -> None:
+        options = {"on_duplicate": "replace", "key": ["x"]}
         task = singleton_task(app=app, name="many.job", shared=False, **options)(job)
         first, second = task.apply_many([("p", 1), ("p", 2)])
         assert second.id == first.id  # the second replaced the queued call's arguments
