@@ -1,11 +1,8 @@
 """Many calls of one task dispatched together (``apply_many``): their holds decided in one
-script call, their messages published in one broker pipeline, a duplicate answered with
-its holder's result.
+script call, their messages in one broker pipeline, a duplicate answered with its holder.
 
-Every message is still built and checked by Celery's own ``apply_async``. A call that
-cannot be decided with the others (a canvas member, ``dedupe=False``, an idempotency key,
-``connection=``), and every call of a task whose mode or store cannot batch, is sent by
-``apply_async`` itself, one at a time, after the batch.
+Each message is still built by Celery's ``apply_async``; a call that cannot be decided
+with the others (``sent_alone``, ``batches``) is sent by ``apply_async``, after the batch.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from celery.canvas import Signature
 from .. import signals as singleton_signals
 from ..exceptions import DuplicateTaskError, LockStoreUnavailableError
 from ..lease import Contended, Lease
-from ..lease.many import HoldSpec, ManyHolds, many_holds_of
+from ..lease.batch_holds import BatchHolds, HoldSpec, batch_holds_of
 from ..tokens import holder_task_id
 from .dispatch import long_wait
 from .pipeline import give_back, publish_together
@@ -74,7 +71,7 @@ def sent_alone(options: Mapping[str, object]) -> bool:
     )
 
 
-def batches(facts: TaskFacts) -> ManyHolds | None:
+def batches(facts: TaskFacts) -> BatchHolds | None:
     """The store's batch holds where this task's calls may be decided together: its mode
     holds at dispatch and answers a duplicate with its holder (not a replace, debounce or
     cancel, not a rate's slot), no ``max_pending`` place, no idempotency key, no history
@@ -91,7 +88,7 @@ def batches(facts: TaskFacts) -> ManyHolds | None:
         or facts.keeps_history
     ):
         return None
-    return many_holds_of(facts.store)
+    return batch_holds_of(facts.store)
 
 
 def send_many(
@@ -117,7 +114,7 @@ def send_many(
 
 
 def decide(
-    facts: TaskFacts, holds: ManyHolds, calls: Sequence[Dispatch], producer: object
+    facts: TaskFacts, holds: BatchHolds, calls: Sequence[Dispatch], producer: object
 ) -> list[AsyncResult]:
     """The calls' holds in one script, the held calls' messages in one pipeline: each
     call's own result, or its duplicate's holder's (an earlier call of the batch, or the

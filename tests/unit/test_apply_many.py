@@ -13,7 +13,7 @@ from kombu.exceptions import EncodeError
 
 from celery_singleton_lock import Contended, DuplicateTaskError, Lease, MemoryLock, singleton_task
 from celery_singleton_lock.config.stores import LockStores
-from celery_singleton_lock.lease.many import HoldSpec, many_holds_of
+from celery_singleton_lock.lease.batch_holds import HoldSpec, batch_holds_of
 from celery_singleton_lock.tokens import holder_task_id
 
 
@@ -50,7 +50,7 @@ class TestTheScript:
     def test_each_name_is_held_or_its_holder_named_in_one_call(self) -> None:
         store = MemoryLock()
         store.try_acquire("b", 30, token="tok-held")
-        holds = many_holds_of(store)
+        holds = batch_holds_of(store)
         assert holds is not None
         answers = holds.hold(
             [HoldSpec("a", 30, "tok-a"), HoldSpec("b", 30, "tok-b"), HoldSpec("c", 5, "tok-c")]
@@ -65,14 +65,14 @@ class TestTheScript:
         assert store.holder("c") == "tok-c"
 
     def test_a_retried_batch_gets_the_same_answers(self) -> None:
-        holds = many_holds_of(MemoryLock())
+        holds = batch_holds_of(MemoryLock())
         assert holds is not None
         batch = [HoldSpec("a", 30, "tok-a"), HoldSpec("b", 30, "tok-b")]
         assert all(isinstance(one, Lease) for one in holds.hold(batch))
         assert all(isinstance(one, Lease) for one in holds.hold(batch))
 
     def test_an_empty_batch_asks_nothing(self) -> None:
-        holds = many_holds_of(MemoryLock())
+        holds = batch_holds_of(MemoryLock())
         assert holds is not None
         assert holds.hold([]) == []
 

@@ -31,7 +31,7 @@ class HoldSpec:
     token: str
 
 
-class ManyHolds:
+class BatchHolds:
     """Holds taken together on a ``RedisLock`` of one server (standalone, Sentinel,
     ``memory://``): each name held for its token, or its holder reported, in one script
     (``hold_many.lua``), so a batch of N dispatches costs one round trip, not N.
@@ -81,7 +81,7 @@ class ManyHolds:
         ]
 
 
-def many_holds_of(store: object) -> ManyHolds | None:
+def batch_holds_of(store: object) -> BatchHolds | None:
     """The batch holds of ``store``; None where one script cannot see every key: a
     Cluster (the keys of a batch fall in many slots), a Redlock of several masters, or a
     store that waits for replicas after each write (the caller then holds one by one)."""
@@ -89,7 +89,7 @@ def many_holds_of(store: object) -> ManyHolds | None:
         return None
     if isinstance(store.client, RedisCluster):
         return None
-    return store.helper(ManyHolds)
+    return store.helper(BatchHolds)
 
 
-__all__ = ["CHUNK", "HoldSpec", "ManyHolds", "many_holds_of"]
+__all__ = ["CHUNK", "BatchHolds", "HoldSpec", "batch_holds_of"]
