@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 from kombu.exceptions import EncodeError
 from kombu.messaging import Producer
+
+from celery_singleton_lock import LockStoreUnavailableError, singleton_task
+from celery_singleton_lock.tokens import TOKEN_HEADER
 
 from ..conftest import CeleryEnv
 from ..support.apps import lock_url
 from ..support.runs import lock_keys, runs, wait_for
-from ..support.servers import RedisServer
+from ..support.servers import RedisServer, free_port
 from ..support.workers import Worker
 
 QUEUE = "apply-many"
@@ -160,6 +165,48 @@ class TestFailures:
         assert [holder(cenv, f"g{i}") for i in range(2)] == [m["headers"]["id"] for m in messages]
         assert holder(cenv, "g2") is None
         assert holder(cenv, "g3") is None
+
+
+@pytest.fixture(name="dead_lock_app")
+def fixture_dead_lock_app(cenv: CeleryEnv) -> Celery:
+    """An app whose lock store is at a port nobody listens on."""
+    app = Celery("many-dead", set_as_current=False)
+    app.conf.update(
+        broker_url=cenv.broker.url,
+        result_backend=cenv.broker.url,
+        singleton_lock_url=f"redis://127.0.0.1:{free_port()}/0",
+    )
+    return app
+
+
+class TestAnOutage:
+    def test_fail_closed_raises_and_sends_nothing(
+        self, dead_lock_app: Celery, queue: redis.Redis
+    ) -> None:
+        @singleton_task(app=dead_lock_app, name="many.closed")
+        def job(x: int) -> int:
+            return x
+
+        with pytest.raises(LockStoreUnavailableError, match="nothing was published"):
+            job.apply_many([(1,), (2,)], queue=QUEUE)
+        assert queued(queue) == []
+
+    def test_fail_open_sends_one_message_per_key_without_a_hold(
+        self, dead_lock_app: Celery, queue: redis.Redis, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        dead_lock_app.conf.singleton_lock_on_redis_error = "fail_open"
+
+        @singleton_task(app=dead_lock_app, name="many.open")
+        def job(x: int) -> int:
+            return x
+
+        with caplog.at_level(logging.WARNING, logger="celery_singleton_lock"):
+            results = job.apply_many([(1,), (2,), (1,)], queue=QUEUE)
+        assert results[2].id == results[0].id != results[1].id
+        messages = queued(queue)
+        assert [m["headers"]["id"] for m in messages] == [results[0].id, results[1].id]
+        assert all(TOKEN_HEADER not in m["headers"] for m in messages)
+        assert "without the duplicate check (fail_open)" in caplog.text
 
 
 class TestOnAWorker:
