@@ -159,19 +159,24 @@ def decide(
         call.accepted()
         answers[hold_of(call)] = result
     for call, outcome in refused:
-        holder = holder_task_id(outcome.holder) or ""
         call.refused(outcome)
-        answers[hold_of(call)] = call.task.AsyncResult(holder)
+        answers[hold_of(call)] = call.task.AsyncResult(holder_task_id(outcome.holder))
+    # Every call answered by another's hold is a duplicate refused, as a single call is:
+    # those the store refused, and those folded into an earlier call of the batch.
+    duplicates = [call for call in calls if answers[hold_of(call)].id != call.task_id]
+    for call in duplicates:
+        holder = answers[hold_of(call)].id
         singleton_signals.send(
             singleton_signals.duplicate_refused, call.task, call.lock_name, holder_id=holder
         )
-    if refused and logger.isEnabledFor(logging.INFO):
-        # One line a batch, not one a call: the batch's refusals counted, a few named.
+    if duplicates and logger.isEnabledFor(logging.INFO):
+        # One line a batch, not one a call: the batch's duplicates counted, a few named.
+        named = sorted({call.lock_name for call in duplicates})
         logger.info(
             "refused at dispatch: task=%s count=%d locks=%s",
             facts.name,
-            len(refused),
-            ",".join(call.lock_name for call, _ in refused[:5]) + (",..." * (len(refused) > 5)),
+            len(duplicates),
+            ",".join(named[:5]) + (",..." if len(named) > 5 else ""),
         )
     return [answers[hold_of(call)] for call in calls]
 

@@ -11,7 +11,14 @@ from celery import Celery
 from celery.signals import after_task_publish
 from kombu.exceptions import EncodeError
 
-from celery_singleton_lock import Contended, DuplicateTaskError, Lease, MemoryLock, singleton_task
+from celery_singleton_lock import (
+    Contended,
+    DuplicateTaskError,
+    Lease,
+    MemoryLock,
+    signals,
+    singleton_task,
+)
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.lease.batch_holds import HoldSpec, batch_holds_of
 from celery_singleton_lock.tokens import holder_task_id
@@ -139,6 +146,39 @@ class TestABatch:
         plain, canvas = task.apply_many([("c",), linked])
         assert canvas.id != plain.id  # a canvas member is never refused at dispatch
         assert sent == [plain.id, canvas.id]
+
+
+class TestTheAnswers:
+    def test_every_duplicate_is_signalled_with_its_holder(self, app: Celery) -> None:
+        task = singleton_task(app=app, name="many.job", shared=False)(job)
+        held = task.delay("s")
+        heard: list[tuple[str, str]] = []
+
+        def refused(sender: Any = None, name: str = "", holder_id: str = "", **_: Any) -> None:
+            heard.append((name, holder_id))
+
+        signals.duplicate_refused.connect(refused, weak=False)
+        try:
+            results = task.apply_many([("s",), ("t",), ("t",), ("s",)])
+        finally:
+            signals.duplicate_refused.disconnect(refused)
+        name_s = task.singleton_options().key.derive(("s",), {})
+        name_t = task.singleton_options().key.derive(("t",), {})
+        assert sorted(heard) == sorted(
+            [(name_s, held.id), (name_t, results[1].id), (name_s, held.id)]
+        )
+
+    def test_a_key_held_by_a_value_not_ours_refuses_the_whole_batch(
+        self, app: Celery, sent: list[str]
+    ) -> None:
+        task = singleton_task(app=app, name="many.job", shared=False)(job)
+        store = LockStores.for_app(app).lock
+        name = task.singleton_options().key.derive(("x",), {})
+        store.client.set(store.keys(name).lock, "not-a-token-of-ours")
+        with pytest.raises(DuplicateTaskError, match="holder unknown"):
+            task.apply_many([("a",), ("x",)])
+        assert sent == []
+        assert holder_of(app, task, "a") is None  # its hold given back
 
 
 class TestAFailure:
