@@ -240,28 +240,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         ``apply_async``. Calls that cannot be decided together (``publish.many``) are
         sent by ``apply_async``, one at a time."""
         facts = self._dispatch_facts()
-        return send_many(
-            facts,
-            items_of(self, items, options),
-            partial(self._batched_call, facts, producer),
-            partial(self._sent_alone, producer),
-            producer,
-        )
-
-    def _sent_alone(self, producer: Producer | None, item: Item) -> AsyncResult:
-        """One call of an ``apply_many`` batch sent by ``apply_async`` itself."""
-        args, kwargs, options = item
-        task_id, shadow = options.pop("task_id", None), options.pop("shadow", None)
-        return self.apply_async(
-            args,
-            kwargs,
-            task_id if isinstance(task_id, str) else None,
-            producer,
-            options.pop("link", None),
-            options.pop("link_error", None),
-            shadow if isinstance(shadow, str) else None,
-            **options,
-        )
+        batch = items_of(self, items, options)
+        return send_many(self, facts, batch, partial(self._batched_call, facts, producer), producer)
 
     def _batched_call(self, facts: TaskFacts, producer: Producer | None, item: Item) -> Dispatch:
         """One call of an ``apply_many`` batch, checked as ``apply_async`` checks a call."""

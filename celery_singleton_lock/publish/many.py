@@ -92,24 +92,24 @@ def batches(facts: TaskFacts) -> BatchHolds | None:
 
 
 def send_many(
+    task: Task,
     facts: TaskFacts,
     items: Sequence[Item],
     dispatch: Callable[[Item], Dispatch],
-    alone: Callable[[Item], AsyncResult],
     producer: object,
 ) -> list[AsyncResult]:
     """One result per item, in order: the batch's calls decided together (``dispatch``
     makes each one's ``Dispatch``); the others, and all where the task cannot batch, sent
-    by ``alone`` (``apply_async``), after the batch."""
+    by the task's ``apply_async``, after the batch."""
     holds = batches(facts)
     together = [i for i, item in enumerate(items) if holds is not None and not sent_alone(item[2])]
     results: dict[int, AsyncResult] = {}
     if holds is not None and together:
         answers = decide(facts, holds, [dispatch(items[i]) for i in together], producer)
         results.update(zip(together, answers, strict=True))
-    for i, item in enumerate(items):
+    for i, (args, kwargs, options) in enumerate(items):
         if i not in results:
-            results[i] = alone(item)
+            results[i] = task.apply_async(args, kwargs, producer=producer, **options)
     return [results[i] for i in range(len(items))]
 
 
