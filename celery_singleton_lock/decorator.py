@@ -39,7 +39,9 @@ def singleton_task(
     ``idempotency={...}``): those are refused, saying what to write. Binds to ``app`` when
     given, else to every app like ``shared_task``. Options are validated here, at decoration.
     With ``app``, the task is made at once; ``lazy=True`` makes it as ``app.task`` does,
-    when the app is finalized or the task first used.
+    when the app is finalized or the task first used. The task dispatches as a Celery
+    task does (``delay``, ``apply_async``, signatures), and a batch in one go with
+    ``apply_many(items)`` (its holds in one lock-store script call).
     """
     if func is not None and not callable(func):
         raise ConfigurationError(

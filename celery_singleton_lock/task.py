@@ -8,7 +8,7 @@ lease*, taking over the message's own hold in the same step. Tokens and headers 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, ClassVar
 
@@ -27,6 +27,7 @@ from .lease import Lease
 from .publish import route
 from .publish.call import Dispatch, TaskFacts
 from .publish.idempotent import key_of_call, send_once
+from .publish.many import Item, items_of, send_many
 from .publish.retries import send_retry
 from .publish.timing import refuse_as_celery
 from .run import cancels, eta, replays
@@ -42,6 +43,7 @@ from .worker import hooks
 if TYPE_CHECKING:
     from celery import Celery
     from celery.app.task import Context
+    from celery.canvas import Signature
     from celery.result import AsyncResult
     from kombu.messaging import Producer
 
@@ -219,6 +221,53 @@ class SingletonTask(Task):  # type: ignore[misc]
             return route.dispatch(call)
         key = key_of_call(self.name, call.facts.options, call.call, options)
         return route.dispatch(call) if key is None else send_once(call, key, route.dispatch)
+
+    def apply_many(
+        self,
+        items: Iterable[Sequence[object] | Signature],
+        *,
+        producer: Producer | None = None,
+        **options: object,
+    ) -> list[AsyncResult]:
+        """Dispatch many calls of this task at once: one ``AsyncResult`` per item, in order.
+
+        An item is a tuple of positional arguments, or a signature of this task (its args,
+        kwargs and options, over ``options``). A duplicate, within the batch or of a key
+        already held, gets the holder's ``AsyncResult`` (as ``on_duplicate="return"``), and
+        one message is sent per distinct key. The holds are decided in one lock-store
+        script call and the messages published in one broker pipeline (kombu's
+        ``Producer.batch()`` where the transport has it), each built by Celery's own
+        ``apply_async``. Calls that cannot be decided together (``publish.many``) are
+        sent by ``apply_async``, one at a time."""
+        facts = self._dispatch_facts()
+        batch = items_of(self, items, options)
+        return send_many(self, facts, batch, partial(self._batched_call, facts, producer), producer)
+
+    def _batched_call(self, facts: TaskFacts, producer: Producer | None, item: Item) -> Dispatch:
+        """One call of an ``apply_many`` batch, checked as ``apply_async`` checks a call."""
+        args, kwargs, options = item
+        if options:
+            refuse_call_options(self.name, options)
+        for decided in ("dedupe", "idempotency_key"):  # (True, None: as if not given)
+            options.pop(decided, None)
+        refuse_as_celery(self, (args, kwargs), options)
+        task_id = options.pop("task_id", None)
+        shadow = options.pop("shadow", None)
+        return Dispatch(
+            self,
+            facts,
+            args,
+            kwargs,
+            options,
+            task_id if isinstance(task_id, str) else None,
+            producer,
+            None,
+            None,
+            shadow if isinstance(shadow, str) else None,
+            super().apply_async,
+            bypass=False,
+            redrive=False,
+        )
 
     def _dispatch_facts(self) -> TaskFacts:
         """What every dispatch of this task reads (``TaskFacts``), made again when the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol, cast
@@ -27,7 +28,7 @@ from .bookkeeping import load_record
 from .layout import message_task_id
 from .pushes import Push
 from .state import AppRide, Outgoing
-from .transit import NOTED_PROPERTY, Transit
+from .transit import NOTED_PROPERTY, PUSH, PUSH_SHA, Transit, keys_of
 from .unacked import QoS
 
 if TYPE_CHECKING:
@@ -36,6 +37,13 @@ if TYPE_CHECKING:
     from ..lease.redis.clients import SyncClient
 
 logger = logging.getLogger(__name__)
+
+
+class PublishBatch(Protocol):
+    """kombu's publish batch (kombu >= 5.7, ``Producer.batch()``): the commands of the
+    message being put, added to its pipeline."""
+
+    def add(self, name: str, /, *args: object) -> None: ...
 
 
 class Client(Protocol):
@@ -57,14 +65,19 @@ class Channel(kombu_redis.Channel):
     ``queue_ttl``. Every singleton call's message is noted in transit as it is pushed
     (``broker.transit``): by the hold's script, or, with no hold riding (a lock store
     on another server, a mode without a dispatch hold), by a script that replaces kombu's
-    LPUSH in the same one round trip. Every other message (other tasks, canvas, fanout) is
-    put as kombu puts it. Received messages are recorded by ``unacked.QoS``."""
+    LPUSH in the same one round trip (in kombu's publish batch, in its pipeline). Every
+    other message (other tasks, canvas, fanout) is put as kombu puts it. Received
+    messages are recorded by ``unacked.QoS``."""
 
     QoS = QoS
     _singleton_server: Server | None = None
     _singleton_client: Client | None = None
     _singleton_pipelining: Pipelining | None = None
     _singleton_records = False  # the record's script loaded for the kept pipelining
+    # A kombu batch's noted pushes (``_batch_noted``): whether this channel's user may
+    # write the notes (None: not asked yet), and the batch the push's script was loaded in.
+    _singleton_batch_notes: bool | None = None
+    _singleton_loaded_in: weakref.ref[PublishBatch] | None = None
 
     @contextmanager
     def conn_or_acquire(self, client: Client | None = None) -> Iterator[Client]:
@@ -107,13 +120,15 @@ class Channel(kombu_redis.Channel):
 
     def _put(self, queue: str, message: dict[str, object], **kwargs: object) -> None:
         ride = self.ride()  # not None: the transport is ``Riding``, with ``outgoing``
-        batch = kwargs.get("_publish_batch") is not None
-        outgoing: Outgoing | None = None if ride is None or batch else self.connection.outgoing
+        # kombu's Producer.batch(): the message's commands go in its pipeline.
+        batch = cast("PublishBatch | None", kwargs.get("_publish_batch"))
+        outgoing: Outgoing | None = None if ride is None else self.connection.outgoing
         if ride is None or outgoing is None or not outgoing.rides():
             super()._put(queue, message, **kwargs)  # any other task's, or canvas's
             return
         task_id = message_task_id(message)
-        hold = outgoing.take_hold(task_id)
+        # No hold rides a message in kombu's batch: its dispatch takes it apart.
+        hold = None if batch is not None else outgoing.take_hold(task_id)
         notes = outgoing.take_note_source(task_id)
         if hold is None and notes is None:
             super()._put(queue, message, **kwargs)
@@ -144,8 +159,13 @@ class Channel(kombu_redis.Channel):
         )
         if hold is not None and hold.put(server, push):
             return
-        if push.note is None or not self._push_noted(push, ride):
-            super()._put(queue, message, **kwargs)
+        if push.note is not None:
+            if batch is not None:
+                if self._batch_noted(push, ride, batch):
+                    return
+            elif self._push_noted(push, ride):
+                return
+        super()._put(queue, message, **kwargs)
 
     def _push_noted(self, push: Push, ride: AppRide) -> bool:
         """Push with its note in one round trip, as kombu's push is one (False: the
@@ -167,6 +187,46 @@ class Channel(kombu_redis.Channel):
                 )
                 return False
         return True
+
+    def _batch_noted(self, push: Push, ride: AppRide, batch: PublishBatch) -> bool:
+        """Add the push with its note to kombu's publish batch, the noted push's script in
+        place of kombu's LPUSH in the same pipeline (False: not noted, kombu adds its own:
+        a key prefix kombu's pipeline would add again, or a user that may not write notes).
+        """
+        note = push.note
+        assert note is not None  # noqa: S101  (the caller checked)
+        if self.global_keyprefix or not self._notes_writable(ride, note.prefix):
+            return False
+        loaded = self._singleton_loaded_in
+        if loaded is None or loaded() is not batch:
+            # Loaded first in the same pipeline: a server that lost its scripts (a restart)
+            # still runs every push, where NOSCRIPT would leave the batch's delivery uncertain.
+            batch.add("script_load", PUSH)
+            self._singleton_loaded_in = weakref.ref(batch)
+        lists, ms = push.expire if push.expire is not None else ((), "")
+        keys = [push.key, *keys_of(note.prefix), *lists]
+        batch.add("evalsha", PUSH_SHA, len(keys), *keys, push.payload, ms, note.spec())
+        return True
+
+    def _notes_writable(self, ride: AppRide, prefix: str) -> bool:
+        """Whether this channel's user may write the notes, asked once a channel before
+        its first noted push in a batch: a command the server refuses in kombu's pipeline
+        would leave the whole batch's delivery uncertain, not push that one apart."""
+        if self._singleton_batch_notes is None and ride.notes_allowed:
+            with self.conn_or_acquire() as acquired:
+                try:
+                    cast("SyncClient", acquired).exists(*keys_of(prefix))
+                except Exception as error:
+                    if not is_refusal(error, "NOPERM"):
+                        raise
+                    ride.notes_allowed = False
+                    logger.warning(
+                        "the broker's user may not write the lock prefix's notes (%s): "
+                        "messages lost in transit are not pushed again",
+                        error,
+                    )
+            self._singleton_batch_notes = ride.notes_allowed
+        return bool(self._singleton_batch_notes) and ride.notes_allowed
 
     def _put_fanout(
         self, exchange: str, message: dict[str, object], routing_key: str, **kwargs: object

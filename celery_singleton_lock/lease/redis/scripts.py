@@ -65,6 +65,7 @@ RAISE_FENCE = source("raise_fence")
 IDEMPOTENCY_CLAIM = source("idempotency_claim")
 IDEMPOTENCY_BEGIN = source("idempotency_begin")
 IDEMPOTENCY_END = source("idempotency_end")
+HOLD_MANY = source("hold_many")
 
 
 def in_lock_db(script: str, db: int) -> str:
