@@ -198,12 +198,23 @@ def main(system: str) -> int:
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     answers.write(json.dumps({"ready": system}) + "\n")
+    # A batch where the system has one (this project's ``apply_many``); else call by call.
+    many = getattr(getattr(send, "__self__", None), "apply_many", None)
     for line in sys.stdin:
         order = json.loads(line)
         queue, args, count, same = order["queue"], order["args"], order["count"], order["same"]
+        keys = order.get("keys")
         began = time.perf_counter()
-        for i in range(count):
-            send((args if same else f"{args}-{i}",), queue=queue)
+        if keys:
+            items = [(f"{args}-{i % keys}",) for i in range(count)]
+            if many is not None:
+                many(items, queue=queue)
+            else:
+                for item in items:
+                    send(item, queue=queue)
+        else:
+            for i in range(count):
+                send((args if same else f"{args}-{i}",), queue=queue)
         answers.write(json.dumps({"seconds": time.perf_counter() - began}) + "\n")
     return 0
 
@@ -230,10 +241,14 @@ class Alone:
         """Wait until the child has built its app and task."""
         self._answer()
 
-    def calls(self, queue: str, args: str, count: int, *, same: bool = False) -> float:
+    def calls(
+        self, queue: str, args: str, count: int, *, same: bool = False, keys: int = 0
+    ) -> float:
         """Seconds the child took for ``count`` calls to ``queue``: each with ``args``
-        (``same``: a duplicate of the first) or with ``args-<i>`` (each unique)."""
-        order = {"queue": queue, "args": args, "count": count, "same": same}
+        (``same``: a duplicate of the first) or with ``args-<i>`` (each unique); with
+        ``keys``, over that many distinct arguments, as one batch where the system has
+        one (``apply_many``), else call by call."""
+        order = {"queue": queue, "args": args, "count": count, "same": same, "keys": keys}
         if self.process.stdin is None:
             raise RuntimeError(f"{self.system}'s process has no stdin")
         self.process.stdin.write(json.dumps(order) + "\n")
