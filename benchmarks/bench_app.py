@@ -181,6 +181,45 @@ def this_history(item: str, seconds: float = 0.0) -> str:
     return _run("this_history", item, seconds)
 
 
+# Canvas members (section 11): a step whose duplicates a canvas repeats, a link after
+# it and a chord's body; results stored whatever the configuration (chords need them).
+@others.task(shared=False, name="bench.plain_step", ignore_result=False)
+def plain_step(item: str, seconds: float = 0.0) -> str:
+    return _run("plain_step", item, seconds)
+
+
+@others.task(shared=False, name="bench.plain_then", ignore_result=False)
+def plain_then(previous: str, number: int) -> str:
+    return f"{previous}/{number}"
+
+
+@others.task(shared=False, name="bench.plain_collect", ignore_result=False)
+def plain_collect(results: list[str]) -> int:
+    return len(results)
+
+
+@singleton_task(app=app, shared=False, name="bench.this_step", ignore_result=False)
+def this_step(item: str, seconds: float = 0.0) -> str:
+    return _run("this_step", item, seconds)
+
+
+@app.task(shared=False, name="bench.this_then", ignore_result=False)
+def this_then(previous: str, number: int) -> str:
+    return f"{previous}/{number}"
+
+
+@app.task(shared=False, name="bench.this_collect", ignore_result=False)
+def this_collect(results: list[str]) -> int:
+    return len(results)
+
+
+# Each system's (step, link, chord body).
+CANVAS: dict[str, tuple[Any, Any, Any]] = {
+    "plain": (plain_step, plain_then, plain_collect),
+    "this": (this_step, this_then, this_collect),
+}
+
+
 class Idempotent:
     """``this`` called with an idempotency key per item: a unique call claims a new key; a
     repeat is answered from its key's record with the first call's result (nothing sent)."""

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from celery import chain, chord
 from kombu.connection import Connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -406,6 +407,63 @@ class Bench:
                 "ratio": paired_ratio(seconds[s], seconds[CONTROL]),
                 "ratio_range": paired_range(seconds[s], seconds[CONTROL]),
                 "messages_published": published[s],
+            }
+            for s in systems
+        }
+
+    # -- 11: canvas with duplicates ---------------------------------------------------------
+
+    def canvas(self) -> None:
+        # 20 chains (a step, then a link) and a chord of 20 steps, the steps over 5 keys:
+        # plain Celery runs every step; this project's duplicate steps attach to the one
+        # that holds their key. Time from the first dispatch to the last result.
+        count, keys, step_s = 20, 5, 0.2
+        systems = ("plain", "this")
+        chains: dict[str, list[float]] = {s: [] for s in systems}
+        chords: dict[str, list[float]] = {s: [] for s in systems}
+        steps: dict[str, int] = {}
+        workers = self.workers("bench-canvas")
+        try:
+            for round_no in range(self.args.rounds):
+                for system in self.order(systems):
+                    queue = f"bench-canvas-{self.bench.side(system)}"
+                    step, then, collect = self.bench.CANVAS[system]
+                    self.r.delete(f"marks:{system}_step")
+                    began = time.perf_counter()
+                    sent = [
+                        chain(
+                            step.si(f"c{round_no}-{i % keys}", step_s).set(queue=queue),
+                            then.s(i).set(queue=queue),
+                        ).apply_async()
+                        for i in range(count)
+                    ]
+                    for result in sent:
+                        try:
+                            result.get(timeout=60)
+                        except Exception as error:
+                            log = workers[self.bench.side(system)].output()[-4000:]
+                            raise RuntimeError(f"{system}: a chain did not end:\n{log}") from error
+                    chains[system].append(time.perf_counter() - began)
+                    began = time.perf_counter()
+                    header = [
+                        step.si(f"h{round_no}-{i % keys}", step_s).set(queue=queue)
+                        for i in range(count)
+                    ]
+                    body = collect.s().set(queue=queue)
+                    if chord(header)(body).get(timeout=120) != count:
+                        raise RuntimeError(f"{system}: the chord's body missed a result")
+                    chords[system].append(time.perf_counter() - began)
+                    steps[system] = int(self.r.llen(f"marks:{system}_step"))
+        finally:
+            for worker in workers.values():
+                worker.stop()
+        self.results["canvas"] = {
+            s: {
+                "chains_s": round(median(chains[s]), 2),
+                "chains_ratio": paired_ratio(chains[s], chains["plain"]),
+                "chord_s": round(median(chords[s]), 2),
+                "chord_ratio": paired_ratio(chords[s], chords["plain"]),
+                "steps_run": steps[s],
             }
             for s in systems
         }
@@ -1036,6 +1094,16 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "publishes one message per key in one broker pipeline. Ratio: the median of "
             "the rounds' ratios to plain_alone; messages that reached the broker.",
         ),
+        "canvas": (
+            "11. Canvas with duplicates",
+            "One prefork worker (concurrency 2) per system: 20 chains, each a step (0.2 s) "
+            "then a link, and a chord of 20 steps, the steps over 5 distinct arguments; "
+            "seconds from the first dispatch to the last result (the chord: its body's), "
+            "medians of the rounds, ratios to plain Celery, which runs every step. Here a "
+            "duplicate step inside a canvas attaches to the call that holds its key and "
+            "ends with its result; steps_run: the steps whose bodies ran in the last "
+            "round (chains and chord).",
+        ),
     }
     if all(k in r for k in CHARTED):
         out += [
@@ -1138,6 +1206,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "cost": bench.cost,
         "rate_starts": bench.rate_starts,
         "batch": bench.batch,
+        "canvas": bench.canvas,
     }
     try:
         for name, scenario in scenarios.items():
