@@ -75,6 +75,11 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     said = check_the_ride(app)
     if said is not None:
         _said.append(said)
+    if getattr(sender, "task_events", False):  # -E, worker_send_task_events
+        # Here, before the pool forks: the children inherit the receivers.
+        from ..contrib.events import install as send_events  # noqa: PLC0415  (only with -E)
+
+        send_events(worker=True)
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.

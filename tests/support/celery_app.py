@@ -58,6 +58,8 @@ app.conf.update(
     singleton_lock_metrics_port=int(os.environ["CSL_METRICS_PORT"])
     if os.environ.get("CSL_METRICS_PORT")
     else None,
+    # The events tests have a worker send task events, as -E does (CSL_TASK_EVENTS=1).
+    worker_send_task_events=os.environ.get("CSL_TASK_EVENTS") == "1",
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     # CSL_RIDE=0: kombu's own transport even where the hold could ride the push.
     singleton_lock_ride_broker=os.environ.get("CSL_RIDE", "1") != "0",
