@@ -12,7 +12,7 @@ from celery_singleton_lock import DuplicateTaskError
 from celery_singleton_lock.lease import LockKeys
 
 from ..conftest import CeleryEnv
-from ..support.monitors import Seen
+from ..support.monitors import Flower, Seen
 from ..support.runs import UNTIL_OPENED, dropped, open_gate, started, wait_for
 from ..support.workers import Worker
 
@@ -122,3 +122,28 @@ def test_without_events_nothing_is_sent(cenv: CeleryEnv, worker: Worker, seen: S
     first.get(timeout=30)
     told = [e["type"] for e in seen.after_marker() if e["type"].startswith("task-singleton-")]
     assert told == []
+
+
+def test_flower_shows_a_waiting_call_waits_for_its_keys_holder(
+    cenv: CeleryEnv, events_worker: Worker
+) -> None:
+    app, queue = cenv.app_module, events_worker.queue
+    with Flower(cenv.env) as flower:
+        holder = app.patient.apply_async(("fl", UNTIL_OPENED), queue=queue)
+        _started(cenv, "fl")
+        waiting = app.patient.apply_async(("fl",), queue=queue)  # waits up to 20 s
+        key = app.patient.singleton_options().key.derive(("fl",), {})
+
+        def told() -> dict[str, Any] | None:
+            info = flower.task(waiting.id)
+            return info if info and info["state"] == "SINGLETON-CONTENDED" else None
+
+        info = wait_for(told, 30, "Flower's state of the waiting call")
+        assert info["result"] == f"{key!r} is held by {holder.id}: wait up to 20s"
+        assert info["worker"] == events_worker.nodename
+        page = flower.page(waiting.id)
+        assert "SINGLETON-CONTENDED" in page
+        assert f"is held by {holder.id}: wait up to 20s" in page
+        open_gate(cenv, "fl")
+        assert waiting.get(timeout=30) == "fl"
+        wait_for(lambda: (flower.task(waiting.id) or {}).get("state") == "SUCCESS", 20, "SUCCESS")
