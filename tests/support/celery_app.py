@@ -189,6 +189,13 @@ def _die_sending_on(body: Any = None, headers: Any = None, **_: Any) -> None:
 if os.environ.get("CSL_DIES_SENDING"):
     before_task_publish.connect(_die_sending_on)
 
+# With CSL_OTEL_SPANS=<path> (a worker's), each pool process traces its runs as
+# opentelemetry-instrumentation-celery does, its spans written to that file.
+if os.environ.get("CSL_OTEL_SPANS"):
+    from .spans import export_spans_to
+
+    export_spans_to(os.environ["CSL_OTEL_SPANS"])
+
 
 # The tasks, one module per subject, registered on ``app`` as they are imported. After
 # the configuration above, which they read; imported here so ``-A tests.support.celery_app``
