@@ -1,4 +1,4 @@
-"""What each held-back call's decision says, written once: its name and fields, from its signal.
+"""What each decision about a call kept from running says, once: its name and fields.
 
 Celery events (``contrib/events.py``) and OpenTelemetry (``contrib/tracing.py``) both read
 ``DECISIONS``; docs/operations.md lists the names and fields.

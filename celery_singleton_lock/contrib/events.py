@@ -1,9 +1,8 @@
 """The decisions as Celery events where Celery sends its own (Flower, ``celery events``).
 
-A worker sending task events (``-E``, ``worker_send_task_events``) sends every decision of
-``DECISIONS``; a producer with ``task_send_sent_event`` its refusals. Nothing is connected
-or built otherwise: a worker without events has no receiver, a producer's receiver reads
-one setting per refusal. Each event goes through Celery's own dispatcher.
+A worker sending task events (``-E``) sends each of ``DECISIONS``, a producer with
+``task_send_sent_event`` its refusals, through Celery's own dispatcher. Otherwise a worker
+has no receiver, and a producer's reads one setting per refusal: nothing is built.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The library's metrics through OpenTelemetry's metrics API, with the Prometheus ones' names.
 
-Call ``install()`` once where you set your ``MeterProvider`` (a producer at start-up, a
-worker in ``worker_process_init``): each of ``metrics.METRICS`` becomes an instrument of
-the meter ``celery_singleton_lock`` (a counter, a histogram in seconds, a gauge), its
-labels attributes. Beside ``metrics.install()`` if you want both.
+Call ``install()`` once where you set your ``MeterProvider`` (a worker: in
+``worker_process_init``): each of ``metrics.METRICS`` becomes an instrument of the meter
+``celery_singleton_lock``, its labels attributes. Beside ``metrics.install()``, or alone.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The decisions as OpenTelemetry span events on the current span (the extra ``[otel]``).
 
-Where ``opentelemetry-api`` is installed, each decision of ``DECISIONS`` becomes the span
-event ``singleton.<what>`` on the current span (the caller's at dispatch; the run's at
-execution, as ``opentelemetry-instrumentation-celery`` makes it current), and a run's span
-gets ``singleton.key`` and ``singleton.fence`` as it takes its lease. Without the package
-nothing is connected; without a tracer provider the current span does not record and each
-receiver returns at its first line.
+Each of ``DECISIONS`` is ``singleton.<what>`` on the caller's span at dispatch, the run's at
+execution (``opentelemetry-instrumentation-celery``'s); a run's span gets its fence. Nothing
+is connected without ``opentelemetry-api``; a span that does not record is left at once.
 """
 
 from __future__ import annotations
