@@ -2,7 +2,8 @@
 
 Sent synchronously in the process where the event happens; a receiver that raises is logged
 and ignored (Celery's ``Signal.send`` semantics), so a metrics bug never stops a task. Each
-is sent with ``sender=task`` (``limits_changed``: None) and the lock's ``name``.
+is sent with ``sender=task`` (``limits_changed``: None) and the lock's ``name``
+(``ride_checked``: the app, and no name).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ idempotent_replayed = Signal(
 limits_changed = Signal(name="limits_changed", providing_args=_ARGS | {"change", "override", "by"})
 
 
+# A worker's broker ride checked itself as the worker started (sent with sender=app, no
+# lock's name): ``outcome`` is "passed", "off" (kombu reads otherwise than the ride writes:
+# turned off in that worker), "push-refused" (the lock store's user may not push) or
+# "not-run" (the check could not run).
+ride_checked = Signal(name="ride_checked", providing_args={"outcome"})
+
+
 def send(signal: Signal, sender: object, name: str, **fields: object) -> None:
     """Send ``signal`` about the lock ``name`` (as ``name``, and as the deprecated ``key``)."""
     signal.send(sender=sender, name=name, key=name, **fields)
@@ -101,4 +109,5 @@ __all__ = [
     "lease_released",
     "limits_changed",
     "rate_asked",
+    "ride_checked",
 ]

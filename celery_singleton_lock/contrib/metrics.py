@@ -29,6 +29,7 @@ from ..signals import (
     lease_released,
     limits_changed,
     rate_asked,
+    ride_checked,
 )
 
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
@@ -79,6 +80,9 @@ METRICS: tuple[Metric, ...] = (
            "gauge", ("task", "key")),
     Metric("next_slot", "celery_singleton_lock_rate_next_slot_timestamp_seconds",
            "When the next run may start", "gauge", ("task", "key")),
+    # Each worker's start: its broker ride's self-check (outcome "off": the ride turned off).
+    Metric("ride_checks", "celery_singleton_lock_ride_checks",
+           "Broker ride self-checks at worker start", "counter", ("outcome",)),
 )  # fmt: skip
 
 
@@ -248,6 +252,10 @@ def _limits(name: str = "", change: str = "", **_: object) -> None:
     _metrics["limits"].labels(name, change).inc()
 
 
+def _ride_checked(outcome: str = "", **_: object) -> None:
+    _metrics["ride_checks"].labels(outcome).inc()
+
+
 _RECEIVERS = (
     (dispatch_accepted, _accepted),
     (duplicate_refused, _refused),
@@ -261,6 +269,7 @@ _RECEIVERS = (
     (idempotent_replayed, _replayed),
     (rate_asked, _rate),
     (limits_changed, _limits),
+    (ride_checked, _ride_checked),
 )
 
 
