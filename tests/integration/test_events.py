@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from celery_singleton_lock.lease import LockKeys
 from ..conftest import CeleryEnv
 from ..support.monitors import Flower, Seen
 from ..support.runs import UNTIL_OPENED, dropped, open_gate, started, wait_for
+from ..support.web import CHROMEDRIVER, CHROMIUM, browser
 from ..support.workers import Worker
 
 pytestmark = pytest.mark.slow
@@ -147,3 +150,29 @@ def test_flower_shows_a_waiting_call_waits_for_its_keys_holder(
         open_gate(cenv, "fl")
         assert waiting.get(timeout=30) == "fl"
         wait_for(lambda: (flower.task(waiting.id) or {}).get("state") == "SUCCESS", 20, "SUCCESS")
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs chromium and chromium-driver")
+def test_a_screenshot_of_flowers_task_page(
+    cenv: CeleryEnv, events_worker: Worker, tmp_path: Path
+) -> None:
+    """``python3 scripts/dev.py screenshot`` writes it into the docs (CSL_FLOWER_SCREENSHOT)."""
+    app, queue = cenv.app_module, events_worker.queue
+    target = Path(os.environ.get("CSL_FLOWER_SCREENSHOT") or tmp_path / "flower-task.png")
+    with Flower(cenv.env) as flower, browser() as driver:
+        holder = app.patient.apply_async(("fl-shot", UNTIL_OPENED), queue=queue)
+        _started(cenv, "fl-shot")
+        waiting = app.patient.apply_async(("fl-shot",), queue=queue)
+        wait_for(
+            lambda: (flower.task(waiting.id) or {}).get("state") == "SINGLETON-CONTENDED",
+            30,
+            "Flower's state of the waiting call",
+        )
+        driver.set_window_size(1400, 900)
+        driver.get(f"{flower.url}/task/{waiting.id}")
+        assert "SINGLETON-CONTENDED" in driver.page_source
+        driver.save_screenshot(str(target))
+        open_gate(cenv, "fl-shot")
+        assert waiting.get(timeout=30) == "fl-shot"
+        holder.get(timeout=30)
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
