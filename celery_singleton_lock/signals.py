@@ -2,8 +2,7 @@
 
 Sent synchronously in the process where the event happens; a receiver that raises is logged
 and ignored (Celery's ``Signal.send`` semantics), so a metrics bug never stops a task. Each
-is sent with ``sender=task`` (``limits_changed``: None) and the lock's ``name``
-(``ride_checked``: the app, and no name).
+is sent with ``sender=task`` (``limits_changed``: None) and the lock's ``name``.
 """
 
 from __future__ import annotations
