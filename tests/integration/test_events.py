@@ -132,6 +132,7 @@ def test_flower_shows_a_waiting_call_waits_for_its_keys_holder(
 ) -> None:
     app, queue = cenv.app_module, events_worker.queue
     with Flower(cenv.env) as flower:
+        flower.listening(app.app)
         holder = app.patient.apply_async(("fl", UNTIL_OPENED), queue=queue)
         _started(cenv, "fl")
         waiting = app.patient.apply_async(("fl",), queue=queue)  # waits up to 20 s
@@ -160,6 +161,7 @@ def test_a_screenshot_of_flowers_task_page(
     app, queue = cenv.app_module, events_worker.queue
     target = Path(os.environ.get("CSL_FLOWER_SCREENSHOT") or tmp_path / "flower-task.png")
     with Flower(cenv.env) as flower, browser() as driver:
+        flower.listening(app.app)
         holder = app.patient.apply_async(("fl-shot", UNTIL_OPENED), queue=queue)
         _started(cenv, "fl-shot")
         waiting = app.patient.apply_async(("fl-shot",), queue=queue)

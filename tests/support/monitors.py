@@ -113,6 +113,18 @@ class Flower:
             return False
         return True
 
+    def listening(self, app: Celery) -> Flower:
+        """Once Flower files an event sent now: its events queue is bound (its HTTP server
+        answers before), no event sent after is missed."""
+        marker = uuid()
+        deadline = time.monotonic() + 30
+        while self.task(marker) is None:
+            assert time.monotonic() < deadline, f"Flower saw no event:\n{self.output()}"
+            with app.events.default_dispatcher() as dispatcher:
+                dispatcher.send("task-test-marker", uuid=marker)
+            time.sleep(0.2)
+        return self
+
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
