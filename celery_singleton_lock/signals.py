@@ -17,12 +17,14 @@ _ARGS = {"name", "key"}
 
 # At dispatch, the call took its hold and was published.
 dispatch_accepted = Signal(name="dispatch_accepted", providing_args=_ARGS | {"task_id"})
-# At dispatch, a duplicate was refused.
-duplicate_refused = Signal(name="duplicate_refused", providing_args=_ARGS | {"holder_id"})
+# At dispatch, a duplicate (the call ``task_id``) was refused.
+duplicate_refused = Signal(
+    name="duplicate_refused", providing_args=_ARGS | {"task_id", "holder_id"}
+)
 # At execution, the key was held by someone else; ``decision`` is the policy's ``Fail``,
-# ``Requeue`` or ``Wait``.
+# ``Requeue`` or ``Wait`` for the run ``task_id``.
 execution_contended = Signal(
-    name="execution_contended", providing_args=_ARGS | {"holder_id", "decision"}
+    name="execution_contended", providing_args=_ARGS | {"task_id", "holder_id", "decision"}
 )
 # At execution, the contention policy said ``skip``: the call ended quietly (state IGNORED).
 execution_skipped = Signal(
@@ -40,15 +42,16 @@ lease_acquired = Signal(
 )
 # At execution, a run of a ``rate=`` task was given its ``slot`` (seconds since the epoch,
 # the lock store's clock); ``deferred``: not yet, its message was sent again to arrive on
-# it. ``remaining`` runs of the key may start now after it; the next at ``next_slot``.
+# it, ``delay`` seconds from now. ``remaining`` runs of the key may start now after it;
+# the next at ``next_slot``.
 rate_asked = Signal(
     name="rate_asked",
-    providing_args=_ARGS | {"task_id", "slot", "deferred", "remaining", "next_slot"},
+    providing_args=_ARGS | {"task_id", "slot", "delay", "deferred", "remaining", "next_slot"},
 )
 # An execution gave its lease back after ``held`` seconds (sent as the release is sent).
 lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
-# Renewal found the lease gone while the task ran (``lease_taken``).
-lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id"})
+# Renewal found the lease (its ``fence``) gone while the task ran (``lease_taken``).
+lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id", "fence"})
 # At dispatch, a repeat of an idempotency key was answered with its first call
 # (``task_id``, in ``state``: accepted, running, succeeded or failed); nothing was sent.
 idempotent_repeat = Signal(
@@ -69,6 +72,13 @@ idempotent_replayed = Signal(
 limits_changed = Signal(name="limits_changed", providing_args=_ARGS | {"change", "override", "by"})
 
 
+# A worker's broker ride checked itself as the worker started (sent with sender=app, no
+# lock's name): ``outcome`` is "passed", "off" (kombu reads otherwise than the ride writes:
+# turned off in that worker), "push-refused" (the lock store's user may not push) or
+# "not-run" (the check could not run).
+ride_checked = Signal(name="ride_checked", providing_args={"outcome"})
+
+
 def send(signal: Signal, sender: object, name: str, **fields: object) -> None:
     """Send ``signal`` about the lock ``name`` (as ``name``, and as the deprecated ``key``)."""
     signal.send(sender=sender, name=name, key=name, **fields)
@@ -79,7 +89,9 @@ def lease_taken(sender: object, lease: Lease, task_id: str, waited: float) -> No
     with receivers connected: nothing is registered per task otherwise)."""
     send(lease_acquired, sender, lease.name, task_id=task_id, fence=lease.fence, waited=waited)
     if lease_lost.receivers:
-        lease.on_lost(lambda lost: send(lease_lost, sender, lost.name, task_id=task_id))
+        lease.on_lost(
+            lambda lost: send(lease_lost, sender, lost.name, task_id=task_id, fence=lost.fence)
+        )
 
 
 __all__ = [
@@ -96,4 +108,5 @@ __all__ = [
     "lease_released",
     "limits_changed",
     "rate_asked",
+    "ride_checked",
 ]

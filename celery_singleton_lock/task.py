@@ -22,6 +22,7 @@ from .broker.ride import lock_ride
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
+from .contrib import events, tracing
 from .exceptions import DuplicateTaskError
 from .lease import Lease
 from .publish import route
@@ -106,6 +107,8 @@ class SingletonTask(Task):  # type: ignore[misc]
         attributes), the worker's receivers installed, and with ``run`` its options built."""
         refuse_task_options(name, keywords, misplaced=not decorator)
         hooks.install()  # the worker's receivers, once a singleton task exists
+        events.install()  # a producer's refusals, where it sends task-sent events
+        tracing.install()  # span events, where opentelemetry-api is installed
         return None if run is None else SingletonOptions.build(name, run, singleton)
 
     @classmethod

@@ -15,7 +15,7 @@
     python3 scripts/dev.py docs [serve]            build the documentation site (site/), or serve it
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
-    python3 scripts/dev.py screenshot              the locks page's screenshot in the docs
+    python3 scripts/dev.py screenshot              the docs' screenshots (locks page, Flower)
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
@@ -357,17 +357,27 @@ def docs(args: list[str]) -> int:
 
 
 def screenshot(args: list[str]) -> int:
-    """The locks page's screenshot in the docs (docs/img/locks-page.png), taken in a real
-    browser against a real worker by the page's own test."""
+    """The docs' screenshots, taken in a real browser against a real worker by their pages'
+    own tests: the locks page (docs/img/locks-page.png) and Flower's page of a call
+    waiting for its key's holder (docs/img/flower-task.png)."""
     ensure_venv()
     ensure_browser()
     target = ROOT / "docs" / "img" / "locks-page.png"
-    env = dict(os.environ, REDIS_SERVER_BIN=ensure_redis_server(), CSL_SCREENSHOT=str(target))
-    test = "tests/integration/test_web.py::TestInABrowser::test_a_screenshot_of_the_list"
-    command = [str(PYTHON), "-m", "pytest", test, *args]
+    flower = ROOT / "docs" / "img" / "flower-task.png"
+    env = dict(
+        os.environ,
+        REDIS_SERVER_BIN=ensure_redis_server(),
+        CSL_SCREENSHOT=str(target),
+        CSL_FLOWER_SCREENSHOT=str(flower),
+    )
+    tests = [
+        "tests/integration/test_web.py::TestInABrowser::test_a_screenshot_of_the_list",
+        "tests/integration/test_events.py::test_a_screenshot_of_flowers_task_page",
+    ]
+    command = [str(PYTHON), "-m", "pytest", *tests, *args]
     code = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
     if code == 0:
-        say(f"wrote {target.relative_to(ROOT)}")
+        say(f"wrote {target.relative_to(ROOT)} and {flower.relative_to(ROOT)}")
     return code
 
 

@@ -12,7 +12,8 @@ import sys
 import tempfile
 import threading
 import types
-from typing import TYPE_CHECKING, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
 from ..exceptions import ConfigurationError
 from ..signals import (
@@ -28,18 +29,121 @@ from ..signals import (
     lease_released,
     limits_changed,
     rate_asked,
+    ride_checked,
 )
 
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 _guard = threading.Lock()
+_adding = threading.Lock()
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _Metric = Union["Counter", "Histogram", "Gauge"]
-_counters: dict[str, Counter] = {}
-_histograms: dict[str, Histogram] = {}
-_gauges: dict[str, Gauge] = {}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric the library exports, whatever counts it: ``short`` is how the receivers
+    name it, ``name`` how Prometheus and OpenTelemetry do (Prometheus adds ``_total`` to a
+    counter's samples, ``_bucket``/``_sum``/``_count`` to a histogram's)."""
+
+    short: str
+    name: str
+    text: str
+    kind: Literal["counter", "histogram", "gauge"]
+    labels: tuple[str, ...] = ("task",)
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("dispatches", "celery_singleton_lock_dispatches", "Dispatches", "counter",
+           ("task", "outcome")),
+    Metric("contentions", "celery_singleton_lock_contentions", "Executions contended", "counter",
+           ("task", "decision")),
+    Metric("leases", "celery_singleton_lock_leases", "Running leases", "counter",
+           ("task", "event")),
+    # Redeliveries and same-id send_task calls of a holder's message, dropped without a result.
+    Metric("copies", "celery_singleton_lock_copies_dropped",
+           "Copies of a holder's message dropped", "counter"),
+    Metric("dead", "celery_singleton_lock_dead_child_releases",
+           "Leases of dead children released", "counter"),
+    Metric("idempotent", "celery_singleton_lock_idempotent",
+           "Calls answered by an idempotency key's first call", "counter", ("task", "outcome")),
+    Metric("wait", "celery_singleton_lock_wait_seconds", "Time to the running lease", "histogram"),
+    Metric("hold", "celery_singleton_lock_hold_seconds", "Time the lease was held", "histogram"),
+    # limits.set in this process (a rate, a limit, a pause, a resume, a reset): labelled by
+    # what the change applies to, not by task.
+    Metric("limits", "celery_singleton_lock_limit_changes", "Limits changed at run time",
+           "counter", ("target", "change")),
+    Metric("deferrals", "celery_singleton_lock_rate_deferrals",
+           "Runs deferred to a later slot of a rate", "counter"),
+    Metric("remaining", "celery_singleton_lock_rate_remaining", "Runs that may start now",
+           "gauge", ("task", "key")),
+    Metric("next_slot", "celery_singleton_lock_rate_next_slot_timestamp_seconds",
+           "When the next run may start", "gauge", ("task", "key")),
+    # Each worker's start: its broker ride's self-check (outcome "off": the ride turned off).
+    Metric("ride_checks", "celery_singleton_lock_ride_checks",
+           "Broker ride self-checks at worker start", "counter", ("outcome",)),
+)  # fmt: skip
+
+
+class _Labelled(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+    def observe(self, amount: float) -> None: ...
+    def set(self, value: float) -> None: ...
+
+
+class Backend(Protocol):
+    """A metric as one exporter keeps it (Prometheus's own objects are one)."""
+
+    def labels(self, *values: str) -> Any: ...
+
+
+class _Fanout:
+    """One metric counted into every exporter installed in this process."""
+
+    def __init__(self) -> None:
+        self.backends: list[Backend] = []
+
+    def labels(self, *values: str) -> _Labelled:
+        return _Children([backend.labels(*values) for backend in self.backends])
+
+
+class _Children:
+    def __init__(self, children: list[_Labelled]) -> None:
+        self.children = children
+
+    def inc(self, amount: float = 1) -> None:
+        for child in self.children:
+            child.inc(amount)
+
+    def observe(self, amount: float) -> None:
+        for child in self.children:
+            child.observe(amount)
+
+    def set(self, value: float) -> None:
+        for child in self.children:
+            child.set(value)
+
+
+_metrics: dict[str, _Fanout] = {metric.short: _Fanout() for metric in METRICS}
 _installed: dict[str, _Metric] = {}
+_added: set[str] = set()
+
+
+def add_backend(what: str, backends: dict[str, Backend]) -> bool:
+    """Count into ``backends`` (one per ``METRICS`` entry, by short name) too, once per
+    ``what`` per process; the receivers are connected with the first. Returns whether
+    they were added now."""
+    with _adding:
+        if what in _added:
+            return False
+        _added.add(what)
+        for short, backend in backends.items():
+            _metrics[short].backends.append(backend)
+        if len(_added) == 1:
+            for signal, receiver in _RECEIVERS:
+                signal.connect(receiver, weak=False)
+        return True
 
 
 def _prometheus() -> types.ModuleType:
@@ -62,67 +166,23 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
             return _installed
         prom = _prometheus()
         kwargs = {} if registry is None else {"registry": registry}
-
-        def counter(name: str, text: str, *labels: str) -> Counter:
-            made: Counter = prom.Counter(name, text, ["task", *labels], **kwargs)
-            return made
-
-        def histogram(name: str, text: str) -> Histogram:
-            made: Histogram = prom.Histogram(name, text, ["task"], buckets=BUCKETS, **kwargs)
-            return made
-
-        _counters.update(
-            dispatches=counter("celery_singleton_lock_dispatches", "Dispatches", "outcome"),
-            contentions=counter(
-                "celery_singleton_lock_contentions", "Executions contended", "decision"
-            ),
-            leases=counter("celery_singleton_lock_leases", "Running leases", "event"),
-            # Redeliveries and same-id send_task calls of a holder's message, dropped
-            # without a result.
-            copies=counter(
-                "celery_singleton_lock_copies_dropped", "Copies of a holder's message dropped"
-            ),
-            dead=counter(
-                "celery_singleton_lock_dead_child_releases", "Leases of dead children released"
-            ),
-            idempotent=counter(
-                "celery_singleton_lock_idempotent",
-                "Calls answered by an idempotency key's first call",
-                "outcome",
-            ),
-        )
-        _histograms.update(
-            wait=histogram("celery_singleton_lock_wait_seconds", "Time to the running lease"),
-            hold=histogram("celery_singleton_lock_hold_seconds", "Time the lease was held"),
-        )
-        # limits.set in this process (a rate, a limit, a pause, a resume, a reset):
-        # labelled by what the change applies to, not by task.
-        _counters["limits"] = prom.Counter(
-            "celery_singleton_lock_limit_changes",
-            "Limits changed at run time",
-            ["target", "change"],
-            **kwargs,
-        )
-        _counters["deferrals"] = counter(
-            "celery_singleton_lock_rate_deferrals", "Runs deferred to a later slot of a rate"
-        )
-        for short, name, text in (
-            ("remaining", "celery_singleton_lock_rate_remaining", "Runs that may start now"),
-            (
-                "next_slot",
-                "celery_singleton_lock_rate_next_slot_timestamp_seconds",
-                "When the next run may start",
-            ),
-        ):
-            # The most recent answer wins across a worker's pool children.
-            _gauges[short] = prom.Gauge(
-                name, text, ["task", "key"], multiprocess_mode="mostrecent", **kwargs
-            )
-        _installed.update(_counters)
-        _installed.update(_histograms)
-        _installed.update(_gauges)
-        for signal, receiver in _RECEIVERS:
-            signal.connect(receiver, weak=False)
+        for metric in METRICS:
+            if metric.kind == "counter":
+                made = prom.Counter(metric.name, metric.text, list(metric.labels), **kwargs)
+            elif metric.kind == "histogram":
+                made = prom.Histogram(
+                    metric.name, metric.text, list(metric.labels), buckets=BUCKETS, **kwargs
+                )
+            else:  # The most recent answer wins across a worker's pool children.
+                made = prom.Gauge(
+                    metric.name,
+                    metric.text,
+                    list(metric.labels),
+                    multiprocess_mode="mostrecent",
+                    **kwargs,
+                )
+            _installed[metric.short] = made
+        add_backend("prometheus", dict(_installed))
         return _installed
 
 
@@ -131,46 +191,46 @@ def _task(sender: object) -> str:
 
 
 def _accepted(sender: object = None, **_: object) -> None:
-    _counters["dispatches"].labels(_task(sender), "accepted").inc()
+    _metrics["dispatches"].labels(_task(sender), "accepted").inc()
 
 
 def _refused(sender: object = None, **_: object) -> None:
-    _counters["dispatches"].labels(_task(sender), "refused").inc()
+    _metrics["dispatches"].labels(_task(sender), "refused").inc()
 
 
 def _contended(sender: object = None, decision: object = None, **_: object) -> None:
     kind = type(decision).__name__.lower() if decision is not None else "unknown"
-    _counters["contentions"].labels(_task(sender), kind).inc()
+    _metrics["contentions"].labels(_task(sender), kind).inc()
 
 
 def _acquired(sender: object = None, waited: float = 0.0, **_: object) -> None:
-    _counters["leases"].labels(_task(sender), "acquired").inc()
-    _histograms["wait"].labels(_task(sender)).observe(waited)
+    _metrics["leases"].labels(_task(sender), "acquired").inc()
+    _metrics["wait"].labels(_task(sender)).observe(waited)
 
 
 def _released(sender: object = None, held: float = 0.0, **_: object) -> None:
-    _counters["leases"].labels(_task(sender), "released").inc()
-    _histograms["hold"].labels(_task(sender)).observe(held)
+    _metrics["leases"].labels(_task(sender), "released").inc()
+    _metrics["hold"].labels(_task(sender)).observe(held)
 
 
 def _lost(sender: object = None, **_: object) -> None:
-    _counters["leases"].labels(_task(sender), "lost").inc()
+    _metrics["leases"].labels(_task(sender), "lost").inc()
 
 
 def _copy(sender: object = None, **_: object) -> None:
-    _counters["copies"].labels(_task(sender)).inc()
+    _metrics["copies"].labels(_task(sender)).inc()
 
 
 def _dead(sender: object = None, **_: object) -> None:
-    _counters["dead"].labels(_task(sender)).inc()
+    _metrics["dead"].labels(_task(sender)).inc()
 
 
 def _repeat(sender: object = None, **_: object) -> None:
-    _counters["idempotent"].labels(_task(sender), "repeat").inc()
+    _metrics["idempotent"].labels(_task(sender), "repeat").inc()
 
 
 def _replayed(sender: object = None, **_: object) -> None:
-    _counters["idempotent"].labels(_task(sender), "replayed").inc()
+    _metrics["idempotent"].labels(_task(sender), "replayed").inc()
 
 
 def _rate(
@@ -183,13 +243,17 @@ def _rate(
 ) -> None:
     task = _task(sender)
     if deferred:
-        _counters["deferrals"].labels(task).inc()
-    _gauges["remaining"].labels(task, name).set(remaining)
-    _gauges["next_slot"].labels(task, name).set(next_slot)
+        _metrics["deferrals"].labels(task).inc()
+    _metrics["remaining"].labels(task, name).set(remaining)
+    _metrics["next_slot"].labels(task, name).set(next_slot)
 
 
 def _limits(name: str = "", change: str = "", **_: object) -> None:
-    _counters["limits"].labels(name, change).inc()
+    _metrics["limits"].labels(name, change).inc()
+
+
+def _ride_checked(outcome: str = "", **_: object) -> None:
+    _metrics["ride_checks"].labels(outcome).inc()
 
 
 _RECEIVERS = (
@@ -205,6 +269,7 @@ _RECEIVERS = (
     (idempotent_replayed, _replayed),
     (rate_asked, _rate),
     (limits_changed, _limits),
+    (ride_checked, _ride_checked),
 )
 
 
@@ -219,13 +284,20 @@ def serve_worker(port: object, addr: object = "127.0.0.1") -> int:
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ConfigurationError(f"singleton_lock_metrics_port must be a port number, got {port!r}")
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        if "prometheus_client" in sys.modules:
-            # Its value class is chosen at import: too late to switch to multiprocess mode.
+        if "prometheus_client" in sys.modules and _installed:
+            # Its value class is chosen as a metric is made: ours are made already.
             raise ConfigurationError(
                 "prometheus_client was imported before the worker started its metrics: set "
                 "PROMETHEUS_MULTIPROC_DIR to an empty directory in the worker's environment"
             )
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="csl-metrics-")
+        if "prometheus_client" in sys.modules:
+            # Imported already (celery's command line loads its plugins' commands, Flower's
+            # among them, which imports it): its value class, chosen at import, is chosen
+            # again before ours are made.
+            from prometheus_client import values  # noqa: PLC0415
+
+            values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     prom = _prometheus()
     from prometheus_client import multiprocess  # noqa: PLC0415  (after the mode is set)
 

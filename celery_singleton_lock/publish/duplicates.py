@@ -23,7 +23,13 @@ def answer_duplicate(call: Dispatch, held: Contended) -> AsyncResult:
     holder's result, or ``DuplicateTaskError``."""
     task, lock_name = call.task, call.lock_name
     holder = holder_task_id(held.holder)
-    singleton_signals.send(singleton_signals.duplicate_refused, task, lock_name, holder_id=holder)
+    singleton_signals.send(
+        singleton_signals.duplicate_refused,
+        task,
+        lock_name,
+        task_id=call.task_id,
+        holder_id=holder,
+    )
     if logger.isEnabledFor(logging.INFO):
         # One line, stable wording (docs/operations.md): why this call was not sent.
         logger.info(

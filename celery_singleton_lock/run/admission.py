@@ -40,6 +40,7 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
             start.name,
             task_id=request.id,
             slot=slot.at,
+            delay=slot.wait,
             deferred=not slot.now,
             remaining=slot.remaining,
             next_slot=slot.free,

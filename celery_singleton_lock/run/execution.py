@@ -317,7 +317,10 @@ class Execution:
         if isinstance(self.ahead, Requeue):
             decision = self.ahead  # the countdown the take's history entry says
         self._signal(
-            singleton_signals.execution_contended, holder_id=state.holder, decision=decision
+            singleton_signals.execution_contended,
+            task_id=delivery.request.id,
+            holder_id=state.holder,
+            decision=decision,
         )
         if logger.isEnabledFor(logging.INFO):
             # One line, stable wording (docs/operations.md): contention is expected work.

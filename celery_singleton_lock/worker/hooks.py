@@ -72,9 +72,11 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
         on_receipt(app, functools.partial(receipts.riding_calls, app, hostname))
-    said = check_the_ride(app)
-    if said is not None:
-        _said.append(said)
+    if getattr(sender, "task_events", False):  # -E, worker_send_task_events
+        # Here, before the pool forks: the children inherit the receivers.
+        from ..contrib.events import install as send_events  # noqa: PLC0415  (only with -E)
+
+        send_events(worker=True)
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.
@@ -85,6 +87,9 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
             _serving.append(f"http://{addr}:{serve_worker(port, addr)}/metrics")
         except (SingletonLockError, OSError) as error:  # a bad setting, a port in use
             raise SystemExit(f"celery-singleton-lock: metrics: {error}") from None
+    said = check_the_ride(app)  # after the metrics start: its outcome is counted
+    if said is not None:
+        _said.append(said)
 
 
 def _at_worker_ready(sender: object = None, **_: object) -> None:

@@ -20,6 +20,7 @@ from ..config.visibility import (
 )
 from ..exceptions import ConfigurationError, SingletonLockError
 from ..policies import longest_requeue
+from ..signals import ride_checked
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -160,7 +161,10 @@ def check_the_ride(app: Celery) -> tuple[int, str] | None:
         if differed is None:
             refused = selfcheck.push_refused(app, context.store, context.stores.config.prefix)
     except Exception as error:
+        ride_checked.send(sender=app, outcome="not-run")
         return logging.WARNING, f"the broker ride's self-check could not run at start ({error})"
+    outcome = "off" if differed is not None else "push-refused" if refused else "passed"
+    ride_checked.send(sender=app, outcome=outcome)
     if differed is None:
         if refused is not None:
             return logging.WARNING, (

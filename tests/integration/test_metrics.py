@@ -122,6 +122,8 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
     # The 1 s task held its lease at least that long: its observation is above 0.5 s.
     assert value(scraped, "celery_singleton_lock_hold_seconds_bucket", task=work, le="0.5") == 4
     assert "celery-singleton-lock metrics on http://127.0.0.1:" in worker.output()
+    # The broker ride's self-check as the worker started: counted, passed.
+    assert value(scraped, "celery_singleton_lock_ride_checks_total", outcome="passed") == 1
 
 
 def test_a_rate_shows_each_keys_budget_and_next_slot(

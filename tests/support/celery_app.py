@@ -58,6 +58,8 @@ app.conf.update(
     singleton_lock_metrics_port=int(os.environ["CSL_METRICS_PORT"])
     if os.environ.get("CSL_METRICS_PORT")
     else None,
+    # The events tests have a worker send task events, as -E does (CSL_TASK_EVENTS=1).
+    worker_send_task_events=os.environ.get("CSL_TASK_EVENTS") == "1",
     singleton_lock_ttl=float(os.environ.get("CSL_TTL", "10")),
     # CSL_RIDE=0: kombu's own transport even where the hold could ride the push.
     singleton_lock_ride_broker=os.environ.get("CSL_RIDE", "1") != "0",
@@ -186,6 +188,13 @@ def _die_sending_on(body: Any = None, headers: Any = None, **_: Any) -> None:
 
 if os.environ.get("CSL_DIES_SENDING"):
     before_task_publish.connect(_die_sending_on)
+
+# With CSL_OTEL_SPANS=<path> (a worker's), each pool process traces its runs as
+# opentelemetry-instrumentation-celery does, its spans written to that file.
+if os.environ.get("CSL_OTEL_SPANS"):
+    from .spans import export_spans_to
+
+    export_spans_to(os.environ["CSL_OTEL_SPANS"])
 
 
 # The tasks, one module per subject, registered on ``app`` as they are imported. After

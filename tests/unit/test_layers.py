@@ -34,6 +34,13 @@ PROCESSES = {"publish", "run", "worker"}
 ALLOWED = {
     # Loaded only when singleton_lock_metrics_port is set (an optional extra).
     ("worker", "contrib.metrics"),
+    # Loaded only when the worker sends task events (-E): the decisions as Celery events.
+    ("worker", "contrib.events"),
+    # Connected as a singleton task is defined, as the worker's hooks are: a producer's
+    # refusals as Celery events (each reads task_send_sent_event), and OpenTelemetry's
+    # span events where opentelemetry-api is installed (nothing connected without it).
+    ("task", "contrib.events"),
+    ("task", "contrib.tracing"),
 }
 
 

@@ -1,0 +1,75 @@
+"""The decisions as Celery events where Celery sends its own (Flower, ``celery events``).
+
+A worker sending task events (``-E``) sends each of ``DECISIONS``, a producer with
+``task_send_sent_event`` its refusals, through Celery's own dispatcher. Otherwise a worker
+has no receiver, and a producer's reads one setting per refusal: nothing is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from celery import Celery
+from celery.utils import uuid
+
+from .decisions import DECISIONS, Told
+
+logger = logging.getLogger(__name__)
+
+# Whether this process is a worker sending task events (its pool children inherit it).
+_worker: list[bool] = [False]
+
+
+def install(*, worker: bool = False) -> None:
+    """Connect the receivers: a producer's refusals (each checks ``task_send_sent_event``
+    when it is made), and with ``worker`` every decision. Idempotent."""
+    if worker:
+        _worker[0] = True
+    for told in DECISIONS:
+        if worker or told.at_dispatch:
+            told.signal.connect(
+                _receiver(told), weak=False, dispatch_uid=f"celery_singleton_lock.event.{told.what}"
+            )
+
+
+def _receiver(told: Told) -> Callable[..., None]:
+    def receive(sender: object = None, **sent: object) -> None:
+        app = getattr(sender, "app", None)
+        if not isinstance(app, Celery) or not getattr(sender, "send_events", True):
+            return  # a task that opted out of events (Celery's ``Task.send_events``)
+        if not (_worker[0] or (told.at_dispatch and app.conf.task_send_sent_event)):
+            return
+        fields = told.fields(sent)
+        if fields is not None:
+            send(app, told, fields, getattr(sender, "name", None), _hostname(sender))
+
+    return receive
+
+
+def _hostname(sender: object) -> str | None:
+    """The worker's node name in a run (Flower files the event under it), else Celery's."""
+    request = getattr(sender, "request", None)
+    hostname = getattr(request, "hostname", None)
+    return hostname if isinstance(hostname, str) else None
+
+
+def send(
+    app: Celery, told: Told, fields: dict[str, object], task: object, host: str | None
+) -> None:
+    """Send one decision's event: its fields, the task's ``name``, and its words as ``result``
+    (Celery's state, Flower's, shows the call's result: this until the call ends)."""
+    said = {k: v for k, v in fields.items() if k != "reason" and v is not None}
+    # A call refused before it was given an id (a storm's early answer) gets one here.
+    said.setdefault("uuid", uuid())
+    said.update(name=task, result=fields.get("reason"))
+    try:
+        with app.events.default_dispatcher(hostname=host) as dispatcher:
+            dispatcher.send(
+                told.event_type,
+                retry=True,
+                retry_policy=app.conf.task_publish_retry_policy,
+                **said,
+            )
+    except Exception as error:  # a broker hiccup: a monitor's event never stops a call
+        logger.warning("celery-singleton-lock: %s event not sent (%s)", told.event_type, error)

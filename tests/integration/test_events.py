@@ -1,0 +1,180 @@
+"""The decisions as Celery events: a real worker sending task events (-E), a producer with
+``task_send_sent_event``, and an ``app.events.Receiver`` that sees each with its fields."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock.lease import LockKeys
+
+from ..conftest import CeleryEnv
+from ..support.monitors import Flower, Seen
+from ..support.runs import UNTIL_OPENED, dropped, open_gate, started, wait_for
+from ..support.web import CHROMEDRIVER, CHROMIUM, browser
+from ..support.workers import Worker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(name="events_worker", scope="module")
+def fixture_events_worker(celery_env: CeleryEnv) -> Iterator[Worker]:
+    # A short ttl: renewal (every third of it) finds a lost lease within a second.
+    extra = {"CSL_TASK_EVENTS": "1", "CSL_TTL": "3"}
+    worker = Worker(celery_env.env, extra_env=extra).start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.fixture(name="seen")
+def fixture_seen(cenv: CeleryEnv) -> Iterator[Seen]:
+    with Seen(cenv.app_module.app) as seen:
+        yield seen
+
+
+@pytest.fixture(name="sent_events")
+def fixture_sent_events(cenv: CeleryEnv) -> Iterator[None]:
+    conf = cenv.app_module.app.conf
+    conf.task_send_sent_event = True
+    try:
+        yield
+    finally:
+        conf.task_send_sent_event = False
+
+
+def _lock(task: Any, item: str) -> str:
+    return LockKeys.build("t", task.singleton_options().key.derive((item,), {})).lock
+
+
+def _started(cenv: CeleryEnv, item: str) -> None:
+    wait_for(lambda: any(s["item"] == item for s in started(cenv)), 20, f"{item} started")
+
+
+@pytest.mark.usefixtures("sent_events")
+def test_a_worker_with_events_and_a_producer_with_sent_events_send_each_decision(
+    cenv: CeleryEnv, events_worker: Worker, seen: Seen
+) -> None:
+    app, queue = cenv.app_module, events_worker.queue
+    strict, work = app.strict, app.work
+    key = strict.singleton_options().key.derive(("ev",), {})
+
+    holder = strict.apply_async(("ev", UNTIL_OPENED), queue=queue)
+    _started(cenv, "ev")
+    # At execution, the key is busy: the policy fails it, naming the holder.
+    contended = strict.apply_async(("ev",), queue=queue)
+    with pytest.raises(DuplicateTaskError):
+        contended.get(timeout=30)
+    event = seen.wait("task-singleton-contended", uuid=contended.id)
+    assert (event["key"], event["holder"], event["then"]) == (key, holder.id, "fail")
+    assert event["name"] == strict.name
+    assert event["hostname"] == events_worker.nodename
+    assert event["result"] == f"{key!r} is held by {holder.id}: fail"
+    # A copy of the holder's own message: dropped, under the holder's id.
+    app.app.send_task(strict.name, ("ev",), task_id=holder.id, queue=queue)
+    wait_for(lambda: dropped(cenv, holder.id), 20, "copy dropped")
+    event = seen.wait("task-singleton-copy-dropped", uuid=holder.id)
+    assert (event["key"], event["holder"], event["holder_state"]) == (key, holder.id, "running")
+    # The holder loses its lease (its key gone under it): renewal says so.
+    cenv.lock_client().delete(_lock(strict, "ev"))
+    event = seen.wait("task-singleton-lease-lost", uuid=holder.id)
+    assert event["key"] == key
+    assert isinstance(event["fence"], int)
+    open_gate(cenv, "ev")
+    holder.get(timeout=30, propagate=False)
+
+    # At dispatch (this process, a producer with task_send_sent_event): a duplicate.
+    first = work.apply_async(("ev-d", 1.0), queue=queue)
+    again = work.apply_async(("ev-d", 1.0), queue=queue)
+    assert again.id == first.id  # the holder's result
+    event = seen.wait("task-singleton-refused", holder=first.id)
+    assert event["key"] == work.singleton_options().key.derive(("ev-d",), {})
+    assert event["uuid"] != first.id  # the refused call's own id
+    assert first.get(timeout=30) == "ev-d"
+
+    # A rate's slot: the runs past its budget are deferred to theirs.
+    rated = app.rated_pair
+    results = [rated.apply_async(("ev-r", n), queue=queue) for n in range(5)]
+    assert [r.get(timeout=30) for r in results] == list(range(5))
+    deferred = seen.of("task-singleton-deferred")
+    assert deferred, "no run was deferred"
+    assert {e["uuid"] for e in deferred} <= {r.id for r in results}
+    for event in deferred:
+        assert event["key"] == rated.singleton_options().key.derive(("ev-r",), {})
+        assert event["delay"] > 0
+        assert event["slot"] > event["timestamp"] - 5
+
+
+def test_without_events_nothing_is_sent(cenv: CeleryEnv, worker: Worker, seen: Seen) -> None:
+    """The shared worker sends no task events, this producer no task-sent events."""
+    app, queue = cenv.app_module, worker.queue
+    holder = app.strict.apply_async(("ev-off", UNTIL_OPENED), queue=queue)
+    _started(cenv, "ev-off")
+    with pytest.raises(DuplicateTaskError):
+        app.strict.apply_async(("ev-off",), queue=queue).get(timeout=30)
+    first = app.work.apply_async(("ev-off-d", 0.5), queue=queue)
+    assert app.work.apply_async(("ev-off-d", 0.5), queue=queue).id == first.id
+    open_gate(cenv, "ev-off")
+    holder.get(timeout=30)
+    first.get(timeout=30)
+    told = [e["type"] for e in seen.after_marker() if e["type"].startswith("task-singleton-")]
+    assert told == []
+
+
+def test_flower_shows_a_waiting_call_waits_for_its_keys_holder(
+    cenv: CeleryEnv, events_worker: Worker
+) -> None:
+    app, queue = cenv.app_module, events_worker.queue
+    with Flower(cenv.env) as flower:
+        flower.listening(app.app)
+        holder = app.patient.apply_async(("fl", UNTIL_OPENED), queue=queue)
+        _started(cenv, "fl")
+        waiting = app.patient.apply_async(("fl",), queue=queue)  # waits up to 20 s
+        key = app.patient.singleton_options().key.derive(("fl",), {})
+
+        def told() -> dict[str, Any] | None:
+            info = flower.task(waiting.id)
+            return info if info and info["state"] == "SINGLETON-CONTENDED" else None
+
+        info = wait_for(told, 30, "Flower's state of the waiting call")
+        assert info["result"] == f"{key!r} is held by {holder.id}: wait up to 20s"
+        assert info["worker"] == events_worker.nodename
+        page = flower.page(waiting.id)
+        assert "SINGLETON-CONTENDED" in page
+        assert f"is held by {holder.id}: wait up to 20s" in page
+        open_gate(cenv, "fl")
+        assert waiting.get(timeout=30) == "fl"
+        wait_for(lambda: (flower.task(waiting.id) or {}).get("state") == "SUCCESS", 20, "SUCCESS")
+
+
+@pytest.mark.skipif(not (CHROMIUM and CHROMEDRIVER), reason="needs chromium and chromium-driver")
+def test_a_screenshot_of_flowers_task_page(
+    cenv: CeleryEnv, events_worker: Worker, tmp_path: Path
+) -> None:
+    """``python3 scripts/dev.py screenshot`` writes it into the docs (CSL_FLOWER_SCREENSHOT)."""
+    app, queue = cenv.app_module, events_worker.queue
+    target = Path(os.environ.get("CSL_FLOWER_SCREENSHOT") or tmp_path / "flower-task.png")
+    with Flower(cenv.env) as flower, browser() as driver:
+        flower.listening(app.app)
+        holder = app.patient.apply_async(("fl-shot", UNTIL_OPENED), queue=queue)
+        _started(cenv, "fl-shot")
+        waiting = app.patient.apply_async(("fl-shot",), queue=queue)
+        wait_for(
+            lambda: (flower.task(waiting.id) or {}).get("state") == "SINGLETON-CONTENDED",
+            30,
+            "Flower's state of the waiting call",
+        )
+        driver.set_window_size(1400, 900)
+        driver.get(f"{flower.url}/task/{waiting.id}")
+        assert "SINGLETON-CONTENDED" in driver.page_source
+        driver.save_screenshot(str(target))
+        open_gate(cenv, "fl-shot")
+        assert waiting.get(timeout=30) == "fl-shot"
+        holder.get(timeout=30)
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

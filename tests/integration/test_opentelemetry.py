@@ -1,0 +1,142 @@
+"""OpenTelemetry: the decisions as span events on the caller's span at dispatch (the SDK's
+in-memory exporter, here) and on the run's span in a real worker (its spans exported to a
+file); the metrics through the metrics API, named as the Prometheus ones."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock.contrib import metrics, telemetry
+
+from ..conftest import CeleryEnv
+from ..support.runs import UNTIL_OPENED, open_gate, started, wait_for
+from ..support.spans import read_spans
+from ..support.workers import Worker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(name="exported", scope="module")
+def fixture_exported() -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)  # once per process: OpenTelemetry's rule
+    return exporter
+
+
+@pytest.fixture(name="tracing_worker", scope="module")
+def fixture_tracing_worker(celery_env: CeleryEnv) -> Iterator[tuple[Worker, str]]:
+    path = str(Path(tempfile.mkdtemp(prefix="csl-spans-")) / "spans.jsonl")
+    worker = Worker(celery_env.env, extra_env={"CSL_OTEL_SPANS": path}).start()
+    try:
+        yield worker, path
+    finally:
+        worker.stop()
+
+
+def test_a_refusal_is_an_event_on_the_callers_span(
+    cenv: CeleryEnv, worker: Worker, exported: InMemorySpanExporter
+) -> None:
+    work = cenv.app_module.work
+    tracer = trace.get_tracer("tests")
+    first = work.apply_async(("ot", 0.5), queue=worker.queue)
+    with tracer.start_as_current_span("POST /reports"):
+        assert work.apply_async(("ot", 0.5), queue=worker.queue).id == first.id
+    first.get(timeout=30)
+    [span] = [s for s in exported.get_finished_spans() if s.name == "POST /reports"]
+    [event] = span.events
+    assert event.name == "singleton.refused"
+    attributes = dict(event.attributes or {})
+    key = work.singleton_options().key.derive(("ot",), {})
+    assert attributes["singleton.key"] == key
+    assert attributes["singleton.holder_id"] == first.id
+    assert attributes["singleton.reason"] == f"refused at dispatch: {key!r} is held by {first.id}"
+
+
+def test_without_a_span_nothing_is_recorded(
+    cenv: CeleryEnv, worker: Worker, exported: InMemorySpanExporter
+) -> None:
+    work = cenv.app_module.work
+    exported.clear()
+    first = work.apply_async(("ot-none", 0.2), queue=worker.queue)
+    assert work.apply_async(("ot-none", 0.2), queue=worker.queue).id == first.id
+    first.get(timeout=30)
+    assert exported.get_finished_spans() == ()
+
+
+def _run_span(spans: list[dict[str, Any]], task_id: str) -> dict[str, Any] | None:
+    for span in spans:
+        attributes = span.get("attributes", {})
+        if span["name"].startswith("run/") and task_id in attributes.values():
+            return span
+    return None
+
+
+def test_a_runs_span_has_its_fence_and_its_contention(
+    cenv: CeleryEnv, tracing_worker: tuple[Worker, str]
+) -> None:
+    worker, path = tracing_worker
+    strict = cenv.app_module.strict
+    key = strict.singleton_options().key.derive(("ot-run",), {})
+    holder = strict.apply_async(("ot-run", UNTIL_OPENED), queue=worker.queue)
+    wait_for(lambda: any(s["item"] == "ot-run" for s in started(cenv)), 20, "holder started")
+    contended = strict.apply_async(("ot-run",), queue=worker.queue)
+    with pytest.raises(DuplicateTaskError):
+        contended.get(timeout=30)
+    open_gate(cenv, "ot-run")
+    holder.get(timeout=30)
+
+    ran = wait_for(lambda: _run_span(read_spans(path), holder.id), 20, "the holder's span")
+    assert ran["attributes"]["singleton.key"] == key
+    assert isinstance(ran["attributes"]["singleton.fence"], int)
+    assert ran["events"] == []
+    refused = wait_for(lambda: _run_span(read_spans(path), contended.id), 20, "its span")
+    # Besides the instrumentation's own (the failure's exception event).
+    [event] = [e for e in refused["events"] if e["name"].startswith("singleton.")]
+    assert event["name"] == "singleton.contended"
+    assert event["attributes"]["singleton.key"] == key
+    assert event["attributes"]["singleton.holder_id"] == holder.id
+    assert event["attributes"]["singleton.then"] == "fail"
+    assert "singleton.fence" not in refused["attributes"]  # it never took the lease
+
+
+def test_the_metrics_go_through_opentelemetry_with_the_prometheus_names(
+    cenv: CeleryEnv, worker: Worker
+) -> None:
+    reader = InMemoryMetricReader()
+    assert telemetry.install(MeterProvider(metric_readers=[reader]))
+    work = cenv.app_module.work
+    first = work.apply_async(("ot-m", 0.2), queue=worker.queue)
+    for _ in range(2):
+        assert work.apply_async(("ot-m", 0.2), queue=worker.queue).id == first.id
+    first.get(timeout=30)
+    data = reader.get_metrics_data()
+    assert data is not None
+    found = {
+        (metric.name, tuple(sorted(dict(point.attributes or {}).items()))): point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        if scope.scope.name == telemetry.METER
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    }
+    labels = (("outcome", "refused"), ("task", work.name))
+    assert found["celery_singleton_lock_dispatches", labels].value == 2  # type: ignore[union-attr]
+    accepted = (("outcome", "accepted"), ("task", work.name))
+    assert found["celery_singleton_lock_dispatches", accepted].value == 1  # type: ignore[union-attr]
+    made = {name for name, _ in found}
+    assert made <= {metric.name for metric in metrics.METRICS}
+    assert not telemetry.install()  # once per process

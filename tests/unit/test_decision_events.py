@@ -1,0 +1,147 @@
+"""The decisions' one table, and what each receiver builds: nothing while events are off."""
+
+from __future__ import annotations
+
+import contextlib
+import timeit
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import signals
+from celery_singleton_lock.contrib import decisions, events, tracing
+from celery_singleton_lock.policies import Requeue
+
+
+class Recorder:
+    """Stands for Celery's dispatcher: what it would have sent, and how often it was built."""
+
+    def __init__(self) -> None:
+        self.built = 0
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    @contextlib.contextmanager
+    def default_dispatcher(self, hostname: str | None = None) -> Iterator[Recorder]:
+        self.built += 1
+        yield self
+
+    def send(self, type_: str, **fields: Any) -> None:
+        self.sent.append((type_, fields))
+
+
+class Sender:
+    """A task as the signals' receivers read it: its app and name."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.name = "tasks.report"
+
+
+@pytest.fixture(name="recorded")
+def fixture_recorded(monkeypatch: pytest.MonkeyPatch) -> tuple[Sender, Recorder]:
+    app = Celery("events", set_as_current=False)
+    recorder = Recorder()
+    monkeypatch.setattr(app, "events", recorder)
+    events.install()  # a producer's: what defining a singleton task connects
+    return Sender(app), recorder
+
+
+class TestTheTable:
+    def test_each_decision_has_its_event_its_span_event_and_its_signal(self) -> None:
+        told = {t.what: t for t in decisions.DECISIONS}
+        assert set(told) >= {"refused", "contended", "deferred", "copy-dropped", "lease-lost"}
+        assert told["copy-dropped"].event_type == "task-singleton-copy-dropped"
+        assert told["copy-dropped"].span_event == "singleton.copy_dropped"
+        assert told["lease-lost"].signal is signals.lease_lost
+        assert [t.what for t in decisions.DECISIONS if t.at_dispatch] == ["refused"]
+
+    def test_a_contention_says_the_holder_and_what_the_call_does_next(self) -> None:
+        [contended] = [t for t in decisions.DECISIONS if t.what == "contended"]
+        fields = contended.fields(
+            {"name": "report:7", "task_id": "t2", "holder_id": "t1", "decision": Requeue(2.5)}
+        )
+        assert fields == {
+            "uuid": "t2",
+            "key": "report:7",
+            "holder": "t1",
+            "delay": 2.5,
+            "then": "requeue",
+            "reason": "'report:7' is held by t1: requeue in 2.50s",
+        }
+
+    def test_a_rate_slot_given_now_is_no_deferral(self) -> None:
+        [deferred] = [t for t in decisions.DECISIONS if t.what == "deferred"]
+        assert deferred.fields({"name": "k", "task_id": "t", "deferred": False}) is None
+
+    def test_span_attributes_name_the_key_and_the_holder(self) -> None:
+        said = tracing.attributes({"uuid": "t2", "key": "k", "holder": "t1", "delay": 1.5})
+        assert said == {
+            "singleton.task_id": "t2",
+            "singleton.key": "k",
+            "singleton.holder_id": "t1",
+            "singleton.delay": 1.5,
+        }
+
+
+class TestAProducer:
+    def test_without_sent_events_a_refusal_builds_no_dispatcher(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+        assert recorder.built == 0
+
+    def test_with_sent_events_a_refusal_is_sent_with_its_fields(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        sender.app.conf.task_send_sent_event = True
+        signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+        [(type_, fields)] = recorder.sent
+        assert type_ == "task-singleton-refused"
+        assert {k: fields[k] for k in ("uuid", "key", "holder", "name")} == {
+            "uuid": "t2",
+            "key": "k",
+            "holder": "t1",
+            "name": "tasks.report",
+        }
+        assert fields["result"] == "refused at dispatch: 'k' is held by t1"
+
+    def test_a_call_refused_before_it_had_an_id_is_given_one(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        sender.app.conf.task_send_sent_event = True
+        signals.send(signals.duplicate_refused, sender, "k", task_id=None, holder_id="t1")
+        [(_, fields)] = recorder.sent
+        assert isinstance(fields["uuid"], str)
+        assert fields["uuid"]
+
+    def test_a_producer_sends_no_worker_decision(self, recorded: tuple[Sender, Recorder]) -> None:
+        """A run's decisions are sent by a worker with -E only (its receivers are
+        connected at worker_init): a producer's setting does not send them."""
+        sender, recorder = recorded
+        sender.app.conf.task_send_sent_event = True
+        signals.send(
+            signals.execution_contended, sender, "k", task_id="t", holder_id="h", decision=None
+        )
+        signals.send(signals.lease_lost, sender, "k", task_id="t", fence=3)
+        assert recorder.built == 0
+
+
+def test_a_refusal_with_events_off_costs_a_few_microseconds(
+    recorded: tuple[Sender, Recorder],
+) -> None:
+    """The receiver reads one setting and returns: measured per call, beside a signal
+    with no receiver (what a refusal cost before)."""
+    sender, recorder = recorded
+    calls = 2000
+
+    def refuse() -> None:
+        signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+
+    with_receiver = min(timeit.repeat(refuse, number=calls, repeat=3)) / calls
+    assert recorder.built == 0
+    assert with_receiver < 50e-6, f"{with_receiver * 1e6:.1f} µs a refusal"

@@ -1,0 +1,111 @@
+"""The shipped Grafana dashboard and Prometheus alert rules ask only for metrics the library
+exports (``metrics.METRICS``), and show each one; ``promtool check rules`` where installed."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from celery_singleton_lock.contrib.metrics import METRICS
+
+DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
+RULES = DEPLOY / "prometheus" / "celery-singleton-lock-alerts.yml"
+DASHBOARD = DEPLOY / "grafana" / "celery-singleton-lock.json"
+NAME = re.compile(r"\bcelery_singleton_lock_[a-z_]+")
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+def exported() -> dict[str, str]:
+    """Each series name Prometheus scrapes from the library, with the metric it belongs to."""
+    return {
+        metric.name + suffix: metric.name for metric in METRICS for suffix in SUFFIXES[metric.kind]
+    }
+
+
+def rules() -> list[dict[str, Any]]:
+    loaded = yaml.safe_load(RULES.read_text())
+    return [rule for group in loaded["groups"] for rule in group["rules"]]
+
+
+def dashboard_exprs() -> Iterator[str]:
+    board = json.loads(DASHBOARD.read_text())
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            yield target["expr"]
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            yield variable["definition"]
+
+
+def balanced(expr: str) -> bool:
+    depth = 0
+    for char in expr:
+        depth += {"(": 1, "{": 1, "[": 1, ")": -1, "}": -1, "]": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+class TestAlertRules:
+    def test_each_rule_is_named_says_why_and_asks_for_exported_series(self) -> None:
+        found = rules()
+        assert {r["alert"] for r in found} >= {
+            "SingletonLockHeldPastItsRunTime",
+            "SingletonLockRefusalsHigh",
+            "SingletonLockLeasesLost",
+            "SingletonLockBrokerRideOff",
+        }
+        for rule in found:
+            assert rule["labels"]["severity"] in {"info", "warning", "critical"}, rule
+            assert rule["annotations"]["summary"], rule
+            names = NAME.findall(rule["expr"])
+            assert names, rule["alert"]
+            assert set(names) <= set(exported()), (rule["alert"], names)
+            assert balanced(rule["expr"]), rule["alert"]
+
+    def test_a_histogram_bucket_is_asked_for_as_prometheus_client_labels_it(self) -> None:
+        buckets = re.findall(r'le="([^"]+)"', RULES.read_text())
+        assert buckets
+        for bucket in buckets:
+            assert bucket == repr(float(bucket))  # 300.0, never 300
+
+    @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+    def test_promtool_checks_the_rules(self) -> None:
+        done = subprocess.run(
+            ["promtool", "check", "rules", str(RULES)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+class TestDashboard:
+    def test_every_query_asks_for_exported_series(self) -> None:
+        for expr in dashboard_exprs():
+            names = NAME.findall(expr)
+            assert names, expr
+            assert set(names) <= set(exported()), names
+            assert balanced(expr), expr
+
+    def test_every_metric_the_library_exports_is_shown(self) -> None:
+        shown = {exported()[name] for expr in dashboard_exprs() for name in NAME.findall(expr)}
+        assert shown == {metric.name for metric in METRICS}
+
+    def test_panels_do_not_overlap(self) -> None:
+        board = json.loads(DASHBOARD.read_text())
+        cells = set()
+        for panel in board["panels"]:
+            at = panel["gridPos"]
+            covered = {
+                (x, y)
+                for x in range(at["x"], at["x"] + at["w"])
+                for y in range(at["y"], at["y"] + at["h"])
+            }
+            assert not covered & cells, panel["title"]
+            cells |= covered
