@@ -30,9 +30,15 @@ class Told:
 
     @property
     def event_type(self) -> str:
-        """The Celery event's type. In Celery's ``task`` group: Celery's own state (Flower,
-        ``celery events``) files an event under the call it names only when it is."""
-        return f"task-singleton-{self.what}"
+        """The Celery event's type, for receivers and ``celery events --dump``."""
+        return f"singleton-{self.what}"
+
+    @property
+    def task_event_type(self) -> str:
+        """The same event in Celery's ``task`` group, sent beside it: Celery's own state
+        (Flower, ``celery events``' monitor) files an event under the call it names only
+        when its type is ``task-...``."""
+        return f"task-{self.event_type}"
 
     @property
     def span_event(self) -> str:

@@ -57,7 +57,8 @@ def _hostname(sender: object) -> str | None:
 def send(
     app: Celery, told: Told, fields: dict[str, object], task: object, host: str | None
 ) -> None:
-    """Send one decision's event: its fields, the task's ``name``, and its words as ``result``
+    """Send one decision's event (``singleton-...``, and its ``task-singleton-...`` twin for
+    Celery's own state): its fields, the task's ``name``, and its words as ``result``
     (Celery's state, Flower's, shows the call's result: this until the call ends)."""
     said = {k: v for k, v in fields.items() if k != "reason" and v is not None}
     # A call refused before it was given an id (a storm's early answer) gets one here.
@@ -65,11 +66,12 @@ def send(
     said.update(name=task, result=fields.get("reason"))
     try:
         with app.events.default_dispatcher(hostname=host) as dispatcher:
-            dispatcher.send(
-                told.event_type,
-                retry=True,
-                retry_policy=app.conf.task_publish_retry_policy,
-                **said,
-            )
+            for event_type in (told.event_type, told.task_event_type):
+                dispatcher.send(
+                    event_type,
+                    retry=True,
+                    retry_policy=app.conf.task_publish_retry_policy,
+                    **said,
+                )
     except Exception as error:  # a broker hiccup: a monitor's event never stops a call
         logger.warning("celery-singleton-lock: %s event not sent (%s)", told.event_type, error)

@@ -71,19 +71,22 @@ def test_a_worker_with_events_and_a_producer_with_sent_events_send_each_decision
     contended = strict.apply_async(("ev",), queue=queue)
     with pytest.raises(DuplicateTaskError):
         contended.get(timeout=30)
-    event = seen.wait("task-singleton-contended", uuid=contended.id)
+    event = seen.wait("singleton-contended", uuid=contended.id)
     assert (event["key"], event["holder"], event["then"]) == (key, holder.id, "fail")
+    # Its twin in Celery's task group, which Celery's own state files under the call.
+    twin = seen.wait("task-singleton-contended", uuid=contended.id)
+    assert (twin["key"], twin["holder"], twin["then"]) == (key, holder.id, "fail")
     assert event["name"] == strict.name
     assert event["hostname"] == events_worker.nodename
     assert event["result"] == f"{key!r} is held by {holder.id}: fail"
     # A copy of the holder's own message: dropped, under the holder's id.
     app.app.send_task(strict.name, ("ev",), task_id=holder.id, queue=queue)
     wait_for(lambda: dropped(cenv, holder.id), 20, "copy dropped")
-    event = seen.wait("task-singleton-copy-dropped", uuid=holder.id)
+    event = seen.wait("singleton-copy-dropped", uuid=holder.id)
     assert (event["key"], event["holder"], event["holder_state"]) == (key, holder.id, "running")
     # The holder loses its lease (its key gone under it): renewal says so.
     cenv.lock_client().delete(_lock(strict, "ev"))
-    event = seen.wait("task-singleton-lease-lost", uuid=holder.id)
+    event = seen.wait("singleton-lease-lost", uuid=holder.id)
     assert event["key"] == key
     assert isinstance(event["fence"], int)
     open_gate(cenv, "ev")
@@ -93,7 +96,7 @@ def test_a_worker_with_events_and_a_producer_with_sent_events_send_each_decision
     first = work.apply_async(("ev-d", 1.0), queue=queue)
     again = work.apply_async(("ev-d", 1.0), queue=queue)
     assert again.id == first.id  # the holder's result
-    event = seen.wait("task-singleton-refused", holder=first.id)
+    event = seen.wait("singleton-refused", holder=first.id)
     assert event["key"] == work.singleton_options().key.derive(("ev-d",), {})
     assert event["uuid"] != first.id  # the refused call's own id
     assert first.get(timeout=30) == "ev-d"
@@ -102,7 +105,7 @@ def test_a_worker_with_events_and_a_producer_with_sent_events_send_each_decision
     rated = app.rated_pair
     results = [rated.apply_async(("ev-r", n), queue=queue) for n in range(5)]
     assert [r.get(timeout=30) for r in results] == list(range(5))
-    deferred = seen.of("task-singleton-deferred")
+    deferred = seen.of("singleton-deferred")
     assert deferred, "no run was deferred"
     assert {e["uuid"] for e in deferred} <= {r.id for r in results}
     for event in deferred:
@@ -123,7 +126,8 @@ def test_without_events_nothing_is_sent(cenv: CeleryEnv, worker: Worker, seen: S
     open_gate(cenv, "ev-off")
     holder.get(timeout=30)
     first.get(timeout=30)
-    told = [e["type"] for e in seen.after_marker() if e["type"].startswith("task-singleton-")]
+    ours = ("singleton-", "task-singleton-")
+    told = [e["type"] for e in seen.after_marker() if e["type"].startswith(ours)]
     assert told == []
 
 

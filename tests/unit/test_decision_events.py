@@ -52,7 +52,8 @@ class TestTheTable:
     def test_each_decision_has_its_event_its_span_event_and_its_signal(self) -> None:
         told = {t.what: t for t in decisions.DECISIONS}
         assert set(told) >= {"refused", "contended", "deferred", "copy-dropped", "lease-lost"}
-        assert told["copy-dropped"].event_type == "task-singleton-copy-dropped"
+        assert told["copy-dropped"].event_type == "singleton-copy-dropped"
+        assert told["copy-dropped"].task_event_type == "task-singleton-copy-dropped"
         assert told["copy-dropped"].span_event == "singleton.copy_dropped"
         assert told["lease-lost"].signal is signals.lease_lost
         assert [t.what for t in decisions.DECISIONS if t.at_dispatch] == ["refused"]
@@ -99,8 +100,9 @@ class TestAProducer:
         sender, recorder = recorded
         sender.app.conf.task_send_sent_event = True
         signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
-        [(type_, fields)] = recorder.sent
-        assert type_ == "task-singleton-refused"
+        [(type_, fields), (twin, twin_fields)] = recorder.sent
+        assert (type_, twin) == ("singleton-refused", "task-singleton-refused")
+        assert twin_fields == fields
         assert {k: fields[k] for k in ("uuid", "key", "holder", "name")} == {
             "uuid": "t2",
             "key": "k",
@@ -115,9 +117,10 @@ class TestAProducer:
         sender, recorder = recorded
         sender.app.conf.task_send_sent_event = True
         signals.send(signals.duplicate_refused, sender, "k", task_id=None, holder_id="t1")
-        [(_, fields)] = recorder.sent
+        [(_, fields), (_, twin)] = recorder.sent
         assert isinstance(fields["uuid"], str)
         assert fields["uuid"]
+        assert twin["uuid"] == fields["uuid"]  # both name the same call
 
     def test_a_producer_sends_no_worker_decision(self, recorded: tuple[Sender, Recorder]) -> None:
         """A run's decisions are sent by a worker with -E only (its receivers are
