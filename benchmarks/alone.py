@@ -90,6 +90,26 @@ def this() -> Send:
     return send
 
 
+def this_events_on() -> Send:
+    """``this`` in a producer that sends task-sent events (``task_send_sent_event``): a
+    refused call also sends its ``singleton-refused`` event."""
+    from celery_singleton_lock import singleton_task  # noqa: PLC0415  (this system alone)
+
+    app = _app("bench-events", task_send_sent_event=True, **_settings().THIS)
+    send: Send = singleton_task(app=app, shared=False, name="bench.this_events")(_item).apply_async
+    return send
+
+
+def this_no_receivers() -> Send:
+    """``this`` with the events' receivers disconnected: against ``this`` (events off, its
+    receivers connected as in every producer), what events off costs a refused call."""
+    from celery_singleton_lock.contrib import events  # noqa: PLC0415  (this system alone)
+
+    send = this()
+    events.uninstall()
+    return send
+
+
 def this_idempotent() -> Send:
     """``this`` called with an idempotency key per item (``bench_app.Idempotent``)."""
     send = this()
@@ -187,6 +207,8 @@ BUILDERS: dict[str, Callable[[], Send]] = {
     "celery_once": celery_once,
     "this": this,
     "this_idempotent": this_idempotent,
+    "this_events_on": this_events_on,
+    "this_no_receivers": this_no_receivers,
 }
 
 

@@ -60,7 +60,15 @@ CONTROL = "plain_alone"
 # for unique calls only: its duplicate builds the message first.
 FLOOR = "hold_floor"
 DISPATCHED = (CONTROL, *ALL, "this_idempotent", FLOOR)
-DUPLICATED = tuple(system for system in DISPATCHED if system != FLOOR)
+# this_events_on and this_no_receivers: what a refused call's Celery events cost, on (a
+# producer with task_send_sent_event) and off (against none of their receivers connected).
+# For duplicates only: an accepted call sends none.
+DUPLICATED = (
+    *(system for system in DISPATCHED if system != FLOOR),
+    "this_events_on",
+    "this_no_receivers",
+)
+CHILDREN = (*DISPATCHED, "this_events_on", "this_no_receivers")
 # Calls each dispatching process makes, unique and then repeated, before the clock runs:
 # its connections, scripts and first calls' paths are a new process's, not a user's.
 WARM = 50
@@ -255,10 +263,10 @@ class Bench:
         """One round of section 1 and 2, each system in a process of its own: microseconds
         per unique dispatch, per duplicate, and the messages each duplicate's queue got."""
         self.reset(queue)
-        queues = {system: f"{queue}-{system}" for system in DISPATCHED}
-        # Each system's arguments: this project's two rows call the same task.
-        tags = {system: f"{round_no}-{number}" for number, system in enumerate(DISPATCHED)}
-        with alone.started(DISPATCHED) as children:
+        queues = {system: f"{queue}-{system}" for system in CHILDREN}
+        # Each system's arguments: this project's rows call the same task.
+        tags = {system: f"{round_no}-{number}" for number, system in enumerate(CHILDREN)}
+        with alone.started(CHILDREN) as children:
             for system, child in children.items():
                 child.calls(queue, f"warm-{tags[system]}", WARM)
                 child.calls(queue, f"warm-{tags[system]}", WARM, same=True)
@@ -1007,7 +1015,10 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "arguments in the same slices, and how many messages reached the broker "
             "(correct: 1; plain Celery has no check). "
             "this_idempotent: the same call repeated with its idempotency key, answered "
-            "from the key's record with the first call's result.",
+            "from the key's record with the first call's result. this_events_on: a "
+            "producer with `task_send_sent_event`, each refusal also sent as a Celery event; "
+            "this_no_receivers: the events' receivers disconnected, against which `this` "
+            "(events off, as every producer runs it) shows what events off costs.",
         ),
         "end_to_end": (
             "3. End-to-end throughput",

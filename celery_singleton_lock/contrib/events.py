@@ -28,9 +28,18 @@ def install(*, worker: bool = False) -> None:
         _worker[0] = True
     for told in DECISIONS:
         if worker or told.at_dispatch:
-            told.signal.connect(
-                _receiver(told), weak=False, dispatch_uid=f"celery_singleton_lock.event.{told.what}"
-            )
+            told.signal.connect(_receiver(told), weak=False, dispatch_uid=_uid(told))
+
+
+def uninstall() -> None:
+    """Disconnect every receiver ``install`` connected (the bench measures without them)."""
+    _worker[0] = False
+    for told in DECISIONS:
+        told.signal.disconnect(dispatch_uid=_uid(told))
+
+
+def _uid(told: Told) -> str:
+    return f"celery_singleton_lock.event.{told.what}"
 
 
 def _receiver(told: Told) -> Callable[..., None]:
