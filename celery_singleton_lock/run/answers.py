@@ -1,0 +1,62 @@
+"""An attached call's run: it ends with its holder's stored outcome under its own task id,
+without running the body, so Celery's tracer sends its links, its chain and its chord's count.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Task, states
+
+from .. import signals as singleton_signals
+from ..tokens import ANSWER_HEADER, NAME_HEADER, header
+from .replays import Replay
+
+logger = logging.getLogger(__name__)
+
+
+def answer_of(task: Task, request: object) -> Replay | None:
+    """The outcome an attached call's run ends with: its holder's (the message's answer
+    header names it), SUCCESS or FAILURE as stored. None: no holder named, or it left no
+    outcome (an Ignore, a revoke, a killed worker, results ignored): the call runs as a
+    call of its own."""
+    holder = header(request, ANSWER_HEADER)
+    task_id = getattr(request, "id", None)
+    if not holder or holder == task_id:
+        return None
+    meta = task.backend.get_task_meta(holder)
+    status, result = meta.get("status"), meta.get("result")
+    if status == states.SUCCESS:
+        replay = Replay(result)
+    elif status == states.FAILURE and isinstance(result, BaseException):
+        replay = Replay(error=result)
+    else:
+        logger.info(
+            "%s[%s]: its holder %s left no outcome (%s): it runs as a call of its own",
+            task.name,
+            task_id,
+            holder,
+            status,
+        )
+        return None
+    name = header(request, NAME_HEADER) or ""
+    logger.info(
+        "%s[%s]: answered with its holder's outcome: lock=%s holder=%s state=%s",
+        task.name,
+        task_id,
+        name,
+        holder,
+        status,
+    )
+    singleton_signals.send(
+        singleton_signals.attached_answered,
+        task,
+        name,
+        task_id=task_id,
+        holder_id=holder,
+        state=status,
+    )
+    return replay
+
+
+__all__ = ["answer_of"]

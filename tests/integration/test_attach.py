@@ -1,0 +1,192 @@
+"""A duplicate inside a chain, group or chord joins the call that holds its key: answered
+with the holder's outcome under its own task id, its chain, links and chord going on from
+there; run as a call of its own when the holder ends without an outcome (real workers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import chain, chord, group
+
+from ..conftest import CeleryEnv
+from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
+from ..support.workers import Worker
+
+
+def follows(cenv: CeleryEnv) -> list[list[Any]]:
+    return [json.loads(f) for f in cenv.checker_client().lrange("follows", 0, -1)]
+
+
+def bodies(cenv: CeleryEnv, item: str) -> list[dict[str, Any]]:
+    return [run for run in runs(cenv) if run["item"] == item]
+
+
+def attached(cenv: CeleryEnv, item: str) -> dict[bytes, bytes]:
+    found: dict[bytes, bytes] = cenv.lock_client().hgetall(f"t:{{{item}}}:attached")
+    return found
+
+
+def running(cenv: CeleryEnv, item: str) -> None:
+    wait_for(lambda: any(s["item"] == item for s in started(cenv)), what=f"{item} running")
+
+
+class TestChains:
+    def test_chains_attach_to_a_running_holder(self, cenv: CeleryEnv, worker: Worker) -> None:
+        """Two chains whose first step's key is held by a running call: neither runs that
+        step; both go on with the holder's result, each under its own id."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        holder = work.apply_async(("a1", UNTIL_OPENED), queue=q)
+        running(cenv, "a1")
+        chains = [
+            chain(work.si("a1").set(queue=q), follow.s(tag).set(queue=q)).apply_async()
+            for tag in (1, 2)
+        ]
+        assert len(attached(cenv, "a1")) == 2  # kept beside the lock, nothing sent
+        open_gate(cenv, "a1")
+        assert holder.get(timeout=20) == "a1"
+        assert [c.get(timeout=20) for c in chains] == [["a1", 1], ["a1", 2]]
+        for each in chains:  # the attached step's own result, under its own id
+            assert each.parent.get(timeout=5) == "a1"
+            assert each.parent.id != holder.id
+        assert len(bodies(cenv, "a1")) == 1
+        assert sorted(follows(cenv)) == [[1, "a1"], [2, "a1"]]
+        wait_for(lambda: not attached(cenv, "a1"), 5, "attached calls forgotten")
+
+    def test_two_chains_sent_together_run_the_first_step_once(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """The issue's own case: ``(t1.si(42) | t2.s(1))`` and ``(t1.si(42) | t2.s(2))``
+        sent together run t1 once and both t2s (the first chain's step holds the key)."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        chains = [
+            chain(work.si("a2", 0.5).set(queue=q), follow.s(tag).set(queue=q)).apply_async()
+            for tag in (1, 2)
+        ]
+        assert [c.get(timeout=20) for c in chains] == [["a2", 1], ["a2", 2]]
+        assert len(bodies(cenv, "a2")) == 1
+        assert sorted(follows(cenv)) == [[1, "a2"], [2, "a2"]]
+
+    def test_a_chain_after_the_holder_ended_is_a_new_call(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        assert work.apply_async(("a3",), queue=q).get(timeout=20) == "a3"
+        wait_for(lambda: not cenv.lock_client().exists("t:{a3}"), 5, "the key free")
+        after = chain(work.si("a3").set(queue=q), follow.s(1).set(queue=q)).apply_async()
+        assert after.get(timeout=20) == ["a3", 1]
+        assert len(bodies(cenv, "a3")) == 2
+
+    def test_dedupe_false_runs_its_own_body(self, cenv: CeleryEnv, worker: Worker) -> None:
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        holder = work.apply_async(("a4", UNTIL_OPENED), queue=q)
+        running(cenv, "a4")
+        own = chain(
+            work.si("a4").set(queue=q, dedupe=False), follow.s(1).set(queue=q)
+        ).apply_async()
+        assert not attached(cenv, "a4")
+        open_gate(cenv, "a4")
+        assert holder.get(timeout=20) == "a4"
+        assert own.get(timeout=30) == ["a4", 1]
+        assert len(bodies(cenv, "a4")) == 2
+
+
+class TestGroups:
+    def test_a_group_with_duplicate_members(self, cenv: CeleryEnv, worker: Worker) -> None:
+        work = cenv.app_module.work
+        q = worker.queue
+        members = [work.si(item, 0.5).set(queue=q) for item in ("g1", "g1", "g1", "g2")]
+        result = group(members).apply_async()
+        assert result.get(timeout=30) == ["g1", "g1", "g1", "g2"]
+        assert len(bodies(cenv, "g1")) == 1
+        assert len(bodies(cenv, "g2")) == 1
+
+    def test_a_chord_with_duplicate_members_completes_once(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work, collect = cenv.app_module.work, cenv.app_module.collect
+        q = worker.queue
+        header = [work.si(item, 0.5).set(queue=q) for item in ("h1", "h1", "h1", "h2")]
+        result = chord(header)(collect.s().set(queue=q))
+        assert result.get(timeout=30) == ["h1", "h1", "h1", "h2"]
+        wait_for(lambda: cenv.checker_client().llen("collected") >= 1, 5, "the chord's body")
+        collected = [json.loads(c) for c in cenv.checker_client().lrange("collected", 0, -1)]
+        assert collected == [["h1", "h1", "h1", "h2"]]  # once, a result per member
+        assert len(bodies(cenv, "h1")) == 1
+
+
+class TestFailure:
+    def test_a_failing_holder_fails_its_attached_calls(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """The attached step fails with the holder's exception under its own id, its
+        ``link_error`` runs with that id, and its chain stops."""
+        work, follow, errback = (
+            cenv.app_module.work,
+            cenv.app_module.follow,
+            cenv.app_module.errback,
+        )
+        q = worker.queue
+        holder = work.apply_async(("f1", UNTIL_OPENED, "fail"), queue=q)
+        running(cenv, "f1")
+        first = work.si("f1").set(queue=q).on_error(errback.s().set(queue=q))
+        failing = chain(first, follow.s(1).set(queue=q)).apply_async()
+        assert len(attached(cenv, "f1")) == 1
+        open_gate(cenv, "f1")
+        with pytest.raises(ValueError, match="failing on purpose for f1"):
+            holder.get(timeout=20)
+        step = failing.parent
+        with pytest.raises(ValueError, match="failing on purpose for f1"):
+            step.get(timeout=20)
+        assert step.id != holder.id
+        wait_for(
+            lambda: cenv.checker_client().lrange("errbacks", 0, -1) == [step.id.encode()],
+            5,
+            "the attached step's errback",
+        )
+        assert len(bodies(cenv, "f1")) == 1
+        assert follows(cenv) == []  # the chain stopped
+
+
+@pytest.fixture(name="pair")
+def fixture_pair(cenv: CeleryEnv) -> Iterator[tuple[Worker, Worker]]:
+    first = Worker(cenv.env).start()
+    second = Worker(cenv.env).start()
+    try:
+        yield first, second
+    finally:
+        first.stop()
+        second.stop()
+
+
+class TestHolderKilled:
+    def test_calls_attached_to_a_killed_holder_run_as_calls_of_their_own(
+        self, cenv: CeleryEnv, pair: tuple[Worker, Worker]
+    ) -> None:
+        """The holder's whole worker SIGKILLed while it runs: its lease runs out, another
+        worker's sweep sends each attached call, which runs its own body once, and its
+        chain goes on once."""
+        doomed, alive = pair
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        work.apply_async(("k1", UNTIL_OPENED), queue=doomed.queue)
+        running(cenv, "k1")
+        q = alive.queue
+        chains = [
+            chain(work.si("k1").set(queue=q), follow.s(tag).set(queue=q)).apply_async()
+            for tag in (1, 2)
+        ]
+        assert len(attached(cenv, "k1")) == 2
+        os.killpg(doomed.pid, signal.SIGKILL)
+        assert [c.get(timeout=60) for c in chains] == [["k1", 1], ["k1", 2]]
+        own = {c.parent.id for c in chains}
+        assert {run["id"] for run in bodies(cenv, "k1")} == own  # each ran once, itself
+        assert sorted(follows(cenv)) == [[1, "k1"], [2, "k1"]]
+        wait_for(lambda: not attached(cenv, "k1"), 5, "attached calls forgotten")
