@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Union
 
 from ..exceptions import ConfigurationError
 from ..signals import (
+    attached_answered,
+    call_attached,
     copy_dropped,
     dead_child_released,
     dispatch_accepted,
@@ -84,6 +86,12 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
             ),
             dead=counter(
                 "celery_singleton_lock_dead_child_releases", "Leases of dead children released"
+            ),
+            # Canvas members attached to their key's holder, ended with its outcome.
+            answered=counter(
+                "celery_singleton_lock_attached_answered",
+                "Attached calls answered with their holder's outcome",
+                "state",
             ),
             idempotent=counter(
                 "celery_singleton_lock_idempotent",
@@ -165,6 +173,14 @@ def _dead(sender: object = None, **_: object) -> None:
     _counters["dead"].labels(_task(sender)).inc()
 
 
+def _attached(sender: object = None, **_: object) -> None:
+    _counters["dispatches"].labels(_task(sender), "attached").inc()
+
+
+def _answered(sender: object = None, state: object = None, **_: object) -> None:
+    _counters["answered"].labels(_task(sender), str(state)).inc()
+
+
 def _repeat(sender: object = None, **_: object) -> None:
     _counters["idempotent"].labels(_task(sender), "repeat").inc()
 
@@ -195,6 +211,8 @@ def _limits(name: str = "", change: str = "", **_: object) -> None:
 _RECEIVERS = (
     (dispatch_accepted, _accepted),
     (duplicate_refused, _refused),
+    (call_attached, _attached),
+    (attached_answered, _answered),
     (execution_contended, _contended),
     (lease_acquired, _acquired),
     (lease_released, _released),

@@ -60,10 +60,13 @@ def send_attaching(call: Dispatch, attachments: Attachments) -> AsyncResult:
         ride = pushes if pushes is not None and rides(real.channel, pushes.server) else None
         via = AttachingProducer(real, AttachingHold(call, attachments, ride))
         try:
-            return call.publish_held(via)
+            sent = call.publish_held(via)
         except Refused as attached:
             _attached(call, attached.held.holder)
             return call.task.AsyncResult(call.task_id)
+    if via.held:
+        call.accepted()
+    return sent
 
 
 def _attached(call: Dispatch, holder: str) -> None:
@@ -89,7 +92,16 @@ class AttachingHold:
     of its own just before the publish. ``Refused`` (raised through the publish): attached,
     nothing sent."""
 
-    __slots__ = ("_attachments", "_call", "_pushes", "record", "taken", "task_id", "unheld")
+    __slots__ = (
+        "_attachments",
+        "_call",
+        "_pushes",
+        "pushed",
+        "record",
+        "taken",
+        "task_id",
+        "unheld",
+    )
 
     def __init__(self, call: Dispatch, attachments: Attachments, pushes: Pushes | None) -> None:
         self._call = call
@@ -99,6 +111,7 @@ class AttachingHold:
         self.record: bytes | None = None
         self.taken: Lease | None = None
         self.unheld = False  # sent without a hold: its holder is one no call attaches to
+        self.pushed = False  # pushed by the script that decided
 
     @property
     def rides(self) -> bool:
@@ -121,9 +134,14 @@ class AttachingHold:
                     record=record,
                 )  # fmt: skip
             except PushRefused:
-                outcome = None
+                outcome = None  # this user may not push: the hold goes alone
+            except LockStoreUnavailableError as error:
+                call.outage(error)  # fail_closed raises; fail_open: kombu pushes, unheld
+                self.unheld = True
+                return False
             if outcome is not None:
                 self._decided(outcome)
+                self.pushed = True
                 return True
         self.decide()
         return False
@@ -152,7 +170,7 @@ class AttachingHold:
 
     def give_back(self) -> None:
         """The message was not sent: a hold taken for it is released."""
-        if self.taken is not None:
+        if self.taken is not None and not self.pushed:
             release_or_warn(self._call.facts.store.release, self.taken)
             self.taken = None
 
@@ -169,6 +187,11 @@ class AttachingProducer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)
+
+    @property
+    def held(self) -> bool:
+        """Whether the message left with its hold taken."""
+        return self._hold.taken is not None
 
     def publish(self, body: object, **kwargs: Any) -> object:
         hold = self._hold

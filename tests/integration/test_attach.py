@@ -13,6 +13,10 @@ from typing import Any
 import pytest
 from celery import chain, chord, group
 
+from celery_singleton_lock import RedisLock
+from celery_singleton_lock.lease import Contended, Lease
+from celery_singleton_lock.lease.attachments import Attached, Attachments, Waiting
+
 from ..conftest import CeleryEnv
 from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
 from ..support.workers import Worker
@@ -190,3 +194,76 @@ class TestHolderKilled:
         assert {run["id"] for run in bodies(cenv, "k1")} == own  # each ran once, itself
         assert sorted(follows(cenv)) == [[1, "k1"], [2, "k1"]]
         wait_for(lambda: not attached(cenv, "k1"), 5, "attached calls forgotten")
+
+
+class TestScripts:
+    """The lock store's side, on a real server: what one script decides, and the claims."""
+
+    def test_a_free_key_is_held_and_a_held_one_attached_to_its_holder(
+        self, lock: RedisLock
+    ) -> None:
+        attachments = Attachments(lock)
+        held = attachments.hold_or_attach("k", 30, token="q|n1|first", task_id="first", record=b"1")
+        assert isinstance(held, Lease)
+        joined = attachments.hold_or_attach(
+            "k", 30, token="q|n2|second", task_id="second", record=b"2"
+        )
+        assert joined == Attached("k", lock.keys("k").lock, "q|n1|first")
+        again = attachments.hold_or_attach(
+            "k", 30, token="q|n2|second", task_id="second", record=b"other"
+        )
+        assert isinstance(again, Attached)  # a retry keeps the first record
+        current, waiting = attachments.listed("k")
+        assert current == "q|n1|first"
+        assert waiting == [Waiting("second", "first", b"2")]
+        assert attachments.due_names(10) == ["k"]
+
+    def test_a_value_no_call_attaches_to_is_not_attached_to(self, lock: RedisLock) -> None:
+        attachments = Attachments(lock)
+        for value in ("foreign", "x|eager|1|n|e"):
+            lock.client.set(lock.keys("k").lock, value)
+            sent = attachments.hold_or_attach("k", 30, token="q|n|c", task_id="c", record=b"r")
+            assert isinstance(sent, Contended)
+            assert sent.holder == value
+        assert attachments.listed("k")[1] == []
+
+    def test_claimed_once_the_holder_is_gone_and_forgotten_when_finished(
+        self, lock: RedisLock
+    ) -> None:
+        attachments = Attachments(lock)
+        first = attachments.hold_or_attach("k", 30, token="q|n1|h", task_id="h", record=b"")
+        assert isinstance(first, Lease)
+        attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"ra")
+        # The holder still holds: nothing is claimed.
+        assert attachments.claim("k", ["a"], claim="c1", for_s=60, look_in=1) == []
+        lock.release(first)
+        [claimed] = attachments.claim("k", ["a"], claim="c1", for_s=60, look_in=1)
+        assert claimed == Waiting("a", "h", b"ra", claimed=True)
+        # Claimed by another sweep meanwhile: not claimed twice.
+        assert attachments.claim("k", ["a"], claim="c2", for_s=60, look_in=1) == []
+        assert attachments.finished("k", "c2", ["a"]) == 0  # not its claim
+        assert attachments.finished("k", "c1", ["a"]) == 1
+        assert attachments.listed("k")[1] == []
+        assert attachments.due_names(10) == []
+
+    def test_a_claim_that_ran_out_is_claimed_again(self, lock: RedisLock) -> None:
+        attachments = Attachments(lock)
+        lock.client.set(lock.keys("k").lock, "q|n1|h")
+        attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"ra")
+        lock.client.delete(lock.keys("k").lock)
+        assert attachments.claim("k", ["a"], claim="c1", for_s=0.05, look_in=1)
+        wait_for(
+            lambda: attachments.claim("k", ["a"], claim="c2", for_s=60, look_in=1),
+            2,
+            "a claim run out",
+        )
+        assert attachments.finished("k", "c2", ["a"]) == 1
+
+    def test_an_attach_after_the_holders_release_holds_the_key(self, lock: RedisLock) -> None:
+        attachments = Attachments(lock)
+        first = attachments.hold_or_attach("k", 30, token="q|n1|h", task_id="h", record=b"")
+        assert isinstance(first, Lease)
+        lock.release(first)
+        after = attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"r")
+        assert isinstance(after, Lease)
+        assert attachments.listed("k") == ("q|n2|a", [])
