@@ -31,7 +31,9 @@ def bodies(cenv: CeleryEnv, item: str) -> list[dict[str, Any]]:
 
 
 def attached(cenv: CeleryEnv, item: str) -> dict[bytes, bytes]:
-    found: dict[bytes, bytes] = cenv.lock_client().hgetall(f"t:{{{item}}}:attached")
+    """The calls attached beside ``work``'s lock of ``item``, by task id."""
+    name = cenv.app_module.work.singleton_options().key.derive((item,), {})
+    found: dict[bytes, bytes] = cenv.lock_client().hgetall(f"t:{{{name}}}:attached")
     return found
 
 
