@@ -30,7 +30,7 @@ from .publish.idempotent import key_of_call, send_once
 from .publish.retries import send_retry
 from .publish.timing import refuse_as_celery
 from .run import cancels, eta, replays
-from .run.answers import answer_of
+from .run.answered import answer_of
 from .run.execution import Execution, failed_run
 from .tokens import (
     BYPASS_OPTION,

@@ -61,7 +61,7 @@ def kept_message(body: object, publish: Mapping[str, object]) -> bytes | None:
 
 def send_kept(app: Celery, record: bytes, *, holder: str) -> None:
     """Send a kept message as it was, without its hold (the key is another's now), with
-    its holder's task id for the run to answer from (``run.answers``)."""
+    its holder's task id for the run to answer from (``run.answered``)."""
     kept = loads(record)
     options = dict(kept["publish"])
     headers = dict(options.pop("headers", None) or {})

@@ -17,7 +17,7 @@ from celery_singleton_lock import RedisLock
 from celery_singleton_lock.lease import Contended, Lease
 from celery_singleton_lock.lease.attachments import Attached, Attachments, Waiting
 
-from ..conftest import CeleryEnv
+from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
 from ..support.workers import Worker
 
@@ -103,6 +103,35 @@ class TestChains:
         assert holder.get(timeout=20) == "a4"
         assert own.get(timeout=30) == ["a4", 1]
         assert len(bodies(cenv, "a4")) == 2
+
+
+def scripts_run(server: Any) -> int:
+    stats = server.client().info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
+
+
+class TestRoundTrips:
+    @pytest.mark.skipif(not SAME_SERVER, reason="the ride: locks on the broker's server")
+    def test_a_canvas_member_holds_or_attaches_in_its_push(self, cenv: CeleryEnv) -> None:
+        """On the broker's server, a canvas member's hold (or its attach) is the script
+        that pushes its message (or keeps it): one script, the push's round trip."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        queue = "attach-nobody"  # no worker takes them: nothing else runs scripts meanwhile
+
+        def member(item: str, tag: int) -> Any:
+            return chain(work.si(item).set(queue=queue), follow.s(tag).set(queue=queue))
+
+        member("r0", 0).apply_async()  # scripts loaded, producer warm
+        before = scripts_run(cenv.broker)
+        member("r1", 1).apply_async()
+        held = scripts_run(cenv.broker)
+        member("r1", 2).apply_async()
+        after = scripts_run(cenv.broker)
+        assert (held - before, after - held) == (1, 1)
+        assert len(attached(cenv, "r1")) == 1
+        broker = cenv.broker.client()
+        assert broker.llen(queue) == 2  # r0's and r1's first messages
+        broker.delete(queue)
 
 
 class TestGroups:
