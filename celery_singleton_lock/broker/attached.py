@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from billiard.exceptions import WorkerLostError
 from celery import states
 from kombu.serialization import dumps as serialize
 from kombu.utils.json import dumps, loads
@@ -77,6 +78,20 @@ def send_kept(app: Celery, record: bytes, *, holder: str) -> None:
             headers=headers,
             **options,
         )
+
+
+def holders_outcome(backend: object, holder: str) -> tuple[str, object] | None:
+    """(SUCCESS or FAILURE, its value or exception) as ``holder``'s run stored it, for its
+    attached calls to end with; None where it left no outcome: nothing stored yet, a
+    revoke, an ``Ignore``, or a pool child killed under it (Celery stores that as a
+    FAILURE, ``WorkerLostError``, though the work never ended)."""
+    meta = backend.get_task_meta(holder)  # type: ignore[attr-defined]
+    status, result = meta.get("status"), meta.get("result")
+    if status == states.SUCCESS:
+        return status, result
+    if status == states.FAILURE and isinstance(result, BaseException):
+        return None if isinstance(result, WorkerLostError) else (status, result)
+    return None
 
 
 class AttachSweep:
@@ -145,11 +160,10 @@ class AttachSweep:
     def _has_outcome(self, holder: str) -> bool:
         """Whether ``holder``'s run stored an outcome its attached calls answer with."""
         try:
-            meta = self.app.backend.get_task_meta(holder)
+            return holders_outcome(self.app.backend, holder) is not None
         except Exception as error:  # any backend's error: looked at again next sweep
             logger.warning("celery-singleton-lock: result of %s not read (%s)", holder, error)
             return False
-        return meta.get("status") in (states.SUCCESS, states.FAILURE)
 
     def _send(self, name: str, call: Waiting) -> bool:
         try:
@@ -168,4 +182,4 @@ class AttachSweep:
         return True
 
 
-__all__ = ["AttachSweep", "kept_message", "send_kept"]
+__all__ = ["AttachSweep", "holders_outcome", "kept_message", "send_kept"]

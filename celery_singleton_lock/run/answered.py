@@ -9,6 +9,7 @@ import logging
 from celery import Task, states
 
 from .. import signals as singleton_signals
+from ..broker.attached import holders_outcome
 from ..tokens import ANSWER_HEADER, NAME_HEADER, header
 from .replays import Replay
 
@@ -24,21 +25,21 @@ def answer_of(task: Task, request: object) -> Replay | None:
     task_id = getattr(request, "id", None)
     if not holder or holder == task_id:
         return None
-    meta = task.backend.get_task_meta(holder)
-    status, result = meta.get("status"), meta.get("result")
-    if status == states.SUCCESS:
-        replay = Replay(result)
-    elif status == states.FAILURE and isinstance(result, BaseException):
-        replay = Replay(error=result)
-    else:
+    outcome = holders_outcome(task.backend, holder)
+    if outcome is None:
         logger.info(
-            "%s[%s]: its holder %s left no outcome (%s): it runs as a call of its own",
+            "%s[%s]: its holder %s left no outcome: it runs as a call of its own",
             task.name,
             task_id,
             holder,
-            status,
         )
         return None
+    status, result = outcome
+    if status == states.SUCCESS:
+        replay = Replay(result)
+    else:
+        assert isinstance(result, BaseException)  # noqa: S101  (holders_outcome's FAILURE)
+        replay = Replay(error=result)
     name = header(request, NAME_HEADER) or ""
     logger.info(
         "%s[%s]: answered with its holder's outcome: lock=%s holder=%s state=%s",

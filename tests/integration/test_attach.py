@@ -9,15 +9,18 @@ import os
 import signal
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from celery import chain, chord, group
 
 from celery_singleton_lock import RedisLock
+from celery_singleton_lock.contrib.web import LocksPage
 from celery_singleton_lock.lease import Contended, Lease
 from celery_singleton_lock.lease.attachments import Attached, Attachments, Waiting
 
 from ..conftest import SAME_SERVER, CeleryEnv
+from ..support.cli import cli
 from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
 from ..support.workers import Worker
 
@@ -191,6 +194,32 @@ class TestFailure:
         assert follows(cenv) == []  # the chain stopped
 
 
+class TestOperators:
+    def test_attached_calls_show_under_their_holder(self, cenv: CeleryEnv, worker: Worker) -> None:
+        """``celery singleton show`` (text and JSON) and the lock page list each attached
+        call under the holder it waits for."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        holder = work.apply_async(("o1", UNTIL_OPENED), queue=q)
+        running(cenv, "o1")
+        step = chain(work.si("o1").set(queue=q), follow.s(1).set(queue=q)).apply_async().parent
+        name = work.singleton_options().key.derive(("o1",), {})
+        shown = cli(cenv, "show", name)
+        assert shown.returncode == 0, shown.stderr
+        assert f"attached: task id {step.id}, to {holder.id}" in shown.stdout
+        as_json = cli(cenv, "show", name, "--json")
+        [entry] = [json.loads(line) for line in as_json.stdout.splitlines()]
+        assert entry["attached"] == [{"task_id": step.id, "holder": holder.id, "sending": False}]
+        page = LocksPage(cenv.app_module.app)
+        response = page.handle(
+            {"REQUEST_METHOD": "GET", "PATH_INFO": "/lock", "QUERY_STRING": f"key={quote(name)}"}
+        )
+        assert response.status == "200 OK"
+        assert step.id in response.body.decode()
+        open_gate(cenv, "o1")
+        assert step.get(timeout=20) == "o1"
+
+
 @pytest.fixture(name="pair")
 def fixture_pair(cenv: CeleryEnv) -> Iterator[tuple[Worker, Worker]]:
     first = Worker(cenv.env).start()
@@ -203,6 +232,43 @@ def fixture_pair(cenv: CeleryEnv) -> Iterator[tuple[Worker, Worker]]:
 
 
 class TestHolderKilled:
+    def test_a_holder_whose_child_is_killed_leaves_its_calls_to_run(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """The holder's pool child SIGKILLed: the main process frees the key, and the
+        attached step runs its own body once, its chain going on."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        work.apply_async(("k2", UNTIL_OPENED), queue=q)
+        running(cenv, "k2")
+        [first] = [s for s in started(cenv) if s["item"] == "k2"]
+        after = chain(work.si("k2").set(queue=q), follow.s(1).set(queue=q)).apply_async()
+        assert len(attached(cenv, "k2")) == 1
+        os.kill(first["pid"], signal.SIGKILL)
+        assert after.get(timeout=30) == ["k2", 1]
+        assert [run["id"] for run in bodies(cenv, "k2")] == [after.parent.id]
+        assert follows(cenv) == [[1, "k2"]]
+
+    def test_calls_attached_to_a_revoked_holder_run_as_calls_of_their_own(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """A queued holder revoked before it runs (its message dropped as it arrives)."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        blocker = work.apply_async(("k3-blocker", UNTIL_OPENED), queue=q)
+        other = work.apply_async(("k3-other", UNTIL_OPENED), queue=q)
+        running(cenv, "k3-blocker")
+        running(cenv, "k3-other")  # both children busy: the holder waits, queued
+        holder = work.apply_async(("k3",), queue=q)
+        after = chain(work.si("k3").set(queue=q), follow.s(1).set(queue=q)).apply_async()
+        assert len(attached(cenv, "k3")) == 1
+        holder.revoke()
+        open_gate(cenv, "k3-blocker")
+        open_gate(cenv, "k3-other")
+        assert (blocker.get(timeout=20), other.get(timeout=20)) == ("k3-blocker", "k3-other")
+        assert after.get(timeout=30) == ["k3", 1]
+        assert [run["id"] for run in bodies(cenv, "k3")] == [after.parent.id]
+
     def test_calls_attached_to_a_killed_holder_run_as_calls_of_their_own(
         self, cenv: CeleryEnv, pair: tuple[Worker, Worker]
     ) -> None:
