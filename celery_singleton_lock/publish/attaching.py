@@ -17,7 +17,7 @@ from ..broker.pushes import PushRefused
 from ..broker.state import Refused
 from ..broker.transport import rides
 from ..exceptions import LockStoreUnavailableError
-from ..lease import Contended, Lease
+from ..lease import Contended, Lease, append_history
 from ..lease.attachments import Attached, Attachments, attachments_of
 from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, TOKEN_HEADER, holder_task_id
@@ -70,6 +70,10 @@ def send_attaching(call: Dispatch, attachments: Attachments) -> AsyncResult:
 
 
 def _attached(call: Dispatch, holder: str) -> None:
+    facts = call.facts
+    if facts.keeps_history:  # a round trip of its own, only where a history is kept
+        record = facts.record(call.lock_name, call.task_id)
+        append_history(facts.store, record, "attached", holder=holder_task_id(holder) or "")
     logger.info(
         "attached at dispatch: task=%s lock=%s task_id=%s holder=%s",
         call.task.name,

@@ -10,6 +10,7 @@ from celery import Task, states
 
 from .. import signals as singleton_signals
 from ..broker.attached import holders_outcome
+from ..lease import append_history
 from ..tokens import ANSWER_HEADER, NAME_HEADER, header
 from .replays import Replay
 
@@ -41,6 +42,10 @@ def answer_of(task: Task, request: object) -> Replay | None:
         assert isinstance(result, BaseException)  # noqa: S101  (holders_outcome's FAILURE)
         replay = Replay(error=result)
     name = header(request, NAME_HEADER) or ""
+    context = getattr(task, "singleton_context", None)
+    if name and context is not None and context.keeps_history:
+        record = context.record(name, task_id)
+        append_history(context.store, record, "answered", holder=holder, outcome=status)
     logger.info(
         "%s[%s]: answered with its holder's outcome: lock=%s holder=%s state=%s",
         task.name,

@@ -16,7 +16,7 @@ from celery import chain, chord, group
 
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.contrib.web import LocksPage
-from celery_singleton_lock.lease import Contended, Lease
+from celery_singleton_lock.lease import Contended, Lease, history_entries
 from celery_singleton_lock.lease.attachments import Attached, Attachments, Waiting
 
 from ..conftest import SAME_SERVER, CeleryEnv
@@ -218,6 +218,27 @@ class TestOperators:
         assert step.id in response.body.decode()
         open_gate(cenv, "o1")
         assert step.get(timeout=20) == "o1"
+
+
+class TestHistory:
+    def test_a_kept_history_says_attached_then_answered(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        chronicled, follow = cenv.app_module.chronicled, cenv.app_module.follow
+        q = worker.queue
+        holder = chronicled.apply_async(("y1", UNTIL_OPENED), queue=q)
+        wait_for(lambda: any(s["item"] == "y1" for s in started(cenv)), what="y1 running")
+        after = chain(chronicled.si("y1").set(queue=q), follow.s(1).set(queue=q)).apply_async()
+        open_gate(cenv, "y1")
+        assert after.get(timeout=20) == ["y1", 1]
+        name = chronicled.singleton_options().key.derive(("y1",), {})
+        store = chronicled.singleton_context.store
+        mine = [
+            (e.event, e.fields.get("holder"), e.fields.get("outcome"))
+            for e in history_entries(store, store.keys(name).history)
+            if e.fields.get("id") == after.parent.id
+        ]
+        assert mine == [("answered", holder.id, "SUCCESS"), ("attached", holder.id, None)]
 
 
 @pytest.fixture(name="pair")
