@@ -1,6 +1,6 @@
 """An attached call's message as kept beside its holder's lock, and the sweep on the worker's
 timer that sends it once the holder is gone: to be answered with the holder's outcome, or
-run as a call of its own when the holder ended without one.
+promoted to a call of its own when the holder ended without one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from kombu.utils.json import dumps, loads
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.attachments import Attachments, Waiting, attachments_of
-from ..tokens import ANSWER_HEADER, HOLD_HEADER, TOKEN_HEADER, holder_task_id
+from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, holder_task_id
+from .connection import publishing
+from .in_transit import InTransit
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -60,17 +62,32 @@ def kept_message(body: object, publish: Mapping[str, object]) -> bytes | None:
         return None
 
 
-def send_kept(app: Celery, record: bytes, *, holder: str) -> None:
-    """Send a kept message as it was, without its hold (the key is another's now), with
-    its holder's task id for the run to answer from (``run.answered``)."""
+def send_kept(app: Celery, record: bytes, *, holder: str | None) -> None:
+    """Send a kept message as it was: with ``holder``'s task id, for its run to end with
+    that call's outcome (``run.answered``), and without its hold (the key is another's
+    now); or, ``holder`` None, promoted, with the hold it took (``Promotion``). Noted in
+    transit on a Redis broker, as a singleton call's message is (``broker.transit``)."""
     kept = loads(record)
     options = dict(kept["publish"])
     headers = dict(options.pop("headers", None) or {})
-    for name in (TOKEN_HEADER, HOLD_HEADER):
-        headers.pop(name, None)
-    headers[ANSWER_HEADER] = holder
+    if holder is not None:
+        for own in (TOKEN_HEADER, HOLD_HEADER):
+            headers.pop(own, None)
+        headers[ANSWER_HEADER] = holder
     body = base64.b64decode(kept["body"])
-    with app.producer_or_acquire() as producer:
+    stores = LockStores.for_app(app)
+    config = stores.config
+    name, token = headers.get(NAME_HEADER), headers.get(TOKEN_HEADER)
+    held = isinstance(name, str) and isinstance(token, str) and holder is None
+    notes = InTransit(
+        str(headers.get("id") or ""),
+        str(name) if held else "",
+        str(token) if held else "",
+        config.queue_ttl,
+        config.transit_timeout if config.ride_broker else 0.0,
+        stores.lock.prefix,
+    )
+    with app.producer_or_acquire() as producer, publishing(producer, notes=notes):
         producer.publish(
             body,
             content_type=kept["content_type"],
@@ -97,7 +114,8 @@ def holders_outcome(backend: object, holder: str) -> tuple[str, object] | None:
 class AttachSweep:
     """Every ``INTERVAL`` s on a worker's timer: the calls attached to holders that no
     longer hold their key are claimed and sent (``send_kept``), to be answered with the
-    holder's stored outcome, or run as calls of their own where it left none.
+    holder's stored outcome; where it left none, one is promoted (it holds the key and
+    runs as a call of its own) and the others attach to it.
 
     A holder whose outcome is not stored yet may still be writing it (a run with a chain
     releases its key before Celery stores its result): its calls wait ``GRACE`` s for it.
@@ -139,7 +157,8 @@ class AttachSweep:
         current, waiting = attachments.listed(name)
         live = holder_task_id(current) if current else None
         now = time.monotonic()
-        due: list[str] = []
+        answered: list[str] = []
+        gone: dict[str, Waiting] = {}  # a holder that left no outcome -> a call to promote
         for call in waiting:
             seen = (name, call.task_id)
             if call.holder == live:
@@ -147,15 +166,50 @@ class AttachSweep:
                 continue
             if call.holder not in outcomes:
                 outcomes[call.holder] = self._has_outcome(call.holder)
-            if outcomes[call.holder] or now - self._gone.setdefault(seen, now) >= self.GRACE:
-                due.append(call.task_id)
-        if not due and waiting:
-            return
+            if outcomes[call.holder]:
+                answered.append(call.task_id)
+            elif now - self._gone.setdefault(seen, now) >= self.GRACE:
+                # One not claimed first (a claim that ran out is the script's to tell).
+                first = gone.get(call.holder)
+                if first is None or (first.claimed and not call.claimed):
+                    gone[call.holder] = call
+        if answered or not waiting:  # (none: the name leaves the index)
+            self._claim_and_send(attachments, name, answered)
+        for holder, call in gone.items():
+            self._promote(attachments, name, holder, call, waiting)
+
+    def _claim_and_send(self, attachments: Attachments, name: str, task_ids: list[str]) -> None:
+        """Claim ``task_ids`` and send each with its holder's id to answer from."""
         claim = secrets.token_hex(8)
-        claimed = attachments.claim(name, due, claim=claim, for_s=self.CLAIM, look_in=self.INTERVAL)
-        sent = [call.task_id for call in claimed if self._send(name, call)]
+        claimed = attachments.claim(
+            name, task_ids, claim=claim, for_s=self.CLAIM, look_in=self.INTERVAL
+        )
+        sent = [call.task_id for call in claimed if self._send(name, call, call.holder)]
         if sent:
             attachments.finished(name, claim, sent)
+
+    def _promote(
+        self,
+        attachments: Attachments,
+        name: str,
+        holder: str,
+        call: Waiting,
+        waiting: list[Waiting],
+    ) -> None:
+        """``holder`` ended without an outcome: ``call`` becomes a call of its own, holding
+        the key, and the holder's other calls wait for it (or for whoever holds the key
+        now). Held by a value no call attaches to: each is sent to run as its own."""
+        claim = secrets.token_hex(8)
+        promoted = attachments.promote(name, holder, call.task_id, claim=claim, for_s=self.CLAIM)
+        if promoted is None:
+            return
+        if promoted.record is not None:
+            kept = Waiting(call.task_id, holder, promoted.record, claimed=True)
+            if self._send(name, kept, None):
+                attachments.finished(name, claim, [call.task_id])
+        elif not promoted.holder:
+            theirs = [other.task_id for other in waiting if other.holder == holder]
+            self._claim_and_send(attachments, name, theirs)
 
     def _has_outcome(self, holder: str) -> bool:
         """Whether ``holder``'s run stored an outcome its attached calls answer with."""
@@ -165,19 +219,21 @@ class AttachSweep:
             logger.warning("celery-singleton-lock: result of %s not read (%s)", holder, error)
             return False
 
-    def _send(self, name: str, call: Waiting) -> bool:
+    def _send(self, name: str, call: Waiting, holder: str | None) -> bool:
+        """Send ``call``'s kept message: to answer from ``holder``, or (None) promoted."""
         try:
-            send_kept(self.app, call.record, holder=call.holder)
+            send_kept(self.app, call.record, holder=holder)
         except Exception:
             # Its claim runs out and a later sweep sends it.
             logger.exception("celery-singleton-lock: attached call %s not sent", call.task_id)
             return False
         self._gone.pop((name, call.task_id), None)
         logger.info(
-            "attached call sent at its holder's end: lock=%s task_id=%s holder=%s",
+            "attached call sent at its holder's end: lock=%s task_id=%s holder=%s then=%s",
             name,
             call.task_id,
             call.holder,
+            "answer" if holder is not None else "run, holding the key",
         )
         return True
 

@@ -44,6 +44,16 @@ class Waiting:
     claimed: bool = False
 
 
+@dataclass(frozen=True)
+class Promotion:
+    """What a promotion did: ``record``, the promoted call's message (send it with its
+    hold); else ``holder``, the token the gone holder's calls now wait for ('': a value no
+    call attaches to; send them without a hold)."""
+
+    record: bytes | None = None
+    holder: str = ""
+
+
 class Attachments:
     """On a ``RedisLock`` of one server (``attachments_of``).
 
@@ -60,6 +70,7 @@ class Attachments:
         self._hold = client.register_script(scripts.HOLD_OR_ATTACH)
         self._claim = client.register_script(scripts.CLAIM_ATTACHED)
         self._finish = client.register_script(scripts.FINISH_ATTACHED)
+        self._promote = client.register_script(scripts.PROMOTE_ATTACHED)
         self.due = f"{store.prefix}:{DUE}"
 
     def hold_or_attach(
@@ -131,6 +142,27 @@ class Attachments:
             for i in range(0, len(reply), 3)
         ]
 
+    def promote(
+        self, name: str, holder: str, task_id: str, *, claim: str, for_s: float
+    ) -> Promotion | None:
+        """``task_id``, attached to ``holder`` which ended without an outcome, becomes a
+        call of its own: it holds ``name`` with its message's hold, claimed for ``for_s``
+        seconds to be sent, and ``holder``'s other calls wait for it (``Promotion``).
+        None: nothing to do (the holder is back, or the call was claimed or sent)."""
+        store = self._store
+        keys = store.keys(name)
+        args: list[str | int] = [name, holder, task_id, claim, int(for_s * 1000)]
+        try:
+            reply = self._promote(keys=[keys.lock, keys.attached, self.due], args=args)
+        except REDIS_ERRORS as error:
+            store.unavailable(error, name)
+        kind = int(reply[0])
+        if kind == 1:
+            return Promotion(record=_bytes(reply[1]))
+        if kind == 2:
+            return Promotion(holder=text(reply[1]))
+        return Promotion(holder="") if kind == 3 else None
+
     def finished(self, name: str, claim: str, task_ids: list[str]) -> int:
         """Forget ``task_ids``, answered or sent under ``claim``."""
         store = self._store
@@ -164,4 +196,4 @@ def attachments_of(store: object) -> Attachments | None:
     return store.helper(Attachments)
 
 
-__all__ = ["DUE", "Attached", "Attachments", "Waiting", "attachments_of"]
+__all__ = ["DUE", "Attached", "Attachments", "Promotion", "Waiting", "attachments_of"]

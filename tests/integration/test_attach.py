@@ -17,7 +17,8 @@ from celery import chain, chord, group
 from celery_singleton_lock import RedisLock
 from celery_singleton_lock.contrib.web import LocksPage
 from celery_singleton_lock.lease import Contended, Lease, history_entries
-from celery_singleton_lock.lease.attachments import Attached, Attachments, Waiting
+from celery_singleton_lock.lease.attachments import Attached, Attachments, Promotion, Waiting
+from celery_singleton_lock.lease.outcomes import text
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.cli import cli
@@ -318,8 +319,8 @@ class TestHolderKilled:
         self, cenv: CeleryEnv, pair: tuple[Worker, Worker]
     ) -> None:
         """The holder's whole worker SIGKILLed while it runs: its lease runs out, another
-        worker's sweep sends each attached call, which runs its own body once, and its
-        chain goes on once."""
+        worker's sweep promotes one attached call (it runs its own body, holding the key)
+        and the other attaches to it; each chain goes on once."""
         doomed, alive = pair
         work, follow = cenv.app_module.work, cenv.app_module.follow
         work.apply_async(("k1", UNTIL_OPENED), queue=doomed.queue)
@@ -332,8 +333,8 @@ class TestHolderKilled:
         assert len(attached(cenv, "k1")) == 2
         os.killpg(doomed.pid, signal.SIGKILL)
         assert [c.get(timeout=60) for c in chains] == [["k1", 1], ["k1", 2]]
-        own = {c.parent.id for c in chains}
-        assert {run["id"] for run in bodies(cenv, "k1")} == own  # each ran once, itself
+        [ran] = [run["id"] for run in bodies(cenv, "k1")]  # the promoted call's body, once
+        assert ran in {c.parent.id for c in chains}
         assert sorted(follows(cenv)) == [[1, "k1"], [2, "k1"]]
         wait_for(lambda: not attached(cenv, "k1"), 5, "attached calls forgotten")
 
@@ -400,6 +401,40 @@ class TestScripts:
             "a claim run out",
         )
         assert attachments.finished("k", "c2", ["a"]) == 1
+
+    def test_a_call_of_a_holder_gone_without_an_outcome_is_promoted(self, lock: RedisLock) -> None:
+        """It holds the key with its message's hold (its ttl), the holder's other calls
+        now wait for it; a second promotion of the same call does nothing."""
+        attachments = Attachments(lock)
+        key = lock.keys("k").lock
+        lock.client.set(key, "q|n0|h")
+        attachments.hold_or_attach("k", 30, token="q|n1|a", task_id="a", record=b"ra")
+        attachments.hold_or_attach("k", 30, token="q|n2|b", task_id="b", record=b"rb")
+        assert attachments.promote("k", "h", "a", claim="c", for_s=60) is None  # h holds
+        lock.client.delete(key)
+        promoted = attachments.promote("k", "h", "a", claim="c", for_s=60)
+        assert promoted == Promotion(record=b"ra")
+        assert text(lock.client.get(key)) == "q|n1|a"
+        assert 25_000 < lock.client.pttl(key) <= 30_000
+        assert attachments.promote("k", "h", "a", claim="c2", for_s=60) is None
+        _, waiting = attachments.listed("k")
+        assert sorted(waiting, key=lambda w: w.task_id) == [
+            Waiting("a", "h", b"ra", claimed=True),
+            Waiting("b", "a", b"rb"),  # waits for the promoted call now
+        ]
+        assert attachments.finished("k", "c", ["a"]) == 1
+
+    def test_a_gone_holders_calls_wait_for_whoever_holds_the_key_now(self, lock: RedisLock) -> None:
+        attachments = Attachments(lock)
+        key = lock.keys("k").lock
+        lock.client.set(key, "q|n0|h")
+        attachments.hold_or_attach("k", 30, token="q|n1|a", task_id="a", record=b"ra")
+        lock.client.set(key, "x|w@h|1|n9|other")
+        promoted = attachments.promote("k", "h", "a", claim="c", for_s=60)
+        assert promoted == Promotion(holder="x|w@h|1|n9|other")
+        assert attachments.listed("k")[1] == [Waiting("a", "other", b"ra")]
+        lock.client.set(key, "foreign")
+        assert attachments.promote("k", "other", "a", claim="c", for_s=60) == Promotion()
 
     def test_an_attach_after_the_holders_release_holds_the_key(self, lock: RedisLock) -> None:
         attachments = Attachments(lock)

@@ -24,5 +24,5 @@ if holder == nil or holder == ARGV[8] then
   push(4, ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
   return {0, current, pttl}
 end
-attach(2, 3, ARGV[8], holder, ARGV[9], ARGV[10])
+attach(2, 3, ARGV[8], holder, ARGV[9], ARGV[10], ARGV[1], ARGV[2])
 return {2, current, pttl}

@@ -68,6 +68,7 @@ IDEMPOTENCY_END = source("idempotency_end")
 HOLD_OR_ATTACH = source("hold_or_attach")
 CLAIM_ATTACHED = source("claim_attached")
 FINISH_ATTACHED = source("finish_attached")
+PROMOTE_ATTACHED = source("promote_attached")
 
 
 def in_lock_db(script: str, db: int) -> str:

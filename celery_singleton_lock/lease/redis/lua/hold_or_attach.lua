@@ -19,5 +19,5 @@ if type(current) ~= 'string' then current = '' end
 local pttl = redis.call('PTTL', KEYS[1])
 local holder = attachable(current)
 if holder == nil or holder == ARGV[3] then return {0, current, pttl} end
-attach(2, 3, ARGV[3], holder, ARGV[4], ARGV[5])
+attach(2, 3, ARGV[3], holder, ARGV[4], ARGV[5], ARGV[1], ARGV[2])
 return {2, current, pttl}

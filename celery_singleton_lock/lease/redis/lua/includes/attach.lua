@@ -9,10 +9,14 @@ local function attachable(cur)
   return string.match(cur, '|([^|]+)$')
 end
 -- Keep `record` (a call's whole message) for holder `holder` under field `id` of
--- KEYS[hash], and have a sweep look at `name` (KEYS[due]) from now on. HSETNX: a retry
+-- KEYS[hash], with the hold its message carries (`token`, for `ttl` ms: taken if it is
+-- promoted), and have a sweep look at `name` (KEYS[due]) from now on. HSETNX: a retry
 -- whose reply was lost keeps the first record. Kept until a sweep answers or sends it.
-local function attach(hash, due, id, holder, record, name)
-  redis.call('HSETNX', KEYS[hash], id, cjson.encode({h = holder, c = '', u = 0, r = record}))
+-- A record: {h holder's task id, c claim ('' none), u claimed until (ms), r record,
+-- t token, l ttl ms}.
+local function attach(hash, due, id, holder, record, name, token, ttl)
+  local kept = {h = holder, c = '', u = 0, r = record, t = token, l = tonumber(ttl)}
+  redis.call('HSETNX', KEYS[hash], id, cjson.encode(kept))
   local now = redis.call('TIME')
   redis.call('ZADD', KEYS[due], now[1] * 1000 + math.floor(now[2] / 1000), name)
 end
