@@ -67,6 +67,8 @@ class TestChains:
         assert len(bodies(cenv, "a1")) == 1
         assert sorted(follows(cenv)) == [[1, "a1"], [2, "a1"]]
         wait_for(lambda: not attached(cenv, "a1"), 5, "attached calls forgotten")
+        # Sent noted in transit, and the notes cleared as they were received.
+        wait_for(lambda: not cenv.broker.client().hlen("t:transit"), 5, "notes cleared")
 
     def test_two_chains_sent_together_run_the_first_step_once(
         self, cenv: CeleryEnv, worker: Worker
