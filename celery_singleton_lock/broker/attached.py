@@ -229,11 +229,11 @@ class AttachSweep:
             return False
         self._gone.pop((name, call.task_id), None)
         logger.info(
-            "attached call sent at its holder's end: lock=%s task_id=%s holder=%s then=%s",
-            name,
+            "attached call sent at its holder's end: id=%s lock=%s holder=%s then=%s",
             call.task_id,
+            name,
             call.holder,
-            "answer" if holder is not None else "run, holding the key",
+            "answer" if holder is not None else "run",
         )
         return True
 

@@ -20,7 +20,7 @@ from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease, append_history
 from ..lease.attachments import Attached, Attachments, attachments_of
 from ..outages import release_or_warn
-from ..tokens import HOLD_HEADER, TOKEN_HEADER, holder_task_id
+from ..tokens import HOLD_HEADER, TOKEN_HEADER, holder_task_id, read_token
 from .dispatch import long_wait
 
 if TYPE_CHECKING:
@@ -75,11 +75,12 @@ def _attached(call: Dispatch, holder: str) -> None:
         record = facts.record(call.lock_name, call.task_id)
         append_history(facts.store, record, "attached", holder=holder_task_id(holder) or "")
     logger.info(
-        "attached at dispatch: task=%s lock=%s task_id=%s holder=%s",
+        "attached at dispatch: task=%s id=%s lock=%s holder=%s state=%s",
         call.task.name,
-        call.lock_name,
         call.task_id,
-        holder,
+        call.lock_name,
+        holder_task_id(holder),
+        read_token(holder).state or "unknown",
     )
     singleton_signals.send(
         singleton_signals.call_attached,
