@@ -70,6 +70,21 @@ class TestChains:
         # Sent noted in transit, and the notes cleared as they were received.
         wait_for(lambda: not cenv.broker.client().hlen("t:transit"), 5, "notes cleared")
 
+    def test_a_call_with_a_link_attaches_and_its_link_runs(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = worker.queue
+        holder = work.apply_async(("l1", UNTIL_OPENED), queue=q)
+        running(cenv, "l1")
+        linked = work.apply_async(("l1",), queue=q, link=follow.s("L").set(queue=q))
+        assert len(attached(cenv, "l1")) == 1
+        open_gate(cenv, "l1")
+        assert holder.get(timeout=20) == "l1"
+        assert linked.get(timeout=20) == "l1"
+        wait_for(lambda: follows(cenv) == [["L", "l1"]], 10, "the link's run")
+        assert len(bodies(cenv, "l1")) == 1
+
     def test_two_chains_sent_together_run_the_first_step_once(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
@@ -186,6 +201,30 @@ class TestGroups:
         collected = [json.loads(c) for c in cenv.checker_client().lrange("collected", 0, -1)]
         assert collected == [["h1", "h1", "h1", "h2"]]  # once, a result per member
         assert len(bodies(cenv, "h1")) == 1
+
+
+class TestChordFailure:
+    def test_a_chord_with_a_failing_duplicate_member_fails_once(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        """Two members of one key, failing: the first fails, the second attached fails
+        with it; the chord counts both and its error path runs once."""
+        work, collect, errback = (
+            cenv.app_module.work,
+            cenv.app_module.collect,
+            cenv.app_module.errback,
+        )
+        q = worker.queue
+        header = [work.si("cf", 0.3, "fail").set(queue=q) for _ in range(2)]
+        header.append(work.si("cf-ok", 0.3).set(queue=q))
+        body = collect.s().set(queue=q).on_error(errback.s().set(queue=q))
+        result = chord(header)(body)
+        with pytest.raises(Exception, match="failing on purpose for cf"):
+            result.get(timeout=30)
+        wait_for(lambda: cenv.checker_client().llen("errbacks") >= 1, 10, "the chord's errback")
+        assert cenv.checker_client().lrange("errbacks", 0, -1) == [result.id.encode()]
+        assert cenv.checker_client().llen("collected") == 0
+        assert len(bodies(cenv, "cf")) == 1
 
 
 class TestFailure:
