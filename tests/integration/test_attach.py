@@ -154,6 +154,29 @@ class TestRoundTrips:
         assert broker.llen(queue) == 2  # r0's and r1's first messages
         broker.delete(queue)
 
+    @pytest.mark.skipif(SAME_SERVER, reason="counts the lock store's calls apart")
+    def test_a_canvas_member_holds_or_attaches_in_one_lock_store_call(
+        self, cenv: CeleryEnv
+    ) -> None:
+        """With the lock store on a server of its own: one script there per canvas
+        member, whichever way it goes; an attached member pushes nothing."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        queue = "attach-nobody"
+
+        def member(item: str, tag: int) -> Any:
+            return chain(work.si(item).set(queue=queue), follow.s(tag).set(queue=queue))
+
+        member("s0", 0).apply_async()
+        before = scripts_run(cenv.lock)
+        member("s1", 1).apply_async()
+        held = scripts_run(cenv.lock)
+        member("s1", 2).apply_async()
+        after = scripts_run(cenv.lock)
+        assert (held - before, after - held) == (1, 1)
+        broker = cenv.broker.client()
+        assert broker.llen(queue) == 2
+        broker.delete(queue)
+
 
 class TestRaces:
     def test_members_sent_as_their_holders_end_all_answer_once(
