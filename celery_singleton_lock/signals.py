@@ -64,6 +64,15 @@ idempotent_replayed = Signal(
     providing_args=_ARGS | {"idempotency_key", "task_id", "answered_by"},
 )
 
+# At dispatch, a canvas member found its key held and attached to the holder's call
+# (``holder_id``): its message is kept, not sent, until the holder ends.
+call_attached = Signal(name="call_attached", providing_args=_ARGS | {"task_id", "holder_id"})
+# At execution, an attached call ended with its holder's outcome (``holder_id``), stored
+# under its own ``task_id``, without running the body; ``state`` SUCCESS or FAILURE.
+attached_answered = Signal(
+    name="attached_answered", providing_args=_ARGS | {"task_id", "holder_id", "state"}
+)
+
 
 # An operator changed the limits of ``name`` (a task's name, a key template or a lock name:
 # ``limits.set``, ``celery singleton limits set``) in this process, sent with sender=None.
@@ -95,6 +104,8 @@ def lease_taken(sender: object, lease: Lease, task_id: str, waited: float) -> No
 
 
 __all__ = [
+    "attached_answered",
+    "call_attached",
     "copy_dropped",
     "dead_child_released",
     "dispatch_accepted",

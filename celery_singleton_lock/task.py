@@ -32,6 +32,7 @@ from .publish.many import Item, items_of, send_many
 from .publish.retries import send_retry
 from .publish.timing import refuse_as_celery
 from .run import cancels, eta, replays
+from .run.answered import answer_of
 from .run.execution import Execution, failed_run
 from .tokens import (
     BYPASS_OPTION,
@@ -318,6 +319,11 @@ class SingletonTask(Task):  # type: ignore[misc]
         if request.called_directly or request.id is None:
             # Called as a plain function: no message, no duplicate to exclude.
             return super().__call__(*args, **kwargs)
+        # An attached call (a canvas member whose key another call held) ends with that
+        # call's outcome: Celery's tracer stores it under its own id, sends its links.
+        answered = None if request.is_eager else answer_of(self, request)
+        if answered is not None:
+            return answered.answer()
         # Celery's Task.__call__ would push a fresh, id-less request over the worker's;
         # the worker's tracer has pushed the real one already, so run the body directly.
         began = time.monotonic()

@@ -61,6 +61,10 @@ CALL_HEADERS = (PAUSED_SINCE_HEADER, BACKLOG_HEADER)
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.
 LEASE_HEADER = "singleton_lock_lease"
+# Put on an attached call's message as it is sent at its holder's end (never at publish:
+# ``publish.attaching``): the holder's task id, whose stored outcome (SUCCESS or FAILURE)
+# the run gives as its own instead of running the body (``run.answered``).
+ANSWER_HEADER = "singleton_lock_answer"
 # The call's idempotency key (``config/idempotency_options.py``): its work is done once per key.
 IDEMPOTENCY_HEADER = "singleton_lock_idempotency_key"
 

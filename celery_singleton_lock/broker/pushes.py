@@ -16,11 +16,12 @@ from typing import NoReturn, Protocol
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
+from ..lease.attachments import DUE, Attached
 from ..lease.errors import is_refusal
 from ..lease.history import Kind, Record
 from ..lease.lease import Lease
 from ..lease.names import LockKeys, new_token
-from ..lease.outcomes import Contended, ReleaseResult
+from ..lease.outcomes import Contended, ReleaseResult, text
 from ..lease.redis import recording, scripts
 from ..lease.redis.calls import Arg, Pipeline, Response, body
 from ..lease.redis.clients import SyncClient
@@ -209,6 +210,7 @@ class Pushes:
         self.usable = True  # False once the server refused a push (ACL)
         self._script: Script = store.client.register_script(ride_scripts.HOLD_AND_PUSH)
         self._swap: Script = store.client.register_script(ride_scripts.SWAP_AND_PUSH)
+        self._attach: Script = store.client.register_script(ride_scripts.HOLD_PUSH_OR_ATTACH)
         self._riding: Script = store.client.register_script(scripts.RIDING_ACQUIRE)
         self.riding_sha, self.riding_body = self._riding.sha, body(self._riding)
         self.takes_ride = True  # False once the server refused a riding take
@@ -289,6 +291,23 @@ class Pushes:
         args: list[Arg] = [expected, call.token, call.ttl_ms, record, push.payload]
         return self._run(self._swap, call, keys, args, push, entry=entry, kind="swap")
 
+    def hold_push_or_attach(
+        self, name: str, ttl: object, push: Push, *, token: str, task_id: str, record: bytes
+    ) -> Lease | Attached | Contended:
+        """A canvas member's hold and push (``Lease``); or its message kept for the call
+        that holds ``name`` (``Attached``: nothing pushed); or, held by a value no call
+        attaches to, its push without a hold (``Contended``: pushed). One round trip."""
+        call = self._call(name, ttl, token, replace="")
+        keys: list[Arg] = [call.keys.lock, call.keys.attached, self._store.prefix + ":" + DUE]
+        keys.append(push.key)
+        args: list[Arg] = [call.token, call.ttl_ms, push.payload]
+        tail: list[Arg] = [task_id, record, name]
+        sent_at = time.monotonic()
+        reply = self._send(self._attach, call, keys, args, push, entry=None, kind="take", tail=tail)
+        if int(reply[0]) == 2:
+            return Attached(name, call.keys.lock, text(reply[1]))
+        return self._store.acquired(call, sent_at=sent_at, reply=reply)
+
     def _call(self, name: str, ttl: object, token: str, *, replace: str) -> Call:
         """An unfenced hold of ``name`` for ``token`` (a queued message's)."""
         store = self._store
@@ -315,6 +334,23 @@ class Pushes:
     ) -> Lease | Contended:
         """Run a push script: the push's expiry and databases appended to its keys and
         arguments. A push the server refuses (ACL) writes nothing: ``PushRefused``."""
+        sent_at = time.monotonic()
+        reply = self._send(script, call, keys, args, push, entry=entry, kind=kind)
+        return self._store.acquired(call, sent_at=sent_at, reply=reply)
+
+    def _send(
+        self,
+        script: Script,
+        call: Call,
+        keys: list[Arg],
+        args: list[Arg],
+        push: Push,
+        *,
+        entry: Record | None,
+        kind: Kind,
+        tail: list[Arg] | None = None,
+    ) -> Response:
+        """A push script's reply (``_run``); ``tail``: its own arguments after the push's."""
         store = self._store
         keys.extend(keys_of(store.prefix))  # the notes, in the list's database
         expire_ms = ""
@@ -322,8 +358,7 @@ class Pushes:
             keys.extend(push.expire[0])
             expire_ms = str(push.expire[1])
         spec = "" if push.note is None else push.note.spec()
-        args.extend([self._db(push), expire_ms, self.server.db, spec])
-        sent_at = time.monotonic()
+        args.extend([self._db(push), expire_ms, self.server.db, spec, *(tail or ())])
         try:
             reply = store.pipelining.call(script, keys, args, entry=entry, kind=kind)
         except REDIS_ERRORS as error:
@@ -333,7 +368,7 @@ class Pushes:
                 self.usable = False
                 raise PushRefused(str(error)) from None
             store.unavailable(error, call.name)
-        return store.acquired(call, sent_at=sent_at, reply=reply)
+        return reply
 
     def _db(self, push: Push) -> int | str:
         """The list's database for the script: '' when it is the store's own."""

@@ -28,6 +28,7 @@ def digest(script: str) -> str:
 # The scripts' text, comments left out; the ride registers them per client (redis-py's
 # ``Script``) or sends them as EVAL, never loaded in module state.
 HOLD_AND_PUSH = source("hold_and_push")
+HOLD_PUSH_OR_ATTACH = source("hold_push_or_attach")
 SWAP_AND_PUSH = source("swap_and_push")
 PUSH_NOTED = source("push_noted")
 SWEEP = source("sweep")

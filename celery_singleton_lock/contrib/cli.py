@@ -10,6 +10,7 @@ import getpass
 import json
 import socket
 from collections.abc import Callable
+from functools import partial
 
 import click
 from celery.bin.base import CeleryCommand
@@ -26,6 +27,7 @@ from .lock_table import COLUMNS, cells, line
 from .locks import (
     STATES,
     LockRow,
+    attached_calls,
     new_call,
     operator_record,
     parse_duration,
@@ -188,6 +190,7 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
         members = [row for row in family if row.base_name == base]
         task = locks.app.tasks.get(members[0].task) if members[0].task else None
         outlook = new_call(task.singleton_options() if task is not None else None, members)
+        attached = locks.guarded(partial(attached_calls, locks.store, base))
         if as_json:
             verdicts = [(r, liveness.verdict(r)) for r in members]
             click.echo(
@@ -198,6 +201,7 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
                         "holds": [
                             {**r.as_json(), "alive": v.alive, "why": v.why} for r, v in verdicts
                         ],
+                        "attached": attached,
                     }
                 )
             )
@@ -216,6 +220,9 @@ def show(ctx: click.Context, /, ref: str, as_json: bool, **_: object) -> None:
             click.echo(f"    key {row.key}")
             click.echo(f"    age {human(row.age)}, ttl {human(row.ttl)}, fence {row.fence or '-'}")
             click.echo(f"    holder {alive}: {verdict.why}")
+        for call in attached:  # canvas members waiting for their holder's end
+            sending = ", being sent" if call["sending"] else ""
+            click.echo(f"  - attached: task id {call['task_id']}, to {call['holder']}{sending}")
 
 
 @_command("release")

@@ -122,9 +122,6 @@ DECISIONS: tuple[Told, ...] = (
     Told("deferred", singleton_signals.rate_asked, _deferred),
     Told("copy-dropped", singleton_signals.copy_dropped, _copy_dropped),
     Told("lease-lost", singleton_signals.lease_lost, _lease_lost),
+    # A canvas member joined to its key's holder at dispatch (docs/modes.md).
+    Told("attached", singleton_signals.call_attached, _attached, at_dispatch=True),
 )
-# The canvas issue's attach (a call joined to its key's holder at dispatch): told once its
-# signal, ``signals.attached``, exists.
-_attach = getattr(singleton_signals, "attached", None)
-if isinstance(_attach, Signal):
-    DECISIONS += (Told("attached", _attach, _attached, at_dispatch=True),)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..lease import LockStore, ReleaseResult
+from ..lease.attachments import attachments_of
 from ..lease.history import Record
 from ..lease.limits.rates import budget
 from ..lease.names import Held
@@ -212,6 +213,20 @@ def new_call(opts: SingletonOptions | None, members: list[LockRow]) -> str:
     if opts is None:
         return "unknown: the lock's task cannot be told from its name"
     return opts.mode.new_call({row.role: row for row in members})
+
+
+def attached_calls(store: LockStore, name: str) -> list[dict[str, object]]:
+    """The canvas members attached to ``name``'s holder, waiting for its end (none where
+    the store keeps no attachments), each with its holder's task id and whether a
+    worker's sweep is sending it now."""
+    attachments = attachments_of(store)
+    if attachments is None:
+        return []
+    _, waiting = attachments.listed(name)
+    return [
+        {"task_id": call.task_id, "holder": call.holder, "sending": call.claimed}
+        for call in sorted(waiting, key=lambda call: call.task_id)
+    ]
 
 
 def parse_duration(text: str) -> float:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
 from ..exceptions import ConfigurationError
 from ..signals import (
+    attached_answered,
+    call_attached,
     copy_dropped,
     dead_child_released,
     dispatch_accepted,
@@ -66,6 +68,9 @@ METRICS: tuple[Metric, ...] = (
            "Copies of a holder's message dropped", "counter"),
     Metric("dead", "celery_singleton_lock_dead_child_releases",
            "Leases of dead children released", "counter"),
+    # Canvas members attached to their key's holder, ended with its outcome.
+    Metric("answered", "celery_singleton_lock_attached_answered",
+           "Attached calls answered with their holder's outcome", "counter", ("task", "state")),
     Metric("idempotent", "celery_singleton_lock_idempotent",
            "Calls answered by an idempotency key's first call", "counter", ("task", "outcome")),
     Metric("wait", "celery_singleton_lock_wait_seconds", "Time to the running lease", "histogram"),
@@ -225,6 +230,14 @@ def _dead(sender: object = None, **_: object) -> None:
     _metrics["dead"].labels(_task(sender)).inc()
 
 
+def _attached(sender: object = None, **_: object) -> None:
+    _metrics["dispatches"].labels(_task(sender), "attached").inc()
+
+
+def _answered(sender: object = None, state: object = None, **_: object) -> None:
+    _metrics["answered"].labels(_task(sender), str(state)).inc()
+
+
 def _repeat(sender: object = None, **_: object) -> None:
     _metrics["idempotent"].labels(_task(sender), "repeat").inc()
 
@@ -259,6 +272,8 @@ def _ride_checked(outcome: str = "", **_: object) -> None:
 _RECEIVERS = (
     (dispatch_accepted, _accepted),
     (duplicate_refused, _refused),
+    (call_attached, _attached),
+    (attached_answered, _answered),
     (execution_contended, _contended),
     (lease_acquired, _acquired),
     (lease_released, _released),

@@ -107,6 +107,12 @@ class LockKeys:
         return f"{self.lock}:offer"
 
     @property
+    def attached(self) -> str:
+        """The canvas members attached to the lock's holder (``attachments``): their
+        messages, by task id, kept until the holder's end answers or sends them."""
+        return f"{self.lock}:attached"
+
+    @property
     def rate(self) -> str:
         """The lock's rate limit (``rates``): its next call's theoretical arrival time."""
         return f"{self.lock}:rate"

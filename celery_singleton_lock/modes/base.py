@@ -203,6 +203,15 @@ class Mode:
         asked as the message is sent, ``replace.py``)."""
         return self.refusal.answered_by(self.hold_name(name))
 
+    @property
+    def attaches(self) -> bool:
+        """Whether a canvas member (a chain link, a group or chord member, a call with
+        ``link``) whose key is held joins the call holding it (``publish.attaching``): its
+        message kept beside the lock, answered with the holder's outcome under its own
+        task id. Only a hold on the key itself, whose holder runs the same work: a hold
+        beside the key, or a refusal that swaps arguments in, has no one outcome to give."""
+        return self.checks_dispatch and self.hold_role is None and self.refusal.attaches
+
     def answer_refused(self, duplicate: Answer, replacement: Callable[[], Answer]) -> Answer:
         """How a dispatch refused by a holder is answered (``Refusal.answer``): as a
         ``duplicate`` (the holder's result, or ``DuplicateTaskError``), or with the call's

@@ -50,6 +50,8 @@ class Refusal:
     offered: bool = False
     # How a duplicate is answered, as an operator is told (``celery singleton show``)
     answers_duplicate: str = "returns it"
+    # publish: whether a canvas member may attach to the holder (``Mode.attaches``)
+    attaches: bool = True
 
     def answered_by(self, hold: str | None) -> str | None:
         """The lock whose holder answers a refused dispatch with one read, before anything

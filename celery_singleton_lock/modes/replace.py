@@ -33,6 +33,9 @@ class Replaces(Refusal):
     name = "replace"
     looked_at_start = True  # a replaced message must be looked at when its run starts
     offered = True
+    # A canvas member attached to a queued call whose arguments a later call replaces
+    # would be answered for arguments it never asked for: members are sent as they are.
+    attaches = False
 
     def answered_by(self, hold: str | None) -> str | None:
         # The answer to a duplicate is a swap: asked as the message is sent.

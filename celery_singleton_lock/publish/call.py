@@ -20,7 +20,14 @@ from ..config.stores import LockStores
 from ..context import TaskContext
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended
-from ..tokens import CALL_HEADERS, HOLD_HEADER, NAME_HEADER, RATE_SLOT_HEADER, TOKEN_HEADER
+from ..tokens import (
+    ANSWER_HEADER,
+    CALL_HEADERS,
+    HOLD_HEADER,
+    NAME_HEADER,
+    RATE_SLOT_HEADER,
+    TOKEN_HEADER,
+)
 from .refusals import refusals
 from .timing import delay_of, deliverable
 
@@ -36,7 +43,7 @@ if TYPE_CHECKING:
 
 # The library's headers a publish drops from the caller's (a copied request's headers must
 # not claim a stale hold) unless the call sets them itself.
-OWN_ONLY = (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS)
+OWN_ONLY = (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, ANSWER_HEADER, *CALL_HEADERS)
 
 
 class TaskFacts(TaskContext):

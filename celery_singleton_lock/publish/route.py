@@ -1,11 +1,13 @@
-"""Which way one call is sent: past the lock (a resend of ours, a canvas), in line (a mode
-that sends every call: a rate's slot, a place among the waiting), or held first."""
+"""Which way one call is sent: past the lock (a resend of ours, a canvas member that cannot
+attach), in line (a mode that sends every call: a rate's slot, a place among the waiting),
+held first, or attached to the call holding its key (a canvas member)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ..tokens import NAME_HEADER, REDRIVE_HEADER
+from .attaching import attachments_for, send_attaching
 from .dispatch import long_wait, send_in_line
 from .held import send_held
 
@@ -21,6 +23,9 @@ def dispatch(call: Dispatch) -> AsyncResult:
     call.lock_name = facts.options.key.derive(*call.call)  # KeyDerivationError: nothing sent
     if facts.mode.checks_dispatch and not bypass and not call.canvas:
         return send_held(call)
+    attachments = None if bypass else attachments_for(call)
+    if attachments is not None:  # a canvas member: held, attached to its holder, or sent
+        return send_attaching(call, attachments)
     if redrive or not bypass:  # (held calls: after their mode's own countdown, in send_held)
         long_wait(facts, call.options)
     own_headers: dict[str, object] = {NAME_HEADER: call.lock_name}

@@ -17,6 +17,7 @@ from celery.worker.control import Panel, inspect_command
 from celery.worker.request import Request
 
 from ..broker import on_receipt
+from ..broker.attached import AttachSweep
 from ..broker.restore import stale_restorer
 from ..broker.results import release_not_ridden
 from ..broker.sweeper import Sweeper
@@ -129,6 +130,9 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
         if sweep is not None:  # messages lost between the broker and a worker
             timer.call_repeatedly(sweep.interval, sweep)
             _closing.append(sweep.close)
+        attached = AttachSweep.of(app)
+        if attached is not None:  # calls attached to holders that ended
+            timer.call_repeatedly(attached.INTERVAL, attached)
 
 
 def _release_revoked(

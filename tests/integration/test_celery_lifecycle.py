@@ -247,16 +247,16 @@ class TestCanvas:
         assert len(records) == 3
         assert_no_overlap(records)
 
-    def test_duplicates_inside_a_group_all_run_one_at_a_time(
+    def test_duplicates_inside_a_group_run_once_and_each_answers(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
+        """The first member holds the key, the others attach to it and end with its
+        result (``test_attach.py``)."""
         work = cenv.app_module.work
         sig = work.si("n", 0.2).set(queue=worker.queue)
         result = group(sig.clone() for _ in range(3)).apply_async()
         assert result.get(timeout=60) == ["n", "n", "n"]
-        records = runs(cenv)
-        assert len(records) == 3
-        assert_no_overlap(records)
+        assert len(runs(cenv)) == 1
 
 
 class TestBypass:

@@ -8,8 +8,11 @@ RabbitMQ (``connection=``), so the shared test app needs no second configuration
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +28,7 @@ from ..conftest import CeleryEnv
 from ..support.rabbitmq import RabbitMQServer, rabbitmq_available
 from ..support.rates import check_rate, rated_runs
 from ..support.runs import lock_keys, runs, started, wait_for
-from ..support.workers import Worker
+from ..support.workers import ROOT, Worker
 
 pytestmark = [
     pytest.mark.oneoff,
@@ -223,3 +226,42 @@ class TestOnRabbitMQ:
         assert again.get(timeout=30) == "r-rev"
         assert [r["id"] for r in runs(cenv)] == [again.id]
         _forget(later, again)
+
+
+# A producer of the test app whose broker is RabbitMQ (its environment says so): a held
+# call, then two chains whose first step attaches to it; their ids, as JSON.
+ATTACHING = """
+import json, sys, time
+import redis
+from celery import chain
+from tests.support import celery_app as m
+queue = sys.argv[1]
+holder = m.work.apply_async(("r-attach", -30.0), queue=queue)
+checker = redis.Redis.from_url(m.check_url())
+while not any(json.loads(s)["item"] == "r-attach" for s in checker.lrange("started", 0, -1)):
+    time.sleep(0.02)
+step = lambda tag: chain(m.work.si("r-attach").set(queue=queue), m.follow.s(tag).set(queue=queue))
+chains = [step(tag).apply_async() for tag in (1, 2)]
+print(json.dumps({"holder": holder.id, "chains": [c.id for c in chains]}))
+"""
+
+
+class TestAttachOnRabbitMQ:
+    def test_chains_attach_to_a_running_holder_and_go_on_with_its_result(
+        self, cenv: CeleryEnv, rabbit: RabbitMQServer, rworker: Worker
+    ) -> None:
+        """Off the ride (the lock store is not the broker): the attach is the lock store's
+        script, the kept message is sent again through RabbitMQ at the holder's end."""
+        done = subprocess.run(
+            [sys.executable, "-c", ATTACHING, rworker.queue],
+            cwd=ROOT, env={**os.environ, **_env(cenv, rabbit)},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        sent = json.loads(done.stdout.strip().splitlines()[-1])
+        app = cenv.app_module.app
+        cenv.checker_client().rpush("gate:r-attach", 1)
+        assert app.AsyncResult(sent["holder"]).get(timeout=30) == "r-attach"
+        results = [app.AsyncResult(each).get(timeout=30) for each in sent["chains"]]
+        assert results == [["r-attach", 1], ["r-attach", 2]]
+        assert len([r for r in runs(cenv) if r["item"] == "r-attach"]) == 1

@@ -200,6 +200,7 @@ if os.environ.get("CSL_OTEL_SPANS"):
 # The tasks, one module per subject, registered on ``app`` as they are imported. After
 # the configuration above, which they read; imported here so ``-A tests.support.celery_app``
 # finds every one, and ``celery_app.work`` still names the task.
+from .tasks.attach import collect, errback, follow  # noqa: E402
 from .tasks.cancel import CancelHooked, preview, preview_hard, preview_retrying  # noqa: E402
 from .tasks.chaos import (  # noqa: E402
     FENCED_WRITE,
@@ -288,16 +289,15 @@ __all__ = [
     "App", "CancelHooked", "KillAfterSuccess", "app", "callback_request", "capped",
     "capped_checked", "capped_delayed", "capped_soon", "charge", "charge_brief",
     "charge_chronicled", "charge_durable", "charge_kept", "charge_unheld", "charge_waiting",
-    "check_url", "checker", "checker_time", "chronicled", "chronicled_cancel",
-    "chronicled_custom", "chronicled_latest", "chronicled_limited", "chronicled_patient",
-    "chronicled_pending", "chronicled_rated", "chronicled_strict", "cut_off_writer", "deaths",
-    "debounced", "delayed", "delayed_slowly", "durable", "durable_limited", "exclusive_fail",
-    "exclusive_skip", "exclusive_wait_fail", "exclusive_wait_skip", "export",
-    "export_one_total", "export_total", "export_waiting", "fenced_write", "fenced_writer",
-    "flaky", "impatient", "latest", "latest_queued", "limited", "noop", "note_error", "patient",
-    "plain", "planned", "preview", "preview_hard", "preview_retrying", "process_request",
-    "rate_checked", "rated", "rated_pair", "rated_slowly", "rated_tokens", "refresh",
-    "refresh_waiting", "reopened", "soak_plain", "soak_tasks", "strict", "swarm", "task_name",
-    "tenant_plan", "throttled", "throttled_closed", "throttled_reopen", "tokens_of", "work",
-    "work_while_executing",
+    "check_url", "checker", "checker_time", "chronicled", "chronicled_cancel", "chronicled_custom",
+    "chronicled_latest", "chronicled_limited", "chronicled_patient", "chronicled_pending",
+    "chronicled_rated", "chronicled_strict", "collect", "cut_off_writer", "deaths", "debounced",
+    "delayed", "delayed_slowly", "durable", "durable_limited", "errback", "exclusive_fail",
+    "exclusive_skip", "exclusive_wait_fail", "exclusive_wait_skip", "export", "export_one_total",
+    "export_total", "export_waiting", "fenced_write", "fenced_writer", "flaky", "follow",
+    "impatient", "latest", "latest_queued", "limited", "noop", "note_error", "patient", "plain",
+    "planned", "preview", "preview_hard", "preview_retrying", "process_request", "rate_checked",
+    "rated", "rated_pair", "rated_slowly", "rated_tokens", "refresh", "refresh_waiting", "reopened",
+    "soak_plain", "soak_tasks", "strict", "swarm", "task_name", "tenant_plan", "throttled",
+    "throttled_closed", "throttled_reopen", "tokens_of", "work", "work_while_executing",
 ]  # fmt: skip

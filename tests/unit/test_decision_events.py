@@ -56,7 +56,9 @@ class TestTheTable:
         assert told["copy-dropped"].task_event_type == "task-singleton-copy-dropped"
         assert told["copy-dropped"].span_event == "singleton.copy_dropped"
         assert told["lease-lost"].signal is signals.lease_lost
-        assert [t.what for t in decisions.DECISIONS if t.at_dispatch] == ["refused"]
+        assert told["attached"].signal is signals.call_attached
+        assert told["attached"].event_type == "singleton-attached"
+        assert [t.what for t in decisions.DECISIONS if t.at_dispatch] == ["refused", "attached"]
 
     def test_a_contention_says_the_holder_and_what_the_call_does_next(self) -> None:
         [contended] = [t for t in decisions.DECISIONS if t.what == "contended"]

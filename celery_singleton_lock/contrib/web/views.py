@@ -23,7 +23,15 @@ from .. import idempotency_keys
 from .. import limits as operator_limits
 from ..liveness import Liveness, Verdict
 from ..lock_history import entries_of, shown
-from ..locks import LockRow, app_rows, family_rows, new_call, operator_record, release
+from ..locks import (
+    LockRow,
+    app_rows,
+    attached_calls,
+    family_rows,
+    new_call,
+    operator_record,
+    release,
+)
 from .http import Request, Response
 from .listing import ORPHAN_STATES, PAGE_STATES, Page, Query, page_of
 
@@ -174,10 +182,15 @@ class Views:
         holds = [(row, liveness.verdict(row)) for row in family]
         task = self._task(family[0])
         outlook = new_call(task.singleton_options() if task else None, family)
+        try:
+            attached = attached_calls(store, family[0].base_name)
+        except SingletonLockError:
+            attached = []  # the family's read said what is wrong, if anything
         return self.render(
             request,
             "lock.html",
             key=key,
+            attached=attached,
             lock_name=family[0].base_name,
             task_name=family[0].task,
             holds=[(row, verdict, _needs_confirmation(row, verdict)) for row, verdict in holds],

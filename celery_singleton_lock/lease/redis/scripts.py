@@ -66,6 +66,10 @@ IDEMPOTENCY_CLAIM = source("idempotency_claim")
 IDEMPOTENCY_BEGIN = source("idempotency_begin")
 IDEMPOTENCY_END = source("idempotency_end")
 HOLD_MANY = source("hold_many")
+HOLD_OR_ATTACH = source("hold_or_attach")
+CLAIM_ATTACHED = source("claim_attached")
+FINISH_ATTACHED = source("finish_attached")
+PROMOTE_ATTACHED = source("promote_attached")
 
 
 def in_lock_db(script: str, db: int) -> str:

@@ -1,0 +1,241 @@
+"""An attached call's message as kept beside its holder's lock, and the sweep on the worker's
+timer that sends it once the holder is gone: to be answered with the holder's outcome, or
+promoted to a call of its own when the holder ended without one.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from billiard.exceptions import WorkerLostError
+from celery import states
+from kombu.serialization import dumps as serialize
+from kombu.utils.json import dumps, loads
+
+from ..config.stores import LockStores
+from ..exceptions import SingletonLockError
+from ..lease.attachments import Attachments, Waiting, attachments_of
+from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, holder_task_id
+from .connection import publishing
+from .in_transit import InTransit
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+logger = logging.getLogger(__name__)
+
+# What Celery hands a producer's ``publish`` that is not kept: how to send now, not what.
+_NOT_KEPT = frozenset({
+    "serializer", "declare", "timeout", "confirm_timeout", "mandatory", "immediate",
+})  # fmt: skip
+
+
+def kept_message(body: object, publish: Mapping[str, object]) -> bytes | None:
+    """A message as Celery publishes it (``producer.publish(body, **publish)``), kept to be
+    sent again as it was: its body serialized as it would be, its headers, properties,
+    exchange and routing key. None: something in it cannot be kept (it is then sent as a
+    canvas member was before attach, without a hold)."""
+    options = {name: value for name, value in publish.items() if name not in _NOT_KEPT}
+    exchange = options.get("exchange")
+    if exchange is not None and not isinstance(exchange, str):
+        options["exchange"] = getattr(exchange, "name", "")
+    try:
+        serializer = publish.get("serializer")
+        content_type, content_encoding, data = serialize(body, serializer=serializer)
+        if isinstance(data, str):
+            data = data.encode(content_encoding or "utf-8")
+        kept = {
+            "body": base64.b64encode(data).decode(),
+            "content_type": content_type,
+            "content_encoding": content_encoding,
+            "publish": options,
+        }
+        encoded: str = dumps(kept)
+        return encoded.encode()
+    except (TypeError, ValueError) as error:
+        logger.debug("a canvas member's message not kept (%s): sent without a hold", error)
+        return None
+
+
+def send_kept(app: Celery, record: bytes, *, holder: str | None) -> None:
+    """Send a kept message as it was: with ``holder``'s task id, for its run to end with
+    that call's outcome (``run.answered``), and without its hold (the key is another's
+    now); or, ``holder`` None, promoted, with the hold it took (``Promotion``). Noted in
+    transit on a Redis broker, as a singleton call's message is (``broker.transit``)."""
+    kept = loads(record)
+    options = dict(kept["publish"])
+    headers = dict(options.pop("headers", None) or {})
+    if holder is not None:
+        for own in (TOKEN_HEADER, HOLD_HEADER):
+            headers.pop(own, None)
+        headers[ANSWER_HEADER] = holder
+    body = base64.b64decode(kept["body"])
+    stores = LockStores.for_app(app)
+    config = stores.config
+    name, token = headers.get(NAME_HEADER), headers.get(TOKEN_HEADER)
+    held = isinstance(name, str) and isinstance(token, str) and holder is None
+    notes = InTransit(
+        str(headers.get("id") or ""),
+        str(name) if held else "",
+        str(token) if held else "",
+        config.queue_ttl,
+        config.transit_timeout if config.ride_broker else 0.0,
+        stores.lock.prefix,
+    )
+    with app.producer_or_acquire() as producer, publishing(producer, notes=notes):
+        producer.publish(
+            body,
+            content_type=kept["content_type"],
+            content_encoding=kept["content_encoding"],
+            headers=headers,
+            **options,
+        )
+
+
+def holders_outcome(backend: object, holder: str) -> tuple[str, object] | None:
+    """(SUCCESS or FAILURE, its value or exception) as ``holder``'s run stored it, for its
+    attached calls to end with; None where it left no outcome: nothing stored yet, a
+    revoke, an ``Ignore``, or a pool child killed under it (Celery stores that as a
+    FAILURE, ``WorkerLostError``, though the work never ended)."""
+    meta = backend.get_task_meta(holder)  # type: ignore[attr-defined]
+    status, result = meta.get("status"), meta.get("result")
+    if status == states.SUCCESS:
+        return status, result
+    if status == states.FAILURE and isinstance(result, BaseException):
+        return None if isinstance(result, WorkerLostError) else (status, result)
+    return None
+
+
+class AttachSweep:
+    """Every ``INTERVAL`` s on a worker's timer: the calls attached to holders that no
+    longer hold their key are claimed and sent (``send_kept``), to be answered with the
+    holder's stored outcome; where it left none, one is promoted (it holds the key and
+    runs as a call of its own) and the others attach to it.
+
+    A holder whose outcome is not stored yet may still be writing it (a run with a chain
+    releases its key before Celery stores its result): its calls wait ``GRACE`` s for it.
+    A claim lasts ``CLAIM`` s: a worker killed while sending leaves its claims to another
+    sweep, so none is lost (one sent twice then is run twice, as a redelivery is).
+    """
+
+    INTERVAL = 0.5
+    GRACE = 3.0
+    CLAIM = 60.0
+    LIMIT = 100
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        # (name, task id) -> when this sweep first saw its holder gone with no outcome
+        self._gone: dict[tuple[str, str], float] = {}
+
+    @classmethod
+    def of(cls, app: Celery) -> AttachSweep | None:
+        """A worker's sweep; None where no call attaches (a store in memory, a Redlock,
+        a Cluster)."""
+        return cls(app) if attachments_of(LockStores.for_app(app).lock) is not None else None
+
+    def __call__(self) -> None:
+        attachments = attachments_of(LockStores.for_app(self.app).lock)
+        if attachments is None:
+            return
+        if len(self._gone) > 100 * self.LIMIT:  # calls another worker's sweep sent
+            self._gone.clear()
+        try:
+            names = attachments.due_names(self.LIMIT)
+            outcomes: dict[str, bool] = {}
+            for name in names:
+                self._sweep(attachments, name, outcomes)
+        except SingletonLockError as error:  # the next sweep tries again
+            logger.warning("celery-singleton-lock: attached calls not swept (%s)", error)
+
+    def _sweep(self, attachments: Attachments, name: str, outcomes: dict[str, bool]) -> None:
+        current, waiting = attachments.listed(name)
+        live = holder_task_id(current) if current else None
+        now = time.monotonic()
+        answered: list[str] = []
+        gone: dict[str, Waiting] = {}  # a holder that left no outcome -> a call to promote
+        for call in waiting:
+            seen = (name, call.task_id)
+            if call.holder == live:
+                self._gone.pop(seen, None)
+                continue
+            if call.holder not in outcomes:
+                outcomes[call.holder] = self._has_outcome(call.holder)
+            if outcomes[call.holder]:
+                answered.append(call.task_id)
+            elif now - self._gone.setdefault(seen, now) >= self.GRACE:
+                # One not claimed first (a claim that ran out is the script's to tell).
+                first = gone.get(call.holder)
+                if first is None or (first.claimed and not call.claimed):
+                    gone[call.holder] = call
+        if answered or not waiting:  # (none: the name leaves the index)
+            self._claim_and_send(attachments, name, answered)
+        for holder, call in gone.items():
+            self._promote(attachments, name, holder, call, waiting)
+
+    def _claim_and_send(self, attachments: Attachments, name: str, task_ids: list[str]) -> None:
+        """Claim ``task_ids`` and send each with its holder's id to answer from."""
+        claim = secrets.token_hex(8)
+        claimed = attachments.claim(
+            name, task_ids, claim=claim, for_s=self.CLAIM, look_in=self.INTERVAL
+        )
+        sent = [call.task_id for call in claimed if self._send(name, call, call.holder)]
+        if sent:
+            attachments.finished(name, claim, sent)
+
+    def _promote(
+        self,
+        attachments: Attachments,
+        name: str,
+        holder: str,
+        call: Waiting,
+        waiting: list[Waiting],
+    ) -> None:
+        """``holder`` ended without an outcome: ``call`` becomes a call of its own, holding
+        the key, and the holder's other calls wait for it (or for whoever holds the key
+        now). Held by a value no call attaches to: each is sent to run as its own."""
+        claim = secrets.token_hex(8)
+        promoted = attachments.promote(name, holder, call.task_id, claim=claim, for_s=self.CLAIM)
+        if promoted is None:
+            return
+        if promoted.record is not None:
+            kept = Waiting(call.task_id, holder, promoted.record, claimed=True)
+            if self._send(name, kept, None):
+                attachments.finished(name, claim, [call.task_id])
+        elif not promoted.holder:
+            theirs = [other.task_id for other in waiting if other.holder == holder]
+            self._claim_and_send(attachments, name, theirs)
+
+    def _has_outcome(self, holder: str) -> bool:
+        """Whether ``holder``'s run stored an outcome its attached calls answer with."""
+        try:
+            return holders_outcome(self.app.backend, holder) is not None
+        except Exception as error:  # any backend's error: looked at again next sweep
+            logger.warning("celery-singleton-lock: result of %s not read (%s)", holder, error)
+            return False
+
+    def _send(self, name: str, call: Waiting, holder: str | None) -> bool:
+        """Send ``call``'s kept message: to answer from ``holder``, or (None) promoted."""
+        try:
+            send_kept(self.app, call.record, holder=holder)
+        except Exception:
+            # Its claim runs out and a later sweep sends it.
+            logger.exception("celery-singleton-lock: attached call %s not sent", call.task_id)
+            return False
+        self._gone.pop((name, call.task_id), None)
+        logger.info(
+            "attached call sent at its holder's end: id=%s lock=%s holder=%s then=%s",
+            call.task_id,
+            name,
+            call.holder,
+            "answer" if holder is not None else "run",
+        )
+        return True
+
+
+__all__ = ["AttachSweep", "holders_outcome", "kept_message", "send_kept"]

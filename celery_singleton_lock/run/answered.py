@@ -1,0 +1,68 @@
+"""An attached call's run: it ends with its holder's stored outcome under its own task id,
+without running the body, so Celery's tracer sends its links, its chain and its chord's count.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Task, states
+
+from .. import signals as singleton_signals
+from ..broker.attached import holders_outcome
+from ..lease import append_history
+from ..tokens import ANSWER_HEADER, NAME_HEADER, header
+from .replays import Replay
+
+logger = logging.getLogger(__name__)
+
+
+def answer_of(task: Task, request: object) -> Replay | None:
+    """The outcome an attached call's run ends with: its holder's (the message's answer
+    header names it), SUCCESS or FAILURE as stored. None: no holder named, or it left no
+    outcome (an Ignore, a revoke, a killed worker, results ignored): the call runs as a
+    call of its own."""
+    holder = header(request, ANSWER_HEADER)
+    task_id = getattr(request, "id", None)
+    if not holder or holder == task_id:
+        return None
+    outcome = holders_outcome(task.backend, holder)
+    if outcome is None:
+        logger.info(
+            "%s[%s]: its holder %s left no outcome: it runs as a call of its own",
+            task.name,
+            task_id,
+            holder,
+        )
+        return None
+    status, result = outcome
+    if status == states.SUCCESS:
+        replay = Replay(result)
+    else:
+        assert isinstance(result, BaseException)  # noqa: S101  (holders_outcome's FAILURE)
+        replay = Replay(error=result)
+    name = header(request, NAME_HEADER) or ""
+    context = getattr(task, "singleton_context", None)
+    if name and context is not None and context.keeps_history:
+        record = context.record(name, task_id)
+        append_history(context.store, record, "answered", holder=holder, outcome=status)
+    logger.info(
+        "%s[%s]: answered with its holder's outcome: lock=%s holder=%s state=%s",
+        task.name,
+        task_id,
+        name,
+        holder,
+        status,
+    )
+    singleton_signals.send(
+        singleton_signals.attached_answered,
+        task,
+        name,
+        task_id=task_id,
+        holder_id=holder,
+        state=status,
+    )
+    return replay
+
+
+__all__ = ["answer_of"]
