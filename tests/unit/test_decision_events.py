@@ -113,6 +113,20 @@ class TestAProducer:
         }
         assert fields["result"] == "refused at dispatch: 'k' is held by t1"
 
+    def test_with_sent_events_a_canvas_member_attached_is_sent_with_its_holder(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        sender.app.conf.task_send_sent_event = True
+        signals.send(signals.call_attached, sender, "k", task_id="t3", holder_id="t1")
+        [(type_, fields), (twin, _)] = recorder.sent
+        assert (type_, twin) == ("singleton-attached", "task-singleton-attached")
+        assert {k: fields[k] for k in ("uuid", "key", "holder")} == {
+            "uuid": "t3",
+            "key": "k",
+            "holder": "t1",
+        }
+
     def test_a_call_refused_before_it_had_an_id_is_given_one(
         self, recorded: tuple[Sender, Recorder]
     ) -> None:
