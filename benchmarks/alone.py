@@ -145,6 +145,7 @@ def hold_floor() -> Send:
 
     import redis  # noqa: PLC0415
     from kombu.transport import redis as kombu_redis  # noqa: PLC0415
+    from kombu.utils.json import dumps  # noqa: PLC0415
 
     settings = _settings()
     send = plain_alone()
@@ -181,11 +182,12 @@ def hold_floor() -> Send:
             if not sha:
                 sha.append(client.script_load(_FLOOR_SCRIPT))
             list_key = channel._q_for_pri(queue, priority)
-            payload = kombu_redis.dumps(message)
+            payload = dumps(message)
             if not client.evalsha(sha[0], 2, key, list_key, payload, "q|floor", ttl_ms):
                 raise _Refused
 
-    kombu_redis.Channel._put = _put
+    # In this child process only: the floor's hold rides the push as a lock's transport would.
+    setattr(kombu_redis.Channel, "_put", _put)  # noqa: B010
 
     def held_riding(args: tuple[str, ...], **options: Any) -> Any:
         token = holding.set(key_of(args))
