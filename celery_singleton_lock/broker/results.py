@@ -8,6 +8,8 @@ the lock is free in the same step as the result is visible, at no round trip of 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from celery import states
@@ -89,8 +91,38 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         Who waits for a result subscribes as it starts to wait (``get``, ``then``,
         ``join_native`` all go through ``add_pending_result``), and then reads the
         stored result: a result written before the subscription is read, one written
-        after it is received, so none is missed."""
+        after it is received. Celery's consumer now and then misses a message published
+        as it subscribes, so a wait also reads the stored result again once a second
+        after its first (``_wait_for_pending``)."""
         return {}
+
+    def _wait_for_pending(
+        self,
+        result: object,
+        timeout: float | None = None,
+        on_interval: Callable[[], object] | None = None,
+        on_message: object = None,
+        **kwargs: object,
+    ) -> object:
+        """Celery's wait, reading the stored result again once a second after the first:
+        Celery 5.7's consumer, subscribing as a wait starts, now and then misses the
+        result's message (plain Celery's too, for a chain's result) and would wait until
+        the timeout for a result already stored. A wait that ends within a second reads
+        nothing more."""
+        consumer = self.result_consumer
+        due = [time.monotonic() + 1.0]
+
+        def read_again() -> None:
+            now = time.monotonic()
+            if now >= due[0]:
+                due[0] = now + 1.0
+                consumer.on_wait_for_pending(result)
+            if on_interval is not None:
+                on_interval()
+
+        return super()._wait_for_pending(
+            result, timeout=timeout, on_interval=read_again, on_message=on_message, **kwargs
+        )
 
     def ride_release(self, task_id: str, release: RidingRelease, db: int) -> None:
         """Have the write of ``task_id``'s result send ``release`` (in the lock store's

@@ -9,6 +9,7 @@ elsewhere Celery's own read does: the answer must be the same.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from typing import Any
 
@@ -110,3 +111,27 @@ class TestTheResultWrite:
         else:
             assert result.get(timeout=20) == item
             assert stored(cenv, task_id)["status"] == states.SUCCESS
+
+
+class TestAWait:
+    def test_a_result_stored_without_its_message_as_the_wait_starts_is_read_still(
+        self, cenv: CeleryEnv
+    ) -> None:
+        """Celery's consumer subscribes as a wait starts and now and then misses a message
+        published just then: the wait reads the stored result again a second later,
+        instead of waiting for its timeout. Here the message is never published at all."""
+        app = cenv.app_module.app
+        task_id = str(uuid.uuid4())
+        key = app.backend.get_key_for_task(task_id)
+        subscribed = app.backend.result_consumer.subscribed_to
+
+        def store_once_subscribed() -> None:
+            wait_for(lambda: key in subscribed, 10, "the wait subscribed")
+            store(cenv, task_id, states.SUCCESS, "stored")
+
+        storing = threading.Thread(target=store_once_subscribed, daemon=True)
+        storing.start()
+        try:
+            assert app.AsyncResult(task_id).get(timeout=10) == "stored"
+        finally:
+            storing.join(timeout=15)
