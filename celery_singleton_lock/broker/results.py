@@ -8,8 +8,6 @@ the lock is free in the same step as the result is visible, at no round trip of 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from celery import states
@@ -24,6 +22,7 @@ from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
 from .pushes import RidingRelease, pushes_of
+from .result_wait import ReadsAgain
 from .ride_scripts import STORE_RESULT
 from .waiting_release import ByResultKey, WaitingRelease
 
@@ -51,7 +50,7 @@ UNREADABLE = -1
 READ_IN_SCRIPT = 64 * 1024
 
 
-class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyped
+class RedisBackend(ReadsAgain, CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyped
     """Celery's Redis result backend; a result write with a release pending for its
     task (``release_with_result``) sends the release in the same transaction.
 
@@ -93,36 +92,8 @@ class RedisBackend(CeleryRedisBackend):  # type: ignore[misc]  # Celery is untyp
         stored result: a result written before the subscription is read, one written
         after it is received. Celery's consumer now and then misses a message published
         as it subscribes, so a wait also reads the stored result again once a second
-        after its first (``_wait_for_pending``)."""
+        after its first (``result_wait.ReadsAgain``)."""
         return {}
-
-    def _wait_for_pending(
-        self,
-        result: object,
-        timeout: float | None = None,
-        on_interval: Callable[[], object] | None = None,
-        on_message: object = None,
-        **kwargs: object,
-    ) -> object:
-        """Celery's wait, reading the stored result again once a second after the first:
-        Celery 5.7's consumer, subscribing as a wait starts, now and then misses the
-        result's message (plain Celery's too, for a chain's result) and would wait until
-        the timeout for a result already stored. A wait that ends within a second reads
-        nothing more."""
-        consumer = self.result_consumer
-        due = [time.monotonic() + 1.0]
-
-        def read_again() -> None:
-            now = time.monotonic()
-            if now >= due[0]:
-                due[0] = now + 1.0
-                consumer.on_wait_for_pending(result)
-            if on_interval is not None:
-                on_interval()
-
-        return super()._wait_for_pending(
-            result, timeout=timeout, on_interval=read_again, on_message=on_message, **kwargs
-        )
 
     def ride_release(self, task_id: str, release: RidingRelease, db: int) -> None:
         """Have the write of ``task_id``'s result send ``release`` (in the lock store's
