@@ -2,12 +2,15 @@
 
 A worker sending task events (``-E``) sends each of ``DECISIONS``, a producer with
 ``task_send_sent_event`` its refusals, through Celery's own dispatcher. Otherwise a worker
-has no receiver, and a producer's reads one setting per refusal: nothing is built.
+has no receiver, and a producer's reads the setting (kept a second) per refusal: nothing
+is built.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import weakref
 from collections.abc import Callable
 
 from celery import Celery
@@ -19,6 +22,13 @@ logger = logging.getLogger(__name__)
 
 # Whether this process is a worker sending task events (its pool children inherit it).
 _worker: list[bool] = [False]
+
+# How long a producer keeps its answer to ``task_send_sent_event`` (a change made at run
+# time is followed within this): read through Celery's chain of maps, the setting costs a
+# refused call more than the rest of its events-off path together (the bench's section 2).
+SETTING_KEPT_SECONDS = 1.0
+# Per app: when its answer was read, and the answer.
+_sent_events: weakref.WeakKeyDictionary[Celery, tuple[float, bool]] = weakref.WeakKeyDictionary()
 
 
 def install(*, worker: bool = False) -> None:
@@ -47,13 +57,25 @@ def _receiver(told: Told) -> Callable[..., None]:
         app = getattr(sender, "app", None)
         if not isinstance(app, Celery) or not getattr(sender, "send_events", True):
             return  # a task that opted out of events (Celery's ``Task.send_events``)
-        if not (_worker[0] or (told.at_dispatch and app.conf.task_send_sent_event)):
+        if not (_worker[0] or (told.at_dispatch and sends_sent_events(app))):
             return
         fields = told.fields(sent)
         if fields is not None:
             send(app, told, fields, getattr(sender, "name", None), _hostname(sender))
 
     return receive
+
+
+def sends_sent_events(app: Celery) -> bool:
+    """``task_send_sent_event``, as Celery reads it for each call it sends, kept
+    ``SETTING_KEPT_SECONDS``."""
+    now = time.monotonic()
+    kept = _sent_events.get(app)
+    if kept is not None and now - kept[0] < SETTING_KEPT_SECONDS:
+        return kept[1]
+    on = bool(app.conf.task_send_sent_event)
+    _sent_events[app] = (now, on)
+    return on
 
 
 def _hostname(sender: object) -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import timeit
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,17 +149,51 @@ class TestAProducer:
         assert recorder.built == 0
 
 
-def test_a_refusal_with_events_off_costs_a_few_microseconds(
-    recorded: tuple[Sender, Recorder],
-) -> None:
-    """The receiver reads one setting and returns: measured per call, beside a signal
-    with no receiver (what a refusal cost before)."""
-    sender, recorder = recorded
-    calls = 2000
+class CountedConf:
+    """Counts the reads of ``task_send_sent_event`` through Celery's chain of maps."""
 
-    def refuse() -> None:
+    def __init__(self, app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reads = 0
+        settings = type(app.conf)
+        read = settings.__getitem__
+
+        def counted(conf: Any, key: str) -> Any:
+            if key == "task_send_sent_event":
+                self.reads += 1
+            return read(conf, key)
+
+        monkeypatch.setattr(settings, "__getitem__", counted)
+
+
+class TestEventsOff:
+    """What events off costs a refusal is measured in the bench (section 2, ``this`` against
+    ``this_no_receivers``); here, that the setting is read through Celery's maps once, and
+    still followed when it changes."""
+
+    def test_the_setting_is_read_once_while_it_does_not_change(
+        self, recorded: tuple[Sender, Recorder], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        sender, recorder = recorded
+        counted = CountedConf(sender.app, monkeypatch)
         signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+        first = counted.reads
+        for _ in range(50):
+            signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+        assert first > 0
+        assert (counted.reads, recorder.built) == (first, 0)
 
-    with_receiver = min(timeit.repeat(refuse, number=calls, repeat=3)) / calls
-    assert recorder.built == 0
-    assert with_receiver < 50e-6, f"{with_receiver * 1e6:.1f} µs a refusal"
+    def test_a_change_at_run_time_is_followed_once_the_answer_is_old(
+        self, recorded: tuple[Sender, Recorder], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        sender, recorder = recorded
+        app, now = sender.app, [1000.0]
+        monkeypatch.setattr(events.time, "monotonic", lambda: now[0])
+        assert events.sends_sent_events(app) is False
+        app.conf.update(task_send_sent_event=True)
+        assert events.sends_sent_events(app) is False  # the kept answer, for a second
+        now[0] += events.SETTING_KEPT_SECONDS
+        signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+        assert recorder.built == 1
+        app.conf.task_send_sent_event = False
+        now[0] += events.SETTING_KEPT_SECONDS
+        assert events.sends_sent_events(app) is False
