@@ -87,12 +87,17 @@ def ensure_venv() -> None:
 _apt_updated = False
 
 
-def apt_install(*packages: str) -> None:
+def apt_update() -> None:
+    """Debian's package lists, read once a run."""
     global _apt_updated  # noqa: PLW0603  (apt-get update once per run)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     if not _apt_updated:
-        run("apt-get", "update", "-qq", env=env)
+        run("apt-get", "update", "-qq", env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
         _apt_updated = True
+
+
+def apt_install(*packages: str) -> None:
+    apt_update()
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages, env=env)
 
 
@@ -202,6 +207,36 @@ def ensure_valkey_tls() -> str | None:
     return str(VALKEY_TLS)
 
 
+# The shipped alert rules are checked by Prometheus's own promtool: Debian's, unpacked
+# here from its package (no service installed or started).
+PROMTOOL = VENV / "prometheus" / "promtool"
+
+
+def ensure_promtool() -> str | None:
+    """Debian's promtool under .venv, or None (the rules' promtool test skips)."""
+    if PROMTOOL.exists():
+        return str(PROMTOOL)
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say("no root: the alert rules' promtool check is skipped")
+        return None
+    say("fetching Debian's promtool for the alert rules' check")
+    work = PROMTOOL.parent / "download"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        apt_update()
+        download = ["apt-get", "-o", "APT::Sandbox::User=root", "download", "-qq"]
+        subprocess.run([*download, "prometheus"], cwd=work, check=True)
+        package = next(work.glob("prometheus_*.deb"))
+        run("dpkg-deb", "-x", package, work / "root")
+    except (subprocess.CalledProcessError, StopIteration) as error:
+        say(f"could not fetch promtool ({error}): the alert rules' promtool check is skipped")
+        return None
+    shutil.copy(work / "root" / "usr" / "bin" / "promtool", PROMTOOL)
+    shutil.rmtree(work)
+    return str(PROMTOOL)
+
+
 # The locks page's tests drive a real browser: Debian's Chromium and its WebDriver.
 BROWSER = {"chromium": "chromium", "chromedriver": "chromium-driver"}
 
@@ -283,6 +318,8 @@ def prepare(env: dict[str, str]) -> int:
     ensure_browser()
     if VALKEY_TLS.exists():  # fetched by an earlier run of the one-offs (ensure_valkey_tls)
         env["VALKEY_TLS_SERVER_BIN"] = str(VALKEY_TLS)
+    if PROMTOOL.exists():  # the same (ensure_promtool)
+        env["PROMTOOL_BIN"] = str(PROMTOOL)
     return 0
 
 
@@ -322,6 +359,9 @@ def beyond_the_inner_loop(phases: Phases, env: dict[str, str]) -> None:
     valkey = ensure_valkey_tls()
     if valkey:
         env["VALKEY_TLS_SERVER_BIN"] = valkey
+    promtool = ensure_promtool()
+    if promtool:
+        env["PROMTOOL_BIN"] = promtool
     phases.run("one-offs", lambda: max(pytest(one_offs, env), pytest(["tests", "-m", "load"], env)))
     phases.run("chaos (CI size)", lambda: chaos_at_ci_size(env))
     phases.run("version matrix", lambda: matrix([]))
