@@ -2,8 +2,7 @@
 
 A worker sending task events (``-E``) sends each of ``DECISIONS``, a producer with
 ``task_send_sent_event`` its refusals, through Celery's own dispatcher. Otherwise a worker
-has no receiver, and a producer's reads the setting (kept a second) per refusal: nothing
-is built.
+has no receiver, and a producer's asks the setting (kept a second): nothing is built.
 """
 
 from __future__ import annotations
