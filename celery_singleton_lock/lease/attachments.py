@@ -11,6 +11,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from .history import Record
 from .lease import Lease
 from .names import new_token
 from .outcomes import Contended, text
@@ -74,11 +75,20 @@ class Attachments:
         self.due = f"{store.prefix}:{DUE}"
 
     def hold_or_attach(
-        self, name: str, ttl: float, *, token: str, task_id: str, record: bytes
+        self,
+        name: str,
+        ttl: float,
+        *,
+        token: str,
+        task_id: str,
+        record: bytes,
+        history: Record | None = None,
     ) -> Lease | Attached | Contended:
         """Hold ``name`` as ``token`` (a ``Lease``, unfenced, like a dispatch's hold); or
         keep ``record`` for its holder (``Attached``); or ``Contended``: held by a value
-        no call attaches to (a foreign one, an eager run), nothing written."""
+        no call attaches to (a foreign one, an eager run), nothing written. ``history``:
+        what the call's task records (its ``attached`` entry, and those of the steps that
+        send or promote it)."""
         store = self._store
         keys = store.keys(name)
         call = Call(
@@ -93,8 +103,8 @@ class Attachments:
         sent_at = time.monotonic()
         try:
             reply = self._hold(
-                keys=[keys.lock, keys.attached, self.due],
-                args=[call.token, call.ttl_ms, task_id, record, name],
+                keys=[keys.lock, keys.attached, self.due, keys.history],
+                args=[call.token, call.ttl_ms, task_id, record, name, carried(history)],
             )
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
@@ -146,7 +156,7 @@ class Attachments:
         keys = store.keys(name)
         args: list[str | int] = [name, claim, int(for_s * 1000), int(look_in * 1000), *task_ids]
         try:
-            reply = self._claim(keys=[keys.lock, keys.attached, self.due], args=args)
+            reply = self._claim(keys=[keys.lock, keys.attached, self.due, keys.history], args=args)
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         return [
@@ -165,7 +175,9 @@ class Attachments:
         keys = store.keys(name)
         args: list[str | int] = [name, holder, task_id, claim, int(for_s * 1000)]
         try:
-            reply = self._promote(keys=[keys.lock, keys.attached, self.due], args=args)
+            reply = self._promote(
+                keys=[keys.lock, keys.attached, self.due, keys.history], args=args
+            )
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         kind = int(reply[0])
@@ -184,6 +196,11 @@ class Attachments:
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         return int(done)
+
+
+def carried(history: Record | None) -> str:
+    """An attach script's history argument: what the call's task records ('' for none)."""
+    return "" if history is None else history.carried()
 
 
 def _bytes(value: object) -> bytes:
@@ -208,4 +225,6 @@ def attachments_of(store: object) -> Attachments | None:
     return store.helper(Attachments)
 
 
-__all__ = ["DUE", "Attached", "Attachments", "Promotion", "Waiting", "attachments_of"]
+__all__ = [
+    "DUE", "Attached", "Attachments", "Promotion", "Waiting", "attachments_of", "carried",
+]  # fmt: skip

@@ -48,6 +48,11 @@ class Record:
             }
         )
 
+    def carried(self) -> str:
+        """What a record kept for later steps carries (an attached call's: the steps that
+        send or promote it write its entries): its fields, length and ttl, as JSON."""
+        return json.dumps({"f": _flat(self.fields), "n": self.length, "t": self.ttl_ms})
+
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
     return [part for pair in fields.items() for part in pair]

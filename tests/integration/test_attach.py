@@ -18,6 +18,7 @@ from celery_singleton_lock import RedisLock
 from celery_singleton_lock.contrib.web import LocksPage
 from celery_singleton_lock.lease import Contended, Lease, history_entries
 from celery_singleton_lock.lease.attachments import Attached, Attachments, Promotion, Waiting
+from celery_singleton_lock.lease.history import Record
 from celery_singleton_lock.lease.outcomes import text
 
 from ..conftest import SAME_SERVER, CeleryEnv
@@ -317,7 +318,7 @@ class TestOperators:
 
 
 class TestHistory:
-    def test_a_kept_history_says_attached_then_answered(
+    def test_a_kept_history_says_attached_sent_then_answered(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
         chronicled, follow = cenv.app_module.chronicled, cenv.app_module.follow
@@ -334,7 +335,11 @@ class TestHistory:
             for e in history_entries(store, store.keys(name).history)
             if e.fields.get("id") == after.parent.id
         ]
-        assert mine == [("answered", holder.id, "SUCCESS"), ("attached", holder.id, None)]
+        assert mine == [
+            ("answered", holder.id, "SUCCESS"),
+            ("sent", holder.id, None),  # by the claim that sent it at its holder's end
+            ("attached", holder.id, None),
+        ]
 
 
 @pytest.fixture(name="pair")
@@ -525,3 +530,35 @@ class TestScripts:
         after = attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"r")
         assert isinstance(after, Lease)
         assert attachments.listed("k") == ("q|n2|a", [])
+
+    def test_each_step_of_an_attached_call_is_entered_in_its_history(self, lock: RedisLock) -> None:
+        """Where the call's task keeps a history: ``attached`` by the attach, ``promoted``
+        and ``attached`` (to the promoted call) by the promotion, ``sent`` by the claim;
+        a call whose task keeps none writes nothing."""
+        attachments = Attachments(lock)
+        key, history = lock.keys("k").lock, lock.keys("k").history
+
+        def kept(task_id: str) -> Record:
+            return Record(history, {}, fields={"task": "t", "id": task_id})
+
+        lock.client.set(key, "q|n0|h")
+        for task_id in ("a", "b"):
+            attachments.hold_or_attach(
+                "k", 30, token=f"q|n|{task_id}", task_id=task_id, record=b"r", history=kept(task_id)
+            )
+        attachments.hold_or_attach("k", 30, token="q|n|c", task_id="c", record=b"r")
+        lock.client.delete(key)
+        assert attachments.promote("k", "h", "a", claim="p", for_s=60) == Promotion(record=b"r")
+        lock.client.delete(key)  # the promoted call ended: b and c are sent
+        assert len(attachments.claim("k", ["b", "c"], claim="s", for_s=60, look_in=1)) == 2
+        said = [
+            (e.event, e.fields["id"], e.fields["holder"])
+            for e in reversed(history_entries(lock, history))
+        ]
+        assert said == [
+            ("attached", "a", "h"),
+            ("attached", "b", "h"),
+            ("promoted", "a", "h"),
+            ("attached", "b", "a"),
+            ("sent", "b", "a"),
+        ]
