@@ -20,7 +20,7 @@ from kombu.utils.json import dumps, loads
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.attachments import Attachments, Waiting, attachments_of
-from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, holder_task_id
+from ..tokens import ANSWER_HEADER, HOLD_HEADER, TOKEN_HEADER, holder_task_id
 from .connection import publishing
 from .in_transit import InTransit
 
@@ -76,17 +76,9 @@ def send_kept(app: Celery, record: bytes, *, holder: str | None) -> None:
         headers[ANSWER_HEADER] = holder
     body = base64.b64decode(kept["body"])
     stores = LockStores.for_app(app)
-    config = stores.config
-    name, token = headers.get(NAME_HEADER), headers.get(TOKEN_HEADER)
-    held = isinstance(name, str) and isinstance(token, str) and holder is None
-    notes = InTransit(
-        str(headers.get("id") or ""),
-        str(name) if held else "",
-        str(token) if held else "",
-        config.queue_ttl,
-        config.transit_timeout if config.ride_broker else 0.0,
-        stores.lock.prefix,
-    )
+    context = getattr(app.tasks.get(str(headers.get("task") or "")), "singleton_context", None)
+    queue_ttl = stores.config.queue_ttl if context is None else context.queue_ttl
+    notes = InTransit.sent(stores, queue_ttl, str(headers.get("id") or ""), headers)
     with app.producer_or_acquire() as producer, publishing(producer, notes=notes):
         producer.publish(
             body,
