@@ -17,15 +17,18 @@ from celery import states
 from kombu.serialization import dumps as serialize
 from kombu.utils.json import dumps, loads
 
+from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.attachments import Attachments, Waiting, attachments_of
-from ..tokens import ANSWER_HEADER, HOLD_HEADER, TOKEN_HEADER, holder_task_id
+from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, header, holder_task_id
 from .connection import publishing
 from .in_transit import InTransit
 
 if TYPE_CHECKING:
-    from celery import Celery
+    from celery import Celery, Task
+
+    from ..context import Request as Context
 
 logger = logging.getLogger(__name__)
 
@@ -104,24 +107,27 @@ def holders_outcome(backend: object, holder: str) -> tuple[str, object] | None:
 
 
 class AttachSweep:
-    """Every ``INTERVAL`` s on a worker's timer: the calls attached to holders that no
-    longer hold their key are claimed and sent (``send_kept``), to be answered with the
-    holder's stored outcome; where it left none, one is promoted (it holds the key and
-    runs as a call of its own) and the others attach to it.
+    """Every ``interval`` s on a worker's timer (``singleton_lock_attach_sweep``): the
+    calls attached to holders that no longer hold their key are claimed and sent
+    (``send_kept``), to be answered with the holder's stored outcome; where it left none,
+    one is promoted (it holds the key and runs as a call of its own) and the others
+    attach to it. The holder's own run sends its calls as it ends (``at_end``): the timer
+    finds those a crash, a revoke or an ``Ignore`` left.
 
     A holder whose outcome is not stored yet may still be writing it (a run with a chain
-    releases its key before Celery stores its result): its calls wait ``GRACE`` s for it.
-    A claim lasts ``CLAIM`` s: a worker killed while sending leaves its claims to another
-    sweep, so none is lost (one sent twice then is run twice, as a redelivery is).
+    releases its key before Celery stores its result): no call of it is promoted before
+    ``GRACE`` s have passed since a sweep first found it gone. A claim lasts ``CLAIM`` s:
+    a worker killed while sending leaves its claims to another sweep, so none is lost
+    (one sent twice then is run twice, as a redelivery is).
     """
 
-    INTERVAL = 0.5
     GRACE = 3.0
     CLAIM = 60.0
     LIMIT = 100
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self.interval = LockStores.for_app(app).config.attach_sweep
         # (name, task id) -> when this sweep first saw its holder gone with no outcome
         self._gone: dict[tuple[str, str], float] = {}
 
@@ -145,8 +151,21 @@ class AttachSweep:
         except SingletonLockError as error:  # the next sweep tries again
             logger.warning("celery-singleton-lock: attached calls not swept (%s)", error)
 
-    def _sweep(self, attachments: Attachments, name: str, outcomes: dict[str, bool]) -> None:
+    def at_end(self, attachments: Attachments, name: str) -> None:
+        """A holder's run of ``name`` ended, its outcome stored: its attached calls (one
+        read finds none, most often) are sent now rather than at the next sweep."""
         current, waiting = attachments.listed(name)
+        if waiting:
+            self._sweep(attachments, name, {}, (current, waiting))
+
+    def _sweep(
+        self,
+        attachments: Attachments,
+        name: str,
+        outcomes: dict[str, bool],
+        listed: tuple[str, list[Waiting]] | None = None,
+    ) -> None:
+        current, waiting = attachments.listed(name) if listed is None else listed
         live = holder_task_id(current) if current else None
         now = time.monotonic()
         answered: list[str] = []
@@ -174,7 +193,7 @@ class AttachSweep:
         """Claim ``task_ids`` and send each with its holder's id to answer from."""
         claim = secrets.token_hex(8)
         claimed = attachments.claim(
-            name, task_ids, claim=claim, for_s=self.CLAIM, look_in=self.INTERVAL
+            name, task_ids, claim=claim, for_s=self.CLAIM, look_in=self.interval
         )
         sent = [call.task_id for call in claimed if self._send(name, call, call.holder)]
         if sent:
@@ -230,4 +249,30 @@ class AttachSweep:
         return True
 
 
-__all__ = ["AttachSweep", "holders_outcome", "kept_message", "send_kept"]
+def send_at_end(task: Task, request: Context, state: str) -> None:
+    """A run's end, its outcome stored (``task_postrun``): the calls attached to it are
+    sent by its own worker now, to be answered (the sweep on the timer stays for a
+    worker killed first). Only a run of a mode that attaches, with its result stored;
+    a store error is the sweep's to meet later."""
+    if state not in (states.SUCCESS, states.FAILURE) or request.is_eager:
+        return
+    if task.ignore_result or getattr(request, "ignore_result", False):
+        return
+    name = header(request, NAME_HEADER)
+    if (
+        not name
+        or header(request, ANSWER_HEADER)
+        or not is_singleton(task)
+        or not task.singleton_options().mode.attaches
+    ):
+        return
+    attachments = attachments_of(task.singleton_context.store)
+    if attachments is None:
+        return
+    try:
+        AttachSweep(task.app).at_end(attachments, name)
+    except SingletonLockError as error:
+        logger.warning("celery-singleton-lock: attached calls not sent at the end (%s)", error)
+
+
+__all__ = ["AttachSweep", "holders_outcome", "kept_message", "send_at_end", "send_kept"]

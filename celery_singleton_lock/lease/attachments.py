@@ -35,6 +35,22 @@ class Attached:
 
 
 @dataclass(frozen=True)
+class Member:
+    """A canvas member to hold its key or attach: its task id, its message as kept, and
+    what its task records in the lock's history (None: none; its ``attached`` entry, and
+    those of the steps that send or promote it)."""
+
+    task_id: str
+    record: bytes
+    history: Record | None = None
+
+    def args(self, name: str) -> list[str | bytes]:
+        """An attach script's last arguments for a member of lock ``name``."""
+        history = "" if self.history is None else self.history.compact()
+        return [self.task_id, self.record, name, history]
+
+
+@dataclass(frozen=True)
 class Waiting:
     """One attached call: its task id, its holder's task id, its kept message, and whether
     a sweep claimed it (answering or sending it now)."""
@@ -75,20 +91,11 @@ class Attachments:
         self.due = f"{store.prefix}:{DUE}"
 
     def hold_or_attach(
-        self,
-        name: str,
-        ttl: float,
-        *,
-        token: str,
-        task_id: str,
-        record: bytes,
-        history: Record | None = None,
+        self, name: str, ttl: float, *, token: str, member: Member
     ) -> Lease | Attached | Contended:
         """Hold ``name`` as ``token`` (a ``Lease``, unfenced, like a dispatch's hold); or
-        keep ``record`` for its holder (``Attached``); or ``Contended``: held by a value
-        no call attaches to (a foreign one, an eager run), nothing written. ``history``:
-        what the call's task records (its ``attached`` entry, and those of the steps that
-        send or promote it)."""
+        keep ``member``'s message for its holder (``Attached``); or ``Contended``: held by
+        a value no call attaches to (a foreign one, an eager run), nothing written."""
         store = self._store
         keys = store.keys(name)
         call = Call(
@@ -104,7 +111,7 @@ class Attachments:
         try:
             reply = self._hold(
                 keys=[keys.lock, keys.attached, self.due, keys.history],
-                args=[call.token, call.ttl_ms, task_id, record, name, carried(history)],
+                args=[call.token, call.ttl_ms, *member.args(name)],
             )
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
@@ -198,11 +205,6 @@ class Attachments:
         return int(done)
 
 
-def carried(history: Record | None) -> str:
-    """An attach script's history argument: what the call's task records ('' for none)."""
-    return "" if history is None else history.carried()
-
-
 def _bytes(value: object) -> bytes:
     if isinstance(value, str):
         return value.encode()
@@ -226,5 +228,11 @@ def attachments_of(store: object) -> Attachments | None:
 
 
 __all__ = [
-    "DUE", "Attached", "Attachments", "Promotion", "Waiting", "attachments_of", "carried",
+    "DUE",
+    "Attached",
+    "Attachments",
+    "Member",
+    "Promotion",
+    "Waiting",
+    "attachments_of",
 ]  # fmt: skip

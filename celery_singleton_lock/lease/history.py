@@ -48,9 +48,9 @@ class Record:
             }
         )
 
-    def carried(self) -> str:
-        """What a record kept for later steps carries (an attached call's: the steps that
-        send or promote it write its entries): its fields, length and ttl, as JSON."""
+    def compact(self) -> str:
+        """Its fields, length and ttl as JSON, kept for scripts that write its entries
+        later (an attached call's: the steps that send or promote it)."""
         return json.dumps({"f": _flat(self.fields), "n": self.length, "t": self.ttl_ms})
 
 

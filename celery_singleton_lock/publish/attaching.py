@@ -18,7 +18,7 @@ from ..broker.state import Refused
 from ..broker.transport import rides
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Contended, Lease
-from ..lease.attachments import Attached, Attachments, attachments_of
+from ..lease.attachments import Attached, Attachments, Member, attachments_of
 from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, TOKEN_HEADER, holder_task_id, read_token
 from .dispatch import long_wait
@@ -135,9 +135,8 @@ class AttachingHold:
         ):
             try:
                 outcome = pushes.hold_push_or_attach(
-                    call.hold, call.ttl, push, token=call.token, task_id=self.task_id,
-                    record=record, history=self._history,
-                )  # fmt: skip
+                    call.hold, call.ttl, push, token=call.token, member=self._member(record)
+                )
             except PushRefused:
                 outcome = None  # this user may not push: the hold goes alone
             except LockStoreUnavailableError as error:
@@ -157,18 +156,16 @@ class AttachingHold:
         assert self.record is not None  # noqa: S101  (the producer kept it first)
         try:
             outcome = self._attachments.hold_or_attach(
-                call.hold,
-                call.ttl,
-                token=call.token,
-                task_id=self.task_id,
-                record=self.record,
-                history=self._history,
+                call.hold, call.ttl, token=call.token, member=self._member(self.record)
             )
         except LockStoreUnavailableError as error:
             call.outage(error)  # fail_closed raises; fail_open sends it without a hold
             self.unheld = True
             return
         self._decided(outcome)
+
+    def _member(self, record: bytes) -> Member:
+        return Member(self.task_id, record, self._history)
 
     def _decided(self, outcome: Lease | Attached | Contended) -> None:
         if isinstance(outcome, Attached):

@@ -15,9 +15,16 @@ import pytest
 from celery import chain, chord, group
 
 from celery_singleton_lock import RedisLock
+from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib.web import LocksPage
 from celery_singleton_lock.lease import Contended, Lease, history_entries
-from celery_singleton_lock.lease.attachments import Attached, Attachments, Promotion, Waiting
+from celery_singleton_lock.lease.attachments import (
+    Attached,
+    Attachments,
+    Member,
+    Promotion,
+    Waiting,
+)
 from celery_singleton_lock.lease.history import Record
 from celery_singleton_lock.lease.outcomes import text
 
@@ -342,6 +349,59 @@ class TestHistory:
         ]
 
 
+@pytest.fixture(name="alone")
+def fixture_alone(cenv: CeleryEnv) -> Iterator[Worker]:
+    """A worker whose locks are under a prefix of their own (no other test's worker
+    sweeps its attached calls) and whose sweep would wait an hour: what sends its
+    attached calls is the holder's own run as it ends. The test's producer uses that
+    prefix too while it lasts."""
+    app = cenv.app_module.app
+    worker = Worker(cenv.env, extra_env={"CSL_LOCK_PREFIX": "ta", "CSL_ATTACH_SWEEP": "3600"})
+    worker.start()
+    app.conf.singleton_lock_prefix = "ta"
+    LockStores.forget(app)
+    try:
+        yield worker
+    finally:
+        app.conf.singleton_lock_prefix = "t"
+        LockStores.forget(app)
+        worker.stop()
+
+
+class TestAtTheHoldersEnd:
+    def test_the_holders_worker_sends_its_attached_calls_as_it_ends(
+        self, cenv: CeleryEnv, alone: Worker
+    ) -> None:
+        """Attached to a plain call and to a chain's first step (which frees its key
+        before Celery stores its result): each answered at its holder's end, with no
+        sweep for an hour, and nothing left attached."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = alone.queue
+        plain = work.apply_async(("e1", UNTIL_OPENED), queue=q)
+        chained = chain(work.si("e2", UNTIL_OPENED).set(queue=q), follow.s(0).set(queue=q))
+        head = chained.apply_async().parent
+        running(cenv, "e1")
+        running(cenv, "e2")
+        waiting = {
+            item: [
+                chain(work.si(item).set(queue=q), follow.s(tag).set(queue=q)).apply_async()
+                for tag in (1, 2)
+            ]
+            for item in ("e1", "e2")
+        }
+        lock = cenv.lock_client()
+        due = "ta:attach:due"
+        names = {work.singleton_options().key.derive((item,), {}) for item in waiting}
+        assert {text(name) for name in lock.zrange(due, 0, -1)} == names
+        open_gate(cenv, "e1")
+        open_gate(cenv, "e2")
+        assert (plain.get(timeout=20), head.get(timeout=20)) == ("e1", "e2")
+        for item, chains in waiting.items():
+            assert [c.get(timeout=20) for c in chains] == [[item, 1], [item, 2]]
+            assert len(bodies(cenv, item)) == 1
+        wait_for(lambda: not lock.zcard(due), 5, "nothing left attached")
+
+
 @pytest.fixture(name="pair")
 def fixture_pair(cenv: CeleryEnv) -> Iterator[tuple[Worker, Worker]]:
     first = Worker(cenv.env).start()
@@ -432,14 +492,14 @@ class TestScripts:
         self, lock: RedisLock
     ) -> None:
         attachments = Attachments(lock)
-        held = attachments.hold_or_attach("k", 30, token="q|n1|first", task_id="first", record=b"1")
+        held = attachments.hold_or_attach("k", 30, token="q|n1|first", member=Member("first", b"1"))
         assert isinstance(held, Lease)
         joined = attachments.hold_or_attach(
-            "k", 30, token="q|n2|second", task_id="second", record=b"2"
+            "k", 30, token="q|n2|second", member=Member("second", b"2")
         )
         assert joined == Attached("k", lock.keys("k").lock, "q|n1|first")
         again = attachments.hold_or_attach(
-            "k", 30, token="q|n2|second", task_id="second", record=b"other"
+            "k", 30, token="q|n2|second", member=Member("second", b"other")
         )
         assert isinstance(again, Attached)  # a retry keeps the first record
         current, waiting = attachments.listed("k")
@@ -451,7 +511,7 @@ class TestScripts:
         attachments = Attachments(lock)
         for value in ("foreign", "x|eager|1|n|e"):
             lock.client.set(lock.keys("k").lock, value)
-            sent = attachments.hold_or_attach("k", 30, token="q|n|c", task_id="c", record=b"r")
+            sent = attachments.hold_or_attach("k", 30, token="q|n|c", member=Member("c", b"r"))
             assert isinstance(sent, Contended)
             assert sent.holder == value
         assert attachments.listed("k")[1] == []
@@ -460,9 +520,9 @@ class TestScripts:
         self, lock: RedisLock
     ) -> None:
         attachments = Attachments(lock)
-        first = attachments.hold_or_attach("k", 30, token="q|n1|h", task_id="h", record=b"")
+        first = attachments.hold_or_attach("k", 30, token="q|n1|h", member=Member("h", b""))
         assert isinstance(first, Lease)
-        attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"ra")
+        attachments.hold_or_attach("k", 30, token="q|n2|a", member=Member("a", b"ra"))
         # The holder still holds: nothing is claimed.
         assert attachments.claim("k", ["a"], claim="c1", for_s=60, look_in=1) == []
         lock.release(first)
@@ -478,7 +538,7 @@ class TestScripts:
     def test_a_claim_that_ran_out_is_claimed_again(self, lock: RedisLock) -> None:
         attachments = Attachments(lock)
         lock.client.set(lock.keys("k").lock, "q|n1|h")
-        attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"ra")
+        attachments.hold_or_attach("k", 30, token="q|n2|a", member=Member("a", b"ra"))
         lock.client.delete(lock.keys("k").lock)
         assert attachments.claim("k", ["a"], claim="c1", for_s=0.05, look_in=1)
         wait_for(
@@ -494,8 +554,8 @@ class TestScripts:
         attachments = Attachments(lock)
         key = lock.keys("k").lock
         lock.client.set(key, "q|n0|h")
-        attachments.hold_or_attach("k", 30, token="q|n1|a", task_id="a", record=b"ra")
-        attachments.hold_or_attach("k", 30, token="q|n2|b", task_id="b", record=b"rb")
+        attachments.hold_or_attach("k", 30, token="q|n1|a", member=Member("a", b"ra"))
+        attachments.hold_or_attach("k", 30, token="q|n2|b", member=Member("b", b"rb"))
         assert attachments.promote("k", "h", "a", claim="c", for_s=60) is None  # h holds
         lock.client.delete(key)
         promoted = attachments.promote("k", "h", "a", claim="c", for_s=60)
@@ -514,7 +574,7 @@ class TestScripts:
         attachments = Attachments(lock)
         key = lock.keys("k").lock
         lock.client.set(key, "q|n0|h")
-        attachments.hold_or_attach("k", 30, token="q|n1|a", task_id="a", record=b"ra")
+        attachments.hold_or_attach("k", 30, token="q|n1|a", member=Member("a", b"ra"))
         lock.client.set(key, "x|w@h|1|n9|other")
         promoted = attachments.promote("k", "h", "a", claim="c", for_s=60)
         assert promoted == Promotion(holder="x|w@h|1|n9|other")
@@ -524,10 +584,10 @@ class TestScripts:
 
     def test_an_attach_after_the_holders_release_holds_the_key(self, lock: RedisLock) -> None:
         attachments = Attachments(lock)
-        first = attachments.hold_or_attach("k", 30, token="q|n1|h", task_id="h", record=b"")
+        first = attachments.hold_or_attach("k", 30, token="q|n1|h", member=Member("h", b""))
         assert isinstance(first, Lease)
         lock.release(first)
-        after = attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"r")
+        after = attachments.hold_or_attach("k", 30, token="q|n2|a", member=Member("a", b"r"))
         assert isinstance(after, Lease)
         assert attachments.listed("k") == ("q|n2|a", [])
 
@@ -544,9 +604,9 @@ class TestScripts:
         lock.client.set(key, "q|n0|h")
         for task_id in ("a", "b"):
             attachments.hold_or_attach(
-                "k", 30, token=f"q|n|{task_id}", task_id=task_id, record=b"r", history=kept(task_id)
+                "k", 30, token=f"q|n|{task_id}", member=Member(task_id, b"r", kept(task_id))
             )
-        attachments.hold_or_attach("k", 30, token="q|n|c", task_id="c", record=b"r")
+        attachments.hold_or_attach("k", 30, token="q|n|c", member=Member("c", b"r"))
         lock.client.delete(key)
         assert attachments.promote("k", "h", "a", claim="p", for_s=60) == Promotion(record=b"r")
         lock.client.delete(key)  # the promoted call ended: b and c are sent
