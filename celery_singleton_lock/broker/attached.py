@@ -252,9 +252,14 @@ class AttachSweep:
 def send_at_end(task: Task, request: Context, state: str) -> None:
     """A run's end, its outcome stored (``task_postrun``): the calls attached to it are
     sent by its own worker now, to be answered (the sweep on the timer stays for a
-    worker killed first). Only a run of a mode that attaches, with its result stored;
-    a store error is the sweep's to meet later."""
-    if state not in (states.SUCCESS, states.FAILURE) or request.is_eager:
+    worker killed first). Only a run of a mode that attaches, with its result stored,
+    and where the result's write (its release riding) did not say none are attached:
+    elsewhere one read of the lock's attached calls. A store error is the sweep's to
+    meet later."""
+    told = getattr(task.backend, "attached_told", None)  # ``results.RedisBackend``'s
+    if (told is not None and told(request.id) is False) or request.is_eager:
+        return
+    if state not in (states.SUCCESS, states.FAILURE):
         return
     if task.ignore_result or getattr(request, "ignore_result", False):
         return
