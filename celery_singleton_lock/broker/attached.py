@@ -153,7 +153,7 @@ class AttachSweep:
 
     def at_end(self, attachments: Attachments, name: str) -> None:
         """A holder's run of ``name`` ended, its outcome stored: its attached calls (one
-        read finds none, most often) are sent now rather than at the next sweep."""
+        read of the lock's) are sent now rather than at the next sweep."""
         current, waiting = attachments.listed(name)
         if waiting:
             self._sweep(attachments, name, {}, (current, waiting))
