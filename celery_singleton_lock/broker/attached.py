@@ -10,6 +10,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from billiard.exceptions import WorkerLostError
@@ -21,6 +22,7 @@ from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.attachments import Attachments, Waiting, attachments_of
+from ..outages import release_or_warn
 from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, header, holder_task_id
 from .connection import publishing
 from .in_transit import InTransit
@@ -29,8 +31,13 @@ if TYPE_CHECKING:
     from celery import Celery, Task
 
     from ..context import Request as Context
+    from ..lease import Lease
+    from ..lease.history import Record
 
 logger = logging.getLogger(__name__)
+
+# A run's end with an outcome its attached calls answer with.
+ENDED = (states.SUCCESS, states.FAILURE)
 
 # What Celery hands a producer's ``publish`` that is not kept: how to send now, not what.
 _NOT_KEPT = frozenset({
@@ -249,35 +256,63 @@ class AttachSweep:
         return True
 
 
+# Where a run's release asked whether calls are attached beside its lock, on Celery's
+# request for its ``task_postrun``: a list the answer is appended to once read.
+ASKED = "singleton_lock_attached"
+
+
+def release_asking(task: Task, request: Context, lease: Lease, entry: Record | None) -> bool:
+    """A run's release on a round trip of its own, where its end will look for attached
+    calls (``send_at_end``): asking in the same write whether there are any. False: not
+    asked (a mode that does not attach, no result stored, a store that keeps none): the
+    caller releases as ever."""
+    attachments = attachments_of(task.singleton_context.store)
+    if attachments is None or not _looks_at_end(task, request):
+        return False
+    answer: list[bool] = []
+    setattr(request, ASKED, answer)
+    release_or_warn(partial(attachments.release_asking, entry=entry, then=answer.append), lease)
+    return True
+
+
+def _looks_at_end(task: Task, request: Context) -> bool:
+    """Whether ``request``'s run sends its attached calls as it ends (if it stores its
+    outcome): a held call of a mode that attaches, with its result stored."""
+    if request.is_eager or task.ignore_result or getattr(request, "ignore_result", False):
+        return False
+    if not header(request, NAME_HEADER) or header(request, ANSWER_HEADER):
+        return False  # no hold of its own, or an answered call's run: it held nothing
+    return is_singleton(task) and bool(task.singleton_options().mode.attaches)
+
+
 def send_at_end(task: Task, request: Context, state: str) -> None:
     """A run's end, its outcome stored (``task_postrun``): the calls attached to it are
     sent by its own worker now, to be answered (the sweep on the timer stays for a
     worker killed first). Only a run of a mode that attaches, with its result stored,
-    and where the result's write (its release riding) did not say none are attached:
-    elsewhere one read of the lock's attached calls. A store error is the sweep's to
-    meet later."""
+    and where its release (riding its result's write, or ``release_asking``) did not
+    say none are attached; one read of them else. A store error is the sweep's to meet
+    later."""
     told = getattr(task.backend, "attached_told", None)  # ``results.RedisBackend``'s
-    if (told is not None and told(request.id) is False) or request.is_eager:
+    if (told is not None and told(request.id) is False) or state not in ENDED:
         return
-    if state not in (states.SUCCESS, states.FAILURE):
-        return
-    if task.ignore_result or getattr(request, "ignore_result", False):
-        return
-    name = header(request, NAME_HEADER)
-    if (
-        not name
-        or header(request, ANSWER_HEADER)
-        or not is_singleton(task)
-        or not task.singleton_options().mode.attaches
-    ):
+    if not _looks_at_end(task, request):
         return
     attachments = attachments_of(task.singleton_context.store)
     if attachments is None:
         return
+    asked = getattr(request, ASKED, None)  # its release's answer (``release_asking``)
+    if asked is not None and not asked:
+        attachments.read_answers()  # here long since: no wait
+    if asked == [False]:
+        return
+    name = header(request, NAME_HEADER) or ""
     try:
         AttachSweep(task.app).at_end(attachments, name)
     except SingletonLockError as error:
         logger.warning("celery-singleton-lock: attached calls not sent at the end (%s)", error)
 
 
-__all__ = ["AttachSweep", "holders_outcome", "kept_message", "send_at_end", "send_kept"]
+__all__ = [
+    "ASKED", "AttachSweep", "holders_outcome", "kept_message", "release_asking", "send_at_end",
+    "send_kept",
+]  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .history import Record
@@ -16,6 +17,7 @@ from .lease import Lease
 from .names import new_token
 from .outcomes import Contended, text
 from .redis import scripts
+from .redis.calls import Response
 from .redis.common import REDIS_ERRORS, Call
 from .redis.servers import server_of
 from .redis.store import RedisLock
@@ -88,7 +90,37 @@ class Attachments:
         self._claim = client.register_script(scripts.CLAIM_ATTACHED)
         self._finish = client.register_script(scripts.FINISH_ATTACHED)
         self._promote = client.register_script(scripts.PROMOTE_ATTACHED)
+        self._release = client.register_script(scripts.RELEASE)
         self.due = f"{store.prefix}:{DUE}"
+
+    def release_asking(
+        self, lease: Lease, *, entry: Record | None = None, then: Callable[[bool], object]
+    ) -> None:
+        """``RedisLock.release_nowait`` of ``lease`` (a holder's, as its run ends), asking
+        in the same write whether calls are attached beside its lock: ``then(answer)``
+        once the answer is read (before this process's next call, or ``read_owed``)."""
+        store = self._store
+        attached = store.keys(lease.name).attached
+        with Lease.require(lease, "release_asking").releasing() as again:
+            argv = store.release_argv(lease.name, lease.token)
+            store.stop_renewing(lease)
+            try:
+                reply = store.pipelining.send(
+                    self._release, **argv, whole=True, entry=entry, question=("EXISTS", attached)
+                )
+            except REDIS_ERRORS as error:
+                store.unavailable(error, lease.name)
+
+        def answered(answer: Response) -> None:
+            released, exists = answer
+            store.release_answer(lease, released, again=again)
+            then(bool(exists))
+
+        store.pipelining.defer(reply, answered)
+
+    def read_answers(self) -> None:
+        """Read the answers owed to this process now (a ``release_asking``'s among them)."""
+        self._store.pipelining.read_owed()
 
     def hold_or_attach(
         self, name: str, ttl: float, *, token: str, member: Member

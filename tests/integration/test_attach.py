@@ -27,6 +27,7 @@ from celery_singleton_lock.lease.attachments import (
 )
 from celery_singleton_lock.lease.history import Record
 from celery_singleton_lock.lease.outcomes import text
+from celery_singleton_lock.tokens import queued_token
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.cli import cli
@@ -622,3 +623,33 @@ class TestScripts:
             ("attached", "b", "a"),
             ("sent", "b", "a"),
         ]
+
+    def test_a_holders_release_asks_whether_calls_are_attached_in_its_own_write(
+        self, lock: RedisLock
+    ) -> None:
+        """A run's release on a round trip of its own (no result write to ride) says
+        whether calls are attached: its end looks for them only if so."""
+        attachments = Attachments(lock)
+
+        def exists_run() -> int:
+            stats = lock.client.info("commandstats")
+            return int(stats.get("cmdstat_exists", {}).get("calls", 0))
+
+        plain = lock.try_acquire("plain", 30)
+        assert isinstance(plain, Lease)
+        before = exists_run()
+        lock.release(plain)
+        by_a_release = exists_run() - before  # the release script's own (its wake's)
+        told: list[bool] = []
+        for name, attach in (("alone", False), ("joined", True)):
+            lease = lock.try_acquire(name, 30, token=queued_token(f"holder-{name}"))
+            assert isinstance(lease, Lease)
+            if attach:
+                attachments.hold_or_attach(name, 30, token="q|n|a", member=Member("a", b"r"))
+            before = exists_run()
+            attachments.release_asking(lease, then=told.append)
+            attachments.read_answers()
+            assert exists_run() - before == by_a_release + 1  # the question, in its write
+            assert lease.released
+            assert lock.holder(name) is None
+        assert told == [False, True]
