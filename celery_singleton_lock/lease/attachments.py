@@ -80,7 +80,8 @@ class Attachments:
     it (one script: a holder that ended meanwhile left the key free, and the call holds);
     ``claim`` takes those whose holder no longer holds the key, once each; ``finished``
     forgets them once answered or sent. A claim not finished (its sweeper died) runs out
-    and is claimed again: none is lost.
+    and is claimed again: none is lost. ``release_asking``: a holder's release, saying
+    whether any call is attached.
     """
 
     def __init__(self, store: RedisLock) -> None:
