@@ -10,6 +10,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING
 
 from billiard.exceptions import WorkerLostError
@@ -17,17 +18,26 @@ from celery import states
 from kombu.serialization import dumps as serialize
 from kombu.utils.json import dumps, loads
 
+from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.attachments import Attachments, Waiting, attachments_of
-from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, holder_task_id
+from ..outages import release_or_warn
+from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, header, holder_task_id
 from .connection import publishing
 from .in_transit import InTransit
 
 if TYPE_CHECKING:
-    from celery import Celery
+    from celery import Celery, Task
+
+    from ..context import Request as Context
+    from ..lease import Lease
+    from ..lease.history import Record
 
 logger = logging.getLogger(__name__)
+
+# A run's end with an outcome its attached calls answer with.
+ENDED = (states.SUCCESS, states.FAILURE)
 
 # What Celery hands a producer's ``publish`` that is not kept: how to send now, not what.
 _NOT_KEPT = frozenset({
@@ -76,17 +86,9 @@ def send_kept(app: Celery, record: bytes, *, holder: str | None) -> None:
         headers[ANSWER_HEADER] = holder
     body = base64.b64decode(kept["body"])
     stores = LockStores.for_app(app)
-    config = stores.config
-    name, token = headers.get(NAME_HEADER), headers.get(TOKEN_HEADER)
-    held = isinstance(name, str) and isinstance(token, str) and holder is None
-    notes = InTransit(
-        str(headers.get("id") or ""),
-        str(name) if held else "",
-        str(token) if held else "",
-        config.queue_ttl,
-        config.transit_timeout if config.ride_broker else 0.0,
-        stores.lock.prefix,
-    )
+    context = getattr(app.tasks.get(str(headers.get("task") or "")), "singleton_context", None)
+    queue_ttl = stores.config.queue_ttl if context is None else context.queue_ttl
+    notes = InTransit.sent(stores, queue_ttl, str(headers.get("id") or ""), headers)
     with app.producer_or_acquire() as producer, publishing(producer, notes=notes):
         producer.publish(
             body,
@@ -112,24 +114,27 @@ def holders_outcome(backend: object, holder: str) -> tuple[str, object] | None:
 
 
 class AttachSweep:
-    """Every ``INTERVAL`` s on a worker's timer: the calls attached to holders that no
-    longer hold their key are claimed and sent (``send_kept``), to be answered with the
-    holder's stored outcome; where it left none, one is promoted (it holds the key and
-    runs as a call of its own) and the others attach to it.
+    """Every ``interval`` s on a worker's timer (``singleton_lock_attach_sweep``): the
+    calls attached to holders that no longer hold their key are claimed and sent
+    (``send_kept``), to be answered with the holder's stored outcome; where it left none,
+    one is promoted (it holds the key and runs as a call of its own) and the others
+    attach to it. The holder's own run sends its calls as it ends (``at_end``): the timer
+    finds those a crash, a revoke or an ``Ignore`` left.
 
     A holder whose outcome is not stored yet may still be writing it (a run with a chain
-    releases its key before Celery stores its result): its calls wait ``GRACE`` s for it.
-    A claim lasts ``CLAIM`` s: a worker killed while sending leaves its claims to another
-    sweep, so none is lost (one sent twice then is run twice, as a redelivery is).
+    releases its key before Celery stores its result): no call of it is promoted before
+    ``GRACE`` s have passed since a sweep first found it gone. A claim lasts ``CLAIM`` s:
+    a worker killed while sending leaves its claims to another sweep, so none is lost
+    (one sent twice then is run twice, as a redelivery is).
     """
 
-    INTERVAL = 0.5
     GRACE = 3.0
     CLAIM = 60.0
     LIMIT = 100
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self.interval = LockStores.for_app(app).config.attach_sweep
         # (name, task id) -> when this sweep first saw its holder gone with no outcome
         self._gone: dict[tuple[str, str], float] = {}
 
@@ -153,8 +158,21 @@ class AttachSweep:
         except SingletonLockError as error:  # the next sweep tries again
             logger.warning("celery-singleton-lock: attached calls not swept (%s)", error)
 
-    def _sweep(self, attachments: Attachments, name: str, outcomes: dict[str, bool]) -> None:
+    def at_end(self, attachments: Attachments, name: str) -> None:
+        """A holder's run of ``name`` ended, its outcome stored: its attached calls (one
+        read of the lock's) are sent now rather than at the next sweep."""
         current, waiting = attachments.listed(name)
+        if waiting:
+            self._sweep(attachments, name, {}, (current, waiting))
+
+    def _sweep(
+        self,
+        attachments: Attachments,
+        name: str,
+        outcomes: dict[str, bool],
+        listed: tuple[str, list[Waiting]] | None = None,
+    ) -> None:
+        current, waiting = attachments.listed(name) if listed is None else listed
         live = holder_task_id(current) if current else None
         now = time.monotonic()
         answered: list[str] = []
@@ -182,7 +200,7 @@ class AttachSweep:
         """Claim ``task_ids`` and send each with its holder's id to answer from."""
         claim = secrets.token_hex(8)
         claimed = attachments.claim(
-            name, task_ids, claim=claim, for_s=self.CLAIM, look_in=self.INTERVAL
+            name, task_ids, claim=claim, for_s=self.CLAIM, look_in=self.interval
         )
         sent = [call.task_id for call in claimed if self._send(name, call, call.holder)]
         if sent:
@@ -238,4 +256,63 @@ class AttachSweep:
         return True
 
 
-__all__ = ["AttachSweep", "holders_outcome", "kept_message", "send_kept"]
+# Where a run's release asked whether calls are attached beside its lock, on Celery's
+# request for its ``task_postrun``: a list the answer is appended to once read.
+ASKED = "singleton_lock_attached"
+
+
+def release_asking(task: Task, request: Context, lease: Lease, entry: Record | None) -> bool:
+    """A run's release on a round trip of its own, where its end will look for attached
+    calls (``send_at_end``): asking in the same write whether there are any. False: not
+    asked (a mode that does not attach, no result stored, a store that keeps none): the
+    caller releases as ever."""
+    attachments = attachments_of(task.singleton_context.store)
+    if attachments is None or not _looks_at_end(task, request):
+        return False
+    answer: list[bool] = []
+    setattr(request, ASKED, answer)
+    release_or_warn(partial(attachments.release_asking, entry=entry, then=answer.append), lease)
+    return True
+
+
+def _looks_at_end(task: Task, request: Context) -> bool:
+    """Whether ``request``'s run sends its attached calls as it ends (if it stores its
+    outcome): a held call of a mode that attaches, with its result stored."""
+    if request.is_eager or task.ignore_result or getattr(request, "ignore_result", False):
+        return False
+    if not header(request, NAME_HEADER) or header(request, ANSWER_HEADER):
+        return False  # no hold of its own, or an answered call's run: it held nothing
+    return is_singleton(task) and bool(task.singleton_options().mode.attaches)
+
+
+def send_at_end(task: Task, request: Context, state: str) -> None:
+    """A run's end, its outcome stored (``task_postrun``): the calls attached to it are
+    sent by its own worker now, to be answered (the sweep on the timer stays for a
+    worker killed first). Only a run of a mode that attaches, with its result stored,
+    and where its release (riding its result's write, or ``release_asking``) did not
+    say none are attached; one read of them else. A store error is the sweep's to meet
+    later."""
+    told = getattr(task.backend, "attached_told", None)  # ``results.RedisBackend``'s
+    if (told is not None and told(request.id) is False) or state not in ENDED:
+        return
+    if not _looks_at_end(task, request):
+        return
+    attachments = attachments_of(task.singleton_context.store)
+    if attachments is None:
+        return
+    asked = getattr(request, ASKED, None)  # its release's answer (``release_asking``)
+    if asked is not None and not asked:
+        attachments.read_answers()  # here long since: no wait
+    if asked == [False]:
+        return
+    name = header(request, NAME_HEADER) or ""
+    try:
+        AttachSweep(task.app).at_end(attachments, name)
+    except SingletonLockError as error:
+        logger.warning("celery-singleton-lock: attached calls not sent at the end (%s)", error)
+
+
+__all__ = [
+    "ASKED", "AttachSweep", "holders_outcome", "kept_message", "release_asking", "send_at_end",
+    "send_kept",
+]  # fmt: skip

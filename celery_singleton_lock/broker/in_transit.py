@@ -52,6 +52,19 @@ class InTransit:
     ) -> InTransit:
         """For a message of ``task_id`` with the library's headers ``own_headers``, due
         ``delay`` seconds from now (its countdown or ETA: its hold outlives the wait)."""
+        return cls.sent(context.stores, context.queue_ttl, task_id, own_headers, delay)
+
+    @classmethod
+    def sent(
+        cls,
+        stores: LockStores,
+        queue_ttl: float,
+        task_id: str,
+        own_headers: Mapping[str, object],
+        delay: float = 0.0,
+    ) -> InTransit:
+        """``of``, for a message sent again by a worker (an attached call's), with the
+        app's ``stores`` and the queued hold's ``queue_ttl``."""
         name, token, role = (
             own_headers.get(NAME_HEADER),
             own_headers.get(TOKEN_HEADER),
@@ -61,15 +74,10 @@ class InTransit:
         if isinstance(name, str) and isinstance(token, str) and token:
             hold = companion(name, role) if isinstance(role, str) and role else name
             held = token
-        ttl = context.queue_ttl + delay
-        return cls(task_id, hold, held, ttl, cls.wait_of(context), context.store.prefix)
-
-    @staticmethod
-    def wait_of(context: TaskContext) -> float:
-        """``singleton_lock_transit_timeout``; 0 when received messages are not cleared
-        (``singleton_lock_ride_broker = False``)."""
-        config = context.stores.config
-        return config.transit_timeout if config.ride_broker else 0.0
+        config = stores.config
+        # 0 when received messages are not cleared (``singleton_lock_ride_broker = False``).
+        wait = config.transit_timeout if config.ride_broker else 0.0
+        return cls(task_id, hold, held, queue_ttl + delay, wait, stores.lock.prefix)
 
     def note(self, member: str) -> Note | None:
         """How its message, of delivery tag ``member``, is noted (None: wait is 0)."""

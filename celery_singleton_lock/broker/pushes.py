@@ -16,7 +16,7 @@ from typing import NoReturn, Protocol
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from ..lease.attachments import DUE, Attached
+from ..lease.attachments import DUE, Attached, Member
 from ..lease.errors import is_refusal
 from ..lease.history import Kind, Record
 from ..lease.lease import Lease
@@ -292,16 +292,16 @@ class Pushes:
         return self._run(self._swap, call, keys, args, push, entry=entry, kind="swap")
 
     def hold_push_or_attach(
-        self, name: str, ttl: object, push: Push, *, token: str, task_id: str, record: bytes
+        self, name: str, ttl: object, push: Push, *, token: str, member: Member
     ) -> Lease | Attached | Contended:
         """A canvas member's hold and push (``Lease``); or its message kept for the call
         that holds ``name`` (``Attached``: nothing pushed); or, held by a value no call
         attaches to, its push without a hold (``Contended``: pushed). One round trip."""
         call = self._call(name, ttl, token, replace="")
         keys: list[Arg] = [call.keys.lock, call.keys.attached, self._store.prefix + ":" + DUE]
-        keys.append(push.key)
+        keys.extend([call.keys.history, push.key])
         args: list[Arg] = [call.token, call.ttl_ms, push.payload]
-        tail: list[Arg] = [task_id, record, name]
+        tail: list[Arg] = [*member.args(name)]
         sent_at = time.monotonic()
         reply = self._send(self._attach, call, keys, args, push, entry=None, kind="take", tail=tail)
         if int(reply[0]) == 2:

@@ -17,11 +17,12 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
 from ..lease import Server, server_of
+from ..lease.attachments import attachments_of
 from ..lease.history import Record
 from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
-from .pushes import RidingRelease, pushes_of
+from .pushes import pushes_of
 from .result_wait import ReadsAgain
 from .ride_scripts import STORE_RESULT
 from .waiting_release import ByResultKey, WaitingRelease
@@ -75,6 +76,8 @@ class RedisBackend(ReadsAgain, CeleryRedisBackend):  # type: ignore[misc]  # Cel
     _singleton_releases: ByResultKey[WaitingRelease] | None = None
     # result key -> task id, while a write in progress is to read what is stored itself.
     _singleton_unread: ByResultKey[str] | None = None
+    # result key -> whether calls are attached, as the write its release rode said.
+    _singleton_told: ByResultKey[bool] | None = None
 
     def server(self) -> Server | None:
         """Where this backend stores results (None: not one standalone server)."""
@@ -95,14 +98,20 @@ class RedisBackend(ReadsAgain, CeleryRedisBackend):  # type: ignore[misc]  # Cel
         after its first (``result_wait.ReadsAgain``)."""
         return {}
 
-    def ride_release(self, task_id: str, release: RidingRelease, db: int) -> None:
-        """Have the write of ``task_id``'s result send ``release`` (in the lock store's
-        database ``db``) in its own transaction."""
+    def ride_release(self, task_id: str, waiting: WaitingRelease) -> None:
+        """Have the write of ``task_id``'s result send ``waiting``'s release in its own
+        transaction."""
         # setdefault: made once, whichever thread comes first.
         releases: ByResultKey[WaitingRelease] = self.__dict__.setdefault(
             "_singleton_releases", ByResultKey()
         )
-        releases[self.get_key_for_task(task_id)] = WaitingRelease(release, db)
+        releases[self.get_key_for_task(task_id)] = waiting
+
+    def attached_told(self, task_id: str) -> bool | None:
+        """Whether the write of ``task_id``'s result said calls are attached beside its
+        lock (None: it did not say), forgotten as it is asked (``task_postrun``)."""
+        told = self._singleton_told
+        return None if told is None else told.pop(self.get_key_for_task(task_id))
 
     def release_not_ridden(self, task_id: str) -> None:
         """A release that did not ride the write of ``task_id``'s result (none was written),
@@ -213,8 +222,10 @@ class RedisBackend(ReadsAgain, CeleryRedisBackend):  # type: ignore[misc]  # Cel
                 self._write_as_celery(key, value, expires, task_id)
             return
         if pending is not None:
-            pending.read(replies[0])
-            replies = replies[1:]
+            told = pending.told(replies)
+            if told is not None:
+                self.__dict__.setdefault("_singleton_told", ByResultKey())[key] = told
+            replies = pending.read(replies)
         if task_id is not None and replies and replies[0] == UNREADABLE:
             # A stored value the script cannot read as Celery's JSON: Celery's read decides.
             self._write_as_celery(key, value, expires, task_id)
@@ -290,7 +301,10 @@ def release_with_result(
     release = pushes.riding_release(lease, entry=entry)
     if release is None:
         return False
-    backend.ride_release(request.id, release, server.db)
+    asks = None  # whether calls are attached: the run's end looks for them only if so
+    if context.options.mode.attaches and attachments_of(context.store) is not None:
+        asks = (context.store.keys(lease.name).attached, pushes.databases(server.db))
+    backend.ride_release(request.id, WaitingRelease(release, server.db, asks))
     return True
 
 

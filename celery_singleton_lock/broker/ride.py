@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..config.stores import LockStores
 from ..outages import release_or_warn
 from . import versions
+from .attached import release_asking
 from .held_push import replace_riding, send_riding
 from .pushes import Pushes, RidingTake, pushes_of
 from .results import release_with_result
@@ -103,7 +104,9 @@ class NoRide:
         record = context.record(lease.name, request.id, release=(ended, "lost", "expired"))
         if request.is_eager:
             release_or_warn(partial(store.release, entry=record), lease)
-        elif not (ride and self.released_with_result(task, request, context, lease, record)):
+        elif ride and self.released_with_result(task, request, context, lease, record):
+            return
+        elif not release_asking(task, request, lease, record):  # asked, where its end looks
             release_or_warn(partial(store.release_nowait, entry=record), lease)
 
     def released_with_result(

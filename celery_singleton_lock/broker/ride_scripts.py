@@ -38,3 +38,5 @@ CLEAR_NOTE = source("clear_note")
 PURGED = source("purged")
 RECORD = source("record")
 STORE_RESULT = source("store_result")
+# ARGV[1] the lock's database ('' when the pipeline's), ARGV[2] the pipeline's.
+ANY_ATTACHED = scripts.in_lock_db(source("any_attached"), 1)

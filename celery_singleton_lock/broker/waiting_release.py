@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from ..outages import release_or_warn
+from .ride_scripts import ANY_ATTACHED
 
 if TYPE_CHECKING:
-    from ..lease.redis.calls import Pipeline
+    from ..lease.redis.calls import Arg, Pipeline
     from .pushes import RidingRelease
 
 V = TypeVar("V")
@@ -24,18 +25,34 @@ def _text(key: object) -> str:
 
 @dataclass(frozen=True)
 class WaitingRelease:
-    """``release``, to go in a pipeline of a client of the lock store's database ``db``."""
+    """``release``, to go in a pipeline of a client of the lock store's database ``db``;
+    with ``attached`` (a run of a mode that attaches: its lock's attached calls' key and
+    the lock's and the pipeline's databases), whether calls are attached is asked in the
+    same transaction."""
 
     release: RidingRelease
     db: int
+    attached: tuple[str, list[Arg]] | None = None
 
     def add(self, pipe: Pipeline) -> None:
         """Put the release first on ``pipe``, the result write's transaction."""
         self.release.add(pipe, self.db)
+        if self.attached is not None:
+            key, databases = self.attached
+            pipe.eval(ANY_ATTACHED, 1, key, *databases)
 
-    def read(self, reply: object) -> None:
-        """The transaction's reply for the release."""
-        self.release.read(reply)
+    def read(self, replies: list[object]) -> list[object]:
+        """The transaction's replies for the release (and the question) taken off the
+        front of ``replies``; the rest returned."""
+        self.release.read(replies[0])
+        return replies[1 if self.attached is None else 2 :]
+
+    def told(self, replies: list[object]) -> bool | None:
+        """Whether the transaction's ``replies`` say calls are attached beside the lock;
+        None: not asked, or not answered."""
+        if self.attached is None or len(replies) < 2 or isinstance(replies[1], Exception):
+            return None
+        return bool(replies[1])
 
     def unsent(self, error: BaseException) -> bool:
         """The transaction failed before an answer: True if the release is to go alone

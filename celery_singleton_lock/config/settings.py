@@ -44,6 +44,9 @@ DEFAULTS: dict[str, object] = {
     # A singleton message pushed with its hold and then lost between the broker's pop
     # and its unacked record (a worker killed there) is pushed again after this long.
     "singleton_lock_transit_timeout": 10.0,
+    # How often a worker looks for calls attached to holders that ended (broker/attached.py):
+    # the holder's own worker sends them at its end; this finds those a crash left.
+    "singleton_lock_attach_sweep": 0.5,
     # A RabbitMQ server's consumer_timeout (its default), which no client can read: the
     # library's own long waits go in hops shorter than it (config/visibility.py).
     "singleton_lock_consumer_timeout": 1800.0,
@@ -182,6 +185,8 @@ class SingletonConfig:
     replica_timeout: float = 0.5
     # Seconds a message pushed with its hold may be missing before it is pushed again (0: off).
     transit_timeout: float = 10.0
+    # Seconds between a worker's sweeps of the calls attached to holders that ended.
+    attach_sweep: float = 0.5
     # A RabbitMQ broker's consumer_timeout, in seconds (0: the server has none).
     consumer_timeout: float = 1800.0
     # Each lock keeps its history (a task's own ``history=`` option wins), its entries
@@ -282,6 +287,7 @@ class SingletonConfig:
                 "waits before it is pushed again (10 by default), or 0 to push nothing again",
             ),
             consumer_timeout=_consumer_timeout(get("singleton_lock_consumer_timeout")),
+            attach_sweep=_attach_sweep(get("singleton_lock_attach_sweep")),
             **_history(get),
         )
 
@@ -333,6 +339,16 @@ def _seconds_or_off(name: str, value: object, use: str) -> float:
     seconds = to_seconds(value, what=name)
     if seconds < 0:
         raise ConfigurationError(f"{name}={value!r}: use {use}")
+    return seconds
+
+
+def _attach_sweep(value: object) -> float:
+    seconds = to_seconds(value, what="singleton_lock_attach_sweep")
+    if seconds <= 0:
+        raise ConfigurationError(
+            f"singleton_lock_attach_sweep={value!r}: use the seconds between a worker's "
+            "looks for calls attached to holders that ended (0.5 by default), above 0"
+        )
     return seconds
 
 

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 
 STATES = ("queued", "reserved", "running", "throttled", "limited", "held")
+# The states of a call holding its key: the holders a canvas member may attach to.
+HOLDING = ("queued", "reserved", "running")
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,18 @@ def attached_calls(store: LockStore, name: str) -> list[dict[str, object]]:
         {"task_id": call.task_id, "holder": call.holder, "sending": call.claimed}
         for call in sorted(waiting, key=lambda call: call.task_id)
     ]
+
+
+def attached_counts(store: LockStore, rows: Iterable[LockRow]) -> dict[str, int] | None:
+    """How many canvas members wait for each of ``rows``' holders, by the row's key (one
+    round trip; a row with none, or a companion, is left out). None: the store keeps no
+    attachments."""
+    attachments = attachments_of(store)
+    if attachments is None:
+        return None
+    holders = [row for row in rows if row.role is None and row.state in HOLDING]
+    counts = attachments.counts([row.base_name for row in holders]) if holders else []
+    return {row.key: count for row, count in zip(holders, counts, strict=True) if count}
 
 
 def parse_duration(text: str) -> float:

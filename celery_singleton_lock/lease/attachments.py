@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from .history import Record
 from .lease import Lease
 from .names import new_token
 from .outcomes import Contended, text
 from .redis import scripts
+from .redis.calls import Response
 from .redis.common import REDIS_ERRORS, Call
 from .redis.servers import server_of
 from .redis.store import RedisLock
@@ -31,6 +34,22 @@ class Attached:
     name: str
     key: str
     holder: str
+
+
+@dataclass(frozen=True)
+class Member:
+    """A canvas member to hold its key or attach: its task id, its message as kept, and
+    what its task records in the lock's history (None: none; its ``attached`` entry, and
+    those of the steps that send or promote it)."""
+
+    task_id: str
+    record: bytes
+    history: Record | None = None
+
+    def args(self, name: str) -> list[str | bytes]:
+        """An attach script's last arguments for a member of lock ``name``."""
+        history = "" if self.history is None else self.history.compact()
+        return [self.task_id, self.record, name, history]
 
 
 @dataclass(frozen=True)
@@ -61,7 +80,8 @@ class Attachments:
     it (one script: a holder that ended meanwhile left the key free, and the call holds);
     ``claim`` takes those whose holder no longer holds the key, once each; ``finished``
     forgets them once answered or sent. A claim not finished (its sweeper died) runs out
-    and is claimed again: none is lost.
+    and is claimed again: none is lost. ``release_asking``: a holder's release, saying
+    whether any call is attached.
     """
 
     def __init__(self, store: RedisLock) -> None:
@@ -71,14 +91,44 @@ class Attachments:
         self._claim = client.register_script(scripts.CLAIM_ATTACHED)
         self._finish = client.register_script(scripts.FINISH_ATTACHED)
         self._promote = client.register_script(scripts.PROMOTE_ATTACHED)
+        self._release = client.register_script(scripts.RELEASE)
         self.due = f"{store.prefix}:{DUE}"
 
+    def release_asking(
+        self, lease: Lease, *, entry: Record | None = None, then: Callable[[bool], object]
+    ) -> None:
+        """``RedisLock.release_nowait`` of ``lease`` (a holder's, as its run ends), asking
+        in the same write whether calls are attached beside its lock: ``then(answer)``
+        once the answer is read (before this process's next call, or ``read_owed``)."""
+        store = self._store
+        attached = store.keys(lease.name).attached
+        with Lease.require(lease, "release_asking").releasing() as again:
+            argv = store.release_argv(lease.name, lease.token)
+            store.stop_renewing(lease)
+            try:
+                reply = store.pipelining.send(
+                    self._release, **argv, whole=True, entry=entry, question=("EXISTS", attached)
+                )
+            except REDIS_ERRORS as error:
+                store.unavailable(error, lease.name)
+
+        def answered(answer: Response) -> None:
+            released, exists = answer
+            store.release_answer(lease, released, again=again)
+            then(bool(exists))
+
+        store.pipelining.defer(reply, answered)
+
+    def read_answers(self) -> None:
+        """Read the answers owed to this process now (a ``release_asking``'s among them)."""
+        self._store.pipelining.read_owed()
+
     def hold_or_attach(
-        self, name: str, ttl: float, *, token: str, task_id: str, record: bytes
+        self, name: str, ttl: float, *, token: str, member: Member
     ) -> Lease | Attached | Contended:
         """Hold ``name`` as ``token`` (a ``Lease``, unfenced, like a dispatch's hold); or
-        keep ``record`` for its holder (``Attached``); or ``Contended``: held by a value
-        no call attaches to (a foreign one, an eager run), nothing written."""
+        keep ``member``'s message for its holder (``Attached``); or ``Contended``: held by
+        a value no call attaches to (a foreign one, an eager run), nothing written."""
         store = self._store
         keys = store.keys(name)
         call = Call(
@@ -93,8 +143,8 @@ class Attachments:
         sent_at = time.monotonic()
         try:
             reply = self._hold(
-                keys=[keys.lock, keys.attached, self.due],
-                args=[call.token, call.ttl_ms, task_id, record, name],
+                keys=[keys.lock, keys.attached, self.due, keys.history],
+                args=[call.token, call.ttl_ms, *member.args(name)],
             )
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
@@ -124,6 +174,18 @@ class Attachments:
         waiting = [_waiting(text(field), raw) for field, raw in (kept or {}).items()]
         return ("" if current is None else text(current)), waiting
 
+    def counts(self, names: list[str]) -> list[int]:
+        """How many calls are attached beside each of ``names``: one round trip."""
+        store = self._store
+        try:
+            with store.client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hlen(store.keys(name).attached)
+                found = pipe.execute()
+        except REDIS_ERRORS as error:
+            store.unavailable(error)
+        return [int(count) for count in found]
+
     def claim(
         self, name: str, task_ids: list[str], *, claim: str, for_s: float, look_in: float
     ) -> list[Waiting]:
@@ -134,7 +196,7 @@ class Attachments:
         keys = store.keys(name)
         args: list[str | int] = [name, claim, int(for_s * 1000), int(look_in * 1000), *task_ids]
         try:
-            reply = self._claim(keys=[keys.lock, keys.attached, self.due], args=args)
+            reply = self._claim(keys=[keys.lock, keys.attached, self.due, keys.history], args=args)
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         return [
@@ -153,7 +215,9 @@ class Attachments:
         keys = store.keys(name)
         args: list[str | int] = [name, holder, task_id, claim, int(for_s * 1000)]
         try:
-            reply = self._promote(keys=[keys.lock, keys.attached, self.due], args=args)
+            reply = self._promote(
+                keys=[keys.lock, keys.attached, self.due, keys.history], args=args
+            )
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         kind = int(reply[0])
@@ -196,4 +260,12 @@ def attachments_of(store: object) -> Attachments | None:
     return store.helper(Attachments)
 
 
-__all__ = ["DUE", "Attached", "Attachments", "Promotion", "Waiting", "attachments_of"]
+__all__ = [
+    "DUE",
+    "Attached",
+    "Attachments",
+    "Member",
+    "Promotion",
+    "Waiting",
+    "attachments_of",
+]  # fmt: skip

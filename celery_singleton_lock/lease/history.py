@@ -48,6 +48,11 @@ class Record:
             }
         )
 
+    def compact(self) -> str:
+        """Its fields, length and ttl as JSON, kept for scripts that write its entries
+        later (an attached call's: the steps that send or promote it)."""
+        return json.dumps({"f": _flat(self.fields), "n": self.length, "t": self.ttl_ms})
+
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
     return [part for pair in fields.items() for part in pair]

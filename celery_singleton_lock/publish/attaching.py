@@ -17,8 +17,8 @@ from ..broker.pushes import PushRefused
 from ..broker.state import Refused
 from ..broker.transport import rides
 from ..exceptions import LockStoreUnavailableError
-from ..lease import Contended, Lease, append_history
-from ..lease.attachments import Attached, Attachments, attachments_of
+from ..lease import Contended, Lease
+from ..lease.attachments import Attached, Attachments, Member, attachments_of
 from ..outages import release_or_warn
 from ..tokens import HOLD_HEADER, TOKEN_HEADER, holder_task_id, read_token
 from .dispatch import long_wait
@@ -70,10 +70,7 @@ def send_attaching(call: Dispatch, attachments: Attachments) -> AsyncResult:
 
 
 def _attached(call: Dispatch, holder: str) -> None:
-    facts = call.facts
-    if facts.keeps_history:  # a round trip of its own, only where a history is kept
-        record = facts.record(call.lock_name, call.task_id)
-        append_history(facts.store, record, "attached", holder=holder_task_id(holder) or "")
+    # Its ``attached`` history entry was written by the script that attached it.
     logger.info(
         "attached at dispatch: task=%s id=%s lock=%s holder=%s state=%s",
         call.task.name,
@@ -100,6 +97,7 @@ class AttachingHold:
     __slots__ = (
         "_attachments",
         "_call",
+        "_history",
         "_pushes",
         "pushed",
         "record",
@@ -113,6 +111,8 @@ class AttachingHold:
         self._attachments = attachments
         self._pushes = pushes
         self.task_id = call.task_id or ""
+        facts = call.facts  # what its task records: the attach script writes it
+        self._history = facts.record(call.lock_name, call.task_id) if facts.keeps_history else None
         self.record: bytes | None = None
         self.taken: Lease | None = None
         self.unheld = False  # sent without a hold: its holder is one no call attaches to
@@ -135,9 +135,8 @@ class AttachingHold:
         ):
             try:
                 outcome = pushes.hold_push_or_attach(
-                    call.hold, call.ttl, push, token=call.token, task_id=self.task_id,
-                    record=record,
-                )  # fmt: skip
+                    call.hold, call.ttl, push, token=call.token, member=self._member(record)
+                )
             except PushRefused:
                 outcome = None  # this user may not push: the hold goes alone
             except LockStoreUnavailableError as error:
@@ -157,13 +156,16 @@ class AttachingHold:
         assert self.record is not None  # noqa: S101  (the producer kept it first)
         try:
             outcome = self._attachments.hold_or_attach(
-                call.hold, call.ttl, token=call.token, task_id=self.task_id, record=self.record
+                call.hold, call.ttl, token=call.token, member=self._member(self.record)
             )
         except LockStoreUnavailableError as error:
             call.outage(error)  # fail_closed raises; fail_open sends it without a hold
             self.unheld = True
             return
         self._decided(outcome)
+
+    def _member(self, record: bytes) -> Member:
+        return Member(self.task_id, record, self._history)
 
     def _decided(self, outcome: Lease | Attached | Contended) -> None:
         if isinstance(outcome, Attached):

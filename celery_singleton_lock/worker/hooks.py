@@ -17,7 +17,7 @@ from celery.worker.control import Panel, inspect_command
 from celery.worker.request import Request
 
 from ..broker import on_receipt
-from ..broker.attached import AttachSweep
+from ..broker.attached import AttachSweep, send_at_end
 from ..broker.restore import stale_restorer
 from ..broker.results import release_not_ridden
 from ..broker.sweeper import Sweeper
@@ -132,7 +132,7 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
             _closing.append(sweep.close)
         attached = AttachSweep.of(app)
         if attached is not None:  # calls attached to holders that ended
-            timer.call_repeatedly(attached.INTERVAL, attached)
+            timer.call_repeatedly(attached.interval, attached)
 
 
 def _release_revoked(
@@ -162,10 +162,17 @@ def _release_revoked(
         logger.warning("revoked %s: release of %s failed (%s)", sender.name, lock_name, error)
 
 
-def _release_unwritten(sender: object = None, task_id: str | None = None, **_: object) -> None:
-    """A run's release that was to ride its result's write, when none was written."""
+def _after_run(
+    sender: object = None,
+    task_id: str | None = None,
+    state: str | None = None,
+    **_: object,
+) -> None:
+    """A run's release that was to ride its result's write, when none was written; then,
+    the key free and the outcome stored, the calls attached to the run sent to answer."""
     if isinstance(sender, Task) and task_id is not None:
         release_not_ridden(sender, task_id)
+        send_at_end(sender, sender.request, state or "")
 
 
 def _hand_back_at_shutdown(sender: object = None, **_: object) -> None:
@@ -195,7 +202,7 @@ _RECEIVERS = (
     (signals.worker_init, _at_worker_init),
     (signals.worker_ready, _at_worker_ready),
     (signals.task_revoked, _release_revoked),
-    (signals.task_postrun, _release_unwritten),
+    (signals.task_postrun, _after_run),
     (signals.worker_shutdown, _hand_back_at_shutdown),
 )
 

@@ -15,10 +15,19 @@ import pytest
 from celery import chain, chord, group
 
 from celery_singleton_lock import RedisLock
+from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib.web import LocksPage
 from celery_singleton_lock.lease import Contended, Lease, history_entries
-from celery_singleton_lock.lease.attachments import Attached, Attachments, Promotion, Waiting
+from celery_singleton_lock.lease.attachments import (
+    Attached,
+    Attachments,
+    Member,
+    Promotion,
+    Waiting,
+)
+from celery_singleton_lock.lease.history import Record
 from celery_singleton_lock.lease.outcomes import text
+from celery_singleton_lock.tokens import queued_token
 
 from ..conftest import SAME_SERVER, CeleryEnv
 from ..support.cli import cli
@@ -317,7 +326,7 @@ class TestOperators:
 
 
 class TestHistory:
-    def test_a_kept_history_says_attached_then_answered(
+    def test_a_kept_history_says_attached_sent_then_answered(
         self, cenv: CeleryEnv, worker: Worker
     ) -> None:
         chronicled, follow = cenv.app_module.chronicled, cenv.app_module.follow
@@ -334,7 +343,64 @@ class TestHistory:
             for e in history_entries(store, store.keys(name).history)
             if e.fields.get("id") == after.parent.id
         ]
-        assert mine == [("answered", holder.id, "SUCCESS"), ("attached", holder.id, None)]
+        assert mine == [
+            ("answered", holder.id, "SUCCESS"),
+            ("sent", holder.id, None),  # by the claim that sent it at its holder's end
+            ("attached", holder.id, None),
+        ]
+
+
+@pytest.fixture(name="alone")
+def fixture_alone(cenv: CeleryEnv) -> Iterator[Worker]:
+    """A worker whose locks are under a prefix of their own (no other test's worker
+    sweeps its attached calls) and whose sweep would wait an hour: what sends its
+    attached calls is the holder's own run as it ends. The test's producer uses that
+    prefix too while it lasts."""
+    app = cenv.app_module.app
+    worker = Worker(cenv.env, extra_env={"CSL_LOCK_PREFIX": "ta", "CSL_ATTACH_SWEEP": "3600"})
+    worker.start()
+    app.conf.singleton_lock_prefix = "ta"
+    LockStores.forget(app)
+    try:
+        yield worker
+    finally:
+        app.conf.singleton_lock_prefix = "t"
+        LockStores.forget(app)
+        worker.stop()
+
+
+class TestAtTheHoldersEnd:
+    def test_the_holders_worker_sends_its_attached_calls_as_it_ends(
+        self, cenv: CeleryEnv, alone: Worker
+    ) -> None:
+        """Attached to a plain call and to a chain's first step (which frees its key
+        before Celery stores its result): each answered at its holder's end, with no
+        sweep for an hour, and nothing left attached."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = alone.queue
+        plain = work.apply_async(("e1", UNTIL_OPENED), queue=q)
+        chained = chain(work.si("e2", UNTIL_OPENED).set(queue=q), follow.s(0).set(queue=q))
+        head = chained.apply_async().parent
+        running(cenv, "e1")
+        running(cenv, "e2")
+        waiting = {
+            item: [
+                chain(work.si(item).set(queue=q), follow.s(tag).set(queue=q)).apply_async()
+                for tag in (1, 2)
+            ]
+            for item in ("e1", "e2")
+        }
+        lock = cenv.lock_client()
+        due = "ta:attach:due"
+        names = {work.singleton_options().key.derive((item,), {}) for item in waiting}
+        assert {text(name) for name in lock.zrange(due, 0, -1)} == names
+        open_gate(cenv, "e1")
+        open_gate(cenv, "e2")
+        assert (plain.get(timeout=20), head.get(timeout=20)) == ("e1", "e2")
+        for item, chains in waiting.items():
+            assert [c.get(timeout=20) for c in chains] == [[item, 1], [item, 2]]
+            assert len(bodies(cenv, item)) == 1
+        wait_for(lambda: not lock.zcard(due), 5, "nothing left attached")
 
 
 @pytest.fixture(name="pair")
@@ -427,14 +493,14 @@ class TestScripts:
         self, lock: RedisLock
     ) -> None:
         attachments = Attachments(lock)
-        held = attachments.hold_or_attach("k", 30, token="q|n1|first", task_id="first", record=b"1")
+        held = attachments.hold_or_attach("k", 30, token="q|n1|first", member=Member("first", b"1"))
         assert isinstance(held, Lease)
         joined = attachments.hold_or_attach(
-            "k", 30, token="q|n2|second", task_id="second", record=b"2"
+            "k", 30, token="q|n2|second", member=Member("second", b"2")
         )
         assert joined == Attached("k", lock.keys("k").lock, "q|n1|first")
         again = attachments.hold_or_attach(
-            "k", 30, token="q|n2|second", task_id="second", record=b"other"
+            "k", 30, token="q|n2|second", member=Member("second", b"other")
         )
         assert isinstance(again, Attached)  # a retry keeps the first record
         current, waiting = attachments.listed("k")
@@ -446,7 +512,7 @@ class TestScripts:
         attachments = Attachments(lock)
         for value in ("foreign", "x|eager|1|n|e"):
             lock.client.set(lock.keys("k").lock, value)
-            sent = attachments.hold_or_attach("k", 30, token="q|n|c", task_id="c", record=b"r")
+            sent = attachments.hold_or_attach("k", 30, token="q|n|c", member=Member("c", b"r"))
             assert isinstance(sent, Contended)
             assert sent.holder == value
         assert attachments.listed("k")[1] == []
@@ -455,9 +521,9 @@ class TestScripts:
         self, lock: RedisLock
     ) -> None:
         attachments = Attachments(lock)
-        first = attachments.hold_or_attach("k", 30, token="q|n1|h", task_id="h", record=b"")
+        first = attachments.hold_or_attach("k", 30, token="q|n1|h", member=Member("h", b""))
         assert isinstance(first, Lease)
-        attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"ra")
+        attachments.hold_or_attach("k", 30, token="q|n2|a", member=Member("a", b"ra"))
         # The holder still holds: nothing is claimed.
         assert attachments.claim("k", ["a"], claim="c1", for_s=60, look_in=1) == []
         lock.release(first)
@@ -473,7 +539,7 @@ class TestScripts:
     def test_a_claim_that_ran_out_is_claimed_again(self, lock: RedisLock) -> None:
         attachments = Attachments(lock)
         lock.client.set(lock.keys("k").lock, "q|n1|h")
-        attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"ra")
+        attachments.hold_or_attach("k", 30, token="q|n2|a", member=Member("a", b"ra"))
         lock.client.delete(lock.keys("k").lock)
         assert attachments.claim("k", ["a"], claim="c1", for_s=0.05, look_in=1)
         wait_for(
@@ -489,8 +555,8 @@ class TestScripts:
         attachments = Attachments(lock)
         key = lock.keys("k").lock
         lock.client.set(key, "q|n0|h")
-        attachments.hold_or_attach("k", 30, token="q|n1|a", task_id="a", record=b"ra")
-        attachments.hold_or_attach("k", 30, token="q|n2|b", task_id="b", record=b"rb")
+        attachments.hold_or_attach("k", 30, token="q|n1|a", member=Member("a", b"ra"))
+        attachments.hold_or_attach("k", 30, token="q|n2|b", member=Member("b", b"rb"))
         assert attachments.promote("k", "h", "a", claim="c", for_s=60) is None  # h holds
         lock.client.delete(key)
         promoted = attachments.promote("k", "h", "a", claim="c", for_s=60)
@@ -509,7 +575,7 @@ class TestScripts:
         attachments = Attachments(lock)
         key = lock.keys("k").lock
         lock.client.set(key, "q|n0|h")
-        attachments.hold_or_attach("k", 30, token="q|n1|a", task_id="a", record=b"ra")
+        attachments.hold_or_attach("k", 30, token="q|n1|a", member=Member("a", b"ra"))
         lock.client.set(key, "x|w@h|1|n9|other")
         promoted = attachments.promote("k", "h", "a", claim="c", for_s=60)
         assert promoted == Promotion(holder="x|w@h|1|n9|other")
@@ -519,9 +585,71 @@ class TestScripts:
 
     def test_an_attach_after_the_holders_release_holds_the_key(self, lock: RedisLock) -> None:
         attachments = Attachments(lock)
-        first = attachments.hold_or_attach("k", 30, token="q|n1|h", task_id="h", record=b"")
+        first = attachments.hold_or_attach("k", 30, token="q|n1|h", member=Member("h", b""))
         assert isinstance(first, Lease)
         lock.release(first)
-        after = attachments.hold_or_attach("k", 30, token="q|n2|a", task_id="a", record=b"r")
+        after = attachments.hold_or_attach("k", 30, token="q|n2|a", member=Member("a", b"r"))
         assert isinstance(after, Lease)
         assert attachments.listed("k") == ("q|n2|a", [])
+
+    def test_each_step_of_an_attached_call_is_entered_in_its_history(self, lock: RedisLock) -> None:
+        """Where the call's task keeps a history: ``attached`` by the attach, ``promoted``
+        and ``attached`` (to the promoted call) by the promotion, ``sent`` by the claim;
+        a call whose task keeps none writes nothing."""
+        attachments = Attachments(lock)
+        key, history = lock.keys("k").lock, lock.keys("k").history
+
+        def kept(task_id: str) -> Record:
+            return Record(history, {}, fields={"task": "t", "id": task_id})
+
+        lock.client.set(key, "q|n0|h")
+        for task_id in ("a", "b"):
+            attachments.hold_or_attach(
+                "k", 30, token=f"q|n|{task_id}", member=Member(task_id, b"r", kept(task_id))
+            )
+        attachments.hold_or_attach("k", 30, token="q|n|c", member=Member("c", b"r"))
+        lock.client.delete(key)
+        assert attachments.promote("k", "h", "a", claim="p", for_s=60) == Promotion(record=b"r")
+        lock.client.delete(key)  # the promoted call ended: b and c are sent
+        assert len(attachments.claim("k", ["b", "c"], claim="s", for_s=60, look_in=1)) == 2
+        said = [
+            (e.event, e.fields["id"], e.fields["holder"])
+            for e in reversed(history_entries(lock, history))
+        ]
+        assert said == [
+            ("attached", "a", "h"),
+            ("attached", "b", "h"),
+            ("promoted", "a", "h"),
+            ("attached", "b", "a"),
+            ("sent", "b", "a"),
+        ]
+
+    def test_a_holders_release_asks_whether_calls_are_attached_in_its_own_write(
+        self, lock: RedisLock
+    ) -> None:
+        """A run's release on a round trip of its own (no result write to ride) says
+        whether calls are attached: its end looks for them only if so."""
+        attachments = Attachments(lock)
+
+        def exists_run() -> int:
+            stats = lock.client.info("commandstats")
+            return int(stats.get("cmdstat_exists", {}).get("calls", 0))
+
+        plain = lock.try_acquire("plain", 30)
+        assert isinstance(plain, Lease)
+        before = exists_run()
+        lock.release(plain)
+        by_a_release = exists_run() - before  # the release script's own (its wake's)
+        told: list[bool] = []
+        for name, attach in (("alone", False), ("joined", True)):
+            lease = lock.try_acquire(name, 30, token=queued_token(f"holder-{name}"))
+            assert isinstance(lease, Lease)
+            if attach:
+                attachments.hold_or_attach(name, 30, token="q|n|a", member=Member("a", b"r"))
+            before = exists_run()
+            attachments.release_asking(lease, then=told.append)
+            attachments.read_answers()
+            assert exists_run() - before == by_a_release + 1  # the question, in its write
+            assert lease.released
+            assert lock.holder(name) is None
+        assert told == [False, True]

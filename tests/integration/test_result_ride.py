@@ -159,6 +159,34 @@ class TestBackend:
         finally:
             app.close()
 
+    def test_the_result_write_says_whether_calls_are_attached_beside_the_lock(
+        self, redis_server: RedisServer
+    ) -> None:
+        """A run of a mode that attaches asks in its result's write (its release riding):
+        its end looks for attached calls only where there are some (``send_at_end``)."""
+        base = redis_server.url.rsplit("/", 1)[0]
+        app = Celery("tells", set_as_current=False)
+        app.conf.update(
+            result_backend=f"{base}/0", broker_url="memory://", singleton_lock_url=f"{base}/1"
+        )
+        try:
+            task = singleton_task(app=app, name="tells.job", shared=False)(echo)
+            context = task.singleton_context
+            store = context.store
+            for run, attached in (("run-a", False), ("run-b", True)):
+                lease = store.try_acquire(run, 30)
+                assert isinstance(lease, Lease)
+                if attached:  # as an attach script keeps a call (its record's shape aside)
+                    store.client.hset(store.keys(run).attached, "its-id", "{}")
+                request = Context(id=run, is_eager=False, callbacks=None, chain=None, chord=None)
+                assert results.release_with_result(task, request, context, lease)
+                app.backend.store_result(run, 7, "SUCCESS")
+                assert store.holder(run) is None
+                assert app.backend.attached_told(run) is attached
+                assert app.backend.attached_told(run) is None  # forgotten once asked
+        finally:
+            app.close()
+
 
 class TestSubscriptions:
     """Celery's Redis backend subscribes to every sent task's result channel; ours

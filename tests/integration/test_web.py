@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import pytest
+from celery import chain
 
 from celery_singleton_lock.contrib import limits
 from celery_singleton_lock.lease import Lease, LockKeys, Rate, companion, rates_of
@@ -83,6 +84,9 @@ def fixture_held(cenv: CeleryEnv) -> Iterator[Held]:
             rates_of(store).ask(rate_name, Rate(1, 60.0), "reserve")
         wait_for(lambda: any(s["item"] == f"running-{tag}" for s in started(celery_env)), 20,
                  "the running task")  # fmt: skip
+        for step in (1, 2):  # two chains whose first step waits for the running call
+            chain(app.work.si(f"running-{tag}").set(queue=worker.queue),
+                  app.follow.s(step).set(queue=worker.queue)).apply_async()  # fmt: skip
         prefetched_name = app.work.singleton_options().key.derive((f"prefetched-{tag}",), {})
         wait_for(lambda: (store.holder(prefetched_name) or "").startswith("x|"), 20,
                  "the prefetched message's lease taken as it arrived")  # fmt: skip
@@ -117,6 +121,14 @@ def rows_of(html: str) -> dict[str, str]:
     return {_unescape(key): state for key, state in found}
 
 
+def attached_of(html: str) -> dict[str, str]:
+    """key -> the list's count of calls attached under that row's holder."""
+    import re
+
+    pattern = r'<tr data-key="([^"]+)"[^>]*>.*?<td class="num attached">([^<]*)</td>'
+    return {_unescape(key): count for key, count in re.findall(pattern, html, flags=re.DOTALL)}
+
+
 def _unescape(text: str) -> str:
     import html
 
@@ -149,6 +161,15 @@ class TestWithoutJavaScript:
             assert held.keys["running"] not in orphans, page.request(
                 "/?state=orphaned&per=500"
             ).body[-2500:]
+
+    def test_the_list_counts_the_calls_attached_under_each_holder(
+        self, cenv: CeleryEnv, held: Held
+    ) -> None:
+        with page_server(cenv.env) as page:
+            counts = attached_of(page.request("/?per=500").body)
+        assert counts[held.keys["running"]] == "2"
+        assert counts[held.keys["queued"]] == "-"
+        assert set(counts.values()) == {"2", "-"}
 
     def test_sorting_by_age_both_ways(self, cenv: CeleryEnv, held: Held) -> None:
         store = cenv.app_module.work.singleton_context.store

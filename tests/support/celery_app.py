@@ -53,7 +53,10 @@ app.conf.update(
     or os.environ.get("CSL_BROKER_URL", "redis://127.0.0.1:6379/0"),
     # CSL_LOCK_URL="" leaves the lock store to be found from the backend or broker.
     singleton_lock_url=os.environ.get("CSL_LOCK_URL", "redis://127.0.0.1:6379/0") or None,
-    singleton_lock_prefix="t",
+    # CSL_LOCK_PREFIX: a worker whose locks (and attached calls) no other test's see.
+    singleton_lock_prefix=os.environ.get("CSL_LOCK_PREFIX", "t"),
+    # CSL_ATTACH_SWEEP: seconds between a worker's sweeps of attached calls.
+    singleton_lock_attach_sweep=float(os.environ.get("CSL_ATTACH_SWEEP", "0.5")),
     # The metrics tests have a worker serve Prometheus metrics (CSL_METRICS_PORT).
     singleton_lock_metrics_port=int(os.environ["CSL_METRICS_PORT"])
     if os.environ.get("CSL_METRICS_PORT")

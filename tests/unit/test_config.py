@@ -190,6 +190,13 @@ class TestConnectionOptions:
             with pytest.raises(ConfigurationError, match="singleton_lock_transit_timeout"):
                 SingletonConfig.from_app(app_with(singleton_lock_transit_timeout=bad))
 
+    def test_the_attach_sweep_is_seconds_above_zero(self) -> None:
+        assert SingletonConfig.from_app(app_with()).attach_sweep == 0.5
+        assert SingletonConfig.from_app(app_with(singleton_lock_attach_sweep=30)).attach_sweep == 30
+        for bad in (0, -1, "10", True):
+            with pytest.raises(ConfigurationError, match="singleton_lock_attach_sweep"):
+                SingletonConfig.from_app(app_with(singleton_lock_attach_sweep=bad))
+
 
 class TestReceivers:
     def test_importing_the_package_connects_nothing_defining_a_task_does(self) -> None:

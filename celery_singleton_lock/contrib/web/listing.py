@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Literal
 from urllib.parse import urlencode
 
-from ..locks import STATES, LockRow
+from ..locks import HOLDING, STATES, LockRow
 
 # The list's states: the store's, and the locks whose holder is gone (asked of the workers
 # and the broker, as ``celery singleton orphans`` does).
 PAGE_STATES = (*STATES, "orphaned")
-ORPHAN_STATES = ("queued", "reserved", "running")
+ORPHAN_STATES = HOLDING
 
 SORTS = ("oldest", "newest")
 PER_PAGE = 50

@@ -27,6 +27,7 @@ from ..locks import (
     LockRow,
     app_rows,
     attached_calls,
+    attached_counts,
     family_rows,
     new_call,
     operator_record,
@@ -82,6 +83,7 @@ class Views:
             else:
                 seen = Liveness(self.app, timeout=LIVENESS_TIMEOUT).as_seen
                 page = page_of(map(seen, app_rows(self.app, store)), query)
+            attached = attached_counts(store, page.rows)  # the page's rows only
             took = time.perf_counter() - started
         except SingletonLockError as error:
             return self.message(request, "503 Service Unavailable", "Lock store error", str(error))
@@ -95,6 +97,7 @@ class Views:
             tasks=tasks,
             took=took,
             whys=whys,
+            attached=attached,
         )
 
     def _orphans(self, query: Query) -> tuple[Page, dict[str, str]]:

@@ -195,6 +195,39 @@ class Acked(SentCall):
         return self.call.finish(called), int(acked)
 
 
+class Asked(SentCall):
+    """A script call followed by one plain command in the same write (a question about
+    another key, asked as the script ends): answers ``(reply, the command's reply)``.
+    The fallback is a pipeline of both (one round trip still)."""
+
+    __slots__ = ("call", "question")
+
+    def __init__(self, call: ScriptCall, question: Sequence[Arg]) -> None:
+        self.call, self.question = call, question
+
+    def fallback(self) -> Response:
+        call = self.call
+        with call.client.pipeline(transaction=False) as pipe:
+            pipe.eval(body(call.script), len(call.keys), *call.keys, *call.args)
+            pipe.execute_command(*self.question)
+            reply, answer = pipe.execute()
+        return reply, answer
+
+    def after_transport_error(self, error: Exception) -> Response:
+        if not self.call.retry:
+            raise error
+        return self.fallback()
+
+    def finish(self, replies: list[Response]) -> Response:
+        *called, answer = replies
+        for reply in called:
+            if isinstance(reply, redis.ResponseError) and self.call.rescues(reply):
+                return self.fallback()
+        if isinstance(answer, Exception):
+            raise answer
+        return self.call.finish(called), answer
+
+
 class Hold(SentCall):
     """The unfenced acquire as ``SET NX PX GET`` and ``PTTL``, answered like the script."""
 

@@ -18,7 +18,18 @@ from redis.connection import Connection, ConnectionPool
 from .. import history
 from ..clock import SYSTEM_CLOCK, Clock
 from . import recording
-from .calls import Acked, Arg, Batch, Command, Hold, Response, ScriptCall, SentCall, body
+from .calls import (
+    Acked,
+    Arg,
+    Asked,
+    Batch,
+    Command,
+    Hold,
+    Response,
+    ScriptCall,
+    SentCall,
+    body,
+)
 from .clients import SyncClient
 from .connections import FORKS_SEEN, drivable, pack, ready, takes_command_name
 from .replies import TRANSPORT_ERRORS, Reply
@@ -190,6 +201,7 @@ class Pipelining:
         acks: tuple[int, int] | None = None,
         entry: history.Record | None = None,
         kind: history.Kind | None = None,
+        question: Sequence[Arg] | None = None,
     ) -> Reply:
         """Write the call and return at once; ``Reply.get()`` reads the answer.
 
@@ -202,7 +214,9 @@ class Pipelining:
         same connection; the answer is then ``(reply, replicas that acknowledged)``.
         ``entry``: the history entry the call writes, in its own round trip, when the
         script is of a kind it names (``history.Record``); ``kind``: the kind of reply
-        the script gives, for one the store's own table does not list.
+        the script gives, for one the store's own table does not list. ``question``: a
+        plain command written after the call, in the same write; the answer is then
+        ``(reply, its reply)``.
         """
         if entry is not None and kind is None:
             kind = recording.KINDS.get(script.sha)
@@ -217,6 +231,9 @@ class Pipelining:
         if acks is not None:
             sent = Acked(sent, acks)  # type: ignore[arg-type]
             commands.append(("WAIT", *acks))
+        if question is not None:  # after a WAIT too: ((reply, replicas), its reply)
+            sent = Asked(sent, question)  # type: ignore[arg-type]
+            commands.append(question)
         if not self.direct:
             return Reply(sent.fallback())
         return self._send(commands, sent)

@@ -1,6 +1,8 @@
 -- Claim attached calls whose holder no longer holds the lock, for the sweep to answer or
 -- send: a claim lasts ARGV[3] ms (a sweeper that dies meanwhile leaves it to the next).
+-- Each claimed is `sent` in the lock's history, where its call's task keeps one.
 -- KEYS[1] lock key  KEYS[2] the lock's attached calls  KEYS[3] the due index
+-- KEYS[4] the lock's history
 -- ARGV[1] the lock's name  ARGV[2] claim token  ARGV[3] claim ms  ARGV[4] next look in ms
 -- ARGV[5..] the task ids to claim
 -- returns {id1, holder1, record1, id2, ...}: those claimed now
@@ -20,6 +22,7 @@ for i = 5, #ARGV do
       table.insert(out, ARGV[i])
       table.insert(out, rec.h)
       table.insert(out, rec.r)
+      entry(4, rec.y, 'sent', {'holder', rec.h})
     end
   end
 end

@@ -1,8 +1,10 @@
 -- A call attached to a holder that ended without an outcome becomes a call of its own:
 -- it holds the key as its message's hold, claimed for the sweep to send; every other call
 -- attached to that holder now waits for it. A key another call holds meanwhile: they
--- all wait for that call instead.
+-- all wait for that call instead. Each is entered in the lock's history, where its call's
+-- task keeps one: `promoted` (from the gone holder), `attached` (to the call it waits for).
 -- KEYS[1] lock key  KEYS[2] the lock's attached calls  KEYS[3] the due index
+-- KEYS[4] the lock's history
 -- ARGV[1] the lock's name  ARGV[2] the gone holder's task id  ARGV[3] the task id to
 -- promote  ARGV[4] claim token  ARGV[5] claim ms
 -- returns {1, record}  promoted: send it with its hold
@@ -30,6 +32,7 @@ if not current or current == rec.t then
   redis.call('HSET', KEYS[2], ARGV[3], cjson.encode(rec))
   target = ARGV[3]
   current = false
+  entry(4, rec.y, 'promoted', {'holder', ARGV[2]})
 end
 local all = redis.call('HGETALL', KEYS[2])
 for i = 1, #all, 2 do
@@ -39,6 +42,7 @@ for i = 1, #all, 2 do
     other.h = target
     other.c = ''
     redis.call('HSET', KEYS[2], all[i], cjson.encode(other))
+    entry(4, other.y, 'attached', {'holder', target})
   end
 end
 redis.call('ZADD', KEYS[3], now, ARGV[1])
