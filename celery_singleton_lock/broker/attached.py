@@ -1,36 +1,31 @@
-"""An attached call's message as kept beside its holder's lock, and the sweep on the worker's
-timer that sends it once the holder is gone: to be answered with the holder's outcome, or
-promoted to a call of its own when the holder ended without one.
+"""The sweep on the worker's timer that sends the calls attached beside a lock once their
+holder is gone (and its run's end, which sends them first): to be answered with the
+holder's outcome, or promoted to a call of its own when the holder ended without one.
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import secrets
 import time
-from collections.abc import Mapping
 from functools import partial
 from typing import TYPE_CHECKING
 
 from billiard.exceptions import WorkerLostError
 from celery import states
-from kombu.serialization import dumps as serialize
-from kombu.utils.json import dumps, loads
 
 from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.attachments import Attachments, Waiting, attachments_of
 from ..outages import release_or_warn
-from ..tokens import ANSWER_HEADER, HOLD_HEADER, NAME_HEADER, TOKEN_HEADER, header, holder_task_id
-from .connection import publishing
-from .in_transit import InTransit
+from ..tokens import ANSWER_HEADER, NAME_HEADER, header, holder_task_id
+from .kept import kept_message, send_kept
 
 if TYPE_CHECKING:
     from celery import Celery, Task
 
-    from ..context import Request as Context
+    from ..context import Request
     from ..lease import Lease
     from ..lease.history import Record
 
@@ -38,65 +33,6 @@ logger = logging.getLogger(__name__)
 
 # A run's end with an outcome its attached calls answer with.
 ENDED = (states.SUCCESS, states.FAILURE)
-
-# What Celery hands a producer's ``publish`` that is not kept: how to send now, not what.
-_NOT_KEPT = frozenset({
-    "serializer", "declare", "timeout", "confirm_timeout", "mandatory", "immediate",
-})  # fmt: skip
-
-
-def kept_message(body: object, publish: Mapping[str, object]) -> bytes | None:
-    """A message as Celery publishes it (``producer.publish(body, **publish)``), kept to be
-    sent again as it was: its body serialized as it would be, its headers, properties,
-    exchange and routing key. None: something in it cannot be kept (it is then sent as a
-    canvas member was before attach, without a hold)."""
-    options = {name: value for name, value in publish.items() if name not in _NOT_KEPT}
-    exchange = options.get("exchange")
-    if exchange is not None and not isinstance(exchange, str):
-        options["exchange"] = getattr(exchange, "name", "")
-    try:
-        serializer = publish.get("serializer")
-        content_type, content_encoding, data = serialize(body, serializer=serializer)
-        if isinstance(data, str):
-            data = data.encode(content_encoding or "utf-8")
-        kept = {
-            "body": base64.b64encode(data).decode(),
-            "content_type": content_type,
-            "content_encoding": content_encoding,
-            "publish": options,
-        }
-        encoded: str = dumps(kept)
-        return encoded.encode()
-    except (TypeError, ValueError) as error:
-        logger.debug("a canvas member's message not kept (%s): sent without a hold", error)
-        return None
-
-
-def send_kept(app: Celery, record: bytes, *, holder: str | None) -> None:
-    """Send a kept message as it was: with ``holder``'s task id, for its run to end with
-    that call's outcome (``run.answered``), and without its hold (the key is another's
-    now); or, ``holder`` None, promoted, with the hold it took (``Promotion``). Noted in
-    transit on a Redis broker, as a singleton call's message is (``broker.transit``)."""
-    kept = loads(record)
-    options = dict(kept["publish"])
-    headers = dict(options.pop("headers", None) or {})
-    if holder is not None:
-        for own in (TOKEN_HEADER, HOLD_HEADER):
-            headers.pop(own, None)
-        headers[ANSWER_HEADER] = holder
-    body = base64.b64decode(kept["body"])
-    stores = LockStores.for_app(app)
-    context = getattr(app.tasks.get(str(headers.get("task") or "")), "singleton_context", None)
-    queue_ttl = stores.config.queue_ttl if context is None else context.queue_ttl
-    notes = InTransit.sent(stores, queue_ttl, str(headers.get("id") or ""), headers)
-    with app.producer_or_acquire() as producer, publishing(producer, notes=notes):
-        producer.publish(
-            body,
-            content_type=kept["content_type"],
-            content_encoding=kept["content_encoding"],
-            headers=headers,
-            **options,
-        )
 
 
 def holders_outcome(backend: object, holder: str) -> tuple[str, object] | None:
@@ -261,7 +197,7 @@ class AttachSweep:
 ASKED = "singleton_lock_attached"
 
 
-def release_asking(task: Task, request: Context, lease: Lease, entry: Record | None) -> bool:
+def release_asking(task: Task, request: Request, lease: Lease, entry: Record | None) -> bool:
     """A run's release on a round trip of its own, where its end will look for attached
     calls (``send_at_end``): asking in the same write whether there are any. False: not
     asked (a mode that does not attach, no result stored, a store that keeps none): the
@@ -275,7 +211,7 @@ def release_asking(task: Task, request: Context, lease: Lease, entry: Record | N
     return True
 
 
-def _looks_at_end(task: Task, request: Context) -> bool:
+def _looks_at_end(task: Task, request: Request) -> bool:
     """Whether ``request``'s run sends its attached calls as it ends (if it stores its
     outcome): a held call of a mode that attaches, with its result stored."""
     if request.is_eager or task.ignore_result or getattr(request, "ignore_result", False):
@@ -285,7 +221,7 @@ def _looks_at_end(task: Task, request: Context) -> bool:
     return is_singleton(task) and bool(task.singleton_options().mode.attaches)
 
 
-def send_at_end(task: Task, request: Context, state: str) -> None:
+def send_at_end(task: Task, request: Request, state: str) -> None:
     """A run's end, its outcome stored (``task_postrun``): the calls attached to it are
     sent by its own worker now, to be answered (the sweep on the timer stays for a
     worker killed first). Only a run of a mode that attaches, with its result stored,

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from celery.backends.base import DisabledBackend
 
 from .. import signals as singleton_signals
-from ..broker.attached import kept_message
 from ..broker.connection import publishing
+from ..broker.kept import kept_message
 from ..broker.pushes import PushRefused
 from ..broker.state import Refused
 from ..broker.transport import rides

@@ -6,6 +6,7 @@ Configured from the environment so one module serves every worker the tests star
 ``CSL_CHECK_URL`` (where executions are recorded, outside the lock store),
 ``CSL_VISIBILITY_TIMEOUT``, ``CSL_RIDE`` (0: kombu's own transport),
 ``CSL_TRANSIT_TIMEOUT``, ``CSL_KEYPREFIX`` (kombu's ``global_keyprefix``),
+``CSL_PUBLISHED`` (below),
 ``CSL_CONSUMER_TIMEOUT`` (a RabbitMQ broker's, as the app says it is), ``CSL_THROTTLE``
 (the ``throttled`` task's window), ``CSL_DIES_SENDING`` (below), and the rest read below.
 Every environment variable the test app reads is read in this module.
@@ -22,7 +23,7 @@ import signal
 from typing import Any
 
 from celery import Celery
-from celery.signals import before_task_publish
+from celery.signals import after_task_publish, before_task_publish
 
 from celery_singleton_lock.tokens import ATTEMPT_HEADER, RETRY_OF_HEADER
 
@@ -203,7 +204,7 @@ if os.environ.get("CSL_OTEL_SPANS"):
 # The tasks, one module per subject, registered on ``app`` as they are imported. After
 # the configuration above, which they read; imported here so ``-A tests.support.celery_app``
 # finds every one, and ``celery_app.work`` still names the task.
-from .tasks.attach import collect, errback, follow  # noqa: E402
+from .tasks.attach import collect, errback, follow, published  # noqa: E402
 from .tasks.cancel import CancelHooked, preview, preview_hard, preview_retrying  # noqa: E402
 from .tasks.chaos import (  # noqa: E402
     FENCED_WRITE,
@@ -287,6 +288,12 @@ from .tasks.rates import (  # noqa: E402
 from .tasks.records import GATE_CLIENT, checker, checker_time, deaths  # noqa: E402
 from .tasks.soak import SOAK_LIMIT, SOAK_MODES, SOAK_RATE, soak_plain, soak_tasks  # noqa: E402
 
+# With CSL_PUBLISHED=1 (a worker's), what its processes publish through Celery's
+# ``apply_async`` is recorded on the checker's ``published`` (``tasks.attach.published``).
+# An after_ receiver: the dispatch's overlapped path stays on (DIES_SENDING says why).
+if os.environ.get("CSL_PUBLISHED"):
+    after_task_publish.connect(published)
+
 __all__ = [
     "FENCED_WRITE", "GATE_CLIENT", "SOAK_LIMIT", "SOAK_MODES", "SOAK_RATE", "THROTTLE", "WRITER",
     "App", "CancelHooked", "KillAfterSuccess", "app", "callback_request", "capped",
@@ -299,8 +306,9 @@ __all__ = [
     "exclusive_skip", "exclusive_wait_fail", "exclusive_wait_skip", "export", "export_one_total",
     "export_total", "export_waiting", "fenced_write", "fenced_writer", "flaky", "follow",
     "impatient", "latest", "latest_queued", "limited", "noop", "note_error", "patient", "plain",
-    "planned", "preview", "preview_hard", "preview_retrying", "process_request", "rate_checked",
-    "rated", "rated_pair", "rated_slowly", "rated_tokens", "refresh", "refresh_waiting", "reopened",
-    "soak_plain", "soak_tasks", "strict", "swarm", "task_name", "tenant_plan", "throttled",
-    "throttled_closed", "throttled_reopen", "tokens_of", "work", "work_while_executing",
+    "planned", "preview", "preview_hard", "preview_retrying", "process_request", "published",
+    "rate_checked", "rated", "rated_pair", "rated_slowly", "rated_tokens", "refresh",
+    "refresh_waiting", "reopened", "soak_plain", "soak_tasks", "strict", "swarm", "task_name",
+    "tenant_plan", "throttled", "throttled_closed", "throttled_reopen", "tokens_of", "work",
+    "work_while_executing",
 ]  # fmt: skip

@@ -1,10 +1,14 @@
 """Plain tasks that follow a singleton call inside a canvas (a chain's next step, a chord's
-body, an errback) and record what they were given on the checker, for the attach tests."""
+body, an errback) and record what they were given on the checker, for the attach tests;
+and a receiver of Celery's ``after_task_publish`` that records what a worker published."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
+
+from celery_singleton_lock.tokens import ANSWER_HEADER, TOKEN_HEADER
 
 from ..celery_app import app
 from .records import checker
@@ -28,3 +32,28 @@ def collect(results: list[Any]) -> list[Any]:
 def errback(task_id: str) -> None:
     """A ``link_error`` (Celery's old signature: the failed task's id): recorded in ``errbacks``."""
     checker().rpush("errbacks", task_id)
+
+
+def published(
+    sender: str | None = None,
+    headers: dict[str, Any] | None = None,
+    routing_key: str | None = None,
+    **_: Any,
+) -> None:
+    """``after_task_publish`` (connected in a worker by ``CSL_PUBLISHED``): what Celery's
+    ``apply_async`` published, recorded in ``published`` (id, task, queue, the answer
+    and token headers, the publishing pid)."""
+    headers = headers or {}
+    checker().rpush(
+        "published",
+        json.dumps(
+            {
+                "id": headers.get("id"),
+                "task": sender,
+                "routing_key": routing_key,
+                "answer": headers.get(ANSWER_HEADER),
+                "token": headers.get(TOKEN_HEADER),
+                "pid": os.getpid(),
+            }
+        ),
+    )
