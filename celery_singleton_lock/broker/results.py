@@ -18,7 +18,6 @@ from kombu.utils.encoding import bytes_to_str
 
 from ..lease import Server, server_of
 from ..lease.history import Record
-from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
 from .pushes import RidingRelease, pushes_of
@@ -292,17 +291,6 @@ def release_with_result(
         return False
     backend.ride_release(request.id, release, server.db)
     return True
-
-
-def release_also_held(request: Context, context: TaskContext, leases: list[Lease]) -> None:
-    """What a run held besides its lease (a ``total_limit``'s slot), released as the run
-    ends, however it ends (a retry takes another when it runs); eagerly, waited for."""
-    store = context.store
-    for lease in leases:
-        if request.is_eager:
-            release_or_warn(store.release, lease)
-        else:
-            release_or_warn(store.release_nowait, lease)
 
 
 def store_started(task: Task, request: Context) -> None:

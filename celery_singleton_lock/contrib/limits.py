@@ -18,7 +18,7 @@ from ..config.stores import LockStores
 from ..exceptions import ConfigurationError
 from ..lease import append_history
 from ..lease.history import Record
-from ..lease.limits.overrides import Override, changed, overrides_of
+from ..lease.limits.overrides import MAX_WEIGHT, Override, changed, overrides_of
 from ..lease.limits.rate_forms import burst_for, listed_rates
 from ..lease.limits.rates import Rate, parse_rate
 from ..signals import limits_changed
@@ -34,13 +34,16 @@ def set(
     burst: int | None = None,
     limit: int | None = None,
     paused: bool | None = None,
+    weight: float | None = None,
     reset: bool = False,
     by: str | None = None,
 ) -> Override | None:
     """Change ``target``'s limits now: ``rate`` (one rate or a list, in place of the
     code's, in its order; ``burst`` for each, else the code's burst of the limit in its
     place, checked against what the code charges a call), ``limit`` (in place of ``limit=N``),
-    ``paused`` (True: its runs wait, never dropped; False: resumed), or
+    ``paused`` (True: its runs wait, never dropped; False: resumed), ``weight`` (a
+    key's share of its task's ``total_limit`` while other keys wait: W turns for every
+    one of a key of weight 1), or
     ``reset`` (the code's values again). What is not given is kept. Returns the
     override in force (None after a reset).
 
@@ -50,10 +53,10 @@ def set(
     over its template's, which wins over its task's. Each change is kept in the lock store
     (``lease.limits.overrides``), written in the target's history and announced by the
     ``limits_changed`` signal; every worker decides with it within a second."""
-    if not reset and rate is None and limit is None and paused is None:
+    if not reset and rate is None and limit is None and paused is None and weight is None:
         raise ConfigurationError(
-            f"{target!r}: nothing to change; give a rate, a limit, paused=True or False, "
-            "or reset=True"
+            f"{target!r}: nothing to change; give a rate, a limit, a weight, paused=True "
+            "or False, or reset=True"
         )
     tasks = tasks_of(app, target)
     if rate is not None and not all(opts.rate is not None for opts in tasks.values()):
@@ -75,13 +78,23 @@ def set(
                 f"{target!r}: {', '.join(sorted(keyed))} takes idempotency keys, whose "
                 f"calls run one at a time: a limit of {limit} would run a copy beside one"
             )
+    if weight is not None:
+        weight = _weight(target, weight, tasks)
     store = LockStores.for_app(app).lock
     overrides = overrides_of(store)
     by = by or f"{getpass.getuser()}@{socket.gethostname()}"
     old = overrides.all().get(target)
-    new = changed(None if reset else old, target, rates=rates, limit=limit, paused=paused, by=by)
+    new = changed(
+        None if reset else old,
+        target,
+        rates=rates,
+        limit=limit,
+        paused=paused,
+        weight=weight,
+        by=by,
+    )
     overrides.save(new)
-    change = _change(reset, rates, limit, paused)
+    change = _change(reset, rates, limit, paused, weight)
     append_history(
         store,
         Record(store.keys(target).history, {}, {"by": by}),
@@ -185,6 +198,8 @@ def code_of(opts: SingletonOptions) -> str:
             said.append("rate " + ", ".join(shown))
     if opts.limit is not None:
         said.append(f"limit {opts.limit}")
+    if opts.total_limit is not None:
+        said.append(f"total {opts.total_limit}")
     return "; ".join(said)
 
 
@@ -222,12 +237,35 @@ def _rates(
     return tuple(out)
 
 
+def _weight(target: str, weight: object, tasks: dict[str, SingletonOptions]) -> float:
+    """A weight for ``target``: only where its tasks take a total's turns round robin."""
+    plain = [name for name, opts in tasks.items() if not opts.mode.takes_turns]
+    if plain:
+        raise ConfigurationError(
+            f"{target!r}: {', '.join(sorted(plain))} has no total_limit= taken round robin "
+            "in its code; a weight is a key's share of its task's total (give the task "
+            "total_limit=... first)"
+        )
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise ConfigurationError(f"{target!r}: weight must be a number, got {weight!r}")
+    if not 0 < weight <= MAX_WEIGHT:
+        raise ConfigurationError(
+            f"{target!r}: weight={weight:g} must be above 0 and at most {MAX_WEIGHT:g}"
+        )
+    return float(weight)
+
+
 def _change(
-    reset: bool, rates: tuple[Rate, ...] | None, limit: int | None, paused: bool | None
+    reset: bool,
+    rates: tuple[Rate, ...] | None,
+    limit: int | None,
+    paused: bool | None,
+    weight: float | None = None,
 ) -> str:
     if reset:
         return "reset"
-    said = [name for name, given in (("rate", rates), ("limit", limit)) if given is not None]
+    given = (("rate", rates), ("limit", limit), ("weight", weight))
+    said = [name for name, value in given if value is not None]
     if paused is not None:
         said.append("pause" if paused else "resume")
     return " ".join(said)

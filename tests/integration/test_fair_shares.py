@@ -1,0 +1,181 @@
+"""``total_limit`` round robin across keys (``lease.limits.turns``): one key's flood cannot
+starve the others; weights share the turns; waiting calls hold no pool process, are not
+lost with a worker, run once; the caps hold in every window. On real prefork workers."""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from celery_singleton_lock.config.stores import LockStores
+from celery_singleton_lock.contrib import limits
+from celery_singleton_lock.lease import slot
+from celery_singleton_lock.lease.limits.overrides import Override, overrides_of
+from celery_singleton_lock.lease.limits.turns import turns_of
+
+from ..conftest import CeleryEnv
+from ..support.modes import concurrency, results_of
+from ..support.runs import runs, started, wait_for
+from ..support.workers import Worker
+
+FAIR = "tests.support.celery_app.export_fair"
+WEIGHTED = "tests.support.celery_app.export_weighted"
+
+
+def of_items(records: list[dict[str, Any]], items: list[str]) -> list[dict[str, Any]]:
+    return sorted((r for r in records if r["item"] in items), key=lambda r: r["start"])
+
+
+def check_caps(done: list[dict[str, Any]], per_key: int, total: int) -> None:
+    """No window ever ran more than ``total`` runs, nor more than ``per_key`` of a key."""
+    assert concurrency(done) <= total, f"more than {total} at once"
+    for _, runs_of_key in itertools.groupby(
+        sorted(done, key=lambda r: r["item"]), key=lambda r: r["item"]
+    ):
+        assert concurrency(list(runs_of_key)) <= per_key
+
+
+def waiting(cenv: CeleryEnv, task: str) -> dict[str, int]:
+    turns = turns_of(LockStores.for_app(cenv.app_module.app).lock)
+    assert turns is not None
+    return turns.waiting(f"{task}#total")
+
+
+def slots_free(cenv: CeleryEnv, task: str, total: int) -> bool:
+    store = LockStores.for_app(cenv.app_module.app).lock
+    return all(store.holder(slot(f"{task}#total", n)) is None for n in range(1, total + 1))
+
+
+class TestRoundRobin:
+    def test_late_keys_start_within_a_run_while_one_key_floods(self, cenv: CeleryEnv) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        flood, late = f"a-{tag}", [f"b-{tag}", f"c-{tag}"]
+        worker = Worker(cenv.env, concurrency=4).start()
+        try:
+            calls = [
+                app.export_fair.apply_async((flood, 0.4), queue=worker.queue) for _ in range(24)
+            ]
+            wait_for(lambda: len(of_items(runs(cenv), [flood])) >= 2, 30, "the flood going")
+            sent: dict[str, float] = {}
+            for tenant in late:
+                sent[tenant] = time.time()
+                calls += [
+                    app.export_fair.apply_async((tenant, 0.4), queue=worker.queue) for _ in range(2)
+                ]
+            results = results_of(calls, worker, 90)
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
+        finally:
+            worker.stop()
+        assert sorted(results) == sorted([flood] * 24 + [t for t in late for _ in range(2)])
+        done = of_items(runs(cenv), [flood, *late])
+        assert sorted(r["id"] for r in done) == sorted(c.id for c in calls), "each ran once"
+        check_caps(done, per_key=2, total=2)
+        assert concurrency(done) == 2, "the total is used, not just kept"
+        flood_starts = [r["start"] for r in done if r["item"] == flood]
+        for tenant in late:
+            first = min(r["start"] for r in done if r["item"] == tenant)
+            waited = first - sent[tenant]
+            print(f"\n{tenant}'s first call started {waited:.2f}s after it was sent")
+            assert waited < 1.2, f"{tenant} waited {waited:.2f}s behind the flood"
+            assert sum(1 for s in flood_starts if s > first) >= 10, "while the flood goes on"
+        assert not waiting(cenv, FAIR), "the room is empty"
+        assert slots_free(cenv, FAIR, 2), "every slot of the total given back"
+
+    def test_a_waiting_call_holds_no_pool_process(self, cenv: CeleryEnv) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        keys = [f"p-{tag}-{n}" for n in range(4)]
+        worker = Worker(cenv.env, concurrency=4).start()
+        try:
+            calls = [app.export_fair.apply_async((key, -30.0), queue=worker.queue) for key in keys]
+            # Two run (the total), held open; two wait in the room, not in the pool (two
+            # processes are free: a call sent on while the pool is full waits in the broker).
+            wait_for(lambda: len([s for s in started(cenv) if s["item"] in keys]) == 2, 30, "two")
+            wait_for(lambda: sum(waiting(cenv, FAIR).values()) == 2, 30, "two kept")
+            asked = worker.inspect("active", "reserved")
+            assert len(asked["active"]) == 2, "only the two runs"
+            assert not asked["reserved"], "nothing in the prefetch"
+            checker = cenv.checker_client()
+            for key in keys:
+                checker.rpush(f"gate:{key}", 1)
+            results_of(calls, worker, 60)
+        finally:
+            worker.stop()
+
+
+class TestWorkerDeath:
+    def test_a_worker_killed_with_calls_waiting_loses_none(self, cenv: CeleryEnv) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        tenants = [f"k-{tag}-{n}" for n in range(3)]
+        # Short leases and visibility: the killed runs' slots free and their messages
+        # (acks_late) come again within seconds.
+        env = {"CSL_TTL": "2", "CSL_VISIBILITY_TIMEOUT": "2"}
+        doomed = Worker(cenv.env, concurrency=4, extra_env=env).start()
+        other = Worker(cenv.env, concurrency=4, extra_env=env, queue=doomed.queue)
+        calls = []
+        try:
+            calls = [
+                app.export_fair.apply_async((tenant, 0.5), queue=doomed.queue)
+                for _ in range(4)
+                for tenant in tenants
+            ]
+            wait_for(lambda: sum(waiting(cenv, FAIR).values()) >= 6, 30, "calls waiting")
+            doomed.kill()  # two runs, and the calls handed a turn on their way
+            other.start()
+            results = results_of(calls, other, 90)
+        except BaseException:
+            print(doomed.output()[-4000:], other.output()[-4000:])
+            raise
+        finally:
+            doomed.stop()
+            other.stop()
+        assert sorted(results) == sorted(t for t in tenants for _ in range(4))
+        done = of_items(runs(cenv), tenants)
+        ids = sorted(r["id"] for r in done)
+        assert ids == sorted(c.id for c in calls), "each call ran to its end, once"
+        check_caps(done, per_key=2, total=2)
+        assert not waiting(cenv, FAIR)
+
+
+class TestWeights:
+    @pytest.mark.parametrize("how", ["code", "operator"])
+    def test_a_key_of_weight_three_gets_three_turns_to_one(self, cenv: CeleryEnv, how: str) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        if how == "code":  # weight= a callable of the task's arguments
+            heavy, light = f"heavy-{tag}", f"light-{tag}"
+            task, name = app.export_weighted, WEIGHTED
+        else:  # celery singleton limits set KEY --weight 3
+            heavy, light = f"op-{tag}", f"plain-{tag}"
+            task, name = app.export_fair, FAIR
+            limits.set(app.app, f"tenant:{heavy}", weight=3)
+        worker = Worker(cenv.env, concurrency=4).start()
+        try:
+            # Both floods wait together: the first two calls fill the total, then each
+            # freed slot is a turn.
+            calls = [task.apply_async((light, 0.15), queue=worker.queue) for _ in range(20)]
+            calls += [task.apply_async((heavy, 0.15), queue=worker.queue) for _ in range(20)]
+            results_of(calls, worker, 120)
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
+        finally:
+            worker.stop()
+            overrides = overrides_of(LockStores.for_app(app.app).lock)
+            overrides.save(Override(f"tenant:{heavy}"))
+        done = of_items(runs(cenv), [heavy, light])
+        assert len(done) == 40
+        check_caps(done, per_key=2, total=2)
+        # While both wait: from the heavy flood's first start (the light one, sent first,
+        # ran alone until then) to its last.
+        starts = [r["start"] for r in done if r["item"] == heavy]
+        both = [r for r in done if min(starts) <= r["start"] < max(starts)]
+        shares = {item: sum(1 for r in both if r["item"] == item) for item in (heavy, light)}
+        ratio = shares[heavy] / max(1, shares[light])
+        print(f"\nweights 3:1 under two floods: {shares} ({ratio:.2f} to 1)")
+        assert 2.0 <= ratio <= 4.5, f"shares {shares} (1 to 1 without weights)"
+        assert slots_free(cenv, name, 2)
