@@ -60,9 +60,9 @@ from ..tokens import (
 )
 from .admission import admit
 from .holds import PendingHold
+from .in_turn import send_handed, wait_for_turn, waiter_of
 from .places import leave_place
 from .resend import send_again
-from .in_turn import send_handed, wait_for_turn, waiter_of
 
 logger = logging.getLogger(__name__)
 
