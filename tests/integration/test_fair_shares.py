@@ -5,12 +5,14 @@ lost with a worker, run once; the caps hold in every window. On real prefork wor
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from typing import Any
 
 import pytest
 
+from celery_singleton_lock import ConfigurationError
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib import limits
 from celery_singleton_lock.lease import slot
@@ -18,7 +20,8 @@ from celery_singleton_lock.lease.limits.overrides import Override, overrides_of
 from celery_singleton_lock.lease.limits.turns import turns_of
 
 from ..conftest import CeleryEnv
-from ..support.modes import concurrency, results_of
+from ..support.cli import cli
+from ..support.modes import concurrency, define, results_of
 from ..support.runs import runs, started, wait_for
 from ..support.workers import Worker
 
@@ -152,7 +155,7 @@ class TestWeights:
         else:  # celery singleton limits set KEY --weight 3
             heavy, light = f"op-{tag}", f"plain-{tag}"
             task, name = app.export_fair, FAIR
-            limits.set(app.app, f"tenant:{heavy}", weight=3)
+            limits.set(app.app, f"fair:{heavy}", weight=3)
         worker = Worker(cenv.env, concurrency=4).start()
         try:
             # Both floods wait together: the first two calls fill the total, then each
@@ -166,7 +169,7 @@ class TestWeights:
         finally:
             worker.stop()
             overrides = overrides_of(LockStores.for_app(app.app).lock)
-            overrides.save(Override(f"tenant:{heavy}"))
+            overrides.save(Override(f"fair:{heavy}"))
         done = of_items(runs(cenv), [heavy, light])
         assert len(done) == 40
         check_caps(done, per_key=2, total=2)
@@ -179,3 +182,38 @@ class TestWeights:
         print(f"\nweights 3:1 under two floods: {shares} ({ratio:.2f} to 1)")
         assert 2.0 <= ratio <= 4.5, f"shares {shares} (1 to 1 without weights)"
         assert slots_free(cenv, name, 2)
+
+
+class TestOperators:
+    def test_a_weight_is_set_listed_in_the_history_and_reset(self, cenv: CeleryEnv) -> None:
+        key = f"fair:w-{uuid.uuid4().hex[:6]}"
+        try:
+            done = cli(cenv, "limits", "set", key, "--weight", "3")
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.strip() == f"{key}: weight 3"
+            listed = json.loads(cli(cenv, "limits", "list", "--json").stdout)
+            row = next(r for r in listed if r["target"] == key)
+            assert (row["code"], row["override"]) == ("limit 2; total 2", "weight 3")
+            entries = json.loads(cli(cenv, "history", key, "--json").stdout)
+            assert entries[0]["event"] == "limits weight"
+            store = LockStores.for_app(cenv.app_module.app).lock
+            found = overrides_of(store).all()[key]
+            assert found.weight == 3.0
+            # A key's weight where it has no total taken in turn: said what to write.
+            refused = cli(cenv, "limits", "set", "tests.support.celery_app.export", "--weight", "2")
+            assert refused.returncode == 1
+            assert "has no total_limit= taken round robin" in refused.stderr
+        finally:
+            assert cli(cenv, "limits", "set", key, "--reset").returncode == 0
+
+    def test_the_code_s_weight_and_order_are_checked(self) -> None:
+        opts = define(key=["item"], limit=2, total_limit=3).singleton_options()
+        assert opts.mode.takes_turns, "round robin is the default with total_limit"
+        first = define(key=["item"], limit=2, total_limit=3, total_order="first_come")
+        assert not first.singleton_options().mode.takes_turns
+        weighted = define(key=["item"], limit=2, total_limit=3, weight=2.5).singleton_options()
+        assert weighted.mode.weight(((), {}), None) == 2.5
+        with pytest.raises(ConfigurationError, match="total_order='lifo' must be one of"):
+            define(key=["item"], limit=2, total_limit=3, total_order="lifo")
+        with pytest.raises(ConfigurationError, match="weight must be a number above 0"):
+            define(key=["item"], limit=2, total_limit=3, weight=0)

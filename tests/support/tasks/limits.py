@@ -88,7 +88,7 @@ def _tenant_weight(tenant: str, seconds: float = 0.0) -> float:
     return 3.0 if str(tenant).startswith("heavy-") else 1.0
 
 
-@singleton_task(app=app, bind=True, key="tenant:{tenant}", limit=2, total_limit=2, acks_late=True)
+@singleton_task(app=app, bind=True, key="fair:{tenant}", limit=2, total_limit=2, acks_late=True)
 def export_fair(self: Any, tenant: str, seconds: float = 0.0) -> object:
     """Two at once per tenant and two in all, the total's slots handed out round robin
     across the tenants waiting (the default with ``total_limit``); acks_late, so a run
