@@ -97,9 +97,10 @@ class Limit(Mode):
         return True
 
     def take(self, start: Start) -> Lease | Contended | Kept:
+        own = None
         if start.role and start.role.startswith("slot"):
             # A retry's message holds the slot its first attempt ran in: take it back.
-            own = start.store.try_acquire(
+            taken = start.store.try_acquire(
                 companion(start.name, start.role),
                 start.ttl,
                 token=start.token,
@@ -107,12 +108,15 @@ class Limit(Mode):
                 take=TakeOver(replace=start.queued, shape=start.shape),
                 entry=start.entry,
             )
-            if isinstance(own, Lease):
-                return own
+            own = taken if isinstance(taken, Lease) else None
         if start.waiter is not None and self.takes_turns:
-            turned = self._take_turn(start)
+            turned = self._take_turn(start)  # (its turn runs in the slot it took back)
             if turned is not None:
+                if own is not None and not isinstance(turned, Lease):
+                    start.store.release(own)  # it waits its turn as any call, the slot free
                 return turned
+        if own is not None:  # and one of the total's, as any run
+            return self._within_total(start, own)
         widest, cap = self.slots_of(start.override)
         outcome = start.store.slots.try_acquire(
             start.name, widest, start.ttl, token=start.token, entry=start.entry, cap=cap

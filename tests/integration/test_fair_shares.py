@@ -110,6 +110,56 @@ class TestRoundRobin:
         finally:
             worker.stop()
 
+    def test_a_retry_and_a_failure_take_their_turns(self, cenv: CeleryEnv) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        tenant, other = f"r-{tag}", f"f-{tag}"
+        worker = Worker(cenv.env, concurrency=4).start()
+        try:
+            flood = [
+                app.export_fair.apply_async((other, 0.3), queue=worker.queue) for _ in range(6)
+            ]
+            retried = app.export_fair.apply_async((tenant, 0.1, "retry"), queue=worker.queue)
+            failed = app.export_fair.apply_async((tenant, 0.0, "fail"), queue=worker.queue)
+            assert retried.get(timeout=30) == tenant
+            with pytest.raises(ValueError, match="failing on purpose"):
+                failed.get(timeout=30)
+            results_of(flood, worker, 60)
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
+        finally:
+            worker.stop()
+        records = of_items(runs(cenv), [tenant])
+        attempts = sorted(r["retries"] for r in records if r["id"] == retried.id)
+        assert attempts == [0, 1], "the retry ran once more, and once"
+        check_caps(of_items(runs(cenv), [tenant, other]), per_key=2, total=2)
+        wait_for(lambda: slots_free(cenv, FAIR, 2) and not waiting(cenv, FAIR), 5, "all free")
+
+    def test_a_paused_key_takes_no_turn_and_goes_on_its_resume(self, cenv: CeleryEnv) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        paused, other = f"z-{tag}", f"o-{tag}"
+        limits.set(app.app, f"fair:{paused}", paused=True)
+        worker = Worker(cenv.env, concurrency=4).start()
+        try:
+            held = [
+                app.export_fair.apply_async((paused, 0.1), queue=worker.queue) for _ in range(2)
+            ]
+            going = [
+                app.export_fair.apply_async((other, 0.3), queue=worker.queue) for _ in range(6)
+            ]
+            results_of(going, worker, 60)
+            assert not [s for s in started(cenv) if s["item"] == paused], "none of it ran"
+            assert paused not in waiting(cenv, FAIR), "it waits out the pause, not its turn"
+            limits.set(app.app, f"fair:{paused}", paused=False)
+            assert results_of(held, worker, 30) == [paused, paused]
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
+        finally:
+            worker.stop()
+            limits.set(app.app, f"fair:{paused}", reset=True)
+        check_caps(of_items(runs(cenv), [paused, other]), per_key=2, total=2)
+
 
 class TestWorkerDeath:
     def test_a_worker_killed_with_calls_waiting_loses_none(self, cenv: CeleryEnv) -> None:

@@ -89,11 +89,11 @@ def _tenant_weight(tenant: str, seconds: float = 0.0) -> float:
 
 
 @singleton_task(app=app, bind=True, key="fair:{tenant}", limit=2, total_limit=2, acks_late=True)
-def export_fair(self: Any, tenant: str, seconds: float = 0.0) -> object:
+def export_fair(self: Any, tenant: str, seconds: float = 0.0, mode: str = "ok") -> object:
     """Two at once per tenant and two in all, the total's slots handed out round robin
     across the tenants waiting (the default with ``total_limit``); acks_late, so a run
-    killed with its worker comes again."""
-    return run_and_end(self, tenant, seconds, "ok")
+    killed with its worker comes again. ``mode``: ``run_and_end``'s."""
+    return run_and_end(self, tenant, seconds, mode)
 
 
 @singleton_task(
