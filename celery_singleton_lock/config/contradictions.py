@@ -305,8 +305,9 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
     ),
     Contradiction(
         "`total_order` or `weight` without `total_limit`",
-        lambda g: g.total_limit is None and any(
-            g.values.get(option) is not None for option in ("total_order", "weight")
+        lambda g: (
+            g.total_limit is None
+            and any(g.values.get(option) is not None for option in ("total_order", "weight"))
         ),
         lambda g: (
             "total_order= and weight= say how a total_limit's slots go to the keys waiting "
