@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..exceptions import ConfigurationError
-from ..lease import Contended, Lease, LockStore, TakeOver, companion, slot
+from ..lease import Contended, Lease, LockStore, TakeOver, append_history, companion, slot
 from ..lease.limits.turns import Handed, Kept, turns_of
 from .base import Call, Mode, Start
 from .choosing import GIVEN, Choice, Chosen
@@ -151,10 +151,14 @@ class Limit(Mode):
             if isinstance(turn.taken, tuple):
                 own, every = turn.taken
                 start.held.append(every)
+                append_history(start.store, start.entry, "started")
                 return own
             if turn.taken is not None or time.monotonic() > deadline:
                 # (its reservation kept past the deadline: it is sent round on its turn)
-                return turn.taken or Kept(start.name)
+                kept = turn.taken or Kept(start.name)
+                if not kept.started:  # (a kept history says where the call waits)
+                    append_history(start.store, start.entry, "waiting", detail="its turn")
+                return kept
             time.sleep(CLAIM_AGAIN)  # its key's last run is letting its slot go
 
     def waits_out_pause(self, start: Start, seconds: float) -> None:

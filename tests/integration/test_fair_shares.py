@@ -199,13 +199,12 @@ class TestWeights:
     @pytest.mark.parametrize("how", ["code", "operator"])
     def test_a_key_of_weight_three_gets_three_turns_to_one(self, cenv: CeleryEnv, how: str) -> None:
         app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        task = app.export_weighted
         if how == "code":  # weight= a callable of the task's arguments
             heavy, light = f"heavy-{tag}", f"light-{tag}"
-            task, name = app.export_weighted, WEIGHTED
-        else:  # celery singleton limits set KEY --weight 3
+        else:  # celery singleton limits set KEY --weight 3 (over the code's 1)
             heavy, light = f"op-{tag}", f"plain-{tag}"
-            task, name = app.export_fair, FAIR
-            limits.set(app.app, f"fair:{heavy}", weight=3)
+            limits.set(app.app, f"heavy:{heavy}", weight=3)
         worker = Worker(cenv.env, concurrency=4).start()
         try:
             # Both floods wait together: the first two calls fill the total, then each
@@ -219,19 +218,20 @@ class TestWeights:
         finally:
             worker.stop()
             overrides = overrides_of(LockStores.for_app(app.app).lock)
-            overrides.save(Override(f"fair:{heavy}"))
+            overrides.save(Override(f"heavy:{heavy}"))
         done = of_items(runs(cenv), [heavy, light])
         assert len(done) == 40
-        check_caps(done, per_key=2, total=2)
+        check_caps(done, per_key=3, total=2)
         # While both wait: from the heavy flood's first start (the light one, sent first,
         # ran alone until then) to its last.
         starts = [r["start"] for r in done if r["item"] == heavy]
         both = [r for r in done if min(starts) <= r["start"] < max(starts)]
         shares = {item: sum(1 for r in both if r["item"] == item) for item in (heavy, light)}
         ratio = shares[heavy] / max(1, shares[light])
-        print(f"\nweights 3:1 under two floods: {shares} ({ratio:.2f} to 1)")
-        assert 2.0 <= ratio <= 4.5, f"shares {shares} (1 to 1 without weights)"
-        assert slots_free(cenv, name, 2)
+        order = "".join("H" if r["item"] == heavy else "l" for r in done)
+        print(f"\nweights 3:1 under two floods: {shares} ({ratio:.2f} to 1): {order}")
+        assert 2.4 <= ratio <= 4.0, f"shares {shares} (1 to 1 without weights)"
+        assert slots_free(cenv, WEIGHTED, 2)
 
 
 class TestOperators:
