@@ -6,9 +6,12 @@ slots no run's end handed out (a dead run's, a reservation whose message was los
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
+from celery.utils.time import maybe_iso8601
 from kombu.utils.json import dumps, loads
 
 from ..config.options import is_singleton
@@ -34,18 +37,40 @@ def kept_call(signature: Mapping[str, object], options: Mapping[str, object]) ->
     return encoded.encode()
 
 
-def send_turns(app: Celery, handed: list[Handed]) -> None:
+def send_turns(
+    app: Celery, handed: list[Handed], forget: Callable[[str], list[Handed]] | None = None
+) -> None:
     """Send each call whose turn came, as it was kept: its start claims the turn reserved
     for it. One not sent keeps its reservation until it runs out, and is then handed
-    out again (``lease.limits.turns.RESERVE``): none is lost."""
-    for call in handed:
+    out again (``lease.limits.turns.RESERVE``): none is lost. One whose ``expires`` has
+    passed is sent all the same (Celery ends it REVOKED, as any expired message) and its
+    turn ``forget`` gives on at once: it will never claim it."""
+    waiting = list(handed)
+    while waiting:
+        call = waiting.pop(0)
         try:
             kept = loads(call.record)
             app.signature(kept["s"]).apply_async(**kept["o"])
         except Exception:
             logger.exception("celery-singleton-lock: call %s not sent on its turn", call.ident)
-        else:
-            logger.debug("call sent on its turn: %s", call.ident)
+            continue
+        logger.debug("call sent on its turn: %s", call.ident)
+        if forget is not None and _expired(kept["s"]):
+            waiting += forget(call.ident)
+
+
+def _expired(signature: Mapping[str, Any]) -> bool:
+    """Whether a kept call's ``expires`` has passed (Celery will not run it)."""
+    expires = (signature.get("options") or {}).get("expires")
+    if expires is None:
+        return False
+    try:
+        when = maybe_iso8601(expires) if isinstance(expires, str) else expires
+    except ValueError:
+        return False
+    if not isinstance(when, datetime):
+        return False
+    return when <= (datetime.now(UTC) if when.tzinfo else datetime.now())
 
 
 class TurnSweep:
@@ -79,7 +104,8 @@ class TurnSweep:
                     continue
                 mode = task.singleton_options().mode
                 if mode.takes_turns:
-                    send_turns(self.app, mode.hand_out(store, rooms))
+                    forget = partial(mode.forget_turn, store)
+                    send_turns(self.app, mode.hand_out(store, rooms), forget)
         except SingletonLockError as error:  # the next sweep tries again
             logger.warning("celery-singleton-lock: turns not handed out (%s)", error)
 

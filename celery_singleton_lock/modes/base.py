@@ -352,6 +352,11 @@ class Mode:
         calls whose turn came, to be sent."""
         return []
 
+    def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
+        """A call handed its turn that will never claim it (its message expired): the
+        turn given on; the calls whose turn came instead, to be sent."""
+        return []
+
     def also_held(self, name: str) -> list[str]:
         """The locks a run of ``name`` may hold besides its own, each released apart when
         its pool child dies (a ``total_limit``'s slots)."""

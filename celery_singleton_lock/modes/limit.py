@@ -170,6 +170,13 @@ class Limit(Mode):
         if turns.give_back(total.name, total.limit, waiter.ident):
             start.handed.extend(turns.hand_out(total.name, total.limit))
 
+    def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
+        total = self.total
+        turns = turns_of(store) if self.takes_turns else None
+        if total is None or turns is None or not turns.give_back(total.name, total.limit, ident):
+            return []
+        return turns.hand_out(total.name, total.limit)
+
     def release_held(self, store: LockStore, lease: Lease, *, eager: bool) -> list[Handed]:
         total = self.total
         turns = turns_of(store) if self.takes_turns and not eager else None

@@ -360,6 +360,9 @@ class Rated(Mode):
     def hand_out(self, store: LockStore, rooms: Collection[str]) -> list[Handed]:
         return self.inner.hand_out(store, rooms)
 
+    def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
+        return self.inner.forget_turn(store, ident)
+
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)
 

@@ -5,6 +5,7 @@ on as the run ends."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import NoReturn
 
 from celery.exceptions import Ignore
@@ -60,7 +61,9 @@ def waiter_of(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Waite
 def send_handed(delivery: Delivery, handed: list[Handed]) -> None:
     """Send the calls whose turn came while this run asked for its own."""
     if handed:
-        send_turns(delivery.context.app, handed)
+        context = delivery.context
+        forget = partial(context.options.mode.forget_turn, context.store)
+        send_turns(context.app, list(handed), forget)
         handed.clear()
 
 

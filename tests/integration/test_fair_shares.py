@@ -160,6 +160,30 @@ class TestRoundRobin:
             limits.set(app.app, f"fair:{paused}", reset=True)
         check_caps(of_items(runs(cenv), [paused, other]), per_key=2, total=2)
 
+    def test_a_call_that_expired_waiting_gives_its_turn_on(self, cenv: CeleryEnv) -> None:
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        long, expiring, after = f"x-{tag}", f"e-{tag}", f"y-{tag}"
+        worker = Worker(cenv.env, concurrency=4).start()
+        try:
+            held = [app.export_fair.apply_async((long, 1.5), queue=worker.queue) for _ in range(2)]
+            wait_for(lambda: len([s for s in started(cenv) if s["item"] == long]) == 2, 30, "full")
+            gone = app.export_fair.apply_async((expiring, 0.1), queue=worker.queue, expires=0.5)
+            wait_for(lambda: waiting(cenv, FAIR).get(f"fair:{expiring}"), 10, "it waits")
+            late = app.export_fair.apply_async((after, 0.1), queue=worker.queue)
+            results_of([*held, late], worker, 30)
+            wait_for(lambda: gone.state == "REVOKED", 10, "Celery's end of an expired call")
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
+        finally:
+            worker.stop()
+        done = of_items(runs(cenv), [long, after])
+        freed = min(r["end"] for r in done if r["item"] == long)
+        began = next(r["start"] for r in done if r["item"] == after)
+        assert began - freed < 1.0, "the expired call's turn went on at once, not in 60 s"
+        assert not of_items(runs(cenv), [expiring]), "an expired call does not run"
+        assert not waiting(cenv, FAIR)
+
 
 class TestWorkerDeath:
     def test_a_worker_killed_with_calls_waiting_loses_none(self, cenv: CeleryEnv) -> None:
