@@ -284,6 +284,10 @@ class Mode:
         """A pause keeps this run waiting: its message comes round in ``seconds``. What it
         asks for once let go must still be there then (a rate's schedule, ``rate.py``)."""
 
+    def sent_round(self, start: Start) -> None:
+        """This run's message is sent round before it takes its lease (a pause, a rate's
+        deferral): what was kept for its start is given on (a turn of a total)."""
+
     def take(self, start: Start) -> Lease | Contended | Kept:
         """Try once for the running lease: the key, taking over the message's own hold
         on it (queued, or reserved by the worker that received it). ``Kept``: the call

@@ -161,8 +161,9 @@ class Limit(Mode):
                 return kept
             time.sleep(CLAIM_AGAIN)  # its key's last run is letting its slot go
 
-    def waits_out_pause(self, start: Start, seconds: float) -> None:
-        # A paused key's call takes no turn: one handed to it goes to the next key.
+    def sent_round(self, start: Start) -> None:
+        # A paused or deferred call takes no turn: one handed to it goes to the next key
+        # (it comes back as a new call once let go).
         total, waiter = self.total, start.waiter
         turns = turns_of(start.store) if self.takes_turns else None
         if total is None or waiter is None or turns is None:

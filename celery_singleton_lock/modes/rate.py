@@ -318,7 +318,9 @@ class Rated(Mode):
         # The resume moves the schedule on by the pause's length (rate.lua), at the first
         # decision after it: kept until then, however long the pause.
         rates_of(start.store).keep(start.name, seconds + HELD_COMES_ROUND)
-        self.inner.waits_out_pause(start, seconds)
+
+    def sent_round(self, start: Start) -> None:
+        self.inner.sent_round(start)
 
     def take(self, start: Start) -> Lease | Contended | Kept:
         return self.inner.take(start)
