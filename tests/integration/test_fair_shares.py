@@ -202,6 +202,7 @@ class TestWorkerDeath:
                 for tenant in tenants
             ]
             wait_for(lambda: sum(waiting(cenv, FAIR).values()) >= 6, 30, "calls waiting")
+            children = set(doomed.children())
             doomed.kill()  # two runs, and the calls handed a turn on their way
             other.start()
             results = results_of(calls, other, 90)
@@ -213,8 +214,12 @@ class TestWorkerDeath:
             other.stop()
         assert sorted(results) == sorted(t for t in tenants for _ in range(4))
         done = of_items(runs(cenv), tenants)
-        ids = sorted(r["id"] for r in done)
-        assert ids == sorted(c.id for c in calls), "each call ran to its end, once"
+        assert {r["id"] for r in done} == {c.id for c in calls}, "each call ran to its end"
+        # Once, but for a run the kill caught between its end and its ack (acks_late:
+        # Celery's own at-least-once): one of its runs was on the killed worker.
+        for task_id in {r["id"] for r in done}:
+            twice = [r for r in done if r["id"] == task_id]
+            assert len(twice) == 1 or any(r["pid"] in children for r in twice), twice
         check_caps(done, per_key=2, total=2)
         assert not waiting(cenv, FAIR)
 
