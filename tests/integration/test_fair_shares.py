@@ -85,7 +85,7 @@ class TestRoundRobin:
             first = min(r["start"] for r in done if r["item"] == tenant)
             waited = first - sent[tenant]
             print(f"\n{tenant}'s first call started {waited:.2f}s after it was sent")
-            assert waited < 1.2, f"{tenant} waited {waited:.2f}s behind the flood"
+            assert waited < 1.0, f"{tenant} waited {waited:.2f}s behind the flood (0.4 s runs)"
             assert sum(1 for s in flood_starts if s > first) >= 10, "while the flood goes on"
         assert not waiting(cenv, FAIR), "the room is empty"
         assert slots_free(cenv, FAIR, 2), "every slot of the total given back"
