@@ -127,3 +127,34 @@ def test_a_paused_call_gives_its_turn_back(turns: tuple[RedisLock, Turns]) -> No
     [instead] = room.hand_out(TOTAL, 2)
     assert instead.ident == "A2"
     assert room.waiting(TOTAL) == {"A": 1}
+
+
+def test_keys_that_no_longer_wait_are_forgotten(
+    turns: tuple[RedisLock, Turns], raw: redis.Redis
+) -> None:
+    store, room = turns
+    running = []
+    for n in range(40):
+        taken = take(room, f"K{n}", f"K{n}")
+        if isinstance(taken, tuple):
+            running.append((f"K{n}", taken))
+    order = ""
+    while running:
+        _, (own, every) = running.pop(0)
+        handed = room.hand_out(TOTAL, 2, ending=every)
+        store.release(own)
+        for call in handed:
+            taken = room.take(
+                TOTAL, 2, call.ident, Waiter(call.ident, b"m", 1.0, True),
+                widest=2, cap=None, token=f"x|{call.ident}", ttl=30,
+            ).taken  # fmt: skip
+            assert isinstance(taken, tuple)
+            running.append((call.ident, taken))
+            order += "."
+    assert len(order) == 38, "every key ran once"
+    known = store.keys(TOTAL).lock + ":turns:keys"
+    for _ in range(200):  # a sweep's hand-outs, with nothing to hand out
+        room.hand_out(TOTAL, 2)
+        if not raw.hlen(known):
+            break
+    assert raw.hlen(known) == 0, "the keys that waited once are forgotten"

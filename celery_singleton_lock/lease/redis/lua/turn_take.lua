@@ -25,7 +25,7 @@ local free, reserved = scan_total(tonumber(ARGV[9]))
 if redis.call('ZSCORE', KEYS[5], ident) then
   local slot_n = reserved[ident]
   if slot_n then
-    local taken = claim(ident, slot_n, info_of(name), ARGV[6], ARGV[7])
+    local taken = claim(ident, slot_n, parse_info(ARGV[4]), ARGV[6], ARGV[7])
     if taken == nil then return {3, 0, 0, 0, 0} end
     redis.call('ZADD', KEYS[8], now_ms() + tonumber(ARGV[11]), mine)
     return {1, taken[1], taken[2], taken[3], taken[4]}
@@ -45,7 +45,7 @@ for i = 1, #handed, 2 do
   local taken = nil
   if handed[i] == ident then
     local _, now_reserved = scan_total(tonumber(ARGV[9]))
-    taken = claim(ident, now_reserved[ident], info_of(name), ARGV[6], ARGV[7])
+    taken = claim(ident, now_reserved[ident], parse_info(ARGV[4]), ARGV[6], ARGV[7])
   end
   if taken ~= nil then
     reply[1], reply[2], reply[3], reply[4], reply[5] = 1, taken[1], taken[2], taken[3], taken[4]

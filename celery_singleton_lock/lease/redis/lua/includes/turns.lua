@@ -28,11 +28,35 @@ local function new_fence(fence_key, ttl_ms)
   return fence
 end
 
+local function parse_info(raw)
+  local tag, widest, cap, weight = string.match(raw, '^(.*)\t(%d+)\t(%d+)\t([^\t]+)$')
+  return {tag = tag, widest = tonumber(widest), cap = tonumber(cap), weight = tonumber(weight)}
+end
+
 local function info_of(name)
   local raw = redis.call('HGET', KEYS[4], name)
   if not raw then return nil end
-  local tag, widest, cap, weight = string.match(raw, '^(.*)\t(%d+)\t(%d+)\t([^\t]+)$')
-  return {tag = tag, widest = tonumber(widest), cap = tonumber(cap), weight = tonumber(weight)}
+  return parse_info(raw)
+end
+
+-- A few keys that no longer wait (not in the index, no call of theirs handed out)
+-- forgotten, and passes the virtual time has overtaken (worth no more than it): the
+-- room stays as large as the keys waiting, not every key that ever waited.
+local function prune(vt)
+  for _, name in ipairs(redis.call('HRANDFIELD', KEYS[4], 2)) do
+    if not redis.call('ZSCORE', KEYS[1], name) then
+      local handed = false
+      for _, ident in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
+        if redis.call('HGET', KEYS[3], ident) == name then handed = true break end
+      end
+      if not handed then redis.call('HDEL', KEYS[4], name) end
+    end
+  end
+  for _, name in ipairs(redis.call('HRANDFIELD', KEYS[6], 2)) do
+    if name ~= '' and (tonumber(redis.call('HGET', KEYS[6], name)) or 0) <= vt then
+      redis.call('HDEL', KEYS[6], name)
+    end
+  end
 end
 
 -- The total's free slots, and the slot each reservation holds, by ident.
@@ -95,7 +119,10 @@ local function hand_out(free, reserved, ending, reserve_ms)
     if not reserved[ident] then put_back(ident) end
   end
   local out = {}
-  if #free == 0 or redis.call('ZCARD', KEYS[1]) == 0 then return out end
+  if #free == 0 or redis.call('ZCARD', KEYS[1]) == 0 then
+    prune(virtual_time())
+    return out
+  end
   local reserving = {}
   for ident, _ in pairs(reserved) do
     local name = redis.call('HGET', KEYS[3], ident)
@@ -145,6 +172,7 @@ local function hand_out(free, reserved, ending, reserve_ms)
     end
   end
   redis.call('HSET', KEYS[6], '', string.format('%.17g', vt))
+  prune(vt)
   return out
 end
 
