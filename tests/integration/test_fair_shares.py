@@ -54,10 +54,13 @@ def slots_free(cenv: CeleryEnv, task: str, total: int) -> bool:
 
 
 class TestRoundRobin:
-    def test_late_keys_start_within_a_run_while_one_key_floods(self, cenv: CeleryEnv) -> None:
+    @pytest.mark.parametrize("pool", ["prefork", pytest.param("gevent", marks=pytest.mark.oneoff)])
+    def test_late_keys_start_within_a_run_while_one_key_floods(
+        self, cenv: CeleryEnv, pool: str
+    ) -> None:
         app, tag = cenv.app_module, uuid.uuid4().hex[:6]
         flood, late = f"a-{tag}", [f"b-{tag}", f"c-{tag}"]
-        worker = Worker(cenv.env, concurrency=4).start()
+        worker = Worker(cenv.env, concurrency=4, pool=pool).start()
         try:
             calls = [
                 app.export_fair.apply_async((flood, 0.4), queue=worker.queue) for _ in range(24)
@@ -81,11 +84,15 @@ class TestRoundRobin:
         check_caps(done, per_key=2, total=2)
         assert concurrency(done) == 2, "the total is used, not just kept"
         flood_starts = [r["start"] for r in done if r["item"] == flood]
+        # Without an event loop (gevent) kombu's Redis channel whose prefetch was full
+        # looks for messages again on its polling interval (1 s): a call sent on its
+        # turn may wait that much more in the broker.
+        bound = 1.0 if pool == "prefork" else 3.0
         for tenant in late:
             first = min(r["start"] for r in done if r["item"] == tenant)
             waited = first - sent[tenant]
             print(f"\n{tenant}'s first call started {waited:.2f}s after it was sent")
-            assert waited < 1.0, f"{tenant} waited {waited:.2f}s behind the flood (0.4 s runs)"
+            assert waited < bound, f"{tenant} waited {waited:.2f}s behind the flood (0.4 s runs)"
             assert sum(1 for s in flood_starts if s > first) >= 10, "while the flood goes on"
         assert not waiting(cenv, FAIR), "the room is empty"
         assert slots_free(cenv, FAIR, 2), "every slot of the total given back"
