@@ -18,7 +18,7 @@ from ..config.stores import LockStores
 from ..exceptions import ConfigurationError
 from ..lease import append_history
 from ..lease.history import Record
-from ..lease.limits.overrides import MAX_WEIGHT, Override, changed, overrides_of
+from ..lease.limits.overrides import Override, changed, check_weight, overrides_of
 from ..lease.limits.rate_forms import burst_for, listed_rates
 from ..lease.limits.rates import Rate, parse_rate
 from ..signals import limits_changed
@@ -246,13 +246,7 @@ def _weight(target: str, weight: object, tasks: dict[str, SingletonOptions]) -> 
             "in its code; a weight is a key's share of its task's total (give the task "
             "total_limit=... first)"
         )
-    if isinstance(weight, bool) or not isinstance(weight, int | float):
-        raise ConfigurationError(f"{target!r}: weight must be a number, got {weight!r}")
-    if not 0 < weight <= MAX_WEIGHT:
-        raise ConfigurationError(
-            f"{target!r}: weight={weight:g} must be above 0 and at most {MAX_WEIGHT:g}"
-        )
-    return float(weight)
+    return check_weight(weight, f"{target!r}: weight")
 
 
 def _change(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..exceptions import ConfigurationError
 from ..lease import Contended, Lease, LockStore, TakeOver, append_history, companion, slot
+from ..lease.limits.overrides import check_weight
 from ..lease.limits.turns import Handed, Kept, turns_of
 from .base import Call, Mode, Start
 from .choosing import GIVEN, Choice, Chosen
@@ -51,8 +52,8 @@ class Total:
         weight = self.weight
         if callable(weight):
             args, kwargs = call
-            return checked_weight(weight(*args, **kwargs), f"{self.name}: weight")
-        return checked_weight(weight, f"{self.name}: weight")
+            return check_weight(weight(*args, **kwargs), f"{self.name}: weight")
+        return check_weight(weight, f"{self.name}: weight")
 
 
 # total_order=: round robin across keys (the default), or first come, first served.
@@ -63,13 +64,6 @@ CLAIM_AGAIN = 0.02
 CLAIM_FOR = 5.0
 
 
-def checked_weight(value: object, what: str) -> float:
-    """A weight: a positive number (a key's share of the turns against weight 1)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1000:
-        raise ConfigurationError(f"{what} must be a number above 0 and at most 1000, got {value!r}")
-    return float(value)
-
-
 class Limit(Mode):
     """Up to N runs of a key at once, each in a slot of its own (and one of ``total``'s, if set).
 
@@ -78,7 +72,10 @@ class Limit(Mode):
     - start: the lowest free slot (``lease.limits.slots``: one script, fences increasing
       across slots); a retry's message first takes back the slot its attempt ran in.
       ``on_contention=wait`` is woken by the release of any slot, first come first served.
-    - end: the slot is released; a dead child's slot by its worker (any of the N).
+      With a ``total_limit`` taken round robin, the key's slot and the total's are its
+      turn (``lease.limits.turns``): taken now, or the call is kept in its key's line.
+    - end: the slot is released; a dead child's slot by its worker (any of the N); a
+      total's slot taken round robin is handed on to the next call in turn.
 
     An operator's override (``celery singleton limits set NAME --limit M``) replaces N for
     the next runs: a lowered limit lets runs above it finish, and starts none until fewer
@@ -284,7 +281,7 @@ def _weight(raw: Mapping[str, object], option: str, task: str) -> object:
     value = raw.get(option)
     if value is None or callable(value):
         return value
-    return checked_weight(value, f"{task}: {option}")
+    return check_weight(value, f"{task}: {option}")
 
 
 # Picked by a limit run in slots (``limit=1`` alone holds the key: ``while_executing``);

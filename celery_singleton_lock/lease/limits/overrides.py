@@ -51,11 +51,8 @@ class Override:
     weight: float | None = None
 
     def __post_init__(self) -> None:
-        if self.weight is not None and not 0 < self.weight <= MAX_WEIGHT:
-            raise ConfigurationError(
-                f"limits for {self.target!r}: weight={self.weight:g} must be above 0 and at "
-                f"most {MAX_WEIGHT}"
-            )
+        if self.weight is not None:
+            check_weight(self.weight, f"limits for {self.target!r}: weight")
         if self.limit is not None and not 1 <= self.limit <= MAX_SLOTS:
             raise ConfigurationError(
                 f"limits for {self.target!r}: limit={self.limit} must be from 1 to {MAX_SLOTS}"
@@ -225,6 +222,18 @@ class Overrides:
         self.forget()
 
 
+def check_weight(value: object, what: str) -> float:
+    """A weight: a number above 0, at most ``MAX_WEIGHT`` (a key's share of a total's
+    turns against weight 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{what} must be a number, got {value!r}")
+    if not 0 < value <= MAX_WEIGHT:
+        raise ConfigurationError(
+            f"{what} must be a number above 0 and at most {MAX_WEIGHT:g}, got {value!r}"
+        )
+    return float(value)
+
+
 def merged(chain: list[Override]) -> Override:
     """Overrides of one lock, the most specific first, as one: a rate or a limit from the
     first that sets it; paused or not as the latest pause or resume among them said (a
@@ -298,6 +307,7 @@ __all__ = [
     "Override",
     "Overrides",
     "changed",
+    "check_weight",
     "merged",
     "overrides_of",
 ]
