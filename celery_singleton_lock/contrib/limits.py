@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import getpass
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from celery import Celery
 
 from ..config.options import SingletonOptions, is_singleton
 from ..config.stores import LockStores
-from ..exceptions import ConfigurationError
-from ..lease import append_history
+from ..exceptions import ConfigurationError, SingletonLockError
+from ..lease import LockStore, append_history
 from ..lease.history import Record
 from ..lease.limits.overrides import Override, changed, check_weight, overrides_of
 from ..lease.limits.rate_forms import burst_for, listed_rates
@@ -142,6 +142,15 @@ class LimitRow:
     override: str
     changed_at: float | None
     changed_by: str
+    # A task's calls waiting for their turn of its total (round robin), by key.
+    waiting: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def waiting_said(self) -> str:
+        """``12 waiting their turn, in 3 keys`` ('' when none wait)."""
+        if not self.waiting:
+            return ""
+        return f"{sum(self.waiting.values())} waiting their turn, in {len(self.waiting)} keys"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -151,6 +160,7 @@ class LimitRow:
             "override": self.override,
             "changed_at": self.changed_at,
             "changed_by": self.changed_by,
+            "waiting": self.waiting,
         }
 
 
@@ -158,7 +168,8 @@ def rows(app: Celery) -> list[LimitRow]:
     """Every task with a rate or a limit (by its name, or its key template), with the
     override in force, then every other override (one key's, or one whose task is
     gone: ``reset`` removes it)."""
-    overrides = overrides_of(LockStores.for_app(app).lock).all()
+    store = LockStores.for_app(app).lock
+    overrides = overrides_of(store).all()
     out: list[LimitRow] = []
     seen: list[str] = []
     for name, task in sorted(app.tasks.items()):
@@ -174,7 +185,10 @@ def rows(app: Celery) -> list[LimitRow]:
             if target == template and template not in overrides:
                 continue  # a template shows once it has an override of its own
             seen.append(target)
-            out.append(_row(target, name, code_of(opts), overrides.get(target)))
+            row = _row(target, name, code_of(opts), overrides.get(target))
+            if target == name:  # the task's row says who waits for its total's turns
+                row = replace(row, waiting=_waiting(opts, store))
+            out.append(row)
     names = TaskNames(app)
     for target, override in sorted(overrides.items()):
         if target not in seen:
@@ -201,6 +215,14 @@ def code_of(opts: SingletonOptions) -> str:
     if opts.total_limit is not None:
         said.append(f"total {opts.total_limit}")
     return "; ".join(said)
+
+
+def _waiting(opts: SingletonOptions, store: LockStore) -> dict[str, int]:
+    """The task's calls waiting for their turn, by key ({} where none can, or unread)."""
+    try:
+        return opts.mode.waiting(store)
+    except SingletonLockError:
+        return {}
 
 
 def _row(target: str, task: str | None, code: str, override: Override | None) -> LimitRow:

@@ -55,7 +55,8 @@ def list_limits(ctx: click.Context, /, *, as_json: bool, **_: object) -> None:
         if row.changed_at:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.changed_at))
             when = f"  (since {stamp}, {row.changed_by})"
-        click.echo(f"{row.target:<{width}}  {row.code:<28}  {row.override or '-'}{when}")
+        waiting = f"  [{row.waiting_said}]" if row.waiting else ""
+        click.echo(f"{row.target:<{width}}  {row.code:<28}  {row.override or '-'}{when}{waiting}")
 
 
 @limits.command("set", cls=CeleryCommand, epilog=EXAMPLES)

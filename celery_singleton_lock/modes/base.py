@@ -356,6 +356,10 @@ class Mode:
         calls whose turn came, to be sent."""
         return []
 
+    def waiting(self, store: LockStore) -> dict[str, int]:
+        """How many calls of each key wait for their turn (a waiting room's; {}: none)."""
+        return {}
+
     def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
         """A call handed its turn that will never claim it (its message expired): the
         turn given on; the calls whose turn came instead, to be sent."""

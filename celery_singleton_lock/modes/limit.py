@@ -168,6 +168,11 @@ class Limit(Mode):
         if turns.give_back(total.name, total.limit, waiter.ident):
             start.handed.extend(turns.hand_out(total.name, total.limit))
 
+    def waiting(self, store: LockStore) -> dict[str, int]:
+        total = self.total
+        turns = turns_of(store) if self.takes_turns else None
+        return {} if total is None or turns is None else turns.waiting(total.name)
+
     def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
         total = self.total
         turns = turns_of(store) if self.takes_turns else None

@@ -365,6 +365,9 @@ class Rated(Mode):
     def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
         return self.inner.forget_turn(store, ident)
 
+    def waiting(self, store: LockStore) -> dict[str, int]:
+        return self.inner.waiting(store)
+
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)
 

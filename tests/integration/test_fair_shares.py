@@ -107,6 +107,9 @@ class TestRoundRobin:
             # processes are free: a call sent on while the pool is full waits in the broker).
             wait_for(lambda: len([s for s in started(cenv) if s["item"] in keys]) == 2, 30, "two")
             wait_for(lambda: sum(waiting(cenv, FAIR).values()) == 2, 30, "two kept")
+            [row] = [r for r in limits.rows(app.app) if r.target == FAIR]
+            assert sum(row.waiting.values()) == 2, "an operator sees who waits"
+            assert row.waiting_said == "2 waiting their turn, in 2 keys"
             asked = worker.inspect("active", "reserved")
             assert len(asked["active"]) == 2, "only the two runs"
             assert not asked["reserved"], "nothing in the prefetch"
