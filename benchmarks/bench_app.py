@@ -143,6 +143,30 @@ def this_limit(item: str, seconds: float = 0.0) -> str:
     return _run("this_limit", item, seconds)
 
 
+# Section 12: two runs per tenant and two in all, the freed slots handed out round
+# robin across tenants (the default), or first come, first served with runs waiting in
+# the pool (``wait``: today's way before round robin).
+@singleton_task(
+    app=app, shared=False, name="bench.this_fair", key="t:{tenant}", limit=2, total_limit=2
+)
+def this_fair(tenant: str, seconds: float = 0.0) -> str:
+    return _run("this_fair", tenant, seconds)
+
+
+@singleton_task(
+    app=app,
+    shared=False,
+    name="bench.this_fair_first",
+    key="t:{tenant}",
+    limit=2,
+    total_limit=2,
+    total_order="first_come",
+    on_contention=wait(timeout=120),
+)
+def this_fair_first(tenant: str, seconds: float = 0.0) -> str:
+    return _run("this_fair_first", tenant, seconds)
+
+
 @singleton_task(app=app, shared=False, name="bench.this_rate", rate="100/s")
 def this_rate(item: str, seconds: float = 0.0) -> str:
     return _run("this_rate", item, seconds)
@@ -241,6 +265,8 @@ SYSTEMS: dict[str, Any] = {
     "this_replace": this_replace,
     "this_debounce": this_debounce,
     "this_limit": this_limit,
+    "this_fair": this_fair,
+    "this_fair_first": this_fair_first,
     "this_rate": this_rate,
     "this_rate_delay": this_rate_delay,
     "this_rates": this_rates,

@@ -87,6 +87,9 @@ MODES = (
     "this_cancel",
     "this_history",
 )
+# Fair shares across keys (section 12): first come, first served (the ratios' control)
+# and round robin.
+FAIR = ("this_fair_first", "this_fair")
 # A rate-limited run's start: one limit, and two limits with a cost (section 9).
 RATED = ("plain", "this_rate", "this_rates")
 
@@ -471,6 +474,61 @@ class Bench:
             }
             for s in systems
         }
+
+    # -- 12: fair shares across keys --------------------------------------------------------
+
+    def fairness(self) -> None:
+        # One tenant floods (24 runs of 0.4 s at limit=2, total_limit=2, on one worker of
+        # 4 processes), then another sends one call: how long it waits to start, and the
+        # flood's runs a second, round robin (the default) against first come, first
+        # served (the runs waiting in the pool, ``wait``).
+        flood, run_s, queue = 24, 0.4, "bench-fair"
+        waits: dict[str, list[float]] = {s: [] for s in FAIR}
+        rates: dict[str, list[float]] = {s: [] for s in FAIR}
+        self.reset(queue)
+        worker = self.worker("this", queue, concurrency=4).start()
+        try:
+            for round_no in range(self.args.rounds):
+                for system in self.order(FAIR):
+                    waited, rate = self._flooded(system, f"{round_no}", flood, run_s, queue)
+                    waits[system].append(waited)
+                    rates[system].append(rate)
+        finally:
+            worker.stop()
+        self.reset(queue)
+        self.results["fairness"] = {
+            s: {
+                "late_first_wait_s": round(median(waits[s]), 2),
+                "late_first_wait_runs": round(median(waits[s]) / run_s, 1),
+                "flood_runs_per_s": round(median(rates[s]), 2),
+                "flood_ratio": paired_ratio(rates[s], rates[FAIR[0]]),
+            }
+            for s in FAIR
+        }
+
+    def _flooded(
+        self, system: str, tag: str, flood: int, run_s: float, queue: str
+    ) -> tuple[float, float]:
+        """One round of section 12 for ``system``: seconds the late tenant's call waited
+        to start, and the flood's runs a second from its first start to its last end."""
+        task = self.bench.SYSTEMS[system]
+        self.r.delete(f"marks:{system}", f"started:{system}")
+        flooding, late = f"a-{tag}", f"b-{tag}"
+        for _ in range(flood):
+            task.apply_async((flooding, run_s), queue=queue)
+        deadline = time.monotonic() + 30
+        while not self.r.llen(f"started:{system}"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{system}: the flood did not start")
+            time.sleep(0.005)
+        sent = time.time()
+        task.apply_async((late, run_s), queue=queue)
+        self.wait_marks(system, flood + 1, 120)
+        marks = [_text(m).split("|") for m in self.r.lrange(f"marks:{system}", 0, -1)]
+        late_start = min(float(start) for item, start, _ in marks if item == late)
+        spans = [(float(start), float(end)) for item, start, end in marks if item == flooding]
+        took = max(end for _, end in spans) - min(start for start, _ in spans)
+        return late_start - sent, flood / took
 
     def _ended(self, result: Any, system: str, workers: dict[str, Worker]) -> Any:
         """``result``'s value once stored, polled every millisecond: Celery 5.7's ``get()``
@@ -1123,6 +1181,18 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "ends with its result; steps_run: the steps whose bodies ran in the last "
             "round (chains and chord).",
         ),
+        "fairness": (
+            "12. Fair shares across keys",
+            "One prefork worker (concurrency 4), `limit=2, total_limit=2`: one tenant "
+            "sends 24 calls of 0.4 s, and once the first has started another tenant sends "
+            "one. late_first_wait: seconds (and runs of 0.4 s) from that call's dispatch to "
+            "its start; flood_runs_per_s: the flood's runs a second, from its first start "
+            "to its last end (at most 5: two slots of 0.4 s). this_fair: round robin across "
+            "keys (the default: waiting calls kept in the lock store, each freed slot to "
+            'the key served least); this_fair_first: `total_order="first_come"` with '
+            "`on_contention=wait(...)`, the runs waiting in the pool in arrival order. "
+            "flood_ratio: the median of the rounds' ratios to this_fair_first.",
+        ),
     }
     if all(k in r for k in CHARTED):
         out += [
@@ -1149,7 +1219,7 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
     found = checks(config, r)
     if found:
         out += table(
-            "12. Targets",
+            "13. Targets",
             found,
             "The figures this project is held to in this configuration, against this "
             "run's (ratios to plain Celery, or to the incumbents' in the same run); where "
@@ -1226,6 +1296,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rate_starts": bench.rate_starts,
         "batch": bench.batch,
         "canvas": bench.canvas,
+        "fairness": bench.fairness,
     }
     try:
         for name, scenario in scenarios.items():

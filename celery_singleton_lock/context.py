@@ -152,6 +152,9 @@ class Delivery:
     # Send this message again (same id, links and chain) with these headers in
     # ``countdown`` seconds, and with these options (the library's own bypass).
     resend: Callable[[float, dict[str, object], dict[str, object]], None]
+    # This message as a waiting room keeps it, to be sent again with these headers and
+    # options on its turn (``broker.turn_sweep.kept_call``); None: it cannot be kept.
+    keep: Callable[[dict[str, object], dict[str, object]], bytes | None] = lambda *_: None
 
     @property
     def name(self) -> str:

@@ -19,6 +19,7 @@ from . import signals as singleton_signals
 from .broker import results
 from .broker.in_transit import give_up_purged
 from .broker.ride import lock_ride
+from .broker.turn_sweep import kept_call
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
@@ -31,7 +32,7 @@ from .publish.idempotent import key_of_call, send_once
 from .publish.many import Item, items_of, send_many
 from .publish.retries import send_retry
 from .publish.timing import refuse_as_celery
-from .run import cancels, eta, replays
+from .run import cancels, eta, in_turn, replays
 from .run.answered import answer_of
 from .run.execution import Execution, failed_run
 from .tokens import (
@@ -303,6 +304,10 @@ class SingletonTask(Task):  # type: ignore[misc]
             signature = self.signature_from_request(request, countdown=countdown, headers=headers)
             signature.apply_async(**options)
 
+        def keep(headers: dict[str, object], options: dict[str, object]) -> bytes | None:
+            # As a requeue would send it, kept for its turn (``broker.turn_sweep``).
+            return kept_call(self.signature_from_request(request, headers=headers), options)
+
         return Delivery(
             context=self.singleton_context,
             request=request,
@@ -312,6 +317,7 @@ class SingletonTask(Task):  # type: ignore[misc]
             ),
             store_state=store_state,
             resend=resend,
+            keep=keep,
         )
 
     def __call__(self, *args: object, **kwargs: object) -> object:
@@ -361,7 +367,12 @@ class SingletonTask(Task):  # type: ignore[misc]
             raise
         finally:
             request.singleton_lease = None
-            results.release_also_held(request, self.singleton_context, execution.also_held)
+            in_turn.release_also_held(
+                execution.delivery,
+                self.singleton_context,
+                execution.also_held,
+                eager=bool(request.is_eager),
+            )
             if lease.token and not getattr(request, _HANDED_OVER, False):
                 end = partial(self._release_at_end, request, lease, acquired)
                 # A run with an idempotency key keeps its lease until its outcome is

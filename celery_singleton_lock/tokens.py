@@ -54,9 +54,12 @@ BACKLOG_HEADER = "singleton_lock_waiting"
 # unacked is sent to arrive early, with its ETA (seconds since the epoch) here: each
 # early arrival is sent on with its hold (``run/eta.py``).
 ETA_HEADER = "singleton_lock_eta"
+# On a call's message sent again on its turn of a total (``run.in_turn``): its start claims
+# the turn reserved for it; the message it was kept from, delivered again, is dropped.
+TURN_HEADER = "singleton_lock_turn"
 # One message's journey, not its call's: a retry or a copy of its request starts afresh
 # (a resend passes on what it keeps).
-CALL_HEADERS = (PAUSED_SINCE_HEADER, BACKLOG_HEADER)
+CALL_HEADERS = (PAUSED_SINCE_HEADER, BACKLOG_HEADER, TURN_HEADER)
 # Put by the worker's main process on the request it hands to its pool (never read
 # from a message: the main process drops any a producer sent): the running lease it
 # took when the message arrived, for the run to start under without a round trip.

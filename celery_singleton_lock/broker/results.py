@@ -19,7 +19,6 @@ from kombu.utils.encoding import bytes_to_str
 from ..lease import Server, server_of
 from ..lease.attachments import attachments_of
 from ..lease.history import Record
-from ..outages import release_or_warn
 from . import versions
 from .connection import turned_off
 from .pushes import pushes_of
@@ -306,17 +305,6 @@ def release_with_result(
         asks = (context.store.keys(lease.name).attached, pushes.databases(server.db))
     backend.ride_release(request.id, WaitingRelease(release, server.db, asks))
     return True
-
-
-def release_also_held(request: Context, context: TaskContext, leases: list[Lease]) -> None:
-    """What a run held besides its lease (a ``total_limit``'s slot), released as the run
-    ends, however it ends (a retry takes another when it runs); eagerly, waited for."""
-    store = context.store
-    for lease in leases:
-        if request.is_eager:
-            release_or_warn(store.release, lease)
-        else:
-            release_or_warn(store.release_nowait, lease)
 
 
 def store_started(task: Task, request: Context) -> None:

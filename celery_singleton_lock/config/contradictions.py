@@ -304,6 +304,18 @@ CONTRADICTIONS: tuple[Contradiction, ...] = (
         ),
     ),
     Contradiction(
+        "`total_order` or `weight` without `total_limit`",
+        lambda g: (
+            g.total_limit is None
+            and any(g.values.get(option) is not None for option in ("total_order", "weight"))
+        ),
+        lambda g: (
+            "total_order= and weight= say how a total_limit's slots go to the keys waiting "
+            "for them (round robin, and each key's share): write total_limit=... with them, "
+            "or drop them"
+        ),
+    ),
+    Contradiction(
         (
             "`reopen_on` with any mode but `throttle` and the default scope (the others free "
             "the key as a run starts or ends already)"

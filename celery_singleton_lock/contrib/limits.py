@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import getpass
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from celery import Celery
 
 from ..config.options import SingletonOptions, is_singleton
 from ..config.stores import LockStores
-from ..exceptions import ConfigurationError
-from ..lease import append_history
+from ..exceptions import ConfigurationError, SingletonLockError
+from ..lease import LockStore, append_history
 from ..lease.history import Record
-from ..lease.limits.overrides import Override, changed, overrides_of
+from ..lease.limits.overrides import Override, changed, check_weight, overrides_of
 from ..lease.limits.rate_forms import burst_for, listed_rates
 from ..lease.limits.rates import Rate, parse_rate
 from ..signals import limits_changed
@@ -34,13 +34,16 @@ def set(
     burst: int | None = None,
     limit: int | None = None,
     paused: bool | None = None,
+    weight: float | None = None,
     reset: bool = False,
     by: str | None = None,
 ) -> Override | None:
     """Change ``target``'s limits now: ``rate`` (one rate or a list, in place of the
     code's, in its order; ``burst`` for each, else the code's burst of the limit in its
     place, checked against what the code charges a call), ``limit`` (in place of ``limit=N``),
-    ``paused`` (True: its runs wait, never dropped; False: resumed), or
+    ``paused`` (True: its runs wait, never dropped; False: resumed), ``weight`` (a
+    key's share of its task's ``total_limit`` while other keys wait: W turns for every
+    one of a key of weight 1), or
     ``reset`` (the code's values again). What is not given is kept. Returns the
     override in force (None after a reset).
 
@@ -50,10 +53,10 @@ def set(
     over its template's, which wins over its task's. Each change is kept in the lock store
     (``lease.limits.overrides``), written in the target's history and announced by the
     ``limits_changed`` signal; every worker decides with it within a second."""
-    if not reset and rate is None and limit is None and paused is None:
+    if not reset and rate is None and limit is None and paused is None and weight is None:
         raise ConfigurationError(
-            f"{target!r}: nothing to change; give a rate, a limit, paused=True or False, "
-            "or reset=True"
+            f"{target!r}: nothing to change; give a rate, a limit, a weight, paused=True "
+            "or False, or reset=True"
         )
     tasks = tasks_of(app, target)
     if rate is not None and not all(opts.rate is not None for opts in tasks.values()):
@@ -75,13 +78,23 @@ def set(
                 f"{target!r}: {', '.join(sorted(keyed))} takes idempotency keys, whose "
                 f"calls run one at a time: a limit of {limit} would run a copy beside one"
             )
+    if weight is not None:
+        weight = _weight(target, weight, tasks)
     store = LockStores.for_app(app).lock
     overrides = overrides_of(store)
     by = by or f"{getpass.getuser()}@{socket.gethostname()}"
     old = overrides.all().get(target)
-    new = changed(None if reset else old, target, rates=rates, limit=limit, paused=paused, by=by)
+    new = changed(
+        None if reset else old,
+        target,
+        rates=rates,
+        limit=limit,
+        paused=paused,
+        weight=weight,
+        by=by,
+    )
     overrides.save(new)
-    change = _change(reset, rates, limit, paused)
+    change = _change(reset, rates, limit, paused, weight)
     append_history(
         store,
         Record(store.keys(target).history, {}, {"by": by}),
@@ -129,6 +142,15 @@ class LimitRow:
     override: str
     changed_at: float | None
     changed_by: str
+    # A task's calls waiting for their turn of its total (round robin), by key.
+    waiting: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def waiting_said(self) -> str:
+        """``12 waiting their turn, in 3 keys`` ('' when none wait)."""
+        if not self.waiting:
+            return ""
+        return f"{sum(self.waiting.values())} waiting their turn, in {len(self.waiting)} keys"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -138,6 +160,7 @@ class LimitRow:
             "override": self.override,
             "changed_at": self.changed_at,
             "changed_by": self.changed_by,
+            "waiting": self.waiting,
         }
 
 
@@ -145,7 +168,8 @@ def rows(app: Celery) -> list[LimitRow]:
     """Every task with a rate or a limit (by its name, or its key template), with the
     override in force, then every other override (one key's, or one whose task is
     gone: ``reset`` removes it)."""
-    overrides = overrides_of(LockStores.for_app(app).lock).all()
+    store = LockStores.for_app(app).lock
+    overrides = overrides_of(store).all()
     out: list[LimitRow] = []
     seen: list[str] = []
     for name, task in sorted(app.tasks.items()):
@@ -161,7 +185,10 @@ def rows(app: Celery) -> list[LimitRow]:
             if target == template and template not in overrides:
                 continue  # a template shows once it has an override of its own
             seen.append(target)
-            out.append(_row(target, name, code_of(opts), overrides.get(target)))
+            row = _row(target, name, code_of(opts), overrides.get(target))
+            if target == name:  # the task's row says who waits for its total's turns
+                row = replace(row, waiting=_waiting(opts, store))
+            out.append(row)
     names = TaskNames(app)
     for target, override in sorted(overrides.items()):
         if target not in seen:
@@ -185,7 +212,17 @@ def code_of(opts: SingletonOptions) -> str:
             said.append("rate " + ", ".join(shown))
     if opts.limit is not None:
         said.append(f"limit {opts.limit}")
+    if opts.total_limit is not None:
+        said.append(f"total {opts.total_limit}")
     return "; ".join(said)
+
+
+def _waiting(opts: SingletonOptions, store: LockStore) -> dict[str, int]:
+    """The task's calls waiting for their turn, by key ({} where none can, or unread)."""
+    try:
+        return opts.mode.waiting(store)
+    except SingletonLockError:
+        return {}
 
 
 def _row(target: str, task: str | None, code: str, override: Override | None) -> LimitRow:
@@ -222,12 +259,29 @@ def _rates(
     return tuple(out)
 
 
+def _weight(target: str, weight: object, tasks: dict[str, SingletonOptions]) -> float:
+    """A weight for ``target``: only where its tasks take a total's turns round robin."""
+    plain = [name for name, opts in tasks.items() if not opts.mode.takes_turns]
+    if plain:
+        raise ConfigurationError(
+            f"{target!r}: {', '.join(sorted(plain))} has no total_limit= taken round robin "
+            "in its code; a weight is a key's share of its task's total (give the task "
+            "total_limit=... first)"
+        )
+    return check_weight(weight, f"{target!r}: weight")
+
+
 def _change(
-    reset: bool, rates: tuple[Rate, ...] | None, limit: int | None, paused: bool | None
+    reset: bool,
+    rates: tuple[Rate, ...] | None,
+    limit: int | None,
+    paused: bool | None,
+    weight: float | None = None,
 ) -> str:
     if reset:
         return "reset"
-    said = [name for name, given in (("rate", rates), ("limit", limit)) if given is not None]
+    given = (("rate", rates), ("limit", limit), ("weight", weight))
+    said = [name for name, value in given if value is not None]
     if paused is not None:
         said.append("pause" if paused else "resume")
     return " ".join(said)

@@ -1,4 +1,4 @@
-"""``celery singleton limits list|set``: see and change rates, limits and pauses at run time."""
+"""``celery singleton limits list|set``: rates, limits, weights and pauses, changed at run time."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ Examples:
   celery -A proj singleton limits list
   celery -A proj singleton limits set proj.tasks.sync --rate 10/m --rate 500/d
   celery -A proj singleton limits set 'tenant:{tenant}' --limit 5
+  celery -A proj singleton limits set tenant:acme --weight 3    (3 turns of the total to 1)
   celery -A proj singleton limits set tenant:acme --pause       (held back, never dropped)
   celery -A proj singleton limits set tenant:acme --resume
   celery -A proj singleton limits set tenant:acme --reset       (the code's limits again)
@@ -54,7 +55,8 @@ def list_limits(ctx: click.Context, /, *, as_json: bool, **_: object) -> None:
         if row.changed_at:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.changed_at))
             when = f"  (since {stamp}, {row.changed_by})"
-        click.echo(f"{row.target:<{width}}  {row.code:<28}  {row.override or '-'}{when}")
+        waiting = f"  [{row.waiting_said}]" if row.waiting else ""
+        click.echo(f"{row.target:<{width}}  {row.code:<28}  {row.override or '-'}{when}{waiting}")
 
 
 @limits.command("set", cls=CeleryCommand, epilog=EXAMPLES)
@@ -66,6 +68,11 @@ def list_limits(ctx: click.Context, /, *, as_json: bool, **_: object) -> None:
     help="Calls (or units) at once, for each --rate [default: the code's burst in its place].",
 )
 @click.option("--limit", type=click.IntRange(min=1), help="Runs at once per key, for limit=N.")
+@click.option(
+    "--weight",
+    type=click.FloatRange(min=0, min_open=True, max=1000),
+    help="A key's share of its task's total_limit while others wait (default 1).",
+)
 @click.option("--pause", "paused", flag_value=True, default=None, help="Hold its calls back.")
 @click.option("--resume", "paused", flag_value=False, help="Let held-back calls go, in order.")
 @click.option("--reset", is_flag=True, help="Remove the override: the code's limits again.")
@@ -79,6 +86,7 @@ def set_limits(
     rates: tuple[str, ...],
     burst: int | None,
     limit: int | None,
+    weight: float | None,
     paused: bool | None,
     reset: bool,
     **_: object,
@@ -93,6 +101,7 @@ def set_limits(
             burst=burst,
             limit=limit,
             paused=paused,
+            weight=weight,
             reset=reset,
         )
     except SingletonLockError as error:

@@ -7,7 +7,7 @@ the task's options are checked (``SingletonOptions.mode``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from ..lease.history import Record
     from ..lease.limits.overrides import Override
+    from ..lease.limits.turns import Handed, Kept, Waiter
 
 
 # One call's arguments: positional and keyword, as the task receives them.
@@ -102,6 +103,10 @@ class Start:
     # Leases the run holds besides its own (a ``total_limit`` slot): renewed and released
     # with it.
     held: list[Lease] = field(default_factory=list)
+    # A call that may wait for its turn in a waiting room (``Mode.takes_turns``): its kept
+    # message; and the calls whose turn came meanwhile, for the execution to send.
+    waiter: Waiter | None = None
+    handed: list[Handed] = field(default_factory=list)
 
     def take_over(self, *, unless_replaced: str | None = None) -> TakeOver:
         """What of the key this message may take over: its own queued hold or reservation.
@@ -265,13 +270,28 @@ class Mode:
         for its slot however far). None: no rate."""
         return None
 
+    @property
+    def takes_turns(self) -> bool:
+        """Whether a contended start keeps its message in a waiting room, to be sent
+        again on its turn (``Start.waiter``; a ``total_limit`` taken round robin)."""
+        return False
+
+    def weight(self, call: Call, override: Override | None) -> float:
+        """A call's key's share of the turns while other keys wait too (1: an equal one)."""
+        return 1.0
+
     def waits_out_pause(self, start: Start, seconds: float) -> None:
         """A pause keeps this run waiting: its message comes round in ``seconds``. What it
         asks for once let go must still be there then (a rate's schedule, ``rate.py``)."""
 
-    def take(self, start: Start) -> Lease | Contended:
+    def sent_round(self, start: Start) -> None:
+        """This run's message is sent round before it takes its lease (a pause, a rate's
+        deferral): what was kept for its start is given on (a turn of a total)."""
+
+    def take(self, start: Start) -> Lease | Contended | Kept:
         """Try once for the running lease: the key, taking over the message's own hold
-        on it (queued, or reserved by the worker that received it)."""
+        on it (queued, or reserved by the worker that received it). ``Kept``: the call
+        waits for its turn in a waiting room (``takes_turns``)."""
         # A replaced message must not run even once the key is free again.
         unless = None if start.role else self.unless_replaced(start.queued)
         return start.store.try_acquire(
@@ -320,6 +340,30 @@ class Mode:
     def reopen(self, store: LockStore, request: object) -> None:
         """Free what still keeps the next call out after the run's own lease is gone
         (nothing here: the key is free once the run ends)."""
+
+    def release_held(self, store: LockStore, lease: Lease, *, eager: bool) -> list[Handed]:
+        """What a run held besides its lease (``Start.held``), released as it ends; the
+        calls whose turn came with it, to be sent."""
+        if eager:
+            store.release(lease)
+        else:
+            store.release_nowait(lease)
+        return []
+
+    def hand_out(self, store: LockStore, rooms: Collection[str]) -> list[Handed]:
+        """A sweep's: free slots handed out to waiting calls (a dead run's, a lost
+        reservation's) where this task's room is among ``rooms`` (those with calls); the
+        calls whose turn came, to be sent."""
+        return []
+
+    def waiting(self, store: LockStore) -> dict[str, int]:
+        """How many calls of each key wait for their turn (a waiting room's; {}: none)."""
+        return {}
+
+    def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
+        """A call handed its turn that will never claim it (its message expired): the
+        turn given on; the calls whose turn came instead, to be sent."""
+        return []
 
     def also_held(self, name: str) -> list[str]:
         """The locks a run of ``name`` may hold besides its own, each released apart when

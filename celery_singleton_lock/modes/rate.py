@@ -8,7 +8,7 @@ stages (publish, receipt, start, end) are in ``Rated``'s docstring.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from ..exceptions import ConfigurationError, RateLimitedError
@@ -16,6 +16,7 @@ from ..lease import Contended, Lease, LockStore, Rate, Slot, parse_rate, rates_o
 from ..lease.limits.overrides import Override
 from ..lease.limits.rate_forms import Cost, listed_rates, parse_burst, parse_cost, parse_on_limited
 from ..lease.limits.rates import ANY_LATENESS, Charges, How, check_cost
+from ..lease.limits.turns import Handed, Kept
 from .base import Call, Mode, Start
 from .refusal import HolderRow
 
@@ -318,7 +319,10 @@ class Rated(Mode):
         # decision after it: kept until then, however long the pause.
         rates_of(start.store).keep(start.name, seconds + HELD_COMES_ROUND)
 
-    def take(self, start: Start) -> Lease | Contended:
+    def sent_round(self, start: Start) -> None:
+        self.inner.sent_round(start)
+
+    def take(self, start: Start) -> Lease | Contended | Kept:
         return self.inner.take(start)
 
     def take_waiting(self, start: Start, waiting: LockStore, timeout: float | None) -> Lease:
@@ -344,6 +348,25 @@ class Rated(Mode):
 
     def also_held(self, name: str) -> list[str]:
         return self.inner.also_held(name)
+
+    @property
+    def takes_turns(self) -> bool:
+        return self.inner.takes_turns
+
+    def weight(self, call: Call, override: Override | None) -> float:
+        return self.inner.weight(call, override)
+
+    def release_held(self, store: LockStore, lease: Lease, *, eager: bool) -> list[Handed]:
+        return self.inner.release_held(store, lease, eager=eager)
+
+    def hand_out(self, store: LockStore, rooms: Collection[str]) -> list[Handed]:
+        return self.inner.hand_out(store, rooms)
+
+    def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
+        return self.inner.forget_turn(store, ident)
+
+    def waiting(self, store: LockStore) -> dict[str, int]:
+        return self.inner.waiting(store)
 
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)

@@ -56,6 +56,7 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
             slot.wait,
         )
     if not slot.now and not request.is_eager:  # recorded by the rate's script
+        mode.sent_round(start)
         defer(delivery, start.name, slot)
     # A slot near enough is waited for here (eagerly, the caller waits for every one).
     start.store.clock.sleep(slot.wait)
@@ -125,6 +126,7 @@ def wait_out_pause(
         first = held_at if held_at is not None else place(override, message_slot)
         slot = header(request, RATE_SLOT_HEADER)
         mode.waits_out_pause(start, PAUSE_RECHECK)
+        mode.sent_round(start)
         send_round_paused(
             delivery,
             start.name,
@@ -139,6 +141,7 @@ def wait_out_pause(
         wait = override.moved(held_at, held_at) - time.time()
         if wait > 0.001:
             mode.waits_out_pause(start, wait)
+            mode.sent_round(start)
             send_round_paused(
                 delivery,
                 start.name,

@@ -29,6 +29,7 @@ from ..exceptions import (
 from ..holders import is_running_copy
 from ..lease import Contended, Lease, LockStore, append_history
 from ..lease.history import Record
+from ..lease.limits.turns import Kept
 from ..modes import Mode, Start
 from ..outages import release_or_warn
 from ..policies import (
@@ -59,6 +60,7 @@ from ..tokens import (
 )
 from .admission import admit
 from .holds import PendingHold
+from .in_turn import send_handed, wait_for_turn, waiter_of
 from .places import leave_place
 from .resend import send_again
 
@@ -167,6 +169,10 @@ class Execution:
             entry=self._record(contended=self.ahead is not None),
             override=self.context.override(self.lock_name),
         )
+        # A call that may wait for its turn of a total (round robin): its message, kept.
+        waiter = waiter_of(self.delivery, self.mode, self.start, self.call)
+        if waiter is not None:
+            self.start = replace(self.start, waiter=waiter)
 
     def _record(self, *, contended: bool) -> Record | None:
         said = {"take": {"decision": described(self.ahead)}} if self.ahead else {}
@@ -179,6 +185,12 @@ class Execution:
         )
 
     def _take(self) -> Lease:
+        try:
+            return self._take_turn()
+        finally:  # the calls whose turn came meanwhile (handed out, or given back by a pause)
+            send_handed(self.delivery, self.start.handed)
+
+    def _take_turn(self) -> Lease:
         hold = None
         try:
             self.start = admit(self.delivery, self.mode, self.start, self.call)
@@ -202,6 +214,8 @@ class Execution:
             outcome = self.mode.take(self.start)
         except LockStoreUnavailableError as error:
             return self._unreachable(error)
+        if isinstance(outcome, Kept):
+            wait_for_turn(self.delivery, outcome)
         if isinstance(outcome, Contended):
             if hold is None:
                 self._unless_replaced(outcome)

@@ -21,6 +21,7 @@ from ..broker.attached import AttachSweep, send_at_end
 from ..broker.restore import stale_restorer
 from ..broker.results import release_not_ridden
 from ..broker.sweeper import Sweeper
+from ..broker.turn_sweep import TurnSweep
 from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
@@ -133,6 +134,9 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
         attached = AttachSweep.of(app)
         if attached is not None:  # calls attached to holders that ended
             timer.call_repeatedly(attached.interval, attached)
+        turns = TurnSweep.of(app)
+        if turns is not None:  # a total's slots freed by no run's end (round robin)
+            timer.call_repeatedly(turns.INTERVAL, turns)
 
 
 def _release_revoked(

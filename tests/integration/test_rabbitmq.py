@@ -25,6 +25,7 @@ from celery.exceptions import TaskRevokedError
 from celery_singleton_lock import DuplicateTaskError
 
 from ..conftest import CeleryEnv
+from ..support.modes import concurrency
 from ..support.rabbitmq import RabbitMQServer, rabbitmq_available
 from ..support.rates import check_rate, rated_runs
 from ..support.runs import lock_keys, runs, started, wait_for
@@ -92,6 +93,29 @@ class TestOnRabbitMQ:
         assert first.get(timeout=30) == "r-dedupe"
         assert [r["id"] for r in runs(cenv)] == [first.id]
         wait_for(lambda: lock_keys(cenv) == [], what="the key given back")
+
+    def test_a_late_tenant_takes_its_turn_while_another_floods(
+        self, cenv: CeleryEnv, rabbit: RabbitMQServer, amqp: kombu.Connection
+    ) -> None:
+        # total_limit round robin: the calls kept in the lock store, sent again through
+        # RabbitMQ on their turn.
+        flood, late = f"ra-{time.time_ns()}", f"rb-{time.time_ns()}"
+        worker = Worker(_env(cenv, rabbit), concurrency=4).start()
+        try:
+            fair = cenv.app_module.export_fair
+            options: dict[str, Any] = {"queue": worker.queue, "connection": amqp}
+            calls = [fair.apply_async((flood, 0.3), **options) for _ in range(12)]
+            wait_for(lambda: len([r for r in runs(cenv) if r["item"] == flood]) >= 2, 30)
+            sent = time.time()
+            assert fair.apply_async((late, 0.3), **options).get(timeout=30) == late
+            assert [call.get(timeout=60) for call in calls] == [flood] * 12
+        finally:
+            worker.stop()
+        done = [r for r in runs(cenv) if r["item"] in (flood, late)]
+        first = min(r["start"] for r in done if r["item"] == late)
+        assert first - sent < 1.0, f"the late tenant waited {first - sent:.2f}s"
+        assert concurrency(done) <= 2
+        _forget(*calls)
 
     def test_a_rate_defers_runs_to_their_slots_through_rabbitmq(
         self, cenv: CeleryEnv, rworker: Worker, amqp: kombu.Connection

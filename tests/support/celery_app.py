@@ -256,7 +256,14 @@ from .tasks.lifecycle import (  # noqa: E402
     plain,
     work,
 )
-from .tasks.limits import export, export_one_total, export_total, export_waiting  # noqa: E402
+from .tasks.limits import (  # noqa: E402
+    export,
+    export_fair,
+    export_one_total,
+    export_total,
+    export_waiting,
+    export_weighted,
+)
 from .tasks.modes import (  # noqa: E402
     debounced,
     latest,
@@ -303,12 +310,12 @@ __all__ = [
     "chronicled_latest", "chronicled_limited", "chronicled_patient", "chronicled_pending",
     "chronicled_rated", "chronicled_strict", "collect", "cut_off_writer", "deaths", "debounced",
     "delayed", "delayed_slowly", "durable", "durable_limited", "errback", "exclusive_fail",
-    "exclusive_skip", "exclusive_wait_fail", "exclusive_wait_skip", "export", "export_one_total",
-    "export_total", "export_waiting", "fenced_write", "fenced_writer", "flaky", "follow",
-    "impatient", "latest", "latest_queued", "limited", "noop", "note_error", "patient", "plain",
-    "planned", "preview", "preview_hard", "preview_retrying", "process_request", "published",
-    "rate_checked", "rated", "rated_pair", "rated_slowly", "rated_tokens", "refresh",
-    "refresh_waiting", "reopened", "soak_plain", "soak_tasks", "strict", "swarm", "task_name",
-    "tenant_plan", "throttled", "throttled_closed", "throttled_reopen", "tokens_of", "work",
-    "work_while_executing",
+    "exclusive_skip", "exclusive_wait_fail", "exclusive_wait_skip", "export", "export_fair",
+    "export_one_total", "export_total", "export_waiting", "export_weighted", "fenced_write",
+    "fenced_writer", "flaky", "follow", "impatient", "latest", "latest_queued", "limited", "noop",
+    "note_error", "patient", "plain", "planned", "preview", "preview_hard", "preview_retrying",
+    "process_request", "published", "rate_checked", "rated", "rated_pair", "rated_slowly",
+    "rated_tokens", "refresh", "refresh_waiting", "reopened", "soak_plain", "soak_tasks", "strict",
+    "swarm", "task_name", "tenant_plan", "throttled", "throttled_closed", "throttled_reopen",
+    "tokens_of", "work", "work_while_executing",
 ]  # fmt: skip

@@ -35,6 +35,7 @@ EACH_ROW = [
         "on_duplicate='replace' with lock='while_executing': ",
     ),
     ({"total_limit": 3}, "total_limit=3 without limit: "),
+    ({"limit": 2, "weight": 3}, "total_order= and weight= say how a total_limit's "),
     ({"reopen_on": "failure", "lock": "until_executing"}, "reopen_on='failure' applies to "),
     ({"max_pending": 3}, "max_pending=3 with lock='until_executed': "),
     (

@@ -29,12 +29,15 @@ REFRESH = 0.5
 # How often a run kept waiting by a pause looks again (seconds): a resume lets it go
 # within this.
 RECHECK = 1.0
+# The largest weight a key may have (a share of a total's turns against weight 1).
+MAX_WEIGHT = 1000.0
 
 
 @dataclass(frozen=True)
 class Override:
     """What an operator set for ``target``: rates in place of the code's (in its order),
-    a limit in place of ``limit=N``, and whether its runs wait out a pause (``paused``)."""
+    a limit in place of ``limit=N``, a weight in place of ``weight=`` (a key's share of a
+    ``total_limit``'s turns), and whether its runs wait out a pause (``paused``)."""
 
     target: str
     rates: tuple[Rate, ...] | None = None
@@ -45,8 +48,11 @@ class Override:
     # The last pause: when it began, and when it ended (None while it lasts).
     paused_at: float | None = None
     resumed_at: float | None = None
+    weight: float | None = None
 
     def __post_init__(self) -> None:
+        if self.weight is not None:
+            check_weight(self.weight, f"limits for {self.target!r}: weight")
         if self.limit is not None and not 1 <= self.limit <= MAX_SLOTS:
             raise ConfigurationError(
                 f"limits for {self.target!r}: limit={self.limit} must be from 1 to {MAX_SLOTS}"
@@ -59,7 +65,8 @@ class Override:
     @property
     def empty(self) -> bool:
         """Changes nothing, and no run waits on its last resume: removed when saved."""
-        nothing = self.rates is None and self.limit is None and not self.paused
+        nothing = self.rates is None and self.limit is None and self.weight is None
+        nothing = nothing and not self.paused
         return nothing and self.resumed_at is None
 
     @property
@@ -91,6 +98,8 @@ class Override:
             said.append("rate " + ", ".join(str(rate) for rate in self.rates))
         if self.limit is not None:
             said.append(f"limit {self.limit}")
+        if self.weight is not None:
+            said.append(f"weight {self.weight:g}")
         if self.paused:
             said.append("paused")
         elif self.resumed_at is not None:
@@ -108,6 +117,7 @@ class Override:
                 "by": self.changed_by,
                 "paused_at": self.paused_at,
                 "resumed_at": self.resumed_at,
+                **({} if self.weight is None else {"weight": self.weight}),
             },
             separators=(",", ":"),
         )
@@ -125,6 +135,7 @@ class Override:
             str(said.get("by") or ""),
             said.get("paused_at"),
             said.get("resumed_at"),
+            None if said.get("weight") is None else float(said["weight"]),
         )
 
 
@@ -211,6 +222,18 @@ class Overrides:
         self.forget()
 
 
+def check_weight(value: object, what: str) -> float:
+    """A weight: a number above 0, at most ``MAX_WEIGHT`` (a key's share of a total's
+    turns against weight 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{what} must be a number, got {value!r}")
+    if not 0 < value <= MAX_WEIGHT:
+        raise ConfigurationError(
+            f"{what} must be a number above 0 and at most {MAX_WEIGHT:g}, got {value!r}"
+        )
+    return float(value)
+
+
 def merged(chain: list[Override]) -> Override:
     """Overrides of one lock, the most specific first, as one: a rate or a limit from the
     first that sets it; paused or not as the latest pause or resume among them said (a
@@ -222,6 +245,7 @@ def merged(chain: list[Override]) -> Override:
         target=(last or chain[0]).target,
         rates=next((each.rates for each in chain if each.rates is not None), None),
         limit=next((each.limit for each in chain if each.limit is not None), None),
+        weight=next((each.weight for each in chain if each.weight is not None), None),
         paused=last is not None and last.paused,
         paused_at=None if last is None else last.paused_at,
         resumed_at=None if last is None else last.resumed_at,
@@ -242,6 +266,7 @@ def changed(
     rates: tuple[Rate, ...] | None = None,
     limit: int | None = None,
     paused: bool | None = None,
+    weight: float | None = None,
     by: str = "",
 ) -> Override:
     """``old`` with what is given changed (the rest kept), stamped now; a pause and a
@@ -259,6 +284,7 @@ def changed(
         base,
         rates=base.rates if rates is None else rates,
         limit=base.limit if limit is None else limit,
+        weight=base.weight if weight is None else weight,
         paused=base.paused if paused is None else paused,
         changed_at=now,
         changed_by=by,
@@ -275,11 +301,13 @@ def overrides_of(store: object) -> Overrides:
 
 
 __all__ = [
+    "MAX_WEIGHT",
     "RECHECK",
     "REFRESH",
     "Override",
     "Overrides",
     "changed",
+    "check_weight",
     "merged",
     "overrides_of",
 ]

@@ -70,6 +70,9 @@ HOLD_OR_ATTACH = source("hold_or_attach")
 CLAIM_ATTACHED = source("claim_attached")
 FINISH_ATTACHED = source("finish_attached")
 PROMOTE_ATTACHED = source("promote_attached")
+TURN_TAKE = source("turn_take")
+TURN_HAND_OUT = source("turn_hand_out")
+TURN_GIVE_BACK = source("turn_give_back")
 
 
 def in_lock_db(script: str, db: int) -> str:

@@ -29,10 +29,12 @@ def export(self: Any, item: object, seconds: float = 0.0, mode: str = "ok") -> o
     key=["item"],
     limit=2,
     total_limit=3,
+    total_order="first_come",
     on_contention=wait(timeout=60),
 )
 def export_total(self: Any, item: object, seconds: float = 0.0, until: str = "") -> object:
-    """Two at once per item, three at once for every item together; the rest wait.
+    """Two at once per item, three at once for every item together; the rest wait,
+    first come, first served.
 
     ``until``: run on until the checker has that key (so a test frees slots one by one).
     """
@@ -45,6 +47,7 @@ def export_total(self: Any, item: object, seconds: float = 0.0, until: str = "")
     key=["item"],
     limit=1,
     total_limit=3,
+    total_order="first_come",
     on_contention=wait(timeout=60),
 )
 def export_one_total(
@@ -78,3 +81,25 @@ def _until(task: Any, item: object, seconds: float, until: str, mode: str = "ok"
 def export_waiting(self: Any, item: object, seconds: float = 0.0) -> object:
     """limit=3 whose fourth execution waits for a slot (push wake-up, first come first served)."""
     return hold(self, item, seconds)
+
+
+def _tenant_weight(tenant: str, seconds: float = 0.0) -> float:
+    """A tenant named ``heavy-...`` has three turns of the total to another's one."""
+    return 3.0 if str(tenant).startswith("heavy-") else 1.0
+
+
+@singleton_task(app=app, bind=True, key="fair:{tenant}", limit=2, total_limit=2, acks_late=True)
+def export_fair(self: Any, tenant: str, seconds: float = 0.0, mode: str = "ok") -> object:
+    """Two at once per tenant and two in all, the total's slots handed out round robin
+    across the tenants waiting (the default with ``total_limit``); acks_late, so a run
+    killed with its worker comes again. ``mode``: ``run_and_end``'s."""
+    return run_and_end(self, tenant, seconds, mode)
+
+
+@singleton_task(
+    app=app, bind=True, key="heavy:{tenant}", limit=3, total_limit=2, weight=_tenant_weight
+)
+def export_weighted(self: Any, tenant: str, seconds: float = 0.0) -> object:
+    """Two at once in all, round robin by weight (``_tenant_weight``; an operator's wins);
+    a tenant's limit above the total, so a tenant's share is its weight's alone."""
+    return run_and_end(self, tenant, seconds, "ok")

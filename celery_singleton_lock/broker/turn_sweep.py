@@ -1,0 +1,113 @@
+"""A call waiting for its turn of a ``total_limit``: its message as kept in the waiting room,
+sent again when its turn comes, and the sweep on the worker's timer that hands out the
+slots no run's end handed out (a dead run's, a reservation whose message was lost).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from celery.utils.time import maybe_iso8601
+from kombu.utils.json import dumps, loads
+
+from ..config.options import is_singleton
+from ..config.stores import LockStores
+from ..exceptions import SingletonLockError
+from ..lease.limits.turns import Handed, turns_of
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+logger = logging.getLogger(__name__)
+
+
+def kept_call(signature: Mapping[str, object], options: Mapping[str, object]) -> bytes | None:
+    """A call as its waiting room keeps it: its signature (task, arguments, task id,
+    links, chain, headers, queue: what a requeue sends again) and the options it is sent
+    with. None: something in it is not JSON (it then waits as first come, first served)."""
+    try:
+        encoded: str = dumps({"s": dict(signature), "o": dict(options)})
+    except (TypeError, ValueError) as error:
+        logger.debug("a call's message not kept for its turn (%s)", error)
+        return None
+    return encoded.encode()
+
+
+def send_turns(
+    app: Celery, handed: list[Handed], forget: Callable[[str], list[Handed]] | None = None
+) -> None:
+    """Send each call whose turn came, as it was kept: its start claims the turn reserved
+    for it. One not sent keeps its reservation until it runs out, and is then handed
+    out again (``lease.limits.turns.RESERVE``): none is lost. One whose ``expires`` has
+    passed is sent all the same (Celery ends it REVOKED, as any expired message) and its
+    turn ``forget`` gives on at once: it will never claim it."""
+    waiting = list(handed)
+    while waiting:
+        call = waiting.pop(0)
+        try:
+            kept = loads(call.record)
+            app.signature(kept["s"]).apply_async(**kept["o"])
+        except Exception:
+            logger.exception("celery-singleton-lock: call %s not sent on its turn", call.ident)
+            continue
+        logger.debug("call sent on its turn: %s", call.ident)
+        if forget is not None and _expired(kept["s"]):
+            waiting += forget(call.ident)
+
+
+def _expired(signature: Mapping[str, Any]) -> bool:
+    """Whether a kept call's ``expires`` has passed (Celery will not run it)."""
+    expires = (signature.get("options") or {}).get("expires")
+    if expires is None:
+        return False
+    try:
+        when = maybe_iso8601(expires) if isinstance(expires, str) else expires
+    except ValueError:
+        return False
+    if not isinstance(when, datetime):
+        return False
+    return when <= (datetime.now(UTC) if when.tzinfo else datetime.now())
+
+
+class TurnSweep:
+    """Every ``INTERVAL`` s on a worker's timer: each of the app's tasks taking its total's
+    turns round robin hands out the slots nothing handed out, and sends whose turn came:
+    a slot freed by a dead run's worker or by its ttl, a reservation whose message was
+    lost (put back in line once it runs out). A run's end hands its own slot out at once."""
+
+    INTERVAL = 0.5
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    @classmethod
+    def of(cls, app: Celery) -> TurnSweep | None:
+        """A worker's sweep; None where there is no waiting room (a store in memory, a
+        Redlock, a Cluster: there the total is first come, first served)."""
+        return cls(app) if turns_of(LockStores.for_app(app).lock) is not None else None
+
+    def __call__(self) -> None:
+        store = LockStores.for_app(self.app).lock
+        turns = turns_of(store)
+        if turns is None:
+            return
+        try:
+            rooms = turns.with_calls()
+            if not rooms:
+                return
+            for task in list(self.app.tasks.values()):
+                if not is_singleton(task):
+                    continue
+                mode = task.singleton_options().mode
+                if mode.takes_turns:
+                    forget = partial(mode.forget_turn, store)
+                    send_turns(self.app, mode.hand_out(store, rooms), forget)
+        except SingletonLockError as error:  # the next sweep tries again
+            logger.warning("celery-singleton-lock: turns not handed out (%s)", error)
+
+
+__all__ = ["TurnSweep", "kept_call", "send_turns"]

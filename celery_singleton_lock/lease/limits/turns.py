@@ -1,0 +1,221 @@
+"""Turns of a task's ``total_limit`` across its keys: a waiting room handing freed slots out
+round robin (weighted), so one key's flood cannot starve the others (``Turns``).
+
+Kept messages are opaque bytes here (nothing of Celery); one Redis server only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..lease import Lease
+from ..names import slot
+from ..outcomes import text
+from ..redis import scripts
+from ..redis.common import REDIS_ERRORS
+from ..redis.servers import server_of
+from ..redis.store import RedisLock
+
+# The set of rooms with calls in them, under the prefix: what a sweep looks at.
+ROOMS = "turns:rooms"
+# How long a turn handed to a call stays reserved for it: its message is on its way.
+# One that runs out (the message lost with a worker) is put back at the head of its
+# key's line and handed out again; the call's start claims it whichever comes first.
+RESERVE = 60.0
+# How long a call's other message is dropped once one of them claimed its turn: the one
+# it was kept from, delivered again (its worker died between keeping it and its ack),
+# or the one sent on its turn. A call runs once (a run that dies is run again, as any).
+CLAIMED_KEPT = 3600.0
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A call that wants a turn: ``ident`` (its task id and attempt: a redelivered copy
+    has the same), its kept message, its key's weight (its share while others wait), and
+    whether this delivery is its message sent on its turn (``handed``): else the message
+    it was kept from, delivered again, is dropped once its kept copy started."""
+
+    ident: str
+    record: bytes
+    weight: float = 1.0
+    handed: bool = False
+
+
+@dataclass(frozen=True)
+class Handed:
+    """A call whose turn came: its message to send (its reservation waits for it)."""
+
+    ident: str
+    record: bytes
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The call's message is kept in its key's line: it waits for its turn
+    (``started``: another message of the call claimed its turn; this one is dropped)."""
+
+    name: str
+    started: bool = False
+
+
+@dataclass
+class Turn:
+    """What a call's start found: its leases (its key's slot, the total's) to run now, or
+    ``Kept``, or None (its turn is reserved, its key's slot not free yet); and the calls
+    handed a turn meanwhile, to be sent."""
+
+    taken: tuple[Lease, Lease] | Kept | None
+    handed: list[Handed] = field(default_factory=list)
+
+
+class Turns:
+    """The waiting rooms of the tasks' totals on one ``RedisLock`` (``turns_of``).
+
+    Each waiting key has a line of kept messages, and a pass that moves on by 1/weight
+    each time it is served (stride scheduling); a freed slot goes to the waiting key of
+    the lowest pass whose own limit has room, reserved for the first call in its line
+    until that call starts (a reservation is a slot of the total, so the total holds).
+    A call leaves the room only as it starts: none is lost. A key's line is named from
+    the room's prefix inside the scripts (one server: no Cluster).
+    """
+
+    def __init__(self, store: RedisLock) -> None:
+        self._store = store
+        client = store.client
+        self._take = client.register_script(scripts.TURN_TAKE)
+        self._hand_out = client.register_script(scripts.TURN_HAND_OUT)
+        self._give_back = client.register_script(scripts.TURN_GIVE_BACK)
+        self.rooms = f"{store.prefix}:{ROOMS}"
+
+    def _room(self, total: str) -> tuple[list[str], str]:
+        """The room's keys (``includes/turns.lua``) and its lines' prefix."""
+        tag = self._store.keys(total).lock
+        room = f"{tag}:turns"
+        keys = [room, f"{room}:calls", f"{room}:of", f"{room}:keys", f"{room}:handed"]
+        return [*keys, f"{room}:passes", tag, f"{room}:claimed"], f"{room}:line:"
+
+    def take(
+        self,
+        total: str,
+        total_limit: int,
+        name: str,
+        waiter: Waiter,
+        *,
+        widest: int,
+        cap: int | None,
+        token: str,
+        ttl: float,
+    ) -> Turn:
+        """``waiter``'s start: its turn now (``name``'s lowest free slot of ``widest``, at
+        most ``cap`` held, and a slot of ``total``), or kept in ``name``'s line; free
+        slots handed out meanwhile. One script."""
+        store = self._store
+        keys, lines = self._room(total)
+        key = f"{store.keys(name).lock}\t{widest}\t{cap or 0}\t{waiter.weight!r}"
+        ttl_ms = store.ttl_ms(ttl)
+        args: list[str | int | bytes] = [
+            lines, waiter.ident, name, key, waiter.record, token, ttl_ms,
+            store.ttl_ms(RESERVE), total_limit, total, store.ttl_ms(CLAIMED_KEPT),
+            "1" if waiter.handed else "0",
+        ]  # fmt: skip
+        sent_at = store.clock.monotonic()
+        try:
+            reply = self._take(keys=[*keys, self.rooms], args=args)
+        except REDIS_ERRORS as error:
+            store.unavailable(error, name)
+        kind, handed = int(reply[0]), _handed(reply[5:])
+        if kind in {2, 4}:
+            return Turn(Kept(name, started=kind == 4), handed)
+        if kind == 3:
+            return Turn(None, handed)
+        own = slot(name, int(reply[2]))
+        every = slot(total, int(reply[4]))
+        leases = (
+            self._granted(own, token, int(reply[1]), ttl_ms, sent_at),
+            self._granted(every, token, int(reply[3]), ttl_ms, sent_at),
+        )
+        return Turn(leases, handed)
+
+    def _granted(self, name: str, token: str, fence: int, ttl_ms: int, sent_at: float) -> Lease:
+        store = self._store
+        key = store.keys(name).lock
+        clock = store.clock
+        return Lease.granted(
+            name, key, token, fence=fence, ttl=ttl_ms / 1000, sent_at=sent_at, clock=clock
+        )
+
+    def hand_out(self, total: str, total_limit: int, ending: Lease | None = None) -> list[Handed]:
+        """``ending`` (a run's slot of ``total``, as the run ends) released, and the free
+        slots handed out (a sweep: ``ending`` None). The calls handed a turn, to send."""
+        store = self._store
+        keys, lines = self._room(total)
+        slot_key, token = ("", "") if ending is None else (ending.key, ending.token)
+        args: list[str | int] = [lines, slot_key, token, store.ttl_ms(RESERVE), total_limit, total]
+        try:
+            reply = self._hand_out(keys=[*keys, self.rooms], args=args)
+        except REDIS_ERRORS as error:
+            store.unavailable(error, total)
+        return _handed(reply)
+
+    def give_back(self, total: str, total_limit: int, ident: str) -> bool:
+        """A reserved call that will not start now (its key paused) gives its turn back
+        and leaves the room. Whether it held one."""
+        store = self._store
+        keys, lines = self._room(total)
+        try:
+            done = self._give_back(keys=keys, args=[lines, ident, total_limit])
+        except REDIS_ERRORS as error:
+            store.unavailable(error, total)
+        return bool(done)
+
+    def with_calls(self) -> list[str]:
+        """The totals whose rooms have calls in them."""
+        try:
+            found = self._store.client.smembers(self.rooms)
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error)
+        return sorted(text(one) for one in found)
+
+    def waiting(self, total: str) -> dict[str, int]:
+        """How many calls of each key wait in ``total``'s room (handed ones included)."""
+        keys, _ = self._room(total)
+        try:
+            of = self._store.client.hgetall(keys[2])
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, total)
+        counts: dict[str, int] = {}
+        for name in of.values():
+            counts[text(name)] = counts.get(text(name), 0) + 1
+        return counts
+
+
+def _handed(reply: list[object]) -> list[Handed]:
+    return [Handed(text(reply[i]), _bytes(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+
+def _bytes(value: object) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def turns_of(store: object) -> Turns | None:
+    """The waiting rooms of ``store``: one Redis server other processes reach. None for a
+    store in memory, a Redlock, a Cluster (a key's line is named inside the scripts):
+    there the total is first come, first served."""
+    if not isinstance(store, RedisLock) or not store.on_a_server:
+        return None
+    if server_of(store.client) is None:
+        return None
+    return store.helper(Turns)
+
+
+__all__ = [
+    "CLAIMED_KEPT",
+    "RESERVE",
+    "ROOMS",
+    "Handed",
+    "Kept",
+    "Turn",
+    "Turns",
+    "Waiter",
+    "turns_of",
+]

@@ -1,0 +1,111 @@
+"""A run's turn of its task's ``total_limit`` (round robin across keys): its message kept in
+the waiting room while it waits, the calls whose turn came sent, the total's slot handed
+on as the run ends."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import NoReturn
+
+from celery.exceptions import Ignore
+
+from ..broker.turn_sweep import send_turns
+from ..context import Delivery, TaskContext
+from ..exceptions import LockStoreUnavailableError
+from ..lease import Lease
+from ..lease.limits.turns import Handed, Kept, Waiter
+from ..modes import Mode, Start
+from ..modes.base import Call
+from ..policies import fail, skip
+from ..tokens import (
+    BACKLOG_HEADER,
+    BYPASS_OPTION,
+    CALL_HEADERS,
+    HOLD_HEADER,
+    NAME_HEADER,
+    RATE_SLOT_HEADER,
+    TOKEN_HEADER,
+    TURN_HEADER,
+    carried_headers,
+    header,
+)
+from .places import keep_place
+
+logger = logging.getLogger(__name__)
+
+
+def waiter_of(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Waiter | None:
+    """This run as a call that may wait for its turn in the waiting room (its message kept
+    as a requeue would send it again); None where it does not: its mode takes no turns,
+    it runs eagerly, its ``on_contention`` gives up (``fail``, ``skip``), or its message
+    cannot be kept (it then contends as first come, first served)."""
+    request = delivery.request
+    policy = delivery.context.options.on_contention
+    if not mode.takes_turns or request.is_eager or isinstance(policy, fail | skip):
+        return None
+    headers = {**carried_headers(request.headers), NAME_HEADER: start.name}
+    for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS):
+        headers.pop(own, None)
+    headers[TURN_HEADER] = "1"
+    backlog = header(request, BACKLOG_HEADER) is not None
+    place = {BACKLOG_HEADER: "1"} if backlog and delivery.context.options.max_pending else {}
+    record = delivery.keep(headers, {BYPASS_OPTION: place or True})
+    if record is None:
+        return None
+    retries = getattr(request, "retries", 0) or 0
+    turn = header(request, TURN_HEADER) is not None
+    return Waiter(f"{request.id}:{retries}", record, mode.weight(call, start.override), turn)
+
+
+def send_handed(delivery: Delivery, handed: list[Handed]) -> None:
+    """Send the calls whose turn came while this run asked for its own."""
+    if handed:
+        context = delivery.context
+        forget = partial(context.options.mode.forget_turn, context.store)
+        send_turns(context.app, list(handed), forget)
+        handed.clear()
+
+
+def wait_for_turn(delivery: Delivery, kept: Kept) -> NoReturn:
+    """End this delivery: its message is kept in its key's line (or it is a copy of a call
+    that started), acked now, so it holds no pool process and no prefetch while it waits.
+    Its place among its key's waiting calls (``max_pending``) is kept."""
+    request = delivery.request
+    if kept.started:
+        logger.info(
+            "%s[%s] dropped: a copy of a call that started on its turn of %s",
+            delivery.name,
+            request.id,
+            kept.name,
+        )
+        raise Ignore(f"a copy of {request.id}, which started on its turn")
+    keep_place(delivery, kept.name, 0.0)
+    logger.info(
+        "%s[%s] waits for its turn of the total: kept in %s's line",
+        delivery.name,
+        request.id,
+        kept.name,
+    )
+    raise Ignore(f"waits for its turn: kept in {kept.name!r}'s line")
+
+
+def release_also_held(
+    delivery: Delivery, context: TaskContext, leases: list[Lease], *, eager: bool
+) -> None:
+    """What a run held besides its lease (a ``total_limit``'s slot), released as the run
+    ends, however it ends (a retry takes another when it runs): handed on to the next
+    call in turn where its mode takes turns, that call sent. Never raises for the store."""
+    mode, store = context.options.mode, context.store
+    for lease in leases:
+        try:
+            handed = mode.release_held(store, lease, eager=eager)
+        except LockStoreUnavailableError as error:
+            logger.warning(
+                "release of %s failed (%s); it frees itself by its ttl", lease.key, error
+            )
+            continue
+        send_handed(delivery, handed)
+
+
+__all__ = ["release_also_held", "send_handed", "wait_for_turn", "waiter_of"]

@@ -1,0 +1,160 @@
+"""A task's waiting room for its ``total_limit`` (``lease.limits.turns``), on a real
+redis-server: the freed slots handed out round robin by weight, the caps, a lost
+reservation put back in front, a call's two messages told apart, a paused call's turn
+given back."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from celery_singleton_lock import RedisLock
+from celery_singleton_lock.lease import Lease
+from celery_singleton_lock.lease.limits import turns as turns_module
+from celery_singleton_lock.lease.limits.turns import Kept, Turns, Waiter, turns_of
+
+TOTAL = "task#total"
+
+
+@pytest.fixture(name="turns")
+def fixture_turns(raw: redis.Redis) -> tuple[RedisLock, Turns]:
+    store = RedisLock(raw, prefix="tt")
+    turns = turns_of(store)
+    assert turns is not None
+    return store, turns
+
+
+def take(
+    turns: Turns, key: str, ident: str, weight: float = 1.0, *, handed: bool = False
+) -> object:
+    waiter = Waiter(ident, f"msg-{ident}".encode(), weight, handed)
+    return turns.take(TOTAL, 2, key, waiter, widest=2, cap=None, token=f"x|{ident}", ttl=30).taken
+
+
+def run_all(store: RedisLock, turns: Turns, running: list[tuple[str, tuple[Lease, Lease]]]) -> str:
+    """End the runs one at a time, oldest first, each freed slot's call starting on its
+    turn: the keys in the order they ran."""
+    order = ""
+    while running:
+        _, (own, every) = running.pop(0)
+        handed = turns.hand_out(TOTAL, 2, ending=every)
+        store.release(own)  # (a run's end releases its key's slot after the total's)
+        for call in handed:
+            taken = take(turns, call.ident[0], call.ident, handed=True)
+            assert isinstance(taken, tuple), taken
+            running.append((call.ident, taken))
+            order += call.ident[0]
+    return order
+
+
+def test_a_late_key_is_served_next_and_then_in_turn(turns: tuple[RedisLock, Turns]) -> None:
+    store, room = turns
+    running = []
+    for n in range(6):
+        taken = take(room, "A", f"A{n}")
+        if isinstance(taken, tuple):
+            running.append((f"A{n}", taken))
+        else:
+            assert taken == Kept("A")
+    assert len(running) == 2, "the total's two slots, then A's calls wait"
+    for n in range(2):
+        assert take(room, "B", f"B{n}") == Kept("B"), "a newcomer does not overtake the line"
+    assert room.waiting(TOTAL) == {"A": 4, "B": 2}
+    assert run_all(store, room, running) == "BABAAA"
+    assert room.waiting(TOTAL) == {}
+    assert room.with_calls() == []
+
+
+def test_weights_share_the_turns(turns: tuple[RedisLock, Turns]) -> None:
+    store, room = turns
+    running = []
+    for n in range(12):
+        taken = take(room, "L", f"L{n}")
+        if isinstance(taken, tuple):
+            running.append((f"L{n}", taken))
+    for n in range(12):
+        assert isinstance(take(room, "H", f"H{n}", weight=3.0), Kept)
+    # H starts waiting at the virtual time L's two runs reached: it is served first, then
+    # three of H's for one of L's while both wait (a tie goes to the key named first).
+    assert run_all(store, room, running) == "HHHHLHHHLHHHLHHLLLLLLL"
+
+
+def test_a_lost_reservation_goes_back_in_front(
+    turns: tuple[RedisLock, Turns], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, room = turns
+    monkeypatch.setattr(turns_module, "RESERVE", 0.2)
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    assert isinstance(take(room, "A", "A1"), tuple)
+    for ident in ("A2", "A3"):
+        assert isinstance(take(room, "A", ident), Kept)
+    [handed] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    assert handed.ident == "A2"
+    time.sleep(0.3)  # its message lost: its reservation runs out
+    [again] = room.hand_out(TOTAL, 2)
+    assert again.ident == "A2", "put back in front of its line, handed out again"
+    assert room.waiting(TOTAL) == {"A": 2}
+
+
+def test_a_call_runs_once_whichever_of_its_messages_comes(turns: tuple[RedisLock, Turns]) -> None:
+    store, room = turns
+    first = [take(room, "A", f"A{n}") for n in range(2)]
+    assert isinstance(take(room, "A", "A2"), Kept)
+    assert isinstance(take(room, "A", "A2"), Kept), "a redelivered copy is not kept twice"
+    assert room.waiting(TOTAL) == {"A": 1}
+    own, every = first[0]  # type: ignore[misc]
+    [handed] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    # The message it was kept from comes again (its worker died before the ack) and
+    # claims the turn first: the one sent on its turn is then dropped.
+    assert isinstance(take(room, "A", handed.ident), tuple)
+    assert take(room, "A", handed.ident, handed=True) == Kept("A", started=True)
+
+
+def test_a_paused_call_gives_its_turn_back(turns: tuple[RedisLock, Turns]) -> None:
+    store, room = turns
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    take(room, "A", "A1")
+    assert isinstance(take(room, "B", "B0"), Kept)
+    assert isinstance(take(room, "A", "A2"), Kept)
+    [handed] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    assert handed.ident == "B0"
+    assert room.give_back(TOTAL, 2, "B0"), "its key paused: it will not start now"
+    [instead] = room.hand_out(TOTAL, 2)
+    assert instead.ident == "A2"
+    assert room.waiting(TOTAL) == {"A": 1}
+
+
+def test_keys_that_no_longer_wait_are_forgotten(
+    turns: tuple[RedisLock, Turns], raw: redis.Redis
+) -> None:
+    store, room = turns
+    running = []
+    for n in range(40):
+        taken = take(room, f"K{n}", f"K{n}")
+        if isinstance(taken, tuple):
+            running.append((f"K{n}", taken))
+    order = ""
+    while running:
+        _, (own, every) = running.pop(0)
+        handed = room.hand_out(TOTAL, 2, ending=every)
+        store.release(own)
+        for call in handed:
+            taken = room.take(
+                TOTAL, 2, call.ident, Waiter(call.ident, b"m", 1.0, True),
+                widest=2, cap=None, token=f"x|{call.ident}", ttl=30,
+            ).taken  # fmt: skip
+            assert isinstance(taken, tuple)
+            running.append((call.ident, taken))
+            order += "."
+    assert len(order) == 38, "every key ran once"
+    known = store.keys(TOTAL).lock + ":turns:keys"
+    for _ in range(200):  # a sweep's hand-outs, with nothing to hand out
+        room.hand_out(TOTAL, 2)
+        if not raw.hlen(known):
+            break
+    assert raw.hlen(known) == 0, "the keys that waited once are forgotten"
