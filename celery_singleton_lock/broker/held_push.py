@@ -19,7 +19,7 @@ from .transport import rides
 if TYPE_CHECKING:
     from celery.result import AsyncResult
 
-    from ..modes.base import Replacing
+    from ..modes.stages import Replacing
 
 logger = logging.getLogger(__name__)
 

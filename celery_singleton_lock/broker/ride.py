@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..context import TaskContext
     from ..lease import Contended, Lease, Server, TakeOver
     from ..lease.history import Record
-    from ..modes.base import Replacing
+    from ..modes.stages import Replacing
     from .state import HeldCall
 
 

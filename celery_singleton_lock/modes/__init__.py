@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .base import Mode, PublishHold, Start
+from .base import Mode
 from .choosing import Choice, Chosen, Reader
 from .rate import Rated, RateLimit, RateSpec
+from .stages import PublishHold, Start
 
 
 def _declared() -> tuple[Choice, ...]:

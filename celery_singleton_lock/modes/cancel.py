@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..lease import Lease, companion
-from .base import PENDING, Start
 from .choosing import Choice, flag_option
 from .refusal import HolderRow
 from .replace import REPLACES
+from .stages import PENDING, Start
 from .until_executing import UntilExecuting
 
 # How often a run's renewal looks for a newer call: the longest a cancelled run goes on

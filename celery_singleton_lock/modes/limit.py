@@ -16,9 +16,10 @@ from ..exceptions import ConfigurationError
 from ..lease import Contended, Lease, LockStore, TakeOver, append_history, companion, slot
 from ..lease.limits.overrides import check_weight
 from ..lease.limits.turns import Handed, Kept, turns_of
-from .base import Call, Mode, Start
+from .base import Mode
 from .choosing import GIVEN, Choice, Chosen
 from .refusal import HolderRow
+from .stages import Call, Start
 
 if TYPE_CHECKING:
     from ..lease.limits.overrides import Override

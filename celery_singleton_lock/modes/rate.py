@@ -17,8 +17,9 @@ from ..lease.limits.overrides import Override
 from ..lease.limits.rate_forms import Cost, listed_rates, parse_burst, parse_cost, parse_on_limited
 from ..lease.limits.rates import ANY_LATENESS, Charges, How, check_cost
 from ..lease.limits.turns import Handed, Kept
-from .base import Call, Mode, Start
+from .base import Mode
 from .refusal import HolderRow
+from .stages import Call, Start
 
 # How long a process keeps what a per-tenant rate callable said for one key: a plan
 # change reaches every worker within this, and a hot key costs no call per run.

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from .._time import human
 from ..lease import LockStore, companion
 from ..tokens import NAME_HEADER, WINDOW_HEADER, header
-from .base import Mode, PublishHold
+from .base import Mode
 from .choosing import GIVEN, Choice, seconds_option
 from .refusal import HolderRow, Refusal
+from .stages import PublishHold
 
 
 class Throttle(Mode):

@@ -5,8 +5,9 @@ The stages (publish, receipt, start, end) are in ``UntilExecuting``'s docstring.
 
 from __future__ import annotations
 
-from .base import PENDING, Mode
+from .base import Mode
 from .choosing import Choice
+from .stages import PENDING
 
 
 class UntilExecuting(Mode):

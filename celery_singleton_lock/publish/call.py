@@ -227,8 +227,8 @@ class Dispatch:
         via: object = None,
     ) -> AsyncResult:
         """Publish the call (Celery's ``apply_async``) under ``task_id`` with ``options``
-        and the library's ``own_headers``, through ``via`` (a producer) when given: the
-        ``Publish`` every step of the dispatch is handed."""
+        and the library's ``own_headers``, through ``via`` (a producer) when given: what
+        every step of the dispatch publishes with."""
         # Read, not popped: a publish again (fail_open, an outage) keeps them too.
         given = options.get("headers") or {}
         if not isinstance(given, Mapping):

@@ -16,7 +16,7 @@ from ..broker.state import Refused
 from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
 from ..lease import Contended, Lease, PendingAcquire
 from ..lease.limits.backlog import backlog_of
-from ..modes.base import Call
+from ..modes.stages import Call
 from ..tokens import BACKLOG_HEADER, ETA_HEADER, RATE_SLOT_HEADER, slot_header
 from .timing import delay_of
 

@@ -14,7 +14,7 @@ from ..exceptions import LockStoreUnavailableError
 from ..lease import HOLD, Contended, Lease, append_history
 from ..lease.offers import Offered, offers_of
 from ..modes import arguments
-from ..modes.base import Replacing
+from ..modes.stages import Replacing
 from ..tokens import TOKEN_HEADER, holder_task_id, queued_form, read_token
 from .dispatch import long_wait
 from .duplicates import answer_duplicate

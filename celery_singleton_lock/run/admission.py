@@ -12,7 +12,7 @@ from ..exceptions import RateLimitedError
 from ..lease import append_history
 from ..lease.limits.overrides import Override
 from ..modes import Mode, Start
-from ..modes.base import Call
+from ..modes.stages import Call
 from ..tokens import PAUSED_SINCE_HEADER, RATE_SLOT_HEADER, header, read_slot
 from .resend import PAUSE_RECHECK, defer, send_round_paused
 

@@ -16,7 +16,7 @@ from ..exceptions import LockStoreUnavailableError
 from ..lease import Lease
 from ..lease.limits.turns import Handed, Kept, Waiter
 from ..modes import Mode, Start
-from ..modes.base import Call
+from ..modes.stages import Call
 from ..policies import fail, skip
 from ..tokens import (
     BACKLOG_HEADER,

@@ -16,7 +16,7 @@ from celery_singleton_lock.broker import versions
 from celery_singleton_lock.broker.ride import BROKER_RIDE, NO_RIDE, lock_ride
 from celery_singleton_lock.context import TaskContext
 from celery_singleton_lock.lease import HOLD, Lease, Server
-from celery_singleton_lock.modes.base import Replacing
+from celery_singleton_lock.modes.stages import Replacing
 from celery_singleton_lock.publish.call import Dispatch, TaskFacts
 
 SERVER = Server(("127.0.0.1", 6379), 0)
