@@ -18,6 +18,7 @@ from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.limits.turns import Handed, turns_of
+from ..tokens import BYPASS_OPTION, TURN_HEADER
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -50,7 +51,11 @@ def send_turns(
         call = waiting.pop(0)
         try:
             kept = loads(call.record)
-            app.signature(kept["s"]).apply_async(**kept["o"])
+            # Its stamp, as the library's own header: the one message of the call that
+            # may start (``lease.limits.turns``).
+            own = kept["o"].get(BYPASS_OPTION)
+            own = {**(own if isinstance(own, dict) else {}), TURN_HEADER: str(call.stamp)}
+            app.signature(kept["s"]).apply_async(**{**kept["o"], BYPASS_OPTION: own})
         except Exception:
             logger.exception("celery-singleton-lock: call %s not sent on its turn", call.ident)
             continue

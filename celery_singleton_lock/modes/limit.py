@@ -166,7 +166,7 @@ class Limit(Mode):
         turns = turns_of(start.store) if self.takes_turns else None
         if total is None or waiter is None or turns is None:
             return
-        if turns.give_back(total.name, total.limit, waiter.ident):
+        if turns.give_back(total.name, total.limit, waiter.ident, waiter.stamp):
             start.handed.extend(turns.hand_out(total.name, total.limit))
 
     def waiting(self, store: LockStore) -> dict[str, int]:

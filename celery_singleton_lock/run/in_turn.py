@@ -10,6 +10,7 @@ from typing import NoReturn
 
 from celery.exceptions import Ignore
 
+from .. import signals as singleton_signals
 from ..broker.turn_sweep import send_turns
 from ..context import Delivery, TaskContext
 from ..exceptions import LockStoreUnavailableError
@@ -29,6 +30,7 @@ from ..tokens import (
     TURN_HEADER,
     carried_headers,
     header,
+    header_count,
 )
 from .places import keep_place
 
@@ -47,15 +49,16 @@ def waiter_of(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Waite
     headers = {**carried_headers(request.headers), NAME_HEADER: start.name}
     for own in (TOKEN_HEADER, HOLD_HEADER, RATE_SLOT_HEADER, *CALL_HEADERS):
         headers.pop(own, None)
-    headers[TURN_HEADER] = "1"
     backlog = header(request, BACKLOG_HEADER) is not None
     place = {BACKLOG_HEADER: "1"} if backlog and delivery.context.options.max_pending else {}
     record = delivery.keep(headers, {BYPASS_OPTION: place or True})
     if record is None:
         return None
     retries = getattr(request, "retries", 0) or 0
-    turn = header(request, TURN_HEADER) is not None
-    return Waiter(f"{request.id}:{retries}", record, mode.weight(call, start.override), turn)
+    weight = mode.weight(call, start.override)
+    # The stamp of the hand-out this message was sent on (0: as first sent).
+    stamp = header_count(request, TURN_HEADER)
+    return Waiter(f"{request.id}:{retries}", record, weight, stamp)
 
 
 def send_handed(delivery: Delivery, handed: list[Handed]) -> None:
@@ -68,18 +71,29 @@ def send_handed(delivery: Delivery, handed: list[Handed]) -> None:
 
 
 def wait_for_turn(delivery: Delivery, kept: Kept) -> NoReturn:
-    """End this delivery: its message is kept in its key's line (or it is a copy of a call
-    that started), acked now, so it holds no pool process and no prefetch while it waits.
+    """End this delivery: its message is kept in its key's line (or it is a copy of a
+    call another message of which has its turn: ``copy_dropped``), acked now, so it
+    holds no pool process and no prefetch while it waits.
     Its place among its key's waiting calls (``max_pending``) is kept."""
     request = delivery.request
     if kept.started:
+        # (the call's other message started, or waits to: "turn", as no holder's state)
+        singleton_signals.send(
+            singleton_signals.copy_dropped,
+            delivery.sender,
+            kept.name,
+            task_id=request.id,
+            holder_state="turn",
+        )
         logger.info(
-            "%s[%s] dropped: a copy of a call that started on its turn of %s",
+            "%s[%s] dropped: a copy of a call whose turn of %s another message of it has",
             delivery.name,
             request.id,
             kept.name,
         )
-        raise Ignore(f"a copy of {request.id}, which started on its turn")
+        # Its place (max_pending) is its call's, which waits or runs: left as it is.
+        setattr(request, "singleton_place_kept", True)  # noqa: B010  (Celery's Context)
+        raise Ignore(f"a copy of {request.id}, whose turn another message of it has")
     keep_place(delivery, kept.name, 0.0)
     logger.info(
         "%s[%s] waits for its turn of the total: kept in %s's line",

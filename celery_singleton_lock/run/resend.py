@@ -21,7 +21,9 @@ from ..tokens import (
     PAUSED_SINCE_HEADER,
     RATE_SLOT_HEADER,
     TOKEN_HEADER,
+    TURN_HEADER,
     carried_headers,
+    header,
     slot_header,
 )
 from .holds import PendingHold
@@ -62,7 +64,8 @@ def send_again(
     # Same id, links, chain and options as this message (what Celery's retry re-sends),
     # without counting as a retry of the task's own max_retries.
     kept = keep_place(delivery, lock_name, countdown)
-    delivery.resend(countdown, headers, {BYPASS_OPTION: {**(passed or {}), **kept} or True})
+    own = {**(passed or {}), **kept, **_turn(request)}
+    delivery.resend(countdown, headers, {BYPASS_OPTION: own or True})
     raise Ignore(f"requeued: {lock_name!r} is held by another execution")
 
 
@@ -92,7 +95,8 @@ def defer(delivery: Delivery, lock_name: str, slot: Slot) -> NoReturn:
     # arrives early is deferred again to the same slot (it counts nothing).
     headers = _again(request, lock_name, RATE_SLOT_HEADER, at)
     kept = keep_place(delivery, lock_name, hop)
-    delivery.resend(hop, headers, {BYPASS_OPTION: {RATE_SLOT_HEADER: at, **kept}})
+    own = {RATE_SLOT_HEADER: at, **kept, **_turn(request)}
+    delivery.resend(hop, headers, {BYPASS_OPTION: own})
     raise Ignore(f"deferred {slot.wait:.3f}s by the rate of {lock_name!r}")
 
 
@@ -128,6 +132,7 @@ def send_round_paused(
         own[RATE_SLOT_HEADER] = slot
     headers = {**_again(request, lock_name, PAUSED_SINCE_HEADER, own[PAUSED_SINCE_HEADER]), **own}
     own.update(keep_place(delivery, lock_name, hop))
+    own.update(_turn(request))
     # A hop that arrives early waits out the rest (``admission.wait_out_pause``).
     delivery.resend(hop, headers, {BYPASS_OPTION: own})
     raise Ignore(f"held back: {lock_name!r} is paused")
@@ -148,3 +153,10 @@ def _again(request: Request, lock_name: str, name: str, value: object) -> dict[s
         headers.pop(own, None)
     headers[name] = value
     return headers
+
+
+def _turn(request: Request) -> dict[str, str]:
+    """The stamp of a call's turn its message carries, passed on (the library's own
+    header): the message sent again is still the call's one (``run.in_turn``)."""
+    stamp = header(request, TURN_HEADER)
+    return {} if stamp is None else {TURN_HEADER: stamp}

@@ -26,10 +26,8 @@ def fixture_turns(raw: redis.Redis) -> tuple[RedisLock, Turns]:
     return store, turns
 
 
-def take(
-    turns: Turns, key: str, ident: str, weight: float = 1.0, *, handed: bool = False
-) -> object:
-    waiter = Waiter(ident, f"msg-{ident}".encode(), weight, handed)
+def take(turns: Turns, key: str, ident: str, weight: float = 1.0, *, stamp: int = 0) -> object:
+    waiter = Waiter(ident, f"msg-{ident}".encode(), weight, stamp)
     return turns.take(TOTAL, 2, key, waiter, widest=2, cap=None, token=f"x|{ident}", ttl=30).taken
 
 
@@ -42,7 +40,7 @@ def run_all(store: RedisLock, turns: Turns, running: list[tuple[str, tuple[Lease
         handed = turns.hand_out(TOTAL, 2, ending=every)
         store.release(own)  # (a run's end releases its key's slot after the total's)
         for call in handed:
-            taken = take(turns, call.ident[0], call.ident, handed=True)
+            taken = take(turns, call.ident[0], call.ident, stamp=call.stamp)
             assert isinstance(taken, tuple), taken
             running.append((call.ident, taken))
             order += call.ident[0]
@@ -108,10 +106,12 @@ def test_a_call_runs_once_whichever_of_its_messages_comes(turns: tuple[RedisLock
     own, every = first[0]  # type: ignore[misc]
     [handed] = room.hand_out(TOTAL, 2, ending=every)
     store.release(own)
-    # The message it was kept from comes again (its worker died before the ack) and
-    # claims the turn first: the one sent on its turn is then dropped.
-    assert isinstance(take(room, "A", handed.ident), tuple)
-    assert take(room, "A", handed.ident, handed=True) == Kept("A", started=True)
+    # The message it was kept from comes again (its worker died before the ack): a copy
+    # once the call was handed out; the one sent on its turn claims it.
+    assert take(room, "A", handed.ident) == Kept("A", started=True)
+    assert isinstance(take(room, "A", handed.ident, stamp=handed.stamp), tuple)
+    assert take(room, "A", handed.ident) == Kept("A", started=True)
+    assert room.waiting(TOTAL) == {}
 
 
 def test_a_paused_call_gives_its_turn_back(turns: tuple[RedisLock, Turns]) -> None:
@@ -145,7 +145,7 @@ def test_keys_that_no_longer_wait_are_forgotten(
         store.release(own)
         for call in handed:
             taken = room.take(
-                TOTAL, 2, call.ident, Waiter(call.ident, b"m", 1.0, True),
+                TOTAL, 2, call.ident, Waiter(call.ident, b"m", 1.0, call.stamp),
                 widest=2, cap=None, token=f"x|{call.ident}", ttl=30,
             ).taken  # fmt: skip
             assert isinstance(taken, tuple)
@@ -158,3 +158,128 @@ def test_keys_that_no_longer_wait_are_forgotten(
         if not raw.hlen(known):
             break
     assert raw.hlen(known) == 0, "the keys that waited once are forgotten"
+
+
+def test_a_late_message_of_an_earlier_hand_out_is_a_copy(
+    turns: tuple[RedisLock, Turns], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its first message sent on its turn seemed lost and was sent again; then both come
+    # (kombu restored the first after its visibility timeout): one runs, whichever first.
+    store, room = turns
+    monkeypatch.setattr(turns_module, "RESERVE", 0.2)
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    take(room, "A", "A1")
+    assert isinstance(take(room, "A", "A2"), Kept)
+    [first] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    time.sleep(0.3)  # its reservation runs out: put back, handed out again
+    [second] = room.hand_out(TOTAL, 2)
+    assert (first.ident, second.ident) == ("A2", "A2")
+    assert second.stamp > first.stamp
+    assert take(room, "A", "A2", stamp=first.stamp) == Kept("A", started=True)
+    assert isinstance(take(room, "A", "A2", stamp=second.stamp), tuple)
+    for stamp in (first.stamp, 0):  # late again, or the message it was kept from
+        assert take(room, "A", "A2", stamp=stamp) == Kept("A", started=True)
+    assert room.waiting(TOTAL) == {}
+
+
+def test_a_stale_message_that_comes_first_is_dropped_and_the_call_waits_on(
+    turns: tuple[RedisLock, Turns], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, room = turns
+    monkeypatch.setattr(turns_module, "RESERVE", 0.2)
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    take(room, "A", "A1")
+    assert isinstance(take(room, "A", "A2"), Kept)
+    [first] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    time.sleep(0.3)
+    [second] = room.hand_out(TOTAL, 2)
+    # The stale message is no longer the call's: it waits no turn, and the current
+    # one claims the turn as it comes.
+    assert take(room, "A", "A2", stamp=first.stamp) == Kept("A", started=True)
+    assert room.waiting(TOTAL) == {"A": 1}
+    assert isinstance(take(room, "A", "A2", stamp=second.stamp), tuple)
+
+
+def test_a_run_whose_worker_died_comes_again_once(turns: tuple[RedisLock, Turns]) -> None:
+    # Its own message, delivered again (acks_late, its worker killed mid-run), is the call
+    # again: kept under the same stamp, and handed out to run once more.
+    store, room = turns
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    take(room, "A", "A1")
+    assert isinstance(take(room, "A", "A2"), Kept)
+    [handed] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    assert isinstance(take(room, "A", "A2", stamp=handed.stamp), tuple)
+    assert take(room, "A", "A2", stamp=handed.stamp) == Kept("A")
+    assert room.waiting(TOTAL) == {"A": 1}
+
+
+def test_a_copy_gives_no_turn_back_and_the_call_comes_round_once(
+    turns: tuple[RedisLock, Turns],
+) -> None:
+    store, room = turns
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    take(room, "A", "A1")
+    assert isinstance(take(room, "B", "B0"), Kept)
+    [handed] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    assert not room.give_back(TOTAL, 2, "B0", 0), "the message it was kept from: a copy"
+    assert room.give_back(TOTAL, 2, "B0", handed.stamp), "its key paused"
+    assert room.waiting(TOTAL) == {}
+    # Sent round with its stamp, it comes back after the resume as the call: kept; the
+    # message it was kept from, delivered again, is still a copy.
+    assert take(room, "B", "B0") == Kept("B", started=True)
+    taken = take(room, "B", "B0", stamp=handed.stamp)
+    assert isinstance(taken, tuple), "the total has a free slot: it runs"
+
+
+def test_a_hand_out_finds_the_keys_with_room_among_thousands(
+    turns: tuple[RedisLock, Turns], raw: redis.Redis
+) -> None:
+    store, room = turns
+
+    def wait(key: str, stamp: int = 0) -> object:
+        waiter = Waiter(f"{key}:c", b"m", 1.0, stamp)
+        return room.take(TOTAL, 2, key, waiter, widest=1, cap=None, token=f"x|{key}", ttl=30)
+
+    running = [wait(f"R{n}").taken for n in range(2)]  # type: ignore[attr-defined]
+    keys = [f"K{n:04}" for n in range(3000)]
+    for key in keys:
+        assert wait(key).taken == Kept(key)  # type: ignore[attr-defined]
+    with_room = {"K2990", "K2995"}
+    held = raw.pipeline(transaction=False)
+    for key in keys:
+        if key not in with_room:  # at its limit: its one slot held by a run elsewhere
+            held.set(f"{store.keys(key).lock}:slot1", f"x|other-{key}", px=30_000)
+    held.execute()
+    handed = []
+    for own, every in running:
+        handed += room.hand_out(TOTAL, 2, ending=every)
+        store.release(own)
+    assert [call.ident for call in handed] == ["K2990:c", "K2995:c"]
+    assert sum(room.waiting(TOTAL).values()) == 3000, "a handed call waits until it starts"
+    # A key ahead in line that has room again is served next.
+    own, every = wait("K2990", handed[0].stamp).taken  # type: ignore[attr-defined]
+    raw.delete(f"{store.keys('K0007').lock}:slot1")
+    [then] = room.hand_out(TOTAL, 2, ending=every)
+    assert then.ident == "K0007:c"
+    # (every key was read once or less per hand-out: none with room was passed by)
+
+
+def test_the_room_expires_once_nothing_waits(
+    turns: tuple[RedisLock, Turns], raw: redis.Redis
+) -> None:
+    store, room = turns
+    running = []
+    for n in range(6):
+        taken = take(room, "AB"[n % 2], f"{'AB'[n % 2]}{n}")
+        if isinstance(taken, tuple):
+            running.append((f"{n}", taken))
+    tag = store.keys(TOTAL).lock
+    assert all(raw.pttl(key) == -1 for key in raw.keys(f"{tag}:turns*")), "calls wait"
+    assert run_all(store, room, running) == "ABAB"
+    left = raw.keys(f"{tag}:turns*")
+    assert left, "the stamps of the calls that ran are kept a while"
+    assert all(0 < raw.pttl(key) <= turns_module.CLAIMED_KEPT * 1000 for key in left)

@@ -22,9 +22,11 @@ ROOMS = "turns:rooms"
 # One that runs out (the message lost with a worker) is put back at the head of its
 # key's line and handed out again; the call's start claims it whichever comes first.
 RESERVE = 60.0
-# How long a call's other message is dropped once one of them claimed its turn: the one
-# it was kept from, delivered again (its worker died between keeping it and its ack),
-# or the one sent on its turn. A call runs once (a run that dies is run again, as any).
+# How long a call's stamp is kept once it left the room (it started, or gave its turn
+# back): a message of it with another stamp is a copy, dropped: the one it was kept from
+# delivered again (its worker died between keeping it and its ack), or one sent on an
+# earlier hand-out and delivered late. A call runs once (a run that dies is run again,
+# as any: its own message, same stamp). The room's keys expire this long after the last.
 CLAIMED_KEPT = 3600.0
 
 
@@ -32,27 +34,29 @@ CLAIMED_KEPT = 3600.0
 class Waiter:
     """A call that wants a turn: ``ident`` (its task id and attempt: a redelivered copy
     has the same), its kept message, its key's weight (its share while others wait), and
-    whether this delivery is its message sent on its turn (``handed``): else the message
-    it was kept from, delivered again, is dropped once its kept copy started."""
+    this message's ``stamp`` (0 as first sent; each hand-out sends it with a new one):
+    only the message of the call's current stamp may start, any other is a copy."""
 
     ident: str
     record: bytes
     weight: float = 1.0
-    handed: bool = False
+    stamp: int = 0
 
 
 @dataclass(frozen=True)
 class Handed:
-    """A call whose turn came: its message to send (its reservation waits for it)."""
+    """A call whose turn came: its message to send, with its ``stamp`` (its reservation
+    waits for the message of that stamp)."""
 
     ident: str
     record: bytes
+    stamp: int = 0
 
 
 @dataclass(frozen=True)
 class Kept:
     """The call's message is kept in its key's line: it waits for its turn
-    (``started``: another message of the call claimed its turn; this one is dropped)."""
+    (``started``: a copy, the call's stamp is another message's; this one is dropped)."""
 
     name: str
     started: bool = False
@@ -92,7 +96,8 @@ class Turns:
         tag = self._store.keys(total).lock
         room = f"{tag}:turns"
         keys = [room, f"{room}:calls", f"{room}:of", f"{room}:keys", f"{room}:handed"]
-        return [*keys, f"{room}:passes", tag, f"{room}:claimed"], f"{room}:line:"
+        left = [f"{room}:left", f"{room}:stamps"]
+        return [*keys, f"{room}:passes", tag, *left], f"{room}:line:"
 
     def take(
         self,
@@ -116,7 +121,7 @@ class Turns:
         args: list[str | int | bytes] = [
             lines, waiter.ident, name, key, waiter.record, token, ttl_ms,
             store.ttl_ms(RESERVE), total_limit, total, store.ttl_ms(CLAIMED_KEPT),
-            "1" if waiter.handed else "0",
+            str(waiter.stamp),
         ]  # fmt: skip
         sent_at = store.clock.monotonic()
         try:
@@ -157,13 +162,16 @@ class Turns:
             store.unavailable(error, total)
         return _handed(reply)
 
-    def give_back(self, total: str, total_limit: int, ident: str) -> bool:
-        """A reserved call that will not start now (its key paused) gives its turn back
-        and leaves the room. Whether it held one."""
+    def give_back(self, total: str, total_limit: int, ident: str, stamp: int | None = None) -> bool:
+        """A reserved call that will not start now (its key paused, its message expired)
+        gives its turn back and leaves the room: its message of ``stamp`` (None: any) is
+        the one that may come round. Whether it held one (a copy holds none)."""
         store = self._store
         keys, lines = self._room(total)
+        said = "" if stamp is None else str(stamp)
+        args: list[str | int] = [lines, ident, total_limit, said, store.ttl_ms(CLAIMED_KEPT)]
         try:
-            done = self._give_back(keys=keys, args=[lines, ident, total_limit])
+            done = self._give_back(keys=keys, args=args)
         except REDIS_ERRORS as error:
             store.unavailable(error, total)
         return bool(done)
@@ -190,7 +198,10 @@ class Turns:
 
 
 def _handed(reply: list[object]) -> list[Handed]:
-    return [Handed(text(reply[i]), _bytes(reply[i + 1])) for i in range(0, len(reply), 2)]
+    return [
+        Handed(text(reply[i]), _bytes(reply[i + 1]), int(text(reply[i + 2])))
+        for i in range(0, len(reply), 3)
+    ]
 
 
 def _bytes(value: object) -> bytes:

@@ -1,16 +1,21 @@
 -- What the turns scripts share: a task's waiting room for its total_limit's slots.
--- The room's keys are KEYS[1..7] of turn_take.lua and turn_hand_out.lua:
+-- The room's keys are KEYS[1..9] of every turn_*.lua:
 --   KEYS[1] index: the waiting keys (a sorted set, each scored by its pass)
 --   KEYS[2] calls: ident -> kept message     KEYS[3] of: ident -> its key's name
 --   KEYS[4] keys: key name -> "tag\twidest\tcap\tweight" (as its latest call said)
 --   KEYS[5] handed: ident -> when its reservation runs out (ms, the server's clock)
 --   KEYS[6] passes: key name -> its pass as it left the index; field '' the virtual time
 --   KEYS[7] the total's tag: its slots '<tag>:slot<n>', its fence '<tag>:fence'
---   KEYS[8] claimed (turn_take.lua's): 'h:'/'o:' ident -> until when (ms) the call's
---           other message is dropped
+--   KEYS[8] left: ident -> until when (ms) the stamp of a call that left the room
+--           (started, given back) is kept, so its other messages are told for copies
+--   KEYS[9] stamps: ident -> the call's stamp, the one message of it that may start
+--           (0: as first sent; each hand-out a new one); field '' the room's last stamp
 -- A key's line of idents is '<ARGV[1]><its tag>' (the room's prefix: one server only),
 -- and those put back, first in line, '<ARGV[1]><its tag>:again'.
 -- A reservation is a total slot set to 'f|<ident>' until its call starts.
+
+-- How many waiting keys a hand-out reads at a time, from the lowest pass.
+local CHUNK = 32
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -110,11 +115,78 @@ local function room_of(info, ending, reserving)
   return limit - held - reserving
 end
 
+-- The calls whose stamps are no longer kept (left the room long enough ago) forgotten.
+local function forget_left(now)
+  for _, ident in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now)) do
+    if redis.call('HEXISTS', KEYS[2], ident) == 0 then redis.call('HDEL', KEYS[9], ident) end
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now)
+end
+
+-- A call leaves the room (it started, or gave its turn back): its stamp kept keep_ms,
+-- so a copy of it (another stamp) is dropped.
+local function leave(ident, keep_ms)
+  redis.call('ZREM', KEYS[5], ident)
+  redis.call('HDEL', KEYS[2], ident)
+  redis.call('HDEL', KEYS[3], ident)
+  redis.call('ZADD', KEYS[8], now_ms() + keep_ms, ident)
+end
+
+-- With no call in it the room's keys expire once the last stamp kept is forgotten (a
+-- key's pass and weight go too); with calls in it they stay.
+local function settle()
+  local room = {KEYS[1], KEYS[4], KEYS[5], KEYS[6], KEYS[8], KEYS[9]}
+  if redis.call('HLEN', KEYS[2]) > 0 then
+    for _, key in ipairs(room) do redis.call('PERSIST', key) end
+    return
+  end
+  local last = redis.call('ZRANGE', KEYS[8], -1, -1, 'WITHSCORES')
+  local keep = math.max(1000, (tonumber(last[2]) or 0) - now_ms())
+  for _, key in ipairs(room) do redis.call('PEXPIRE', key, keep) end
+end
+
+-- The waiting key of the lowest pass, from index 'from' on, that can take a slot now
+-- (its limit has room), read CHUNK keys at a time; nil: none can. 'seen' keeps each
+-- key's room for the script. Returns the key and its index.
+local function lowest_with_room(from, seen, ending, reserving)
+  local at = from
+  while true do
+    local listed = redis.call('ZRANGE', KEYS[1], at, at + CHUNK - 1, 'WITHSCORES')
+    if #listed == 0 then return nil, at end
+    local gone = 0
+    for i = 1, #listed, 2 do
+      local name = listed[i]
+      local key = seen[name]
+      if key == nil then
+        key = info_of(name)
+        if key then
+          key.name = name
+          key.room = room_of(key, ending, reserving[name] or 0)
+          seen[name] = key
+        else
+          redis.call('ZREM', KEYS[1], name)  -- (a key whose info is gone: nothing to hand)
+          gone = gone + 1
+        end
+      end
+      if key then
+        if key.room > 0 then
+          key.pass = tonumber(listed[i + 1])
+          return key, at + (i - 1) / 2 - gone
+        end
+      end
+    end
+    at = at + #listed / 2 - gone
+  end
+end
+
 -- Hand the total's free slots out, one at a time, to the waiting key of the lowest
--- pass that has room, first in its line; its pass moves on by 1/weight. Returns
--- {ident1, message1, ...}: each reserved for reserve_ms, to be sent.
+-- pass that has room, first in its line; its pass moves on by 1/weight. The keys ahead
+-- of it have no room now (nor will in this script): each is read once, and the next
+-- slot's search starts past them. Returns {ident1, message1, stamp1, ...}: each
+-- reserved for reserve_ms, to be sent with its new stamp.
 local function hand_out(free, reserved, ending, reserve_ms)
   local now = now_ms()
+  forget_left(now)
   for _, ident in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
     if not reserved[ident] then put_back(ident) end
   end
@@ -128,25 +200,12 @@ local function hand_out(free, reserved, ending, reserve_ms)
     local name = redis.call('HGET', KEYS[3], ident)
     if name then reserving[name] = (reserving[name] or 0) + 1 end
   end
-  local listed = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-  local keys = {}
-  for i = 1, #listed, 2 do
-    local info = info_of(listed[i])
-    if info then
-      info.name, info.pass = listed[i], tonumber(listed[i + 1])
-      info.room = room_of(info, ending, reserving[listed[i]] or 0)
-      table.insert(keys, info)
-    else
-      redis.call('ZREM', KEYS[1], listed[i])
-    end
-  end
+  local seen, from = {}, 0
   local vt = virtual_time()
   local f = 1
   while f <= #free do
-    local best = nil
-    for _, key in ipairs(keys) do
-      if key.room > 0 and (best == nil or key.pass < best.pass) then best = key end
-    end
+    local best, at = lowest_with_room(from, seen, ending, reserving)
+    from = at  -- (a served key's pass only grows: it moves past those ahead of it)
     if best == nil then break end
     local line = ARGV[1] .. best.tag
     local ident = redis.call('LPOP', line .. ':again') or redis.call('LPOP', line)
@@ -154,12 +213,15 @@ local function hand_out(free, reserved, ending, reserve_ms)
     if message then
       redis.call('SET', KEYS[7] .. ':slot' .. free[f], 'f|' .. ident, 'PX', reserve_ms)
       redis.call('ZADD', KEYS[5], now + reserve_ms, ident)
+      local stamp = redis.call('HINCRBY', KEYS[9], '', 1)
+      redis.call('HSET', KEYS[9], ident, stamp)
       f = f + 1
       vt = math.max(vt, best.pass)
       best.pass = best.pass + 1 / best.weight
       best.room = best.room - 1
       table.insert(out, ident)
       table.insert(out, message)
+      table.insert(out, stamp)
     elseif ident then
       redis.call('HDEL', KEYS[3], ident)  -- its message is gone: nothing to run
     end
@@ -178,8 +240,9 @@ end
 
 -- A reserved call starts: its key's lowest free slot (within the cap) and its reserved
 -- total slot become its running leases, and it leaves the room. nil: its key has no
--- slot free yet (a run ending releases its own after the total's).
-local function claim(ident, slot_n, info, token, ttl_ms)
+-- slot free yet (a run ending releases its own after the total's). Its stamp is kept
+-- keep_ms: a copy of it (another stamp) is dropped.
+local function claim(ident, slot_n, info, token, ttl_ms, keep_ms)
   local own, free, held = nil, nil, 0
   for i = 1, info.widest do
     local v = redis.pcall('GET', info.tag .. ':slot' .. i)
@@ -196,8 +259,6 @@ local function claim(ident, slot_n, info, token, ttl_ms)
   local key_fence = new_fence(info.tag .. ':fence', ttl_ms)
   redis.call('SET', KEYS[7] .. ':slot' .. slot_n, token, 'PX', ttl_ms)
   local total_fence = new_fence(KEYS[7] .. ':fence', ttl_ms)
-  redis.call('ZREM', KEYS[5], ident)
-  redis.call('HDEL', KEYS[2], ident)
-  redis.call('HDEL', KEYS[3], ident)
+  leave(ident, keep_ms)
   return {key_fence, own, total_fence, slot_n}
 end
