@@ -31,16 +31,24 @@ def take(turns: Turns, key: str, ident: str, weight: float = 1.0, *, stamp: int 
     return turns.take(TOTAL, 2, key, waiter, widest=2, cap=None, token=f"x|{ident}", ttl=30).taken
 
 
-def run_all(store: RedisLock, turns: Turns, running: list[tuple[str, tuple[Lease, Lease]]]) -> str:
+def run_all(
+    store: RedisLock,
+    turns: Turns,
+    running: list[tuple[str, tuple[Lease, Lease]]],
+    weights: dict[str, float] | None = None,
+) -> str:
     """End the runs one at a time, oldest first, each freed slot's call starting on its
-    turn: the keys in the order they ran."""
+    turn (of its key's weight, as every call of the key says it): the keys in the order
+    they ran."""
     order = ""
     while running:
         _, (own, every) = running.pop(0)
         handed = turns.hand_out(TOTAL, 2, ending=every)
         store.release(own)  # (a run's end releases its key's slot after the total's)
         for call in handed:
-            taken = take(turns, call.ident[0], call.ident, stamp=call.stamp)
+            key = call.ident[0]
+            weight = (weights or {}).get(key, 1.0)
+            taken = take(turns, key, call.ident, weight, stamp=call.stamp)
             assert isinstance(taken, tuple), taken
             running.append((call.ident, taken))
             order += call.ident[0]
@@ -76,7 +84,7 @@ def test_weights_share_the_turns(turns: tuple[RedisLock, Turns]) -> None:
         assert isinstance(take(room, "H", f"H{n}", weight=3.0), Kept)
     # H starts waiting at the virtual time L's two runs reached: it is served first, then
     # three of H's for one of L's while both wait (a tie goes to the key named first).
-    assert run_all(store, room, running) == "HHHHLHHHLHHHLHHLLLLLLL"
+    assert run_all(store, room, running, {"H": 3.0}) == "HHHHLHHHLHHHLHHLLLLLLL"
 
 
 def test_a_lost_reservation_goes_back_in_front(
@@ -283,3 +291,19 @@ def test_the_room_expires_once_nothing_waits(
     left = raw.keys(f"{tag}:turns*")
     assert left, "the stamps of the calls that ran are kept a while"
     assert all(0 < raw.pttl(key) <= turns_module.CLAIMED_KEPT * 1000 for key in left)
+
+
+def test_a_limit_an_operator_lowers_reaches_the_hand_outs(turns: tuple[RedisLock, Turns]) -> None:
+    store, room = turns
+    take(room, "A", "A0")  # (runs on: A holds one of its slots)
+    own, every = take(room, "B", "B0")  # type: ignore[misc]
+    assert isinstance(take(room, "A", "A1"), Kept)
+    assert isinstance(take(room, "B", "B1"), Kept)
+    # A1's message comes again (its worker died before the ack) and reads A's limit
+    # lowered to 1 (``limits set``): A, at it, has no room now.
+    again = Waiter("A1", b"msg-A1")
+    taken = room.take(TOTAL, 2, "A", again, widest=2, cap=1, token="x|A1", ttl=30).taken
+    assert taken == Kept("A")
+    [handed] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    assert handed.ident == "B1", "A's turn would start nothing while A is at its limit"

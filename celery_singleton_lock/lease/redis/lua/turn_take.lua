@@ -22,6 +22,8 @@ local keep_ms = tonumber(ARGV[11])
 forget_left(now_ms())
 local current = redis.call('HGET', KEYS[9], ident)
 if current and current ~= stamp then return {4, 0, 0, 0, 0} end
+-- Its key's limit as this call reads it (an operator's change reaches the hand-outs).
+redis.call('HSET', KEYS[4], name, ARGV[4])
 local free, reserved = scan_total(tonumber(ARGV[9]))
 if redis.call('ZSCORE', KEYS[5], ident) then
   local slot_n = reserved[ident]
@@ -37,7 +39,6 @@ elseif redis.call('HEXISTS', KEYS[2], ident) == 0 then
   -- sent round by a pause): kept under its stamp.
   redis.call('ZREM', KEYS[8], ident)
   redis.call('HSET', KEYS[9], ident, stamp)
-  redis.call('HSET', KEYS[4], name, ARGV[4])
   redis.call('HSET', KEYS[2], ident, ARGV[5])
   redis.call('HSET', KEYS[3], ident, name)
   redis.call('RPUSH', ARGV[1] .. string.match(ARGV[4], '^(.*)\t%d+\t%d+\t[^\t]+$'), ident)
