@@ -54,8 +54,9 @@ BACKLOG_HEADER = "singleton_lock_waiting"
 # unacked is sent to arrive early, with its ETA (seconds since the epoch) here: each
 # early arrival is sent on with its hold (``run/eta.py``).
 ETA_HEADER = "singleton_lock_eta"
-# On a call's message sent again on its turn of a total (``run.in_turn``): its start claims
-# the turn reserved for it; the message it was kept from, delivered again, is dropped.
+# On a call's message sent again on its turn of a total (``run.in_turn``): the hand-out's
+# stamp. Only the message of the call's current stamp starts (a resend passes it on);
+# any other, the one it was kept from or one of an earlier hand-out, is dropped.
 TURN_HEADER = "singleton_lock_turn"
 # One message's journey, not its call's: a retry or a copy of its request starts afresh
 # (a resend passes on what it keeps).
