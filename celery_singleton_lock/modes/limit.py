@@ -151,8 +151,15 @@ class Limit(Mode):
                 start.held.append(every)
                 append_history(start.store, start.entry, "started")
                 return own
-            if turn.taken is not None or time.monotonic() > deadline:
-                # (its reservation kept past the deadline: it is sent round on its turn)
+            late = time.monotonic() > deadline
+            stays = turn.taken is None and late  # (its turn reserved, its key's slot not free)
+            if stays and turns.give_back(
+                total.name, total.limit, waiter.ident, waiter.stamp, stays=True
+            ):
+                # Its key's slot is not freeing (a limit lowered meanwhile): its turn goes
+                # on, and it waits first in its key's line for the next.
+                start.handed.extend(turns.hand_out(total.name, total.limit))
+            if turn.taken is not None or late:
                 kept = turn.taken or Kept(start.name)
                 if not kept.started:  # (a kept history says where the call waits)
                     append_history(start.store, start.entry, "waiting", detail="its turn")

@@ -307,3 +307,24 @@ def test_a_limit_an_operator_lowers_reaches_the_hand_outs(turns: tuple[RedisLock
     [handed] = room.hand_out(TOTAL, 2, ending=every)
     store.release(own)
     assert handed.ident == "B1", "A's turn would start nothing while A is at its limit"
+
+
+def test_a_turn_its_key_cannot_take_goes_on_and_the_call_stays_first_in_line(
+    turns: tuple[RedisLock, Turns],
+) -> None:
+    store, room = turns
+    take(room, "A", "A0")  # (runs on: A holds one of its slots)
+    own, every = take(room, "B", "B0")  # type: ignore[misc]
+    assert isinstance(take(room, "A", "A1"), Kept)
+    assert isinstance(take(room, "B", "B1"), Kept)
+    [handed] = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    assert handed.ident == "A1"
+    # Its message reads A's limit lowered to 1 meanwhile: its key's slot will not free.
+    lowered = Waiter("A1", b"msg-A1", 1.0, handed.stamp)
+    turn = room.take(TOTAL, 2, "A", lowered, widest=2, cap=1, token="x|A1", ttl=30)
+    assert turn.taken is None, "its turn reserved, its key's slot not free"
+    assert room.give_back(TOTAL, 2, "A1", handed.stamp, stays=True)
+    [instead] = room.hand_out(TOTAL, 2)
+    assert instead.ident == "B1", "the turn went on at once"
+    assert room.waiting(TOTAL) == {"A": 1, "B": 1}, "A1 still waits, first in A's line"

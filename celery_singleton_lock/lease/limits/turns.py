@@ -162,14 +162,24 @@ class Turns:
             store.unavailable(error, total)
         return _handed(reply)
 
-    def give_back(self, total: str, total_limit: int, ident: str, stamp: int | None = None) -> bool:
+    def give_back(
+        self,
+        total: str,
+        total_limit: int,
+        ident: str,
+        stamp: int | None = None,
+        *,
+        stays: bool = False,
+    ) -> bool:
         """A reserved call that will not start now (its key paused, its message expired)
         gives its turn back and leaves the room: its message of ``stamp`` (None: any) is
-        the one that may come round. Whether it held one (a copy holds none)."""
+        the one that may come round. ``stays``: it stays first in its key's line (its
+        key's slot not free for a while). Whether it held one (a copy holds none)."""
         store = self._store
         keys, lines = self._room(total)
         said = "" if stamp is None else str(stamp)
-        args: list[str | int] = [lines, ident, total_limit, said, store.ttl_ms(CLAIMED_KEPT)]
+        kept_ms = store.ttl_ms(CLAIMED_KEPT)
+        args: list[str | int] = [lines, ident, total_limit, said, kept_ms, "1" if stays else "0"]
         try:
             done = self._give_back(keys=keys, args=args)
         except REDIS_ERRORS as error:
