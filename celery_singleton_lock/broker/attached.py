@@ -86,13 +86,11 @@ class AttachSweep:
             return
         if len(self._gone) > 100 * self.LIMIT:  # calls another worker's sweep sent
             self._gone.clear()
-        try:
-            names = attachments.due_names(self.LIMIT)
-            outcomes: dict[str, bool] = {}
-            for name in names:
-                self._sweep(attachments, name, outcomes)
-        except SingletonLockError as error:  # the next sweep tries again
-            logger.warning("celery-singleton-lock: attached calls not swept (%s)", error)
+        # A store out of reach raises: the worker's timer pauses the sweep (worker.timers).
+        names = attachments.due_names(self.LIMIT)
+        outcomes: dict[str, bool] = {}
+        for name in names:
+            self._sweep(attachments, name, outcomes)
 
     def at_end(self, attachments: Attachments, name: str) -> None:
         """A holder's run of ``name`` ended, its outcome stored: its attached calls (one
@@ -239,8 +237,8 @@ def send_at_end(task: Task, request: Request, state: str) -> None:
     asked = getattr(request, ASKED, None)  # its release's answer (``release_asking``)
     if asked is not None and not asked:
         attachments.read_answers()  # here long since: no wait
-    if asked == [False]:
-        return
+    if asked is not None and asked != [True]:
+        return  # none attached, or the release failed (a store out of reach): the sweep's
     name = header(request, NAME_HEADER) or ""
     try:
         AttachSweep(task.app).at_end(attachments, name)

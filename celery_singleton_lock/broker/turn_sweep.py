@@ -16,7 +16,6 @@ from kombu.utils.json import dumps, loads
 
 from ..config.options import is_singleton
 from ..config.stores import LockStores
-from ..exceptions import SingletonLockError
 from ..lease.limits.turns import Handed, turns_of
 from ..tokens import BYPASS_OPTION, TURN_HEADER
 
@@ -100,19 +99,17 @@ class TurnSweep:
         turns = turns_of(store)
         if turns is None:
             return
-        try:
-            rooms = turns.with_calls()
-            if not rooms:
-                return
-            for task in list(self.app.tasks.values()):
-                if not is_singleton(task):
-                    continue
-                mode = task.singleton_options().mode
-                if mode.takes_turns:
-                    forget = partial(mode.forget_turn, store)
-                    send_turns(self.app, mode.hand_out(store, rooms), forget)
-        except SingletonLockError as error:  # the next sweep tries again
-            logger.warning("celery-singleton-lock: turns not handed out (%s)", error)
+        # A store out of reach raises: the worker's timer pauses the sweep (worker.timers).
+        rooms = turns.with_calls()
+        if not rooms:
+            return
+        for task in list(self.app.tasks.values()):
+            if not is_singleton(task):
+                continue
+            mode = task.singleton_options().mode
+            if mode.takes_turns:
+                forget = partial(mode.forget_turn, store)
+                send_turns(self.app, mode.hand_out(store, rooms), forget)
 
 
 __all__ = ["TurnSweep", "kept_call", "send_turns"]

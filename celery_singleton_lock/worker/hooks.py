@@ -30,6 +30,7 @@ from .childwatch import child_watch
 from .reservations import reservations
 from .revokes import revoked_windows
 from .setupchecks import check_the_ride, check_worker_setup, refuse_bad_settings
+from .timers import Paced
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +134,10 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
             _closing.append(sweep.close)
         attached = AttachSweep.of(app)
         if attached is not None:  # calls attached to holders that ended
-            timer.call_repeatedly(attached.interval, attached)
+            timer.call_repeatedly(attached.interval, Paced("the attached calls' sweep", attached))
         turns = TurnSweep.of(app)
         if turns is not None:  # a total's slots freed by no run's end (round robin)
-            timer.call_repeatedly(turns.INTERVAL, turns)
+            timer.call_repeatedly(turns.INTERVAL, Paced("the waiting rooms' sweep", turns))
 
 
 def _release_revoked(
