@@ -4,6 +4,7 @@ call waits out a growing pause before the next, and the outage is logged once.
 The timer shares the main process's event loop with handing messages to the pool: a
 sweep blocked for the connect timeout every tick would hold the worker back in an outage.
 """
+
 from __future__ import annotations
 
 import logging
