@@ -84,3 +84,14 @@ def test_what_is_left_is_each_process_over_plain_beside_the_better_incumbent() -
     assert rows["total"]["better_incumbent_over_plain_us"] == 420
     assert "riding the result write" in rows["pool_children"]["pays_for"]
     assert left("default", {"plain": cost["plain"]}) == {}
+
+
+def test_the_fairness_target_reads_the_round_robin_row_in_runs() -> None:
+    waits = ratios("fairness", "late_first_wait_runs", this_fair_first=11.1, this_fair=1.0)
+    [fair] = checks("separate", waits).values()
+    assert (fair["target"], fair["this_run"], fair["reached"]) == (
+        "a late key's first call waits", 1.0, "yes"
+    )
+    assert fair["goal"] == "≤ 1.50x a run's duration"
+    waits["fairness"]["this_fair"]["late_first_wait_runs"] = 2.0
+    assert [row["reached"] for row in checks("separate", waits).values()] == ["no"]
