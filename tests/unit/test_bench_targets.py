@@ -90,7 +90,9 @@ def test_the_fairness_target_reads_the_round_robin_row_in_runs() -> None:
     waits = ratios("fairness", "late_first_wait_runs", this_fair_first=11.1, this_fair=1.0)
     [fair] = checks("separate", waits).values()
     assert (fair["target"], fair["this_run"], fair["reached"]) == (
-        "a late key's first call waits", 1.0, "yes"
+        "a late key's first call waits",
+        1.0,
+        "yes",
     )
     assert fair["goal"] == "≤ 1.50x a run's duration"
     waits["fairness"]["this_fair"]["late_first_wait_runs"] = 2.0
