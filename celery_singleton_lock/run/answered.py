@@ -5,8 +5,10 @@ without running the body, so Celery's tracer sends its links, its chain and its 
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 from celery import Task, states
+from celery.exceptions import Ignore
 
 from .. import signals as singleton_signals
 from ..broker.attached import holders_outcome
@@ -26,6 +28,9 @@ def answer_of(task: Task, request: object) -> Replay | None:
     task_id = getattr(request, "id", None)
     if not holder or holder == task_id:
         return None
+    name = header(request, NAME_HEADER) or ""
+    if _answered_before(task, task_id):
+        _drop_copy(task, task_id, name, holder)
     outcome = holders_outcome(task.backend, holder)
     if outcome is None:
         logger.info(
@@ -41,7 +46,6 @@ def answer_of(task: Task, request: object) -> Replay | None:
     else:
         assert isinstance(result, BaseException)  # noqa: S101  (holders_outcome's FAILURE)
         replay = Replay(error=result)
-    name = header(request, NAME_HEADER) or ""
     context = getattr(task, "singleton_context", None)
     if name and context is not None and context.keeps_history:
         record = context.record(name, task_id)
@@ -63,6 +67,30 @@ def answer_of(task: Task, request: object) -> Replay | None:
         state=status,
     )
     return replay
+
+
+def _answered_before(task: Task, task_id: object) -> bool:
+    """Whether this call's own id has its outcome stored already: this message is a second
+    one of an answered call (its worker killed after sending it and before forgetting it
+    sends it again, ``broker.attached``), whose chain and links went on once already."""
+    meta = task.backend.get_task_meta(task_id)
+    return meta.get("status") in states.READY_STATES
+
+
+def _drop_copy(task: Task, task_id: object, name: str, holder: str) -> NoReturn:
+    """End this delivery as a copy: Ignore stores no state and sends no link (Celery's
+    tracer), so the first answer and its continuations stay the only ones."""
+    singleton_signals.send(
+        singleton_signals.copy_dropped, task, name, task_id=task_id, holder_state="answered"
+    )
+    logger.info(
+        "copy of answered task dropped: task=%s id=%s lock=%s holder=%s",
+        task.name,
+        task_id,
+        name,
+        holder,
+    )
+    raise Ignore(f"a copy of {task_id}, answered already with {holder}'s outcome")
 
 
 __all__ = ["answer_of"]

@@ -21,6 +21,7 @@ from celery.utils import uuid
 from celery_singleton_lock.broker.attached import kept_message, send_kept
 from celery_singleton_lock.broker.transit import Transit
 from celery_singleton_lock.config.stores import LockStores
+from celery_singleton_lock.lease.attachments import attachments_of
 from celery_singleton_lock.tokens import (
     ANSWER_HEADER,
     NAME_HEADER,
@@ -103,6 +104,32 @@ class TestThroughApplyAsync:
             assert (sent["answer"], sent["token"]) == (holder.id, None)
         wait_for(lambda: sorted(follows(cenv)) == [["C", "s1"], ["L", "s1"]], 10, "follows")
         assert [run["id"] for run in runs(cenv) if run["item"] == "s1"] == [holder.id]
+
+    def test_an_answered_call_sent_twice_is_answered_once(
+        self, cenv: CeleryEnv, publishing: Worker
+    ) -> None:
+        """A worker killed after sending an attached call and before forgetting it sends
+        it again: the second message finds the call's outcome stored under its id and is
+        dropped as a copy; the chain goes on once."""
+        work, follow = cenv.app_module.work, cenv.app_module.follow
+        q = publishing.queue
+        holder = work.apply_async(("s3", UNTIL_OPENED), queue=q)
+        running(cenv, "s3")
+        after = chain(work.si("s3").set(queue=q), follow.s("D").set(queue=q)).apply_async()
+        name = work.singleton_options().key.derive(("s3",), {})
+        attachments = attachments_of(LockStores.for_app(cenv.app_module.app).lock)
+        assert attachments is not None
+        [kept] = attachments.listed(name)[1]
+        open_gate(cenv, "s3")
+        assert after.get(timeout=20) == ["s3", "D"]
+        wait_for(lambda: follows(cenv) == [["D", "s3"]], 10, "the chain's next step")
+        send_kept(cenv.app_module.app, kept.record, holder=holder.id)  # the second send
+        wait_for(
+            lambda: "copy of answered task dropped" in publishing.output(), 20, "the copy dropped"
+        )
+        assert follows(cenv) == [["D", "s3"]]
+        assert after.parent.get(timeout=5) == "s3"
+        assert [run["id"] for run in runs(cenv) if run["item"] == "s3"] == [holder.id]
 
     def test_a_promoted_call_is_sent_through_apply_async_with_its_hold(
         self, cenv: CeleryEnv, publishing: Worker
