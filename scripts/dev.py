@@ -179,32 +179,10 @@ BACKPORTS = "deb http://deb.debian.org/debian bookworm-backports main\n"
 
 def ensure_valkey_tls() -> str | None:
     """Debian's valkey-server (8.0, built with TLS) under .venv, or None (its test skips)."""
-    if VALKEY_TLS.exists():
-        return str(VALKEY_TLS)
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        say("no root: the TLS Valkey test is skipped")
-        return None
-    say("fetching Debian's valkey-server (bookworm-backports) for the TLS Valkey test")
-    work = VALKEY_TLS.parent / "download"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    (work / "backports.list").write_text(BACKPORTS)
-    # Only this list, read for this download: the machine's own sources stay as they are.
-    private = ["-o", f"Dir::Etc::sourcelist={work / 'backports.list'}",
-               "-o", "Dir::Etc::sourceparts=-", "-o", "APT::Get::List-Cleanup=0",
-               "-o", "APT::Sandbox::User=root"]  # fmt: skip
-    try:
-        run("apt-get", *private, "update", "-qq")
-        subprocess.run(["apt-get", *private, "download", "valkey-tools"], cwd=work, check=True)
-        package = next(work.glob("valkey-tools_*.deb"))
-        run("dpkg-deb", "-x", package, work / "root")
-    except (subprocess.CalledProcessError, StopIteration) as error:
-        say(f"could not fetch valkey-server ({error}): the TLS Valkey test is skipped")
-        return None
-    # Debian's valkey-server is this binary under another name (it reads its argv[0]).
-    shutil.copy(work / "root" / "usr" / "bin" / "valkey-check-rdb", VALKEY_TLS)
-    shutil.rmtree(work)
-    return str(VALKEY_TLS)
+    # Debian's valkey-server is valkey-check-rdb under another name (it reads its argv[0]).
+    return debian_binary(
+        "valkey-tools", "valkey-check-rdb", VALKEY_TLS, "the TLS Valkey test", BACKPORTS
+    )
 
 
 # The shipped alert rules are checked by Prometheus's own promtool: Debian's, unpacked
@@ -213,28 +191,45 @@ PROMTOOL = VENV / "prometheus" / "promtool"
 
 
 def ensure_promtool() -> str | None:
-    """Debian's promtool under .venv, or None (the rules' promtool test skips)."""
-    if PROMTOOL.exists():
-        return str(PROMTOOL)
+    """Debian's promtool under .venv, or None (the rules' promtool check skips)."""
+    return debian_binary("prometheus", "promtool", PROMTOOL, "the alert rules' promtool check")
+
+
+def debian_binary(
+    package: str, binary: str, dest: Path, used_by: str, sources: str | None = None
+) -> str | None:
+    """``binary`` of Debian's ``package`` copied to ``dest``, the package downloaded and
+    unpacked (nothing installed, no service started), from the machine's sources or from
+    ``sources`` alone (a sources.list line); None without root or apt (``used_by`` skip)."""
+    if dest.exists():
+        return str(dest)
     if os.geteuid() != 0 or not shutil.which("apt-get"):
-        say("no root: the alert rules' promtool check is skipped")
+        say(f"no root: {used_by} is skipped")
         return None
-    say("fetching Debian's promtool for the alert rules' check")
-    work = PROMTOOL.parent / "download"
+    say(f"fetching Debian's {package} for {used_by}")
+    work = dest.parent / "download"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    private = ["-o", "APT::Sandbox::User=root"]
+    if sources is not None:
+        (work / "sources.list").write_text(sources)
+        # Only this list, read for this download: the machine's own sources stay as they are.
+        private += ["-o", f"Dir::Etc::sourcelist={work / 'sources.list'}",
+                    "-o", "Dir::Etc::sourceparts=-", "-o", "APT::Get::List-Cleanup=0"]  # fmt: skip
     try:
-        apt_update()
-        download = ["apt-get", "-o", "APT::Sandbox::User=root", "download", "-qq"]
-        subprocess.run([*download, "prometheus"], cwd=work, check=True)
-        package = next(work.glob("prometheus_*.deb"))
-        run("dpkg-deb", "-x", package, work / "root")
+        if sources is not None:
+            run("apt-get", *private, "update", "-qq")
+        else:
+            apt_update()
+        subprocess.run(["apt-get", *private, "download", "-qq", package], cwd=work, check=True)
+        downloaded = next(work.glob(f"{package}_*.deb"))
+        run("dpkg-deb", "-x", downloaded, work / "root")
     except (subprocess.CalledProcessError, StopIteration) as error:
-        say(f"could not fetch promtool ({error}): the alert rules' promtool check is skipped")
+        say(f"could not fetch {package} ({error}): {used_by} is skipped")
         return None
-    shutil.copy(work / "root" / "usr" / "bin" / "promtool", PROMTOOL)
+    shutil.copy(work / "root" / "usr" / "bin" / binary, dest)
     shutil.rmtree(work)
-    return str(PROMTOOL)
+    return str(dest)
 
 
 # The locks page's tests drive a real browser: Debian's Chromium and its WebDriver.

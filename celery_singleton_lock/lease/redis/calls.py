@@ -160,41 +160,6 @@ class ScriptCall(SentCall):
         return replies[0]
 
 
-class Acked(SentCall):
-    """A script call followed by ``WAIT``: answers ``(reply, replicas acknowledged)``.
-
-    WAIT counts the acknowledgements of the writes made on its own connection, so the
-    fallback is a pipeline (one connection) of EVAL and WAIT, never two separate calls.
-    """
-
-    __slots__ = ("acks", "call")
-
-    def __init__(self, call: ScriptCall, acks: tuple[int, int]) -> None:
-        self.call, self.acks = call, acks
-
-    def fallback(self) -> Response:
-        call = self.call
-        with call.client.pipeline(transaction=False) as pipe:
-            pipe.eval(body(call.script), len(call.keys), *call.keys, *call.args)
-            pipe.execute_command("WAIT", *self.acks)
-            reply, acked = pipe.execute()
-        return reply, int(acked)
-
-    def after_transport_error(self, error: Exception) -> Response:
-        if not self.call.retry:
-            raise error
-        return self.fallback()
-
-    def finish(self, replies: list[Response]) -> Response:
-        *called, acked = replies
-        for reply in called:
-            if isinstance(reply, redis.ResponseError) and self.call.rescues(reply):
-                return self.fallback()
-        if isinstance(acked, Exception):
-            raise acked
-        return self.call.finish(called), int(acked)
-
-
 class Asked(SentCall):
     """A script call followed by one plain command in the same write (a question about
     another key, asked as the script ends): answers ``(reply, the command's reply)``.
@@ -226,6 +191,27 @@ class Asked(SentCall):
         if isinstance(answer, Exception):
             raise answer
         return self.call.finish(called), answer
+
+
+class Acked(Asked):
+    """A script call followed by ``WAIT``: answers ``(reply, replicas acknowledged)``.
+
+    WAIT counts the acknowledgements of the writes made on its own connection, so the
+    fallback is a pipeline (one connection) of EVAL and WAIT, never two separate calls.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, call: ScriptCall, acks: tuple[int, int]) -> None:
+        super().__init__(call, ("WAIT", *acks))
+
+    def fallback(self) -> Response:
+        reply, acked = super().fallback()
+        return reply, int(acked)
+
+    def finish(self, replies: list[Response]) -> Response:
+        reply, acked = super().finish(replies)
+        return reply, int(acked)
 
 
 class Hold(SentCall):
