@@ -130,9 +130,10 @@ class Limit(Mode):
             return override.weight
         return 1.0 if self.total is None else self.total.weight_of(call)
 
-    def _take_turn(self, start: Start) -> Lease | Kept | None:
+    def _take_turn(self, start: Start) -> Lease | Kept | Contended | None:
         """The run's turn of the total, in its key's line with every key's (round robin):
-        its key's slot and the total's now, or its message kept in the line. None: no
+        its key's slot and the total's now, or its message kept in the line; contended by
+        a run of its own task id (its message again: a copy if that run lives). None: no
         waiting room on this store (first come, first served)."""
         total, waiter = self.total, start.waiter
         turns = turns_of(start.store)
@@ -146,6 +147,8 @@ class Limit(Mode):
                 widest=widest, cap=cap, token=start.token, ttl=start.ttl,
             )  # fmt: skip
             start.handed.extend(turn.handed)
+            if isinstance(turn.taken, Contended):
+                return turn.taken
             if isinstance(turn.taken, tuple):
                 own, every = turn.taken
                 start.held.append(every)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..lease import Lease
 from ..names import slot
-from ..outcomes import text
+from ..outcomes import Contended, text
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
 from ..redis.servers import server_of
@@ -65,10 +65,11 @@ class Kept:
 @dataclass
 class Turn:
     """What a call's start found: its leases (its key's slot, the total's) to run now, or
-    ``Kept``, or None (its turn is reserved, its key's slot not free yet); and the calls
-    handed a turn meanwhile, to be sent."""
+    ``Kept``, or None (its turn is reserved, its key's slot not free yet), or
+    ``Contended``: a slot held by a run of the call's own task id (a copy if that run
+    lives: the caller's copy rule); and the calls handed a turn meanwhile, to be sent."""
 
-    taken: tuple[Lease, Lease] | Kept | None
+    taken: tuple[Lease, Lease] | Kept | Contended | None
     handed: list[Handed] = field(default_factory=list)
 
 
@@ -133,6 +134,11 @@ class Turns:
             return Turn(Kept(name, started=kind == 4), handed)
         if kind == 3:
             return Turn(None, handed)
+        if kind == 5:
+            tag, n, holder = text(reply[1]), int(reply[2]), text(reply[3])
+            own = slot(total if tag == keys[6] else name, n)
+            pttl = int(reply[4])
+            return Turn(Contended(own, f"{tag}:slot{n}", holder, max(pttl, 0) / 1000 or None))
         own = slot(name, int(reply[2]))
         every = slot(total, int(reply[4]))
         leases = (

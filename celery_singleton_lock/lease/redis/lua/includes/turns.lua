@@ -262,3 +262,20 @@ local function claim(ident, slot_n, info, token, ttl_ms, keep_ms)
   leave(ident, keep_ms)
   return {key_fence, own, total_fence, slot_n}
 end
+
+-- The slot a running token of task_id holds, of the total's (total slots) or of the
+-- key's ('tag\twidest\t...'): its tag, number and token; nil for none.
+local function running_of(task_id, key, total)
+  local suffix = '|' .. task_id
+  local tag, widest = string.match(key, '^(.*)\t(%d+)\t%d+\t[^\t]+$')
+  for _, of in ipairs({{KEYS[7], total}, {tag, tonumber(widest)}}) do
+    for i = 1, of[2] do
+      local v = redis.pcall('GET', of[1] .. ':slot' .. i)
+      if type(v) == 'string' and string.sub(v, 1, 2) == 'x|'
+          and string.sub(v, -#suffix) == suffix then
+        return of[1], i, v
+      end
+    end
+  end
+  return nil
+end
