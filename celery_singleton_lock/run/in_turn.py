@@ -58,7 +58,7 @@ def waiter_of(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Waite
     weight = mode.weight(call, start.override)
     # The stamp of the hand-out this message was sent on (0: as first sent).
     stamp = header_count(request, TURN_HEADER)
-    return Waiter(f"{request.id}:{retries}", record, weight, stamp)
+    return Waiter(Waiter.ident_of(request.id, retries), record, weight, stamp)
 
 
 def send_handed(delivery: Delivery, handed: list[Handed]) -> None:

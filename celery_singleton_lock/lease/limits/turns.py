@@ -42,6 +42,11 @@ class Waiter:
     weight: float = 1.0
     stamp: int = 0
 
+    @staticmethod
+    def ident_of(task_id: str, retries: int) -> str:
+        """A call's ident: its task id and attempt (``turn_take.lua`` reads the id back)."""
+        return f"{task_id}:{retries}"
+
 
 @dataclass(frozen=True)
 class Handed:
