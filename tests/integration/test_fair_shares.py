@@ -226,6 +226,9 @@ class TestOperators:
             refused = cli(cenv, "limits", "set", "tests.support.celery_app.export", "--weight", "2")
             assert refused.returncode == 1
             assert "has no total_limit= taken round robin" in refused.stderr
+            tiny = cli(cenv, "limits", "set", key, "--weight", "0.0001")
+            assert tiny.returncode == 2
+            assert "0.001<=x<=1000" in tiny.stderr, tiny.stderr
         finally:
             assert cli(cenv, "limits", "set", key, "--reset").returncode == 0
 
@@ -238,5 +241,7 @@ class TestOperators:
         assert weighted.mode.weight(((), {}), None) == 2.5
         with pytest.raises(ConfigurationError, match="total_order='lifo' must be one of"):
             define(key=["item"], limit=2, total_limit=3, total_order="lifo")
-        with pytest.raises(ConfigurationError, match="weight must be a number above 0"):
-            define(key=["item"], limit=2, total_limit=3, weight=0)
+        for tiny in (0, 0.0001):  # (too small a weight: its key would be served every turn)
+            with pytest.raises(ConfigurationError, match=r"weight must be a number from 0\.001"):
+                define(key=["item"], limit=2, total_limit=3, weight=tiny)
+        assert define(key=["item"], limit=2, total_limit=3, weight=0.001).singleton_options()
