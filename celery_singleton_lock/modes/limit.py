@@ -157,7 +157,7 @@ class Limit(Mode):
             late = time.monotonic() > deadline
             stays = turn.taken is None and late  # (its turn reserved, its key's slot not free)
             if stays and turns.give_back(
-                total.name, total.limit, waiter.ident, waiter.stamp, stays=True
+                total.name, total.limit, waiter.ident, waiter.stamp, stays=True, kept=waiter.kept
             ):
                 # Its key's slot is not freeing (a limit lowered meanwhile): its turn goes
                 # on, and it waits first in its key's line for the next.
@@ -176,7 +176,7 @@ class Limit(Mode):
         turns = turns_of(start.store) if self.takes_turns else None
         if total is None or waiter is None or turns is None:
             return
-        if turns.give_back(total.name, total.limit, waiter.ident, waiter.stamp):
+        if turns.give_back(total.name, total.limit, waiter.ident, waiter.stamp, kept=waiter.kept):
             start.handed.extend(turns.hand_out(total.name, total.limit))
 
     def waiting(self, store: LockStore) -> dict[str, int]:

@@ -20,6 +20,7 @@ from ..support.turns import (
     of_items,
     of_started,
     slots_free,
+    stamp_kept_for,
     stamp_of,
     waiting,
 )
@@ -85,6 +86,9 @@ class TestOnce:
                 headers={TURN_HEADER: str(stamp)}, queue=worker.queue,
             )  # fmt: skip
             wait_for(lambda: dropped(cenv, call.id), 20, "the copy dropped")
+            # Its stamp outlives the broker's visibility timeout (kombu's 1 h here) and a
+            # reservation: a copy handed out after it is still told for one.
+            assert stamp_kept_for(cenv, FAIR, f"{call.id}:0") > 3600.0
             open_gate(cenv, tenant)
             open_gate(cenv, blocker)
             assert call.get(timeout=20) == tenant

@@ -343,3 +343,21 @@ def test_a_turn_its_key_cannot_take_goes_on_and_the_call_stays_first_in_line(
     [instead] = room.hand_out(TOTAL, 2)
     assert instead.ident == "B1", "the turn went on at once"
     assert room.waiting(TOTAL) == {"A": 1, "B": 1}, "A1 still waits, first in A's line"
+
+
+def test_stamps_are_kept_past_the_broker_s_unacked_timeout(
+    turns: tuple[RedisLock, Turns], raw: redis.Redis
+) -> None:
+    # A copy the broker hands out after its visibility timeout must still find the stamp.
+    store, room = turns
+    kept = turns_module.stamps_kept(7200.0)
+    assert kept >= 7200.0 + turns_module.RESERVE
+    assert turns_module.stamps_kept(None) == turns_module.CLAIMED_KEPT
+    waiter = Waiter("A0", b"msg-A0", 1.0, 0, kept)
+    taken = room.take(TOTAL, 2, "A", waiter, widest=2, cap=None, token="x|A0", ttl=30).taken
+    assert isinstance(taken, tuple)
+    left = store.keys(TOTAL).lock + ":turns:left"
+    until = raw.zscore(left, "A0")
+    assert until is not None
+    assert until / 1000 - time.time() > 7200.0, "its stamp outlives the broker's timeout"
+    assert raw.pttl(left) == -1 or raw.pttl(left) / 1000 > 7200.0, "and the room's keys too"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Any
 
 from celery_singleton_lock.config.stores import LockStores
@@ -49,3 +50,11 @@ def stamp_of(cenv: CeleryEnv, task: str, ident: str) -> int:
 def slots_free(cenv: CeleryEnv, task: str, total: int) -> bool:
     store = LockStores.for_app(cenv.app_module.app).lock
     return all(store.holder(slot(f"{task}#total", n)) is None for n in range(1, total + 1))
+
+
+def stamp_kept_for(cenv: CeleryEnv, task: str, ident: str) -> float:
+    """How much longer (s) a call that left the room keeps its stamp."""
+    store = LockStores.for_app(cenv.app_module.app).lock
+    until = store.client.zscore(f"{store.keys(f'{task}#total').lock}:turns:left", ident)
+    assert until is not None, f"{ident} left no stamp"
+    return until / 1000 - time.time()

@@ -27,7 +27,16 @@ RESERVE = 60.0
 # delivered again (its worker died between keeping it and its ack), or one sent on an
 # earlier hand-out and delivered late. A call runs once (a run that dies is run again,
 # as any: its own message, same stamp). The room's keys expire this long after the last.
+# At least this; longer where the broker hands an unacked message out again later
+# (``stamps_kept``): a copy it hands out must still find the stamp.
 CLAIMED_KEPT = 3600.0
+
+
+def stamps_kept(unacked_for: float | None) -> float:
+    """How long a call's stamp is kept once it left the room, on a broker that hands an
+    unacked message out again after ``unacked_for`` s (None: never): past that, and
+    past a reservation's wait for the message sent on a turn."""
+    return max(CLAIMED_KEPT, (unacked_for or 0.0) + RESERVE)
 
 
 @dataclass(frozen=True)
@@ -35,12 +44,14 @@ class Waiter:
     """A call that wants a turn: ``ident`` (its task id and attempt: a redelivered copy
     has the same), its kept message, its key's weight (its share while others wait), and
     this message's ``stamp`` (0 as first sent; each hand-out sends it with a new one):
-    only the message of the call's current stamp may start, any other is a copy."""
+    while it waits any message of it may claim its turn; once it left, only its stamp's,
+    any other is a copy (its stamp ``kept`` s: ``stamps_kept``)."""
 
     ident: str
     record: bytes
     weight: float = 1.0
     stamp: int = 0
+    kept: float = CLAIMED_KEPT
 
     @staticmethod
     def ident_of(task_id: str, retries: int) -> str:
@@ -126,7 +137,7 @@ class Turns:
         ttl_ms = store.ttl_ms(ttl)
         args: list[str | int | bytes] = [
             lines, waiter.ident, name, key, waiter.record, token, ttl_ms,
-            store.ttl_ms(RESERVE), total_limit, total, store.ttl_ms(CLAIMED_KEPT),
+            store.ttl_ms(RESERVE), total_limit, total, store.ttl_ms(waiter.kept),
             str(waiter.stamp),
         ]  # fmt: skip
         sent_at = store.clock.monotonic()
@@ -181,15 +192,17 @@ class Turns:
         stamp: int | None = None,
         *,
         stays: bool = False,
+        kept: float = CLAIMED_KEPT,
     ) -> bool:
         """A reserved call that will not start now (its key paused, its message expired)
         gives its turn back and leaves the room: its message of ``stamp`` (None: any) is
         the one that may come round. ``stays``: it stays first in its key's line (its
-        key's slot not free for a while). Whether it held one (a copy holds none)."""
+        key's slot not free for a while). Its stamp is kept ``kept`` s. Whether it held
+        one (a copy holds none)."""
         store = self._store
         keys, lines = self._room(total)
         said = "" if stamp is None else str(stamp)
-        kept_ms = store.ttl_ms(CLAIMED_KEPT)
+        kept_ms = store.ttl_ms(kept)
         args: list[str | int] = [lines, ident, total_limit, said, kept_ms, "1" if stays else "0"]
         try:
             done = self._give_back(keys=keys, args=args)
@@ -249,5 +262,6 @@ __all__ = [
     "Turn",
     "Turns",
     "Waiter",
+    "stamps_kept",
     "turns_of",
 ]
