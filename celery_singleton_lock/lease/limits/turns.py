@@ -27,16 +27,16 @@ RESERVE = 60.0
 # delivered again (its worker died between keeping it and its ack), or one sent on an
 # earlier hand-out and delivered late. A call runs once (a run that dies is run again,
 # as any: its own message, same stamp). The room's keys expire this long after the last.
-# At least this; longer where the broker hands an unacked message out again later
-# (``stamps_kept``): a copy it hands out must still find the stamp.
+# At least this; longer where a message not yet done with is delivered again later
+# (``stamps_kept``): a copy delivered then must still find the stamp.
 CLAIMED_KEPT = 3600.0
 
 
-def stamps_kept(unacked_for: float | None) -> float:
-    """How long a call's stamp is kept once it left the room, on a broker that hands an
-    unacked message out again after ``unacked_for`` s (None: never): past that, and
-    past a reservation's wait for the message sent on a turn."""
-    return max(CLAIMED_KEPT, (unacked_for or 0.0) + RESERVE)
+def stamps_kept(redelivered_after: float | None) -> float:
+    """How long a call's stamp is kept once it left the room, where a message not yet
+    done with is delivered again after ``redelivered_after`` s (None: never): past that,
+    and past a reservation's wait for the message sent on a turn."""
+    return max(CLAIMED_KEPT, (redelivered_after or 0.0) + RESERVE)
 
 
 @dataclass(frozen=True)
