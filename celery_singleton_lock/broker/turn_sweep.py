@@ -6,6 +6,7 @@ slots no run's end handed out (a dead run's, a reservation whose message was los
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import partial
@@ -17,11 +18,12 @@ from kombu.utils.json import dumps, loads
 from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
-from ..lease.limits.turns import Handed, turns_of
+from ..lease.limits.backlog import backlog_of
+from ..lease.limits.turns import Handed, Waiter, turns_of
 from ..tokens import BYPASS_OPTION, TURN_HEADER
 
 if TYPE_CHECKING:
-    from celery import Celery
+    from celery import Celery, Task
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +84,17 @@ class TurnSweep:
     """Every ``INTERVAL`` s on a worker's timer: each of the app's tasks taking its total's
     turns round robin hands out the slots nothing handed out, and sends whose turn came:
     a slot freed by a dead run's worker or by its ttl, a reservation whose message was
-    lost (put back in line once it runs out). A run's end hands its own slot out at once."""
+    lost (put back in line once it runs out). A run's end hands its own slot out at once.
+    With ``max_pending``, the places of the calls kept waiting are renewed (``PLACES``)."""
 
     INTERVAL = 0.5
+    # A kept call's place (max_pending) lasts the queue ttl from when it was kept or last
+    # renewed: renewed every this share of it while the call waits, so it never runs out.
+    PLACES = 0.25
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self._renew_at: dict[str, float] = {}
 
     @classmethod
     def of(cls, app: Celery) -> TurnSweep | None:
@@ -111,8 +118,23 @@ class TurnSweep:
                 if mode.takes_turns:
                     forget = partial(mode.forget_turn, store)
                     send_turns(self.app, mode.hand_out(store, rooms), forget)
+                    self._renew_places(task)
         except SingletonLockError as error:  # the next sweep tries again
             logger.warning("celery-singleton-lock: turns not handed out (%s)", error)
+
+    def _renew_places(self, task: Task) -> None:
+        """The places (``max_pending``) of ``task``'s calls kept waiting for their turn,
+        renewed for its queue ttl: a wait longer than that keeps the cap."""
+        context = task.singleton_context
+        if context.options.max_pending is None:
+            return
+        now, ttl = time.monotonic(), context.queue_ttl
+        if now < self._renew_at.get(task.name, 0.0):
+            return
+        self._renew_at[task.name] = now + ttl * self.PLACES
+        backlog = backlog_of(context.store)
+        for ident, name in context.options.mode.kept_calls(context.store).items():
+            backlog.renew(name, Waiter.task_id_of(ident), ttl)
 
 
 __all__ = ["TurnSweep", "kept_call", "send_turns"]

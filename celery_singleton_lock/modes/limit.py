@@ -184,6 +184,11 @@ class Limit(Mode):
         turns = turns_of(store) if self.takes_turns else None
         return {} if total is None or turns is None else turns.waiting(total.name)
 
+    def kept_calls(self, store: LockStore) -> dict[str, str]:
+        total = self.total
+        turns = turns_of(store) if self.takes_turns else None
+        return {} if total is None or turns is None else turns.kept(total.name)
+
     def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
         total = self.total
         turns = turns_of(store) if self.takes_turns else None

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from celery_singleton_lock import ConfigurationError
+from celery_singleton_lock import BackpressureError, ConfigurationError
 from celery_singleton_lock.config.stores import LockStores
 from celery_singleton_lock.contrib import limits
 from celery_singleton_lock.lease.limits.overrides import Override, overrides_of
@@ -19,11 +19,12 @@ from celery_singleton_lock.lease.limits.overrides import Override, overrides_of
 from ..conftest import CeleryEnv
 from ..support.cli import cli
 from ..support.modes import concurrency, define, results_of
-from ..support.runs import runs, started, wait_for
-from ..support.turns import FAIR, check_caps, of_items, slots_free, waiting
+from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
+from ..support.turns import FAIR, check_caps, of_items, of_started, slots_free, waiting
 from ..support.workers import Worker
 
 WEIGHTED = "tests.support.celery_app.export_weighted"
+CAPPED = "tests.support.celery_app.export_fair_capped"
 
 
 class TestRoundRobin:
@@ -166,6 +167,43 @@ class TestRoundRobin:
         assert began - freed < 1.0, "the expired call's turn went on at once, not in 60 s"
         assert not of_items(runs(cenv), [expiring]), "an expired call does not run"
         assert not waiting(cenv, FAIR)
+
+
+    def test_a_call_waiting_longer_than_its_place_keeps_the_cap(self, cenv: CeleryEnv) -> None:
+        # max_pending=1, queue_ttl=2: its place is renewed while it waits in the room, so
+        # another call of its key is refused however long it waits.
+        app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+        blocker, tenant = f"g-{tag}", f"m-{tag}"
+        store = LockStores.for_app(app.app).lock
+        place = store.keys(f"capped:{tenant}").backlog
+        worker = Worker(cenv.env, concurrency=4).start()
+        try:
+            gated = [
+                app.export_fair_capped.apply_async((blocker, UNTIL_OPENED), queue=worker.queue)
+                for _ in range(2)
+            ]
+            wait_for(lambda: len(of_started(cenv, blocker)) == 2, 30, "the total full")
+            call = app.export_fair_capped.apply_async((tenant, 0.1), queue=worker.queue)
+            wait_for(lambda: waiting(cenv, CAPPED).get(f"capped:{tenant}"), 10, "it waits")
+            first = store.client.zscore(place, call.id)
+            assert first is not None, "it holds a place"
+            wait_for(
+                lambda: (store.client.zscore(place, call.id) or 0) > first + 3000,
+                20,
+                "its place renewed past the queue ttl while it waits",
+            )
+            with pytest.raises(BackpressureError):
+                app.export_fair_capped.apply_async((tenant, 0.1), queue=worker.queue)
+            open_gate(cenv, blocker)
+            assert call.get(timeout=20) == tenant
+            open_gate(cenv, blocker)
+            results_of(gated, worker, 30)
+        except BaseException:
+            print(worker.output()[-6000:])
+            raise
+        finally:
+            worker.stop()
+        wait_for(lambda: store.client.zscore(place, call.id) is None, 5, "its place left")
 
 
 class TestWeights:

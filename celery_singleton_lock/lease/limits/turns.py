@@ -58,6 +58,11 @@ class Waiter:
         """A call's ident: its task id and attempt (``turn_take.lua`` reads the id back)."""
         return f"{task_id}:{retries}"
 
+    @staticmethod
+    def task_id_of(ident: str) -> str:
+        """The task id of a call's ident."""
+        return ident.rpartition(":")[0] or ident
+
 
 @dataclass(frozen=True)
 class Handed:
@@ -217,6 +222,19 @@ class Turns:
         except REDIS_ERRORS as error:
             self._store.unavailable(error)
         return sorted(text(one) for one in found)
+
+    def kept(self, total: str) -> dict[str, str]:
+        """The calls kept in ``total``'s room and not handed a turn yet: ident -> key name."""
+        keys, _ = self._room(total)
+        try:
+            with self._store.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(keys[2])
+                pipe.zrange(keys[4], 0, -1)
+                of, handed = pipe.execute()
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, total)
+        sent = {text(ident) for ident in handed}
+        return {text(i): text(n) for i, n in of.items() if text(i) not in sent}
 
     def waiting(self, total: str) -> dict[str, int]:
         """How many calls of each key wait in ``total``'s room (handed ones included)."""
