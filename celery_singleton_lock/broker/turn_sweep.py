@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from celery.utils.time import maybe_iso8601
 from kombu.utils.json import dumps, loads
 
+from .. import signals as singleton_signals
 from ..config.options import is_singleton
 from ..config.stores import LockStores
 from ..exceptions import SingletonLockError
 from ..lease.limits.backlog import backlog_of
 from ..lease.limits.turns import Handed, Waiter, turns_of
-from ..tokens import BYPASS_OPTION, TURN_HEADER
+from ..tokens import BYPASS_OPTION, NAME_HEADER, TURN_HEADER
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -51,6 +52,9 @@ def send_turns(
     waiting = list(handed)
     while waiting:
         call = waiting.pop(0)
+        if call.given_up:
+            _given_up(app, call)
+            continue
         try:
             kept = loads(call.record)
             # Its stamp, as the library's own header: the one message of the call that
@@ -64,6 +68,30 @@ def send_turns(
         logger.debug("call sent on its turn: %s", call.ident)
         if forget is not None and _expired(kept["s"]):
             waiting += forget(call.ident)
+
+
+def _given_up(app: Celery, call: Handed) -> None:
+    """A call sent on its turn again and again that never started (its message not sent,
+    or dropped where it came: a worker without its task): said, as a skipped call."""
+    try:
+        signature = loads(call.record)["s"]
+        name, headers = str(signature["task"]), signature.get("options", {}).get("headers")
+    except (ValueError, KeyError, TypeError):
+        name, headers = "?", None
+    lock = (headers or {}).get(NAME_HEADER, name) if isinstance(headers, dict) else name
+    logger.error(
+        "celery-singleton-lock: %s[%s] given up: sent on its turn of %s again and again, "
+        "it never started (is the task registered on the workers of its queue?)",
+        name,
+        Waiter.task_id_of(call.ident),
+        lock,
+    )
+    task = app.tasks.get(name)
+    if task is not None:
+        task_id = Waiter.task_id_of(call.ident)
+        singleton_signals.send(
+            singleton_signals.execution_skipped, task, str(lock), task_id=task_id, holder_id=None
+        )
 
 
 def _expired(signature: Mapping[str, Any]) -> bool:
@@ -95,6 +123,7 @@ class TurnSweep:
     def __init__(self, app: Celery) -> None:
         self.app = app
         self._renew_at: dict[str, float] = {}
+        self._said: set[str] = set()
 
     @classmethod
     def of(cls, app: Celery) -> TurnSweep | None:
@@ -111,16 +140,30 @@ class TurnSweep:
             rooms = turns.with_calls()
             if not rooms:
                 return
+            served: set[str] = set()
             for task in list(self.app.tasks.values()):
                 if not is_singleton(task):
                     continue
                 mode = task.singleton_options().mode
+                served.add(mode.waiting_room or "")
                 if mode.takes_turns:
                     forget = partial(mode.forget_turn, store)
                     send_turns(self.app, mode.hand_out(store, rooms), forget)
                     self._renew_places(task)
+            self._say_unserved(set(rooms) - served)
         except SingletonLockError as error:  # the next sweep tries again
             logger.warning("celery-singleton-lock: turns not handed out (%s)", error)
+
+    def _say_unserved(self, rooms: set[str]) -> None:
+        """Rooms with calls this worker has no task for: said once (a worker of another
+        app or queue hands them out; if none does, their calls wait)."""
+        for room in sorted(rooms - self._said):
+            logger.warning(
+                "celery-singleton-lock: calls wait for their turn of %s, whose task this "
+                "worker does not have: a worker that has it hands their turns out",
+                room,
+            )
+            self._said.add(room)
 
     def _renew_places(self, task: Task) -> None:
         """The places (``max_pending``) of ``task``'s calls kept waiting for their turn,

@@ -184,6 +184,10 @@ class Limit(Mode):
         turns = turns_of(store) if self.takes_turns else None
         return {} if total is None or turns is None else turns.waiting(total.name)
 
+    @property
+    def waiting_room(self) -> str | None:
+        return self.total.name if self.total is not None and self.takes_turns else None
+
     def kept_calls(self, store: LockStore) -> dict[str, str]:
         total = self.total
         turns = turns_of(store) if self.takes_turns else None

@@ -168,7 +168,6 @@ class TestRoundRobin:
         assert not of_items(runs(cenv), [expiring]), "an expired call does not run"
         assert not waiting(cenv, FAIR)
 
-
     def test_a_call_waiting_longer_than_its_place_keeps_the_cap(self, cenv: CeleryEnv) -> None:
         # max_pending=1, queue_ttl=2: its place is renewed while it waits in the room, so
         # another call of its key is refused however long it waits.

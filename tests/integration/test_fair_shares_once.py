@@ -4,12 +4,18 @@ a worker killed with calls waiting loses none. On real prefork workers."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
+import pytest
+
+from celery_singleton_lock.broker.turn_sweep import kept_call, send_turns
 from celery_singleton_lock.contrib import limits
 from celery_singleton_lock.lease.limits.overrides import REFRESH
-from celery_singleton_lock.tokens import TURN_HEADER
+from celery_singleton_lock.lease.limits.turns import Handed
+from celery_singleton_lock.signals import execution_skipped
+from celery_singleton_lock.tokens import NAME_HEADER, TURN_HEADER
 
 from ..conftest import CeleryEnv
 from ..support.modes import results_of
@@ -208,3 +214,31 @@ class TestWorkerDeath:
             assert len(twice) == 1 or any(r["pid"] in children for r in twice), twice
         check_caps(done, per_key=2, total=2)
         assert not waiting(cenv, FAIR)
+
+
+def test_a_call_given_up_is_said_and_not_sent(
+    cenv: CeleryEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A room's hand-out gave it up (sent on its turn again and again, never started):
+    # an error names it, as a skipped call, and nothing is sent.
+    app, tag = cenv.app_module, uuid.uuid4().hex[:6]
+    task_id, name = f"gone-{tag}", f"fair:gone-{tag}"
+    signature = app.export_fair.signature(
+        (f"gone-{tag}",), task_id=task_id, headers={NAME_HEADER: name}
+    )
+    record = kept_call(signature, {})
+    assert record is not None
+    skipped: list[dict[str, object]] = []
+
+    def heard(sender: object = None, **fields: object) -> None:
+        skipped.append(fields)
+
+    execution_skipped.connect(heard, weak=False)
+    try:
+        with caplog.at_level(logging.ERROR, logger="celery_singleton_lock.broker.turn_sweep"):
+            send_turns(app.app, [Handed(f"{task_id}:0", record, -1)])
+    finally:
+        execution_skipped.disconnect(heard)
+    assert [(s["task_id"], s["name"]) for s in skipped] == [(task_id, name)]
+    assert f"[{task_id}] given up" in caplog.text
+    assert app.app.AsyncResult(task_id).state == "PENDING", "not sent"

@@ -361,3 +361,31 @@ def test_stamps_are_kept_past_the_broker_s_unacked_timeout(
     assert until is not None
     assert until / 1000 - time.time() > 7200.0, "its stamp outlives the broker's timeout"
     assert raw.pttl(left) == -1 or raw.pttl(left) / 1000 > 7200.0, "and the room's keys too"
+
+
+def test_a_call_never_claimed_is_given_up_after_a_few_sends(
+    turns: tuple[RedisLock, Turns], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its message is never sent, or dropped where it comes (a worker without its task):
+    # not handed out every 60 s forever.
+    store, room = turns
+    monkeypatch.setattr(turns_module, "RESERVE", 0.1)
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    take(room, "A", "A1")
+    assert isinstance(take(room, "B", "B0"), Kept)
+    sends = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    given_up = []
+    deadline = time.monotonic() + 10
+    while not given_up and time.monotonic() < deadline:
+        time.sleep(0.12)  # its reservation runs out unclaimed
+        handed = room.hand_out(TOTAL, 2)
+        sends += [call for call in handed if not call.given_up]
+        given_up = [call for call in handed if call.given_up]
+    assert [call.ident for call in given_up] == ["B0"]
+    assert given_up[0].record == b"msg-B0", "its message, to say which call it was"
+    assert [call.ident for call in sends] == ["B0"] * 5, "sent five times, then given up"
+    assert room.waiting(TOTAL) == {}
+    assert room.with_calls() == []
+    taken = take(room, "B", "B0", stamp=sends[-1].stamp)
+    assert isinstance(taken, tuple), "a message of it that comes after all: a new call"

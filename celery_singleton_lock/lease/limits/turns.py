@@ -67,11 +67,17 @@ class Waiter:
 @dataclass(frozen=True)
 class Handed:
     """A call whose turn came: its message to send, with its ``stamp`` (its reservation
-    waits for the message of that stamp)."""
+    waits for the message of that stamp); or ``given_up``: sent on its turn ``SENDS``
+    times (``includes/turns.lua``), never claimed (not sent, or dropped where it came),
+    it left the room."""
 
     ident: str
     record: bytes
     stamp: int = 0
+
+    @property
+    def given_up(self) -> bool:
+        return self.stamp < 0
 
 
 @dataclass(frozen=True)
