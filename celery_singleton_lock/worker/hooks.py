@@ -25,7 +25,7 @@ from ..broker.turn_sweep import TurnSweep, send_turns
 from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
 from ..lease.limits.turns import Waiter
-from ..tokens import NAME_HEADER, TOKEN_HEADER, header, header_count
+from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from . import receipts
 from .childwatch import child_watch
 from .reservations import reservations
@@ -162,7 +162,8 @@ def _release_revoked(
         mode = sender.singleton_options().mode
         # An expired message did no work either: a revoke for reopen_on.
         mode.ended("revoked", store, request)
-        ident = Waiter.ident_of(request.id, header_count(request.request_dict, "retries"))
+        # (Celery sends the request's Context here: its attempt is ``retries``)
+        ident = Waiter.ident_of(request.id, getattr(request, "retries", 0) or 0)
         forget = functools.partial(mode.forget_turn, store)
         send_turns(sender.app, forget(ident), forget)
         if reservations.drop(request.id, release=True):

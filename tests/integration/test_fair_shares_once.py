@@ -121,7 +121,8 @@ class TestOnce:
             wait_for(lambda: len(of_started(cenv, blocker)) == 2, 30, "the total full")
             call = app.export_fair.apply_async((revoked, 0.1), queue=worker.queue)
             wait_for(lambda: waiting(cenv, FAIR).get(f"fair:{revoked}"), 10, "it waits")
-            assert app.app.control.revoke(call.id, reply=True, timeout=5), "the worker knows"
+            app.app.control.revoke(call.id)
+            wait_for(lambda: "flagged as revoked" in worker.output(), 10, "the worker knows")
             open_gate(cenv, blocker)
             wait_for(lambda: not waiting(cenv, FAIR), 10, "its turn forgotten")
             late = app.export_fair.apply_async((after, 0.1), queue=worker.queue)
