@@ -172,16 +172,16 @@ class TestRoundRobin:
         # max_pending=1, queue_ttl=2: its place is renewed while it waits in the room, so
         # another call of its key is refused however long it waits.
         app, tag = cenv.app_module, uuid.uuid4().hex[:6]
-        blocker, tenant = f"g-{tag}", f"m-{tag}"
+        blockers, tenant = [f"g{n}-{tag}" for n in range(2)], f"m-{tag}"
         store = LockStores.for_app(app.app).lock
         place = store.keys(f"capped:{tenant}").backlog
         worker = Worker(cenv.env, concurrency=4).start()
         try:
             gated = [
                 app.export_fair_capped.apply_async((blocker, UNTIL_OPENED), queue=worker.queue)
-                for _ in range(2)
+                for blocker in blockers
             ]
-            wait_for(lambda: len(of_started(cenv, blocker)) == 2, 30, "the total full")
+            wait_for(lambda: all(of_started(cenv, b) for b in blockers), 30, "the total full")
             call = app.export_fair_capped.apply_async((tenant, 0.1), queue=worker.queue)
             wait_for(lambda: waiting(cenv, CAPPED).get(f"capped:{tenant}"), 10, "it waits")
             first = store.client.zscore(place, call.id)
@@ -193,9 +193,9 @@ class TestRoundRobin:
             )
             with pytest.raises(BackpressureError):
                 app.export_fair_capped.apply_async((tenant, 0.1), queue=worker.queue)
-            open_gate(cenv, blocker)
+            open_gate(cenv, blockers[0])
             assert call.get(timeout=20) == tenant
-            open_gate(cenv, blocker)
+            open_gate(cenv, blockers[1])
             results_of(gated, worker, 30)
         except BaseException:
             print(worker.output()[-6000:])
