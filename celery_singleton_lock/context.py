@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .config.options import SingletonOptions
 from .config.stores import LockStores
-from .config.visibility import longest_countdown
+from .config.visibility import longest_countdown, visibility_timeout
 from .exceptions import ConfigurationError
 from .lease import LockStore, split_role
 from .lease.history import Record
@@ -70,6 +70,12 @@ class TaskContext:
         its ``consumer_timeout``; ``config.visibility``); the rest is waited in further hops."""
         longest = longest_countdown(self.app.conf, self.stores.config.consumer_timeout)
         return countdown if longest is None else min(countdown, longest)
+
+    @property
+    def unacked_for(self) -> float | None:
+        """How long the broker lets a message stay unacked before it hands it out again
+        (``config.visibility``; None: it never does)."""
+        return visibility_timeout(self.app.conf, self.stores.config.consumer_timeout)
 
     @property
     def keeps_history(self) -> bool:

@@ -6,6 +6,7 @@ slots no run's end handed out (a dead run's, a reservation whose message was los
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import partial
@@ -14,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 from celery.utils.time import maybe_iso8601
 from kombu.utils.json import dumps, loads
 
+from .. import signals as singleton_signals
 from ..config.options import is_singleton
 from ..config.stores import LockStores
-from ..lease.limits.turns import Handed, turns_of
-from ..tokens import BYPASS_OPTION, TURN_HEADER
+from ..lease.limits.backlog import backlog_of
+from ..lease.limits.turns import Handed, Waiter, turns_of
+from ..tokens import BYPASS_OPTION, NAME_HEADER, TURN_HEADER
 
 if TYPE_CHECKING:
-    from celery import Celery
+    from celery import Celery, Task
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,9 @@ def send_turns(
     waiting = list(handed)
     while waiting:
         call = waiting.pop(0)
+        if call.given_up:
+            _given_up(app, call)
+            continue
         try:
             kept = loads(call.record)
             # Its stamp, as the library's own header: the one message of the call that
@@ -61,6 +67,30 @@ def send_turns(
         logger.debug("call sent on its turn: %s", call.ident)
         if forget is not None and _expired(kept["s"]):
             waiting += forget(call.ident)
+
+
+def _given_up(app: Celery, call: Handed) -> None:
+    """A call sent on its turn again and again that never started (its message not sent,
+    or dropped where it came: a worker without its task): said, as a skipped call."""
+    try:
+        signature = loads(call.record)["s"]
+        name, headers = str(signature["task"]), signature.get("options", {}).get("headers")
+    except (ValueError, KeyError, TypeError):
+        name, headers = "?", None
+    lock = (headers or {}).get(NAME_HEADER, name) if isinstance(headers, dict) else name
+    logger.error(
+        "celery-singleton-lock: %s[%s] given up: sent on its turn of %s again and again, "
+        "it never started (is the task registered on the workers of its queue?)",
+        name,
+        Waiter.task_id_of(call.ident),
+        lock,
+    )
+    task = app.tasks.get(name)
+    if task is not None:
+        task_id = Waiter.task_id_of(call.ident)
+        singleton_signals.send(
+            singleton_signals.execution_skipped, task, str(lock), task_id=task_id, holder_id=None
+        )
 
 
 def _expired(signature: Mapping[str, Any]) -> bool:
@@ -81,12 +111,18 @@ class TurnSweep:
     """Every ``INTERVAL`` s on a worker's timer: each of the app's tasks taking its total's
     turns round robin hands out the slots nothing handed out, and sends whose turn came:
     a slot freed by a dead run's worker or by its ttl, a reservation whose message was
-    lost (put back in line once it runs out). A run's end hands its own slot out at once."""
+    lost (put back in line once it runs out). A run's end hands its own slot out at once.
+    With ``max_pending``, the places of the calls kept waiting are renewed (``PLACES``)."""
 
     INTERVAL = 0.5
+    # A kept call's place (max_pending) lasts the queue ttl from when it was kept or last
+    # renewed: renewed every this share of it while the call waits, so it never runs out.
+    PLACES = 0.25
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self._renew_at: dict[str, float] = {}
+        self._said: set[str] = set()
 
     @classmethod
     def of(cls, app: Celery) -> TurnSweep | None:
@@ -103,13 +139,42 @@ class TurnSweep:
         rooms = turns.with_calls()
         if not rooms:
             return
+        served: set[str] = set()
         for task in list(self.app.tasks.values()):
             if not is_singleton(task):
                 continue
             mode = task.singleton_options().mode
+            served.add(mode.waiting_room or "")
             if mode.takes_turns:
                 forget = partial(mode.forget_turn, store)
                 send_turns(self.app, mode.hand_out(store, rooms), forget)
+                self._renew_places(task)
+        self._say_unserved(set(rooms) - served)
+
+    def _say_unserved(self, rooms: set[str]) -> None:
+        """Rooms with calls this worker has no task for: said once (a worker of another
+        app or queue hands them out; if none does, their calls wait)."""
+        for room in sorted(rooms - self._said):
+            logger.warning(
+                "celery-singleton-lock: calls wait for their turn of %s, whose task this "
+                "worker does not have: a worker that has it hands their turns out",
+                room,
+            )
+            self._said.add(room)
+
+    def _renew_places(self, task: Task) -> None:
+        """The places (``max_pending``) of ``task``'s calls kept waiting for their turn,
+        renewed for its queue ttl: a wait longer than that keeps the cap."""
+        context = task.singleton_context
+        if context.options.max_pending is None:
+            return
+        now, ttl = time.monotonic(), context.queue_ttl
+        if now < self._renew_at.get(task.name, 0.0):
+            return
+        self._renew_at[task.name] = now + ttl * self.PLACES
+        backlog = backlog_of(context.store)
+        for ident, name in context.options.mode.kept_calls(context.store).items():
+            backlog.renew(name, Waiter.task_id_of(ident), ttl)
 
 
 __all__ = ["TurnSweep", "kept_call", "send_turns"]

@@ -9,6 +9,7 @@ import click
 from celery.bin.base import CeleryCommand
 
 from ..exceptions import SingletonLockError
+from ..lease.limits.overrides import MAX_WEIGHT, MIN_WEIGHT
 from . import limits as operator_limits
 from .cli_base import Locks, exit_with, preload
 
@@ -70,8 +71,9 @@ def list_limits(ctx: click.Context, /, *, as_json: bool, **_: object) -> None:
 @click.option("--limit", type=click.IntRange(min=1), help="Runs at once per key, for limit=N.")
 @click.option(
     "--weight",
-    type=click.FloatRange(min=0, min_open=True, max=1000),
-    help="A key's share of its task's total_limit while others wait (default 1).",
+    type=click.FloatRange(min=MIN_WEIGHT, max=MAX_WEIGHT),
+    help=f"A key's share of its task's total_limit while others wait (default 1), "
+    f"from {MIN_WEIGHT:g} to {MAX_WEIGHT:g}: 0.5 is one turn to another key's two.",
 )
 @click.option("--pause", "paused", flag_value=True, default=None, help="Hold its calls back.")
 @click.option("--resume", "paused", flag_value=False, help="Let held-back calls go, in order.")

@@ -264,6 +264,15 @@ class Mode:
         """How many calls of each key wait for their turn (a waiting room's; {}: none)."""
         return {}
 
+    @property
+    def waiting_room(self) -> str | None:
+        """The name of the waiting room this mode's calls wait in (``takes_turns``)."""
+        return None
+
+    def kept_calls(self, store: LockStore) -> dict[str, str]:
+        """The calls kept in a waiting room, not handed their turn yet: ident -> key."""
+        return {}
+
     def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
         """A call handed its turn that will never claim it (its message expired): the
         turn given on; the calls whose turn came instead, to be sent."""

@@ -130,9 +130,10 @@ class Limit(Mode):
             return override.weight
         return 1.0 if self.total is None else self.total.weight_of(call)
 
-    def _take_turn(self, start: Start) -> Lease | Kept | None:
+    def _take_turn(self, start: Start) -> Lease | Kept | Contended | None:
         """The run's turn of the total, in its key's line with every key's (round robin):
-        its key's slot and the total's now, or its message kept in the line. None: no
+        its key's slot and the total's now, or its message kept in the line; contended by
+        a run of its own task id (its message again: a copy if that run lives). None: no
         waiting room on this store (first come, first served)."""
         total, waiter = self.total, start.waiter
         turns = turns_of(start.store)
@@ -146,6 +147,8 @@ class Limit(Mode):
                 widest=widest, cap=cap, token=start.token, ttl=start.ttl,
             )  # fmt: skip
             start.handed.extend(turn.handed)
+            if isinstance(turn.taken, Contended):
+                return turn.taken
             if isinstance(turn.taken, tuple):
                 own, every = turn.taken
                 start.held.append(every)
@@ -154,7 +157,7 @@ class Limit(Mode):
             late = time.monotonic() > deadline
             stays = turn.taken is None and late  # (its turn reserved, its key's slot not free)
             if stays and turns.give_back(
-                total.name, total.limit, waiter.ident, waiter.stamp, stays=True
+                total.name, total.limit, waiter.ident, waiter.stamp, stays=True, kept=waiter.kept
             ):
                 # Its key's slot is not freeing (a limit lowered meanwhile): its turn goes
                 # on, and it waits first in its key's line for the next.
@@ -173,13 +176,22 @@ class Limit(Mode):
         turns = turns_of(start.store) if self.takes_turns else None
         if total is None or waiter is None or turns is None:
             return
-        if turns.give_back(total.name, total.limit, waiter.ident, waiter.stamp):
+        if turns.give_back(total.name, total.limit, waiter.ident, waiter.stamp, kept=waiter.kept):
             start.handed.extend(turns.hand_out(total.name, total.limit))
 
     def waiting(self, store: LockStore) -> dict[str, int]:
         total = self.total
         turns = turns_of(store) if self.takes_turns else None
         return {} if total is None or turns is None else turns.waiting(total.name)
+
+    @property
+    def waiting_room(self) -> str | None:
+        return self.total.name if self.total is not None and self.takes_turns else None
+
+    def kept_calls(self, store: LockStore) -> dict[str, str]:
+        total = self.total
+        turns = turns_of(store) if self.takes_turns else None
+        return {} if total is None or turns is None else turns.kept(total.name)
 
     def forget_turn(self, store: LockStore, ident: str) -> list[Handed]:
         total = self.total

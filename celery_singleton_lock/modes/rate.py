@@ -369,6 +369,13 @@ class Rated(Mode):
     def waiting(self, store: LockStore) -> dict[str, int]:
         return self.inner.waiting(store)
 
+    def kept_calls(self, store: LockStore) -> dict[str, str]:
+        return self.inner.kept_calls(store)
+
+    @property
+    def waiting_room(self) -> str | None:
+        return self.inner.waiting_room
+
     def held_by_a_run(self, name: str) -> list[str]:
         return self.inner.held_by_a_run(name)
 

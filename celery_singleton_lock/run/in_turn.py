@@ -15,7 +15,7 @@ from ..broker.turn_sweep import send_turns
 from ..context import Delivery, TaskContext
 from ..exceptions import LockStoreUnavailableError
 from ..lease import Lease
-from ..lease.limits.turns import Handed, Kept, Waiter
+from ..lease.limits.turns import Handed, Kept, Waiter, stamps_kept
 from ..modes import Mode, Start
 from ..modes.stages import Call
 from ..policies import fail, skip
@@ -58,7 +58,8 @@ def waiter_of(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Waite
     weight = mode.weight(call, start.override)
     # The stamp of the hand-out this message was sent on (0: as first sent).
     stamp = header_count(request, TURN_HEADER)
-    return Waiter(f"{request.id}:{retries}", record, weight, stamp)
+    kept = stamps_kept(delivery.context.unacked_for)
+    return Waiter(Waiter.ident_of(request.id, retries), record, weight, stamp, kept)
 
 
 def send_handed(delivery: Delivery, handed: list[Handed]) -> None:

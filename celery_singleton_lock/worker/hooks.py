@@ -21,9 +21,10 @@ from ..broker.attached import AttachSweep, send_at_end
 from ..broker.restore import stale_restorer
 from ..broker.results import release_not_ridden
 from ..broker.sweeper import Sweeper
-from ..broker.turn_sweep import TurnSweep
+from ..broker.turn_sweep import TurnSweep, send_turns
 from ..config.options import is_singleton
 from ..exceptions import SingletonLockError
+from ..lease.limits.turns import Waiter
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
 from . import receipts
 from .childwatch import child_watch
@@ -146,7 +147,9 @@ def _release_revoked(
     terminated: bool = False,
     **_: object,
 ) -> None:
-    """A revoked (or expired) message gives its hold back when the worker drops it.
+    """A revoked (or expired) message gives its hold back when the worker drops it, and
+    its turn of a total if one was handed to it (sent on its turn, it will never claim
+    it): the calls whose turn came instead are sent.
 
     A terminated running task is handled by ``SingletonRequest.on_failure`` once its
     child is gone.
@@ -157,8 +160,13 @@ def _release_revoked(
     lock_name, token = header(request, NAME_HEADER), header(request, TOKEN_HEADER)
     revoked_windows.forget(request.id)
     try:
+        mode = sender.singleton_options().mode
         # An expired message did no work either: a revoke for reopen_on.
-        sender.singleton_options().mode.ended("revoked", store, request)
+        mode.ended("revoked", store, request)
+        # (Celery sends the request's Context here: its attempt is ``retries``)
+        ident = Waiter.ident_of(request.id, getattr(request, "retries", 0) or 0)
+        forget = functools.partial(mode.forget_turn, store)
+        send_turns(sender.app, forget(ident), forget)
         if reservations.drop(request.id, release=True):
             return  # the reservation had replaced the hold: nothing else to give back
         if lock_name and token:

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import RedisLock
-from celery_singleton_lock.lease import Lease
+from celery_singleton_lock.lease import Contended, Lease
 from celery_singleton_lock.lease.limits import turns as turns_module
 from celery_singleton_lock.lease.limits.turns import Kept, Turns, Waiter, turns_of
 
@@ -114,11 +114,10 @@ def test_a_call_runs_once_whichever_of_its_messages_comes(turns: tuple[RedisLock
     own, every = first[0]  # type: ignore[misc]
     [handed] = room.hand_out(TOTAL, 2, ending=every)
     store.release(own)
-    # The message it was kept from comes again (its worker died before the ack): a copy
-    # once the call was handed out; the one sent on its turn claims it.
-    assert take(room, "A", handed.ident) == Kept("A", started=True)
-    assert isinstance(take(room, "A", handed.ident, stamp=handed.stamp), tuple)
-    assert take(room, "A", handed.ident) == Kept("A", started=True)
+    # The message it was kept from comes again (its worker died before the ack) while
+    # the call still waits: it claims the turn; the one sent on its turn is then a copy.
+    assert isinstance(take(room, "A", handed.ident), tuple)
+    assert take(room, "A", handed.ident, stamp=handed.stamp) == Kept("A", started=True)
     assert room.waiting(TOTAL) == {}
 
 
@@ -184,44 +183,60 @@ def test_a_late_message_of_an_earlier_hand_out_is_a_copy(
     [second] = room.hand_out(TOTAL, 2)
     assert (first.ident, second.ident) == ("A2", "A2")
     assert second.stamp > first.stamp
-    assert take(room, "A", "A2", stamp=first.stamp) == Kept("A", started=True)
     assert isinstance(take(room, "A", "A2", stamp=second.stamp), tuple)
     for stamp in (first.stamp, 0):  # late again, or the message it was kept from
         assert take(room, "A", "A2", stamp=stamp) == Kept("A", started=True)
     assert room.waiting(TOTAL) == {}
 
 
-def test_a_stale_message_that_comes_first_is_dropped_and_the_call_waits_on(
+def test_a_message_slower_than_its_reservation_still_claims_the_call(
     turns: tuple[RedisLock, Turns], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The broker took longer than a reservation to deliver it: a later hand-out's
+    # message is on its way, and the first that comes runs the call (no livelock).
     store, room = turns
     monkeypatch.setattr(turns_module, "RESERVE", 0.2)
     own, every = take(room, "A", "A0")  # type: ignore[misc]
-    take(room, "A", "A1")
-    assert isinstance(take(room, "A", "A2"), Kept)
+    other_own, other_every = take(room, "A", "A1")  # type: ignore[misc]
+    for ident in ("A2", "A3"):
+        assert isinstance(take(room, "A", ident), Kept)
     [first] = room.hand_out(TOTAL, 2, ending=every)
     store.release(own)
     time.sleep(0.3)
     [second] = room.hand_out(TOTAL, 2)
-    # The stale message is no longer the call's: it waits no turn, and the current
-    # one claims the turn as it comes.
-    assert take(room, "A", "A2", stamp=first.stamp) == Kept("A", started=True)
-    assert room.waiting(TOTAL) == {"A": 1}
-    assert isinstance(take(room, "A", "A2", stamp=second.stamp), tuple)
+    assert isinstance(take(room, "A", "A2", stamp=first.stamp), tuple)
+    assert take(room, "A", "A2", stamp=second.stamp) == Kept("A", started=True)
+    # Its reservation ran out and it is put back, not yet handed again: a slow message
+    # of it claims all the same (the total's slot free).
+    [third] = room.hand_out(TOTAL, 2, ending=other_every)
+    store.release(other_own)
+    assert third.ident == "A3"
+    time.sleep(0.3)
+    room.hand_out(TOTAL, 2)  # (put back, handed out again)
+    assert isinstance(take(room, "A", "A3", stamp=third.stamp), tuple)
+    assert room.waiting(TOTAL) == {}
 
 
 def test_a_run_whose_worker_died_comes_again_once(turns: tuple[RedisLock, Turns]) -> None:
-    # Its own message, delivered again (acks_late, its worker killed mid-run), is the call
-    # again: kept under the same stamp, and handed out to run once more.
+    # Its own message, delivered again (acks_late, its worker killed mid-run): while its
+    # run's slot is held, the library's copy rule decides (contended by that run); once
+    # the slot is gone, the call again, under the same stamp, to run once more.
     store, room = turns
     own, every = take(room, "A", "A0")  # type: ignore[misc]
     take(room, "A", "A1")
     assert isinstance(take(room, "A", "A2"), Kept)
     [handed] = room.hand_out(TOTAL, 2, ending=every)
     store.release(own)
-    assert isinstance(take(room, "A", "A2", stamp=handed.stamp), tuple)
-    assert take(room, "A", "A2", stamp=handed.stamp) == Kept("A")
-    assert room.waiting(TOTAL) == {"A": 1}
+    run_own, run_every = take(room, "A", "A2", stamp=handed.stamp)  # type: ignore[misc]
+    held = take(room, "A", "A2", stamp=handed.stamp)
+    assert isinstance(held, Contended), held
+    assert held.holder == "x|A2"
+    assert held.name in {run_own.name, run_every.name}
+    assert room.waiting(TOTAL) == {}
+    store.release(run_own)
+    store.release(run_every)  # (its lease ran out: the run is gone)
+    again = take(room, "A", "A2", stamp=handed.stamp)
+    assert isinstance(again, tuple), "the call again, run once more (a slot free)"
 
 
 def test_a_copy_gives_no_turn_back_and_the_call_comes_round_once(
@@ -328,3 +343,49 @@ def test_a_turn_its_key_cannot_take_goes_on_and_the_call_stays_first_in_line(
     [instead] = room.hand_out(TOTAL, 2)
     assert instead.ident == "B1", "the turn went on at once"
     assert room.waiting(TOTAL) == {"A": 1, "B": 1}, "A1 still waits, first in A's line"
+
+
+def test_stamps_are_kept_past_the_broker_s_unacked_timeout(
+    turns: tuple[RedisLock, Turns], raw: redis.Redis
+) -> None:
+    # A copy the broker hands out after its visibility timeout must still find the stamp.
+    store, room = turns
+    kept = turns_module.stamps_kept(7200.0)
+    assert kept >= 7200.0 + turns_module.RESERVE
+    assert turns_module.stamps_kept(None) == turns_module.CLAIMED_KEPT
+    waiter = Waiter("A0", b"msg-A0", 1.0, 0, kept)
+    taken = room.take(TOTAL, 2, "A", waiter, widest=2, cap=None, token="x|A0", ttl=30).taken
+    assert isinstance(taken, tuple)
+    left = store.keys(TOTAL).lock + ":turns:left"
+    until = raw.zscore(left, "A0")
+    assert until is not None
+    assert until / 1000 - time.time() > 7200.0, "its stamp outlives the broker's timeout"
+    assert raw.pttl(left) == -1 or raw.pttl(left) / 1000 > 7200.0, "and the room's keys too"
+
+
+def test_a_call_never_claimed_is_given_up_after_a_few_sends(
+    turns: tuple[RedisLock, Turns], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its message is never sent, or dropped where it comes (a worker without its task):
+    # not handed out every 60 s forever.
+    store, room = turns
+    monkeypatch.setattr(turns_module, "RESERVE", 0.1)
+    own, every = take(room, "A", "A0")  # type: ignore[misc]
+    take(room, "A", "A1")
+    assert isinstance(take(room, "B", "B0"), Kept)
+    sends = room.hand_out(TOTAL, 2, ending=every)
+    store.release(own)
+    given_up = []
+    deadline = time.monotonic() + 10
+    while not given_up and time.monotonic() < deadline:
+        time.sleep(0.12)  # its reservation runs out unclaimed
+        handed = room.hand_out(TOTAL, 2)
+        sends += [call for call in handed if not call.given_up]
+        given_up = [call for call in handed if call.given_up]
+    assert [call.ident for call in given_up] == ["B0"]
+    assert given_up[0].record == b"msg-B0", "its message, to say which call it was"
+    assert [call.ident for call in sends] == ["B0"] * 5, "sent five times, then given up"
+    assert room.waiting(TOTAL) == {}
+    assert room.with_calls() == []
+    taken = take(room, "B", "B0", stamp=sends[-1].stamp)
+    assert isinstance(taken, tuple), "a message of it that comes after all: a new call"

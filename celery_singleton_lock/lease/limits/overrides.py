@@ -29,8 +29,11 @@ REFRESH = 0.5
 # How often a run kept waiting by a pause looks again (seconds): a resume lets it go
 # within this.
 RECHECK = 1.0
-# The largest weight a key may have (a share of a total's turns against weight 1).
+# The largest and smallest weights a key may have (a share of a total's turns against
+# weight 1). Below the smallest a key's pass grows by so much a turn that adding 1/weight
+# to it soon changes it no more: the key would be served at every turn.
 MAX_WEIGHT = 1000.0
+MIN_WEIGHT = 0.001
 
 
 @dataclass(frozen=True)
@@ -223,13 +226,15 @@ class Overrides:
 
 
 def check_weight(value: object, what: str) -> float:
-    """A weight: a number above 0, at most ``MAX_WEIGHT`` (a key's share of a total's
-    turns against weight 1)."""
+    """A weight: a number from ``MIN_WEIGHT`` to ``MAX_WEIGHT`` (a key's share of a
+    total's turns against weight 1)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigurationError(f"{what} must be a number, got {value!r}")
-    if not 0 < value <= MAX_WEIGHT:
+    if not MIN_WEIGHT <= value <= MAX_WEIGHT:
         raise ConfigurationError(
-            f"{what} must be a number above 0 and at most {MAX_WEIGHT:g}, got {value!r}"
+            f"{what} must be a number from {MIN_WEIGHT:g} to {MAX_WEIGHT:g} (a key's share "
+            f"of the turns against weight 1: 0.5 is one turn to another key's two), "
+            f"got {value!r}"
         )
     return float(value)
 
@@ -302,6 +307,7 @@ def overrides_of(store: object) -> Overrides:
 
 __all__ = [
     "MAX_WEIGHT",
+    "MIN_WEIGHT",
     "RECHECK",
     "REFRESH",
     "Override",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..lease import Lease
 from ..names import slot
-from ..outcomes import text
+from ..outcomes import Contended, text
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
 from ..redis.servers import server_of
@@ -27,7 +27,16 @@ RESERVE = 60.0
 # delivered again (its worker died between keeping it and its ack), or one sent on an
 # earlier hand-out and delivered late. A call runs once (a run that dies is run again,
 # as any: its own message, same stamp). The room's keys expire this long after the last.
+# At least this; longer where a message not yet done with is delivered again later
+# (``stamps_kept``): a copy delivered then must still find the stamp.
 CLAIMED_KEPT = 3600.0
+
+
+def stamps_kept(redelivered_after: float | None) -> float:
+    """How long a call's stamp is kept once it left the room, where a message not yet
+    done with is delivered again after ``redelivered_after`` s (None: never): past that,
+    and past a reservation's wait for the message sent on a turn."""
+    return max(CLAIMED_KEPT, (redelivered_after or 0.0) + RESERVE)
 
 
 @dataclass(frozen=True)
@@ -35,22 +44,40 @@ class Waiter:
     """A call that wants a turn: ``ident`` (its task id and attempt: a redelivered copy
     has the same), its kept message, its key's weight (its share while others wait), and
     this message's ``stamp`` (0 as first sent; each hand-out sends it with a new one):
-    only the message of the call's current stamp may start, any other is a copy."""
+    while it waits any message of it may claim its turn; once it left, only its stamp's,
+    any other is a copy (its stamp ``kept`` s: ``stamps_kept``)."""
 
     ident: str
     record: bytes
     weight: float = 1.0
     stamp: int = 0
+    kept: float = CLAIMED_KEPT
+
+    @staticmethod
+    def ident_of(task_id: str, retries: int) -> str:
+        """A call's ident: its task id and attempt (``turn_take.lua`` reads the id back)."""
+        return f"{task_id}:{retries}"
+
+    @staticmethod
+    def task_id_of(ident: str) -> str:
+        """The task id of a call's ident."""
+        return ident.rpartition(":")[0] or ident
 
 
 @dataclass(frozen=True)
 class Handed:
     """A call whose turn came: its message to send, with its ``stamp`` (its reservation
-    waits for the message of that stamp)."""
+    waits for the message of that stamp); or ``given_up``: sent on its turn ``SENDS``
+    times (``includes/turns.lua``), never claimed (not sent, or dropped where it came),
+    it left the room."""
 
     ident: str
     record: bytes
     stamp: int = 0
+
+    @property
+    def given_up(self) -> bool:
+        return self.stamp < 0
 
 
 @dataclass(frozen=True)
@@ -65,10 +92,11 @@ class Kept:
 @dataclass
 class Turn:
     """What a call's start found: its leases (its key's slot, the total's) to run now, or
-    ``Kept``, or None (its turn is reserved, its key's slot not free yet); and the calls
-    handed a turn meanwhile, to be sent."""
+    ``Kept``, or None (its turn is reserved, its key's slot not free yet), or
+    ``Contended``: a slot held by a run of the call's own task id (a copy if that run
+    lives: the caller's copy rule); and the calls handed a turn meanwhile, to be sent."""
 
-    taken: tuple[Lease, Lease] | Kept | None
+    taken: tuple[Lease, Lease] | Kept | Contended | None
     handed: list[Handed] = field(default_factory=list)
 
 
@@ -120,7 +148,7 @@ class Turns:
         ttl_ms = store.ttl_ms(ttl)
         args: list[str | int | bytes] = [
             lines, waiter.ident, name, key, waiter.record, token, ttl_ms,
-            store.ttl_ms(RESERVE), total_limit, total, store.ttl_ms(CLAIMED_KEPT),
+            store.ttl_ms(RESERVE), total_limit, total, store.ttl_ms(waiter.kept),
             str(waiter.stamp),
         ]  # fmt: skip
         sent_at = store.clock.monotonic()
@@ -133,6 +161,11 @@ class Turns:
             return Turn(Kept(name, started=kind == 4), handed)
         if kind == 3:
             return Turn(None, handed)
+        if kind == 5:
+            tag, n, holder = text(reply[1]), int(reply[2]), text(reply[3])
+            own = slot(total if tag == keys[6] else name, n)
+            pttl = int(reply[4])
+            return Turn(Contended(own, f"{tag}:slot{n}", holder, max(pttl, 0) / 1000 or None))
         own = slot(name, int(reply[2]))
         every = slot(total, int(reply[4]))
         leases = (
@@ -170,15 +203,17 @@ class Turns:
         stamp: int | None = None,
         *,
         stays: bool = False,
+        kept: float = CLAIMED_KEPT,
     ) -> bool:
         """A reserved call that will not start now (its key paused, its message expired)
         gives its turn back and leaves the room: its message of ``stamp`` (None: any) is
         the one that may come round. ``stays``: it stays first in its key's line (its
-        key's slot not free for a while). Whether it held one (a copy holds none)."""
+        key's slot not free for a while). Its stamp is kept ``kept`` s. Whether it held
+        one (a copy holds none)."""
         store = self._store
         keys, lines = self._room(total)
         said = "" if stamp is None else str(stamp)
-        kept_ms = store.ttl_ms(CLAIMED_KEPT)
+        kept_ms = store.ttl_ms(kept)
         args: list[str | int] = [lines, ident, total_limit, said, kept_ms, "1" if stays else "0"]
         try:
             done = self._give_back(keys=keys, args=args)
@@ -193,6 +228,19 @@ class Turns:
         except REDIS_ERRORS as error:
             self._store.unavailable(error)
         return sorted(text(one) for one in found)
+
+    def kept(self, total: str) -> dict[str, str]:
+        """The calls kept in ``total``'s room and not handed a turn yet: ident -> key name."""
+        keys, _ = self._room(total)
+        try:
+            with self._store.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(keys[2])
+                pipe.zrange(keys[4], 0, -1)
+                of, handed = pipe.execute()
+        except REDIS_ERRORS as error:
+            self._store.unavailable(error, total)
+        sent = {text(ident) for ident in handed}
+        return {text(i): text(n) for i, n in of.items() if text(i) not in sent}
 
     def waiting(self, total: str) -> dict[str, int]:
         """How many calls of each key wait in ``total``'s room (handed ones included)."""
@@ -238,5 +286,6 @@ __all__ = [
     "Turn",
     "Turns",
     "Waiter",
+    "stamps_kept",
     "turns_of",
 ]

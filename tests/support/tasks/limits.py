@@ -97,6 +97,15 @@ def export_fair(self: Any, tenant: str, seconds: float = 0.0, mode: str = "ok") 
 
 
 @singleton_task(
+    app=app, bind=True, key="capped:{tenant}", limit=2, total_limit=2, max_pending=1, queue_ttl=2
+)
+def export_fair_capped(self: Any, tenant: str, seconds: float = 0.0) -> object:
+    """``export_fair`` with one call of a tenant waiting at most, each place lasting 2 s
+    unless renewed (a call kept in the waiting room longer keeps it)."""
+    return run_and_end(self, tenant, seconds, "ok")
+
+
+@singleton_task(
     app=app, bind=True, key="heavy:{tenant}", limit=3, total_limit=2, weight=_tenant_weight
 )
 def export_weighted(self: Any, tenant: str, seconds: float = 0.0) -> object:

@@ -12,16 +12,27 @@
 -- returns {1, key fence, key slot, total fence, total slot, handed...}: it runs now
 --         {2, 0, 0, 0, 0, handed...}: kept, it waits for its turn
 --         {3, 0, 0, 0, 0}: its turn is reserved, its key's slot not free yet (ask again)
---         {4, 0, 0, 0, 0}: a copy: the call's stamp is another (a later hand-out's
---                          message, or one that started, or the one it was kept from
---                          delivered again once it was handed out): dropped
+--         {4, 0, 0, 0, 0}: a copy: the call left the room (started, gave its turn
+--                          back) under another stamp: dropped
+--         {5, tag, slot, holder, pttl}: its stamp's message while a running token of its
+--                          task id holds the slot '<tag>:slot<n>': a copy if that run lives
 -- handed: ident1, message1, stamp1, ...: calls whose turn came, to be sent
 --- @include "turns"
 local ident, name, stamp = ARGV[2], ARGV[3], ARGV[12]
 local keep_ms = tonumber(ARGV[11])
 forget_left(now_ms())
 local current = redis.call('HGET', KEYS[9], ident)
-if current and current ~= stamp then return {4, 0, 0, 0, 0} end
+local waits = redis.call('HEXISTS', KEYS[2], ident) == 1
+-- While the call waits in the room any message of it may claim (one slower than a
+-- reservation is as good as the one sent after it); once it left, only its stamp's.
+if current and current ~= stamp and not waits then return {4, 0, 0, 0, 0} end
+if current and not waits then
+  -- Its stamp's message again: a copy while the call's run holds a slot (the library's
+  -- copy rule decides: a live run), else the call again (its run's worker died).
+  local task_id = string.match(ident, '^(.*):%d+$') or ident
+  local held, n, holder = running_of(task_id, ARGV[4], tonumber(ARGV[9]))
+  if held then return {5, held, n, holder, redis.call('PTTL', held .. ':slot' .. n)} end
+end
 -- Its key's limit as this call reads it (an operator's change reaches the hand-outs).
 redis.call('HSET', KEYS[4], name, ARGV[4])
 local free, reserved = scan_total(tonumber(ARGV[9]))
@@ -30,6 +41,7 @@ if redis.call('ZSCORE', KEYS[5], ident) then
   if slot_n then
     local taken = claim(ident, slot_n, parse_info(ARGV[4]), ARGV[6], ARGV[7], keep_ms)
     if taken == nil then return {3, 0, 0, 0, 0} end
+    redis.call('HSET', KEYS[9], ident, stamp)  -- (the message that claimed: others copies)
     settle()
     return {1, taken[1], taken[2], taken[3], taken[4]}
   end

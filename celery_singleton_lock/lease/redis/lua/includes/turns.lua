@@ -9,13 +9,17 @@
 --   KEYS[8] left: ident -> until when (ms) the stamp of a call that left the room
 --           (started, given back) is kept, so its other messages are told for copies
 --   KEYS[9] stamps: ident -> the call's stamp, the one message of it that may start
---           (0: as first sent; each hand-out a new one); field '' the room's last stamp
+--           (0: as first sent; each hand-out a new one); field '' the room's last stamp;
+--           field '#<ident>' how many of its reservations ran out unclaimed
 -- A key's line of idents is '<ARGV[1]><its tag>' (the room's prefix: one server only),
 -- and those put back, first in line, '<ARGV[1]><its tag>:again'.
 -- A reservation is a total slot set to 'f|<ident>' until its call starts.
 
 -- How many waiting keys a hand-out reads at a time, from the lowest pass.
 local CHUNK = 32
+-- How many reservations of a call may run out unclaimed (its message not sent, or
+-- dropped where it came) before its turn is given up: it leaves the room.
+local SENDS = 5
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -127,6 +131,7 @@ end
 -- so a copy of it (another stamp) is dropped.
 local function leave(ident, keep_ms)
   redis.call('ZREM', KEYS[5], ident)
+  redis.call('HDEL', KEYS[9], '#' .. ident)
   redis.call('HDEL', KEYS[2], ident)
   redis.call('HDEL', KEYS[3], ident)
   redis.call('ZADD', KEYS[8], now_ms() + keep_ms, ident)
@@ -183,14 +188,29 @@ end
 -- pass that has room, first in its line; its pass moves on by 1/weight. The keys ahead
 -- of it have no room now (nor will in this script): each is read once, and the next
 -- slot's search starts past them. Returns {ident1, message1, stamp1, ...}: each
--- reserved for reserve_ms, to be sent with its new stamp.
+-- reserved for reserve_ms, to be sent with its new stamp (stamp -1: given up, not sent).
 local function hand_out(free, reserved, ending, reserve_ms)
   local now = now_ms()
   forget_left(now)
-  for _, ident in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
-    if not reserved[ident] then put_back(ident) end
-  end
   local out = {}
+  for _, ident in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now)) do
+    if not reserved[ident] then
+      local message = redis.call('HGET', KEYS[2], ident)
+      if message and redis.call('HINCRBY', KEYS[9], '#' .. ident, 1) >= SENDS then
+        -- Sent SENDS times and never claimed: given up (stamp -1), out of the room; a
+        -- message of it that comes after all is a new call.
+        redis.call('ZREM', KEYS[5], ident)
+        redis.call('HDEL', KEYS[2], ident)
+        redis.call('HDEL', KEYS[3], ident)
+        redis.call('HDEL', KEYS[9], ident, '#' .. ident)
+        table.insert(out, ident)
+        table.insert(out, message)
+        table.insert(out, -1)
+      else
+        put_back(ident)
+      end
+    end
+  end
   if #free == 0 or redis.call('ZCARD', KEYS[1]) == 0 then
     prune(virtual_time())
     return out
@@ -261,4 +281,21 @@ local function claim(ident, slot_n, info, token, ttl_ms, keep_ms)
   local total_fence = new_fence(KEYS[7] .. ':fence', ttl_ms)
   leave(ident, keep_ms)
   return {key_fence, own, total_fence, slot_n}
+end
+
+-- The slot a running token of task_id holds, of the total's (total slots) or of the
+-- key's ('tag\twidest\t...'): its tag, number and token; nil for none.
+local function running_of(task_id, key, total)
+  local suffix = '|' .. task_id
+  local tag, widest = string.match(key, '^(.*)\t(%d+)\t%d+\t[^\t]+$')
+  for _, of in ipairs({{KEYS[7], total}, {tag, tonumber(widest)}}) do
+    for i = 1, of[2] do
+      local v = redis.pcall('GET', of[1] .. ':slot' .. i)
+      if type(v) == 'string' and string.sub(v, 1, 2) == 'x|'
+          and string.sub(v, -#suffix) == suffix then
+        return of[1], i, v
+      end
+    end
+  end
+  return nil
 end
