@@ -211,6 +211,9 @@ BUILDERS: dict[str, Callable[[], Send]] = {
     "this_idempotent": this_idempotent,
     "this_events_on": this_events_on,
     "this_no_receivers": this_no_receivers,
+    # ``this`` again, in a process of its own: how far two processes running the same
+    # code differ, against which this_no_receivers' difference is read.
+    "this_again": this,
 }
 
 

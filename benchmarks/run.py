@@ -61,14 +61,12 @@ CONTROL = "plain_alone"
 FLOOR = "hold_floor"
 DISPATCHED = (CONTROL, *ALL, "this_idempotent", FLOOR)
 # this_events_on and this_no_receivers: what a refused call's Celery events cost, on (a
-# producer with task_send_sent_event) and off (against none of their receivers connected).
+# producer with task_send_sent_event) and off (against none of their receivers connected);
+# this_again: ``this`` in another process, the spread that difference is read against.
 # For duplicates only: an accepted call sends none.
-DUPLICATED = (
-    *(system for system in DISPATCHED if system != FLOOR),
-    "this_events_on",
-    "this_no_receivers",
-)
-CHILDREN = (*DISPATCHED, "this_events_on", "this_no_receivers")
+EVENTS_ROWS = ("this_events_on", "this_no_receivers", "this_again")
+DUPLICATED = (*(system for system in DISPATCHED if system != FLOOR), *EVENTS_ROWS)
+CHILDREN = (*DISPATCHED, *EVENTS_ROWS)
 # Calls each dispatching process makes, unique and then repeated, before the clock runs:
 # its connections, scripts and first calls' paths are a new process's, not a user's.
 WARM = 50
@@ -1084,7 +1082,9 @@ def _sections(r: dict[str, Any], config: str) -> list[str]:
             "from the key's record with the first call's result. this_events_on: a "
             "producer with `task_send_sent_event`, each refusal also sent as a Celery event; "
             "this_no_receivers: the events' receivers disconnected, against which `this` "
-            "(events off, as every producer runs it) shows what events off costs.",
+            "(events off, as every producer runs it) shows what events off costs; "
+            "this_again: `this` in another process, how far two processes of the same code "
+            "differ.",
         ),
         "end_to_end": (
             "3. End-to-end throughput",
