@@ -109,13 +109,13 @@ class SingletonTask(Task):  # type: ignore[misc]
         attributes), the worker's receivers installed, and with ``run`` its options built."""
         refuse_task_options(name, keywords, misplaced=not decorator)
         hooks.install()  # the worker's receivers, once a singleton task exists
-        events.install()  # a producer's refusals, where it sends task-sent events
         tracing.install()  # span events, where opentelemetry-api is installed
         return None if run is None else SingletonOptions.build(name, run, singleton)
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
+        events.follow(app)  # a producer's refusals as events, where it sends task-sent events
         # On a Redis broker a dispatch's hold rides its message's push, a run's release
         # its result's write: the one switch, read as the first singleton task is bound.
         # (None is the default, True; a value neither is refused at the first call.)

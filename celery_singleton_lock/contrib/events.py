@@ -1,16 +1,15 @@
 """The decisions as Celery events where Celery sends its own (Flower, ``celery events``).
 
 A worker sending task events (``-E``) sends each of ``DECISIONS``, a producer with
-``task_send_sent_event`` its refusals, through Celery's own dispatcher. Otherwise a worker
-has no receiver, and a producer's asks the setting (kept a second): nothing is built.
+``task_send_sent_event`` its refusals, through Celery's own dispatcher. Otherwise no
+receiver is connected: a refused call pays nothing for events it does not send.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from celery import Celery
 from celery.utils import uuid
@@ -22,27 +21,46 @@ logger = logging.getLogger(__name__)
 # Whether this process is a worker sending task events (its pool children inherit it).
 _worker: list[bool] = [False]
 
-# How long a producer keeps its answer to ``task_send_sent_event`` (a change made at run
-# time is followed within this): read through Celery's chain of maps, the setting costs a
-# refused call more than the rest of its events-off path together (the bench's section 2).
-SETTING_KEPT_SECONDS = 1.0
-# Per app: when its answer was read, and the answer.
-_sent_events: weakref.WeakKeyDictionary[Celery, tuple[float, bool]] = weakref.WeakKeyDictionary()
+# The apps whose producers send their refusals: ``task_send_sent_event`` as it was when
+# each singleton task was bound, or when ``follow`` read it again.
+_sending: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
 def install(*, worker: bool = False) -> None:
-    """Connect the receivers: a producer's refusals (each checks ``task_send_sent_event``
-    when it is made), and with ``worker`` every decision. Idempotent."""
+    """A worker's receivers (``worker``: it sends task events): every decision. Idempotent."""
     if worker:
         _worker[0] = True
-    for told in DECISIONS:
-        if worker or told.at_dispatch:
-            told.signal.connect(_receiver(told), weak=False, dispatch_uid=_uid(told))
+        _connect(DECISIONS)
+
+
+def follow(app: Celery) -> bool:
+    """Read ``app.conf.task_send_sent_event`` and connect the producer's receivers while
+    any app sends: each singleton task's binding does, and a producer that changes the
+    setting at run time calls it then (Celery's settings tell no one of a change).
+    Returns whether ``app`` sends its refusals."""
+    if app.conf.task_send_sent_event:
+        _sending.add(app)
+        _connect(told for told in DECISIONS if told.at_dispatch)
+        return True
+    _sending.discard(app)
+    if not _sending and not _worker[0]:
+        _disconnect()
+    return False
 
 
 def uninstall() -> None:
-    """Disconnect every receiver ``install`` connected (the bench measures without them)."""
+    """Disconnect every receiver connected here (the bench measures without them)."""
     _worker[0] = False
+    _sending.clear()
+    _disconnect()
+
+
+def _connect(told_all: Iterable[Told]) -> None:
+    for told in told_all:
+        told.signal.connect(_receiver(told), weak=False, dispatch_uid=_uid(told))
+
+
+def _disconnect() -> None:
     for told in DECISIONS:
         told.signal.disconnect(dispatch_uid=_uid(told))
 
@@ -56,25 +74,13 @@ def _receiver(told: Told) -> Callable[..., None]:
         app = getattr(sender, "app", None)
         if not isinstance(app, Celery) or not getattr(sender, "send_events", True):
             return  # a task that opted out of events (Celery's ``Task.send_events``)
-        if not (_worker[0] or (told.at_dispatch and sends_sent_events(app))):
-            return
+        if not (_worker[0] or (told.at_dispatch and app in _sending)):
+            return  # another app's refusal, in a process where one app sends
         fields = told.fields(sent)
         if fields is not None:
             send(app, told, fields, getattr(sender, "name", None), _hostname(sender))
 
     return receive
-
-
-def sends_sent_events(app: Celery) -> bool:
-    """``task_send_sent_event``, as Celery reads it for each call it sends, kept
-    ``SETTING_KEPT_SECONDS``."""
-    now = time.monotonic()
-    kept = _sent_events.get(app)
-    if kept is not None and now - kept[0] < SETTING_KEPT_SECONDS:
-        return kept[1]
-    on = bool(app.conf.task_send_sent_event)
-    _sent_events[app] = (now, on)
-    return on
 
 
 def _hostname(sender: object) -> str | None:

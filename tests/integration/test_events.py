@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock.contrib import events
 from celery_singleton_lock.lease import LockKeys
 
 from ..conftest import CeleryEnv
@@ -41,12 +42,14 @@ def fixture_seen(cenv: CeleryEnv) -> Iterator[Seen]:
 
 @pytest.fixture(name="sent_events")
 def fixture_sent_events(cenv: CeleryEnv) -> Iterator[None]:
-    conf = cenv.app_module.app.conf
-    conf.task_send_sent_event = True
+    app = cenv.app_module.app
+    app.conf.task_send_sent_event = True
+    events.follow(app)  # a change at run time: read again
     try:
         yield
     finally:
-        conf.task_send_sent_event = False
+        app.conf.task_send_sent_event = False
+        events.follow(app)
 
 
 def _lock(task: Any, item: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singleton_lock import signals
+from celery_singleton_lock import signals, singleton_task
 from celery_singleton_lock.contrib import decisions, events, tracing
 from celery_singleton_lock.policies import Requeue
 
@@ -43,8 +43,14 @@ def fixture_recorded(monkeypatch: pytest.MonkeyPatch) -> tuple[Sender, Recorder]
     app = Celery("events", set_as_current=False)
     recorder = Recorder()
     monkeypatch.setattr(app, "events", recorder)
-    events.install()  # a producer's: what defining a singleton task connects
+    events.uninstall()  # what other tests' apps connected
     return Sender(app), recorder
+
+
+def _sends(sender: Sender) -> None:
+    """The producer's app sends task-sent events, as read when its tasks are bound."""
+    sender.app.conf.task_send_sent_event = True
+    assert events.follow(sender.app)
 
 
 class TestTheTable:
@@ -99,7 +105,7 @@ class TestAProducer:
         self, recorded: tuple[Sender, Recorder]
     ) -> None:
         sender, recorder = recorded
-        sender.app.conf.task_send_sent_event = True
+        _sends(sender)
         signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
         [(type_, fields), (twin, twin_fields)] = recorder.sent
         assert (type_, twin) == ("singleton-refused", "task-singleton-refused")
@@ -116,7 +122,7 @@ class TestAProducer:
         self, recorded: tuple[Sender, Recorder]
     ) -> None:
         sender, recorder = recorded
-        sender.app.conf.task_send_sent_event = True
+        _sends(sender)
         signals.send(signals.call_attached, sender, "k", task_id="t3", holder_id="t1")
         [(type_, fields), (twin, _)] = recorder.sent
         assert (type_, twin) == ("singleton-attached", "task-singleton-attached")
@@ -130,7 +136,7 @@ class TestAProducer:
         self, recorded: tuple[Sender, Recorder]
     ) -> None:
         sender, recorder = recorded
-        sender.app.conf.task_send_sent_event = True
+        _sends(sender)
         signals.send(signals.duplicate_refused, sender, "k", task_id=None, holder_id="t1")
         [(_, fields), (_, twin)] = recorder.sent
         assert isinstance(fields["uuid"], str)
@@ -141,7 +147,7 @@ class TestAProducer:
         """A run's decisions are sent by a worker with -E only (its receivers are
         connected at worker_init): a producer's setting does not send them."""
         sender, recorder = recorded
-        sender.app.conf.task_send_sent_event = True
+        _sends(sender)
         signals.send(
             signals.execution_contended, sender, "k", task_id="t", holder_id="h", decision=None
         )
@@ -149,51 +155,78 @@ class TestAProducer:
         assert recorder.built == 0
 
 
-class CountedConf:
-    """Counts the reads of ``task_send_sent_event`` through Celery's chain of maps."""
-
-    def __init__(self, app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.reads = 0
-        settings = type(app.conf)
-        read = settings.__getitem__
-
-        def counted(conf: Any, key: str) -> Any:
-            if key == "task_send_sent_event":
-                self.reads += 1
-            return read(conf, key)
-
-        monkeypatch.setattr(settings, "__getitem__", counted)
+def _connected(signal: Any) -> set[object]:
+    """The events' receivers connected to ``signal`` (by their dispatch ids)."""
+    return {
+        lookup[0]
+        for lookup, _ in signal.receivers
+        if str(lookup[0]).startswith("celery_singleton_lock.event.")
+    }
 
 
 class TestEventsOff:
-    """What events off costs a refusal is measured in the bench (section 2, ``this`` against
-    ``this_no_receivers``); here, that the setting is read through Celery's maps once, and
-    still followed when it changes."""
+    """A producer without sent events connects nothing: a refusal calls no receiver of
+    ours (the bench's section 2 measures it: ``this`` against ``this_no_receivers``)."""
 
-    def test_the_setting_is_read_once_while_it_does_not_change(
-        self, recorded: tuple[Sender, Recorder], monkeypatch: pytest.MonkeyPatch
+    def test_a_producer_without_sent_events_connects_no_receiver(
+        self, recorded: tuple[Sender, Recorder]
     ) -> None:
         sender, recorder = recorded
-        counted = CountedConf(sender.app, monkeypatch)
+        assert events.follow(sender.app) is False
+        assert _connected(signals.duplicate_refused) == set()
+        assert _connected(signals.call_attached) == set()
         signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
-        first = counted.reads
-        for _ in range(50):
-            signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
-        assert first > 0
-        assert (counted.reads, recorder.built) == (first, 0)
+        assert recorder.built == 0
 
-    def test_a_change_at_run_time_is_followed_once_the_answer_is_old(
-        self, recorded: tuple[Sender, Recorder], monkeypatch: pytest.MonkeyPatch
+    def test_binding_a_singleton_task_reads_the_setting(self) -> None:
+        events.uninstall()
+        quiet = Celery("quiet", set_as_current=False)
+        singleton_task(app=quiet, shared=False, name="t.quiet")(_report).bind(quiet)
+        assert _connected(signals.duplicate_refused) == set()
+        loud = Celery("loud", set_as_current=False)
+        loud.conf.task_send_sent_event = True
+        singleton_task(app=loud, shared=False, name="t.loud")(_report).bind(loud)
+        assert _connected(signals.duplicate_refused) == {"celery_singleton_lock.event.refused"}
+        events.uninstall()
+
+    def test_a_change_at_run_time_is_followed_once_read_again(
+        self, recorded: tuple[Sender, Recorder]
     ) -> None:
         sender, recorder = recorded
-        app, now = sender.app, [1000.0]
-        monkeypatch.setattr(events.time, "monotonic", lambda: now[0])
-        assert events.sends_sent_events(app) is False
-        app.conf.update(task_send_sent_event=True)
-        assert events.sends_sent_events(app) is False  # the kept answer, for a second
-        now[0] += events.SETTING_KEPT_SECONDS
+        app = sender.app
+        events.follow(app)
+        app.conf.task_send_sent_event = True
+        signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+        assert recorder.built == 0  # not read again yet: nothing connected
+        assert events.follow(app) is True
         signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
         assert recorder.built == 1
         app.conf.task_send_sent_event = False
-        now[0] += events.SETTING_KEPT_SECONDS
-        assert events.sends_sent_events(app) is False
+        assert events.follow(app) is False
+        assert _connected(signals.duplicate_refused) == set()
+
+    def test_only_the_apps_that_send_send(self, recorded: tuple[Sender, Recorder]) -> None:
+        sender, recorder = recorded
+        _sends(sender)
+        other = Sender(Celery("other", set_as_current=False))
+        other_recorder = Recorder()
+        other.app.events = other_recorder  # type: ignore[assignment]
+        events.follow(other.app)
+        signals.send(signals.duplicate_refused, other, "k", task_id="t2", holder_id="t1")
+        signals.send(signals.duplicate_refused, sender, "k", task_id="t3", holder_id="t1")
+        assert (other_recorder.built, recorder.built) == (0, 1)
+
+    def test_a_worker_with_events_keeps_its_receivers(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, _ = recorded
+        events.install(worker=True)
+        try:
+            events.follow(sender.app)  # a producer's app without sent events, in the worker
+            assert "celery_singleton_lock.event.lease-lost" in _connected(signals.lease_lost)
+        finally:
+            events.uninstall()
+
+
+def _report(item: str) -> str:
+    return item

@@ -37,7 +37,7 @@ ALLOWED = {
     # Loaded only when the worker sends task events (-E): the decisions as Celery events.
     ("worker", "contrib.events"),
     # Connected as a singleton task is defined, as the worker's hooks are: a producer's
-    # refusals as Celery events (each reads task_send_sent_event), and OpenTelemetry's
+    # refusals as Celery events (read as each task is bound), and OpenTelemetry's
     # span events where opentelemetry-api is installed (nothing connected without it).
     ("task", "contrib.events"),
     ("task", "contrib.tracing"),
