@@ -123,6 +123,11 @@ class TurnSweep:
         self.app = app
         self._renew_at: dict[str, float] = {}
         self._said: set[str] = set()
+        # The app's singleton tasks, found again when the registry grows, and how many
+        # of them take turns: a worker with none of those asks the store nothing.
+        self._tasks: list[Task] = []
+        self._taking_turns = 0
+        self._registered = -1
 
     @classmethod
     def of(cls, app: Celery) -> TurnSweep | None:
@@ -135,14 +140,14 @@ class TurnSweep:
         turns = turns_of(store)
         if turns is None:
             return
+        if not self._find_tasks():
+            return  # no task of this worker takes turns: its sweep has nothing to do
         # A store out of reach raises: the worker's timer pauses the sweep (worker.timers).
         rooms = turns.with_calls()
         if not rooms:
             return
         served: set[str] = set()
-        for task in list(self.app.tasks.values()):
-            if not is_singleton(task):
-                continue
+        for task in self._tasks:
             mode = task.singleton_options().mode
             served.add(mode.waiting_room or "")
             if mode.takes_turns:
@@ -150,6 +155,18 @@ class TurnSweep:
                 send_turns(self.app, mode.hand_out(store, rooms), forget)
                 self._renew_places(task)
         self._say_unserved(set(rooms) - served)
+
+    def _find_tasks(self) -> int:
+        """How many of the app's tasks take turns (the registry read again only when it
+        grew: tasks registered after the worker started are swept too)."""
+        registry = self.app.tasks
+        if len(registry) != self._registered:
+            self._registered = len(registry)
+            self._tasks = [task for task in list(registry.values()) if is_singleton(task)]
+            self._taking_turns = sum(
+                task.singleton_options().mode.takes_turns for task in self._tasks
+            )
+        return self._taking_turns
 
     def _say_unserved(self, rooms: set[str]) -> None:
         """Rooms with calls this worker has no task for: said once (a worker of another
@@ -172,9 +189,9 @@ class TurnSweep:
         if now < self._renew_at.get(task.name, 0.0):
             return
         self._renew_at[task.name] = now + ttl * self.PLACES
-        backlog = backlog_of(context.store)
-        for ident, name in context.options.mode.kept_calls(context.store).items():
-            backlog.renew(name, Waiter.task_id_of(ident), ttl)
+        kept = context.options.mode.kept_calls(context.store)
+        places = [(name, Waiter.task_id_of(ident)) for ident, name in kept.items()]
+        backlog_of(context.store).renew_all(places, ttl)
 
 
 __all__ = ["TurnSweep", "kept_call", "send_turns"]

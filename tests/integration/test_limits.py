@@ -431,6 +431,27 @@ class TestBackpressure:
         backlog.leave(name, "waits-for-its-slot")
         backlog.leave(name, "soon")
 
+    def test_the_places_of_many_waiting_calls_are_renewed_together(
+        self, cenv: CeleryEnv, app: Any
+    ) -> None:
+        # (the waiting rooms' sweep renews every kept call's place: more than one batch)
+        store = LockStores.for_app(app.app).lock
+        backlog, tag = backlog_of(store), uuid.uuid4().hex[:8]
+        places = [(f"renewed-{tag}-{n % 3}", f"call-{n}") for n in range(backlog.BATCH + 7)]
+        for name, call in places:
+            assert backlog.enter(name, call, len(places), 5).taken
+        backlog.renew_all(places, 120)
+        client = cenv.lock_client()
+        seconds, micros = client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        for name, call in places:
+            expires = client.zscore(store.keys(name).backlog, call)
+            assert expires is not None
+            assert expires - now_ms > 100_000, (name, call)
+        for name in {name for name, _ in places}:
+            assert int(client.pttl(store.keys(name).backlog)) > 100_000
+            client.delete(store.keys(name).backlog)
+
     def test_a_refused_call_sends_nothing_and_max_pending_needs_a_queue_to_cap(
         self, cenv: CeleryEnv, app: Any
     ) -> None:

@@ -1,7 +1,7 @@
 """A task's waiting room for its ``total_limit`` (``lease.limits.turns``), on a real
 redis-server: the freed slots handed out round robin by weight, the caps, a lost
 reservation put back in front, a call's two messages told apart, a paused call's turn
-given back."""
+given back; and when a worker's sweep of the rooms asks the store at all."""
 
 from __future__ import annotations
 
@@ -9,11 +9,16 @@ import time
 
 import pytest
 import redis
+from celery import Celery
 
-from celery_singleton_lock import RedisLock
+from celery_singleton_lock import RedisLock, singleton_task
+from celery_singleton_lock.broker.turn_sweep import TurnSweep
+from celery_singleton_lock.exceptions import LockStoreUnavailableError
 from celery_singleton_lock.lease import Contended, Lease
 from celery_singleton_lock.lease.limits import turns as turns_module
 from celery_singleton_lock.lease.limits.turns import Kept, Turns, Waiter, turns_of
+
+from ..support.servers import free_port
 
 TOTAL = "task#total"
 
@@ -389,3 +394,22 @@ def test_a_call_never_claimed_is_given_up_after_a_few_sends(
     assert room.with_calls() == []
     taken = take(room, "B", "B0", stamp=sends[-1].stamp)
     assert isinstance(taken, tuple), "a message of it that comes after all: a new call"
+
+
+def test_a_worker_with_no_task_taking_turns_asks_the_store_nothing() -> None:
+    """The waiting rooms' sweep asks the store only where one of the worker's tasks takes
+    turns (found again as tasks are registered): here the store is a closed port, so any
+    question would raise."""
+    app = Celery("no-turns", broker="memory://", set_as_current=False)
+    app.conf.singleton_lock_url = f"redis://127.0.0.1:{free_port()}/0"
+    singleton_task(app=app, shared=False, name="t.plain")(_echo)
+    sweep = TurnSweep.of(app)
+    assert sweep is not None
+    sweep()  # nothing asked
+    singleton_task(app=app, shared=False, name="t.fair", key=["x"], limit=1, total_limit=2)(_echo)
+    with pytest.raises(LockStoreUnavailableError):
+        sweep()  # a task taking turns: its rooms are asked for
+
+
+def _echo(x: str) -> str:
+    return x

@@ -7,6 +7,7 @@ nothing sent, when ``cap`` calls wait already) and leaves it as its run starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..redis import scripts
@@ -31,6 +32,8 @@ class Backlog:
     the count never stays too high for long and is never too low.
     """
 
+    BATCH = 500  # places renewed in one round trip
+
     def __init__(self, store: RedisLock) -> None:
         self._store = store
         self._enter = store.client.register_script(scripts.BACKLOG_ENTER)
@@ -53,6 +56,22 @@ class Backlog:
         """``call`` is sent round again (deferred, requeued): it keeps its place for
         ``ttl`` more seconds (back in line if its place had run out: it is not dropped)."""
         self._ask(name, call, 0, ttl, "renew")  # on the server's clock, in one script
+
+    def renew_all(self, places: Sequence[tuple[str, str]], ttl: float) -> None:
+        """Each ``(name, call)`` of ``places`` keeps its place ``ttl`` more seconds, as
+        ``renew``, pipelined ``BATCH`` at a time: the calls waiting for their turn of a
+        total are renewed together, not one round trip each."""
+        ttl_ms = max(1, round(ttl * 1000))
+        client = self._store.client
+        for start in range(0, len(places), self.BATCH):
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for name, call in places[start : start + self.BATCH]:
+                        key = self._store.keys(name).backlog
+                        self._enter(keys=[key], args=[call, 0, ttl_ms, "renew"], client=pipe)
+                    pipe.execute()
+            except REDIS_ERRORS as error:
+                self._store.unavailable(error)
 
     def leave(self, name: str, call: str) -> None:
         """``call``'s run starts: its place is free."""
