@@ -7,6 +7,8 @@ is sent with ``sender=task`` (``limits_changed``: None) and the lock's ``name``.
 
 from __future__ import annotations
 
+import contextvars
+
 from celery.utils.dispatch import Signal
 
 from .lease import Lease
@@ -50,8 +52,9 @@ rate_asked = Signal(
 )
 # An execution gave its lease back after ``held`` seconds (sent as the release is sent).
 lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
-# Renewal found the lease (its ``fence``) gone while the task ran (``lease_taken``).
-lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id", "fence"})
+# Renewal found the lease (its ``fence``) gone while the task ran (``lease_taken``), sent
+# from the renewal thread: ``hostname`` is the run's worker's node name.
+lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id", "fence", "hostname"})
 # At dispatch, a repeat of an idempotency key was answered with its first call
 # (``task_id``, in ``state``: accepted, running, succeeded or failed); nothing was sent.
 idempotent_repeat = Signal(
@@ -98,9 +101,16 @@ def lease_taken(sender: object, lease: Lease, task_id: str, waited: float) -> No
     with receivers connected: nothing is registered per task otherwise)."""
     send(lease_acquired, sender, lease.name, task_id=task_id, fence=lease.fence, waited=waited)
     if lease_lost.receivers:
-        lease.on_lost(
-            lambda lost: send(lease_lost, sender, lost.name, task_id=task_id, fence=lost.fence)
-        )
+        # Found lost by the renewal thread: sent in the run's context (its current span),
+        # with its worker's name, which Celery keeps per thread in the run's request.
+        run = contextvars.copy_context()
+        hostname = getattr(getattr(sender, "request", None), "hostname", None)
+
+        def lost(gone: Lease) -> None:
+            fields = {"task_id": task_id, "fence": gone.fence, "hostname": hostname}
+            run.copy().run(send, lease_lost, sender, gone.name, **fields)
+
+        lease.on_lost(lost)
 
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from celery import Celery
 from celery.utils import uuid
@@ -78,15 +78,16 @@ def _receiver(told: Told) -> Callable[..., None]:
             return  # another app's refusal, in a process where one app sends
         fields = told.fields(sent)
         if fields is not None:
-            send(app, told, fields, getattr(sender, "name", None), _hostname(sender))
+            send(app, told, fields, getattr(sender, "name", None), _hostname(sender, sent))
 
     return receive
 
 
-def _hostname(sender: object) -> str | None:
-    """The worker's node name in a run (Flower files the event under it), else Celery's."""
-    request = getattr(sender, "request", None)
-    hostname = getattr(request, "hostname", None)
+def _hostname(sender: object, sent: Mapping[str, object]) -> str | None:
+    """The worker's node name in a run (Flower files the event under it), else Celery's:
+    as the decision says it (one sent from another thread than the run's) or as the
+    run's request has it."""
+    hostname = sent.get("hostname") or getattr(getattr(sender, "request", None), "hostname", None)
     return hostname if isinstance(hostname, str) else None
 
 

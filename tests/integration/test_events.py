@@ -91,6 +91,8 @@ def test_a_worker_with_events_and_a_producer_with_sent_events_send_each_decision
     cenv.lock_client().delete(_lock(strict, "ev"))
     event = seen.wait("singleton-lease-lost", uuid=holder.id)
     assert event["key"] == key
+    # Sent from the renewal thread, filed under the run's worker all the same.
+    assert event["hostname"] == events_worker.nodename
     assert isinstance(event["fence"], int)
     open_gate(cenv, "ev")
     holder.get(timeout=30, propagate=False)

@@ -19,8 +19,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from celery_singleton_lock import DuplicateTaskError
 from celery_singleton_lock.contrib import metrics, telemetry
+from celery_singleton_lock.lease import LockKeys
 
 from ..conftest import CeleryEnv
+from ..support.monitors import Seen
 from ..support.runs import UNTIL_OPENED, open_gate, started, wait_for
 from ..support.spans import read_spans
 from ..support.workers import Worker
@@ -111,6 +113,31 @@ def test_a_runs_span_has_its_fence_and_its_contention(
     assert event["attributes"]["singleton.holder_id"] == holder.id
     assert event["attributes"]["singleton.then"] == "fail"
     assert "singleton.fence" not in refused["attributes"]  # it never took the lease
+
+
+def test_a_lease_lost_while_the_run_goes_on_is_an_event_on_its_span(cenv: CeleryEnv) -> None:
+    # Renewal (every third of the short ttl) finds the lease gone, in its own thread: the
+    # span event still lands on the run's span. Task events tell the test when.
+    path = str(Path(tempfile.mkdtemp(prefix="csl-spans-")) / "spans.jsonl")
+    extra = {"CSL_OTEL_SPANS": path, "CSL_TASK_EVENTS": "1", "CSL_TTL": "3"}
+    strict = cenv.app_module.strict
+    key = strict.singleton_options().key.derive(("ot-lost",), {})
+    worker = Worker(cenv.env, extra_env=extra).start()
+    try:
+        with Seen(cenv.app_module.app) as seen:
+            holder = strict.apply_async(("ot-lost", UNTIL_OPENED), queue=worker.queue)
+            wait_for(lambda: any(s["item"] == "ot-lost" for s in started(cenv)), 20, "started")
+            cenv.lock_client().delete(LockKeys.build("t", key).lock)  # (the test app's prefix)
+            seen.wait("singleton-lease-lost", uuid=holder.id)
+        open_gate(cenv, "ot-lost")
+        holder.get(timeout=30, propagate=False)
+        ran = wait_for(lambda: _run_span(read_spans(path), holder.id), 20, "the holder's span")
+    finally:
+        worker.stop()
+    [event] = [e for e in ran["events"] if e["name"].startswith("singleton.")]
+    assert event["name"] == "singleton.lease_lost"
+    assert event["attributes"]["singleton.key"] == key
+    assert event["attributes"]["singleton.fence"] == ran["attributes"]["singleton.fence"]
 
 
 def test_the_metrics_go_through_opentelemetry_with_the_prometheus_names(
