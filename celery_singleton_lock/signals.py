@@ -50,6 +50,26 @@ rate_asked = Signal(
     name="rate_asked",
     providing_args=_ARGS | {"task_id", "slot", "delay", "deferred", "remaining", "next_slot"},
 )
+# At dispatch, a rate's ``on_limited="delay"`` reserved the call ``task_id`` its ``slot``
+# (seconds since the epoch, the lock store's clock) and sent it with a countdown of
+# ``delay`` seconds to arrive on it; ``remaining`` runs of the key may start now after it.
+dispatch_deferred = Signal(
+    name="dispatch_deferred", providing_args=_ARGS | {"task_id", "slot", "delay", "remaining"}
+)
+# At dispatch, a rate's ``on_limited="raise"`` refused the call ``task_id`` (nothing sent:
+# ``RateLimitedError``, ``retry_after`` seconds), over its rate or ``paused`` by an operator.
+dispatch_rate_limited = Signal(
+    name="dispatch_rate_limited", providing_args=_ARGS | {"task_id", "retry_after", "paused"}
+)
+# At execution, a run of a ``total_limit`` task waits for its turn (round robin across
+# keys): its message is kept in its key's line and this delivery ended (Ignore).
+waiting_turn = Signal(name="waiting_turn", providing_args=_ARGS | {"task_id"})
+# At execution, a run of a key an operator paused (``target``, since ``paused_at``, by
+# ``by``) is kept waiting: sent round again every ``recheck`` seconds; told once a call.
+call_paused = Signal(
+    name="call_paused",
+    providing_args=_ARGS | {"task_id", "target", "paused_at", "by", "recheck"},
+)
 # An execution gave its lease back after ``held`` seconds (sent as the release is sent).
 lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
 # Renewal found the lease (its ``fence``) gone while the task ran (``lease_taken``), sent
@@ -116,9 +136,12 @@ def lease_taken(sender: object, lease: Lease, task_id: str, waited: float) -> No
 __all__ = [
     "attached_answered",
     "call_attached",
+    "call_paused",
     "copy_dropped",
     "dead_child_released",
     "dispatch_accepted",
+    "dispatch_deferred",
+    "dispatch_rate_limited",
     "duplicate_refused",
     "execution_contended",
     "execution_skipped",
@@ -130,4 +153,5 @@ __all__ = [
     "limits_changed",
     "rate_asked",
     "ride_checked",
+    "waiting_turn",
 ]

@@ -18,19 +18,20 @@ from .decisions import DECISIONS, Told
 
 logger = logging.getLogger(__name__)
 
-# Whether this process is a worker sending task events (its pool children inherit it).
-_worker: list[bool] = [False]
+# The apps this process is a worker of that send task events (its pool children inherit
+# them); another app in the process sends only what its own settings say.
+_workers: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 # The apps whose producers send their refusals: ``task_send_sent_event`` as it was when
 # each singleton task was bound, or when ``follow`` read it again.
 _sending: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
-def install(*, worker: bool = False) -> None:
-    """A worker's receivers (``worker``: it sends task events): every decision. Idempotent."""
-    if worker:
-        _worker[0] = True
-        _connect(DECISIONS)
+def install(app: Celery) -> None:
+    """A worker's receivers (``app``'s worker sends task events): every decision of
+    ``app``'s tasks. Idempotent."""
+    _workers.add(app)
+    _connect(DECISIONS)
 
 
 def follow(app: Celery) -> bool:
@@ -43,14 +44,14 @@ def follow(app: Celery) -> bool:
         _connect(told for told in DECISIONS if told.at_dispatch)
         return True
     _sending.discard(app)
-    if not _sending and not _worker[0]:
+    if not _sending and not _workers:
         _disconnect()
     return False
 
 
 def uninstall() -> None:
     """Disconnect every receiver connected here (the bench measures without them)."""
-    _worker[0] = False
+    _workers.clear()
     _sending.clear()
     _disconnect()
 
@@ -74,8 +75,8 @@ def _receiver(told: Told) -> Callable[..., None]:
         app = getattr(sender, "app", None)
         if not isinstance(app, Celery) or not getattr(sender, "send_events", True):
             return  # a task that opted out of events (Celery's ``Task.send_events``)
-        if not (_worker[0] or (told.at_dispatch and app in _sending)):
-            return  # another app's refusal, in a process where one app sends
+        if not (app in _workers or (told.at_dispatch and app in _sending)):
+            return  # another app's decision, in a process where one app sends
         fields = told.fields(sent)
         if fields is not None:
             send(app, told, fields, getattr(sender, "name", None), _hostname(sender, sent))
@@ -94,16 +95,18 @@ def _hostname(sender: object, sent: Mapping[str, object]) -> str | None:
 def send(
     app: Celery, told: Told, fields: dict[str, object], task: object, host: str | None
 ) -> None:
-    """Send one decision's event (``singleton-...``, and its ``task-singleton-...`` twin for
-    Celery's own state): its fields, the task's ``name``, and its words as ``result``
-    (Celery's state, Flower's, shows the call's result: this until the call ends)."""
+    """Send one decision's event (``singleton-...``, and its twin in Celery's task group for
+    Celery's own state: ``Told.task_event_type``): its fields, the task's ``name``, the
+    decision as ``singleton``, and its words as ``result`` (Celery's state, Flower's, shows
+    the call's result: this until the call ends)."""
     said = {k: v for k, v in fields.items() if k != "reason" and v is not None}
     # A call refused before it was given an id (a storm's early answer) gets one here.
     said.setdefault("uuid", uuid())
-    said.update(name=task, result=fields.get("reason"))
+    said.update(name=task, singleton=told.what, result=fields.get("reason"))
+    twin = told.task_event_type(fields)
     try:
         with app.events.default_dispatcher(hostname=host) as dispatcher:
-            for event_type in (told.event_type, told.task_event_type):
+            for event_type in (told.event_type, twin) if twin else (told.event_type,):
                 dispatcher.send(
                     event_type,
                     retry=True,

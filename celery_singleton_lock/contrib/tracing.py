@@ -18,8 +18,12 @@ ATTRIBUTES = {"key": "singleton.key", "holder": "singleton.holder_id", "uuid": "
 
 
 def available() -> bool:
-    """Whether ``opentelemetry-api`` is installed."""
-    return importlib.util.find_spec("opentelemetry") is not None
+    """Whether ``opentelemetry-api`` is installed: its ``opentelemetry.trace``, not only
+    the ``opentelemetry`` namespace, which another distribution may provide alone."""
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except ImportError:  # no ``opentelemetry`` at all (a parent's find_spec imports it)
+        return False
 
 
 def install() -> bool:

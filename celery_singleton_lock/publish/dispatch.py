@@ -5,15 +5,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from celery.signals import before_task_publish
 
 from .. import outages
+from .. import signals as singleton_signals
 from ..broker.state import Refused
-from ..exceptions import BackpressureError, LockStoreUnavailableError, SingletonLockError
+from ..exceptions import (
+    BackpressureError,
+    LockStoreUnavailableError,
+    RateLimitedError,
+    SingletonLockError,
+)
 from ..lease import Contended, Lease, PendingAcquire
 from ..lease.limits.backlog import backlog_of
 from ..modes.stages import Call
@@ -51,24 +57,43 @@ def long_wait(context: TaskContext, options: dict[str, object]) -> float:
     return hop
 
 
-def slot_at_publish(
-    context: TaskContext,
-    lock_name: str,
-    call: Call,
-    options: MutableMapping[str, object],
-) -> dict[str, object]:
-    """A rate's slot for a call about to be sent (``on_limited="delay"`` or ``"raise"``),
-    as the header it rides in; none without one, or when the store is unreachable and
-    fail_open sends the call anyway (its execution then asks)."""
+def slot_at_publish(call: Dispatch, task_id: str) -> dict[str, object]:
+    """A rate's slot for the call ``task_id`` about to be sent (``on_limited="delay"``
+    or ``"raise"``), as the header it rides in; none without one, or when the store is
+    unreachable and fail_open sends the call anyway (its execution then asks). A call
+    deferred to its slot or refused by its rate is told (``dispatch_deferred``,
+    ``dispatch_rate_limited``): its execution may never say so."""
+    context, lock_name, options = call.facts, call.lock_name, call.options
+    override = None
     try:
         mode = context.options.mode
         override = context.override(lock_name) if mode.asks_at_publish else None
-        slot = mode.slot_at_publish(context.store, lock_name, call, options, override)
+        slot = mode.slot_at_publish(context.store, lock_name, call.call, options, override)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
         return {}
+    except RateLimitedError as error:
+        singleton_signals.send(
+            singleton_signals.dispatch_rate_limited,
+            call.task,
+            lock_name,
+            task_id=task_id,
+            retry_after=error.retry_after,
+            paused=override is not None and override.paused,
+        )
+        raise
     if slot is None:
         return {}
+    if not slot.now:
+        singleton_signals.send(
+            singleton_signals.dispatch_deferred,
+            call.task,
+            lock_name,
+            task_id=task_id,
+            slot=slot.at,
+            delay=slot.wait,
+            remaining=slot.remaining,
+        )
     countdown = options.get("countdown")  # "delay"'s, to the slot
     if isinstance(countdown, int | float):
         # No longer than the broker lets it wait unacked: it arrives early and is sent
@@ -148,7 +173,7 @@ def send_in_line(call: Dispatch, own_headers: dict[str, object]) -> AsyncResult:
     placed = BACKLOG_HEADER in own_headers
     entered = delay_of(options) if placed else 0.0  # (no work for a call without a place)
     try:
-        own_headers.update(slot_at_publish(context, lock_name, call.call, options))
+        own_headers.update(slot_at_publish(call, task_id))
         if placed:
             stretch_place(context, lock_name, task_id, delay_of(options) - entered)
         return call.publish(task_id, options, own_headers)

@@ -146,6 +146,14 @@ def decide(
     foreign = [(c, o) for c, o in refused if holder_task_id(o.holder) is None]
     if foreign:
         give_back(facts, [lease for _, lease in held])
+        for call, _ in foreign:  # refused as a duplicate, of a holder of unknown id
+            singleton_signals.send(
+                singleton_signals.duplicate_refused,
+                call.task,
+                call.lock_name,
+                task_id=call.task_id,
+                holder_id=None,
+            )
         call, outcome = foreign[0]
         raise DuplicateTaskError(
             f"{call.task.name} {mode.refused_because()} for {call.lock_name!r} (holder "
@@ -167,7 +175,11 @@ def decide(
     for call in duplicates:
         holder = answers[hold_of(call)].id
         singleton_signals.send(
-            singleton_signals.duplicate_refused, call.task, call.lock_name, holder_id=holder
+            singleton_signals.duplicate_refused,
+            call.task,
+            call.lock_name,
+            task_id=call.task_id,
+            holder_id=holder,
         )
     if duplicates and logger.isEnabledFor(logging.INFO):
         # One line a batch, not one a call: the batch's duplicates counted, a few named.

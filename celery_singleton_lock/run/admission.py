@@ -117,6 +117,16 @@ def wait_out_pause(
     if override.paused:
         if held_at is None:  # its first round: once in the history, not every second
             append_history(start.store, start.entry, "paused", target=override.target)
+            singleton_signals.send(
+                singleton_signals.call_paused,
+                delivery.sender,
+                start.name,
+                task_id=request.id,
+                target=override.target,
+                paused_at=override.paused_at,
+                by=override.changed_by,
+                recheck=PAUSE_RECHECK,
+            )
         if request.is_eager:  # nothing to send again: the caller is told
             raise RateLimitedError(
                 f"{start.name!r} is paused by an operator ({override.target!r})",

@@ -96,6 +96,9 @@ def wait_for_turn(delivery: Delivery, kept: Kept) -> NoReturn:
         setattr(request, "singleton_place_kept", True)  # noqa: B010  (Celery's Context)
         raise Ignore(f"a copy of {request.id}, whose turn another message of it has")
     keep_place(delivery, kept.name, 0.0)
+    singleton_signals.send(
+        singleton_signals.waiting_turn, delivery.sender, kept.name, task_id=request.id
+    )
     logger.info(
         "%s[%s] waits for its turn of the total: kept in %s's line",
         delivery.name,

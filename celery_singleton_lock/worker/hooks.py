@@ -80,7 +80,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
         # Here, before the pool forks: the children inherit the receivers.
         from ..contrib.events import install as send_events  # noqa: PLC0415  (only with -E)
 
-        send_events(worker=True)
+        send_events(app)
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.

@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import os
+import time
+import uuid as uuids
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import chain
 
-from celery_singleton_lock import DuplicateTaskError
-from celery_singleton_lock.contrib import events
+from celery_singleton_lock import DuplicateTaskError, RateLimitedError
+from celery_singleton_lock.contrib import decisions, events, limits
 from celery_singleton_lock.lease import LockKeys
+from celery_singleton_lock.lease.limits.overrides import REFRESH
 
 from ..conftest import CeleryEnv
 from ..support.monitors import Flower, Seen
@@ -87,6 +91,10 @@ def test_a_worker_with_events_and_a_producer_with_sent_events_send_each_decision
     wait_for(lambda: dropped(cenv, holder.id), 20, "copy dropped")
     event = seen.wait("singleton-copy-dropped", uuid=holder.id)
     assert (event["key"], event["holder"], event["holder_state"]) == (key, holder.id, "running")
+    # No twin: filed under the holder's id, it would be the running holder's status.
+    assert not [
+        e for e in seen.after_marker() if e.get("singleton") == "copy-dropped" and e is not event
+    ]
     # The holder loses its lease (its key gone under it): renewal says so.
     cenv.lock_client().delete(_lock(strict, "ev"))
     event = seen.wait("singleton-lease-lost", uuid=holder.id)
@@ -119,6 +127,104 @@ def test_a_worker_with_events_and_a_producer_with_sent_events_send_each_decision
         assert event["slot"] > event["timestamp"] - 5
 
 
+@pytest.mark.usefixtures("sent_events")
+def test_a_producer_tells_its_rate_deferrals_rate_refusals_and_attached_members(
+    cenv: CeleryEnv, events_worker: Worker, seen: Seen
+) -> None:
+    app, queue = cenv.app_module, events_worker.queue
+    tag = uuids.uuid4().hex[:6]
+    # on_limited="delay": the second call is sent with the countdown to its slot.
+    slow = app.delayed_slowly
+    first = slow.apply_async((f"ev-dl-{tag}", 1), queue=queue)
+    later = slow.apply_async((f"ev-dl-{tag}", 2), queue=queue)
+    event = seen.wait("singleton-deferred", uuid=later.id)
+    assert event["key"] == slow.singleton_options().key.derive((f"ev-dl-{tag}",), {})
+    assert 0 < event["delay"] <= 2.5
+    assert event["slot"] > event["timestamp"]
+    # Its twin leaves the status Celery's (PENDING, then its run's) with the words.
+    twin = seen.wait(decisions.GOES_ON_TWIN, uuid=later.id)
+    assert twin["result"].endswith("to its slot at dispatch")
+    assert not seen.of("singleton-deferred", uuid=first.id)  # a slot now: nothing to tell
+    assert [first.get(timeout=30), later.get(timeout=30)] == [1, 2]
+
+    # on_limited="raise": refused, nothing sent, told under the id it would have had.
+    checked, refused_id = app.rate_checked, ""
+    for n in range(6):
+        try:
+            checked.apply_async((f"ev-rl-{tag}", n), queue=queue, task_id=f"rl-{tag}-{n}")
+        except RateLimitedError:
+            refused_id = f"rl-{tag}-{n}"
+            break
+    assert refused_id, "no call was over the rate"
+    event = seen.wait("singleton-rate-limited", uuid=refused_id)
+    assert event["key"] == checked.singleton_options().key.derive((f"ev-rl-{tag}",), {})
+    assert event["retry_after"] > 0
+    assert event["paused"] is False
+    assert seen.wait("task-singleton-rate-limited", uuid=refused_id)["result"].startswith(
+        "refused at dispatch:"
+    )
+
+    # A chain's first step, its key held by a running call: attached to the holder.
+    work = app.work
+    holder = work.apply_async((f"ev-a-{tag}", UNTIL_OPENED), queue=queue)
+    _started(cenv, f"ev-a-{tag}")
+    sent = chain(work.si(f"ev-a-{tag}").set(queue=queue), app.follow.s(1).set(queue=queue))
+    result = sent.apply_async()
+    event = seen.wait("singleton-attached", holder=holder.id)
+    assert event["uuid"] == result.parent.id
+    assert event["key"] == work.singleton_options().key.derive((f"ev-a-{tag}",), {})
+    open_gate(cenv, f"ev-a-{tag}")
+    assert result.get(timeout=30) == [f"ev-a-{tag}", 1]
+
+
+def test_a_call_waiting_its_turn_and_a_paused_one_are_told(cenv: CeleryEnv, seen: Seen) -> None:
+    """Both end their delivery with Ignore (no event of Celery's): ours say why."""
+    app, tag = cenv.app_module, uuids.uuid4().hex[:6]
+    blocker, turn, paused = f"g-{tag}", f"t-{tag}", f"p-{tag}"
+    worker = Worker(cenv.env, concurrency=4, extra_env={"CSL_TASK_EVENTS": "1"}).start()
+    try:
+        gated = [
+            app.export_fair.apply_async((blocker, UNTIL_OPENED), queue=worker.queue)
+            for _ in range(2)
+        ]
+        wait_for(
+            lambda: sum(s["item"] == blocker for s in started(cenv)) == 2, 30, "the total full"
+        )
+        waiting = app.export_fair.apply_async((turn, 0.1), queue=worker.queue)
+        event = seen.wait("singleton-waiting-turn", uuid=waiting.id)
+        assert event["key"] == f"fair:{turn}"
+        assert seen.wait(decisions.GOES_ON_TWIN, uuid=waiting.id)["result"].startswith(
+            "waits for its turn"
+        )
+        open_gate(cenv, blocker)
+        assert waiting.get(timeout=30) == turn
+        open_gate(cenv, blocker)
+        for each in gated:
+            each.get(timeout=30)
+
+        limits.set(app.app, f"fair:{paused}", paused=True, by="ops@events")
+        # Every worker process reads an operator's change within REFRESH.
+        time.sleep(2 * REFRESH)
+        held = app.export_fair.apply_async((paused, 0.1), queue=worker.queue)
+        event = seen.wait("singleton-paused", uuid=held.id)
+        assert (event["key"], event["target"], event["by"]) == (
+            f"fair:{paused}",
+            f"fair:{paused}",
+            "ops@events",
+        )
+        assert event["paused_at"] <= event["timestamp"]
+        limits.set(app.app, f"fair:{paused}", paused=False)
+        assert held.get(timeout=30) == paused
+        # Told once a call, not at each round it is sent again while paused.
+        assert len(seen.of("singleton-paused", uuid=held.id)) == 1
+    except BaseException:
+        print(worker.output()[-6000:])
+        raise
+    finally:
+        worker.stop()
+        limits.set(app.app, f"fair:{paused}", reset=True)
+
+
 def test_without_events_nothing_is_sent(cenv: CeleryEnv, worker: Worker, seen: Seen) -> None:
     """The shared worker sends no task events, this producer no task-sent events."""
     app, queue = cenv.app_module, worker.queue
@@ -147,15 +253,18 @@ def test_flower_shows_a_waiting_call_waits_for_its_keys_holder(
         waiting = app.patient.apply_async(("fl",), queue=queue)  # waits up to 20 s
         key = app.patient.singleton_options().key.derive(("fl",), {})
 
+        said = f"{key!r} is held by {holder.id}: wait up to 20s"
+
         def told() -> dict[str, Any] | None:
             info = flower.task(waiting.id)
-            return info if info and info["state"] == "SINGLETON-CONTENDED" else None
+            return info if info and info.get("result") == said else None
 
-        info = wait_for(told, 30, "Flower's state of the waiting call")
-        assert info["result"] == f"{key!r} is held by {holder.id}: wait up to 20s"
+        info = wait_for(told, 30, "Flower's result of the waiting call")
+        # It waits in its run: Celery's own status, which its later events replace.
+        assert info["state"] == "STARTED"
         assert info["worker"] == events_worker.nodename
         page = flower.page(waiting.id)
-        assert "SINGLETON-CONTENDED" in page
+        assert "STARTED" in page
         assert f"is held by {holder.id}: wait up to 20s" in page
         open_gate(cenv, "fl")
         assert waiting.get(timeout=30) == "fl"
@@ -175,13 +284,13 @@ def test_a_screenshot_of_flowers_task_page(
         _started(cenv, "fl-shot")
         waiting = app.patient.apply_async(("fl-shot",), queue=queue)
         wait_for(
-            lambda: (flower.task(waiting.id) or {}).get("state") == "SINGLETON-CONTENDED",
+            lambda: "is held by" in str((flower.task(waiting.id) or {}).get("result")),
             30,
-            "Flower's state of the waiting call",
+            "Flower's result of the waiting call",
         )
         driver.set_window_size(1400, 900)
         driver.get(f"{flower.url}/task/{waiting.id}")
-        assert "SINGLETON-CONTENDED" in driver.page_source
+        assert f"is held by {holder.id}" in driver.page_source
         driver.save_screenshot(str(target))
         open_gate(cenv, "fl-shot")
         assert waiting.get(timeout=30) == "fl-shot"

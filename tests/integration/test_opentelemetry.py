@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_singleton_lock import DuplicateTaskError
+from celery_singleton_lock import DuplicateTaskError, RateLimitedError
 from celery_singleton_lock.contrib import metrics, telemetry
 from celery_singleton_lock.lease import LockKeys
 
@@ -66,6 +66,39 @@ def test_a_refusal_is_an_event_on_the_callers_span(
     assert attributes["singleton.key"] == key
     assert attributes["singleton.holder_id"] == first.id
     assert attributes["singleton.reason"] == f"refused at dispatch: {key!r} is held by {first.id}"
+
+
+def test_a_rates_deferral_and_refusal_at_dispatch_are_events_on_the_callers_span(
+    cenv: CeleryEnv, worker: Worker, exported: InMemorySpanExporter
+) -> None:
+    app, tracer = cenv.app_module, trace.get_tracer("tests")
+    slow, checked = app.delayed_slowly, app.rate_checked
+    first = slow.apply_async(("ot-dl", 1), queue=worker.queue)
+    with tracer.start_as_current_span("POST /slow"):
+        later = slow.apply_async(("ot-dl", 2), queue=worker.queue)
+    refused = 0
+    with tracer.start_as_current_span("POST /checked"):
+        for n in range(6):  # 10/s, two back to back: one of these is over it
+            try:
+                checked.apply_async(("ot-rl", n), queue=worker.queue)
+            except RateLimitedError:
+                refused += 1
+                break
+    assert refused == 1
+    [span] = [s for s in exported.get_finished_spans() if s.name == "POST /slow"]
+    [event] = span.events
+    assert event.name == "singleton.deferred"
+    attributes = dict(event.attributes or {})
+    assert attributes["singleton.task_id"] == later.id
+    assert attributes["singleton.key"] == slow.singleton_options().key.derive(("ot-dl",), {})
+    assert 0 < float(attributes["singleton.delay"]) <= 2.5  # type: ignore[arg-type]
+    [span] = [s for s in exported.get_finished_spans() if s.name == "POST /checked"]
+    [event] = span.events
+    assert event.name == "singleton.rate_limited"
+    attributes = dict(event.attributes or {})
+    assert attributes["singleton.key"] == checked.singleton_options().key.derive(("ot-rl",), {})
+    assert float(attributes["singleton.retry_after"]) > 0  # type: ignore[arg-type]
+    assert [first.get(timeout=30), later.get(timeout=30)] == [1, 2]
 
 
 def test_without_a_span_nothing_is_recorded(

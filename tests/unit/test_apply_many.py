@@ -149,23 +149,25 @@ class TestABatch:
 
 
 class TestTheAnswers:
-    def test_every_duplicate_is_signalled_with_its_holder(self, app: Celery) -> None:
+    def test_every_duplicate_is_signalled_with_its_id_and_its_holder(self, app: Celery) -> None:
         task = singleton_task(app=app, name="many.job", shared=False)(job)
         held = task.delay("s")
-        heard: list[tuple[str, str]] = []
+        heard: list[tuple[str, str, str]] = []
 
-        def refused(sender: Any = None, name: str = "", holder_id: str = "", **_: Any) -> None:
-            heard.append((name, holder_id))
+        def refused(sender: Any = None, name: str = "", **sent: Any) -> None:
+            heard.append((name, sent["task_id"], sent["holder_id"]))
 
+        items = [task.s(x).set(task_id=f"{x}-{n}") for n, x in enumerate("stts")]
         signals.duplicate_refused.connect(refused, weak=False)
         try:
-            results = task.apply_many([("s",), ("t",), ("t",), ("s",)])
+            results = task.apply_many(items)
         finally:
             signals.duplicate_refused.disconnect(refused)
         name_s = task.singleton_options().key.derive(("s",), {})
         name_t = task.singleton_options().key.derive(("t",), {})
+        assert results[1].id == "t-1"
         assert sorted(heard) == sorted(
-            [(name_s, held.id), (name_t, results[1].id), (name_s, held.id)]
+            [(name_s, "s-0", held.id), (name_t, "t-2", "t-1"), (name_s, "s-3", held.id)]
         )
 
     def test_a_key_held_by_a_value_not_ours_refuses_the_whole_batch(
@@ -175,8 +177,18 @@ class TestTheAnswers:
         store = LockStores.for_app(app).lock
         name = task.singleton_options().key.derive(("x",), {})
         store.client.set(store.keys(name).lock, "not-a-token-of-ours")
-        with pytest.raises(DuplicateTaskError, match="holder unknown"):
-            task.apply_many([("a",), ("x",)])
+        heard: list[tuple[str, object, object]] = []
+
+        def refused(sender: Any = None, name: str = "", **sent: Any) -> None:
+            heard.append((name, sent["task_id"], sent["holder_id"]))
+
+        signals.duplicate_refused.connect(refused, weak=False)
+        try:
+            with pytest.raises(DuplicateTaskError, match="holder unknown"):
+                task.apply_many([("a",), task.s("x").set(task_id="x-1")])
+        finally:
+            signals.duplicate_refused.disconnect(refused)
+        assert heard == [(name, "x-1", None)]  # told, as a single call's refusal is
         assert sent == []
         assert holder_of(app, task, "a") is None  # its hold given back
 

@@ -58,12 +58,15 @@ class TestTheTable:
         told = {t.what: t for t in decisions.DECISIONS}
         assert set(told) >= {"refused", "contended", "deferred", "copy-dropped", "lease-lost"}
         assert told["copy-dropped"].event_type == "singleton-copy-dropped"
-        assert told["copy-dropped"].task_event_type == "task-singleton-copy-dropped"
+        assert told["copy-dropped"].task_event_type({}) is None  # its uuid is its holder's
+        assert told["refused"].task_event_type({}) == "task-singleton-refused"
+        assert told["lease-lost"].task_event_type({}) == decisions.GOES_ON_TWIN
         assert told["copy-dropped"].span_event == "singleton.copy_dropped"
         assert told["lease-lost"].signal is signals.lease_lost
         assert told["attached"].signal is signals.call_attached
         assert told["attached"].event_type == "singleton-attached"
-        assert [t.what for t in decisions.DECISIONS if t.at_dispatch] == ["refused", "attached"]
+        at_dispatch = [t.what for t in decisions.DECISIONS if t.at_dispatch]
+        assert at_dispatch == ["refused", "deferred", "rate-limited", "attached"]
 
     def test_a_contention_says_the_holder_and_what_the_call_does_next(self) -> None:
         [contended] = [t for t in decisions.DECISIONS if t.what == "contended"]
@@ -80,7 +83,7 @@ class TestTheTable:
         }
 
     def test_a_rate_slot_given_now_is_no_deferral(self) -> None:
-        [deferred] = [t for t in decisions.DECISIONS if t.what == "deferred"]
+        [deferred] = [t for t in decisions.DECISIONS if t.signal is signals.rate_asked]
         assert deferred.fields({"name": "k", "task_id": "t", "deferred": False}) is None
 
     def test_span_attributes_name_the_key_and_the_holder(self) -> None:
@@ -110,6 +113,7 @@ class TestAProducer:
         [(type_, fields), (twin, twin_fields)] = recorder.sent
         assert (type_, twin) == ("singleton-refused", "task-singleton-refused")
         assert twin_fields == fields
+        assert fields["singleton"] == "refused"
         assert {k: fields[k] for k in ("uuid", "key", "holder", "name")} == {
             "uuid": "t2",
             "key": "k",
@@ -125,7 +129,8 @@ class TestAProducer:
         _sends(sender)
         signals.send(signals.call_attached, sender, "k", task_id="t3", holder_id="t1")
         [(type_, fields), (twin, _)] = recorder.sent
-        assert (type_, twin) == ("singleton-attached", "task-singleton-attached")
+        # It runs (or is answered) later: its status stays Celery's (test_decision_status).
+        assert (type_, twin) == ("singleton-attached", "task-pending")
         assert {k: fields[k] for k in ("uuid", "key", "holder")} == {
             "uuid": "t3",
             "key": "k",
@@ -220,7 +225,7 @@ class TestEventsOff:
         self, recorded: tuple[Sender, Recorder]
     ) -> None:
         sender, _ = recorded
-        events.install(worker=True)
+        events.install(sender.app)
         try:
             events.follow(sender.app)  # a producer's app without sent events, in the worker
             assert "celery_singleton_lock.event.lease-lost" in _connected(signals.lease_lost)
@@ -230,3 +235,106 @@ class TestEventsOff:
 
 def _report(item: str) -> str:
     return item
+
+
+class TestAWorker:
+    def test_only_the_app_whose_worker_sends_events_sends(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        """Two apps in one process, one a worker with -E: the other's runs send nothing."""
+        sender, recorder = recorded
+        other = Sender(Celery("other", set_as_current=False))
+        other_recorder = Recorder()
+        other.app.events = other_recorder  # type: ignore[assignment]
+        events.install(sender.app)
+        try:
+            for each in (sender, other):
+                signals.send(signals.lease_lost, each, "k", task_id="t", fence=3)
+            assert (recorder.built, other_recorder.built) == (1, 0)
+        finally:
+            events.uninstall()
+
+    def test_a_call_waiting_its_turn_and_a_paused_one_are_told(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        events.install(sender.app)
+        try:
+            signals.send(signals.waiting_turn, sender, "k", task_id="t1")
+            signals.send(
+                signals.call_paused,
+                sender,
+                "k",
+                task_id="t2",
+                target="tasks.report",
+                paused_at=100.0,
+                by="ops",
+                recheck=1.0,
+            )
+        finally:
+            events.uninstall()
+        types = [type_ for type_, _ in recorder.sent]
+        assert types == [
+            "singleton-waiting-turn",
+            decisions.GOES_ON_TWIN,
+            "singleton-paused",
+            decisions.GOES_ON_TWIN,
+        ]
+        turn, paused = recorder.sent[0][1], recorder.sent[2][1]
+        assert (turn["uuid"], turn["key"]) == ("t1", "k")
+        assert "waits for its turn" in str(turn["result"])
+        assert {k: paused[k] for k in ("uuid", "key", "target", "paused_at", "by")} == {
+            "uuid": "t2",
+            "key": "k",
+            "target": "tasks.report",
+            "paused_at": 100.0,
+            "by": "ops",
+        }
+        assert paused["result"] == (
+            "'k' is paused by an operator ('tasks.report', ops): kept waiting until it is resumed"
+        )
+
+    def test_a_dropped_copy_has_no_twin_under_its_holders_id(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        events.install(sender.app)
+        try:
+            signals.send(signals.copy_dropped, sender, "k", task_id="h", holder_state="running")
+        finally:
+            events.uninstall()
+        assert [type_ for type_, _ in recorder.sent] == ["singleton-copy-dropped"]
+
+
+class TestARateAtDispatch:
+    def test_a_deferral_and_a_refusal_are_sent_by_a_producer_with_sent_events(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        _sends(sender)
+        signals.send(
+            signals.dispatch_deferred, sender, "k", task_id="t1", slot=50.0, delay=2.0, remaining=0
+        )
+        signals.send(
+            signals.dispatch_rate_limited, sender, "k", task_id="t2", retry_after=0.5, paused=False
+        )
+        types = [type_ for type_, _ in recorder.sent]
+        assert types == [
+            "singleton-deferred",
+            decisions.GOES_ON_TWIN,
+            "singleton-rate-limited",
+            "task-singleton-rate-limited",  # nothing was sent: its story ends here
+        ]
+        deferred, limited = recorder.sent[0][1], recorder.sent[2][1]
+        assert {k: deferred[k] for k in ("uuid", "key", "slot", "delay", "remaining")} == {
+            "uuid": "t1",
+            "key": "k",
+            "slot": 50.0,
+            "delay": 2.0,
+            "remaining": 0,
+        }
+        assert deferred["result"] == "'k''s rate: deferred 2.000s to its slot at dispatch"
+        assert (limited["uuid"], limited["retry_after"], limited["paused"]) == ("t2", 0.5, False)
+        assert limited["result"] == (
+            "refused at dispatch: 'k' is over its rate; try again in 0.500s"
+        )
