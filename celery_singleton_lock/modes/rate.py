@@ -214,7 +214,8 @@ class Rated(Mode):
       it is due on the server's clock: early, it is sent on again for what is left; within
       its grace, it starts on it; later (a saturated or dead worker), it starts now if the
       runs that started leave room, else it is given the next free slot. Then the inner
-      mode's running lease: one run at a time per key, or ``limit=N``.
+      mode's running lease: one run at a time per key, or ``limit=N``; a run kept waiting
+      for its turn gives its start back, and starts as a late run does on its turn.
     - end: as the inner mode. The slot is spent however the run ends; a retry is a new
       start and asks for a slot of its own.
     """
