@@ -167,11 +167,13 @@ class Mode:
         *,
         held: bool = False,
         eager: bool = False,
+        turned: bool = False,
     ) -> Slot | None:
         """Before the running lease: a rate's slot for this run (``rate.py``), now or a
         later one reserved for it; ``slot`` is one the message carries (``held``: it
         waited out a pause, and is late for it by that; ``eager``: the caller waits
-        for its slot however far). None: no rate."""
+        for its slot however far; ``turned``: sent on its turn of a waiting room, its
+        start given back as it was kept). None: no rate."""
         return None
 
     @property

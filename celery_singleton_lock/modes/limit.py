@@ -145,6 +145,7 @@ class Limit(Mode):
             turn = turns.take(
                 total.name, total.limit, start.name, waiter,
                 widest=widest, cap=cap, token=start.token, ttl=start.ttl,
+                charge=start.charge,
             )  # fmt: skip
             start.handed.extend(turn.handed)
             if isinstance(turn.taken, Contended):

@@ -41,6 +41,9 @@ NEAR = 0.05
 # and still find its rate's schedule to move on: its key is one short string, and the
 # first decision after the resume sets its expiry back to the schedule's.
 HELD_COMES_ROUND = 3600.0
+# A call sent on its turn waits in its worker for the rate's next start, one interval
+# away at most, up to this long (its turn reserved meanwhile); a slower rate defers it.
+TURN_NEAR = 2.0
 # An eager call waits for its slot wherever it is (the caller waits): up to a day.
 EAGER_NEAR = 86400.0
 # The role a key's rate is listed under (``lease.redis.inventory``): ``{N}:rate``.
@@ -211,7 +214,8 @@ class Rated(Mode):
       it is due on the server's clock: early, it is sent on again for what is left; within
       its grace, it starts on it; later (a saturated or dead worker), it starts now if the
       runs that started leave room, else it is given the next free slot. Then the inner
-      mode's running lease: one run at a time per key, or ``limit=N``.
+      mode's running lease: one run at a time per key, or ``limit=N``; a run kept waiting
+      for its turn gives its start back, and starts as a late run does on its turn.
     - end: as the inner mode. The slot is spent however the run ends; a retry is a new
       start and asks for a slot of its own.
     """
@@ -294,6 +298,7 @@ class Rated(Mode):
         *,
         held: bool = False,
         eager: bool = False,
+        turned: bool = False,
     ) -> Slot | None:
         limits = self.spec.for_call(start.name, *call, start.override)
         if limits is None:
@@ -305,6 +310,14 @@ class Rated(Mode):
         grace = ANY_LATENESS if held else max(min(r.interval for r, _ in limits), MIN_GRACE)
         how: How = "start" if slot is None else "due"
         near = EAGER_NEAR if eager else NEAR  # (an eager call carries no slot)
+        if turned and slot is None:
+            # Sent on its turn, its start given back as it was kept: it starts as the runs
+            # that started leave room (the gate: as a late run, never on the schedule's
+            # slots the calls deferred behind it hold), waiting for that here where it is
+            # at most one start's interval away, else deferred as any.
+            how, slot, grace = "due", 0.0, 0.0
+            wait = max(r.interval * units for r, units in limits)
+            near = max(near, NEAR + wait) if wait <= TURN_NEAR else near
         # A kept history says a run was deferred once, when its slot was reserved: a
         # carried slot not due for a while yet is a hop of that wait (``run/resend.defer``),
         # while a late one may be deferred anew (recorded).

@@ -12,6 +12,7 @@ from ..lease import Lease, LockStore, TakeOver
 if TYPE_CHECKING:
     from ..lease.history import Record
     from ..lease.limits.overrides import Override
+    from ..lease.limits.rates import Charge
     from ..lease.limits.turns import Handed, Waiter
 
 
@@ -85,6 +86,8 @@ class Start:
     # message; and the calls whose turn came meanwhile, for the execution to send.
     waiter: Waiter | None = None
     handed: list[Handed] = field(default_factory=list)
+    # The start its rate counted for this run (``Mode.admit``): given back if it waits.
+    charge: Charge | None = None
 
     def take_over(self, *, unless_replaced: str | None = None) -> TakeOver:
         """What of the key this message may take over: its own queued hold or reservation.

@@ -13,7 +13,7 @@ from ..lease import append_history
 from ..lease.limits.overrides import Override
 from ..modes import Mode, Start
 from ..modes.stages import Call
-from ..tokens import PAUSED_SINCE_HEADER, RATE_SLOT_HEADER, header, read_slot
+from ..tokens import PAUSED_SINCE_HEADER, RATE_SLOT_HEADER, TURN_HEADER, header, read_slot
 from .resend import PAUSE_RECHECK, defer, send_round_paused
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,11 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
     request = delivery.request
     after = unless_paused(delivery, mode, start)
     start = replace(start, override=after.override)
-    slot = mode.admit(start, call, after.slot, held=after.held, eager=request.is_eager)
+    # Sent on its turn of a waiting room: its start was given back as it was kept.
+    turned = header(request, TURN_HEADER) is not None
+    slot = mode.admit(
+        start, call, after.slot, held=after.held, eager=request.is_eager, turned=turned
+    )
     if slot is None:
         return start
     # Early, on the slot it carries: one hop of a wait longer than the broker lets a
@@ -62,7 +66,8 @@ def admit(delivery: Delivery, mode: Mode, start: Start, call: Call) -> Start:
     start.store.clock.sleep(slot.wait)
     # The slot this run started on, in the lock store's clock (seconds since the epoch).
     setattr(request, "singleton_rate_slot", slot.at)  # noqa: B010  (Celery's Context)
-    return start
+    # (given back if the run is kept waiting for its turn: ``Turns.take``)
+    return replace(start, charge=slot.charge)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from ..outcomes import text
 from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
 from ..redis.store import RedisLock, one_server
@@ -39,10 +40,24 @@ class Slot:
     clock: float  # the rate's clock as it answered
     free: float  # the earliest slot of the next call, on that clock
     limiting: int = 0  # which of the name's limits set the slot (its place in the list)
+    # A run's start: how to give it back if the run does not start after all.
+    charge: Charge | None = None
 
     @property
     def now(self) -> bool:
         return self.state == "now"
+
+
+@dataclass(frozen=True)
+class Charge:
+    """A run's start as its rate counted it: the rate's ``key`` as the start ``left`` it,
+    and as it was ``before``. A run that does not start after all (kept waiting for its
+    turn) gives it back by writing ``before``, only while the key still reads ``left``:
+    a later start built on it keeps it (GCRA has one number per limit, no holes)."""
+
+    key: str
+    left: str
+    before: str
 
 
 _STATES: dict[int, Literal["now", "reserved", "refused"]] = {
@@ -127,10 +142,14 @@ class Rates:
             reply = self._redis.pipelining.call(self._script, [self.key(name)], args, entry=entry)
         except REDIS_ERRORS as error:
             self._redis.unavailable(error, name)
-        state, at, wait, remaining, clock, free, limiting = (int(part) for part in reply)
+        state, at, wait, remaining, clock, free, limiting = (int(part) for part in reply[:7])
+        charge = None
+        if len(reply) > 7:  # a run's start, with the key before it
+            charge = Charge(self.key(name), text(reply[7]), text(reply[8]))
         return Slot(
-            _STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6, limiting - 1
-        )
+            _STATES[state], at / 1e6, wait / 1e6, remaining, clock / 1e6, free / 1e6,
+            limiting - 1, charge,
+        )  # fmt: skip
 
     def key(self, name: str) -> str:
         """The Redis key of ``name``'s rate (``LockKeys.rate``)."""
@@ -188,6 +207,7 @@ def rates_of(store: object) -> Rates:
 
 __all__ = [
     "ANY_LATENESS",
+    "Charge",
     "Charges",
     "Pause",
     "Rate",

@@ -15,6 +15,7 @@ from ..redis import scripts
 from ..redis.common import REDIS_ERRORS
 from ..redis.servers import server_of
 from ..redis.store import RedisLock
+from .rates import Charge
 
 # The set of rooms with calls in them, under the prefix: what a sweep looks at.
 ROOMS = "turns:rooms"
@@ -138,10 +139,13 @@ class Turns:
         cap: int | None,
         token: str,
         ttl: float,
+        charge: Charge | None = None,
     ) -> Turn:
         """``waiter``'s start: its turn now (``name``'s lowest free slot of ``widest``, at
         most ``cap`` held, and a slot of ``total``), or kept in ``name``'s line; free
-        slots handed out meanwhile. One script."""
+        slots handed out meanwhile. One script. ``charge``: the start its rate counted
+        for it, given back in that script if it is kept (or a copy), as nothing else
+        changed the rate since: a kept call is not charged for a start it did not make."""
         store = self._store
         keys, lines = self._room(total)
         key = f"{store.keys(name).lock}\t{widest}\t{cap or 0}\t{waiter.weight!r}"
@@ -151,9 +155,12 @@ class Turns:
             store.ttl_ms(RESERVE), total_limit, total, store.ttl_ms(waiter.kept),
             str(waiter.stamp),
         ]  # fmt: skip
+        rate = [] if charge is None else [charge.key]
+        if charge is not None:
+            args += [charge.left, charge.before]
         sent_at = store.clock.monotonic()
         try:
-            reply = self._take(keys=[*keys, self.rooms], args=args)
+            reply = self._take(keys=[*keys, self.rooms, *rate], args=args)
         except REDIS_ERRORS as error:
             store.unavailable(error, name)
         kind, handed = int(reply[0]), _handed(reply[5:])

@@ -112,3 +112,10 @@ def export_weighted(self: Any, tenant: str, seconds: float = 0.0) -> object:
     """Two at once in all, round robin by weight (``_tenant_weight``; an operator's wins);
     a tenant's limit above the total, so a tenant's share is its weight's alone."""
     return run_and_end(self, tenant, seconds, "ok")
+
+
+@singleton_task(app=app, bind=True, key="paced:{tenant}", rate="5/s", limit=2, total_limit=2)
+def export_fair_rated(self: Any, tenant: str, seconds: float = 0.0) -> object:
+    """``export_fair`` behind a rate of five starts a second per tenant: a call kept
+    waiting for its turn has been counted a start, given back as it is kept."""
+    return run_and_end(self, tenant, seconds, "ok")

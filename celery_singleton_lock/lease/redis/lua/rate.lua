@@ -27,7 +27,10 @@
 -- server time (a run's start: its slot, or when the gate let it in); wait microseconds
 -- until it; remaining the one-unit calls that may start now after this one under every
 -- limit; now the server's time; free the next one-unit call's earliest slot; limiting
--- the limit (1-based) that set the slot.
+-- the limit (1-based) that set the slot. A run's start (state 1 of 'start' or 'due')
+-- adds two: the key as this start left it and as it was before it, for a start that
+-- does not happen after all (a call kept waiting for its turn) to be given back exactly
+-- while nothing else changed the key (turn_take.lua).
 --
 -- Why a gate beside the schedule: a run that comes later than its grace (its worker was
 -- saturated, or died holding it) cannot start on its slot without bunching with the runs
@@ -104,17 +107,24 @@ local function answer(state, at, tats)
   return {state, at, math.max(0, at - now), left or 0, now, free, limiting}
 end
 
-local function save(tats)
+local function encoded(tats, gate_of)
   local kept, started, ttl = {}, {}, 1
   for i, tat in ipairs(tats) do
-    local gate = limits[i] and limits[i].gate or gates[i] or 0
+    local gate = gate_of(i)
     kept[i] = string.format('%.0f', tat)
     started[i] = string.format('%.0f', gate)
     ttl = math.max(ttl, math.ceil((math.max(tat, gate) - now) / 1000) + 1)
   end
   local text = table.concat(kept, ',') .. ';' .. table.concat(started, ',')
   if applied > 0 then text = text .. '|' .. string.format('%.0f', applied) end
+  return text, ttl
+end
+local function gate_now(i) return limits[i] and limits[i].gate or gates[i] or 0 end
+
+local function save(tats)
+  local text, ttl = encoded(tats, gate_now)
   redis.call('SET', KEYS[1], text, 'PX', ttl)
+  return text
 end
 
 -- The gate: the earliest a run may start (its units within every limit's burst, counted
@@ -162,10 +172,23 @@ elseif how == 'start' then
   slot = math.max(slot, opens())
   if slot <= now + near then at = math.max(slot, now) end
 end
-if at then started(at) end
+-- The key as it was before this start: what giving the start back writes.
+local before = nil
+if at then
+  local was = {}
+  for i, limit in ipairs(limits) do was[i] = limit.gate end
+  before = encoded(tats, function(i) return was[i] or gates[i] or 0 end)
+  started(at)
+end
+local function started_reply(reply, left)
+  if before then
+    reply[#reply + 1] = left
+    reply[#reply + 1] = before
+  end
+  return reply
+end
 if how == 'due' and at then
-  save(tats)
-  return answer(1, at, tats)
+  return started_reply(answer(1, at, tats), save(tats))
 end
 -- Charged against every limit at the slot: a limit that had room then still counts it.
 for i, limit in ipairs(limits) do
@@ -173,5 +196,5 @@ for i, limit in ipairs(limits) do
     tats[i] = math.max(limit.tat, slot) + limit.cost * limit.interval
   end
 end
-save(tats)
-return answer((at or slot <= now) and 1 or 2, at or slot, tats)
+local left = save(tats)
+return started_reply(answer((at or slot <= now) and 1 or 2, at or slot, tats), left)

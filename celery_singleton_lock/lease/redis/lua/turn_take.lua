@@ -9,6 +9,9 @@
 -- ARGV[9] the total's slots   ARGV[10] the room's name (in KEYS[10])
 -- ARGV[11] how long a call's stamp is kept once it left the room, ms
 -- ARGV[12] this message's stamp ('0': as first sent; else the hand-out's it was sent on)
+-- KEYS[11] ARGV[13] ARGV[14] (a call its rate counted a start for, rate.lua) the key's
+--   rate, as that start left it and as it was before: given back where this message does
+--   not start (kept, or a copy) while the rate still reads as the start left it
 -- returns {1, key fence, key slot, total fence, total slot, handed...}: it runs now
 --         {2, 0, 0, 0, 0, handed...}: kept, it waits for its turn
 --         {3, 0, 0, 0, 0}: its turn is reserved, its key's slot not free yet (ask again)
@@ -19,13 +22,23 @@
 -- handed: ident1, message1, stamp1, ...: calls whose turn came, to be sent
 --- @include "turns"
 local ident, name, stamp = ARGV[2], ARGV[3], ARGV[12]
+-- A start this message does not make is not the rate's to count: GCRA keeps one number
+-- per limit, so only the last start is given back (a later one built on it keeps it).
+local function give_rate_back()
+  if KEYS[11] and redis.call('GET', KEYS[11]) == ARGV[13] then
+    redis.call('SET', KEYS[11], ARGV[14], 'KEEPTTL')
+  end
+end
 local keep_ms = tonumber(ARGV[11])
 forget_left(now_ms())
 local current = redis.call('HGET', KEYS[9], ident)
 local waits = redis.call('HEXISTS', KEYS[2], ident) == 1
 -- While the call waits in the room any message of it may claim (one slower than a
 -- reservation is as good as the one sent after it); once it left, only its stamp's.
-if current and current ~= stamp and not waits then return {4, 0, 0, 0, 0} end
+if current and current ~= stamp and not waits then
+  give_rate_back()
+  return {4, 0, 0, 0, 0}
+end
 if current and not waits then
   -- Its stamp's message again: a copy while the call's run holds a slot (the library's
   -- copy rule decides: a live run), else the call again (its run's worker died).
@@ -74,5 +87,6 @@ for i = 1, #handed, 3 do
     table.insert(reply, handed[i + 2])
   end
 end
+if reply[1] == 2 then give_rate_back() end
 settle()
 return reply
