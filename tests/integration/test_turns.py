@@ -5,15 +5,14 @@ given back; and when a worker's sweep of the rooms asks the store at all."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 import redis
-from celery import Celery
 
-from celery_singleton_lock import RedisLock, singleton_task
-from celery_singleton_lock.broker.turn_sweep import TurnSweep
-from celery_singleton_lock.exceptions import LockStoreUnavailableError
+from celery_singleton_lock import RedisLock
 from celery_singleton_lock.lease import Contended, Lease
 from celery_singleton_lock.lease.limits import turns as turns_module
 from celery_singleton_lock.lease.limits.turns import Kept, Turns, Waiter, turns_of
@@ -398,18 +397,30 @@ def test_a_call_never_claimed_is_given_up_after_a_few_sends(
 
 def test_a_worker_with_no_task_taking_turns_asks_the_store_nothing() -> None:
     """The waiting rooms' sweep asks the store only where one of the worker's tasks takes
-    turns (found again as tasks are registered): here the store is a closed port, so any
-    question would raise."""
-    app = Celery("no-turns", broker="memory://", set_as_current=False)
-    app.conf.singleton_lock_url = f"redis://127.0.0.1:{free_port()}/0"
-    singleton_task(app=app, shared=False, name="t.plain")(_echo)
-    sweep = TurnSweep.of(app)
-    assert sweep is not None
-    sweep()  # nothing asked
-    singleton_task(app=app, shared=False, name="t.fair", key=["x"], limit=1, total_limit=2)(_echo)
-    with pytest.raises(LockStoreUnavailableError):
-        sweep()  # a task taking turns: its rooms are asked for
+    turns (found again as tasks are registered): the store is a closed port, so any
+    question would raise. In an interpreter of its own: another test's shared tasks would
+    be the app's too."""
+    script = f"""
+import pytest
+from celery import Celery
+from celery_singleton_lock import singleton_task
+from celery_singleton_lock.broker.turn_sweep import TurnSweep
+from celery_singleton_lock.exceptions import LockStoreUnavailableError
 
-
-def _echo(x: str) -> str:
+def echo(x):
     return x
+
+app = Celery("no-turns", broker="memory://", set_as_current=False)
+app.conf.singleton_lock_url = "redis://127.0.0.1:{free_port()}/0"
+singleton_task(app=app, shared=False, name="t.plain")(echo)
+sweep = TurnSweep.of(app)
+assert sweep is not None
+sweep()  # nothing asked
+singleton_task(app=app, shared=False, name="t.fair", key=["x"], limit=1, total_limit=2)(echo)
+with pytest.raises(LockStoreUnavailableError):
+    sweep()  # a task taking turns: its rooms are asked for
+"""
+    ran = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
