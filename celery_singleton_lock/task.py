@@ -325,6 +325,7 @@ class SingletonTask(Task):  # type: ignore[misc]
         if request.called_directly or request.id is None:
             # Called as a plain function: no message, no duplicate to exclude.
             return super().__call__(*args, **kwargs)
+        events.follow_remote()  # the worker's enable_events / disable_events, if it had any
         # An attached call (a canvas member whose key another call held) ends with that
         # call's outcome: Celery's tracer stores it under its own id, sends its links.
         answered = None if request.is_eager else answer_of(self, request)

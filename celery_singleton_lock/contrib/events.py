@@ -1,15 +1,18 @@
 """The decisions as Celery events where Celery sends its own (Flower, ``celery events``).
 
-A worker sending task events (``-E``) sends each of ``DECISIONS``, a producer with
-``task_send_sent_event`` its refusals, through Celery's own dispatcher. Otherwise no
-receiver is connected: a refused call pays nothing for events it does not send.
+A worker sending task events (``-E``, or ``enable_events`` as Flower sends it) sends each
+of ``DECISIONS``, a producer with ``task_send_sent_event`` its refusals, through Celery's
+own dispatcher. Otherwise no receiver is connected: a refusal pays nothing for events.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import multiprocessing
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from celery import Celery
 from celery.utils import uuid
@@ -34,6 +37,65 @@ def install(app: Celery) -> None:
     _connect(DECISIONS)
 
 
+@dataclass
+class _Remote:
+    """A worker started without ``-E``: whether Celery's ``enable_events`` (Flower sends it
+    every few seconds) has its task events on now, in memory its pool processes share."""
+
+    app: Celery
+    on: ctypes.c_bool
+
+    def follow(self) -> None:
+        """This process's receivers as ``on`` says (connected once, not per run)."""
+        on = bool(self.on.value)
+        if on != (self.app in _workers):
+            if on:
+                _workers.add(self.app)
+            else:
+                _workers.discard(self.app)
+            _reconnect()
+
+
+# Set as a worker without -E starts (before its pool forks): each process reads it.
+_remote: list[_Remote] = []
+
+# How often a worker's main process reads its consumer's event dispatcher.
+REMOTE_CHECK_INTERVAL = 1.0
+
+
+def watch_remote(app: Celery) -> None:
+    """A worker of ``app`` started without ``-E``, before its pool forks: its decisions
+    are sent while ``enable_events`` has its task events on (``follow_consumer``)."""
+    _remote[:] = [_Remote(app, multiprocessing.RawValue(ctypes.c_bool, False))]
+
+
+def follow_consumer(consumer: object) -> None:
+    """Every ``REMOTE_CHECK_INTERVAL`` s in a worker's main process: whether its consumer's
+    event dispatcher sends Celery's task group now (``enable_events`` adds it, and
+    ``disable_events`` takes it away), told to its pool processes."""
+    if not _remote:
+        return
+    dispatcher = getattr(consumer, "event_dispatcher", None)
+    groups = getattr(dispatcher, "groups", None)
+    on = bool(getattr(dispatcher, "enabled", False)) and (not groups or "task" in groups)
+    remote = _remote[0]
+    if on != bool(remote.on.value):
+        remote.on.value = on
+        logger.info(
+            "celery-singleton-lock: task events %s by remote: the library's decisions %s",
+            "enabled" if on else "disabled",
+            "are sent as events too" if on else "are no longer sent",
+        )
+    remote.follow()
+
+
+def follow_remote() -> None:
+    """As a run starts (in a pool process as in the main one): the receivers connected
+    or not as the worker's ``enable_events`` / ``disable_events`` last said."""
+    if _remote:
+        _remote[0].follow()
+
+
 def follow(app: Celery) -> bool:
     """Read ``app.conf.task_send_sent_event`` and connect the producer's receivers while
     any app sends: each singleton task's binding does, and a producer that changes the
@@ -44,15 +106,25 @@ def follow(app: Celery) -> bool:
         _connect(told for told in DECISIONS if told.at_dispatch)
         return True
     _sending.discard(app)
-    if not _sending and not _workers:
-        _disconnect()
+    _reconnect()
     return False
+
+
+def _reconnect() -> None:
+    """Every decision's receiver while an app's worker sends events, else the dispatch
+    ones while an app's producer does, else none."""
+    _disconnect()
+    if _workers:
+        _connect(DECISIONS)
+    elif _sending:
+        _connect(told for told in DECISIONS if told.at_dispatch)
 
 
 def uninstall() -> None:
     """Disconnect every receiver connected here (the bench measures without them)."""
     _workers.clear()
     _sending.clear()
+    _remote.clear()
     _disconnect()
 
 

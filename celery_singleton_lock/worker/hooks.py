@@ -23,6 +23,7 @@ from ..broker.results import release_not_ridden
 from ..broker.sweeper import Sweeper
 from ..broker.turn_sweep import TurnSweep, send_turns
 from ..config.options import is_singleton
+from ..contrib import events
 from ..exceptions import SingletonLockError
 from ..lease.limits.turns import Waiter
 from ..tokens import NAME_HEADER, TOKEN_HEADER, header
@@ -76,11 +77,12 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     if isinstance(hostname, str):
         # A received message's take, and its note's clear, ride kombu's unacked bookkeeping.
         on_receipt(app, functools.partial(receipts.riding_calls, app, hostname))
+    # Here, before the pool forks: the children inherit the receivers, or the flag that
+    # tells them enable_events came (Flower sends it to workers started without -E).
     if getattr(sender, "task_events", False):  # -E, worker_send_task_events
-        # Here, before the pool forks: the children inherit the receivers.
-        from ..contrib.events import install as send_events  # noqa: PLC0415  (only with -E)
-
-        send_events(app)
+        events.install(app)
+    else:
+        events.watch_remote(app)
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.
@@ -114,6 +116,8 @@ def _at_worker_ready(sender: object = None, **_: object) -> None:
     _said.clear()
     timer = getattr(sender, "timer", None)
     if timer is not None:
+        follow = functools.partial(events.follow_consumer, sender)
+        timer.call_repeatedly(events.REMOTE_CHECK_INTERVAL, follow)
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, reservations.drop_revoked)
         timer.call_repeatedly(REVOKE_CHECK_INTERVAL, revoked_windows.reopen_revoked)
         # prefork's event loop restores dead workers' unacked messages on a timer; the

@@ -242,6 +242,38 @@ def test_without_events_nothing_is_sent(cenv: CeleryEnv, worker: Worker, seen: S
     assert told == []
 
 
+def test_a_worker_without_e_follows_enable_and_disable_events(cenv: CeleryEnv, seen: Seen) -> None:
+    """Flower sends ``enable_events`` to workers started without -E: from then on the
+    library's decisions are sent too, from the pool processes, until ``disable_events``.
+    (Heartbeats on, as workers run by default: without any event Celery has no dispatcher
+    to turn on.)"""
+    app = cenv.app_module
+    worker = Worker(cenv.env, concurrency=2, without=("gossip", "mingle")).start()
+    control = app.app.control
+    try:
+        control.enable_events(destination=[worker.nodename])
+        wait_for(lambda: "task events enabled by remote" in worker.output(), 20, "followed")
+        holder = app.strict.apply_async(("ev-remote", UNTIL_OPENED), queue=worker.queue)
+        _started(cenv, "ev-remote")
+        contended = app.strict.apply_async(("ev-remote",), queue=worker.queue)
+        with pytest.raises(DuplicateTaskError):
+            contended.get(timeout=30)
+        event = seen.wait("singleton-contended", uuid=contended.id)
+        assert (event["holder"], event["hostname"]) == (holder.id, worker.nodename)
+
+        control.disable_events(destination=[worker.nodename])
+        wait_for(lambda: "task events disabled by remote" in worker.output(), 20, "followed")
+        again = app.strict.apply_async(("ev-remote",), queue=worker.queue)
+        with pytest.raises(DuplicateTaskError):
+            again.get(timeout=30)
+        # (the run's pool process has read the flag before its decision: none is sent)
+        assert not [e for e in seen.after_marker() if e.get("uuid") == again.id]
+        open_gate(cenv, "ev-remote")
+        holder.get(timeout=30)
+    finally:
+        worker.stop()
+
+
 def test_flower_shows_a_waiting_call_waits_for_its_keys_holder(
     cenv: CeleryEnv, events_worker: Worker
 ) -> None:

@@ -56,8 +56,10 @@ class Worker:
         loglevel: str = "info",
         pool: str = "prefork",
         prefix: Sequence[str] = (),
+        without: Sequence[str] = ("gossip", "mingle", "heartbeat"),
     ) -> None:
         self.pool = pool
+        self.without = [f"--without-{step}" for step in without]
         self.prefix = list(prefix)  # e.g. ``ip netns exec NAME``: run it in a namespace
         self.app = app
         self.loglevel = loglevel
@@ -73,8 +75,7 @@ class Worker:
         args = [
             *self.prefix, sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
-            "-Q", self.queue, "-l", self.loglevel,
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-Q", self.queue, "-l", self.loglevel, *self.without,
         ]  # fmt: skip
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(

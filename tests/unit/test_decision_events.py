@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
@@ -304,6 +305,72 @@ class TestAWorker:
         finally:
             events.uninstall()
         assert [type_ for type_, _ in recorder.sent] == ["singleton-copy-dropped"]
+
+
+class Consumer:
+    """A worker's consumer as ``follow_consumer`` reads it: its event dispatcher's groups
+    (Celery's ``enable_events`` adds "task", ``disable_events`` takes it away)."""
+
+    def __init__(self, *groups: str) -> None:
+        self.event_dispatcher = type("Dispatcher", (), {"enabled": True, "groups": set(groups)})()
+
+
+class TestAWorkerWithoutE:
+    def test_it_follows_enable_and_disable_events(self, recorded: tuple[Sender, Recorder]) -> None:
+        sender, recorder = recorded
+        events.watch_remote(sender.app)
+        try:
+            events.follow_consumer(Consumer("worker"))
+            assert _connected(signals.lease_lost) == set()
+            events.follow_consumer(Consumer("worker", "task"))  # enable_events
+            assert _connected(signals.lease_lost) == {"celery_singleton_lock.event.lease-lost"}
+            signals.send(signals.lease_lost, sender, "k", task_id="t", fence=3)
+            assert recorder.built == 1
+            events.follow_consumer(Consumer("worker"))  # disable_events
+            assert _connected(signals.lease_lost) == set()
+        finally:
+            events.uninstall()
+
+    def test_a_producer_in_it_keeps_its_receivers_when_events_are_disabled(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, recorder = recorded
+        _sends(sender)
+        events.watch_remote(sender.app)
+        try:
+            events.follow_consumer(Consumer("worker", "task"))
+            events.follow_consumer(Consumer("worker"))
+            assert _connected(signals.duplicate_refused) == {"celery_singleton_lock.event.refused"}
+            assert _connected(signals.lease_lost) == set()
+            signals.send(signals.duplicate_refused, sender, "k", task_id="t2", holder_id="t1")
+            assert recorder.built == 1
+        finally:
+            events.uninstall()
+
+    def test_a_pool_process_forked_before_enable_events_follows_it(
+        self, recorded: tuple[Sender, Recorder]
+    ) -> None:
+        sender, _ = recorded
+        events.watch_remote(sender.app)  # at worker_init, before the pool forks
+        fork = multiprocessing.get_context("fork")
+        go, answer = fork.Event(), fork.SimpleQueue()
+
+        def pool_process() -> None:
+            go.wait(10)
+            events.follow_remote()  # as its next run starts
+            answer.put(sorted(map(str, _connected(signals.lease_lost))))
+
+        child = fork.Process(target=pool_process, daemon=True)
+        child.start()
+        try:
+            events.follow_consumer(Consumer("worker", "task"))  # the main process, later
+            go.set()
+            child.join(10)
+            assert answer.get() == ["celery_singleton_lock.event.lease-lost"]
+        finally:
+            if child.is_alive():
+                child.kill()
+            events.uninstall()
 
 
 class TestARateAtDispatch:

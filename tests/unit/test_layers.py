@@ -34,7 +34,8 @@ PROCESSES = {"publish", "run", "worker"}
 ALLOWED = {
     # Loaded only when singleton_lock_metrics_port is set (an optional extra).
     ("worker", "contrib.metrics"),
-    # Loaded only when the worker sends task events (-E): the decisions as Celery events.
+    # The decisions as Celery events, where the worker sends task events (-E, or
+    # enable_events as Flower sends it): what it connects, and the flag its pool reads.
     ("worker", "contrib.events"),
     # Connected as a singleton task is defined, as the worker's hooks are: a producer's
     # refusals as Celery events (read as each task is bound), and OpenTelemetry's
