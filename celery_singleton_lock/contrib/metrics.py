@@ -11,6 +11,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
@@ -27,12 +28,15 @@ from ..signals import (
     idempotent_repeat,
     idempotent_replayed,
     lease_acquired,
+    lease_handed_over,
     lease_lost,
     lease_released,
     limits_changed,
     rate_asked,
     ride_checked,
 )
+from .leases_held import LeasesHeld
+from .metrics_files import LiveOnly
 
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 _guard = threading.Lock()
@@ -54,6 +58,9 @@ class Metric:
     text: str
     kind: Literal["counter", "histogram", "gauge"]
     labels: tuple[str, ...] = ("task",)
+    # A gauge's value across a worker's processes (prometheus_client's multiprocess mode):
+    # the most recent answer, or over the processes alive now only (a dead child's gone).
+    across: str = "mostrecent"
 
 
 METRICS: tuple[Metric, ...] = (
@@ -63,6 +70,12 @@ METRICS: tuple[Metric, ...] = (
            ("task", "decision")),
     Metric("leases", "celery_singleton_lock_leases", "Running leases", "counter",
            ("task", "event")),
+    # Taken and not yet released, lost or handed to a retry; a dead child's are not.
+    Metric("held", "celery_singleton_lock_leases_held", "Running leases held now", "gauge",
+           across="livesum"),
+    Metric("oldest", "celery_singleton_lock_oldest_lease_timestamp_seconds",
+           "When the oldest running lease held now was taken (+Inf: none held)", "gauge",
+           across="livemin"),
     # Redeliveries and same-id send_task calls of a holder's message, dropped without a result.
     Metric("copies", "celery_singleton_lock_copies_dropped",
            "Copies of a holder's message dropped", "counter"),
@@ -133,6 +146,14 @@ class _Children:
 _metrics: dict[str, _Fanout] = {metric.short: _Fanout() for metric in METRICS}
 _installed: dict[str, _Metric] = {}
 _added: set[str] = set()
+_held = LeasesHeld()
+_known: set[str] = set()  # the singleton tasks bound in this process
+# Each label value known before anything is counted, shown at 0 from the start: a series
+# that first appears at 1 is no increase to Prometheus (``increase()``, ``rate()``).
+_AT_ZERO = {"dispatches": ("accepted", "refused"),
+            "leases": ("acquired", "released", "lost", "handed_over")}  # fmt: skip
+# What a worker's broker ride self-check may say (signals.ride_checked).
+RIDE_OUTCOMES = ("passed", "off", "push-refused", "not-run")
 
 
 def add_backend(what: str, backends: dict[str, Backend]) -> bool:
@@ -148,7 +169,32 @@ def add_backend(what: str, backends: dict[str, Backend]) -> bool:
         if len(_added) == 1:
             for signal, receiver in _RECEIVERS:
                 signal.connect(receiver, weak=False)
+        for task in sorted(_known):
+            _show(task)
         return True
+
+
+def known(task: str) -> None:
+    """A singleton task bound in this process (``SingletonTask.on_bound``): its series
+    are shown from now on, at 0 where nothing was counted yet."""
+    with _adding:
+        if task in _known:
+            return
+        _known.add(task)
+        if _added:
+            _show(task)
+
+
+def _show(task: str) -> None:
+    for short, values in _AT_ZERO.items():
+        for value in values:
+            _metrics[short].labels(task, value).inc(0)
+    _gauges(task, *_held.figures(task))
+
+
+def _gauges(task: str, count: int, oldest: float) -> None:
+    _metrics["held"].labels(task).set(count)
+    _metrics["oldest"].labels(task).set(oldest)
 
 
 def _prometheus() -> types.ModuleType:
@@ -178,12 +224,12 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
                 made = prom.Histogram(
                     metric.name, metric.text, list(metric.labels), buckets=BUCKETS, **kwargs
                 )
-            else:  # The most recent answer wins across a worker's pool children.
+            else:
                 made = prom.Gauge(
                     metric.name,
                     metric.text,
                     list(metric.labels),
-                    multiprocess_mode="mostrecent",
+                    multiprocess_mode=metric.across,
                     **kwargs,
                 )
             _installed[metric.short] = made
@@ -208,18 +254,44 @@ def _contended(sender: object = None, decision: object = None, **_: object) -> N
     _metrics["contentions"].labels(_task(sender), kind).inc()
 
 
-def _acquired(sender: object = None, waited: float = 0.0, **_: object) -> None:
-    _metrics["leases"].labels(_task(sender), "acquired").inc()
-    _metrics["wait"].labels(_task(sender)).observe(waited)
+def _acquired(
+    sender: object = None,
+    task_id: str = "",
+    waited: float = 0.0,
+    unlocked: bool = False,
+    **_: object,
+) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "acquired").inc()
+    _metrics["wait"].labels(task).observe(waited)
+    if not unlocked:
+        _gauges(task, *_held.taken(task, task_id, time.time()))
 
 
-def _released(sender: object = None, held: float = 0.0, **_: object) -> None:
-    _metrics["leases"].labels(_task(sender), "released").inc()
-    _metrics["hold"].labels(_task(sender)).observe(held)
+def _ended(task: str, task_id: str) -> None:
+    figures = _held.ended(task, task_id)
+    if figures is not None:
+        _gauges(task, *figures)
 
 
-def _lost(sender: object = None, **_: object) -> None:
-    _metrics["leases"].labels(_task(sender), "lost").inc()
+def _released(sender: object = None, task_id: str = "", held: float = 0.0, **_: object) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "released").inc()
+    _metrics["hold"].labels(task).observe(held)
+    _ended(task, task_id)
+
+
+def _lost(sender: object = None, task_id: str = "", **_: object) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "lost").inc()
+    _ended(task, task_id)
+
+
+def _handed_over(sender: object = None, task_id: str = "", held: float = 0.0, **_: object) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "handed_over").inc()
+    _metrics["hold"].labels(task).observe(held)
+    _ended(task, task_id)
 
 
 def _copy(sender: object = None, **_: object) -> None:
@@ -278,6 +350,7 @@ _RECEIVERS = (
     (lease_acquired, _acquired),
     (lease_released, _released),
     (lease_lost, _lost),
+    (lease_handed_over, _handed_over),
     (copy_dropped, _copy),
     (dead_child_released, _dead),
     (idempotent_repeat, _repeat),
@@ -314,11 +387,11 @@ def serve_worker(port: object, addr: object = "127.0.0.1") -> int:
 
             values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     prom = _prometheus()
-    from prometheus_client import multiprocess  # noqa: PLC0415  (after the mode is set)
-
     install()
+    for outcome in RIDE_OUTCOMES:
+        _metrics["ride_checks"].labels(outcome).inc(0)
     registry = prom.CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(LiveOnly(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
     server, _ = prom.start_http_server(port, addr=str(addr), registry=registry)
     served: int = server.server_port
     return served
