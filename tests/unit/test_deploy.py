@@ -1,5 +1,5 @@
 """The shipped Grafana dashboard and Prometheus alert rules ask only for metrics the library
-exports (``metrics.METRICS``), and show each one; ``promtool check rules`` where installed
+exports (``exported.METRICS``), and show each one; ``promtool check rules`` where installed
 (``dev.py ci`` fetches Debian's: ``PROMTOOL_BIN``)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from celery_singleton_lock.contrib.metrics import METRICS
+from celery_singleton_lock.contrib.exported import METRICS
 
 DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "celery-singleton-lock-alerts.yml"
