@@ -27,7 +27,7 @@ class LiveOnly:
         from prometheus_client import multiprocess  # noqa: PLC0415
 
         for pid in _pids_with_live_gauges(self.path):
-            if not _alive(pid):
+            if not alive(pid):
                 multiprocess.mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
         collected: Iterable[Metric] = self.files.collect()  # type: ignore[no-untyped-call]
         return collected
@@ -39,11 +39,22 @@ def _pids_with_live_gauges(path: str) -> set[int]:
     return {int(name[:-3].rsplit("_", 1)[1]) for name in names}
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether the process ``pid`` is there and has not ended."""
     try:
         os.kill(pid, 0)  # no signal sent: whether the process is there
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # another user's: the pid was taken again, by something alive
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Dead, not yet reaped (billiard reaps its children on its own timer), where Linux's
+    /proc says so."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False

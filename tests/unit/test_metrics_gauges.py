@@ -5,6 +5,7 @@ held now, read from prometheus_client's own objects after real signals and eager
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ from celery import Celery
 from prometheus_client import CollectorRegistry
 
 from celery_singleton_lock import signals, singleton_task
-from celery_singleton_lock.contrib import metrics
+from celery_singleton_lock.contrib import metrics, metrics_files
 from celery_singleton_lock.contrib.leases_held import NONE_HELD, LeasesHeld
 
 
@@ -124,3 +125,20 @@ class TestTheBookkeeping:
         assert held.ended("t", "b") is None  # ended before: nothing changes
         assert held.ended("t", "a") == (0, NONE_HELD)
         assert held.ended("t", "elsewhere") is None
+
+
+class TestAProcessGone:
+    def test_a_child_dead_and_not_yet_reaped_is_gone_and_so_is_one_reaped(self) -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        try:
+            # Dead at once, unreaped until waitpid below: a zombie, told from /proc.
+            deadline = time.monotonic() + 10
+            while metrics_files.alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not metrics_files.alive(pid)
+        finally:
+            os.waitpid(pid, 0)
+        assert not metrics_files.alive(pid)
+        assert metrics_files.alive(os.getpid())
