@@ -8,6 +8,7 @@ is sent with ``sender=task`` (``limits_changed``: None) and the lock's ``name``.
 from __future__ import annotations
 
 import contextvars
+import time
 
 from celery.utils.dispatch import Signal
 
@@ -38,9 +39,10 @@ copy_dropped = Signal(name="copy_dropped", providing_args=_ARGS | {"task_id", "h
 # The worker's main process released the lease of a pool child that died (``pid``).
 dead_child_released = Signal(name="dead_child_released", providing_args=_ARGS | {"task_id", "pid"})
 # An execution took its running lease, ``waited`` seconds after it started trying
-# (contention included).
+# (contention included); ``unlocked``: it runs without one (the lock store out of reach,
+# ``fail_open``), so nothing is released at its end.
 lease_acquired = Signal(
-    name="lease_acquired", providing_args=_ARGS | {"task_id", "fence", "waited"}
+    name="lease_acquired", providing_args=_ARGS | {"task_id", "fence", "waited", "unlocked"}
 )
 # At execution, a run of a ``rate=`` task was given its ``slot`` (seconds since the epoch,
 # the lock store's clock); ``deferred``: not yet, its message was sent again to arrive on
@@ -72,6 +74,9 @@ call_paused = Signal(
 )
 # An execution gave its lease back after ``held`` seconds (sent as the release is sent).
 lease_released = Signal(name="lease_released", providing_args=_ARGS | {"task_id", "held"})
+# An execution's running lease passed to its retry's message after ``held`` seconds
+# (``Task.retry``): the message holds the key now, and the run ends without a release.
+lease_handed_over = Signal(name="lease_handed_over", providing_args=_ARGS | {"task_id", "held"})
 # Renewal found the lease (its ``fence``) gone while the task ran (``lease_taken``), sent
 # from the renewal thread: ``hostname`` is the run's worker's node name.
 lease_lost = Signal(name="lease_lost", providing_args=_ARGS | {"task_id", "fence", "hostname"})
@@ -116,10 +121,24 @@ def send(signal: Signal, sender: object, name: str, **fields: object) -> None:
     signal.send(sender=sender, name=name, key=name, **fields)
 
 
+def held_since(signal: Signal, sender: object, name: str, task_id: str, acquired: float) -> None:
+    """Send ``signal`` (``lease_released``, ``lease_handed_over``) with how long the run
+    ``task_id`` held its lease: since ``acquired``, on the monotonic clock."""
+    send(signal, sender, name, task_id=task_id, held=time.monotonic() - acquired)
+
+
 def lease_taken(sender: object, lease: Lease, task_id: str, waited: float) -> None:
     """``lease_acquired`` now, and ``lease_lost`` if renewal later finds it gone (only
     with receivers connected: nothing is registered per task otherwise)."""
-    send(lease_acquired, sender, lease.name, task_id=task_id, fence=lease.fence, waited=waited)
+    send(
+        lease_acquired,
+        sender,
+        lease.name,
+        task_id=task_id,
+        fence=lease.fence,
+        waited=waited,
+        unlocked=not lease.token,
+    )
     if lease_lost.receivers:
         # Found lost by the renewal thread: sent in the run's context (its current span),
         # with its worker's name, which Celery keeps per thread in the run's request.
@@ -148,6 +167,7 @@ __all__ = [
     "idempotent_repeat",
     "idempotent_replayed",
     "lease_acquired",
+    "lease_handed_over",
     "lease_lost",
     "lease_released",
     "limits_changed",

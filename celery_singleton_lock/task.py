@@ -23,7 +23,7 @@ from .broker.turn_sweep import kept_call
 from .config.idempotency_options import warn_if_results_are_short
 from .config.options import SingletonOptions, refuse_call_options, refuse_task_options
 from .context import Delivery, TaskContext
-from .contrib import events, tracing
+from .contrib import events, metrics, tracing
 from .exceptions import DuplicateTaskError
 from .lease import Lease
 from .publish import route
@@ -116,6 +116,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     def on_bound(cls, app: Celery) -> None:
         super().on_bound(app)
         events.follow(app)  # a producer's refusals as events, where it sends task-sent events
+        if isinstance(cls.name, str):
+            metrics.known(cls.name)  # its series shown at 0 before anything is counted
         # On a Redis broker a dispatch's hold rides its message's push, a run's release
         # its result's write: the one switch, read as the first singleton task is bound.
         # (None is the default, True; a value neither is refused at the first call.)
@@ -374,7 +376,10 @@ class SingletonTask(Task):  # type: ignore[misc]
                 execution.also_held,
                 eager=bool(request.is_eager),
             )
-            if lease.token and not getattr(request, _HANDED_OVER, False):
+            if lease.token and getattr(request, _HANDED_OVER, False):
+                handed = singleton_signals.lease_handed_over  # its retry's message holds it
+                singleton_signals.held_since(handed, self, lease.name, request.id, acquired)
+            elif lease.token:
                 end = partial(self._release_at_end, request, lease, acquired)
                 # A run with an idempotency key keeps its lease until its outcome is
                 # written, after Celery stored the result: no copy starts in between.
@@ -386,13 +391,8 @@ class SingletonTask(Task):  # type: ignore[misc]
     ) -> None:
         context = self.singleton_context
         lock_ride(self.app).release_at_end(self, request, context, lease, ride=ride)
-        singleton_signals.send(
-            singleton_signals.lease_released,
-            self,
-            lease.name,
-            task_id=request.id,
-            held=time.monotonic() - acquired,
-        )
+        released = singleton_signals.lease_released
+        singleton_signals.held_since(released, self, lease.name, request.id, acquired)
 
 
 __all__ = ["SingletonOptions", "SingletonTask"]

@@ -11,9 +11,11 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import types
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
+
+from celery.signals import worker_process_init
 
 from ..exceptions import ConfigurationError
 from ..signals import (
@@ -27,68 +29,23 @@ from ..signals import (
     idempotent_repeat,
     idempotent_replayed,
     lease_acquired,
+    lease_handed_over,
     lease_lost,
     lease_released,
     limits_changed,
     rate_asked,
     ride_checked,
 )
+from .exported import BUCKETS, METRICS, Metric
+from .leases_held import LeasesHeld
+from .metrics_files import LiveOnly
 
-BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 _guard = threading.Lock()
 _adding = threading.Lock()
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _Metric = Union["Counter", "Histogram", "Gauge"]
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One metric the library exports, whatever counts it: ``short`` is how the receivers
-    name it, ``name`` how Prometheus and OpenTelemetry do (Prometheus adds ``_total`` to a
-    counter's samples, ``_bucket``/``_sum``/``_count`` to a histogram's)."""
-
-    short: str
-    name: str
-    text: str
-    kind: Literal["counter", "histogram", "gauge"]
-    labels: tuple[str, ...] = ("task",)
-
-
-METRICS: tuple[Metric, ...] = (
-    Metric("dispatches", "celery_singleton_lock_dispatches", "Dispatches", "counter",
-           ("task", "outcome")),
-    Metric("contentions", "celery_singleton_lock_contentions", "Executions contended", "counter",
-           ("task", "decision")),
-    Metric("leases", "celery_singleton_lock_leases", "Running leases", "counter",
-           ("task", "event")),
-    # Redeliveries and same-id send_task calls of a holder's message, dropped without a result.
-    Metric("copies", "celery_singleton_lock_copies_dropped",
-           "Copies of a holder's message dropped", "counter"),
-    Metric("dead", "celery_singleton_lock_dead_child_releases",
-           "Leases of dead children released", "counter"),
-    # Canvas members attached to their key's holder, ended with its outcome.
-    Metric("answered", "celery_singleton_lock_attached_answered",
-           "Attached calls answered with their holder's outcome", "counter", ("task", "state")),
-    Metric("idempotent", "celery_singleton_lock_idempotent",
-           "Calls answered by an idempotency key's first call", "counter", ("task", "outcome")),
-    Metric("wait", "celery_singleton_lock_wait_seconds", "Time to the running lease", "histogram"),
-    Metric("hold", "celery_singleton_lock_hold_seconds", "Time the lease was held", "histogram"),
-    # limits.set in this process (a rate, a limit, a pause, a resume, a reset): labelled by
-    # what the change applies to, not by task.
-    Metric("limits", "celery_singleton_lock_limit_changes", "Limits changed at run time",
-           "counter", ("target", "change")),
-    Metric("deferrals", "celery_singleton_lock_rate_deferrals",
-           "Runs deferred to a later slot of a rate", "counter"),
-    Metric("remaining", "celery_singleton_lock_rate_remaining", "Runs that may start now",
-           "gauge", ("task", "key")),
-    Metric("next_slot", "celery_singleton_lock_rate_next_slot_timestamp_seconds",
-           "When the next run may start", "gauge", ("task", "key")),
-    # Each worker's start: its broker ride's self-check (outcome "off": the ride turned off).
-    Metric("ride_checks", "celery_singleton_lock_ride_checks",
-           "Broker ride self-checks at worker start", "counter", ("outcome",)),
-)  # fmt: skip
 
 
 class _Labelled(Protocol):
@@ -133,6 +90,14 @@ class _Children:
 _metrics: dict[str, _Fanout] = {metric.short: _Fanout() for metric in METRICS}
 _installed: dict[str, _Metric] = {}
 _added: set[str] = set()
+_held = LeasesHeld()
+_known: set[str] = set()  # the singleton tasks bound in this process
+# Each label value known before anything is counted, shown at 0 from the start: a series
+# that first appears at 1 is no increase to Prometheus (``increase()``, ``rate()``).
+_AT_ZERO = {"dispatches": ("accepted", "refused"),
+            "leases": ("acquired", "released", "lost", "handed_over")}  # fmt: skip
+# What a worker's broker ride self-check may say (signals.ride_checked).
+RIDE_OUTCOMES = ("passed", "off", "push-refused", "not-run")
 
 
 def add_backend(what: str, backends: dict[str, Backend]) -> bool:
@@ -148,7 +113,39 @@ def add_backend(what: str, backends: dict[str, Backend]) -> bool:
         if len(_added) == 1:
             for signal, receiver in _RECEIVERS:
                 signal.connect(receiver, weak=False)
+        for task in sorted(_known):
+            _show(task)
         return True
+
+
+def known(task: str) -> None:
+    """A singleton task bound in this process (``SingletonTask.on_bound``): its series
+    are shown from now on, at 0 where nothing was counted yet."""
+    with _adding:
+        if task in _known:
+            return
+        _known.add(task)
+        if _added:
+            _show(task)
+
+
+def _show(task: str) -> None:
+    for short, values in _AT_ZERO.items():
+        for value in values:
+            _metrics[short].labels(task, value).inc(0)
+    _gauges(task, *_held.figures(task))
+
+
+def _child_started(**_: object) -> None:
+    # A forked child's first touch of a metric writes each value it has at 0 in its own
+    # files (prometheus_client's multiprocess mode): "none held" is +Inf again at once.
+    for task in sorted(_known):
+        _gauges(task, *_held.figures(task))
+
+
+def _gauges(task: str, count: int, oldest: float) -> None:
+    _metrics["held"].labels(task).set(count)
+    _metrics["oldest"].labels(task).set(oldest)
 
 
 def _prometheus() -> types.ModuleType:
@@ -178,12 +175,12 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
                 made = prom.Histogram(
                     metric.name, metric.text, list(metric.labels), buckets=BUCKETS, **kwargs
                 )
-            else:  # The most recent answer wins across a worker's pool children.
+            else:
                 made = prom.Gauge(
                     metric.name,
                     metric.text,
                     list(metric.labels),
-                    multiprocess_mode="mostrecent",
+                    multiprocess_mode=metric.across,
                     **kwargs,
                 )
             _installed[metric.short] = made
@@ -208,18 +205,44 @@ def _contended(sender: object = None, decision: object = None, **_: object) -> N
     _metrics["contentions"].labels(_task(sender), kind).inc()
 
 
-def _acquired(sender: object = None, waited: float = 0.0, **_: object) -> None:
-    _metrics["leases"].labels(_task(sender), "acquired").inc()
-    _metrics["wait"].labels(_task(sender)).observe(waited)
+def _acquired(
+    sender: object = None,
+    task_id: str = "",
+    waited: float = 0.0,
+    unlocked: bool = False,
+    **_: object,
+) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "acquired").inc()
+    _metrics["wait"].labels(task).observe(waited)
+    if not unlocked:
+        _gauges(task, *_held.taken(task, task_id, time.time()))
 
 
-def _released(sender: object = None, held: float = 0.0, **_: object) -> None:
-    _metrics["leases"].labels(_task(sender), "released").inc()
-    _metrics["hold"].labels(_task(sender)).observe(held)
+def _ended(task: str, task_id: str) -> None:
+    figures = _held.ended(task, task_id)
+    if figures is not None:
+        _gauges(task, *figures)
 
 
-def _lost(sender: object = None, **_: object) -> None:
-    _metrics["leases"].labels(_task(sender), "lost").inc()
+def _released(sender: object = None, task_id: str = "", held: float = 0.0, **_: object) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "released").inc()
+    _metrics["hold"].labels(task).observe(held)
+    _ended(task, task_id)
+
+
+def _lost(sender: object = None, task_id: str = "", **_: object) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "lost").inc()
+    _ended(task, task_id)
+
+
+def _handed_over(sender: object = None, task_id: str = "", held: float = 0.0, **_: object) -> None:
+    task = _task(sender)
+    _metrics["leases"].labels(task, "handed_over").inc()
+    _metrics["hold"].labels(task).observe(held)
+    _ended(task, task_id)
 
 
 def _copy(sender: object = None, **_: object) -> None:
@@ -278,6 +301,7 @@ _RECEIVERS = (
     (lease_acquired, _acquired),
     (lease_released, _released),
     (lease_lost, _lost),
+    (lease_handed_over, _handed_over),
     (copy_dropped, _copy),
     (dead_child_released, _dead),
     (idempotent_repeat, _repeat),
@@ -285,6 +309,7 @@ _RECEIVERS = (
     (rate_asked, _rate),
     (limits_changed, _limits),
     (ride_checked, _ride_checked),
+    (worker_process_init, _child_started),
 )
 
 
@@ -314,11 +339,24 @@ def serve_worker(port: object, addr: object = "127.0.0.1") -> int:
 
             values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     prom = _prometheus()
-    from prometheus_client import multiprocess  # noqa: PLC0415  (after the mode is set)
-
     install()
+    for outcome in RIDE_OUTCOMES:
+        _metrics["ride_checks"].labels(outcome).inc(0)
     registry = prom.CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(LiveOnly(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
     server, _ = prom.start_http_server(port, addr=str(addr), registry=registry)
     served: int = server.server_port
     return served
+
+
+__all__ = [
+    "BUCKETS",
+    "METRICS",
+    "RIDE_OUTCOMES",
+    "Backend",
+    "Metric",
+    "add_backend",
+    "install",
+    "known",
+    "serve_worker",
+]

@@ -1,12 +1,14 @@
 """Prometheus metrics scraped from a real prefork worker's endpoint after a run with known
-counts, and a producer's own registry."""
+counts, and a producer's own registry; the running leases a worker's children hold now."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -206,3 +208,63 @@ def test_idempotency_repeats_and_replays_are_counted(
         scraped, "celery_singleton_lock_idempotent_total", task=f"{APP}.charge", outcome="replayed"
     )
     assert replayed == 1
+
+
+def _scrape(port: int) -> dict[Any, float]:
+    return samples(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    )
+
+
+HELD = "celery_singleton_lock_leases_held"
+OLDEST = "celery_singleton_lock_oldest_lease_timestamp_seconds"
+
+
+def test_a_held_lease_shows_while_its_run_holds_it_and_not_after(
+    cenv: CeleryEnv, metrics_worker: tuple[Worker, int]
+) -> None:
+    worker, port = metrics_worker
+    app, queue = cenv.app_module, worker.queue
+    strict, work = f"{APP}.strict", f"{APP}.work"
+    # A task this module never calls: its series are there, at 0, from the worker's start.
+    first = _scrape(port)
+    never = f"{APP}.patient"
+    shown = {
+        ("celery_singleton_lock_leases_total", (("event", "lost"), ("task", never))): 0.0,
+        ("celery_singleton_lock_dispatches_total", (("outcome", "refused"), ("task", never))): 0.0,
+        (HELD, (("task", never),)): 0.0,
+        (OLDEST, (("task", never),)): math.inf,
+        ("celery_singleton_lock_ride_checks_total", (("outcome", "off"),)): 0.0,
+    }
+    assert {series: first.get(series) for series in shown} == shown
+
+    sent = time.time()
+    holder = app.strict.apply_async(("held", UNTIL_OPENED), queue=queue)
+    wait_for(lambda: any(s["item"] == "held" for s in started(cenv)), 20, "held started")
+    during = _scrape(port)
+    assert value(during, HELD, task=strict) == 1
+    assert sent - 1 <= value(during, OLDEST, task=strict) <= time.time()
+    open_gate(cenv, "held")
+    assert holder.get(timeout=30) == "held"
+    wait_for(lambda: value(_scrape(port), HELD, task=strict) == 0, 10, "strict let go")
+    assert value(_scrape(port), OLDEST, task=strict) == math.inf
+
+    # A retry's message takes the lease over: the first run no longer holds it.
+    before = value(
+        _scrape(port), "celery_singleton_lock_leases_total", task=work, event="handed_over"
+    )
+    assert app.work.apply_async(("again", 0.0, "retry"), queue=queue).get(timeout=30) == "again"
+    # (its result may be read before its run's end is counted: the release rides its write)
+    wait_for(lambda: value(_scrape(port), HELD, task=work) == 0, 10, "the retry let go")
+    ended = _scrape(port)
+    handed = value(ended, "celery_singleton_lock_leases_total", task=work, event="handed_over")
+    assert handed - before == 1
+
+    # A pool child killed while it holds one says nothing: the worker drops what it showed.
+    app.work.apply_async(("killed", 30.0), queue=queue)
+    wait_for(lambda: any(s["item"] == "killed" for s in started(cenv)), 20, "killed started")
+    assert value(_scrape(port), HELD, task=work) == 1
+    [pid] = [s["pid"] for s in started(cenv) if s["item"] == "killed"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: value(_scrape(port), HELD, task=work) == 0, 20, "the dead child's dropped")
+    assert value(_scrape(port), OLDEST, task=work) == math.inf

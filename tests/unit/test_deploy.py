@@ -1,5 +1,5 @@
 """The shipped Grafana dashboard and Prometheus alert rules ask only for metrics the library
-exports (``metrics.METRICS``), and show each one; ``promtool check rules`` where installed
+exports (``exported.METRICS``), and show each one; ``promtool check rules`` where installed
 (``dev.py ci`` fetches Debian's: ``PROMTOOL_BIN``)."""
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from celery_singleton_lock.contrib.metrics import METRICS
+from celery_singleton_lock.contrib.exported import METRICS
 
 DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "celery-singleton-lock-alerts.yml"
+RULE_TESTS = Path(__file__).resolve().parent / "alerts-test.yml"  # promtool's cases
 PROMTOOL = os.environ.get("PROMTOOL_BIN") or shutil.which("promtool")
 DASHBOARD = DEPLOY / "grafana" / "celery-singleton-lock.json"
 NAME = re.compile(r"\bcelery_singleton_lock_[a-z_]+")
@@ -74,12 +75,6 @@ class TestAlertRules:
             assert set(names) <= set(exported()), (rule["alert"], names)
             assert balanced(rule["expr"]), rule["alert"]
 
-    def test_a_histogram_bucket_is_asked_for_as_prometheus_client_labels_it(self) -> None:
-        buckets = re.findall(r'le="([^"]+)"', RULES.read_text())
-        assert buckets
-        for bucket in buckets:
-            assert bucket == repr(float(bucket))  # 300.0, never 300
-
     @pytest.mark.oneoff  # promtool is fetched for the one-offs (dev.py ci)
     @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
     def test_promtool_checks_the_rules(self) -> None:
@@ -88,6 +83,33 @@ class TestAlertRules:
             [PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
         )
         assert done.returncode == 0, done.stdout + done.stderr
+
+    @pytest.mark.oneoff
+    @pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
+    def test_each_alert_fires_on_its_series_and_stays_quiet_on_healthy_ones(self) -> None:
+        assert PROMTOOL is not None
+        done = subprocess.run(
+            [PROMTOOL, "test", "rules", str(RULE_TESTS)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "SUCCESS" in done.stdout
+
+    def test_the_promtool_cases_cover_every_alert_and_ask_for_exported_series(self) -> None:
+        cases = yaml.safe_load(RULE_TESTS.read_text())
+        assert cases["rule_files"] == [os.path.relpath(RULES, RULE_TESTS.parent)]
+        series = [given["series"] for case in cases["tests"] for given in case["input_series"]]
+        assert {NAME.match(s)[0] for s in series if NAME.match(s)} <= set(exported())
+        fired = {
+            test["alertname"]
+            for case in cases["tests"]
+            for test in case["alert_rule_test"]
+            if test["exp_alerts"]
+        }
+        assert fired == {rule["alert"] for rule in rules()}
 
 
 class TestDashboard:
