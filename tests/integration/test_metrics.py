@@ -56,11 +56,11 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
     cenv: CeleryEnv, metrics_worker: tuple[Worker, int]
 ) -> None:
     worker, port = metrics_worker
-    registry = CollectorRegistry()
-    produced = metrics.install(registry)
+    # This process's metrics: installed once, here or by an earlier test on its registry.
+    produced = metrics.install(CollectorRegistry())
     app = cenv.app_module
     queue = worker.queue
-    before = samples(_exposition(registry))
+    before = samples(_exposition(produced))
 
     first = app.work.apply_async(("m1", 1.0), queue=queue)
     for _ in range(2):
@@ -83,7 +83,7 @@ def test_a_worker_serves_its_childrens_figures_and_a_producer_counts_its_own(
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not cenv.lock_client().exists(*_keys(app, "k")), 10, "dead child release")
 
-    after = samples(_exposition(registry))
+    after = samples(_exposition(produced))
     work = f"{APP}.work"
     delta = {
         outcome: value(after, "celery_singleton_lock_dispatches_total", task=work, outcome=outcome)
@@ -149,9 +149,13 @@ def test_a_rate_shows_each_keys_budget_and_next_slot(
     assert next_slot == pytest.approx(slots[-1] + 0.1, abs=0.01)  # the one after the last run
 
 
-def _exposition(registry: CollectorRegistry) -> str:
+def _exposition(made: dict[str, Any]) -> str:
+    """What this process's metrics expose, whichever registry they were installed on."""
     from prometheus_client import generate_latest
 
+    registry = CollectorRegistry()
+    for metric in made.values():
+        registry.register(metric)
     return generate_latest(registry).decode()
 
 
