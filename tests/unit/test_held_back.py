@@ -5,8 +5,6 @@ a dispatcher that records; a real one in tests/integration/test_events.py)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from celery_singleton_lock import signals, singleton_task
 from celery_singleton_lock.contrib import decisions, events, metrics
 
+from .test_decision_events import Recorder, Sender
 from .test_metrics_gauges import eager_app, figure, nothing
 
 DISPATCHES = "celery_singleton_lock_dispatches_total"
@@ -109,28 +108,6 @@ class TestCounted:
         assert figure("contentions", CONTENTIONS, task=task.name, decision="paused") == 1
 
 
-class Recorder:
-    """Stands for Celery's dispatcher: what it would have sent."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, dict[str, Any]]] = []
-
-    @contextlib.contextmanager
-    def default_dispatcher(self, hostname: str | None = None) -> Iterator[Recorder]:
-        yield self
-
-    def send(self, type_: str, **fields: Any) -> None:
-        self.sent.append((type_, fields))
-
-
-class Sender:
-    """A task as the signals' receivers read it: its app and name."""
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.name = "tasks.capped"
-
-
 class TestMaxPendingsRefusal:
     def test_its_decision_says_how_many_wait_the_cap_and_when_to_try_again(self) -> None:
         [told] = [t for t in decisions.DECISIONS if t.signal is signals.dispatch_backpressured]
@@ -190,5 +167,5 @@ class TestMaxPendingsRefusal:
             "cap": 3,
             "retry_after": 1.0,
         }
-        assert (said["name"], said["singleton"]) == ("tasks.capped", "backpressured")
+        assert (said["name"], said["singleton"]) == ("tasks.report", "backpressured")
         assert said["result"].startswith("refused at dispatch: 'k' has 3 calls waiting")
