@@ -63,6 +63,13 @@ dispatch_deferred = Signal(
 dispatch_rate_limited = Signal(
     name="dispatch_rate_limited", providing_args=_ARGS | {"task_id", "retry_after", "paused"}
 )
+# At dispatch, ``max_pending`` refused the call ``task_id`` (nothing sent:
+# ``BackpressureError``): ``waiting`` calls wait for the key already, as many as ``cap``
+# allows; a place is likely free after ``retry_after`` seconds.
+dispatch_backpressured = Signal(
+    name="dispatch_backpressured",
+    providing_args=_ARGS | {"task_id", "waiting", "cap", "retry_after"},
+)
 # At execution, a run of a ``total_limit`` task waits for its turn (round robin across
 # keys): its message is kept in its key's line and this delivery ended (Ignore).
 waiting_turn = Signal(name="waiting_turn", providing_args=_ARGS | {"task_id"})
@@ -159,6 +166,7 @@ __all__ = [
     "copy_dropped",
     "dead_child_released",
     "dispatch_accepted",
+    "dispatch_backpressured",
     "dispatch_deferred",
     "dispatch_rate_limited",
     "duplicate_refused",

@@ -128,6 +128,20 @@ def _rate_limited(sent: Mapping[str, object]) -> Fields:
     }
 
 
+def _backpressured(sent: Mapping[str, object]) -> Fields:
+    retry_after = float(sent.get("retry_after") or 0.0)  # type: ignore[arg-type]
+    waiting, cap = sent.get("waiting"), sent.get("cap")
+    return {
+        "uuid": sent.get("task_id"),
+        "key": sent["name"],
+        "waiting": waiting,
+        "cap": cap,
+        "retry_after": retry_after,
+        "reason": f"refused at dispatch: {sent['name']!r} has {waiting} calls waiting, "
+        f"as many as max_pending={cap} allows; try again in {retry_after:.3f}s",
+    }
+
+
 def _waiting_turn(sent: Mapping[str, object]) -> Fields:
     return {
         "uuid": sent.get("task_id"),
@@ -206,6 +220,14 @@ DECISIONS: tuple[Told, ...] = (
         "rate-limited",
         singleton_signals.dispatch_rate_limited,
         _rate_limited,
+        at_dispatch=True,
+        ends=_ends,
+    ),
+    # ``max_pending``: nothing sent, the caller told (``BackpressureError``).
+    Told(
+        "backpressured",
+        singleton_signals.dispatch_backpressured,
+        _backpressured,
         at_dispatch=True,
         ends=_ends,
     ),

@@ -21,9 +21,13 @@ from ..exceptions import ConfigurationError
 from ..signals import (
     attached_answered,
     call_attached,
+    call_paused,
     copy_dropped,
     dead_child_released,
     dispatch_accepted,
+    dispatch_backpressured,
+    dispatch_deferred,
+    dispatch_rate_limited,
     duplicate_refused,
     execution_contended,
     idempotent_repeat,
@@ -35,6 +39,7 @@ from ..signals import (
     limits_changed,
     rate_asked,
     ride_checked,
+    waiting_turn,
 )
 from .exported import BUCKETS, METRICS, Metric
 from .leases_held import LeasesHeld
@@ -94,8 +99,13 @@ _held = LeasesHeld()
 _known: set[str] = set()  # the singleton tasks bound in this process
 # Each label value known before anything is counted, shown at 0 from the start: a series
 # that first appears at 1 is no increase to Prometheus (``increase()``, ``rate()``).
-_AT_ZERO = {"dispatches": ("accepted", "refused"),
-            "leases": ("acquired", "released", "lost", "handed_over")}  # fmt: skip
+# (``()``: the metric's one series, labelled by task alone.)
+_AT_ZERO: dict[str, tuple[tuple[str, ...], ...]] = {
+    "dispatches": (("accepted",), ("refused",), ("rate_limited",), ("backpressured",)),
+    "leases": (("acquired",), ("released",), ("lost",), ("handed_over",)),
+    "contentions": (("waiting_turn",), ("paused",)),
+    "deferrals": ((),),
+}
 # What a worker's broker ride self-check may say (signals.ride_checked).
 RIDE_OUTCOMES = ("passed", "off", "push-refused", "not-run")
 
@@ -132,7 +142,7 @@ def known(task: str) -> None:
 def _show(task: str) -> None:
     for short, values in _AT_ZERO.items():
         for value in values:
-            _metrics[short].labels(task, value).inc(0)
+            _metrics[short].labels(task, *value).inc(0)
     _gauges(task, *_held.figures(task))
 
 
@@ -198,6 +208,28 @@ def _accepted(sender: object = None, **_: object) -> None:
 
 def _refused(sender: object = None, **_: object) -> None:
     _metrics["dispatches"].labels(_task(sender), "refused").inc()
+
+
+def _rate_limited(sender: object = None, **_: object) -> None:
+    _metrics["dispatches"].labels(_task(sender), "rate_limited").inc()
+
+
+def _backpressured(sender: object = None, **_: object) -> None:
+    _metrics["dispatches"].labels(_task(sender), "backpressured").inc()
+
+
+def _dispatch_deferred(sender: object = None, **_: object) -> None:
+    # The same deferral a run's is (one ``singleton-deferred``): its run then starts on its
+    # slot without another.
+    _metrics["deferrals"].labels(_task(sender)).inc()
+
+
+def _waiting_turn(sender: object = None, **_: object) -> None:
+    _metrics["contentions"].labels(_task(sender), "waiting_turn").inc()
+
+
+def _paused(sender: object = None, **_: object) -> None:
+    _metrics["contentions"].labels(_task(sender), "paused").inc()
 
 
 def _contended(sender: object = None, decision: object = None, **_: object) -> None:
@@ -297,7 +329,12 @@ _RECEIVERS = (
     (duplicate_refused, _refused),
     (call_attached, _attached),
     (attached_answered, _answered),
+    (dispatch_rate_limited, _rate_limited),
+    (dispatch_backpressured, _backpressured),
+    (dispatch_deferred, _dispatch_deferred),
     (execution_contended, _contended),
+    (waiting_turn, _waiting_turn),
+    (call_paused, _paused),
     (lease_acquired, _acquired),
     (lease_released, _released),
     (lease_lost, _lost),

@@ -22,7 +22,6 @@ from ..exceptions import (
 )
 from ..lease import Contended, Lease, PendingAcquire
 from ..lease.limits.backlog import backlog_of
-from ..modes.stages import Call
 from ..tokens import BACKLOG_HEADER, ETA_HEADER, RATE_SLOT_HEADER, slot_header
 from .timing import delay_of
 
@@ -102,23 +101,19 @@ def slot_at_publish(call: Dispatch, task_id: str) -> dict[str, object]:
     return {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
 
 
-def place_at_publish(
-    context: TaskContext,
-    lock_name: str,
-    task_id: str,
-    call: Call,
-    options: Mapping[str, object],
-) -> dict[str, object]:
+def place_at_publish(call: Dispatch, task_id: str) -> dict[str, object]:
     """A place among the calls waiting for the key (``max_pending``), taken before the
-    call is published, as the header it rides in; ``BackpressureError`` when the key has
-    as many waiting as it may (nothing sent). Nothing without ``max_pending``, or when
-    the store is unreachable and fail_open sends the call anyway."""
+    call ``task_id`` is published, as the header it rides in; ``BackpressureError`` when
+    the key has as many waiting as it may (nothing sent, told: ``dispatch_backpressured``).
+    Nothing without ``max_pending``, or when the store is unreachable and fail_open sends
+    the call anyway."""
+    context, lock_name = call.facts, call.lock_name
     cap = context.options.max_pending
     if cap is None:
         return {}
     try:
         # Kept for as long as the call may wait, its own countdown included (a hop).
-        ttl = context.queue_ttl + delay_of(options)
+        ttl = context.queue_ttl + delay_of(call.options)
         place = backlog_of(context.store).enter(lock_name, task_id, cap, ttl)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
@@ -127,9 +122,18 @@ def place_at_publish(
         # One waiting call starts per interval of a rate: a place is likely free by then
         # (at the latest when the oldest place runs out by itself).
         spec = context.options.rate
-        limits = spec.for_call(lock_name, *call) if spec is not None else None
+        limits = spec.for_call(lock_name, *call.call) if spec is not None else None
         likely = max((rate.interval for rate, _ in limits), default=1.0) if limits else 1.0
         retry_after = min(likely, place.retry_after) if place.retry_after > 0 else likely
+        singleton_signals.send(
+            singleton_signals.dispatch_backpressured,
+            call.task,
+            lock_name,
+            task_id=task_id,
+            waiting=place.waiting,
+            cap=cap,
+            retry_after=retry_after,
+        )
         raise BackpressureError(
             f"{lock_name!r} has {place.waiting} calls waiting, as many as max_pending="
             f"{cap} allows: try again in {retry_after:.3f}s (or raise max_pending)",
@@ -169,7 +173,7 @@ def send_in_line(call: Dispatch, own_headers: dict[str, object]) -> AsyncResult:
     first; a call then not sent gives its place back."""
     context, lock_name, options = call.facts, call.lock_name, call.options
     task_id = call.new_task_id()
-    own_headers.update(place_at_publish(context, lock_name, task_id, call.call, options))
+    own_headers.update(place_at_publish(call, task_id))
     placed = BACKLOG_HEADER in own_headers
     entered = delay_of(options) if placed else 0.0  # (no work for a call without a place)
     try:

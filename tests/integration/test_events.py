@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from celery import chain
 
-from celery_singleton_lock import DuplicateTaskError, RateLimitedError
+from celery_singleton_lock import BackpressureError, DuplicateTaskError, RateLimitedError
 from celery_singleton_lock.contrib import decisions, events, limits
 from celery_singleton_lock.lease import LockKeys
 from celery_singleton_lock.lease.limits.overrides import REFRESH
@@ -175,6 +175,37 @@ def test_a_producer_tells_its_rate_deferrals_rate_refusals_and_attached_members(
     assert event["key"] == work.singleton_options().key.derive((f"ev-a-{tag}",), {})
     open_gate(cenv, f"ev-a-{tag}")
     assert result.get(timeout=30) == [f"ev-a-{tag}", 1]
+
+
+@pytest.mark.usefixtures("sent_events")
+def test_a_producer_tells_a_call_max_pending_refused_once(cenv: CeleryEnv, seen: Seen) -> None:
+    """Nothing consumes the queue: its calls wait, a place each, until max_pending's full."""
+    capped = cenv.app_module.capped_delayed  # 1/m, "delay", at most 3 waiting
+    tag = uuids.uuid4().hex[:6]
+    item, parked, refused_id = f"ev-bp-{tag}", f"parked-{tag}", f"bp-{tag}"
+    key = capped.singleton_options().key.derive((item,), {})
+    try:
+        sent = [capped.apply_async((item, n), queue=parked) for n in range(3)]
+        with pytest.raises(BackpressureError) as refused:
+            capped.apply_async((item, 3), queue=parked, task_id=refused_id)
+        event = seen.wait("singleton-backpressured", uuid=refused_id)
+        assert (event["key"], event["waiting"], event["cap"]) == (key, 3, 3)
+        assert event["retry_after"] == pytest.approx(refused.value.retry_after)
+        assert 0 < event["retry_after"] <= 60
+        assert event["name"] == capped.name
+        # Nothing was sent: its status says why (Flower's SINGLETON-BACKPRESSURED).
+        twin = seen.wait("task-singleton-backpressured", uuid=refused_id)
+        assert twin["result"] == (
+            f"refused at dispatch: {key!r} has 3 calls waiting, as many as max_pending=3 "
+            f"allows; try again in {event['retry_after']:.3f}s"
+        )
+        told = [e for e in seen.after_marker() if e.get("key") == key]
+        pressed = [e["uuid"] for e in told if e["type"] == "singleton-backpressured"]
+        assert pressed == [refused_id]  # once, and only the call refused
+        deferred = {e["uuid"] for e in told if e["type"] == "singleton-deferred"}
+        assert deferred == {sent[1].id, sent[2].id}  # the first's slot was now
+    finally:
+        cenv.broker.client().delete(parked)
 
 
 def test_a_call_waiting_its_turn_and_a_paused_one_are_told(cenv: CeleryEnv, seen: Seen) -> None:

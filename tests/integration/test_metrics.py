@@ -272,3 +272,34 @@ def test_a_held_lease_shows_while_its_run_holds_it_and_not_after(
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: value(_scrape(port), HELD, task=work) == 0, 20, "the dead child's dropped")
     assert value(_scrape(port), OLDEST, task=work) == math.inf
+
+
+def test_a_run_waiting_its_turn_of_a_total_is_counted_from_0(cenv: CeleryEnv) -> None:
+    """Kept in its key's line (no event of Celery's, its delivery ended): a contention
+    ``waiting_turn``, its series at 0 before, in the worker's own scrape."""
+    app, tag, port = cenv.app_module, str(time.monotonic_ns()), free_port()
+    blocker, turn, task = f"mg-{tag}", f"mt-{tag}", f"{APP}.export_fair"
+    worker = Worker(cenv.env, concurrency=4, extra_env={"CSL_METRICS_PORT": str(port)}).start()
+    try:
+        counted = "celery_singleton_lock_contentions_total"
+        series = (counted, (("decision", "waiting_turn"), ("task", task)))
+        assert wait_for(lambda: _scrape(port), 20, "the first scrape").get(series) == 0
+        gated = [
+            app.export_fair.apply_async((blocker, UNTIL_OPENED), queue=worker.queue)
+            for _ in range(2)
+        ]
+        wait_for(
+            lambda: sum(s["item"] == blocker for s in started(cenv)) == 2, 30, "the total full"
+        )
+        waiting = app.export_fair.apply_async((turn, 0.1), queue=worker.queue)
+        wait_for(lambda: _scrape(port).get(series) == 1, 20, "the wait for its turn counted")
+        for _ in gated:  # one gate opening per run it holds
+            open_gate(cenv, blocker)
+        assert waiting.get(timeout=30) == turn
+        assert [each.get(timeout=30) for each in gated] == [blocker, blocker]
+        assert _scrape(port).get(series) == 1  # its turn came: sent, not counted again
+    except BaseException:
+        print(worker.output()[-6000:])
+        raise
+    finally:
+        worker.stop()

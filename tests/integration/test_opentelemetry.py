@@ -5,6 +5,7 @@ file); the metrics through the metrics API, named as the Prometheus ones."""
 from __future__ import annotations
 
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_singleton_lock import DuplicateTaskError, RateLimitedError
+from celery_singleton_lock import BackpressureError, DuplicateTaskError, RateLimitedError
 from celery_singleton_lock.contrib import metrics, telemetry
 from celery_singleton_lock.lease import LockKeys
 
@@ -101,6 +102,35 @@ def test_a_rates_deferral_and_refusal_at_dispatch_are_events_on_the_callers_span
     assert [first.get(timeout=30), later.get(timeout=30)] == [1, 2]
 
 
+def _fill(cenv: CeleryEnv, item: str, parked: str) -> list[Any]:
+    """``capped_delayed``'s 3 places of ``item`` taken by calls nobody consumes (the
+    first's slot now, two deferred to theirs)."""
+    capped = cenv.app_module.capped_delayed  # 1/m, "delay", at most 3 waiting
+    return [capped.apply_async((item, n), queue=parked) for n in range(3)]
+
+
+def test_max_pendings_refusal_is_an_event_on_the_callers_span(
+    cenv: CeleryEnv, exported: InMemorySpanExporter
+) -> None:
+    capped, tracer = cenv.app_module.capped_delayed, trace.get_tracer("tests")
+    tag = uuid.uuid4().hex[:6]
+    item, parked = f"ot-bp-{tag}", f"parked-ot-{tag}"
+    try:
+        _fill(cenv, item, parked)
+        with tracer.start_as_current_span("POST /capped"), pytest.raises(BackpressureError):
+            capped.apply_async((item, 3), queue=parked, task_id=f"ot-bp-{tag}-refused")
+    finally:
+        cenv.broker.client().delete(parked)
+    [span] = [s for s in exported.get_finished_spans() if s.name == "POST /capped"]
+    [event] = span.events
+    assert event.name == "singleton.backpressured"
+    attributes = dict(event.attributes or {})
+    assert attributes["singleton.task_id"] == f"ot-bp-{tag}-refused"
+    assert attributes["singleton.key"] == capped.singleton_options().key.derive((item,), {})
+    assert (attributes["singleton.waiting"], attributes["singleton.cap"]) == (3, 3)
+    assert float(attributes["singleton.retry_after"]) > 0  # type: ignore[arg-type]
+
+
 def test_without_a_span_nothing_is_recorded(
     cenv: CeleryEnv, worker: Worker, exported: InMemorySpanExporter
 ) -> None:
@@ -173,6 +203,20 @@ def test_a_lease_lost_while_the_run_goes_on_is_an_event_on_its_span(cenv: Celery
     assert event["attributes"]["singleton.fence"] == ran["attributes"]["singleton.fence"]
 
 
+def _points(reader: InMemoryMetricReader) -> dict[tuple[str, tuple[Any, ...]], Any]:
+    """Each data point of the library's meter, by its metric's name and its attributes."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        (metric.name, tuple(sorted(dict(point.attributes or {}).items()))): point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        if scope.scope.name == telemetry.METER
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    }
+
+
 def test_the_metrics_go_through_opentelemetry_with_the_prometheus_names(
     cenv: CeleryEnv, worker: Worker
 ) -> None:
@@ -183,20 +227,29 @@ def test_the_metrics_go_through_opentelemetry_with_the_prometheus_names(
     for _ in range(2):
         assert work.apply_async(("ot-m", 0.2), queue=worker.queue).id == first.id
     first.get(timeout=30)
-    data = reader.get_metrics_data()
-    assert data is not None
-    found = {
-        (metric.name, tuple(sorted(dict(point.attributes or {}).items()))): point
-        for resource in data.resource_metrics
-        for scope in resource.scope_metrics
-        if scope.scope.name == telemetry.METER
-        for metric in scope.metrics
-        for point in metric.data.data_points
-    }
+    found = _points(reader)
     labels = (("outcome", "refused"), ("task", work.name))
-    assert found["celery_singleton_lock_dispatches", labels].value == 2  # type: ignore[union-attr]
+    assert found["celery_singleton_lock_dispatches", labels].value == 2
     accepted = (("outcome", "accepted"), ("task", work.name))
-    assert found["celery_singleton_lock_dispatches", accepted].value == 1  # type: ignore[union-attr]
+    assert found["celery_singleton_lock_dispatches", accepted].value == 1
     made = {name for name, _ in found}
     assert made <= {metric.name for metric in metrics.METRICS}
+    # The calls held back: max_pending's refusal and a rate's deferrals at dispatch
+    # counted; a turn's and a pause's there at 0 before any.
+    capped, tag = cenv.app_module.capped_delayed, uuid.uuid4().hex[:6]
+    item, parked = f"ot-m-bp-{tag}", f"parked-otm-{tag}"
+    try:
+        _fill(cenv, item, parked)
+        with pytest.raises(BackpressureError):
+            capped.apply_async((item, 3), queue=parked)
+    finally:
+        cenv.broker.client().delete(parked)
+    points = {at: point.value for at, point in _points(reader).items()}
+    dispatches = "celery_singleton_lock_dispatches"
+    assert points[dispatches, (("outcome", "backpressured"), ("task", capped.name))] == 1
+    assert points[dispatches, (("outcome", "rate_limited"), ("task", capped.name))] == 0
+    assert points["celery_singleton_lock_rate_deferrals", (("task", capped.name),)] == 2
+    contentions = "celery_singleton_lock_contentions"
+    for decision in ("waiting_turn", "paused"):
+        assert points[contentions, (("decision", decision), ("task", capped.name))] == 0
     assert not telemetry.install()  # once per process

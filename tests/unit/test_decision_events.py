@@ -67,7 +67,7 @@ class TestTheTable:
         assert told["attached"].signal is signals.call_attached
         assert told["attached"].event_type == "singleton-attached"
         at_dispatch = [t.what for t in decisions.DECISIONS if t.at_dispatch]
-        assert at_dispatch == ["refused", "deferred", "rate-limited", "attached"]
+        assert at_dispatch == ["refused", "deferred", "rate-limited", "backpressured", "attached"]
 
     def test_a_contention_says_the_holder_and_what_the_call_does_next(self) -> None:
         [contended] = [t for t in decisions.DECISIONS if t.what == "contended"]
