@@ -15,7 +15,8 @@
     python3 scripts/dev.py docs [serve]            build the documentation site (site/), or serve it
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
-    python3 scripts/dev.py screenshot              the docs' screenshots (locks page, Flower)
+    python3 scripts/dev.py screenshot              the docs' screenshots (locks page, Flower,
+                                                   the dashboard drawn from Prometheus)
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
@@ -413,25 +414,31 @@ def docs(args: list[str]) -> int:
 def screenshot(args: list[str]) -> int:
     """The docs' screenshots, taken in a real browser against a real worker by their pages'
     own tests: the locks page (docs/img/locks-page.png) and Flower's page of a call
-    waiting for its key's holder (docs/img/flower-task.png)."""
+    waiting for its key's holder (docs/img/flower-task.png); and the dashboard's panels
+    drawn from a real Prometheus's answers to its queries (docs/img/dashboard.svg)."""
     ensure_venv()
     ensure_browser()
     target = ROOT / "docs" / "img" / "locks-page.png"
     flower = ROOT / "docs" / "img" / "flower-task.png"
+    dashboard = ROOT / "docs" / "img" / "dashboard.svg"
     env = dict(
         os.environ,
         REDIS_SERVER_BIN=ensure_redis_server(),
         CSL_SCREENSHOT=str(target),
         CSL_FLOWER_SCREENSHOT=str(flower),
+        CSL_DASHBOARD_FIGURE=str(dashboard),
+        **ensure_prometheus(),
     )
     tests = [
         "tests/integration/test_web.py::TestInABrowser::test_a_screenshot_of_the_list",
         "tests/integration/test_events.py::test_a_screenshot_of_flowers_task_page",
+        "tests/integration/test_dashboard.py",
     ]
     command = [str(PYTHON), "-m", "pytest", *tests, *args]
     code = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
     if code == 0:
-        say(f"wrote {target.relative_to(ROOT)} and {flower.relative_to(ROOT)}")
+        written = ", ".join(str(p.relative_to(ROOT)) for p in (target, flower, dashboard))
+        say(f"wrote {written}")
     return code
 
 
