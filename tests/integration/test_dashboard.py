@@ -113,7 +113,7 @@ def test_every_panel_shows_a_real_prometheus_s_answers(
             run_the_calls(cenv, worker, f"r{round_}", prometheus)
             prometheus.wait_scraped(time.time(), "a scrape after the calls")
         ended = time.time()
-        # Two scrapes more: the rate windows at the end take in the last counts.
+        # Scrapes 3 s past the end: the last steps' rate windows take in the last counts.
         prometheus.wait_scraped(ended + 3 * SCRAPE_INTERVAL)
         answers = ask_every_query(prometheus, began - 2, time.time())
     for (panel, ref), must in MUST.items():
@@ -122,6 +122,9 @@ def test_every_panel_shows_a_real_prometheus_s_answers(
         if must == "rises":
             assert max(values) > 0, f"{panel} ({ref}): never above 0"
     assert set(MUST) == set(answers)  # every query of the dashboard is asked above
+    # The holder kept its lease a few scrapes long: its age climbed past 2 s.
+    ages = answers[("Oldest running lease held: its age", "A")]
+    assert max(v for _, __, ys in ages for v in ys if not math.isnan(v)) >= 2
     # A target's first change shows (its series' first sample is 1), counted once.
     changes = answers[("Limits changed at run time", "A")]
     assert sorted(label.rsplit(" ", 1)[1] for label, _, __ in changes) == ["pause", "reset"]
