@@ -3,6 +3,7 @@
 ``grouped_bars``: bars per group and series (the benchmark ratios side by side), each
 with the spread of the run's rounds as an error bar, and the plain-Celery line at 1.0.
 ``timeline``: a per-second series with event marks (the soak's executions and kills).
+``panels``: a dashboard's panels drawn still from its queries' answers (docs/img/dashboard.svg).
 The SVG keeps its text as text and carries no date, so a page's figures change only
 when its numbers do.
 """
@@ -101,4 +102,43 @@ def timeline(
         axes.set_title(title)
         axes.grid(alpha=0.3)
         axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=2, frameon=False)
+        return _svg(figure)
+
+
+# One line of a panel: its legend, then its points' times (s) and values (NaN: a gap).
+Line = tuple[str, Sequence[float], Sequence[float]]
+
+
+def panels(
+    title: str,
+    shown: Sequence[tuple[str, str, Sequence[Line]]],
+    *,
+    columns: int = 2,
+    empty: str = "no data",
+) -> str:
+    """A dashboard drawn still: each of ``shown`` (a panel's title, its unit, its lines)
+    in a grid of ``columns``, its lines over seconds, a panel without any saying ``empty``."""
+    rows = max(1, math.ceil(len(shown) / columns))
+    with plt.rc_context({**STYLE, "font.size": 8}):
+        figure, grid = plt.subplots(
+            rows, columns, figsize=(11, 2.6 * rows), squeeze=False, layout="constrained",
+            sharex=True,
+        )  # fmt: skip
+        for n, axes in enumerate(grid.flat):
+            if n >= len(shown):
+                axes.set_visible(False)
+                continue
+            name, unit, lines = shown[n]
+            axes.set_title(name, loc="left", fontsize=9)
+            axes.set_ylabel(unit)
+            axes.grid(alpha=0.3)
+            for label, xs, ys in lines:
+                axes.plot(list(xs), list(ys), linewidth=1.2, label=label)
+            if lines:
+                axes.legend(loc="upper left", fontsize=6, frameon=False, ncols=2)
+            else:
+                axes.text(0.5, 0.5, empty, transform=axes.transAxes, ha="center", color="#757575")
+        for axes in grid[-1]:
+            axes.set_xlabel("seconds into the run")
+        figure.suptitle(title, fontsize=11)
         return _svg(figure)

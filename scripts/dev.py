@@ -15,7 +15,8 @@
     python3 scripts/dev.py docs [serve]            build the documentation site (site/), or serve it
     python3 scripts/dev.py matrix [NAME...]        the version matrix (redis-py 5-8, Celery 5.3...)
     python3 scripts/dev.py memory [--tasks N]      a worker's main-process RSS over N tasks
-    python3 scripts/dev.py screenshot              the docs' screenshots (locks page, Flower)
+    python3 scripts/dev.py screenshot              the docs' screenshots (locks page, Flower,
+                                                   the dashboard drawn from Prometheus)
 
 It creates ``.venv`` (reused while ``pyproject.toml`` is unchanged), installs the
 package with its test extras, makes a ``redis-server`` available (Debian's, installed
@@ -185,29 +186,50 @@ def ensure_valkey_tls() -> str | None:
     )
 
 
-# The shipped alert rules are checked by Prometheus's own promtool: Debian's, unpacked
-# here from its package (no service installed or started).
+# The shipped alert rules are checked by Prometheus's own promtool, and the dashboard's
+# queries run on a real Prometheus server: both Debian's, unpacked here from the one
+# package (no service installed or started).
 PROMTOOL = VENV / "prometheus" / "promtool"
+PROMETHEUS = VENV / "prometheus" / "prometheus"
+PROMETHEUS_ENV = {"PROMTOOL_BIN": PROMTOOL, "PROMETHEUS_BIN": PROMETHEUS}
 
 
-def ensure_promtool() -> str | None:
-    """Debian's promtool under .venv, or None (the rules' promtool check skips)."""
-    return debian_binary("prometheus", "promtool", PROMTOOL, "the alert rules' promtool check")
+def ensure_prometheus() -> dict[str, str]:
+    """Debian's promtool and prometheus under .venv, as the tests' env names them; {}
+    without them (the rules' promtool checks and the dashboard's test skip)."""
+    used_by = "the alert rules' promtool checks and the dashboard's test"
+    fetched = debian_binaries(
+        "prometheus", {"promtool": PROMTOOL, "prometheus": PROMETHEUS}, used_by
+    )
+    return fetched_env() if fetched else {}
+
+
+def fetched_env() -> dict[str, str]:
+    """PROMTOOL_BIN and PROMETHEUS_BIN, for those an earlier run fetched."""
+    return {name: str(path) for name, path in PROMETHEUS_ENV.items() if path.exists()}
 
 
 def debian_binary(
     package: str, binary: str, dest: Path, used_by: str, sources: str | None = None
 ) -> str | None:
-    """``binary`` of Debian's ``package`` copied to ``dest``, the package downloaded and
-    unpacked (nothing installed, no service started), from the machine's sources or from
-    ``sources`` alone (a sources.list line); None without root or apt (``used_by`` skip)."""
-    if dest.exists():
-        return str(dest)
+    """``binary`` of Debian's ``package`` at ``dest`` (``debian_binaries``), or None."""
+    return str(dest) if debian_binaries(package, {binary: dest}, used_by, sources) else None
+
+
+def debian_binaries(
+    package: str, binaries: dict[str, Path], used_by: str, sources: str | None = None
+) -> bool:
+    """Each of ``binaries`` (name in /usr/bin -> where it goes) of Debian's ``package``,
+    copied from one download of it, unpacked (nothing installed, no service started),
+    from the machine's sources or from ``sources`` alone (a sources.list line); False
+    without root or apt (``used_by`` skip)."""
+    if all(dest.exists() for dest in binaries.values()):
+        return True
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         say(f"no root: {used_by} is skipped")
-        return None
+        return False
     say(f"fetching Debian's {package} for {used_by}")
-    work = dest.parent / "download"
+    work = next(iter(binaries.values())).parent / "download"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     private = ["-o", "APT::Sandbox::User=root"]
@@ -226,10 +248,11 @@ def debian_binary(
         run("dpkg-deb", "-x", downloaded, work / "root")
     except (subprocess.CalledProcessError, StopIteration) as error:
         say(f"could not fetch {package} ({error}): {used_by} is skipped")
-        return None
-    shutil.copy(work / "root" / "usr" / "bin" / binary, dest)
+        return False
+    for binary, dest in binaries.items():
+        shutil.copy(work / "root" / "usr" / "bin" / binary, dest)
     shutil.rmtree(work)
-    return str(dest)
+    return True
 
 
 # The locks page's tests drive a real browser: Debian's Chromium and its WebDriver.
@@ -313,8 +336,7 @@ def prepare(env: dict[str, str]) -> int:
     ensure_browser()
     if VALKEY_TLS.exists():  # fetched by an earlier run of the one-offs (ensure_valkey_tls)
         env["VALKEY_TLS_SERVER_BIN"] = str(VALKEY_TLS)
-    if PROMTOOL.exists():  # the same (ensure_promtool)
-        env["PROMTOOL_BIN"] = str(PROMTOOL)
+    env.update(fetched_env())  # the same (ensure_prometheus)
     return 0
 
 
@@ -354,9 +376,7 @@ def beyond_the_inner_loop(phases: Phases, env: dict[str, str]) -> None:
     valkey = ensure_valkey_tls()
     if valkey:
         env["VALKEY_TLS_SERVER_BIN"] = valkey
-    promtool = ensure_promtool()
-    if promtool:
-        env["PROMTOOL_BIN"] = promtool
+    env.update(ensure_prometheus())
     phases.run("one-offs", lambda: max(pytest(one_offs, env), pytest(["tests", "-m", "load"], env)))
     phases.run("chaos (CI size)", lambda: chaos_at_ci_size(env))
     phases.run("version matrix", lambda: matrix([]))
@@ -394,25 +414,31 @@ def docs(args: list[str]) -> int:
 def screenshot(args: list[str]) -> int:
     """The docs' screenshots, taken in a real browser against a real worker by their pages'
     own tests: the locks page (docs/img/locks-page.png) and Flower's page of a call
-    waiting for its key's holder (docs/img/flower-task.png)."""
+    waiting for its key's holder (docs/img/flower-task.png); and the dashboard's panels
+    drawn from a real Prometheus's answers to its queries (docs/img/dashboard.svg)."""
     ensure_venv()
     ensure_browser()
     target = ROOT / "docs" / "img" / "locks-page.png"
     flower = ROOT / "docs" / "img" / "flower-task.png"
+    dashboard = ROOT / "docs" / "img" / "dashboard.svg"
     env = dict(
         os.environ,
         REDIS_SERVER_BIN=ensure_redis_server(),
         CSL_SCREENSHOT=str(target),
         CSL_FLOWER_SCREENSHOT=str(flower),
+        CSL_DASHBOARD_FIGURE=str(dashboard),
+        **ensure_prometheus(),
     )
     tests = [
         "tests/integration/test_web.py::TestInABrowser::test_a_screenshot_of_the_list",
         "tests/integration/test_events.py::test_a_screenshot_of_flowers_task_page",
+        "tests/integration/test_dashboard.py",
     ]
     command = [str(PYTHON), "-m", "pytest", *tests, *args]
     code = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
     if code == 0:
-        say(f"wrote {target.relative_to(ROOT)} and {flower.relative_to(ROOT)}")
+        written = ", ".join(str(p.relative_to(ROOT)) for p in (target, flower, dashboard))
+        say(f"wrote {written}")
     return code
 
 

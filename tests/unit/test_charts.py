@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from benchmarks.charts import grouped_bars, timeline
+from benchmarks.charts import grouped_bars, panels, timeline
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -51,3 +51,10 @@ def test_a_timeline_marks_each_event() -> None:
     assert svg == timeline(
         "Soak", [3, 5, 4, 6], [1.5, 2.5], label="runs ended per second", mark="a kill"
     )
+
+
+def test_panels_show_each_title_and_legend_and_say_which_are_empty() -> None:
+    lines = [("work accepted", [0.0, 1.0, 2.0], [0.0, 0.5, float("nan")])]
+    shown = texts(panels("Board", [("Dispatches", "reqps", lines), ("Copies", "ops", [])]))
+    assert {"Board", "Dispatches", "Copies", "work accepted", "reqps", "no data"} <= set(shown)
+    assert "seconds into the run" in shown

@@ -18,6 +18,8 @@ import yaml
 
 from celery_singleton_lock.contrib.exported import METRICS
 
+from ..support.dashboard import targets
+
 DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "celery-singleton-lock-alerts.yml"
 RULE_TESTS = Path(__file__).resolve().parent / "alerts-test.yml"  # promtool's cases
@@ -123,6 +125,14 @@ class TestDashboard:
     def test_every_metric_the_library_exports_is_shown(self) -> None:
         shown = {exported()[name] for expr in dashboard_exprs() for name in NAME.findall(expr)}
         assert shown == {metric.name for metric in METRICS}
+
+    def test_grafanas_variables_are_all_replaced_as_the_prometheus_test_asks(self) -> None:
+        """tests/integration/test_dashboard.py runs each query on a real Prometheus with
+        the variables replaced as Grafana does: none is left for Prometheus to refuse."""
+        asked = [t.asked(interval=1, scrape=1, range_s=60) for t in targets(DASHBOARD)]
+        assert asked
+        assert not [expr for expr in asked if "$" in expr]
+        assert "[4s]" in asked[0]  # max(1 s step + 1 s scrape, 4 x 1 s scrape)
 
     def test_panels_do_not_overlap(self) -> None:
         board = json.loads(DASHBOARD.read_text())
