@@ -7,9 +7,6 @@ pool children's included. Each is labelled by task name (docs/operations.md list
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 import threading
 import time
 import types
@@ -43,7 +40,6 @@ from ..signals import (
 )
 from .exported import BUCKETS, METRICS, Metric
 from .leases_held import LeasesHeld
-from .metrics_files import LiveOnly
 
 _guard = threading.Lock()
 _adding = threading.Lock()
@@ -101,10 +97,21 @@ _known: set[str] = set()  # the singleton tasks bound in this process
 # that first appears at 1 is no increase to Prometheus (``increase()``, ``rate()``).
 # (``()``: the metric's one series, labelled by task alone.)
 _AT_ZERO: dict[str, tuple[tuple[str, ...], ...]] = {
-    "dispatches": (("accepted",), ("refused",), ("rate_limited",), ("backpressured",)),
+    "dispatches": (
+        ("accepted",),
+        ("refused",),
+        ("rate_limited",),
+        ("backpressured",),
+        ("attached",),
+    ),
     "leases": (("acquired",), ("released",), ("lost",), ("handed_over",)),
-    "contentions": (("waiting_turn",), ("paused",)),
+    # (the on_contention policies' names, as _contended labels them)
+    "contentions": (("requeue",), ("wait",), ("skip",), ("fail",), ("waiting_turn",), ("paused",)),
     "deferrals": ((),),
+    "copies": ((),),
+    "dead": ((),),
+    "answered": (("SUCCESS",), ("FAILURE",)),
+    "idempotent": (("repeat",), ("replayed",)),
 }
 # What a worker's broker ride self-check may say (signals.ride_checked).
 RIDE_OUTCOMES = ("passed", "off", "push-refused", "not-run")
@@ -158,7 +165,7 @@ def _gauges(task: str, count: int, oldest: float) -> None:
     _metrics["oldest"].labels(task).set(oldest)
 
 
-def _prometheus() -> types.ModuleType:
+def prometheus() -> types.ModuleType:
     try:
         import prometheus_client  # noqa: PLC0415  (an optional extra)
     except ImportError:
@@ -176,7 +183,7 @@ def install(registry: CollectorRegistry | None = None) -> dict[str, _Metric]:
     with _guard:
         if _installed:
             return _installed
-        prom = _prometheus()
+        prom = prometheus()
         kwargs = {} if registry is None else {"registry": registry}
         for metric in METRICS:
             if metric.kind == "counter":
@@ -350,40 +357,15 @@ _RECEIVERS = (
 )
 
 
-def serve_worker(port: object, addr: object = "127.0.0.1") -> int:
-    """In a worker's main process, before its pool starts: count into Prometheus's
-    multiprocess files (the children inherit the mode) and serve them all on ``port``.
-    The files go in a directory made for the worker unless ``PROMETHEUS_MULTIPROC_DIR``
-    names one.
+def installed() -> bool:
+    """Whether this process made its metrics already."""
+    return bool(_installed)
 
-    Returns the port served (a free one when ``port`` is 0).
-    """
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-        raise ConfigurationError(f"singleton_lock_metrics_port must be a port number, got {port!r}")
-    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-        if "prometheus_client" in sys.modules and _installed:
-            # Its value class is chosen as a metric is made: ours are made already.
-            raise ConfigurationError(
-                "prometheus_client was imported before the worker started its metrics: set "
-                "PROMETHEUS_MULTIPROC_DIR to an empty directory in the worker's environment"
-            )
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="csl-metrics-")
-        if "prometheus_client" in sys.modules:
-            # Imported already (celery's command line loads its plugins' commands, Flower's
-            # among them, which imports it): its value class, chosen at import, is chosen
-            # again before ours are made.
-            from prometheus_client import values  # noqa: PLC0415
 
-            values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
-    prom = _prometheus()
-    install()
+def show_ride_outcomes() -> None:
+    """A worker's ride self-check outcomes, at 0 until its check counts one."""
     for outcome in RIDE_OUTCOMES:
         _metrics["ride_checks"].labels(outcome).inc(0)
-    registry = prom.CollectorRegistry()
-    registry.register(LiveOnly(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
-    server, _ = prom.start_http_server(port, addr=str(addr), registry=registry)
-    served: int = server.server_port
-    return served
 
 
 __all__ = [
@@ -394,6 +376,8 @@ __all__ = [
     "Metric",
     "add_backend",
     "install",
+    "installed",
     "known",
-    "serve_worker",
+    "prometheus",
+    "show_ride_outcomes",
 ]

@@ -1,5 +1,5 @@
 """A worker's Prometheus multiprocess files as its scrape reads them: the live gauges of
-the processes gone dropped first (``metrics.serve_worker``)."""
+the processes gone dropped first (``metrics_server.serve_worker``)."""
 
 from __future__ import annotations
 

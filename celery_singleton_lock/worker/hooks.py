@@ -86,7 +86,7 @@ def _at_worker_init(sender: object = None, **_: object) -> None:
     port = app.conf.get("singleton_lock_metrics_port")
     if port is not None:
         # Here, before the pool forks: the children inherit the multiprocess mode.
-        from ..contrib.metrics import serve_worker  # noqa: PLC0415  (an optional extra)
+        from ..contrib.metrics_server import serve_worker  # noqa: PLC0415  (an optional extra)
 
         addr = app.conf.get("singleton_lock_metrics_addr") or "127.0.0.1"
         try:

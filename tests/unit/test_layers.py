@@ -33,7 +33,7 @@ PROCESSES = {"publish", "run", "worker"}
 # Imports that go up, each with why it is allowed.
 ALLOWED = {
     # Loaded only when singleton_lock_metrics_port is set (an optional extra).
-    ("worker", "contrib.metrics"),
+    ("worker", "contrib.metrics_server"),
     # The decisions as Celery events, where the worker sends task events (-E, or
     # enable_events as Flower sends it): what it connects, and the flag its pool reads.
     ("worker", "contrib.events"),

@@ -47,8 +47,22 @@ class TestShownAtZero:
         dispatches = "celery_singleton_lock_dispatches_total"
         for event in ("acquired", "released", "lost", "handed_over"):
             assert figure("leases", leases, task=task.name, event=event) == 0
-        for outcome in ("accepted", "refused"):
+        for outcome in ("accepted", "refused", "attached"):
             assert figure("dispatches", dispatches, task=task.name, outcome=outcome) == 0
+        contentions = "celery_singleton_lock_contentions_total"
+        for decision in ("requeue", "wait", "skip", "fail"):
+            assert figure("contentions", contentions, task=task.name, decision=decision) == 0
+        for short, name in (
+            ("copies", "celery_singleton_lock_copies_dropped_total"),
+            ("dead", "celery_singleton_lock_dead_child_releases_total"),
+        ):
+            assert figure(short, name, task=task.name) == 0
+        answered = "celery_singleton_lock_attached_answered_total"
+        for state in ("SUCCESS", "FAILURE"):
+            assert figure("answered", answered, task=task.name, state=state) == 0
+        idempotent = "celery_singleton_lock_idempotent_total"
+        for outcome in ("repeat", "replayed"):
+            assert figure("idempotent", idempotent, task=task.name, outcome=outcome) == 0
         assert figure("held", "celery_singleton_lock_leases_held", task=task.name) == 0
         oldest = figure(
             "oldest", "celery_singleton_lock_oldest_lease_timestamp_seconds", task=task.name
