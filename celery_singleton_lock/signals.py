@@ -25,9 +25,11 @@ duplicate_refused = Signal(
     name="duplicate_refused", providing_args=_ARGS | {"task_id", "holder_id"}
 )
 # At execution, the key was held by someone else; ``decision`` is the policy's ``Fail``,
-# ``Requeue`` or ``Wait`` for the run ``task_id``.
+# ``Requeue`` or ``Wait`` for the run ``task_id``; sent again with ``waited`` True, and
+# what it does then, when a wait ran out.
 execution_contended = Signal(
-    name="execution_contended", providing_args=_ARGS | {"task_id", "holder_id", "decision"}
+    name="execution_contended",
+    providing_args=_ARGS | {"task_id", "holder_id", "decision", "waited"},
 )
 # At execution, the contention policy said ``skip``: the call ended quietly (state IGNORED).
 execution_skipped = Signal(

@@ -88,6 +88,9 @@ def _contended(sent: Mapping[str, object]) -> Fields:
         fields["timeout"] = decision.timeout
     fields["then"] = then
     told = described(decision) if isinstance(decision, (Requeue, Wait)) else then
+    if sent.get("waited"):
+        fields["waited"] = True  # told again: its wait ran out, and this is what it does
+        told = f"waited in vain, then {told}"
     fields["reason"] = f"{sent['name']!r} is held by {holder or 'a call'}: {told}"
     return fields
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kombu.messaging import Producer
 
     from ..context import TaskContext
+    from ..lease.limits.rates import Slot
     from .call import Dispatch
 
 logger = logging.getLogger(__name__)
@@ -56,12 +57,12 @@ def long_wait(context: TaskContext, options: dict[str, object]) -> float:
     return hop
 
 
-def slot_at_publish(call: Dispatch, task_id: str) -> dict[str, object]:
+def slot_at_publish(call: Dispatch, task_id: str) -> tuple[dict[str, object], Slot | None]:
     """A rate's slot for the call ``task_id`` about to be sent (``on_limited="delay"``
     or ``"raise"``), as the header it rides in; none without one, or when the store is
     unreachable and fail_open sends the call anyway (its execution then asks). A call
-    deferred to its slot or refused by its rate is told (``dispatch_deferred``,
-    ``dispatch_rate_limited``): its execution may never say so."""
+    refused by its rate is told (``dispatch_rate_limited``): its execution never says
+    so; so is one deferred to a later slot, returned here to be told once it is sent."""
     context, lock_name, options = call.facts, call.lock_name, call.options
     override = None
     try:
@@ -70,7 +71,7 @@ def slot_at_publish(call: Dispatch, task_id: str) -> dict[str, object]:
         slot = mode.slot_at_publish(context.store, lock_name, call.call, options, override)
     except LockStoreUnavailableError as error:
         outages.at_dispatch(context, lock_name, error)  # fail_closed raises
-        return {}
+        return {}, None
     except RateLimitedError as error:
         singleton_signals.send(
             singleton_signals.dispatch_rate_limited,
@@ -82,23 +83,27 @@ def slot_at_publish(call: Dispatch, task_id: str) -> dict[str, object]:
         )
         raise
     if slot is None:
-        return {}
-    if not slot.now:
-        singleton_signals.send(
-            singleton_signals.dispatch_deferred,
-            call.task,
-            lock_name,
-            task_id=task_id,
-            slot=slot.at,
-            delay=slot.wait,
-            remaining=slot.remaining,
-        )
+        return {}, None
     countdown = options.get("countdown")  # "delay"'s, to the slot
     if isinstance(countdown, int | float):
         # No longer than the broker lets it wait unacked: it arrives early and is sent
         # on to its slot (``run/resend.defer``).
         options["countdown"] = context.one_hop(countdown)
-    return {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}
+    return {RATE_SLOT_HEADER: slot_header(slot.at, slot.clock)}, None if slot.now else slot
+
+
+def deferred(call: Dispatch, task_id: str, slot: Slot) -> None:
+    """The call ``task_id``, sent deferred to its rate's ``slot``: told
+    (``dispatch_deferred``), as its execution, starting on it, says nothing."""
+    singleton_signals.send(
+        singleton_signals.dispatch_deferred,
+        call.task,
+        call.lock_name,
+        task_id=task_id,
+        slot=slot.at,
+        delay=slot.wait,
+        remaining=slot.remaining,
+    )
 
 
 def place_at_publish(call: Dispatch, task_id: str) -> dict[str, object]:
@@ -177,14 +182,18 @@ def send_in_line(call: Dispatch, own_headers: dict[str, object]) -> AsyncResult:
     placed = BACKLOG_HEADER in own_headers
     entered = delay_of(options) if placed else 0.0  # (no work for a call without a place)
     try:
-        own_headers.update(slot_at_publish(call, task_id))
+        slot_headers, later = slot_at_publish(call, task_id)
+        own_headers.update(slot_headers)
         if placed:
             stretch_place(context, lock_name, task_id, delay_of(options) - entered)
-        return call.publish(task_id, options, own_headers)
+        sent = call.publish(task_id, options, own_headers)
     except BaseException:
         if BACKLOG_HEADER in own_headers:  # not sent: its place is free
             free_place(context, lock_name, task_id)
         raise
+    if later is not None:
+        deferred(call, task_id, later)  # once sent: no monitor sees a call never sent
+    return sent
 
 
 def can_overlap() -> bool:

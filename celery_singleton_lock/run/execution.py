@@ -59,6 +59,7 @@ from ..tokens import (
     running_token,
 )
 from .admission import admit
+from .contended import contended
 from .holds import PendingHold
 from .in_turn import send_handed, wait_for_turn, waiter_of
 from .places import leave_place
@@ -330,23 +331,7 @@ class Execution:
         decision = policy(state)
         if isinstance(self.ahead, Requeue):
             decision = self.ahead  # the countdown the take's history entry says
-        self._signal(
-            singleton_signals.execution_contended,
-            task_id=delivery.request.id,
-            holder_id=state.holder,
-            decision=decision,
-        )
-        if logger.isEnabledFor(logging.INFO):
-            # One line, stable wording (docs/operations.md): contention is expected work.
-            logger.info(
-                "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
-                delivery.name,
-                delivery.request.id,
-                self.lock_name,
-                state.holder or "-",
-                holder_state(held),
-                described(decision),
-            )
+        contended(self.delivery, self.lock_name, state, holder_state(held), decision)
         if self.ahead is None:  # a policy of the user's own: its decision, a round trip of its own
             record = self.context.record(self.lock_name, delivery.request.id)
             append_history(
@@ -377,6 +362,8 @@ class Execution:
                     waited=True,
                 )
                 decision = policy(state)
+                # Told again: what it does once its wait ran out.
+                contended(delivery, self.lock_name, state, "-", decision)
         if isinstance(decision, Requeue):
             send_again(delivery, self.lock_name, self.attempt + 1, decision.countdown, hold=hold)
         if isinstance(decision, Skip):

@@ -256,6 +256,33 @@ def test_a_call_waiting_its_turn_and_a_paused_one_are_told(cenv: CeleryEnv, seen
         limits.set(app.app, f"fair:{paused}", reset=True)
 
 
+def test_a_wait_that_runs_out_is_told_with_what_the_run_does_then(
+    cenv: CeleryEnv, events_worker: Worker, seen: Seen
+) -> None:
+    """``wait(timeout=0.3, then=skip())``: told as it waits, and again as it is skipped
+    (Ignore sends no Celery event: without this, Flower would show it waiting for ever)."""
+    app, queue = cenv.app_module, events_worker.queue
+    task = app.exclusive_wait_skip
+    holder = task.apply_async(("ev-wait", UNTIL_OPENED), queue=queue)
+    _started(cenv, "ev-wait")
+    # A copy sent by name (a dispatch would be refused as a duplicate): it meets the holder.
+    waiting = app.app.send_task(task.name, ("ev-wait",), queue=queue)
+    skipped = wait_for(
+        lambda: [e for e in seen.of("singleton-contended", uuid=waiting.id) if e.get("waited")],
+        20,
+        "told again once the wait ran out",
+    )[0]
+    assert (skipped["then"], skipped["holder"]) == ("skip", holder.id)
+    assert "waited in vain, then skip" in skipped["result"]
+    [first] = [e for e in seen.of("singleton-contended", uuid=waiting.id) if not e.get("waited")]
+    assert first["then"] == "wait"
+    # Its status is the decision's: nothing else comes for a skipped call.
+    twin = seen.wait("task-singleton-contended", uuid=waiting.id)
+    assert twin["then"] == "skip"
+    open_gate(cenv, "ev-wait")
+    holder.get(timeout=30)
+
+
 def test_without_events_nothing_is_sent(cenv: CeleryEnv, worker: Worker, seen: Seen) -> None:
     """The shared worker sends no task events, this producer no task-sent events."""
     app, queue = cenv.app_module, worker.queue
