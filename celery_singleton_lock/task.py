@@ -223,8 +223,9 @@ class SingletonTask(Task):  # type: ignore[misc]
                     token=retry_token(task_id, header(request, TOKEN_HEADER), request.retries),
                     handed_over=partial(setattr, request, _HANDED_OVER, True),
                 )
-        # Our own resends (a dict of a held call's headers) carry their key in them.
-        if isinstance(bypass, dict):
+        # Our own resends (a dict of a held call's headers, or True) are the message sent
+        # again, its key in its headers: a repeat answered here would send nothing.
+        if own:
             return route.dispatch(call)
         key = key_of_call(self.name, call.facts.options, call.call, options)
         return route.dispatch(call) if key is None else send_once(call, key, route.dispatch)

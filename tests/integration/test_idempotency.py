@@ -30,7 +30,7 @@ from ..conftest import CeleryEnv
 from ..support.cli import cli
 from ..support.docs_runner import definition
 from ..support.modes import of
-from ..support.runs import UNTIL_OPENED, open_gate, runs, started, wait_for
+from ..support.runs import UNTIL_OPENED, open_gate, requeued, runs, started, wait_for
 from ..support.workers import ROOT, Worker
 
 
@@ -215,6 +215,26 @@ class TestCopies:
         assert copy.id != first.id
         assert copy.get(timeout=20) == "c"
         assert len(of(runs(cenv), "c")) == 1
+
+    def test_a_copy_requeued_by_the_first_run_s_lease_is_sent_again_and_answers(
+        self, cenv: CeleryEnv, worker: Worker
+    ) -> None:
+        # A copy that meets the first run's lease (one sent as the caller reads the result
+        # can: the run lets go once its end is written) is requeued. That requeue is the
+        # copy's own message sent again, never a repeat answered at dispatch, which sent
+        # nothing and left the copy's id without a result.
+        charge = cenv.app_module.charge
+        key, item = _key(), "requeued-copy"
+        first = charge.apply_async((item, UNTIL_OPENED), idempotency_key=key, queue=worker.queue)
+        wait_for(lambda: any(s["item"] == item for s in started(cenv)), 20, "first started")
+        copy = charge.app.send_task(
+            charge.name, (item, UNTIL_OPENED), headers={"Idempotency-Key": key}, queue=worker.queue
+        )
+        wait_for(lambda: requeued(worker.output(), copy.id), 20, "the copy requeued")
+        open_gate(cenv, item)
+        assert first.get(timeout=20) == item
+        assert copy.get(timeout=20) == item
+        assert len(of(runs(cenv), item)) == 1
 
     def test_a_copy_after_the_first_result_expired_says_so_without_running(
         self, cenv: CeleryEnv, worker: Worker
