@@ -19,6 +19,7 @@ from celery_singleton_lock import (
     RedisLock,
     ReleaseResult,
     TaskCancelledError,
+    signals,
 )
 from celery_singleton_lock.lease import Renewer, get_renewer
 from celery_singleton_lock.lease.renewal import next_delay
@@ -50,6 +51,31 @@ class TestRenewal:
         lease.check()
         assert lock.release(lease) is ReleaseResult.RELEASED
         assert lease not in lock.renewer
+
+    def test_a_slow_lease_lost_receiver_never_holds_up_renewal(
+        self, lock: RedisLock, raw: redis.Redis
+    ) -> None:
+        # (a Celery event's publish while the broker is slow, say): the loss is told from
+        # the thread of the renewal attempt that found it, not the one that renews.
+        entered, unblock = threading.Event(), threading.Event()
+
+        def slow(**_: object) -> None:
+            entered.set()
+            unblock.wait(15)
+
+        signals.lease_lost.connect(slow, weak=False, dispatch_uid="test-slow-lost")
+        doomed = lock.acquire("doomed", ttl=1.0, renew=True)
+        kept = lock.acquire("kept", ttl=1.0, renew=True)
+        try:
+            signals.lease_taken(None, doomed, "t-doomed", 0.0)
+            raw.delete(doomed.key)
+            assert entered.wait(10), "the loss is told"
+            wait_renewed([kept], times=3)  # while the receiver still blocks
+            assert raw.exists(kept.key)
+        finally:
+            unblock.set()
+            signals.lease_lost.disconnect(dispatch_uid="test-slow-lost")
+            lock.release(kept)
 
     def test_one_thread_renews_every_lease(self, lock: RedisLock, raw: redis.Redis) -> None:
         leases = [lock.acquire(f"job-{i}", ttl=1.0, renew=True) for i in range(20)]
