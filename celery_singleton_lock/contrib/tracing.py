@@ -36,7 +36,7 @@ def install() -> bool:
             _receiver(told), weak=False, dispatch_uid=f"celery_singleton_lock.span.{told.what}"
         )
     singleton_signals.lease_acquired.connect(
-        _lease_taken, weak=False, dispatch_uid="celery_singleton_lock.span.lease"
+        _lease_taken(), weak=False, dispatch_uid="celery_singleton_lock.span.lease"
     )
     return True
 
@@ -68,11 +68,16 @@ def _receiver(told: Told) -> Callable[..., None]:
     return receive
 
 
-def _lease_taken(sender: object = None, name: str = "", fence: object = None, **_: object) -> None:
-    from opentelemetry import trace  # noqa: PLC0415  (an optional extra)
+def _lease_taken() -> Callable[..., None]:
+    # Imported once here, as for the decisions: a run whose span does not record (no
+    # tracer provider set) pays one call for it.
+    from opentelemetry.trace import get_current_span  # noqa: PLC0415  (an optional extra)
 
-    span = trace.get_current_span()
-    if span.is_recording():
-        span.set_attribute("singleton.key", name)
-        if isinstance(fence, int):
-            span.set_attribute("singleton.fence", fence)
+    def taken(sender: object = None, name: str = "", fence: object = None, **_: object) -> None:
+        span = get_current_span()
+        if span.is_recording():
+            span.set_attribute("singleton.key", name)
+            if isinstance(fence, int):
+                span.set_attribute("singleton.fence", fence)
+
+    return taken

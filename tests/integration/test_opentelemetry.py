@@ -4,6 +4,7 @@ file); the metrics through the metrics API, named as the Prometheus ones."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -67,6 +68,14 @@ def test_a_refusal_is_an_event_on_the_callers_span(
     assert attributes["singleton.key"] == key
     assert attributes["singleton.holder_id"] == first.id
     assert attributes["singleton.reason"] == f"refused at dispatch: {key!r} is held by {first.id}"
+    assert set(attributes) == documented("singleton.refused")
+
+
+def documented(event: str) -> set[str]:
+    """The attributes docs/operations.md's trace shows on ``event``."""
+    page = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    [line] = [line for line in page.splitlines() if f"event {event} " in line]
+    return set(re.findall(r"(singleton\.[a-z_]+)=", line))
 
 
 def test_a_rates_deferral_and_refusal_at_dispatch_are_events_on_the_callers_span(
@@ -175,6 +184,7 @@ def test_a_runs_span_has_its_fence_and_its_contention(
     assert event["attributes"]["singleton.key"] == key
     assert event["attributes"]["singleton.holder_id"] == holder.id
     assert event["attributes"]["singleton.then"] == "fail"
+    assert set(event["attributes"]) == documented("singleton.contended")
     assert "singleton.fence" not in refused["attributes"]  # it never took the lease
 
 
