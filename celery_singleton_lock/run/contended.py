@@ -15,9 +15,10 @@ logger = logging.getLogger("celery_singleton_lock.run.execution")
 def contended(
     delivery: Delivery, name: str, state: ContentionState, held_as: str, decision: Decision
 ) -> None:
-    """The run found ``name`` held (``held_as``: the holder's state, "-" after a wait that
-    ran out) and does ``decision``: ``execution_contended`` (``waited`` once it waited),
-    and one INFO line of stable wording (docs/operations.md): contention is expected work."""
+    """The run found ``name`` held (``held_as``: the holder's state) and does
+    ``decision``: ``execution_contended`` (again, ``waited``, once a wait ran out), and
+    for the contention one INFO line of stable wording (docs/operations.md): contention
+    is expected work, one line each."""
     request = delivery.request
     singleton_signals.send(
         singleton_signals.execution_contended,
@@ -28,7 +29,7 @@ def contended(
         decision=decision,
         waited=state.waited,
     )
-    if logger.isEnabledFor(logging.INFO):
+    if not state.waited and logger.isEnabledFor(logging.INFO):
         logger.info(
             "contended at execution: task=%s id=%s lock=%s holder=%s state=%s then=%s",
             delivery.name,

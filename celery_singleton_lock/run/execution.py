@@ -363,7 +363,7 @@ class Execution:
                 )
                 decision = policy(state)
                 # Told again: what it does once its wait ran out.
-                contended(delivery, self.lock_name, state, "-", decision)
+                contended(delivery, self.lock_name, state, "", decision)
         if isinstance(decision, Requeue):
             send_again(delivery, self.lock_name, self.attempt + 1, decision.countdown, hold=hold)
         if isinstance(decision, Skip):
