@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -20,8 +17,8 @@ from typing import Any
 from celery import Celery
 from celery.utils import uuid
 
+from .http_service import HttpService
 from .runs import wait_for
-from .servers import free_port
 from .workers import ROOT
 
 
@@ -80,38 +77,23 @@ class Seen:
         return found[0]
 
 
-class Flower:
+class Flower(HttpService):
     """A real Flower process on the test app's broker, asked over its HTTP API."""
 
+    HEALTH = "/healthcheck"
+
     def __init__(self, env: Mapping[str, str], app: str = "tests.support.celery_app") -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(Path(tempfile.mkdtemp(prefix="csl-flower-")) / "flower.log")
         self.env = {**os.environ, **env, "FLOWER_UNAUTHENTICATED_API": "true"}
         self.app = app
-        self.log = Path(tempfile.mkdtemp(prefix="csl-flower-")) / "flower.log"
-        self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Flower:
         args = [
             sys.executable, "-m", "celery", "-A", self.app, "flower",
             f"--port={self.port}", "--address=127.0.0.1",
         ]  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        wait_for(self._up, 30, "flower answering")
+        self.start(args, ROOT, self.env)
         return self
-
-    def _up(self) -> bool:
-        assert self.process is not None
-        assert self.process.poll() is None, self.output()
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthcheck", timeout=2).read()
-        except OSError:
-            return False
-        return True
 
     def listening(self, app: Celery) -> Flower:
         """Once Flower files an event sent now: its events queue is bound (its HTTP server
@@ -124,9 +106,6 @@ class Flower:
                 dispatcher.send("task-test-marker", uuid=marker)
             time.sleep(0.2)
         return self
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def task(self, task_id: str) -> dict[str, Any] | None:
         """``/api/task/info/<id>``: the task as Flower's state has it (None: unknown yet)."""
@@ -150,11 +129,4 @@ class Flower:
         return text
 
     def __exit__(self, *_: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
+        self.stop()

@@ -6,12 +6,9 @@ The binary is ``$PROMETHEUS_BIN`` (``dev.py ci`` fetches Debian's) or ``promethe
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import urllib.error
 import urllib.parse
@@ -20,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .http_service import HttpService
 from .runs import wait_for
-from .servers import free_port
 
 PROMETHEUS = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus")
 SCRAPE_INTERVAL = 1.0  # seconds; the datasource's, as Grafana's $__rate_interval reads it
@@ -29,15 +26,16 @@ SCRAPE_INTERVAL = 1.0  # seconds; the datasource's, as Grafana's $__rate_interva
 LIFETIME = 600
 
 
-class Prometheus:
+class Prometheus(HttpService):
     """``prometheus`` scraping ``targets`` (job name -> host:port) every second."""
+
+    HEALTH = "/-/ready"
 
     def __init__(self, targets: Mapping[str, str]) -> None:
         assert PROMETHEUS is not None
         self.binary = PROMETHEUS
-        self.port = free_port()
         self.home = Path(tempfile.mkdtemp(prefix="csl-prometheus-"))
-        self.log = self.home / "prometheus.log"
+        super().__init__(self.home / "prometheus.log")
         jobs = [
             {"job_name": job, "static_configs": [{"targets": [target]}]}
             for job, target in targets.items()
@@ -49,7 +47,6 @@ class Prometheus:
         }
         # JSON is YAML: no writer needed.
         (self.home / "prometheus.yml").write_text(json.dumps(config, indent=2))
-        self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Prometheus:
         args = [
@@ -58,25 +55,8 @@ class Prometheus:
             f"--storage.tsdb.path={self.home / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
         ]  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                args, cwd=self.home, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        wait_for(self._ready, 30, "prometheus ready")
+        self.start(args, self.home)
         return self
-
-    def _ready(self) -> bool:
-        assert self.process is not None
-        assert self.process.poll() is None, self.output()
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2).read()
-        except OSError:
-            return False
-        return True
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def api(self, path: str, **params: str | float) -> Any:
         """``/api/v1/<path>``'s data; a query Prometheus refuses fails with its error."""
@@ -116,12 +96,5 @@ class Prometheus:
         wait_for(lambda: self.scraped_after(after), 30, what)
 
     def __exit__(self, *_: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(5)
+        self.stop()
         shutil.rmtree(self.home, ignore_errors=True)
