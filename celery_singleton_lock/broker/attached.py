@@ -59,7 +59,8 @@ class AttachSweep:
 
     A holder whose outcome is not stored yet may still be writing it (a run with a chain
     releases its key before Celery stores its result): no call of it is promoted before
-    ``GRACE`` s have passed since a sweep first found it gone. A claim lasts ``CLAIM`` s:
+    ``GRACE`` s have passed since a sweep first found it gone (a call attached anew, to a
+    promoted call, waits for its new holder's outcome as long). A claim lasts ``CLAIM`` s:
     a worker killed while sending leaves its claims to another sweep, so none is lost
     (one sent twice then is run twice, as a redelivery is).
     """
@@ -71,8 +72,9 @@ class AttachSweep:
     def __init__(self, app: Celery) -> None:
         self.app = app
         self.interval = LockStores.for_app(app).config.attach_sweep
-        # (name, task id) -> when this sweep first saw its holder gone with no outcome
-        self._gone: dict[tuple[str, str], float] = {}
+        # (name, task id) -> (its holder, when this sweep first saw that holder gone with
+        # no outcome)
+        self._gone: dict[tuple[str, str], tuple[str, float]] = {}
 
     @classmethod
     def of(cls, app: Celery) -> AttachSweep | None:
@@ -120,7 +122,7 @@ class AttachSweep:
                 outcomes[call.holder] = self._has_outcome(call.holder)
             if outcomes[call.holder]:
                 answered.append(call.task_id)
-            elif now - self._gone.setdefault(seen, now) >= self.GRACE:
+            elif now - self._gone_since(seen, call.holder, now) >= self.GRACE:
                 # One not claimed first (a claim that ran out is the script's to tell).
                 first = gone.get(call.holder)
                 if first is None or (first.claimed and not call.claimed):
@@ -129,6 +131,15 @@ class AttachSweep:
             self._claim_and_send(attachments, name, answered)
         for holder, call in gone.items():
             self._promote(attachments, name, holder, call, waiting)
+
+    def _gone_since(self, seen: tuple[str, str], holder: str, now: float) -> float:
+        """When this sweep first saw ``holder`` gone for call ``seen``: the clock is the
+        holder's, not the call's (a promoted call's own run may free its key before its
+        outcome is stored, as its gone holder did)."""
+        since = self._gone.get(seen)
+        if since is None or since[0] != holder:
+            since = self._gone[seen] = (holder, now)
+        return since[1]
 
     def _claim_and_send(self, attachments: Attachments, name: str, task_ids: list[str]) -> None:
         """Claim ``task_ids`` and send each with its holder's id to answer from."""

@@ -5,8 +5,6 @@ there; run as a call of its own when the holder ends without an outcome (real wo
 from __future__ import annotations
 
 import json
-import os
-import signal
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -401,89 +399,6 @@ class TestAtTheHoldersEnd:
             assert [c.get(timeout=20) for c in chains] == [[item, 1], [item, 2]]
             assert len(bodies(cenv, item)) == 1
         wait_for(lambda: not lock.zcard(due), 5, "nothing left attached")
-
-
-@pytest.fixture(name="pair")
-def fixture_pair(cenv: CeleryEnv) -> Iterator[tuple[Worker, Worker]]:
-    first = Worker(cenv.env).start()
-    second = Worker(cenv.env).start()
-    try:
-        yield first, second
-    finally:
-        first.stop()
-        second.stop()
-
-
-class TestHolderKilled:
-    def test_a_holder_whose_child_is_killed_leaves_its_calls_to_run(
-        self, cenv: CeleryEnv, worker: Worker
-    ) -> None:
-        """The holder's pool child SIGKILLed: the main process frees the key, and the
-        attached step runs its own body once, its chain going on."""
-        if worker.pool != "prefork":
-            pytest.skip("a pool child of its own to kill: prefork's")
-        work, follow = cenv.app_module.work, cenv.app_module.follow
-        q = worker.queue
-        work.apply_async(("k2", UNTIL_OPENED), queue=q)
-        running(cenv, "k2")
-        [first] = [s for s in started(cenv) if s["item"] == "k2"]
-        after = chain(work.si("k2").set(queue=q), follow.s(1).set(queue=q)).apply_async()
-        assert len(attached(cenv, "k2")) == 1
-        os.kill(first["pid"], signal.SIGKILL)
-        assert after.get(timeout=30) == ["k2", 1]
-        assert [run["id"] for run in bodies(cenv, "k2")] == [after.parent.id]
-        assert follows(cenv) == [[1, "k2"]]
-
-    def test_calls_attached_to_a_revoked_holder_run_as_calls_of_their_own(
-        self, cenv: CeleryEnv, worker: Worker
-    ) -> None:
-        """A queued holder revoked before it runs (its message dropped as it arrives)."""
-        if worker.pool != "prefork":
-            # The thread pool takes a message while its threads are busy: a revoke then
-            # comes too late, the holder runs, and its call is answered (as it should).
-            pytest.skip("a message waiting for a free pool child: prefork's")
-        work, follow = cenv.app_module.work, cenv.app_module.follow
-        q = worker.queue
-        blocker = work.apply_async(("k3-blocker", UNTIL_OPENED), queue=q)
-        other = work.apply_async(("k3-other", UNTIL_OPENED), queue=q)
-        running(cenv, "k3-blocker")
-        running(cenv, "k3-other")  # both children busy: the holder waits, queued
-        holder = work.apply_async(("k3",), queue=q)
-        after = chain(work.si("k3").set(queue=q), follow.s(1).set(queue=q)).apply_async()
-        assert len(attached(cenv, "k3")) == 1
-        # Waited for: the worker knows of the revoke before its children are free.
-        replies = cenv.app_module.app.control.revoke(
-            holder.id, destination=[worker.nodename], reply=True, timeout=10
-        )
-        assert replies, "the worker did not answer the revoke"
-        open_gate(cenv, "k3-blocker")
-        open_gate(cenv, "k3-other")
-        assert (blocker.get(timeout=20), other.get(timeout=20)) == ("k3-blocker", "k3-other")
-        assert after.get(timeout=30) == ["k3", 1]
-        assert [run["id"] for run in bodies(cenv, "k3")] == [after.parent.id]
-
-    def test_calls_attached_to_a_killed_holder_run_as_calls_of_their_own(
-        self, cenv: CeleryEnv, pair: tuple[Worker, Worker]
-    ) -> None:
-        """The holder's whole worker SIGKILLed while it runs: its lease runs out, another
-        worker's sweep promotes one attached call (it runs its own body, holding the key)
-        and the other attaches to it; each chain goes on once."""
-        doomed, alive = pair
-        work, follow = cenv.app_module.work, cenv.app_module.follow
-        work.apply_async(("k1", UNTIL_OPENED), queue=doomed.queue)
-        running(cenv, "k1")
-        q = alive.queue
-        chains = [
-            chain(work.si("k1").set(queue=q), follow.s(tag).set(queue=q)).apply_async()
-            for tag in (1, 2)
-        ]
-        assert len(attached(cenv, "k1")) == 2
-        os.killpg(doomed.pid, signal.SIGKILL)
-        assert [c.get(timeout=60) for c in chains] == [["k1", 1], ["k1", 2]]
-        [ran] = [run["id"] for run in bodies(cenv, "k1")]  # the promoted call's body, once
-        assert ran in {c.parent.id for c in chains}
-        assert sorted(follows(cenv)) == [[1, "k1"], [2, "k1"]]
-        wait_for(lambda: not attached(cenv, "k1"), 5, "attached calls forgotten")
 
 
 class TestScripts:

@@ -6,7 +6,7 @@ Configured from the environment so one module serves every worker the tests star
 ``CSL_CHECK_URL`` (where executions are recorded, outside the lock store),
 ``CSL_VISIBILITY_TIMEOUT``, ``CSL_RIDE`` (0: kombu's own transport),
 ``CSL_TRANSIT_TIMEOUT``, ``CSL_KEYPREFIX`` (kombu's ``global_keyprefix``),
-``CSL_PUBLISHED`` (below),
+``CSL_PUBLISHED`` and ``CSL_GATED_FOLLOW`` (below),
 ``CSL_CONSUMER_TIMEOUT`` (a RabbitMQ broker's, as the app says it is), ``CSL_THROTTLE``
 (the ``throttled`` task's window), ``CSL_DIES_SENDING`` (below), and the rest read below.
 Every environment variable the test app reads is read in this module.
@@ -204,7 +204,7 @@ if os.environ.get("CSL_OTEL_SPANS"):
 # The tasks, one module per subject, registered on ``app`` as they are imported. After
 # the configuration above, which they read; imported here so ``-A tests.support.celery_app``
 # finds every one, and ``celery_app.work`` still names the task.
-from .tasks.attach import collect, errback, follow, published  # noqa: E402
+from .tasks.attach import GATED, collect, errback, follow, gated_follow, published  # noqa: E402
 from .tasks.cancel import CancelHooked, preview, preview_hard, preview_retrying  # noqa: E402
 from .tasks.chaos import (  # noqa: E402
     FENCED_WRITE,
@@ -303,8 +303,15 @@ from .tasks.soak import SOAK_LIMIT, SOAK_MODES, SOAK_RATE, soak_plain, soak_task
 if os.environ.get("CSL_PUBLISHED"):
     after_task_publish.connect(published)
 
+# With CSL_GATED_FOLLOW=1 (a worker's), a run whose chain goes on to a ``follow`` tagged
+# ``gated...`` stores its result only once the test opens that tag's gate
+# (``tasks.attach.gated_follow``).
+if os.environ.get("CSL_GATED_FOLLOW"):
+    after_task_publish.connect(gated_follow)
+
 __all__ = [
-    "FENCED_WRITE", "GATE_CLIENT", "SOAK_LIMIT", "SOAK_MODES", "SOAK_RATE", "THROTTLE", "WRITER",
+    "FENCED_WRITE", "GATED", "GATE_CLIENT", "SOAK_LIMIT", "SOAK_MODES", "SOAK_RATE", "THROTTLE",
+    "WRITER",
     "App", "CancelHooked", "KillAfterSuccess", "app", "callback_request", "capped",
     "capped_checked", "capped_delayed", "capped_soon", "charge", "charge_brief",
     "charge_chronicled", "charge_durable", "charge_kept", "charge_unheld", "charge_waiting",
@@ -315,7 +322,8 @@ __all__ = [
     "exclusive_skip", "exclusive_wait_fail", "exclusive_wait_skip", "export", "export_fair",
     "export_fair_capped", "export_fair_rated", "export_one_total", "export_total",
     "export_waiting", "export_weighted",
-    "fenced_write", "fenced_writer", "flaky", "follow", "impatient", "latest", "latest_queued",
+    "fenced_write", "fenced_writer", "flaky", "follow", "gated_follow", "impatient", "latest",
+    "latest_queued",
     "limited", "noop", "note_error", "patient", "plain", "planned", "preview", "preview_hard",
     "preview_retrying", "process_request", "published", "rate_checked", "rated", "rated_pair",
     "rated_slowly", "rated_tokens", "refresh", "refresh_waiting", "reopened", "soak_plain",

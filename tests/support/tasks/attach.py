@@ -1,6 +1,7 @@
 """Plain tasks that follow a singleton call inside a canvas (a chain's next step, a chord's
 body, an errback) and record what they were given on the checker, for the attach tests;
-and a receiver of Celery's ``after_task_publish`` that records what a worker published."""
+and receivers of Celery's ``after_task_publish``: one records what a worker published, one
+holds a run's end after it sent its chain's next step (``gated_follow``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 from celery_singleton_lock.tokens import ANSWER_HEADER, TOKEN_HEADER
 
 from ..celery_app import app
-from .records import checker
+from .records import checker, pause
 
 
 @app.task
@@ -57,3 +58,16 @@ def published(
             }
         ),
     )
+
+
+GATED = "gated"
+
+
+def gated_follow(sender: str | None = None, body: Any = None, **_: Any) -> None:
+    """``after_task_publish`` (connected in a worker by ``CSL_GATED_FOLLOW``): a ``follow``
+    whose tag begins with ``gated`` waits, once published, until the test opens the gate
+    of its tag (at most 20 s). Celery's tracer sends a chain's next step after the run
+    released its key and before it stores the run's result: the gate holds that gap open."""
+    args = body[0] if isinstance(body, (list, tuple)) and body else ()
+    if sender == follow.name and args and str(args[-1]).startswith(GATED):
+        pause(args[-1], -20.0)
